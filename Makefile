@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   - the main job (creates .venv/ if missing)
+#   make test   - the test suite (creates .venv/ if missing)
+# PyTorch is pinned: on a machine without a GPU this takes the CPU wheel; never a bare `torch`.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.difftx-installed
+
+.PHONY: demo test venv bench clean help
+
+help:
+	@echo "make demo   run the main job on the bundled data (sets up .venv/ first)"
+	@echo "make test   run the test suite on CPU (sets up .venv/ first)"
+	@echo "make bench  run the attention benchmark"
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/difftx demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/attention.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

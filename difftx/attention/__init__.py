@@ -1,0 +1,10 @@
+"""Differential attention (V1, V2), the standard baseline, and their kernels."""
+
+from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, resolve_backend
+from .masks import AttentionMask
+from .modules import DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, lambda_init_for_layer
+
+__all__ = [
+    "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2", "LayerKV",
+    "StandardAttention", "backend_names", "lambda_init_for_layer", "register_backend", "resolve_backend",
+]

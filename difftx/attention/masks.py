@@ -1,0 +1,61 @@
+"""Attention masks, described once and materialised by each backend as it needs.
+
+A mask is a small description, not a tensor: most calls are plain causal self-attention,
+which fast kernels handle with a flag and no ``(T, S)`` tensor at all. Backends ask for the
+dense boolean form (``True`` = may attend) only for the rows and keys they work on.
+
+Semantics: there are ``S`` keys (cached prefix plus the new tokens) and ``T`` queries; query
+``i`` sits at key index ``q_offset + i``. ``causal`` allows keys ``j <= q_offset + i``;
+``key_valid`` ``(B, S)`` removes padding keys; ``doc_ids`` ``(B, S)`` restricts attention to
+keys of the same packed document. A query always keeps its own key, so no row is ever empty
+(rows of padding queries then hold harmless values instead of NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    causal: bool = True
+    q_offset: int = 0
+    key_valid: Optional[Tensor] = None  # (B, S) bool, True = a real token
+    doc_ids: Optional[Tensor] = None  # (B, S) integer document id per key position
+
+    def is_plain_causal(self, T: int, S: int) -> bool:
+        """True when a kernel's built-in causal flag expresses the mask exactly."""
+        return self.causal and self.key_valid is None and self.doc_ids is None and T == S and self.q_offset == 0
+
+    def is_unmasked(self) -> bool:
+        return not self.causal and self.key_valid is None and self.doc_ids is None
+
+    def dense(self, T: int, S: int, device, rows: Optional[slice] = None, keys: int | None = None) -> Optional[Tensor]:
+        """Boolean mask ``(B or 1, t, s)`` for query rows ``rows`` (default all) and keys
+        ``0..keys-1`` (default ``S``); ``None`` when nothing is masked."""
+        if self.is_unmasked():
+            return None
+        r0, r1 = (0, T) if rows is None else (rows.start, rows.stop)
+        s = S if keys is None else keys
+        qpos = torch.arange(r0, r1, device=device) + self.q_offset  # (t,) key index of each query
+        kpos = torch.arange(s, device=device)  # (s,)
+        allowed = torch.ones(1, r1 - r0, s, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = allowed & (kpos[None, :] <= qpos[:, None])[None]
+        if self.doc_ids is not None:
+            docs = self.doc_ids[:, :s]
+            qdocs = self.doc_ids[:, qpos]
+            allowed = allowed & (qdocs[:, :, None] == docs[:, None, :])
+        if self.key_valid is not None:
+            allowed = allowed & self.key_valid[:, None, :s].bool()
+        # a query always sees itself: keeps every softmax row non-empty
+        allowed = allowed | (kpos[None, None, :] == qpos[None, :, None])
+        return allowed
+
+
+def plain_causal() -> AttentionMask:
+    return AttentionMask(causal=True)

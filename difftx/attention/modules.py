@@ -1,0 +1,217 @@
+"""Attention modules: projections, parameters and the per-head norm (SPEC sections 1-2).
+
+The attention core itself is a kernel from :mod:`difftx.attention.kernels`; modules only
+arrange tensors for it. Legend: ``B`` batch, ``T`` new tokens, ``S`` keys (cache + new),
+``D`` model width, ``H`` differential heads, ``Hkv`` kv groups, ``d`` component width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .kernels import AttentionMaps, check_backend_name, resolve_backend
+from .masks import AttentionMask
+from .rope import apply_rope, rope_angles
+
+
+def lambda_init_for_layer(layer_idx: int) -> float:
+    """The paper's depth schedule: ``0.8 - 0.6 * exp(-0.3 * l)`` with ``l`` counted from 0."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+class LayerKV:
+    """One layer's KV cache: preallocated buffers in kernel layout, filled left to right."""
+
+    def __init__(self, k: Tensor, v: Tensor):
+        self.k, self.v = k, v  # (B, S_max, heads, width)
+
+    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new ``k``, ``v`` ``(B, T, ...)`` at ``pos``; return everything up to ``pos + T``."""
+        end = pos + k.shape[1]
+        if end > self.k.shape[1]:
+            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[1]} positions")
+        self.k[:, pos:end] = k
+        self.v[:, pos:end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+
+class _AttentionBase(nn.Module):
+    """Shared plumbing: q/k/v/out projections, RoPE, cache and kernel dispatch."""
+
+    def __init__(self, dim: int, q_heads: int, kv_heads: int, v_groups: int, head_dim: int, v_width: int,
+                 out_in: int, rope_theta: float, backend: str):
+        super().__init__()
+        check_backend_name(backend)
+        self.dim, self.head_dim, self.rope_theta, self.backend = dim, head_dim, rope_theta, backend
+        self.q_heads, self.kv_heads, self.v_groups, self.v_width = q_heads, kv_heads, v_groups, v_width
+        self.q_proj = nn.Linear(dim, q_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, self.v_groups * v_width, bias=False)
+        self.out_proj = nn.Linear(out_in, dim, bias=False)
+
+    def cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(heads, width) of the cached keys and values."""
+        return (self.kv_heads, self.head_dim), (self.v_groups, self.v_width)
+
+    def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.q_heads, self.head_dim)  # (B, T, Hq, d)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim)  # (B, T, Hk, d)
+        v = self.v_proj(x).view(B, T, self.v_groups, self.v_width)  # (B, T, Hv, dv)
+        if positions is None:
+            positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(offset, k, v)  # (B, S, ...)
+        return q, k, v
+
+    def _kernel(self, x: Tensor, backend: Optional[str]):
+        return resolve_backend(backend or self.backend, x.device)
+
+    def forward(self, x: Tensor, *, positions: Optional[Tensor] = None, mask: Optional[AttentionMask] = None,
+                cache: Optional[LayerKV] = None, backend: Optional[str] = None, return_maps: bool = False):
+        """Self-attention over ``x`` ``(B, T, D)``.
+
+        ``positions`` ``(B|1, T)`` are the RoPE positions (default ``offset..offset+T-1``);
+        ``mask`` defaults to causal; with ``cache``, new keys are written at
+        ``mask.q_offset`` and the queries attend to the whole cached prefix.
+        ``return_maps`` (eager backend only) also returns :class:`AttentionMaps`.
+        """
+        mask = mask if mask is not None else AttentionMask()
+        if cache is None and mask.q_offset != 0:
+            raise ValueError("mask.q_offset is only meaningful with a KV cache")
+        q, k, v = self._qkv(x, positions, cache, mask.q_offset)
+        kernel = self._kernel(x, "eager" if return_maps and backend is None else backend)
+        return self._attend(x, q, k, v, mask, kernel, return_maps)
+
+    def _attend(self, x, q, k, v, mask, kernel, return_maps):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class StandardAttention(_AttentionBase):
+    """Multi-head (GQA) softmax attention: the parameter-matched baseline of SPEC section 1."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
+                 backend: str = "auto"):
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_positive("n_heads", n_heads)
+        _check_positive("n_kv_heads", n_kv_heads)
+        if dim % n_heads:
+            raise ValueError(f"dim: {dim} must be divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads: {n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+        d = dim // n_heads
+        if d % 2:
+            raise ValueError(f"dim: head width dim/n_heads={d} must be even for rotary embeddings")
+        super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+
+    def _attend(self, x, q, k, v, mask, kernel, return_maps):
+        res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
+        out, maps = res if return_maps else (res, None)
+        out = self.out_proj(out.flatten(2))  # (B, T, D)
+        return (out, maps) if return_maps else out
+
+
+class DiffAttention(_AttentionBase):
+    """Differential attention, V1 (SPEC section 1), in the paper's exact form.
+
+    ``n_heads`` differential heads of two ``d``-wide components each (``d = dim / (2 n_heads)``),
+    ``n_kv_heads`` kv groups; ``lambda_init`` defaults to the depth schedule of ``layer_idx``.
+    """
+
+    def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
+                 rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
+                 lambda_init: Optional[float] = None, use_subln: bool = True):
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_positive("n_heads", n_heads)
+        _check_positive("n_kv_heads", n_kv_heads)
+        if not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
+        if dim % (2 * n_heads):
+            raise ValueError(f"dim: {dim} must be divisible by 2*n_heads={2 * n_heads} (two components per head)")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads: {n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+        d = dim // (2 * n_heads)
+        if d % 2:
+            raise ValueError(f"dim: component width dim/(2*n_heads)={d} must be even for rotary embeddings")
+        super().__init__(dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, 2 * d, dim, rope_theta, backend)
+        self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
+        self.lambda_init = lambda_init_for_layer(layer_idx) if lambda_init is None else float(lambda_init)
+        self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.subln = nn.RMSNorm(2 * d, eps=norm_eps, elementwise_affine=True) if use_subln else None
+        self.reset_lambda()
+
+    def reset_lambda(self, std: float = 0.1) -> None:
+        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+            nn.init.normal_(p, mean=0.0, std=std)
+
+    def lambda_full(self) -> Tensor:
+        """The re-parameterised lambda, a float32 scalar."""
+        l1 = torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
+        l2 = torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+        return l1 - l2 + self.lambda_init
+
+    def head_norm(self, o: Tensor) -> Tensor:
+        """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
+        if self.subln is None:
+            return o * (1.0 - self.lambda_init)
+        of = o.float()
+        normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.subln.weight.float()
+        return (normed * (1.0 - self.lambda_init)).to(o.dtype)
+
+    def _attend(self, x, q, k, v, mask, kernel, return_maps):
+        res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
+        out, maps = res if return_maps else (res, None)  # (B, T, H, 2d)
+        out = self.out_proj(self.head_norm(out).flatten(2))  # (B, T, D)
+        return (out, maps) if return_maps else out
+
+
+class DiffAttentionV2(_AttentionBase):
+    """Differential attention, V2 (SPEC section 2).
+
+    ``2 n_heads`` query heads of width ``d = dim / n_heads`` over ``n_kv_heads`` kv heads;
+    pair ``(2j, 2j+1)`` gives output head ``j`` as ``a_2j - sigmoid(lambda_proj(x))_j a_2j+1``.
+    Both members of a pair share a kv group, which needs ``n_heads % n_kv_heads == 0``.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
+                 backend: str = "auto"):
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _check_positive("n_heads", n_heads)
+        _check_positive("n_kv_heads", n_kv_heads)
+        if dim % n_heads:
+            raise ValueError(f"dim: {dim} must be divisible by n_heads={n_heads}")
+        if (2 * n_heads) % n_kv_heads or n_heads % n_kv_heads:
+            raise ValueError(
+                f"n_kv_heads: {2 * n_heads} query heads in {n_kv_heads} kv groups would pair heads across groups; "
+                f"diff_v2 needs n_heads ({n_heads}) divisible by n_kv_heads ({n_kv_heads})")
+        d = dim // n_heads
+        if d % 2:
+            raise ValueError(f"dim: head width dim/n_heads={d} must be even for rotary embeddings")
+        super().__init__(dim, 2 * n_heads, n_kv_heads, n_kv_heads, d, d, n_heads * d, rope_theta, backend)
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.lambda_proj = nn.Linear(dim, n_heads, bias=False)
+
+    def _attend(self, x, q, k, v, mask, kernel, return_maps):
+        res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
+        a, maps = res if return_maps else (res, None)  # (B, T, 2H, d)
+        lam = torch.sigmoid(self.lambda_proj(x).float())[..., None]  # (B, T, H, 1)
+        out = (a[:, :, 0::2].float() - lam * a[:, :, 1::2].float()).to(a.dtype)  # (B, T, H, d)
+        out = self.out_proj(out.flatten(2))
+        return (out, maps) if return_maps else out

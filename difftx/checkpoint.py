@@ -1,0 +1,104 @@
+"""Model files: ``config.json`` + ``model.safetensors`` in a folder, written atomically.
+
+This is the model part of every checkpoint (the trainer adds optimizer and run state beside
+it). A missing, corrupt or mismatched file raises :class:`CheckpointError` with the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .model import Transformer
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+PathLike = Union[str, os.PathLike]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read or does not fit the model."""
+
+
+def atomic_write(path: PathLike, write) -> None:
+    """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _weights(model: Transformer) -> dict[str, torch.Tensor]:
+    sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        sd.pop("lm_head.weight", None)  # stored once, as tok_embeddings.weight
+    return sd
+
+
+def save_model(model: Transformer, folder: PathLike, metadata: dict | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (created if needed)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "difftx", **{k: str(v) for k, v in (metadata or {}).items()}}
+    atomic_write(folder / WEIGHTS_NAME, lambda p: save_file(_weights(model), p, metadata=meta))
+    atomic_write(folder / CONFIG_NAME, lambda p: Path(p).write_text(model.config.to_json() + "\n"))
+    return folder
+
+
+def load_config(folder: PathLike) -> ModelConfig:
+    path = Path(folder) / CONFIG_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no model config here (is {folder} a difftx checkpoint folder?)")
+    try:
+        return ModelConfig.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: invalid model config: {e}") from e
+
+
+def load_state(folder: PathLike) -> dict[str, torch.Tensor]:
+    path = Path(folder) / WEIGHTS_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read weights ({e})") from e
+
+
+def load_weights_into(model: Transformer, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
+    if model.config.tie_embeddings:
+        state = {**state, "lm_head.weight": state.get("tok_embeddings.weight")}
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state)
+                   if state[k] is None or tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or wrong:
+        raise CheckpointError(f"{source}: weights do not fit the config (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
+    model.load_state_dict(state)
+
+
+def load_model(folder: PathLike, device: str | torch.device = "cpu") -> Transformer:
+    """Build the model from ``folder/config.json`` and load ``folder/model.safetensors``."""
+    model = Transformer(load_config(folder))
+    load_weights_into(model, load_state(folder), str(Path(folder) / WEIGHTS_NAME))
+    return model.to(device)

@@ -1,0 +1,64 @@
+"""The ``difftx`` command. Each subcommand lives in its own module of this package and is a thin
+wrapper over one library function.
+
+A subcommand module defines ``register(subparsers)``, which adds its parser and sets
+``func`` (called with the parsed arguments) as a default. Modules are listed in
+``SUBCOMMANDS``; one that cannot be imported (a missing optional dependency) is reported
+when used, not when ``difftx --help`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from .. import __version__
+
+# module name -> one-line help (kept here so --help works without importing heavy modules)
+SUBCOMMANDS: dict[str, str] = {
+    "demo": "short DIFF-vs-baseline demo on built-in data",
+    "info": "show a model config, its parameter counts and its matched baseline",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="difftx", description="Differential Transformer toolkit: models, training, evaluation, interop.")
+    parser.add_argument("--version", action="version", version=f"difftx {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ImportError as e:  # optional dependency missing: keep the command, explain on use
+            p = sub.add_parser(name, help=f"{help_text} (unavailable: {e})")
+            p.set_defaults(func=lambda args, e=e, name=name: _unavailable(name, e))
+            continue
+        module.register(sub)
+    return parser
+
+
+def _unavailable(name: str, error: Exception) -> int:
+    print(f"difftx {name}: unavailable because an optional dependency is missing: {error}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"difftx {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"difftx {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
