@@ -16,7 +16,7 @@ groups, ``R = H // Hkv`` heads per group, ``d`` query/key width, ``C`` maps per 
   value ``g`` with ``g = h // R``. Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)``; the
   per-head norm is the module's job.
 
-Softmax and ``lam`` are applied in float32 whatever the input dtype. ``eager`` is the
+Softmax and ``lam`` are applied in float32 (float64 for float64 inputs) whatever the input dtype. ``eager`` is the
 oracle every other kernel is tested against; with ``return_maps=True`` it also returns an
 :class:`AttentionMaps` (pre-softmax logits and maps) for analysis.
 """
@@ -39,7 +39,7 @@ CHUNK_ROWS = 128
 
 @dataclass
 class AttentionMaps:
-    """Intermediates of one attention call (eager kernel only), float32.
+    """Intermediates of one attention call (eager kernel only), in float32 (or float64).
 
     ``logits``: ``(B, C*H, T, S)`` scaled pre-softmax logits, sub-heads in projection order
     (``2h + c`` for differential attention); masked entries are ``-inf``.
@@ -78,7 +78,7 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
     s = kg.shape[-2]
     # all R heads of a group share one key matrix: fold them into the rows of one matmul
     scores = torch.matmul(qg.reshape(B, Hkv, C, R * t, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*t, s)
-    logits = scores.view(B, Hkv, C, R, t, s).float() * scale
+    logits = scores.view(B, Hkv, C, R, t, s).to(torch.promote_types(scores.dtype, torch.float32)) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -164,7 +164,8 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
         F.pad(qc, (0, d)), F.pad(kc, (0, d)), vc,
         attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=R > 1,
     ).view(B, 2, H, T, 2 * d)
-    out = out[:, 0].float() - lam * out[:, 1].float()  # (B, H, T, 2d)
+    dt = torch.promote_types(out.dtype, torch.float32)
+    out = out[:, 0].to(dt) - lam.to(dt) * out[:, 1].to(dt)  # (B, H, T, 2d)
     return out.to(v.dtype).transpose(1, 2)
 
 

@@ -20,6 +20,10 @@ from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
 
 
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
 def lambda_init_for_layer(layer_idx: int) -> float:
     """The paper's depth schedule: ``0.8 - 0.6 * exp(-0.3 * l)`` with ``l`` counted from 0."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
@@ -71,7 +75,7 @@ class _AttentionBase(nn.Module):
         v = self.v_proj(x).view(B, T, self.v_groups, self.v_width)  # (B, T, Hv, dv)
         if positions is None:
             positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, _at_least_fp32(x.dtype))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(offset, k, v)  # (B, S, ...)
@@ -163,22 +167,23 @@ class DiffAttention(_AttentionBase):
 
     def lambda_full(self) -> Tensor:
         """The re-parameterised lambda, a float32 scalar."""
-        l1 = torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
-        l2 = torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+        dt = _at_least_fp32(self.lambda_q1.dtype)
+        l1 = torch.exp(torch.dot(self.lambda_q1.to(dt), self.lambda_k1.to(dt)))
+        l2 = torch.exp(torch.dot(self.lambda_q2.to(dt), self.lambda_k2.to(dt)))
         return l1 - l2 + self.lambda_init
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
         if self.subln is None:
             return o * (1.0 - self.lambda_init)
-        of = o.float()
-        normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.subln.weight.float()
+        of = o.to(_at_least_fp32(o.dtype))
+        normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.subln.weight.to(of.dtype)
         return (normed * (1.0 - self.lambda_init)).to(o.dtype)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
         out, maps = res if return_maps else (res, None)  # (B, T, H, 2d)
-        out = self.out_proj(self.head_norm(out).flatten(2))  # (B, T, D)
+        out = self.out_proj(self.head_norm(out).flatten(2).to(x.dtype))  # (B, T, D)
         return (out, maps) if return_maps else out
 
 
@@ -211,7 +216,7 @@ class DiffAttentionV2(_AttentionBase):
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
         a, maps = res if return_maps else (res, None)  # (B, T, 2H, d)
-        lam = torch.sigmoid(self.lambda_proj(x).float())[..., None]  # (B, T, H, 1)
-        out = (a[:, :, 0::2].float() - lam * a[:, :, 1::2].float()).to(a.dtype)  # (B, T, H, d)
+        lam = torch.sigmoid(self.lambda_proj(x).to(_at_least_fp32(x.dtype)))[..., None]  # (B, T, H, 1)
+        out = (a[:, :, 0::2].to(lam.dtype) - lam * a[:, :, 1::2].to(lam.dtype)).to(a.dtype)  # (B, T, H, d)
         out = self.out_proj(out.flatten(2))
         return (out, maps) if return_maps else out

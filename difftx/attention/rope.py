@@ -11,16 +11,17 @@ import torch
 from torch import Tensor
 
 
-def rope_angles(positions: Tensor, d: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin of shape ``(B|1, T, 1, d/2)`` (float32) for integer ``positions`` ``(B|1, T)``."""
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)  # (d/2,)
-    ang = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, d/2)
+def rope_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos, sin of shape ``(B|1, T, 1, d/2)`` for integer ``positions`` ``(B|1, T)``, computed in
+    ``dtype`` (float32, or float64 for float64 models)."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=dtype) / d)  # (d/2,)
+    ang = positions.to(dtype)[..., None] * inv_freq  # (B, T, d/2)
     return ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`."""
-    xf = x.float().unflatten(-1, (-1, 2))  # (B, T, heads, d/2, 2)
+    xf = x.to(cos.dtype).unflatten(-1, (-1, 2))  # (B, T, heads, d/2, 2)
     x0, x1 = xf[..., 0], xf[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).to(x.dtype)
