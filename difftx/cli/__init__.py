@@ -20,6 +20,7 @@ from .. import __version__
 SUBCOMMANDS: dict[str, str] = {
     "demo": "short DIFF-vs-baseline demo on built-in data",
     "info": "show a model config, its parameter counts and its matched baseline",
+    "tokenizer": "train a BPE tokenizer locally on text files",
 }
 
 

@@ -1,0 +1,275 @@
+"""Tokenizers: one small interface, two implementations.
+
+``ByteTokenizer``   UTF-8 bytes 0..255 plus one special token ``<|endoftext|>`` (id 256); no
+                    training, no files; the default for tiny models.
+``BPETokenizer``    a ``tokenizer.json`` of the Hugging Face ``tokenizers`` library, trained
+                    locally with :func:`train_bpe` or supplied by the user. Nothing is fetched
+                    from a hub.
+
+Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``, ``vocab_size``,
+``eos_id`` (the document separator: each packed document *starts* with it, see
+``difftx.data.store``), ``name`` (a stable identity used in cache keys) and ``save(folder)``.
+``load_tokenizer(spec)`` builds one from ``"byte"`` or a path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
+
+EOS_TOKEN = "<|endoftext|>"
+# special-token spellings recognised as the document separator in a user tokenizer.json, in order
+EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|eos|>", "[EOS]", "<|end_of_text|>", "[SEP]")
+TOKENIZER_FILE = "tokenizer.json"
+META_FILE = "difftx_tokenizer.json"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the rest of difftx needs from a tokenizer."""
+
+    name: str
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def save(self, folder: Union[str, os.PathLike]) -> Path: ...
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255, then ``<|endoftext|>`` = 256. ``vocab_size`` = 257.
+
+    ``encode`` never produces the special token (a literal ``"<|endoftext|>"`` in the text is
+    encoded as its bytes); ``decode`` renders it as ``"<|endoftext|>"`` and replaces invalid
+    UTF-8 (a model can sample a partial character) with U+FFFD.
+    """
+
+    name = "byte"
+    specials = (EOS_TOKEN,)
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + len(self.specials)
+
+    @property
+    def eos_id(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_array(self, text: str):
+        """Fast path for the data pipeline: the ids as a ``uint8`` numpy array (no specials)."""
+        import numpy as np
+
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out: list[str] = []
+        run = bytearray()
+        for i in ids:
+            i = int(i)
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            if not 256 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the byte tokenizer's vocabulary (0..{self.vocab_size - 1})")
+            out.append(run.decode("utf-8", errors="replace"))
+            run.clear()
+            out.append(self.specials[i - 256])
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def save(self, folder: Union[str, os.PathLike]) -> Path:
+        """Write ``difftx_tokenizer.json`` saying ``{"type": "byte"}``; ``load_tokenizer(folder)`` reads it."""
+        path = Path(folder) / META_FILE
+        _atomic_write_text(path, json.dumps({"type": "byte", "vocab_size": self.vocab_size,
+                                             "eos_id": self.eos_id}, indent=2) + "\n")
+        return path
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+class BPETokenizer:
+    """A ``tokenizers.Tokenizer`` (from a ``tokenizer.json``) behind the difftx interface.
+
+    ``name`` is ``"bpe-<first 16 hex of sha256(tokenizer.json)>"``, so two different files never
+    share a data cache entry. ``eos_id`` is the first of :data:`EOS_CANDIDATES` present in the
+    vocabulary, or the token named by ``eos_token``.
+    """
+
+    def __init__(self, tok, *, source: str = "<memory>", eos_token: Optional[str] = None) -> None:
+        self._tok = tok
+        self.source = source
+        blob = tok.to_str()
+        self.name = "bpe-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+        candidates = (eos_token,) if eos_token else EOS_CANDIDATES
+        eos = None
+        for c in candidates:
+            eos = tok.token_to_id(c)
+            if eos is not None:
+                self.eos_token = c
+                break
+        if eos is None:
+            raise ValueError(f"tokenizer {source}: no document-separator token found (looked for "
+                             f"{', '.join(candidates)}); pass eos_token= naming one of its special tokens")
+        self._eos_id = int(eos)
+
+    @classmethod
+    def from_file(cls, path: Union[str, os.PathLike], *, eos_token: Optional[str] = None) -> "BPETokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = Path(path)
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises a bare Exception on malformed JSON
+            raise ValueError(f"tokenizer {path}: cannot be read as a tokenizers tokenizer.json: {e}") from e
+        return cls(tok, source=str(path), eos_token=eos_token)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Several texts at once (the library parallelises this across cores)."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, folder: Union[str, os.PathLike]) -> Path:
+        """Write ``tokenizer.json`` into ``folder`` (atomically) and return its path."""
+        path = Path(folder) / TOKENIZER_FILE
+        _atomic_write_text(path, self._tok.to_str(pretty=True))
+        return path
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer({self.source!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+TokenizerSpec = Union[str, os.PathLike, Tokenizer]
+
+
+def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = None) -> Tokenizer:
+    """Return a tokenizer from ``"byte"``, a ``tokenizer.json`` path, or a folder holding
+    ``tokenizer.json`` (or a ``difftx_tokenizer.json`` written by ``ByteTokenizer.save``).
+    A tokenizer object is returned unchanged."""
+    if not isinstance(spec, (str, os.PathLike)):
+        if isinstance(spec, Tokenizer):
+            return spec
+        raise TypeError(f"tokenizer must be 'byte', a path or a tokenizer object, got {type(spec).__name__}")
+    if isinstance(spec, str) and spec == "byte":
+        return ByteTokenizer()
+    path = Path(spec)
+    if path.is_dir():
+        if (path / TOKENIZER_FILE).is_file():
+            return BPETokenizer.from_file(path / TOKENIZER_FILE, eos_token=eos_token)
+        if (path / META_FILE).is_file():
+            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+            if meta.get("type") == "byte":
+                return ByteTokenizer()
+            raise ValueError(f"tokenizer {path / META_FILE}: unknown type {meta.get('type')!r}")
+        raise FileNotFoundError(f"tokenizer folder {path} holds neither {TOKENIZER_FILE} nor {META_FILE}")
+    if path.is_file():
+        return BPETokenizer.from_file(path, eos_token=eos_token)
+    raise FileNotFoundError(f"tokenizer {str(spec)!r} is not 'byte' and no such file or folder exists")
+
+
+def _iter_training_texts(files_or_texts, text_field: str, texts: Optional[Iterable[str]]) -> Iterator[str]:
+    from .sources import iter_documents, looks_like_text, resolve_sources
+
+    if texts is not None:
+        yield from texts
+    if files_or_texts is None:
+        if texts is None:  # nothing given at all: the bundled corpus's training split
+            for doc in iter_documents(resolve_sources(None)):
+                if doc.split == "train":
+                    yield doc.text
+        return
+    items = [files_or_texts] if isinstance(files_or_texts, (str, os.PathLike)) else list(files_or_texts)
+    paths = []
+    for item in items:
+        if isinstance(item, str) and looks_like_text(item):
+            yield item
+        else:
+            paths.append(item)
+    if paths:
+        for doc in iter_documents(resolve_sources(paths), text_field=text_field):
+            yield doc.text
+
+
+def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[str, os.PathLike] = "tokenizer", *,
+              texts: Optional[Iterable[str]] = None, text_field: str = "text", min_frequency: int = 2,
+              show_progress: bool = True) -> BPETokenizer:
+    """Train a byte-level BPE tokenizer locally and save ``out_dir/tokenizer.json``.
+
+    ``files_or_texts``: ``None`` (the bundled corpus's training split), or one or more paths
+    (plain-text files, folders, ``.jsonl`` with ``text_field``). A ``str`` item that contains a
+    newline or is longer than 1,024 characters is taken as a text, any other ``str`` as a path
+    (missing paths raise ``FileNotFoundError``); ``texts=`` passes in-memory texts explicitly.
+
+    The tokenizer splits like GPT-2 (byte-level pre-tokenizer, all 256 bytes in the initial
+    alphabet, so any string encodes) and has one special token, ``<|endoftext|>``, the document
+    separator. ``vocab_size`` counts it and is an upper bound: a small text may run out of
+    pairs seen ``min_frequency`` times before reaching it.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if not isinstance(vocab_size, int) or vocab_size < 257 + 1:
+        raise ValueError(f"vocab_size must be an int > 257 (256 bytes + <|endoftext|> + merges), got {vocab_size!r}")
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=show_progress)
+    n_texts = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal n_texts
+        for t in _iter_training_texts(files_or_texts, text_field, texts):
+            n_texts += 1
+            yield t
+
+    tok.train_from_iterator(counted(), trainer=trainer)
+    if n_texts == 0:
+        raise ValueError("train_bpe: no training text was given")
+    out = BPETokenizer(tok, source=str(Path(out_dir) / TOKENIZER_FILE))
+    out.save(out_dir)
+    return out

@@ -1,0 +1,121 @@
+"""Tokenizers: byte round trip, BPE train/save/load, the CLI, and BPE data preparation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from difftx.data import ByteTokenizer, PackedLoader, load_tokenizer, prepare_data, train_bpe
+from difftx.data.tokenizer import Tokenizer
+
+SAMPLES = ["Hello, world!", "naïve café — ünïcödé ✓ 漢字 🙂", "", "line one\nline two\n\ttabbed", "<|endoftext|>"]
+
+
+def corpus_text(n_lines=300):
+    rng = np.random.default_rng(0)
+    vocab = ["the", "king", "queen", "shall", "speak", "thou", "art", "my", "lord", "and", "of", "to"]
+    return "\n".join(" ".join(vocab[i] for i in rng.integers(0, len(vocab), 8)).capitalize() + "."
+                     for _ in range(n_lines)) + "\n"
+
+
+def test_byte_tokenizer_round_trip():
+    tok = load_tokenizer("byte")
+    assert isinstance(tok, ByteTokenizer) and isinstance(tok, Tokenizer)
+    assert tok.vocab_size == 257 and tok.eos_id == 256 and tok.name == "byte"
+    for s in SAMPLES:
+        ids = tok.encode(s)
+        assert ids == list(s.encode("utf-8"))  # one id per UTF-8 byte, never the separator
+        assert tok.decode(ids) == s
+        assert list(tok.encode_array(s)) == ids
+    assert tok.decode([104, 105, 256, 33]) == "hi<|endoftext|>!"
+    assert tok.decode([0xE2, 0x82]) == "\ufffd"  # a partial character does not raise
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([257])
+
+
+def test_byte_tokenizer_save_and_load(tmp_path):
+    ByteTokenizer().save(tmp_path / "tok")
+    assert isinstance(load_tokenizer(tmp_path / "tok"), ByteTokenizer)
+
+
+def test_bpe_train_save_load_round_trip(tmp_path):
+    text = corpus_text()
+    tok = train_bpe(texts=[text], vocab_size=300, out_dir=tmp_path / "bpe", show_progress=False)
+    assert (tmp_path / "bpe" / "tokenizer.json").is_file()
+    assert tok.vocab_size == 300 and tok.decode([tok.eos_id]) == "<|endoftext|>"
+    sample = "The king shall speak, my lord.\nThou art the queen."
+    ids = tok.encode(sample)
+    assert len(ids) < len(sample.encode("utf-8")) / 2  # merges were learned
+    assert tok.decode(ids) == sample
+    for s in SAMPLES:  # byte-level: any string survives, including characters never seen
+        assert tok.decode(tok.encode(s)) == s
+    for spec in (tmp_path / "bpe", tmp_path / "bpe" / "tokenizer.json", str(tmp_path / "bpe")):
+        loaded = load_tokenizer(spec)
+        assert loaded.encode(sample) == ids and loaded.name == tok.name and loaded.eos_id == tok.eos_id
+    # same input, same tokenizer (training is deterministic); other input, other identity
+    again = train_bpe(texts=[text], vocab_size=300, out_dir=tmp_path / "bpe2", show_progress=False)
+    assert again.name == tok.name
+    other = train_bpe(texts=[text.upper()], vocab_size=300, out_dir=tmp_path / "bpe3", show_progress=False)
+    assert other.name != tok.name
+
+
+def test_bpe_from_files_and_prepare_data(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text(corpus_text(200))
+    (src / "b.jsonl").write_text("\n".join(json.dumps({"text": line}) for line in corpus_text(100).splitlines()))
+    tok = train_bpe(src, vocab_size=320, out_dir=tmp_path / "bpe", show_progress=False)
+    data = prepare_data(src, tokenizer=tmp_path / "bpe", cache_dir=tmp_path / "cache", progress=False)
+    assert data.tokenizer.name == tok.name and data.train.vocab_size == tok.vocab_size <= 320
+    assert data.train.tokens.dtype == np.uint16
+    assert (data.path / "tokenizer" / "tokenizer.json").is_file()  # saved beside the data
+    assert data.train.decode_doc(0, data.tokenizer) == data.tokenizer.decode(tok.encode(
+        (src / "a.txt").read_text()[:len(data.train.decode_doc(0, data.tokenizer))]))
+    tokens, doc_ids = PackedLoader(data.train, batch_size=2, seq_len=16).next_batch()
+    assert int(tokens.max()) < 320
+    # a different tokenizer is a different cache entry
+    byte = prepare_data(src, cache_dir=tmp_path / "cache", progress=False)
+    assert byte.path != data.path
+
+
+def test_bpe_on_bundled_corpus_default_input(tmp_path):
+    tok = train_bpe(None, vocab_size=400, out_dir=tmp_path / "bpe", show_progress=False)
+    assert tok.vocab_size == 400
+    assert len(tok.encode("To be, or not to be")) < len("To be, or not to be")
+
+
+def test_tokenizer_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such"):
+        load_tokenizer(tmp_path / "no-such")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds neither"):
+        load_tokenizer(tmp_path / "empty")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_tokenizer(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe(texts=["abc\n"], vocab_size=100, out_dir=tmp_path / "x")
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        train_bpe([str(tmp_path / "missing.txt")], vocab_size=300, out_dir=tmp_path / "x")
+    # a user tokenizer.json without any document separator
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    HFTokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "nosep.json"))
+    with pytest.raises(ValueError, match="nosep.json: no document-separator token"):
+        load_tokenizer(tmp_path / "nosep.json")
+    assert load_tokenizer(tmp_path / "nosep.json", eos_token="[UNK]").eos_id == 1
+
+
+def test_cli_tokenizer_train(tmp_path, capsys):
+    from difftx.cli import main
+
+    (tmp_path / "in.txt").write_text(corpus_text(100))
+    rc = main(["tokenizer", "train", "--input", str(tmp_path / "in.txt"), "--vocab-size", "280",
+               "--out", str(tmp_path / "tok")])
+    assert rc == 0 and "vocab_size=280" in capsys.readouterr().out
+    assert load_tokenizer(tmp_path / "tok").vocab_size == 280
+    rc = main(["tokenizer", "train", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t2")])
+    assert rc == 2 and "missing.txt" in capsys.readouterr().err
