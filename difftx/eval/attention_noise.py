@@ -1,0 +1,131 @@
+"""Attention to the answer and attention noise (SPEC section 5; paper Table 3, Figure 1).
+
+At the query position that emits the first answer token, take the attention row (the
+effective map ``A1 - lam * A2`` for DIFF, which may have negative entries) and normalise it
+by its L1 norm: ``r = a / sum_j |a_j|``. Then, over the keys of a role:
+
+- ``signed``   = ``sum_j r_j``
+- ``absolute`` = ``sum_j |r_j|``
+- ``positive`` = ``sum_j max(r_j, 0)``
+
+Answer mass uses the answer needle's value tokens; noise mass the filler tokens only (not
+needles, query or BOS). For softmax attention the three variants coincide. Per layer the
+masses are reported as the mean over heads and the best head (largest answer mass, smallest
+noise mass, each chosen separately). The sign of a DIFF map is not identifiable at tiny
+scale (the model can flip the roles of the two components), hence the three variants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .capture import AttentionCapture
+from .needle import ROLE_ANSWER, ROLE_FILLER, NeedleSample
+
+VARIANTS = ("signed", "absolute", "positive")
+
+
+def normalized_rows(rows: Tensor) -> Tensor:
+    """Rows ``(..., S)`` divided by their L1 norm (all-zero rows stay zero)."""
+    return rows / rows.abs().sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def role_mass(rows: Tensor, keys: Tensor) -> dict[str, Tensor]:
+    """Masses ``(...)`` of the L1-normalised ``rows`` ``(..., S)`` over the boolean ``keys``
+    (``(S,)`` or broadcastable to ``rows``), for each variant of :data:`VARIANTS`."""
+    r = normalized_rows(rows.float())
+    k = keys.to(r.device).bool().to(r.dtype)
+    return {"signed": (r * k).sum(-1), "absolute": (r.abs() * k).sum(-1),
+            "positive": (r.clamp_min(0) * k).sum(-1)}
+
+
+@dataclass
+class LayerMass:
+    """One layer's answer and noise masses; each dict maps variant -> value."""
+
+    layer: int
+    answer_mean: dict[str, float]
+    answer_best: dict[str, float]
+    noise_mean: dict[str, float]
+    noise_best: dict[str, float]
+    answer_heads: dict[str, list[float]]
+    noise_heads: dict[str, list[float]]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def layer_mass(rows: Tensor, answer_keys: Tensor, noise_keys: Tensor, layer: int = 0) -> LayerMass:
+    """Masses of one layer from its rows ``(H, S)`` (one per head) or ``(N, H, S)`` (N samples,
+    with key masks ``(N, S)`` or ``(S,)``): per head averaged over samples, then mean and best
+    over heads."""
+    if rows.dim() == 2:
+        rows = rows[None]
+    if rows.dim() != 3:
+        raise ValueError(f"rows must be (heads, keys) or (samples, heads, keys), got {tuple(rows.shape)}")
+
+    def per_sample(mask: Tensor) -> Tensor:  # (S,) or (N, S) -> broadcastable to (N, H, S)
+        return mask if mask.dim() == 1 else mask[:, None, :]
+
+    ans = {k: v.mean(0) for k, v in role_mass(rows, per_sample(answer_keys)).items()}  # variant -> (H,)
+    noi = {k: v.mean(0) for k, v in role_mass(rows, per_sample(noise_keys)).items()}
+    return LayerMass(
+        layer,
+        answer_mean={k: float(v.mean()) for k, v in ans.items()},
+        answer_best={k: float(v.max()) for k, v in ans.items()},
+        noise_mean={k: float(v.mean()) for k, v in noi.items()},
+        noise_best={k: float(v.min()) for k, v in noi.items()},
+        answer_heads={k: v.tolist() for k, v in ans.items()},
+        noise_heads={k: v.tolist() for k, v in noi.items()},
+    )
+
+
+@torch.no_grad()
+def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample], *,
+                        backend: str = "eager", keep_rows: int = 1) -> dict:
+    """Per-layer answer / noise masses over needle ``samples`` at the last prompt position
+    (the one that emits the first answer token).
+
+    Returns ``{"layers": [LayerMass.to_dict(), ...], "rows": [...]}`` where ``rows`` holds
+    the first ``keep_rows`` samples' head-averaged effective rows per layer with their roles
+    (for the Figure-1-style plot).
+    """
+    if not samples:
+        raise ValueError("attention_to_answer needs at least one needle sample")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows: list[list[Tensor]] = []  # rows[layer][sample]: (H, S)
+    answer, noise, kept = [], [], []
+    try:
+        for si, s in enumerate(samples):
+            roles = torch.tensor(s.roles)
+            answer.append(roles == ROLE_ANSWER)
+            noise.append(roles == ROLE_FILLER)
+            with AttentionCapture(model, backend=backend) as cap:
+                model(torch.tensor([s.prompt], device=device))
+            rows = rows or [[] for _ in cap.maps]
+            for layer, calls in enumerate(cap.maps):
+                rows[layer].append(calls[-1].effective[0, :, -1])  # (H, S): last query position, every head
+            if si < keep_rows:
+                kept.append({"roles": list(s.roles), "layers": [r[-1].mean(0).tolist() for r in rows]})
+    finally:
+        model.train(was_training)
+    if len({a.numel() for a in answer}) != 1:
+        raise ValueError("attention_to_answer needs samples of one prompt length")
+    A, N = torch.stack(answer), torch.stack(noise)  # (N, S)
+    layers = [layer_mass(torch.stack(r), A, N, layer).to_dict() for layer, r in enumerate(rows)]
+    return {"n_samples": len(samples), "layers": layers, "rows": kept}
+
+
+def summary(result: dict, variant: str = "absolute", layer: Optional[int] = None) -> dict[str, float]:
+    """``{"answer": ..., "noise": ...}`` (mean over heads) for one layer, or averaged over layers."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+    layers = result["layers"] if layer is None else [result["layers"][layer]]
+    return {"answer": sum(x["answer_mean"][variant] for x in layers) / len(layers),
+            "noise": sum(x["noise_mean"][variant] for x in layers) / len(layers)}

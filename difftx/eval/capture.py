@@ -1,0 +1,176 @@
+"""Record attention maps and hidden states of a model forward, from outside the model.
+
+Analysis stays off the fast path: nothing is threaded through :class:`difftx.Transformer`.
+Inside ``with capture_attention(model) as cap:`` every attention module's ``forward`` is
+temporarily wrapped so that it runs a maps-returning kernel (``eager`` by default) with
+``return_maps=True``; the maps are kept and the module's ordinary output is returned, so the
+model computes exactly what it computes with that kernel. Leaving the block restores the
+modules. Hidden states (each block's output, the residual stream) come from forward hooks.
+
+Legend: ``B`` batch, ``T`` query rows of one call, ``S`` keys, ``H`` output heads,
+``C`` maps per head (2 for ``diff``, 1 otherwise), ``D`` model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..attention.modules import DiffAttention, DiffAttentionV2, StandardAttention
+
+ATTENTION_TYPES = (DiffAttention, DiffAttentionV2, StandardAttention)
+
+
+@dataclass
+class CapturedMaps:
+    """One attention call of one layer, float32 on CPU.
+
+    ``logits`` ``(B, C*H', T, S)``: scaled pre-softmax logits (masked entries ``-inf``); for
+    ``diff`` sub-head ``2h + c`` is component ``c`` of head ``h``; for ``diff_v2`` the ``2H``
+    query heads. ``probs``: their softmax. ``effective`` ``(B, H, T, S)``: the map applied to
+    the values: ``A1 - lam * A2`` (``diff``), ``a_2j - sigmoid(lambda_proj(x))_j a_2j+1`` per
+    query row (``diff_v2``), ``probs`` (``standard``). ``lam``: scalar tensor (``diff``),
+    ``(B, T, H)`` (``diff_v2``) or ``None``. ``q_offset``: key index of query row 0 (non-zero
+    while decoding with a KV cache).
+    """
+
+    layer: int
+    kind: str
+    logits: Tensor
+    probs: Tensor
+    effective: Tensor
+    lam: Optional[Tensor]
+    q_offset: int
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention modules of ``model`` in layer order (``model.layers[i].attn``)."""
+    mods = [m for m in model.modules() if isinstance(m, ATTENTION_TYPES)]
+    if not mods:
+        raise ValueError(f"{type(model).__name__} has no difftx attention modules to capture")
+    return mods
+
+
+def _kind(module: torch.nn.Module) -> str:
+    if isinstance(module, DiffAttention):
+        return "diff"
+    if isinstance(module, DiffAttentionV2):
+        return "diff_v2"
+    return "standard"
+
+
+class AttentionCapture:
+    """Context manager recording per-layer :class:`CapturedMaps` (and optionally hidden states).
+
+    ``backend``: the kernel every attention call uses while capturing; it must support
+    ``return_maps`` (``eager``, or a kernel from :mod:`difftx.eval.quant`).
+    ``store``: keep the maps in :attr:`maps` (``maps[layer]`` is a list, one entry per
+    forward call: a prefill then one per decoded token). ``callback(captured)`` is called
+    for every call (stream statistics without storing anything with ``store=False``).
+    ``hidden_states``: also record each block's output ``(B, T, D)`` in :attr:`hidden`
+    (``hidden[layer]`` a list per call), or pass them to ``hidden_callback(layer, x)``.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, backend: str = "eager", store: bool = True,
+                 callback: Optional[Callable[[CapturedMaps], None]] = None, hidden_states: bool = False,
+                 hidden_callback: Optional[Callable[[int, Tensor], None]] = None):
+        self.model, self.backend, self.store, self.callback = model, backend, store, callback
+        self.want_hidden = hidden_states or hidden_callback is not None
+        self.hidden_callback = hidden_callback
+        self.modules = attention_modules(model)
+        self.maps: list[list[CapturedMaps]] = [[] for _ in self.modules]
+        self.hidden: list[list[Tensor]] = [[] for _ in self.modules]
+        self._saved: list[tuple[torch.nn.Module, object]] = []
+        self._hooks: list = []
+
+    # -- recording ------------------------------------------------------------------------------
+    def _record(self, layer: int, module, x: Tensor, maps, q_offset: int) -> None:
+        kind = _kind(module)
+        logits, probs = maps.logits.detach().float().cpu(), maps.probs.detach().float().cpu()
+        eff, lam = maps.effective.detach().float().cpu(), None
+        if kind == "diff":
+            lam = module.lambda_full().detach().float().cpu()
+        elif kind == "diff_v2":
+            lam = torch.sigmoid(module.lambda_proj(x).float()).detach().cpu()  # (B, T, H)
+            # the kernel's map is the 2H plain softmax maps; the V2 output mixes pairs per row
+            eff = probs[:, 0::2] - lam.permute(0, 2, 1)[..., None] * probs[:, 1::2]  # (B, H, T, S)
+        cap = CapturedMaps(layer, kind, logits, probs, eff, lam, q_offset)
+        if self.store:
+            self.maps[layer].append(cap)
+        if self.callback is not None:
+            self.callback(cap)
+
+    def _wrap(self, layer: int, module) -> Callable:
+        original = module.forward
+        capture_backend = self.backend
+
+        def forward(x, *, positions=None, mask=None, cache=None, backend=None, return_maps=False):
+            # the caller's ``backend`` is overridden: capturing needs a maps-returning kernel
+            out, maps = original(x, positions=positions, mask=mask, cache=cache, backend=capture_backend,
+                                 return_maps=True)
+            self._record(layer, module, x, maps, 0 if mask is None else mask.q_offset)
+            return (out, maps) if return_maps else out
+
+        return forward
+
+    def _hidden_hook(self, layer: int):
+        def hook(_module, _inputs, output):
+            h = output.detach().float().cpu()
+            if self.hidden_callback is not None:
+                self.hidden_callback(layer, h)
+            if self.store:
+                self.hidden[layer].append(h)
+        return hook
+
+    # -- context manager ------------------------------------------------------------------------
+    def __enter__(self) -> "AttentionCapture":
+        for i, m in enumerate(self.modules):
+            self._saved.append((m, m.__dict__.get("forward")))
+            m.forward = self._wrap(i, m)
+        if self.want_hidden:
+            blocks = getattr(self.model, "layers", None)
+            if blocks is None or len(blocks) != len(self.modules):
+                raise ValueError("hidden states need a model with .layers (one block per attention module)")
+            self._hooks = [b.register_forward_hook(self._hidden_hook(i)) for i, b in enumerate(blocks)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for m, previous in self._saved:
+            if previous is None:
+                del m.forward
+            else:
+                m.forward = previous
+        self._saved.clear()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    # -- access ---------------------------------------------------------------------------------
+    def last(self, layer: int) -> CapturedMaps:
+        """The most recent call's maps of ``layer``."""
+        if not self.maps[layer]:
+            raise ValueError(f"no attention maps were captured for layer {layer} (store=False or no forward yet)")
+        return self.maps[layer][-1]
+
+    def clear(self) -> None:
+        self.maps = [[] for _ in self.modules]
+        self.hidden = [[] for _ in self.modules]
+
+
+def capture_attention(model: torch.nn.Module, **kwargs) -> AttentionCapture:
+    """``with capture_attention(model) as cap: model(tokens)`` then ``cap.maps[layer][call]``."""
+    return AttentionCapture(model, **kwargs)
+
+
+@torch.no_grad()
+def layer_lambdas(model: torch.nn.Module) -> list[Optional[float]]:
+    """The learned lambda per layer: ``lambda_full()`` for ``diff`` layers, ``None`` for layers
+    whose lambda is not a parameter (``standard``; ``diff_v2``'s is per token, see
+    :class:`CapturedMaps`)."""
+    out: list[Optional[float]] = []
+    for m in attention_modules(model):
+        out.append(float(m.lambda_full()) if isinstance(m, DiffAttention) else None)
+    return out

@@ -1,0 +1,53 @@
+"""Diagnostics (SPEC section 5): learned lambda per layer and head redundancy.
+
+Head redundancy of one layer: the mean pairwise cosine similarity between its heads' attention
+maps (the effective maps, each head's ``T x S`` map flattened; masked entries are zero), per
+sequence, averaged over the batch. 1 means every head attends alike; with softmax maps the value
+is non-negative, DIFF maps can give negative values.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .capture import AttentionCapture, layer_lambdas
+
+__all__ = ["head_redundancy", "layer_lambdas", "model_head_redundancy"]
+
+
+def head_redundancy(maps: Tensor) -> float:
+    """Mean pairwise cosine similarity of heads' maps ``(B, H, T, S)`` (NaN for one head)."""
+    if maps.dim() != 4:
+        raise ValueError(f"maps must be (batch, heads, T, S), got {tuple(maps.shape)}")
+    B, H = maps.shape[:2]
+    if H < 2:
+        return float("nan")
+    flat = F.normalize(torch.nan_to_num(maps.float(), neginf=0.0).flatten(2), dim=-1)  # (B, H, T*S)
+    sim = flat @ flat.transpose(1, 2)  # (B, H, H)
+    off = ~torch.eye(H, dtype=torch.bool)
+    return float(sim[:, off].mean())
+
+
+@torch.no_grad()
+def model_head_redundancy(model: torch.nn.Module, tokens: Tensor, backend: str = "eager") -> list[float]:
+    """:func:`head_redundancy` per layer on one batch ``tokens`` ``(B, T)``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with AttentionCapture(model, backend=backend) as cap:
+            model(tokens.to(next(model.parameters()).device))
+    finally:
+        model.train(was_training)
+    return [head_redundancy(calls[-1].effective) for calls in cap.maps]
+
+
+def lambda_summary(model: torch.nn.Module) -> dict[str, list[Optional[float]]]:
+    """``{"lambda": [...], "lambda_init": [...]}`` per layer (``None`` where not applicable)."""
+    from .capture import attention_modules
+
+    inits = [getattr(m, "lambda_init", None) for m in attention_modules(model)]
+    return {"lambda": layer_lambdas(model), "lambda_init": inits}

@@ -1,0 +1,620 @@
+"""Multi-needle retrieval (SPEC section 5; paper section 3.4, after LWM / Gemini 1.5).
+
+Two forms share one scoring rule:
+
+(a) A synthetic token-level task with its own small vocabulary, small enough for a model of
+    0.1-3M parameters to learn on a CPU in minutes. A prompt of exactly ``context_len``
+    tokens is ``BOS haystack QUERY k_1 .. k_R ANSWER``; the haystack is filler words with
+    ``N`` needles ``KEY : d d d .`` inserted; the expected continuation is
+    ``v_1 SEP v_2 .. v_R EOS`` (the queried keys' value digits in query order).
+(b) The natural-language form with the LWM wording (``The special magic number for {city}
+    is: {number}.`` in filler prose, then a question) for any model with a text tokenizer.
+
+Depth: the answer needle (the first queried key's) sits after ``round(depth * F)`` of the
+``F`` filler units (tokens, or sentences in the text form), so depth 0 is the start of the
+haystack and depth 1 its end; the other needles go at random depths.
+
+Scoring, per queried key (exact match): a wrong answer is a *distraction* when it is a
+well-formed value that occurs in the context (for these generators: another needle's value),
+a *contextual hallucination* when it is well-formed and occurs nowhere in the context (an
+offline proxy for the paper's section 3.6, which is judged by GPT-4o and cannot run here), and
+*malformed* otherwise (wrong length, non-digits, missing).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+# roles of prompt positions (for attention-to-answer / noise)
+ROLE_BOS, ROLE_FILLER, ROLE_NEEDLE, ROLE_ANSWER, ROLE_QUERY = 0, 1, 2, 3, 4
+ROLE_NAMES = {ROLE_BOS: "bos", ROLE_FILLER: "filler", ROLE_NEEDLE: "needle", ROLE_ANSWER: "answer",
+              ROLE_QUERY: "query"}
+OUTCOMES = ("correct", "distraction", "hallucination", "malformed")
+DEFAULT_GRID: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))
+DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def classify_answer(predicted, expected, *, well_formed: bool, in_context: bool) -> str:
+    """One of :data:`OUTCOMES` for one queried key (the rule of the module docstring)."""
+    if well_formed and predicted == expected:
+        return "correct"
+    if not well_formed:
+        return "malformed"
+    return "distraction" if in_context else "hallucination"
+
+
+def _contains(seq: Sequence, sub: Sequence) -> bool:
+    n = len(sub)
+    return n > 0 and any(list(seq[i:i + n]) == list(sub) for i in range(len(seq) - n + 1))
+
+
+# ==============================================================================================
+# (a) synthetic token-level form
+# ==============================================================================================
+
+@dataclass(frozen=True)
+class NeedleTask:
+    """The synthetic task's vocabulary and sizes.
+
+    Token ids: ``PAD=0 BOS=1 EOS=2 COLON=3 DOT=4 QUERY=5 ANSWER=6 SEP=7``, then 10 digits,
+    ``n_keys`` keys and ``n_filler`` filler words (``vocab_size`` in all). ``context_len`` is
+    the prompt length in tokens (everything before the first answer token).
+    """
+
+    n_keys: int = 64
+    n_filler: int = 256
+    value_len: int = 3
+    context_len: int = 128
+    max_needles: int = 6
+    max_query: int = 2
+
+    PAD = 0
+    BOS = 1
+    EOS = 2
+    COLON = 3
+    DOT = 4
+    QUERY = 5
+    ANSWER = 6
+    SEP = 7
+    DIGIT0 = 8
+
+    def __post_init__(self) -> None:
+        for name in ("n_keys", "n_filler", "value_len", "context_len", "max_needles", "max_query"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"NeedleTask.{name}: must be a positive integer, got {v!r}")
+        if self.max_query > self.max_needles:
+            raise ValueError(f"NeedleTask.max_query: {self.max_query} exceeds max_needles={self.max_needles}")
+        if self.max_needles > self.n_keys:
+            raise ValueError(f"NeedleTask.n_keys: {self.n_keys} keys cannot give {self.max_needles} unique needles")
+        if self.max_needles > 10 ** self.value_len:
+            raise ValueError(f"NeedleTask.value_len: {self.value_len} digits cannot give {self.max_needles} "
+                             "unique values")
+        self.haystack_len(self.max_needles, self.max_query, self.context_len)  # raises if it does not fit
+
+    # -- vocabulary -------------------------------------------------------------------------------
+    @property
+    def first_key(self) -> int:
+        return self.DIGIT0 + 10
+
+    @property
+    def first_filler(self) -> int:
+        return self.first_key + self.n_keys
+
+    @property
+    def vocab_size(self) -> int:
+        return self.first_filler + self.n_filler
+
+    @property
+    def needle_len(self) -> int:
+        return self.value_len + 3  # KEY COLON digits DOT
+
+    def answer_len(self, n_query: int) -> int:
+        return n_query * (self.value_len + 1)  # values, SEPs between them, EOS
+
+    @property
+    def max_seq_len(self) -> int:
+        """Prompt plus the longest answer: the training sequence length."""
+        return self.context_len + self.answer_len(self.max_query)
+
+    def haystack_len(self, n_needles: int, n_query: int, context_len: int) -> int:
+        """Filler tokens ``F`` of a prompt; raises when the needles do not fit."""
+        fill = context_len - 1 - (n_query + 2) - n_needles * self.needle_len
+        if fill < 1:
+            raise ValueError(f"NeedleTask.context_len: {context_len} tokens cannot hold {n_needles} needles of "
+                             f"{self.needle_len} tokens, BOS and a query of {n_query} keys")
+        return fill
+
+    def is_digit(self, tok: int) -> bool:
+        return self.DIGIT0 <= tok < self.DIGIT0 + 10
+
+    def token_name(self, tok: int) -> str:
+        """Readable form of a token id (for debugging and plots)."""
+        specials = {0: "<pad>", 1: "<bos>", 2: "<eos>", 3: ":", 4: ".", 5: "<q>", 6: "<a>", 7: ","}
+        if tok in specials:
+            return specials[tok]
+        if self.is_digit(tok):
+            return str(tok - self.DIGIT0)
+        if self.first_key <= tok < self.first_filler:
+            return f"K{tok - self.first_key}"
+        return f"w{tok - self.first_filler}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class NeedleSample:
+    """One synthetic prompt with its answer and bookkeeping."""
+
+    prompt: list[int]
+    answer: list[int]  # expected continuation, EOS included
+    needle_keys: list[int]  # key token of each needle, in context order
+    needle_values: list[tuple[int, ...]]  # value digit tokens of each needle, in context order
+    query_keys: list[int]
+    expected: list[tuple[int, ...]]  # value of each queried key, in query order
+    depth: float
+    answer_start: int  # prompt index of the answer needle's KEY token
+    roles: list[int]  # ROLE_* per prompt position
+
+    @property
+    def n_needles(self) -> int:
+        return len(self.needle_keys)
+
+    @property
+    def n_query(self) -> int:
+        return len(self.query_keys)
+
+
+def make_needle_sample(task: NeedleTask, n_needles: int, n_query: int, depth: float, rng: random.Random,
+                       context_len: Optional[int] = None) -> NeedleSample:
+    """A prompt of exactly ``context_len`` (default ``task.context_len``) tokens with
+    ``n_needles`` unique keys and values; the first queried key's needle at ``depth``."""
+    L = task.context_len if context_len is None else context_len
+    if not 1 <= n_query <= n_needles:
+        raise ValueError(f"n_query: must be in 1..n_needles={n_needles}, got {n_query}")
+    if n_needles > task.n_keys or n_needles > 10 ** task.value_len:
+        raise ValueError(f"n_needles: {n_needles} unique needles do not fit the task's keys/values")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth: must be in [0, 1], got {depth}")
+    F = task.haystack_len(n_needles, n_query, L)
+    keys = rng.sample(range(task.first_key, task.first_filler), n_needles)
+    values: list[tuple[int, ...]] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(values) < n_needles:
+        v = tuple(task.DIGIT0 + rng.randrange(10) for _ in range(task.value_len))
+        if v not in seen:
+            seen.add(v)
+            values.append(v)
+    # needle 0 is the answer needle (first queried key); the other queried keys are random needles
+    query_idx = [0] + rng.sample(range(1, n_needles), n_query - 1)
+    # insertion points in filler space: needle i goes after slots[i] filler tokens
+    slots = [round(depth * F)] + [rng.randint(0, F) for _ in range(n_needles - 1)]
+    # ties: the answer needle goes first at depth < 0.5, last otherwise, so depth 0 / 1 is the very edge
+    tie = -1 if depth < 0.5 else 1
+    order = sorted(range(n_needles), key=lambda i: (slots[i], tie if i == 0 else 0, rng.random()))
+    filler = [task.first_filler + rng.randrange(task.n_filler) for _ in range(F)]
+
+    prompt, roles = [task.BOS], [ROLE_BOS]
+    ctx_keys, ctx_values, answer_start, pos = [], [], -1, 0
+    for i in order:
+        prompt += filler[pos:slots[i]]
+        roles += [ROLE_FILLER] * (slots[i] - pos)
+        pos = slots[i]
+        if i == 0:
+            answer_start = len(prompt)
+        prompt += [keys[i], task.COLON, *values[i], task.DOT]
+        val_role = ROLE_ANSWER if i == 0 else ROLE_NEEDLE
+        roles += [ROLE_NEEDLE, ROLE_NEEDLE] + [val_role] * task.value_len + [ROLE_NEEDLE]
+        ctx_keys.append(keys[i])
+        ctx_values.append(values[i])
+    prompt += filler[pos:]
+    roles += [ROLE_FILLER] * (F - pos)
+    qkeys = [keys[i] for i in query_idx]
+    prompt += [task.QUERY, *qkeys, task.ANSWER]
+    roles += [ROLE_QUERY] * (n_query + 2)
+    expected = [values[i] for i in query_idx]
+    answer: list[int] = []
+    for j, v in enumerate(expected):
+        answer += list(v) + ([task.SEP] if j < n_query - 1 else [task.EOS])
+    return NeedleSample(prompt, answer, ctx_keys, ctx_values, qkeys, expected, depth, answer_start, roles)
+
+
+def parse_answer(task: NeedleTask, generated: Sequence[int], n_query: int) -> list[tuple[int, ...]]:
+    """Split generated tokens (cut at EOS) on SEP into ``n_query`` groups (missing ones empty)."""
+    toks = list(generated)
+    if task.EOS in toks:
+        toks = toks[:toks.index(task.EOS)]
+    groups: list[list[int]] = [[]]
+    for t in toks:
+        if t == task.SEP:
+            groups.append([])
+        else:
+            groups[-1].append(t)
+    groups += [[] for _ in range(n_query - len(groups))]
+    return [tuple(g) for g in groups[:n_query]]
+
+
+def score_sample(task: NeedleTask, sample: NeedleSample, generated: Sequence[int]) -> list[str]:
+    """Outcome (:data:`OUTCOMES`) per queried key of one generated answer."""
+    preds = parse_answer(task, generated, sample.n_query)
+    haystack = sample.prompt[: len(sample.prompt) - (sample.n_query + 2)]
+    out = []
+    for pred, exp in zip(preds, sample.expected):
+        well = len(pred) == task.value_len and all(task.is_digit(t) for t in pred)
+        out.append(classify_answer(pred, exp, well_formed=well, in_context=well and _contains(haystack, pred)))
+    return out
+
+
+def training_batch(task: NeedleTask, batch_size: int, rng: random.Random,
+                   seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A training batch over mixed N / R / depths (the training mode of SPEC section 5).
+
+    Returns ``tokens (B, seq_len+1)`` (prompt, answer, right-padded with PAD) and
+    ``loss_mask (B, seq_len)`` aligned with the shifted targets ``tokens[:, 1:]``: True on the
+    answer tokens only. N is uniform in ``1..max_needles``, R in ``1..min(N, max_query)``,
+    depth uniform in [0, 1]; ``seq_len`` defaults to ``task.max_seq_len``.
+    """
+    L = task.max_seq_len if seq_len is None else seq_len
+    if L < task.max_seq_len:
+        raise ValueError(f"seq_len: {L} is shorter than the task's longest sequence {task.max_seq_len}")
+    tokens = torch.full((batch_size, L + 1), task.PAD, dtype=torch.long)
+    mask = torch.zeros(batch_size, L, dtype=torch.bool)
+    for b in range(batch_size):
+        n = rng.randint(1, task.max_needles)
+        r = rng.randint(1, min(n, task.max_query))
+        s = make_needle_sample(task, n, r, rng.random(), rng)
+        seq = s.prompt + s.answer
+        tokens[b, :len(seq)] = torch.tensor(seq)
+        mask[b, len(s.prompt) - 1: len(seq) - 1] = True  # targets = the answer tokens
+    return tokens, mask
+
+
+# ==============================================================================================
+# evaluation over the grid (shared by both forms)
+# ==============================================================================================
+
+@dataclass
+class NeedleCell:
+    n_needles: int
+    n_query: int
+    context_len: int
+    depth: float
+    n_samples: int
+    outcomes: dict[str, int]  # counts over all queried keys
+
+    @property
+    def n_keys(self) -> int:
+        return sum(self.outcomes.values())
+
+    @property
+    def accuracy(self) -> float:
+        return self.outcomes.get("correct", 0) / max(self.n_keys, 1)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "n_keys": self.n_keys, "accuracy": self.accuracy}
+
+
+@dataclass
+class NeedleResult:
+    """All cells of one needle evaluation, with summaries."""
+
+    cells: list[NeedleCell]
+    config: dict = field(default_factory=dict)
+    examples: list[dict] = field(default_factory=list)  # a few wrong answers, for reading
+
+    def _pool(self, pred) -> dict[str, int]:
+        tot = {k: 0 for k in OUTCOMES}
+        for c in self.cells:
+            if pred(c):
+                for k, v in c.outcomes.items():
+                    tot[k] += v
+        return tot
+
+    def accuracy(self, n_needles: int, n_query: int) -> float:
+        """Per-key exact match of one N/R over all depths and lengths."""
+        t = self._pool(lambda c: (c.n_needles, c.n_query) == (n_needles, n_query))
+        return t["correct"] / max(sum(t.values()), 1)
+
+    def grid(self) -> list[tuple[int, int]]:
+        return sorted({(c.n_needles, c.n_query) for c in self.cells})
+
+    def accuracy_table(self) -> dict[str, float]:
+        """``{"N/R": accuracy}`` in grid order."""
+        return {f"{n}/{r}": self.accuracy(n, r) for n, r in self.grid()}
+
+    def error_rates(self) -> dict[str, float]:
+        """Fraction of all queried keys per outcome (correct, distraction, hallucination, malformed)."""
+        t = self._pool(lambda c: True)
+        n = max(sum(t.values()), 1)
+        return {k: v / n for k, v in t.items()}
+
+    def by_depth(self, n_needles: int, n_query: int) -> dict[float, float]:
+        """Accuracy per depth of one N/R (all lengths pooled)."""
+        out = {}
+        for d in sorted({c.depth for c in self.cells}):
+            t = self._pool(lambda c: (c.n_needles, c.n_query, c.depth) == (n_needles, n_query, d))
+            if sum(t.values()):
+                out[d] = t["correct"] / sum(t.values())
+        return out
+
+    def heatmap(self, n_needles: int, n_query: int) -> tuple[list[float], list[int], list[list[float]]]:
+        """``(depths, lengths, acc)`` with ``acc[i][j]`` the accuracy at depth i, length j (NaN if absent)."""
+        depths = sorted({c.depth for c in self.cells})
+        lengths = sorted({c.context_len for c in self.cells})
+        acc = []
+        for d in depths:
+            row = []
+            for L in lengths:
+                t = self._pool(lambda c: (c.n_needles, c.n_query, c.depth, c.context_len) == (n_needles, n_query, d, L))
+                row.append(t["correct"] / sum(t.values()) if sum(t.values()) else float("nan"))
+            acc.append(row)
+        return depths, lengths, acc
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "accuracy": self.accuracy_table(), "outcome_rates": self.error_rates(),
+                "by_depth": {f"{n}/{r}": {str(d): a for d, a in self.by_depth(n, r).items()} for n, r in self.grid()},
+                "cells": [c.to_dict() for c in self.cells], "examples": self.examples}
+
+    def markdown(self) -> str:
+        """The accuracy table as Markdown (one row, one column per N/R)."""
+        tab = self.accuracy_table()
+        return ("| " + " | ".join(f"N={k.split('/')[0]}, R={k.split('/')[1]}" for k in tab) + " |\n|"
+                + "---|" * len(tab) + "\n| " + " | ".join(f"{v:.2f}" for v in tab.values()) + " |\n")
+
+
+@torch.no_grad()
+def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                  stop_tokens: Sequence[int] = (), backend: Optional[str] = None, use_cache: bool = True,
+                  pad_id: int = 0) -> list[list[int]]:
+    """Greedy continuations. ``use_cache=False`` re-runs the whole sequence each step (equal-length
+    prompts only): a kernel whose result depends on the number of query rows per call (for
+    example per-tensor logit quantisation) then sees the same rows as a full forward."""
+    if use_cache:
+        from ..generation import generate
+
+        return generate(model, prompts, max_new_tokens, temperature=0.0, stop_tokens=stop_tokens, backend=backend,
+                        pad_id=pad_id)
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("greedy_decode(use_cache=False) needs prompts of equal length")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    seq = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
+    stops = set(stop_tokens)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    try:
+        for _ in range(max_new_tokens):
+            nxt = model(seq, backend=backend)[:, -1].argmax(-1)  # (B,)
+            for i, t in enumerate(nxt.tolist()):
+                if not done[i]:
+                    out[i].append(t)
+                    done[i] = t in stops
+            if all(done):
+                break
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _cell_seed(seed: int, n: int, r: int, length: int, depth: float) -> int:
+    # a fixed seed per cell: every model sees the very same prompts in a paired comparison
+    return random.Random(f"needle-cell:{seed}:{n}:{r}:{length}:{round(depth * 1000)}").getrandbits(31)
+
+
+def needle_samples(task: NeedleTask, n_needles: int, n_query: int, depth: float, n_samples: int, seed: int = 0,
+                   context_len: Optional[int] = None) -> list[NeedleSample]:
+    """The deterministic samples of one cell (the same for every model evaluated with ``seed``)."""
+    L = task.context_len if context_len is None else context_len
+    rng = random.Random(_cell_seed(seed, n_needles, n_query, L, depth))
+    return [make_needle_sample(task, n_needles, n_query, depth, rng, L) for _ in range(n_samples)]
+
+
+def evaluate_needles(model: torch.nn.Module, task: NeedleTask, *, grid: Sequence[tuple[int, int]] = DEFAULT_GRID,
+                     depths: Sequence[float] = DEFAULT_DEPTHS, lengths: Optional[Sequence[int]] = None,
+                     samples_per_cell: int = 50, seed: int = 0, batch_size: int = 50, backend: Optional[str] = None,
+                     use_cache: bool = True, max_examples: int = 5, progress: bool = False) -> NeedleResult:
+    """Greedy per-key exact match of the synthetic task over N/R x depth (x length) cells."""
+    from tqdm.auto import tqdm
+
+    lengths = [task.context_len] if lengths is None else list(lengths)
+    for n, r in grid:
+        if not 1 <= r <= n:
+            raise ValueError(f"grid: N/R = {n}/{r} needs 1 <= R <= N")
+    cells, examples = [], []
+    todo = [(n, r, L, d) for n, r in grid for L in lengths for d in depths]
+    for n, r, L, d in tqdm(todo, desc="needle eval", disable=not progress, leave=False):
+        samples = needle_samples(task, n, r, d, samples_per_cell, seed, L)
+        counts = {k: 0 for k in OUTCOMES}
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            gens = greedy_decode(model, [s.prompt for s in chunk], task.answer_len(r), stop_tokens=[task.EOS],
+                                 backend=backend, use_cache=use_cache, pad_id=task.PAD)
+            for s, g in zip(chunk, gens):
+                res = score_sample(task, s, g)
+                for o in res:
+                    counts[o] += 1
+                if len(examples) < max_examples and any(o != "correct" for o in res):
+                    examples.append({"n_needles": n, "n_query": r, "depth": d, "context_len": L,
+                                     "expected": [" ".join(task.token_name(t) for t in v) for v in s.expected],
+                                     "generated": " ".join(task.token_name(t) for t in g), "outcomes": res})
+        cells.append(NeedleCell(n, r, L, d, len(samples), counts))
+    config = {"form": "synthetic", "task": task.to_dict(), "grid": [list(g) for g in grid], "depths": list(depths),
+              "lengths": lengths, "samples_per_cell": samples_per_cell, "seed": seed, "backend": backend}
+    return NeedleResult(cells, config, examples)
+
+
+# ==============================================================================================
+# (b) natural-language (LWM-style) form
+# ==============================================================================================
+
+CITIES = (
+    "Amsterdam", "Athens", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota", "Boston", "Brussels", "Budapest",
+    "Buenos Aires", "Cairo", "Cape Town", "Chicago", "Copenhagen", "Dakar", "Delhi", "Dublin", "Edinburgh",
+    "Florence", "Geneva", "Hanoi", "Havana", "Helsinki", "Istanbul", "Jakarta", "Kyoto", "Lagos", "Lima", "Lisbon",
+    "London", "Madrid", "Manila", "Marseille", "Melbourne", "Mexico City", "Montreal", "Moscow", "Mumbai", "Munich",
+    "Nairobi", "Oslo", "Paris", "Prague", "Quito", "Reykjavik", "Rome", "Santiago", "Seoul", "Singapore",
+    "Stockholm", "Sydney", "Taipei", "Tokyo", "Toronto", "Vienna", "Warsaw", "Zurich",
+)
+
+# bland filler prose written for this project; no digits, so every number in a prompt is a needle's
+FILLER_SENTENCES = (
+    "The morning light moved slowly across the quiet harbour.",
+    "Most people in the village kept a small garden behind the house.",
+    "A good habit is easier to keep than to start.",
+    "The river bends twice before it reaches the old stone bridge.",
+    "Some questions are answered best by waiting a little longer.",
+    "The library closed early on the last day of every month.",
+    "Travellers often remember the food more clearly than the museums.",
+    "A steady wind kept the sailing boats close to the shore.",
+    "The committee agreed to meet again after the harvest.",
+    "Careful notes make the second attempt much easier than the first.",
+    "The market square filled with voices as soon as the sun rose.",
+    "Nobody could explain why the clock in the tower ran fast.",
+    "Writing a plan down tends to reveal what is missing from it.",
+    "The hills to the north were green for most of the year.",
+    "An old map hung in the hallway, faded by years of sunlight.",
+    "Small teams often move faster than large ones.",
+    "The baker opened the shop before anyone else on the street was awake.",
+    "Rain fell steadily through the afternoon and into the evening.",
+    "Every spring the students planted trees along the new road.",
+    "The painting showed a calm sea under a heavy grey sky.",
+    "It is usually wise to read the instructions before starting.",
+    "The train slowed as it climbed the long valley towards the pass.",
+    "Visitors were asked to leave their umbrellas at the door.",
+    "The orchestra practised the final movement until it sounded effortless.",
+    "A single lamp lit the desk where the letters were written.",
+    "The path through the forest was covered in fallen leaves.",
+    "Good conversations rarely follow the plan anyone had for them.",
+    "The ferry crossed the bay in a little under an hour.",
+    "Old friends met every winter at the same small restaurant.",
+    "The garden wall had been rebuilt with stones from the field.",
+)
+
+
+@dataclass
+class TextNeedleSample:
+    """One natural-language prompt; ``expected`` are the numbers as strings, in query order."""
+
+    prompt: str
+    answer: str
+    cities: list[str]  # needle cities in context order
+    numbers: list[str]
+    query_cities: list[str]
+    expected: list[str]
+    depth: float
+    context: str  # the haystack with needles (the prompt before the question)
+
+
+def needle_sentence(city: str, number: str) -> str:
+    """The LWM needle wording."""
+    return f"The special magic number for {city} is: {number}."
+
+
+def _question(cities: Sequence[str]) -> str:
+    if len(cities) == 1:
+        return (f"\nWhat is the special magic number for {cities[0]} mentioned in the provided text?"
+                f"\nThe special magic number for {cities[0]} mentioned in the provided text is:")
+    names = ", ".join(cities[:-1]) + " and " + cities[-1]
+    return (f"\nWhat are the special magic numbers for {names} mentioned in the provided text? "
+            f"Answer with the numbers in that order.\nThe special magic numbers are:")
+
+
+def make_text_needle_sample(n_needles: int, n_query: int, depth: float, context_len: int, rng: random.Random, *,
+                            count_tokens: Optional[Callable[[str], int]] = None,
+                            value_digits: int = 7) -> TextNeedleSample:
+    """LWM-style prompt whose haystack has about ``context_len`` units of ``count_tokens``
+    (default: whitespace words); needles between filler sentences, the first queried city's at
+    sentence boundary ``round(depth * n_sentences)``."""
+    if not 1 <= n_query <= n_needles <= len(CITIES):
+        raise ValueError(f"n_query/n_needles: need 1 <= R <= N <= {len(CITIES)}, got R={n_query}, N={n_needles}")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth: must be in [0, 1], got {depth}")
+    count = count_tokens or (lambda s: len(s.split()))
+    cities = rng.sample(CITIES, n_needles)
+    numbers: list[str] = []
+    while len(numbers) < n_needles:
+        v = str(rng.randrange(10 ** (value_digits - 1), 10 ** value_digits))
+        if v not in numbers:
+            numbers.append(v)
+    needles = [needle_sentence(c, v) for c, v in zip(cities, numbers)]
+    budget = context_len - sum(count(s + " ") for s in needles)
+    sentences: list[str] = []
+    used = 0
+    while used < budget:
+        s = rng.choice(FILLER_SENTENCES)
+        sentences.append(s)
+        used += count(s + " ")
+    F = len(sentences)
+    slots = [round(depth * F)] + [rng.randint(0, F) for _ in range(n_needles - 1)]
+    tie = -1 if depth < 0.5 else 1
+    order = sorted(range(n_needles), key=lambda i: (slots[i], tie if i == 0 else 0, rng.random()))
+    parts, pos = [], 0
+    for i in order:
+        parts += sentences[pos:slots[i]]
+        pos = slots[i]
+        parts.append(needles[i])
+    parts += sentences[pos:]
+    query_idx = [0] + rng.sample(range(1, n_needles), n_query - 1)
+    context = " ".join(parts)
+    qc = [cities[i] for i in query_idx]
+    expected = [numbers[i] for i in query_idx]
+    return TextNeedleSample(context + "\n" + _question(qc), " " + ", ".join(expected), [cities[i] for i in order],
+                            [numbers[i] for i in order], qc, expected, depth, context)
+
+
+def score_text_answer(sample: TextNeedleSample, generated: str, value_digits: int = 7) -> list[str]:
+    """Outcome per queried city: the i-th number in the generated text answers the i-th city."""
+    found = re.findall(r"\d+", generated)
+    out = []
+    for i, exp in enumerate(sample.expected):
+        pred = found[i] if i < len(found) else ""
+        well = len(pred) == value_digits
+        out.append(classify_answer(pred, exp, well_formed=well, in_context=well and pred in sample.context))
+    return out
+
+
+def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[int]],
+                          decode: Callable[[list[int]], str], *, context_len: int = 512,
+                          grid: Sequence[tuple[int, int]] = DEFAULT_GRID, depths: Sequence[float] = DEFAULT_DEPTHS,
+                          lengths: Optional[Sequence[int]] = None, samples_per_cell: int = 50, seed: int = 0,
+                          batch_size: int = 8, max_new_tokens: Optional[int] = None, stop_tokens: Sequence[int] = (),
+                          value_digits: int = 7, backend: Optional[str] = None, pad_id: int = 0,
+                          progress: bool = False) -> NeedleResult:
+    """The natural-language form for a model with a text tokenizer (``encode``/``decode``);
+    ``context_len`` (and ``lengths``) count tokens of ``encode``."""
+    from tqdm.auto import tqdm
+
+    lengths = [context_len] if lengths is None else list(lengths)
+    count = lambda s: len(encode(s))  # noqa: E731
+    cells, examples = [], []
+    todo = [(n, r, L, d) for n, r in grid for L in lengths for d in depths]
+    for n, r, L, d in tqdm(todo, desc="needle eval (text)", disable=not progress, leave=False):
+        rng = random.Random(_cell_seed(seed, n, r, L, d))
+        samples = [make_text_needle_sample(n, r, d, L, rng, count_tokens=count, value_digits=value_digits)
+                   for _ in range(samples_per_cell)]
+        counts = {k: 0 for k in OUTCOMES}
+        new = max_new_tokens or (value_digits + 3) * r
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            gens = greedy_decode(model, [encode(s.prompt) for s in chunk], new, stop_tokens=stop_tokens,
+                                 backend=backend, pad_id=pad_id)
+            for s, g in zip(chunk, gens):
+                text = decode(g)
+                res = score_text_answer(s, text, value_digits)
+                for o in res:
+                    counts[o] += 1
+                if len(examples) < 5 and any(o != "correct" for o in res):
+                    examples.append({"n_needles": n, "n_query": r, "depth": d, "context_len": L,
+                                     "expected": s.expected, "generated": text, "outcomes": res})
+        cells.append(NeedleCell(n, r, L, d, len(samples), counts))
+    config = {"form": "text", "grid": [list(g) for g in grid], "depths": list(depths), "lengths": lengths,
+              "samples_per_cell": samples_per_cell, "seed": seed, "value_digits": value_digits, "backend": backend}
+    return NeedleResult(cells, config, examples)

@@ -1,0 +1,192 @@
+"""Plots of the evaluations (PNG, matplotlib with the Agg backend, imported lazily).
+
+Every function takes plain data (dicts and lists, as found in ``results.json``) and a path,
+writes the PNG atomically and returns the path. Models are keyed by name (``"DIFF"``,
+``"baseline"``, ...); colours are stable per name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+PathLike = str | os.PathLike
+_COLORS = {"diff": "tab:red", "baseline": "tab:blue", "transformer": "tab:blue", "standard": "tab:blue"}
+_ROLE_COLORS = {"bos": "tab:gray", "filler": "tab:blue", "needle": "tab:orange", "answer": "tab:red",
+                "query": "tab:green"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(name: str, i: int) -> str:
+    return _COLORS.get(name.lower(), f"C{i + 2}")
+
+
+def _save(fig, path: PathLike) -> Path:
+    plt = _plt()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def plot_needle_accuracy(acc: Mapping[str, Mapping[str, float]], path: PathLike, *,
+                         title: str = "Multi-needle retrieval") -> Path:
+    """Grouped bars: ``acc[model]["N/R"]`` per-key exact match."""
+    plt = _plt()
+    models = list(acc)
+    cells = list(next(iter(acc.values())).keys()) if acc else []
+    fig, ax = plt.subplots(figsize=(1.3 * len(cells) + 2.5, 3.4))
+    width = 0.8 / max(len(models), 1)
+    for i, m in enumerate(models):
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(cells))]
+        vals = [acc[m].get(c, math.nan) for c in cells]
+        bars = ax.bar(xs, vals, width, label=m, color=_color(m, i))
+        for b, v in zip(bars, vals):
+            if not math.isnan(v):
+                ax.text(b.get_x() + b.get_width() / 2, v + 0.01, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(cells)), [f"N={c.split('/')[0]}\nR={c.split('/')[1]}" for c in cells])
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("accuracy (per key)")
+    ax.set_title(title)
+    ax.legend(frameon=False)
+    return _save(fig, path)
+
+
+def plot_needle_heatmap(depths: Sequence[float], lengths: Sequence[int], acc: Sequence[Sequence[float]],
+                        path: PathLike, *, title: str = "Needle accuracy: depth x context length") -> Path:
+    """Heatmap ``acc[i][j]`` at depth ``depths[i]`` and context length ``lengths[j]``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(1.0 * len(lengths) + 2.5, 0.5 * len(depths) + 1.8))
+    im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths])
+    ax.set_yticks(range(len(depths)), [f"{round(100 * d)}%" for d in depths])
+    for i, row in enumerate(acc):
+        for j, v in enumerate(row):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("answer depth")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, path)
+
+
+def plot_attention_to_answer(rows: Mapping[str, Sequence[float]], roles: Sequence[str], path: PathLike, *,
+                             title: str = "Attention of the first answer token") -> Path:
+    """Figure-1-style: one query's (head-averaged, L1-normalised) attention row per model over the
+    prompt, with the mass per segment (BOS / context / answer / query) in the legend.
+    ``roles`` names each key position (``bos``, ``filler``, ``needle``, ``answer``, ``query``)."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 1.9 * len(rows) + 0.6), squeeze=False, sharex=True)
+    for ax, (name, row) in zip(axes[:, 0], rows.items()):
+        total = sum(abs(v) for v in row) or 1.0
+        r = [v / total for v in row]
+        segs = {}
+        for role in _ROLE_COLORS:
+            idx = [j for j, x in enumerate(roles) if x == role]
+            if not idx:
+                continue
+            seg = "context" if role in ("filler", "needle") else role
+            segs[seg] = segs.get(seg, 0.0) + sum(r[j] for j in idx)
+            ax.bar(idx, [r[j] for j in idx], width=1.0, color=_ROLE_COLORS[role], label=role)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_ylabel(name)
+        ax.set_title(", ".join(f"{k} {v:.2f}" for k, v in segs.items()), fontsize=8, loc="right")
+    axes[0, 0].legend(ncol=5, fontsize=7, frameon=False, loc="upper left")
+    axes[-1, 0].set_xlabel("key position")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def plot_outliers(stats: Mapping[str, Mapping[str, Mapping[str, float]]], path: PathLike, *,
+                  keys: Sequence[str] = ("top1", "top2", "top3", "top10", "top100", "median")) -> Path:
+    """Bars per statistic, one panel per quantity: ``stats[model]["attention_logits"]["top1"]``."""
+    plt = _plt()
+    models = list(stats)
+    quantities = [q for q in ("attention_logits", "hidden_states") if any(q in stats[m] for m in models)]
+    fig, axes = plt.subplots(1, len(quantities), figsize=(5 * len(quantities), 3.2), squeeze=False)
+    width = 0.8 / max(len(models), 1)
+    for ax, q in zip(axes[0], quantities):
+        for i, m in enumerate(models):
+            xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(keys))]
+            ax.bar(xs, [stats[m][q].get(k, math.nan) for k in keys], width, label=m, color=_color(m, i))
+        ax.set_xticks(range(len(keys)), keys)
+        ax.set_yscale("log")
+        ax.set_title(f"|{q.replace('_', ' ')}|")
+    axes[0, 0].legend(frameon=False)
+    return _save(fig, path)
+
+
+def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: str = "NLL",
+                      title: Optional[str] = None) -> Path:
+    """Metric against bits: ``curves[model]`` as returned by
+    :func:`difftx.eval.quant.quantization_sweep` (``full`` drawn as a dotted line)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    styles = {"row": "-", "tensor": "--"}
+    for i, (m, c) in enumerate(curves.items()):
+        col = _color(m, i)
+        for g, pts in c.items():
+            if g == "full":
+                ax.axhline(pts, color=col, ls=":", lw=1)
+                continue
+            bits = sorted(pts, key=lambda b: -int(b))
+            ax.plot([int(b) for b in bits], [pts[b] for b in bits], styles.get(g, "-."), marker="o", color=col,
+                    label=f"{m} ({g})")
+    ax.invert_xaxis()
+    ax.set_xlabel("attention-logit bits")
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"Low-bit attention logits: {metric}")
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, path)
+
+
+def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: PathLike, *,
+                     ylabel: str = "training loss (nats)", title: str = "Loss") -> Path:
+    """``curves[name] = (steps, losses)``; several seeds of a model may be given as
+    ``"DIFF seed 1"`` etc. (colour by the first word)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for i, (name, (steps, losses)) in enumerate(curves.items()):
+        ax.plot(list(steps), list(losses), color=_color(name.split()[0], i), lw=1.2, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lambda_per_layer(lambdas: Mapping[str, Sequence[float]], path: PathLike, *,
+                          lambda_init: Optional[Sequence[float]] = None,
+                          title: str = "Learned lambda per layer") -> Path:
+    """``lambdas[label]`` one value per layer (labels such as ``"step 1000"`` or seeds)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for i, (name, vals) in enumerate(lambdas.items()):
+        ax.plot(range(len(vals)), list(vals), marker="o", color=f"C{i}", label=name)
+    if lambda_init is not None:
+        ax.plot(range(len(lambda_init)), list(lambda_init), "k:", label="lambda_init")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("lambda")
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, path)
