@@ -21,7 +21,12 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "short DIFF-vs-baseline demo on built-in data",
     "info": "show a model config, its parameter counts and its matched baseline",
     "tokenizer": "train a BPE tokenizer locally on text files",
+    "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
+    "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
 }
+
+# subcommand -> module name, where they differ (``import`` is a Python keyword)
+MODULE_NAMES: dict[str, str] = {"import": "import_"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
         try:
-            module = importlib.import_module(f".{name}", __name__)
+            module = importlib.import_module(f".{MODULE_NAMES.get(name, name)}", __name__)
         except ImportError as e:  # optional dependency missing: keep the command, explain on use
             p = sub.add_parser(name, help=f"{help_text} (unavailable: {e})")
             p.set_defaults(func=lambda args, e=e, name=name: _unavailable(name, e))

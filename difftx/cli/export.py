@@ -1,0 +1,29 @@
+"""``difftx export``: a difftx model folder to another toolkit's format (Hugging Face for now)."""
+
+from __future__ import annotations
+
+import argparse
+
+FORMATS = ("hf",)
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "export", help="export a model folder to Hugging Face transformers (DiffLlama / Llama)",
+        description="Convert a difftx model or checkpoint folder (config.json + model.safetensors) into a "
+                    "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads without "
+                    "custom code: 'diff' -> DiffLlamaForCausalLM, 'standard' -> LlamaForCausalLM. "
+                    "'diff_v2' has no transformers equivalent. Tokenizer files beside the model are copied.")
+    p.add_argument("checkpoint", help="difftx model or checkpoint folder")
+    p.add_argument("out_dir", help="output folder (created if needed)")
+    p.add_argument("--format", choices=FORMATS, default="hf", help="output format (default: hf)")
+    p.add_argument("--tokenizer", metavar="DIR", help="take the tokenizer from DIR (default: the checkpoint folder)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..interop.hf import export_hf
+
+    out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer)
+    print(f"exported {args.checkpoint} -> {out} (Hugging Face transformers)")
+    return 0

@@ -1,0 +1,28 @@
+"""``difftx import``: a Hugging Face DiffLlama / Llama folder to a difftx model folder.
+
+(The module is ``import_`` because ``import`` is a Python keyword; the subcommand is ``import``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "import", help="import a local Hugging Face DiffLlama / Llama folder as a difftx model",
+        description="Convert a local Hugging Face model folder (config.json + safetensors) into a difftx model "
+                    "folder: DiffLlama -> attention='diff', Llama -> attention='standard'. The result loads with "
+                    "difftx.checkpoint.load_model and fine-tunes with `difftx train --init-from`. Nothing is "
+                    "downloaded.")
+    p.add_argument("hf_dir", help="Hugging Face model folder (local)")
+    p.add_argument("out_checkpoint", help="output difftx model folder (created if needed)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..interop.hf import import_hf
+
+    out = import_hf(args.hf_dir, args.out_checkpoint)
+    print(f"imported {args.hf_dir} -> {out} (difftx model folder)")
+    return 0

@@ -1,0 +1,10 @@
+"""Interoperability with other toolkits. :mod:`difftx.interop.hf`: Hugging Face ``transformers``
+(DiffLlama for ``diff`` models, Llama for ``standard`` ones), in both directions.
+
+Nothing here imports ``transformers``: the converters read and write the folder format
+(``config.json`` + safetensors) directly, so the core package keeps no dependency on it.
+"""
+
+from .hf import ConversionError, export_hf, hf_config, import_hf, to_difftx_state, to_hf_state
+
+__all__ = ["ConversionError", "export_hf", "import_hf", "hf_config", "to_hf_state", "to_difftx_state"]

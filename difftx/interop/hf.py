@@ -1,0 +1,506 @@
+"""Hugging Face ``transformers`` folders <-> difftx model folders (SPEC section 4).
+
+``diff`` models map to ``DiffLlamaForCausalLM`` (model_type ``diffllama``), ``standard``
+models to ``LlamaForCausalLM`` (model_type ``llama``); ``diff_v2`` has no equivalent. The
+converters only move tensors between safetensors files, so this module does not import
+``transformers``; the tests prove each conversion by comparing logits with transformers'
+own implementation.
+
+Legend: ``D`` model width, ``H`` differential heads, ``Hkv`` kv groups, ``d`` component
+(head) width, ``c`` component (0 or 1), ``i < d/2`` a RoPE frequency index.
+
+Row layouts of the attention projections (each row is one output channel)::
+
+    tensor   difftx (diff)                     DiffLlama
+    q_proj   (H,   c, d): sub-head 2h + c      (c, H,   d): head c*H + h
+    k_proj   (Hkv, c, d): sub-head 2g + c      (c, Hkv, d): head c*Hkv + g
+    v_proj   (Hkv, c, d): the 2d value of g    (c, Hkv, d): head c*Hkv + g (d wide)
+    o_proj   columns (H, 2d), unchanged; DiffLlama's per-head norm has no gain, so ours
+             (``subln.weight``, 2d wide, shared by heads) is folded into the columns:
+             o_proj[:, h*2d + j] = out_proj[:, h*2d + j] * subln[j]
+
+RoPE: difftx rotates dims ``(2i, 2i+1)`` of each q/k head (GPT-J), transformers rotates
+``(i, i + d/2)`` (rotate-half, NeoX), same frequencies; so within every d-wide q/k head,
+HF row ``c*d/2 + i`` is difftx row ``2i + c``. Values are not rotated and keep their order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..attention.modules import lambda_init_for_layer
+from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state
+from ..config import ModelConfig
+from ..model import Transformer
+
+PathLike = Union[str, os.PathLike]
+
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+BYTE_META = "difftx_tokenizer.json"  # difftx's byte tokenizer: no tokenizer.json, just this marker
+BYTE_EOS = "<|endoftext|>"
+# special-token spellings taken as end-of-text in a tokenizer.json (as difftx.data.tokenizer does)
+EOS_CANDIDATES = (BYTE_EOS, "</s>", "<eos>", "<|eos|>", "[EOS]", "<|end_of_text|>", "[SEP]")
+# DiffLlama's lambda init std (only used by transformers to initialise new models); ours is reset_lambda's 0.1
+LAMBDA_STD_DEV = 0.1
+
+
+class ConversionError(ValueError):
+    """A model or folder that cannot be converted exactly; the message says why."""
+
+
+# -- permutations (pure functions on weight matrices ``(rows, in)``) -----------------------------
+
+def rope_interleaved_to_half(w: Tensor, d: int) -> Tensor:
+    """Rows of ``d``-wide heads from GPT-J order ``(i, c)`` to rotate-half order ``(c, i)``."""
+    n = w.shape[0] // d
+    return w.reshape(n, d // 2, 2, -1).transpose(1, 2).reshape(n * d, -1)  # (n, d/2, 2, in) -> (n, 2, d/2, in)
+
+
+def rope_half_to_interleaved(w: Tensor, d: int) -> Tensor:
+    """Inverse of :func:`rope_interleaved_to_half`."""
+    n = w.shape[0] // d
+    return w.reshape(n, 2, d // 2, -1).transpose(1, 2).reshape(n * d, -1)  # (n, 2, d/2, in) -> (n, d/2, 2, in)
+
+
+def pairs_to_halves(w: Tensor, d: int) -> Tensor:
+    """Rows ``(G, c, d)`` (difftx: components adjacent) to ``(c, G, d)`` (DiffLlama: by halves)."""
+    g = w.shape[0] // (2 * d)
+    return w.reshape(g, 2, d, -1).transpose(0, 1).reshape(2 * g * d, -1)  # (G, 2, d, in) -> (2, G, d, in)
+
+
+def halves_to_pairs(w: Tensor, d: int) -> Tensor:
+    """Inverse of :func:`pairs_to_halves`."""
+    g = w.shape[0] // (2 * d)
+    return w.reshape(2, g, d, -1).transpose(0, 1).reshape(2 * g * d, -1)  # (2, G, d, in) -> (G, 2, d, in)
+
+
+# -- configs ----------------------------------------------------------------------------------------
+
+def check_exportable(config: ModelConfig) -> None:
+    """Raise :class:`ConversionError` unless ``config`` has an exact transformers equivalent."""
+    if config.attention == "diff_v2":
+        raise ConversionError(
+            "attention='diff_v2' cannot be exported: transformers has no Differential Transformer V2 class. "
+            "DiffLlama implements V1 only (two softmax maps per head over a 2d-wide value, a scalar lambda "
+            "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
+            "d-wide query heads with a token-dependent sigmoid(lambda_proj(x)) and has no norm; no "
+            "permutation of weights turns one into the other. Export a 'diff' (V1) or 'standard' model instead.")
+    if config.attention != "diff":
+        return
+    if not config.use_subln:
+        raise ConversionError(
+            "use_subln=False cannot be exported exactly: DiffLlama always applies its per-head RMSNorm "
+            "to (A1 - lambda A2) V, and a model trained without that norm computes a different function.")
+    if config.lambda_init is not None:
+        bad = [i for i in range(config.n_layers)
+               if not math.isclose(config.lambda_init, lambda_init_for_layer(i), rel_tol=0, abs_tol=1e-12)]
+        if bad:
+            raise ConversionError(
+                f"lambda_init={config.lambda_init} (a constant override) cannot be exported exactly: DiffLlama "
+                f"derives lambda_init from the layer index as 0.8 - 0.6*exp(-0.3*l) (both the offset of lambda "
+                f"and the (1 - lambda_init) scale), which differs at layer(s) {bad[:8]}.")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The transformers ``config.json`` (as a dict) of the exported ``config``."""
+    check_exportable(config)
+    diff = config.attention == "diff"
+    n_heads = 2 * config.n_heads if diff else config.n_heads  # transformers counts d-wide heads
+    n_kv = 2 * config.kv_heads if diff else config.kv_heads
+    out = {
+        "architectures": ["DiffLlamaForCausalLM" if diff else "LlamaForCausalLM"],
+        "model_type": "diffllama" if diff else "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.hidden_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len,
+        "initializer_range": config.init_std,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,  # transformers 4.x reads this key ...
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},  # ... and 5.x this one
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "use_cache": True,
+        "dtype": _dtype_name(dtype),  # transformers 5.x
+        "torch_dtype": _dtype_name(dtype),  # transformers 4.x
+    }
+    if diff:
+        out["lambda_std_dev"] = LAMBDA_STD_DEV
+    else:
+        out["mlp_bias"] = False
+        out["pretraining_tp"] = 1
+    return out
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
+    """The difftx :class:`ModelConfig` of a DiffLlama or Llama ``config.json`` dict.
+
+    Raises :class:`ConversionError` (naming ``source``) for anything difftx cannot represent
+    exactly: biases, non-SiLU MLPs, scaled or partial RoPE, odd head counts in DiffLlama, ...
+    """
+    def need(key: str):
+        if key not in hf:
+            raise ConversionError(f"{source}: missing field {key!r}")
+        return hf[key]
+
+    def refuse(rule: str) -> ConversionError:
+        return ConversionError(f"{source}: {rule}")
+
+    model_type = hf.get("model_type")
+    if model_type not in ("diffllama", "llama"):
+        raise refuse(f"model_type {model_type!r} is not supported; difftx imports 'diffllama' (-> attention='diff') "
+                     "and 'llama' (-> attention='standard')")
+    diff = model_type == "diffllama"
+    D, L, V = need("hidden_size"), need("num_hidden_layers"), need("vocab_size")
+    n_heads = need("num_attention_heads")
+    n_kv = hf.get("num_key_value_heads") or n_heads
+    head_dim = hf.get("head_dim") or D // n_heads
+    if hf.get("hidden_act", "silu") != "silu":
+        raise refuse(f"hidden_act={hf['hidden_act']!r}: difftx's MLP is SwiGLU (silu) only")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            raise refuse(f"{key}=true: difftx's projections have no bias")
+    rope = hf.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" or hf.get("rope_scaling"):
+        raise refuse(f"RoPE scaling ({rope_type!r} / rope_scaling={hf.get('rope_scaling')!r}) is not supported; "
+                     "difftx implements plain RoPE")
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise refuse("partial_rotary_factor != 1 is not supported; difftx rotates whole heads")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if head_dim * n_heads != D:
+        raise refuse(f"head_dim={head_dim} * num_attention_heads={n_heads} != hidden_size={D}; difftx needs "
+                     "the attention width to equal the model width")
+    if n_heads % n_kv:
+        raise refuse(f"num_attention_heads={n_heads} must be divisible by num_key_value_heads={n_kv}")
+    if diff:
+        if n_heads % 2 or n_kv % 2:
+            raise refuse(f"DiffLlama pairs heads by halves, so num_attention_heads ({n_heads}) and "
+                         f"num_key_value_heads ({n_kv}) must both be even (transformers refuses odd kv heads too)")
+        n_heads, n_kv = n_heads // 2, n_kv // 2
+    ffn = need("intermediate_size")
+    try:
+        cfg = ModelConfig(
+            vocab_size=V, dim=D, n_layers=L, n_heads=n_heads, n_kv_heads=None if n_kv == n_heads else n_kv,
+            attention="diff" if diff else "standard", ffn_hidden=ffn,
+            max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=float(theta),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            init_std=float(hf.get("initializer_range", 0.02)))
+    except (TypeError, ValueError) as e:
+        raise refuse(f"no valid difftx config: {e}") from e
+    if cfg.replace(ffn_hidden=None).hidden_dim == ffn:
+        cfg = cfg.replace(ffn_hidden=None)  # the default SwiGLU width: keep the config minimal
+    return cfg
+
+
+# -- state dicts ------------------------------------------------------------------------------------
+
+def _progress(it, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, unit="layer", disable=None, leave=False)
+
+
+def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """difftx state dict -> transformers state dict (DiffLlama or Llama), exact up to the norm fold."""
+    check_exportable(config)
+    diff = config.attention == "diff"
+    d = config.head_dim
+    out: dict[str, Tensor] = {"model.embed_tokens.weight": state["tok_embeddings.weight"],
+                              "model.norm.weight": state["norm.weight"]}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in _progress(range(config.n_layers), "to transformers"):
+        ours, hf = f"layers.{i}.", f"model.layers.{i}."
+        out[hf + "input_layernorm.weight"] = state[ours + "attn_norm.weight"]
+        out[hf + "post_attention_layernorm.weight"] = state[ours + "mlp_norm.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            out[hf + f"mlp.{name}.weight"] = state[ours + f"mlp.{name}.weight"]
+        a, sa = ours + "attn.", hf + "self_attn."
+        q, k, v, o = (state[a + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "out_proj"))
+        q, k = rope_interleaved_to_half(q, d), rope_interleaved_to_half(k, d)
+        if diff:
+            q, k, v = pairs_to_halves(q, d), pairs_to_halves(k, d), pairs_to_halves(v, d)
+            gain = state[a + "subln.weight"].float().repeat(config.n_heads)  # (H*2d,): shared by heads
+            o = (o.float() * gain).to(o.dtype)  # (D, H*2d): column h*2d + j scaled by subln[j]
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                out[sa + name] = state[a + name]
+        out.update({sa + "q_proj.weight": q, sa + "k_proj.weight": k, sa + "v_proj.weight": v,
+                    sa + "o_proj.weight": o})
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers state dict -> difftx state dict: the exact inverse of :func:`to_hf_state` for
+    models whose ``subln`` gain is one (DiffLlama has no gain: ours becomes ones)."""
+    diff = config.attention == "diff"
+    d = config.head_dim
+    out: dict[str, Tensor] = {"tok_embeddings.weight": hf["model.embed_tokens.weight"],
+                              "norm.weight": hf["model.norm.weight"]}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+    for i in _progress(range(config.n_layers), "to difftx"):
+        ours, p = f"layers.{i}.", f"model.layers.{i}."
+        out[ours + "attn_norm.weight"] = hf[p + "input_layernorm.weight"]
+        out[ours + "mlp_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            out[ours + f"mlp.{name}.weight"] = hf[p + f"mlp.{name}.weight"]
+        a, sa = ours + "attn.", p + "self_attn."
+        q, k, v, o = (hf[sa + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        if diff:
+            q, k, v = halves_to_pairs(q, d), halves_to_pairs(k, d), halves_to_pairs(v, d)
+            out[a + "subln.weight"] = torch.ones(2 * d, dtype=o.dtype)
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                out[a + name] = hf[sa + name]
+        q, k = rope_half_to_interleaved(q, d), rope_half_to_interleaved(k, d)
+        out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
+                    a + "out_proj.weight": o})
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _expected_state(config: ModelConfig) -> dict[str, Tensor]:
+    """difftx state dict on the meta device (shapes and dtypes only), as a folder stores it."""
+    with torch.device("meta"):
+        sd = Transformer(config).state_dict()
+    if config.tie_embeddings:
+        sd.pop("lm_head.weight")
+    return sd
+
+
+def _check_shapes(got: dict[str, Tensor], expected: dict[str, Tensor], source: str,
+                  ignore: Callable[[str], bool] = lambda k: False) -> None:
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(k for k in set(got) - set(expected) if not ignore(k))
+    wrong = sorted(f"{k} {tuple(got[k].shape)} != {tuple(expected[k].shape)}"
+                   for k in set(expected) & set(got) if tuple(got[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or wrong:
+        raise ConversionError(f"{source}: weights do not fit the config (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
+
+
+# -- folders ----------------------------------------------------------------------------------------
+
+def _write_json(path: Path, data: dict) -> None:
+    atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
+
+
+def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    atomic_write(path, lambda p: save_file(state, p, metadata=metadata))
+
+
+def _copy_tokenizer(src: Optional[Path], dst: Path) -> list[str]:
+    copied = []
+    if src is None:
+        return copied
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            atomic_write(dst / name, lambda p, s=src / name: shutil.copyfile(s, p))
+            copied.append(name)
+    return copied
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (what ``ByteLevel`` pre-tokenizers use)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def byte_tokenizer_json(eos_token: str = BYTE_EOS) -> str:
+    """A ``tokenizer.json`` equal to difftx's byte tokenizer: UTF-8 byte ``b`` is id ``b``,
+    ``eos_token`` is id 256 (a byte-level BPE with no merges, no regex split, no prefix space)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(eos_token, special=True)])
+    return tok.to_str(pretty=True)
+
+
+def _find_eos(tokenizer_json: Path) -> tuple[Optional[str], Optional[int]]:
+    """The first of :data:`EOS_CANDIDATES` among the special tokens of a ``tokenizer.json``."""
+    try:
+        added = {t["content"]: t["id"] for t in json.loads(tokenizer_json.read_text()).get("added_tokens", [])}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        return None, None
+    for name in EOS_CANDIDATES:
+        if name in added:
+            return name, int(added[name])
+    return None, None
+
+
+def _export_tokenizer(src: Optional[Path], out: Path, config: ModelConfig) -> tuple[Optional[str], Optional[int]]:
+    """Copy (or, for the byte tokenizer, write) the tokenizer files; return the eos token and id."""
+    copied = _copy_tokenizer(src, out)
+    if "tokenizer.json" not in copied and src is not None and (src / BYTE_META).is_file():
+        try:
+            meta = json.loads((src / BYTE_META).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            meta = {}
+        if meta.get("type") == "byte" and meta.get("eos_id", 256) == 256:
+            try:
+                text = byte_tokenizer_json()
+            except ImportError:
+                warnings.warn("the 'tokenizers' package is missing: exported without a tokenizer "
+                              "(pip install 'difftx[hf]')", stacklevel=3)
+                return None, None
+            atomic_write(out / "tokenizer.json", lambda p: Path(p).write_text(text))
+            copied.append("tokenizer.json")
+    if "tokenizer.json" not in copied:
+        return None, None
+    eos, eos_id = _find_eos(out / "tokenizer.json")
+    if "tokenizer_config.json" not in copied:
+        tk = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_seq_len,
+              "clean_up_tokenization_spaces": False}
+        if eos is not None:
+            tk["eos_token"] = eos
+        _write_json(out / "tokenizer_config.json", tk)
+    return eos, eos_id
+
+
+def _output_dir(out_dir: PathLike, sources: list[Path]) -> Path:
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"{out}: exists and is not a folder")
+    for s in sources:
+        if s is not None and out.resolve() == s.resolve():
+            raise ConversionError(f"{out}: the output folder must differ from the input folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
+              tokenizer_dir: Optional[PathLike] = None) -> Path:
+    """Write a transformers model folder for a difftx model (or a folder ``load_model`` reads).
+
+    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``; writes
+    ``config.json`` and ``model.safetensors``, and the tokenizer found in ``tokenizer_dir``
+    (default: the source folder): its ``tokenizer.json`` (+ ``tokenizer_config.json``, written
+    if absent) is copied, and difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
+    equivalent ``tokenizer.json``. The result loads with
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), no custom code.
+    Raises :class:`ConversionError` (before writing anything) when no exact export exists.
+    """
+    src: Optional[Path] = None
+    if isinstance(model_or_folder, Transformer):
+        config = model_or_folder.config
+        state = {k: v.detach().cpu() for k, v in model_or_folder.state_dict().items()}
+        if config.tie_embeddings:
+            state.pop("lm_head.weight", None)
+        source = "model"
+    else:
+        src = Path(model_or_folder)
+        if not src.is_dir():
+            raise ConversionError(f"{src}: not a folder (expected a difftx model or checkpoint folder "
+                                  f"with {CONFIG_NAME} and {WEIGHTS_NAME})")
+        try:
+            config, state = load_config(src), load_state(src)
+        except CheckpointError as e:
+            raise ConversionError(str(e)) from e
+        source = str(src / WEIGHTS_NAME)
+    tok_src = Path(tokenizer_dir) if tokenizer_dir is not None else src
+    if tokenizer_dir is not None and not tok_src.is_dir():
+        raise ConversionError(f"{tok_src}: tokenizer folder not found")
+    check_exportable(config)
+    _check_shapes(state, _expected_state(config), source)
+    hf_state = to_hf_state(config, state)
+    out = _output_dir(out_dir, [src])
+    dtype = state["tok_embeddings.weight"].dtype
+    _write_safetensors(out / HF_WEIGHTS, hf_state, {"format": "pt"})
+    _, eos_id = _export_tokenizer(tok_src, out, config)
+    cfg = hf_config(config, dtype)
+    if eos_id is not None:
+        cfg["eos_token_id"] = eos_id
+    _write_json(out / "config.json", cfg)
+    return out
+
+
+def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
+    """``config.json`` (dict) and all safetensors weights of a transformers model folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(hf_dir)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ConversionError(f"{cfg_path}: missing (is {folder} a Hugging Face model folder?)")
+    try:
+        hf_cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{cfg_path}: not valid JSON ({e})") from e
+    if (folder / HF_WEIGHTS).is_file():
+        files = [folder / HF_WEIGHTS]
+    elif (folder / HF_INDEX).is_file():
+        try:
+            weight_map = json.loads((folder / HF_INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConversionError(f"{folder / HF_INDEX}: not a safetensors index ({e})") from e
+        files = [folder / f for f in sorted(set(weight_map.values()))]
+    else:
+        other = [p.name for p in folder.glob("*.bin")]
+        hint = f" (found {other}: re-save with safe_serialization=True)" if other else ""
+        raise ConversionError(f"{folder}: no {HF_WEIGHTS} or {HF_INDEX}; only safetensors weights are read{hint}")
+    state: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ConversionError(f"{f}: cannot read weights ({e})") from e
+    return hf_cfg, state
+
+
+def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
+    """Convert a local transformers DiffLlama (-> ``diff``) or Llama (-> ``standard``) folder into
+    a difftx model folder (``config.json`` + ``model.safetensors`` + tokenizer files) that
+    :func:`difftx.checkpoint.load_model` and the trainer's ``--init-from`` read.
+
+    Tensors keep their dtype and values, so exporting the result gives back the same weights
+    bit for bit. DiffLlama's per-head norm has no gain: ``subln.weight`` becomes ones.
+    """
+    src = Path(hf_dir)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: not a folder (expected a Hugging Face model folder)")
+    hf_cfg, hf_state = load_hf_folder(src)
+    config = config_from_hf(hf_cfg, str(src / "config.json"))
+    expected_hf = to_hf_state(config, _expected_state(config))
+    if config.tie_embeddings:  # transformers ties lm_head to the embedding and ignores a stored copy
+        hf_state.pop("lm_head.weight", None)
+    _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
+    state = to_difftx_state(config, hf_state)
+    out = _output_dir(out_folder, [src])
+    _write_safetensors(out / WEIGHTS_NAME, state, {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"})
+    atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
+    _copy_tokenizer(src, out)
+    return out
