@@ -20,6 +20,8 @@ from .. import __version__
 SUBCOMMANDS: dict[str, str] = {
     "demo": "short DIFF-vs-baseline demo on built-in data",
     "info": "show a model config, its parameter counts and its matched baseline",
+    "train": "train a DIFF model or its baseline (resumable; torchrun for many GPUs)",
+    "generate": "sample text from a checkpoint with the KV cache",
     "tokenizer": "train a BPE tokenizer locally on text files",
     "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",

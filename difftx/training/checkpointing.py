@@ -1,0 +1,275 @@
+"""Training checkpoints: one folder per step, made visible atomically, keep-last-N, a ``latest`` pointer.
+
+Layout of a run folder::
+
+    OUT/
+      train_config.json          the run's TrainConfig
+      metrics.jsonl              one JSON record per log step / validation pass
+      checkpoints/
+        latest                   the name of the newest complete checkpoint (written atomically)
+        step_00000200/
+          config.json            ModelConfig              } difftx.checkpoint.save_model: the folder
+          model.safetensors      weights                  } loads with difftx.checkpoint.load_model
+          tokenizer/             the tokenizer the run used
+          optimizer.pt           AdamW state (full, keyed by parameter name)
+          trainer_state.json     step, tokens seen, data-loader and RNG state of every rank
+          train_config.json      the TrainConfig of the run that wrote it
+
+Every file is written to a temporary name and renamed; the whole folder is first assembled
+as ``checkpoints/.tmp-step_...`` and renamed into place, then ``latest`` is rewritten. A crash at
+any point leaves the previous checkpoint and pointer untouched; stale ``.tmp-*`` folders are
+ignored and removed by the next run. An existing checkpoint folder is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state, save_model
+from ..config import ModelConfig
+from ..model import Transformer
+
+PathLike = Union[str, os.PathLike]
+FORMAT = "difftx-train"
+FORMAT_VERSION = 1
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_NAME = "trainer_state.json"
+OPTIM_NAME = "optimizer.pt"
+TRAIN_CONFIG_NAME = "train_config.json"
+TOKENIZER_DIR = "tokenizer"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+# fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change)
+RESUME_MUST_MATCH = ("batch_size", "seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoints_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def list_checkpoints(run_dir: PathLike) -> list[Path]:
+    """Complete checkpoint folders of a run, oldest first (temporary folders excluded)."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
+    """The folder named by ``checkpoints/latest`` (or the newest step folder if the pointer is
+    missing); ``None`` when the run has none. A dangling pointer is a :class:`CheckpointError`."""
+    root = checkpoints_dir(run_dir)
+    pointer = root / LATEST
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if not _STEP_RE.match(name):
+            raise CheckpointError(f"{pointer}: does not name a checkpoint folder (got {name[:80]!r})")
+        target = root / name
+        if not target.is_dir():
+            raise CheckpointError(f"{pointer}: points to {target}, which does not exist")
+        return target
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_checkpoint(path: PathLike) -> Path:
+    """A checkpoint folder from either itself or a run folder (whose latest checkpoint is used)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or run folder")
+    if (path / CONFIG_NAME).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"{path}: neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder with "
+                              f"checkpoints")
+    return latest
+
+
+def clean_stale(run_dir: PathLike) -> None:
+    """Remove temporary folders left by a crash while saving."""
+    root = checkpoints_dir(run_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(".tmp-") and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n"))
+
+
+def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
+    """Write ``model.safetensors`` + ``config.json`` through difftx.checkpoint.save_model, with a
+    meta-device model holding the (already gathered) tensors, so the format stays the lead's."""
+    with torch.device("meta"):
+        shell = Transformer(config)
+    shell.load_state_dict(model_state, assign=True, strict=False)
+    missing = set(shell.state_dict()) - set(model_state)
+    if config.tie_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise CheckpointError(f"cannot save {folder}: model state lacks {sorted(missing)[:5]}")
+    save_model(shell, folder)
+
+
+def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_config: ModelConfig,
+                    optim_state: dict, trainer_state: dict, train_config: dict, tokenizer: Any = None,
+                    keep_last: int = 3) -> Path:
+    """Write checkpoint ``step`` of the run in ``run_dir`` atomically, point ``latest`` at it and
+    prune all but the newest ``keep_last``. Returns the checkpoint folder."""
+    root = checkpoints_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    if final.exists():
+        raise CheckpointError(f"{final}: a checkpoint for step {step} already exists; refusing to overwrite it")
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    try:
+        _save_weights(model_state, model_config, tmp)
+        atomic_write(tmp / OPTIM_NAME, lambda p: torch.save(optim_state, p))
+        _write_json(tmp / STATE_NAME, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
+        _write_json(tmp / TRAIN_CONFIG_NAME, train_config)
+        if tokenizer is not None:
+            tokenizer.save(tmp / TOKENIZER_DIR)
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    atomic_write(root / LATEST, lambda p: Path(p).write_text(final.name + "\n"))
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_trainer_state(folder: PathLike) -> dict:
+    path = Path(folder) / STATE_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (is {folder} a difftx training checkpoint?)")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt trainer state ({e})") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a difftx training state (format {state.get('format') if isinstance(state, dict) else None!r})")
+    if state.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unsupported trainer-state version {state.get('version')!r} "
+                              f"(this difftx reads version {FORMAT_VERSION})")
+    for key in ("step", "loaders", "rng", "world_size"):
+        if key not in state:
+            raise CheckpointError(f"{path}: corrupt trainer state (no {key!r})")
+    return state
+
+
+def read_optimizer_state(folder: PathLike) -> dict:
+    path = Path(folder) / OPTIM_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: optimizer state missing")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated / foreign files
+        raise CheckpointError(f"{path}: cannot read optimizer state ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or "state" not in state or "param_groups" not in state:
+        raise CheckpointError(f"{path}: not an optimizer state dict")
+    return state
+
+
+def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: dict, world_size: int,
+                     tokenizer_name: Optional[str], state: dict) -> None:
+    """Raise :class:`CheckpointError` naming the file and field when ``folder`` cannot be resumed
+    exactly by a run with this model, config and world size."""
+    folder = Path(folder)
+    saved = load_config(folder)
+    if saved != model_config:
+        diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items() if getattr(model_config, k) != v}
+        raise CheckpointError(f"{folder / CONFIG_NAME}: incompatible model (checkpoint vs this run: {diff})")
+    path = folder / TRAIN_CONFIG_NAME
+    try:
+        saved_train = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read the saved training config ({e})") from e
+    diff = {k: (saved_train.get(k), train_config.get(k)) for k in RESUME_MUST_MATCH
+            if saved_train.get(k) != train_config.get(k)}
+    if diff:
+        raise CheckpointError(f"{path}: cannot resume exactly with a different {sorted(diff)} "
+                              f"(checkpoint vs this run: {diff})")
+    if state["world_size"] != world_size:
+        raise CheckpointError(f"{folder / STATE_NAME}: written by {state['world_size']} process(es), resumed with "
+                              f"{world_size}; the data order would change (start a new run with init_from instead)")
+    if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
+        raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
+                              f"{tokenizer_name!r} in this run")
+
+
+def load_model_state(folder: PathLike, model_config: ModelConfig) -> dict:
+    """Weights of ``folder`` as a full state dict, validated against ``model_config``."""
+    state = load_state(folder)
+    path = Path(folder) / WEIGHTS_NAME
+    if model_config.tie_embeddings:
+        state = {**state, "lm_head.weight": state.get("tok_embeddings.weight")}
+    with torch.device("meta"):
+        expected = Transformer(model_config).state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state)
+                   if state[k] is None or tuple(state[k].shape) != tuple(expected[k].shape))
+    if missing or unexpected or wrong:
+        raise CheckpointError(f"{path}: weights do not fit the model config (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
+    return state
+
+
+# -- RNG state (per process) --------------------------------------------------------------------
+def rng_state() -> dict:
+    """Python, NumPy and torch (CPU and CUDA) generator states as JSON-serialisable values."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    out = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state().tolist()
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))

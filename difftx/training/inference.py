@@ -1,0 +1,55 @@
+"""Sampling from a training checkpoint: the model, its tokenizer, and KV-cached generation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from ..checkpoint import CheckpointError, load_model
+from ..generation import generate
+from ..model import Transformer
+from .checkpointing import TOKENIZER_DIR, resolve_checkpoint
+
+
+def load_for_generation(path: Union[str, os.PathLike], tokenizer: Optional[str] = None,
+                        device: str = "cpu") -> tuple[Transformer, Any, Path]:
+    """The model and tokenizer of a checkpoint folder (or of a run folder's latest checkpoint).
+
+    ``tokenizer`` overrides the one saved in the checkpoint's ``tokenizer/`` folder.
+    """
+    from ..data import load_tokenizer
+
+    folder = resolve_checkpoint(path)
+    model = load_model(folder, device=device)
+    model.eval()
+    spec = tokenizer or folder / TOKENIZER_DIR
+    if tokenizer is None and not (folder / TOKENIZER_DIR).exists():
+        raise CheckpointError(f"{folder / TOKENIZER_DIR}: no tokenizer saved with this checkpoint; "
+                              f"pass one (tokenizer='byte' or a tokenizer.json path)")
+    tok = load_tokenizer(spec)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer {getattr(tok, 'name', spec)} has {tok.vocab_size} tokens but the model in "
+                         f"{folder} only {model.config.vocab_size}")
+    return model, tok, folder
+
+
+def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens: int = 200,
+                  temperature: float = 0.8, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                  seed: Optional[int] = 0, tokenizer: Optional[str] = None, device: str = "auto") -> str:
+    """Continue ``prompt`` with the checkpoint at ``path``; returns only the new text.
+
+    The prompt is preceded by the tokenizer's document separator (as every training document
+    is) and sampling stops early when the model emits it. Uses the KV cache.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tok, _ = load_for_generation(path, tokenizer, device)
+    ids = [tok.eos_id] + list(tok.encode(prompt))
+    out = generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   stop_tokens=[tok.eos_id], seed=seed)[0]
+    if out and out[-1] == tok.eos_id:
+        out = out[:-1]
+    return tok.decode(out)

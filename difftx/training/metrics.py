@@ -1,0 +1,104 @@
+"""Run metrics: a JSONL file (always) and TensorBoard (when installed), plus learned lambda per layer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from ..attention import DiffAttention
+from ..checkpoint import atomic_write
+from .distributed import full_tensor
+
+
+@torch.no_grad()
+def lambda_per_layer(model: nn.Module) -> Optional[list[float]]:
+    """The learned lambda of each ``DiffAttention`` layer (``None`` for models without one).
+
+    Uses the gathered lambda vectors, so it also works on FSDP2-sharded models, where it is a
+    collective: every rank must call it.
+    """
+    mods = [m for m in model.modules() if isinstance(m, DiffAttention)]
+    if not mods:
+        return None
+    out = []
+    for m in mods:
+        q1, k1, q2, k2 = (full_tensor(p).float() for p in (m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2))
+        out.append(float(torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + m.lambda_init))
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats become strings ("nan", "inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class MetricsLogger:
+    """Appends one JSON object per record to ``path``; mirrors scalars to TensorBoard.
+
+    ``resume_step``: records after this step (written by a run that died after its last
+    checkpoint) are dropped first, so the file shows one clean trajectory.
+    """
+
+    def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None, enabled: bool = True,
+                 resume_step: Optional[int] = None):
+        self.path, self.enabled, self._tb = Path(path), enabled, None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.is_file():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash
+                if isinstance(rec, dict) and rec.get("step", 0) <= resume_step:
+                    kept.append(line)
+            atomic_write(self.path, lambda p: Path(p).write_text("".join(k + "\n" for k in kept)))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a", encoding="utf-8")
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard not installed: JSONL only
+                pass
+            else:
+                self._tb = SummaryWriter(str(tensorboard_dir))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            step = record.get("step", 0)
+            for k, v in record.items():
+                if k == "step":
+                    continue
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+                elif isinstance(v, list) and k == "lambda":
+                    for i, x in enumerate(v):
+                        self._tb.add_scalar(f"lambda/layer_{i}", x, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """All records of a metrics JSONL file."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,45 @@
+"""AdamW parameter groups and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .config import TrainConfig
+
+
+def no_decay(name: str, param: torch.Tensor) -> bool:
+    """Parameters kept out of weight decay: every vector (norm gains incl. ``subln``, the
+    lambda vectors ``lambda_*``) and the token embeddings (decaying rows of rare tokens towards
+    zero only because they are rarely seen is unwanted). Matrices, including the LM head when it
+    is not tied and V2's ``lambda_proj``, are decayed."""
+    return param.ndim < 2 or name.endswith("tok_embeddings.weight")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: decayed matrices and the rest (see :func:`no_decay`)."""
+    decay, keep = [], []
+    for name, p in model.named_parameters():  # shared (tied) parameters appear once
+        if p.requires_grad:
+            (keep if no_decay(name, p) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
+                             betas=(config.beta1, config.beta2), eps=config.eps)
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (counted from 1): linear warmup over
+    ``warmup_steps`` to ``lr``, then cosine / linear decay to ``min_lr`` at ``steps`` (or constant)."""
+    if config.warmup_steps and step <= config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    if config.decay == "constant":
+        return config.lr
+    span = max(1, config.steps - config.warmup_steps)
+    frac = min(1.0, max(0.0, (step - config.warmup_steps) / span))
+    scale = 0.5 * (1.0 + math.cos(math.pi * frac)) if config.decay == "cosine" else 1.0 - frac
+    return config.min_lr + (config.lr - config.min_lr) * scale

@@ -1,0 +1,338 @@
+"""The training loop: ``train(config) -> TrainResult``, on CPU, one GPU, or many through torchrun.
+
+One optimizer step = ``grad_accum`` micro-batches of ``batch_size`` sequences on each of
+``world_size`` processes. Rank ``r`` reads rows ``r*B:(r+1)*B`` of the global batch (the data
+loader does the slicing), so a run on W processes follows the same data as one process with
+``W * batch_size`` sequences. Only rank 0 logs and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..checkpoint import CheckpointError, load_config
+from ..config import ModelConfig
+from ..model import Transformer, lm_loss
+from . import checkpointing as ckpt
+from .config import TrainConfig
+from .distributed import (DistInfo, all_gather_object, all_reduce_mean, barrier, broadcast_object,
+                          destroy_distributed, full_state_dicts, full_tensor, init_distributed, is_sharded,
+                          load_full_state_dicts, parallelize, unwrap)
+from .metrics import MetricsLogger, lambda_per_layer
+from .optim import build_optimizer, lr_at
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss or gradient became NaN/inf; the run stopped before applying that update."""
+
+
+@dataclass
+class TrainResult:
+    """What a run produced. ``losses`` maps each optimizer step run by this call to its training
+    loss (mean over the global batch); ``val_losses`` maps steps to validation loss."""
+
+    out_dir: Path
+    step: int
+    model_config: ModelConfig
+    losses: dict[int, float] = field(default_factory=dict)
+    val_losses: dict[int, float] = field(default_factory=dict)
+    last_checkpoint: Optional[Path] = None
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0
+    resumed_from: Optional[int] = None
+
+    @property
+    def final_loss(self) -> Optional[float]:
+        return self.losses[max(self.losses)] if self.losses else None
+
+
+def resolve_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    """Autocast dtype: float32 on CPU (bf16/fp16 refused there), bf16 on GPUs that have it."""
+    if device.type != "cuda":
+        if config.dtype in ("bfloat16", "float16"):
+            raise ValueError(f"TrainConfig.dtype: {config.dtype} autocast is GPU-only (the device is {device}); "
+                             f"on CPU it is hundreds of times slower than float32; use dtype=float32 or auto")
+        return torch.float32
+    if config.dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, config.dtype)
+
+
+def _prepare_data(config: TrainConfig, tokenizer_spec: str, dist: DistInfo):
+    from ..data import prepare_data
+
+    kwargs = dict(source=config.data_source, tokenizer=tokenizer_spec, cache_dir=config.cache_dir,
+                  val_fraction=config.val_fraction, text_field=config.text_field)
+    data = prepare_data(**kwargs) if dist.is_main else None  # rank 0 tokenizes and fills the cache first
+    barrier()
+    return data if data is not None else prepare_data(**kwargs)
+
+
+def _make_loader(store, config: TrainConfig, dist: DistInfo):
+    from ..data import PackedLoader
+
+    return PackedLoader(store, batch_size=config.batch_size, seq_len=config.seq_len, seed=config.seed,
+                        rank=dist.rank, world_size=dist.world_size)
+
+
+def _tokenizer_name(tok: Any) -> Optional[str]:
+    return getattr(tok, "name", None)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, store, config: TrainConfig, device: torch.device, dtype: torch.dtype,
+             world_size: int = 1) -> Optional[float]:
+    """Mean validation loss over the first ``eval_batches`` batches of the global batch size
+    (``batch_size * world_size`` sequences) of ``store``: the same windows whatever the number
+    of processes. Every rank evaluates all of them (simple, and FSDP2 needs every rank in
+    every forward); ``None`` if ``store`` holds no window."""
+    was = model.training
+    model.eval()
+    total, rows = 0.0, 0
+    try:
+        for tokens, doc_ids in store.eval_batches(config.batch_size * world_size, config.seq_len,
+                                                  max_batches=config.eval_batches):
+            x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (b, T) each
+            d = doc_ids[:, :-1].to(device) if config.doc_mask else None
+            with _autocast(device, dtype):
+                total += float(lm_loss(model(x, doc_ids=d), y)) * x.shape[0]  # the last batch may be smaller
+            rows += x.shape[0]
+    finally:
+        model.train(was)
+    return total / rows if rows else None
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_at: Optional[int] = None) -> TrainResult:
+    """Train (or continue training) the model described by ``config``.
+
+    ``resume``: continue from ``config.out_dir``'s latest checkpoint (a fresh start if there is
+    none); the continued run reproduces the uninterrupted one exactly on the same hardware.
+    ``data``: an already prepared dataset (``difftx.data.prepare_data`` output) instead of the
+    one ``config`` describes. ``stop_at``: stop after this step, writing a checkpoint there, as a
+    preempted job would (the schedule still runs to ``config.steps``).
+
+    Under ``torchrun`` every process calls this; the process group is created (and destroyed at
+    the end) here unless the caller already created one.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"train expects a TrainConfig, got {type(config).__name__}")
+    owns_group = not _group_exists()
+    dist = init_distributed(config.device)
+    try:
+        return _train(config, dist, resume, data, stop_at)
+    finally:
+        if owns_group:
+            destroy_distributed()
+
+
+def _group_exists() -> bool:
+    import torch.distributed as tdist
+
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int]) -> TrainResult:
+    t_start = time.perf_counter()
+    device = dist.device
+    dtype = resolve_dtype(config, device)
+    if config.parallel == "fsdp" and dist.distributed and dtype == torch.float16:
+        raise ValueError("TrainConfig.dtype: float16 (loss scaling) is not supported with parallel=fsdp; use bfloat16")
+    out_dir = Path(config.out_dir)
+
+    # -- where we start from -----------------------------------------------------------------
+    resume_dir: Optional[Path] = None
+    if dist.is_main:
+        ckpt.clean_stale(out_dir)
+        existing = ckpt.latest_checkpoint(out_dir) if ckpt.checkpoints_dir(out_dir).exists() else None
+        if existing is not None and not resume:
+            raise ValueError(f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest {existing.name}); "
+                             f"resume it (--resume / resume=True) or choose another out_dir")
+        resume_dir = existing if resume else None
+        if resume and existing is None:
+            print(f"difftx train: no checkpoint in {out_dir}; starting from scratch")
+    resume_dir = broadcast_object(resume_dir)
+    init_dir = ckpt.resolve_checkpoint(config.init_from) if config.init_from and resume_dir is None else None
+
+    # -- data ----------------------------------------------------------------------------------
+    tokenizer_spec = config.tokenizer
+    if tokenizer_spec is None:
+        src = resume_dir or init_dir
+        has_tok = src is not None and (src / ckpt.TOKENIZER_DIR).exists()
+        tokenizer_spec = str(src / ckpt.TOKENIZER_DIR) if has_tok else "byte"
+    if data is None:
+        data = _prepare_data(config, tokenizer_spec, dist)
+    tokenizer = data.tokenizer
+
+    # -- model ----------------------------------------------------------------------------------
+    _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
+    if init_dir is not None:
+        model_config = load_config(init_dir)
+        if config.model_overrides:
+            model_config = model_config.replace(**config.model_overrides)
+    elif resume_dir is not None:
+        model_config = config.model_config(vocab_size=None if config.explicit_vocab() else
+                                           load_config(resume_dir).vocab_size)
+    else:
+        model_config = config.model_config(vocab_size=tokenizer.vocab_size)
+    if model_config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+                         f"{tokenizer.vocab_size} ({_tokenizer_name(tokenizer)})")
+    model = Transformer(model_config)
+    if init_dir is not None:
+        model.load_state_dict(ckpt.load_model_state(init_dir, model_config))
+    model.to(device)
+    model = parallelize(model, config.parallel, device, compile=config.compile) if dist.distributed else \
+        (torch.compile(model) if config.compile else model)
+    bare = unwrap(model)
+    optimizer = build_optimizer(bare, config)
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+
+    # -- resume ---------------------------------------------------------------------------------
+    start_step, tokens_seen, loader_states, rng_states = 0, 0, None, None
+    train_dict = config.to_dict()
+    if resume_dir is not None:
+        state, model_sd, optim_sd = None, {}, {}
+        if dist.is_main:
+            state = ckpt.read_trainer_state(resume_dir)
+            ckpt.check_compatible(resume_dir, model_config, train_dict, dist.world_size,
+                                  _tokenizer_name(tokenizer), state)
+            model_sd = ckpt.load_model_state(resume_dir, model_config)
+            optim_sd = ckpt.read_optimizer_state(resume_dir)
+        state = broadcast_object(state)
+        if dist.distributed and not is_sharded(bare):  # DDP: every rank needs the full copy
+            model_sd, optim_sd = broadcast_object((model_sd, optim_sd))
+        try:  # FSDP2: rank 0's copy is broadcast shard by shard inside
+            load_full_state_dicts(model, optimizer, model_sd, optim_sd)
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{resume_dir / ckpt.OPTIM_NAME}: does not fit this model/optimizer ({e})") from e
+        start_step, tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
+        loader_states, rng_states = state["loaders"], state["rng"]
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+
+    loader = _make_loader(data.train, config, dist)
+    if loader_states is not None:
+        loader.load_state_dict(loader_states[dist.rank])
+    if rng_states is not None:
+        ckpt.set_rng_state(rng_states[dist.rank])
+
+    # -- output ---------------------------------------------------------------------------------
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_write(out_dir / ckpt.TRAIN_CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
+    logger = MetricsLogger(out_dir / "metrics.jsonl", out_dir / "tensorboard" if config.tensorboard else None,
+                           enabled=dist.is_main, resume_step=start_step if resume_dir is not None else None)
+    result = TrainResult(out_dir=out_dir, step=start_step, model_config=model_config, tokens_seen=tokens_seen,
+                         last_checkpoint=resume_dir, resumed_from=start_step if resume_dir is not None else None)
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * dist.world_size
+    end_step = config.steps if stop_at is None else min(config.steps, stop_at)
+
+    def save(step: int) -> None:
+        model_sd, optim_sd = full_state_dicts(model, optimizer)  # collective under FSDP2
+        loaders = all_gather_object(loader.state_dict())
+        rngs = all_gather_object(ckpt.rng_state())
+        if dist.is_main:
+            state = {"step": step, "tokens_seen": result.tokens_seen, "world_size": dist.world_size,
+                     "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(tokenizer),
+                     "scaler": scaler.state_dict() if scaler is not None else None}
+            result.last_checkpoint = ckpt.save_checkpoint(
+                out_dir, step, model_state=model_sd, model_config=model_config, optim_state=optim_sd,
+                trainer_state=state, train_config=train_dict, tokenizer=tokenizer, keep_last=config.keep_last)
+        result.last_checkpoint = broadcast_object(result.last_checkpoint)
+        barrier()
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=config.steps, initial=start_step, disable=not (dist.is_main and config.progress),
+               desc="train", unit="step", dynamic_ncols=True)
+    t_log, tokens_at_log = time.perf_counter(), 0
+    model.train()
+    try:
+        for step in range(start_step + 1, end_step + 1):
+            lr = lr_at(step, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(config.grad_accum):
+                tokens, doc_ids = loader.next_batch()  # (B, T+1) each
+                x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
+                d = doc_ids[:, :-1].to(device) if config.doc_mask else None
+                last = micro == config.grad_accum - 1
+                sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+                with sync:
+                    with _autocast(device, dtype):
+                        loss = lm_loss(model(x, doc_ids=d), y) / config.grad_accum
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                loss_sum += loss.detach().float()
+            loss_val = float(all_reduce_mean(loss_sum))
+            if not math.isfinite(loss_val):
+                raise TrainingDivergedError(_diverged("loss", loss_val, step, result.last_checkpoint))
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
+            grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+            if not math.isfinite(grad_norm) and scaler is None:
+                raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, result.last_checkpoint))
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            result.step, result.tokens_seen = step, result.tokens_seen + tokens_per_step
+            result.losses[step] = loss_val
+            tokens_at_log += tokens_per_step
+
+            if step % config.log_interval == 0 or step == end_step:
+                lambdas = lambda_per_layer(bare)  # collective under FSDP2
+                now = time.perf_counter()
+                tok_s = tokens_at_log / max(now - t_log, 1e-9)
+                t_log, tokens_at_log = now, 0
+                logger.log({"step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm,
+                            "tokens_per_s": tok_s, "tokens": result.tokens_seen, "lambda": lambdas})
+                post = {"loss": f"{loss_val:.4f}", "tok/s": f"{tok_s:,.0f}"}
+                if lambdas:
+                    post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
+                bar.set_postfix(post, refresh=False)
+            if config.eval_interval and (step % config.eval_interval == 0 or step == config.steps):
+                val = evaluate(model if is_sharded(bare) else bare, data.val, config, device, dtype, dist.world_size)
+                if val is not None:
+                    result.val_losses[step] = val
+                    logger.log({"step": step, "val_loss": val})
+                    bar.write(f"step {step}: val_loss {val:.4f}") if dist.is_main and config.progress else None
+            if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step:
+                save(step)
+            bar.update(1)
+    finally:
+        bar.close()
+        logger.close()
+    result.elapsed_s = time.perf_counter() - t_start
+    return result
+
+
+def _diverged(what: str, value: float, step: int, last: Optional[Path]) -> str:
+    where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+    return (f"{what} is {value} at step {step}; stopped before applying this update ({where}). "
+            f"Lower the learning rate, raise warmup, or check the data.")
