@@ -119,3 +119,16 @@ def test_cli_tokenizer_train(tmp_path, capsys):
     assert load_tokenizer(tmp_path / "tok").vocab_size == 280
     rc = main(["tokenizer", "train", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "t2")])
     assert rc == 2 and "missing.txt" in capsys.readouterr().err
+
+
+def test_bpe_chunked_encoding_equals_whole(tmp_path, monkeypatch):
+    from difftx.data import tokenizer as tok_mod
+
+    text = corpus_text(400).replace("Thou", "  Thou").replace("lord.\n", "lord. \n").replace("king", "king\n\n  x")
+    tok = train_bpe(texts=[text], vocab_size=400, out_dir=tmp_path / "bpe", show_progress=False)
+    assert tok._chunkable()
+    whole = tok.encode(text)
+    monkeypatch.setattr(tok_mod, "CHUNK_CHARS", 200)
+    assert len(tok_mod._safe_pieces(text, 200)) > 20
+    assert "".join(tok_mod._safe_pieces(text, 200)) == text
+    assert tok.encode_batch([text, "short", text[:1000]]) == [whole, tok.encode("short"), tok.encode(text[:1000])]

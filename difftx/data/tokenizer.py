@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -163,9 +164,31 @@ class BPETokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def _chunkable(self) -> bool:
+        """True for GPT-2 style byte-level pre-tokenization without a prefix space, where a
+        newline between two non-space characters always ends a pre-token (so cutting there
+        cannot change the ids)."""
+        pre = self._tok.pre_tokenizer
+        return (type(pre).__name__ == "ByteLevel" and not getattr(pre, "add_prefix_space", True)
+                and getattr(pre, "use_regex", False))
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Several texts at once (the library parallelises this across cores)."""
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        """Several texts at once (the library parallelises this across cores). Texts longer than
+        ``CHUNK_CHARS`` are cut at safe points first (byte-level tokenizers only), which bounds
+        memory and spreads one long document over all cores; the ids are the same."""
+        texts = list(texts)
+        if not self._chunkable():
+            return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        pieces: list[str] = []
+        owner: list[int] = []
+        for i, t in enumerate(texts):
+            for piece in _safe_pieces(t, CHUNK_CHARS):
+                pieces.append(piece)
+                owner.append(i)
+        out: list[list[int]] = [[] for _ in texts]
+        for i, enc in zip(owner, self._tok.encode_batch(pieces, add_special_tokens=False)):
+            out[i].extend(enc.ids)
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -178,6 +201,24 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer({self.source!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+CHUNK_CHARS = 1 << 16  # long texts are encoded in pieces of about this many characters
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")  # after a newline that has non-space on both sides
+
+
+def _safe_pieces(text: str, size: int) -> list[str]:
+    """``text`` cut at the first safe point after every ``size`` characters (whole if none)."""
+    out: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        m = _SAFE_CUT.search(text, start + size)
+        if m is None:
+            break
+        out.append(text[start:m.start()])
+        start = m.start()
+    out.append(text[start:])
+    return out
 
 
 TokenizerSpec = Union[str, os.PathLike, Tokenizer]
