@@ -1,0 +1,113 @@
+"""Language-modelling metrics (difftx.eval.lm) on hand-made models and tokens."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from difftx import Transformer, preset
+from difftx.eval.lm import (ar_hit_mask, binned, bits_per_byte, bytes_per_token, evaluate_lm, length_extrapolation,
+
+                            summarize_nll, token_nll, windows_from_stream)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Uniform(nn.Module):
+    """Logits all zero: every token has NLL ln V."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.vocab = vocab
+
+    def forward(self, tokens, backend=None):
+        return torch.zeros(*tokens.shape, self.vocab)
+
+
+class NextIsPlusOne(nn.Module):
+    """Puts almost all mass on ``token + 1``: NLL ~0 on counting sequences, large otherwise."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.vocab = vocab
+
+    def forward(self, tokens, backend=None):
+        return 50.0 * nn.functional.one_hot((tokens + 1) % self.vocab, self.vocab).float()
+
+
+def test_uniform_model_nll_and_bpb():
+    w = torch.randint(0, 256, (3, 9))
+    nll = token_nll(Uniform(256), w)
+    assert nll.shape == (3, 8)
+    torch.testing.assert_close(nll, torch.full((3, 8), math.log(256)))
+    res = evaluate_lm(Uniform(256), w, bytes_per_token=1.0)
+    assert res.bpb == pytest.approx(8.0)  # a uniform byte model costs exactly 8 bits per byte
+    assert res.perplexity == pytest.approx(256.0)
+    assert bits_per_byte(math.log(256), 2.0) == pytest.approx(4.0)
+    assert bytes_per_token("héllo", 3) == pytest.approx(6 / 3)
+    with pytest.raises(ValueError, match="bytes_per_token"):
+        bits_per_byte(1.0, 0.0)
+
+
+def test_nll_alignment_predicts_the_next_token():
+    count = torch.arange(10)[None]  # 0 1 2 ... 9
+    assert float(token_nll(NextIsPlusOne(16), count).max()) < 1e-6
+    rev = torch.arange(9, -1, -1)[None]
+    assert float(token_nll(NextIsPlusOne(16), rev).min()) > 40
+
+
+def test_ar_hit_mask_hand_made():
+    # tokens:            a b c a b d a b
+    w = torch.tensor([[1, 2, 3, 1, 2, 4, 1, 2]])
+    # predictions t=0..6 are tokens 1..7: b c a b d a b; bigrams (a,b)@1 (b,c) (c,a) (a,b)@4 hit,
+    # (b,d) (d,a) (a,b)@7 hit
+    expect = [False, False, False, True, False, False, True]
+    assert ar_hit_mask(w)[0].tolist() == expect
+    # a repeated token alone is not a hit: the bigram must repeat
+    assert ar_hit_mask(torch.tensor([[5, 5, 6, 5]]))[0].tolist() == [False, False, False]
+    assert ar_hit_mask(torch.tensor([[5, 5, 5]]))[0].tolist() == [False, True]
+
+
+def test_summarize_split_and_positions():
+    nll = torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])
+    hits = torch.tensor([[False, True, False], [False, False, True]])
+    r = summarize_nll(nll, hits)
+    assert r.nll == pytest.approx(3.0)
+    assert r.ar_hit_nll == pytest.approx((2 + 5) / 2)
+    assert r.other_nll == pytest.approx((1 + 3 + 3 + 4) / 4)
+    assert r.ar_hit_fraction == pytest.approx(2 / 6)
+    assert r.nll_by_position == pytest.approx([2.0, 3.0, 4.0])
+    none = summarize_nll(nll, torch.zeros_like(hits))
+    assert none.ar_hit_nll is None and none.other_nll == pytest.approx(3.0)
+
+
+def test_windows_from_stream():
+    w = windows_from_stream(list(range(10)), 3)
+    assert w.tolist() == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
+    assert windows_from_stream(range(10), 3, max_windows=1).shape == (1, 4)
+    with pytest.raises(ValueError, match="shorter than one window"):
+        windows_from_stream(range(3), 4)
+
+
+def test_length_extrapolation_on_tiny_model():
+    torch.manual_seed(0)
+    model = Transformer(preset("test", max_seq_len=8))
+    stream = torch.randint(0, 64, (200,))
+    out = length_extrapolation(model, stream, 8, factors=(1, 2, 4), max_windows=3)
+    assert sorted(out) == [1, 2, 4]
+    assert len(out[4].nll_by_position) == 32 and out[4].n_tokens == 3 * 32
+    assert "nll_beyond_train_len" in out[2].extra and "nll_beyond_train_len" not in out[1].extra
+    # an untrained model is near uniform at every length
+    for r in out.values():
+        assert abs(r.nll - math.log(64)) < 0.2
+    assert binned([1, 2, 3, 4, 5, 6], 3) == pytest.approx([1.5, 3.5, 5.5])
