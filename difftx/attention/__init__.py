@@ -4,6 +4,13 @@ from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, r
 from .masks import AttentionMask
 from .modules import DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, lambda_init_for_layer
 
+try:  # optional fused kernel: registers the "triton" backend when Triton is installed
+    from .triton_kernel import register as _register_triton
+except ImportError:
+    pass
+else:
+    _register_triton()
+
 __all__ = [
     "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2", "LayerKV",
     "StandardAttention", "backend_names", "lambda_init_for_layer", "register_backend", "resolve_backend",

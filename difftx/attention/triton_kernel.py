@@ -1,0 +1,537 @@
+"""Fused differential attention (V1) in Triton: both maps in one pass, forward and backward.
+
+The kernel implements the ``triton`` backend with the signature of
+:mod:`difftx.attention.kernels`::
+
+    triton_attention(q, k, v, lam, mask, scale, return_maps=False)  # -> (B, T, H, 2d)
+
+Legend: ``B`` batch, ``T`` queries (= keys ``S`` under a causal mask), ``H`` differential heads,
+``Hkv`` kv groups, ``R = H // Hkv``, ``d`` component width. Inputs keep the project layout:
+``q (B, T, 2H, d)`` (sub-heads ``2h``, ``2h+1`` are the components of head ``h``),
+``k (B, S, 2Hkv, d)``, ``v (B, S, Hkv, 2d)``; head ``h`` reads keys ``2g``, ``2g+1`` and value
+``g`` of group ``g = h // R`` by index arithmetic, so nothing is repeated or copied.
+
+Design (SPEC sections 1 and 6):
+
+- **Forward.** One program owns a block of query rows of one head. It walks the key tiles once;
+  each K tile pair and V tile is loaded once and used for both maps. Each map keeps its own
+  online softmax (running max ``m_c``, running sum ``l_c``) and its own ``2d``-wide float32
+  accumulator, because the two maps rescale independently. At the end
+  ``O = acc1 / l1 - lam * acc2 / l2``; the per-row log-sum-exp of both maps is stored for the
+  backward pass, and so is the second map's normalised output ``O2`` (it gives the backward
+  pass both ``O1 = O + lam * O2`` and ``dlam = -sum(dO * O2)``).
+- **Causal block skipping.** Key tiles wholly after the query block are never visited; tiles
+  wholly before it run without any mask; only the tiles on the diagonal build a mask.
+- **Backward** (FlashAttention-2 style, recomputing the maps from the stored log-sum-exp):
+  with ``P_c`` the two maps, ``dP = dO V^T`` is shared by both maps,
+  ``dS1 = P1 * (dP - delta1)``, ``dS2 = -lam * P2 * (dP - delta2)`` with
+  ``delta_c = rowsum(dO * O_c)``, ``dV = (P1 - lam * P2)^T dO``, ``dK_c = scale * dS_c^T Q_c``,
+  ``dQ_c = scale * dS_c K_c``. One kernel owns a key tile of one group and loops over its
+  ``R`` heads and the query tiles (dK, dV: no atomics under GQA); another owns a query tile and
+  loops over key tiles (dQ). ``dlam`` is a reduction done in PyTorch.
+- Softmax statistics, accumulators and ``lam`` are float32 whatever the input dtype
+  (float16 / bfloat16 on GPU; float32 for testing, with exact "ieee" dot products).
+
+Anything the kernel does not cover is delegated to :func:`kernels.sdpa`, so the backend is
+always safe to select: standard attention (``lam is None``), masks other than plain causal
+self-attention or no mask at all (padding, packed documents, a KV-cache offset), CPU tensors
+(unless Triton's interpreter is on), other dtypes and component widths over 256.
+``return_maps=True`` raises, as for the other fast backends (use ``backend="eager"``).
+
+Under ``TRITON_INTERPRET=1`` (set before this module is imported) the same kernels run on
+CPU tensors through Triton's interpreter, with small blocks; that is how the tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from difftx.attention import kernels
+from difftx.attention.masks import AttentionMask
+
+# Read once, when the kernels below are decorated: Triton chooses compiled or interpreted
+# functions at decoration time, so this module follows the environment it was imported in.
+INTERPRET: bool = bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs") else (
+    os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"))
+
+_LOG2E = 1.4426950408889634
+_MAX_D = 256  # widest component the kernels accept (q, k, v tiles of two maps stay in registers)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch settings.
+
+    ``fwd_own`` query rows per forward program, stepping through keys ``fwd_step`` at a time;
+    ``bwd_own`` rows per backward program (keys for dK/dV, queries for dQ), stepping through
+    the other side ``bwd_step`` at a time. Each ``*_own`` must be a multiple of its ``*_step``
+    (the causal split into unmasked and diagonal tiles relies on it); all are powers of two.
+    """
+
+    fwd_own: int
+    fwd_step: int
+    bwd_own: int
+    bwd_step: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("fwd_own", "fwd_step", "bwd_own", "bwd_step"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: must be a power of two, got {value}")
+        if self.fwd_own % self.fwd_step:
+            raise ValueError(f"fwd_own: {self.fwd_own} must be a multiple of fwd_step={self.fwd_step}")
+        if self.bwd_own % self.bwd_step:
+            raise ValueError(f"bwd_own: {self.bwd_own} must be a multiple of bwd_step={self.bwd_step}")
+
+
+# Interpreter blocks are tiny so that short test sequences still span several tiles.
+INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, bwd_own=16, bwd_step=8, num_warps=1, num_stages=1)
+
+
+def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
+    """Tile sizes for component width ``d``.
+
+    GPU values are first choices from register budgets (two ``2d``-wide float32 accumulators
+    per row in the forward pass, ``dK1, dK2, dV`` per key row in the backward pass), not tuned
+    on hardware.
+    """
+    if interpret:
+        return INTERPRET_CONFIG
+    if d <= 64:
+        return BlockConfig(fwd_own=128, fwd_step=64, bwd_own=128, bwd_step=32, num_warps=8, num_stages=2)
+    if d <= 128:
+        return BlockConfig(fwd_own=64, fwd_step=32, bwd_own=64, bwd_step=32, num_warps=8, num_stages=2)
+    return BlockConfig(fwd_own=32, fwd_step=32, bwd_own=32, bwd_step=16, num_warps=8, num_stages=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+
+
+@triton.jit
+def _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
+               offs_m, offs_n, offs_d, offs_dv, S, qk_scale, lo, hi,
+               D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PREC: tl.constexpr):
+    """Key tiles ``lo..hi`` (step ``BLOCK_N``) for one query block, both maps.
+
+    Scores live in the log2 domain (``qk_scale`` = scale * log2 e) so ``exp2`` does the work.
+    ``MASKED`` tiles may hold keys past ``S`` or (``CAUSAL``) after a query; others hold none.
+    """
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_k = n0 + offs_n
+        kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
+        k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
+        k1 = tl.load(k_tile, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D) key of map 1
+        k2 = tl.load(k_tile + skh, mask=kmask, other=0.0)  # key of map 2: the next sub-head
+        v = tl.load(v_ptr + offs_k[:, None] * svs + offs_dv[None, :],
+                    mask=(offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_N, BLOCK_DV)
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # (BLOCK_M, BLOCK_N)
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
+        if MASKED:
+            allowed = offs_k[None, :] < S
+            if CAUSAL:
+                allowed = allowed & (offs_k[None, :] <= offs_m[:, None])
+            s1 = tl.where(allowed, s1, float("-inf"))
+            s2 = tl.where(allowed, s2, float("-inf"))
+        # map 1: new running max, rescale what was accumulated, add this tile
+        m1_new = tl.maximum(m1, tl.max(s1, 1))
+        p1 = tl.math.exp2(s1 - m1_new[:, None])
+        alpha1 = tl.math.exp2(m1 - m1_new)
+        l1 = l1 * alpha1 + tl.sum(p1, 1)
+        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(v.dtype), v, input_precision=PREC)
+        m1 = m1_new
+        # map 2: the same with its own statistics, sharing the K/V tiles loaded above
+        m2_new = tl.maximum(m2, tl.max(s2, 1))
+        p2 = tl.math.exp2(s2 - m2_new[:, None])
+        alpha2 = tl.math.exp2(m2 - m2_new)
+        l2 = l2 * alpha2 + tl.sum(p2, 1)
+        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(v.dtype), v, input_precision=PREC)
+        m2 = m2_new
+    return acc1, acc2, l1, l2, m1, m2
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
+                sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sob, sot, soh,
+                T, S, H, R, qk_scale,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                STORE_AUX: tl.constexpr, PREC: tl.constexpr):
+    """Grid ``(cdiv(T, BLOCK_M), B * H)``: one block of query rows of one head."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    g = h // R
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q_tile = Q + b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
+    qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
+    q1 = tl.load(q_tile, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D) component 1
+    q2 = tl.load(q_tile + sqh, mask=qmask, other=0.0)  # component 2
+    k_ptr = K + b * skb + (2 * g) * skh
+    v_ptr = V + b * svb + g * svh
+
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    l2 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    if CAUSAL:  # T == S: keys before the block are all visible, the diagonal is masked
+        full_end = m0
+        end = tl.minimum(m0 + BLOCK_M, S)
+    else:
+        full_end = (S // BLOCK_N) * BLOCK_N
+        end = S
+    acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
+                                            offs_m, offs_n, offs_d, offs_dv, S, qk_scale, 0, full_end,
+                                            D, BLOCK_N, False, CAUSAL, PREC)
+    acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
+                                            offs_m, offs_n, offs_d, offs_dv, S, qk_scale, full_end, end,
+                                            D, BLOCK_N, True, CAUSAL, PREC)
+
+    lam = tl.load(LAM)
+    o2 = acc2 / l2[:, None]
+    o = acc1 / l1[:, None] - lam * o2  # (BLOCK_M, BLOCK_DV)
+    rows = offs_m < T
+    omask = rows[:, None] & (offs_dv[None, :] < 2 * D)
+    o_off = b * sob + h * soh + offs_m[:, None] * sot + offs_dv[None, :]
+    tl.store(O + o_off, o.to(O.dtype.element_ty), mask=omask)
+    if STORE_AUX:
+        tl.store(O2 + o_off, o2.to(O2.dtype.element_ty), mask=omask)
+        lse_ptr = LSE + (b * H + h) * 2 * T + offs_m  # LSE (B, H, 2, T), log2 units
+        tl.store(lse_ptr, m1 + tl.math.log2(l1), mask=rows)
+        tl.store(lse_ptr + T, m2 + tl.math.log2(l2), mask=rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward: dK, dV
+
+
+@triton.jit
+def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
+                  offs_k, offs_d, offs_dv, T, lam, qk_scale, lo, hi,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+    """Query tiles ``lo..hi`` against one key tile, in transposed form ``(BLOCK_N, BLOCK_M)``.
+
+    Query rows past ``T`` read a log-sum-exp of +inf, so their probabilities are exactly 0.
+    ``MASKED`` tiles cross the causal diagonal.
+    """
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        rows = offs_m < T
+        qmask = rows[:, None] & (offs_d[None, :] < D)
+        q_tile = q_ptr + offs_m[:, None] * sqt + offs_d[None, :]
+        q1 = tl.load(q_tile, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D)
+        q2 = tl.load(q_tile + sqh, mask=qmask, other=0.0)
+        do = tl.load(do_ptr + offs_m[:, None] * sdot + offs_dv[None, :],
+                     mask=rows[:, None] & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_M, BLOCK_DV)
+        lse1 = tl.load(lse_ptr + offs_m, mask=rows, other=float("inf"))
+        lse2 = tl.load(lse_ptr + T + offs_m, mask=rows, other=float("inf"))
+        delta1 = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
+        delta2 = tl.load(delta_ptr + T + offs_m, mask=rows, other=0.0)
+        p1 = tl.math.exp2(tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale - lse1[None, :])  # (BN, BM)
+        p2 = tl.math.exp2(tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale - lse2[None, :])
+        if MASKED:
+            allowed = offs_m[None, :] >= offs_k[:, None]
+            p1 = tl.where(allowed, p1, 0.0)
+            p2 = tl.where(allowed, p2, 0.0)
+        dv += tl.dot((p1 - lam * p2).to(do.dtype), do, input_precision=PREC)  # (BN, BLOCK_DV)
+        dp = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BN, BM) = (dO V^T)^T, shared by both maps
+        ds1 = p1 * (dp - delta1[None, :])
+        ds2 = -lam * p2 * (dp - delta2[None, :])
+        dk1 += tl.dot(ds1.to(q1.dtype), q1, input_precision=PREC)
+        dk2 += tl.dot(ds2.to(q2.dtype), q2, input_precision=PREC)
+    return dk1, dk2, dv
+
+
+@triton.jit
+def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
+                   sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sdob, sdot, sdoh,
+                   T, S, H, R, sm_scale, qk_scale,
+                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    """Grid ``(cdiv(S, BLOCK_N), B * Hkv)``: one key tile of one group, summed over its R heads."""
+    pid_n = tl.program_id(0)
+    bg = tl.program_id(1)
+    Hkv = H // R
+    b = (bg // Hkv).to(tl.int64)
+    g = (bg % Hkv).to(tl.int64)
+    n0 = pid_n * BLOCK_N
+    offs_k = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
+    k_off = b * skb + (2 * g) * skh + offs_k[:, None] * sks + offs_d[None, :]
+    k1 = tl.load(K + k_off, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D)
+    k2 = tl.load(K + k_off + skh, mask=kmask, other=0.0)
+    vmask = (offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D)
+    v_off = b * svb + g * svh + offs_k[:, None] * svs + offs_dv[None, :]
+    v = tl.load(V + v_off, mask=vmask, other=0.0)  # (BLOCK_N, BLOCK_DV)
+    lam = tl.load(LAM)
+
+    dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for r in range(0, R):
+        h = g * R + r
+        q_ptr = Q + b * sqb + (2 * h) * sqh
+        do_ptr = DO + b * sdob + h * sdoh
+        lse_ptr = LSE + (b * H + h) * 2 * T
+        delta_ptr = DELTA + (b * H + h) * 2 * T
+        if CAUSAL:  # queries before n0 see none of these keys; from n0 + BLOCK_N on they see all
+            diag_end = tl.minimum(n0 + BLOCK_N, T)
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
+                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, n0, diag_end,
+                                         D, BLOCK_M, True, PREC)
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
+                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, diag_end, T,
+                                         D, BLOCK_M, False, PREC)
+        else:  # keys past S only touch their own (unstored) rows of dK and dV
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
+                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, 0, T,
+                                         D, BLOCK_M, False, PREC)
+    # dK and dV share q/k strides with K and V: the caller allocates them like K and V
+    tl.store(DK + k_off, (dk1 * sm_scale).to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DK + k_off + skh, (dk2 * sm_scale).to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + v_off, dv.to(DV.dtype.element_ty), mask=vmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward: dQ
+
+
+@triton.jit
+def _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
+                 offs_m, offs_d, offs_dv, S, lam, qk_scale, lo, hi,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Key tiles ``lo..hi`` for one query tile."""
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_k = n0 + tl.arange(0, BLOCK_N)
+        kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
+        k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
+        k1 = tl.load(k_tile, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        k2 = tl.load(k_tile + skh, mask=kmask, other=0.0)
+        v = tl.load(v_ptr + offs_k[:, None] * svs + offs_dv[None, :],
+                    mask=(offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_N, BLOCK_DV)
+        p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale - lse1[:, None])  # (BM, BN)
+        p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale - lse2[:, None])
+        if MASKED:
+            allowed = offs_k[None, :] < S
+            if CAUSAL:
+                allowed = allowed & (offs_k[None, :] <= offs_m[:, None])
+            p1 = tl.where(allowed, p1, 0.0)
+            p2 = tl.where(allowed, p2, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)  # (BM, BN) = dO V^T
+        ds1 = p1 * (dp - delta1[:, None])
+        ds2 = -lam * p2 * (dp - delta2[:, None])
+        dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PREC)
+        dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PREC)
+    return dq1, dq2
+
+
+@triton.jit
+def _bwd_q_kernel(Q, K, V, DO, LAM, LSE, DELTA, DQ,
+                  sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sdob, sdot, sdoh,
+                  T, S, H, R, sm_scale, qk_scale,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+    """Grid ``(cdiv(T, BLOCK_M), B * H)``: dQ of one query tile of one head (both components)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    g = h // R
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows = offs_m < T
+
+    qmask = rows[:, None] & (offs_d[None, :] < D)
+    q_off = b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
+    q1 = tl.load(Q + q_off, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D)
+    q2 = tl.load(Q + q_off + sqh, mask=qmask, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :],
+                 mask=rows[:, None] & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_M, BLOCK_DV)
+    stat = (b * H + h) * 2 * T + offs_m
+    lse1 = tl.load(LSE + stat, mask=rows, other=float("inf"))
+    lse2 = tl.load(LSE + stat + T, mask=rows, other=float("inf"))
+    delta1 = tl.load(DELTA + stat, mask=rows, other=0.0)
+    delta2 = tl.load(DELTA + stat + T, mask=rows, other=0.0)
+    lam = tl.load(LAM)
+    k_ptr = K + b * skb + (2 * g) * skh
+    v_ptr = V + b * svb + g * svh
+
+    dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if CAUSAL:
+        full_end = m0
+        end = tl.minimum(m0 + BLOCK_M, S)
+    else:
+        full_end = (S // BLOCK_N) * BLOCK_N
+        end = S
+    dq1, dq2 = _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
+                            offs_m, offs_d, offs_dv, S, lam, qk_scale, 0, full_end, D, BLOCK_N, False, CAUSAL, PREC)
+    dq1, dq2 = _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
+                            offs_m, offs_d, offs_dv, S, lam, qk_scale, full_end, end, D, BLOCK_N, True, CAUSAL, PREC)
+    # dQ is allocated like Q, so it shares Q's strides
+    tl.store(DQ + q_off, (dq1 * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+    tl.store(DQ + q_off + sqh, (dq2 * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# host side
+
+
+def _widths(d: int) -> tuple[int, int]:
+    """Padded tile widths for ``d`` and ``2d`` (powers of two, at least 16 for tensor cores)."""
+    block_d = max(16, triton.next_power_of_2(d))
+    return block_d, 2 * block_d
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs are for testing: exact products rather than TF32
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool, store_aux: bool,
+                  config: BlockConfig):
+    B, T, H2, d = q.shape
+    S = k.shape[1]
+    H, Hkv = H2 // 2, v.shape[2]
+    o = torch.empty(B, T, H, 2 * d, device=q.device, dtype=q.dtype)  # (B, T, H, 2d)
+    o2 = torch.empty_like(o) if store_aux else o
+    lse = torch.empty(B, H, 2, T, device=q.device, dtype=torch.float32) if store_aux else o
+    block_d, block_dv = _widths(d)
+    grid = (triton.cdiv(T, config.fwd_own), B * H)
+    _fwd_kernel[grid](
+        q, k, v, lam, o, o2, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        T, S, H, H // Hkv, scale * _LOG2E,
+        D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step,
+        CAUSAL=causal, STORE_AUX=store_aux, PREC=_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return o, (o2 if store_aux else None), (lse if store_aux else None)
+
+
+def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: Tensor, o2: Tensor, lse: Tensor,
+                   scale: float, causal: bool, config: BlockConfig):
+    B, T, H2, d = q.shape
+    S = k.shape[1]
+    H, Hkv = H2 // 2, v.shape[2]
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    # delta_c = rowsum(dO * O_c) with O1 = O + lam * O2; dlam = -sum(dO * O2)
+    dof, o2f = do.float(), o2.float()
+    delta2 = (dof * o2f).sum(-1)  # (B, T, H)
+    delta1 = (dof * (o.float() + lam * o2f)).sum(-1)
+    delta = torch.stack([delta1, delta2], dim=1).permute(0, 3, 1, 2).contiguous()  # (B, H, 2, T)
+    dlam = -delta2.sum()
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # contiguous, like q, k, v
+    block_d, block_dv = _widths(d)
+    common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=_precision(q.dtype),
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
+        q, k, v, do, lam, lse, delta, dk, dv, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
+        BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, **common,
+    )
+    _bwd_q_kernel[(triton.cdiv(T, config.bwd_own), B * H)](
+        q, k, v, do, lam, lse, delta, dq, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
+        BLOCK_M=config.bwd_own, BLOCK_N=config.bwd_step, **common,
+    )
+    return dq, dk, dv, dlam
+
+
+class _FusedDiffAttention(torch.autograd.Function):
+    """Autograd wrapper: saves q, k, v, lam, O, O2 and both log-sum-exps; recomputes the maps."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool,
+                config: BlockConfig, store_aux: bool) -> Tensor:
+        o, o2, lse = _diff_forward(q, k, v, lam, scale, causal, store_aux, config)
+        if store_aux:
+            ctx.save_for_backward(q, k, v, lam, o, o2, lse)
+        ctx.scale, ctx.causal, ctx.config = scale, causal, config
+        return o
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        q, k, v, lam, o, o2, lse = ctx.saved_tensors
+        dq, dk, dv, dlam = _diff_backward(do, q, k, v, lam, o, o2, lse, ctx.scale, ctx.causal, ctx.config)
+        return dq, dk, dv, dlam.reshape(lam.shape), None, None, None, None
+
+
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask) -> Optional[str]:
+    """Why the fused kernel cannot take this call (then it goes to ``kernels.sdpa``), or ``None``."""
+    if lam is None:
+        return "standard attention (lam is None)"
+    if lam.numel() != 1:
+        return f"lam must be a scalar, got shape {tuple(lam.shape)}"
+    if not (q.is_cuda or INTERPRET):
+        return f"tensors on {q.device.type} (the kernel needs CUDA, or TRITON_INTERPRET=1)"
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
+        return f"dtypes q={q.dtype}, k={k.dtype}, v={v.dtype} (want one of float16, bfloat16, float32)"
+    T, S, d = q.shape[1], k.shape[1], q.shape[-1]
+    if d > _MAX_D:
+        return f"component width d={d} is over {_MAX_D}"
+    if not (mask.is_plain_causal(T, S) or mask.is_unmasked()):
+        return "mask other than plain causal self-attention or none (padding, documents, cache offset)"
+    if T == 0 or S == 0 or q.shape[0] == 0:
+        return "empty input"
+    return None
+
+
+def triton_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask, scale: float,
+                     return_maps: bool = False, config: Optional[BlockConfig] = None) -> Tensor:
+    """The ``triton`` backend: fused differential attention, or ``kernels.sdpa`` where unsupported.
+
+    ``q (B, T, 2H, d)``, ``k (B, S, 2Hkv, d)``, ``v (B, S, Hkv, 2d)``, ``lam`` a float32 scalar
+    tensor (its gradient is computed). Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)`` in the
+    dtype of ``q``. ``config`` overrides the tile sizes of :func:`block_config`.
+    """
+    if return_maps:
+        raise ValueError("the 'triton' backend does not return attention maps; use backend='eager'")
+    if unsupported_reason(q, k, v, lam, mask) is not None:
+        return kernels.sdpa(q, k, v, lam, mask, scale)
+    B, T, H2, d = q.shape
+    if k.shape != (B, k.shape[1], k.shape[2], d) or v.shape != (B, k.shape[1], k.shape[2] // 2, 2 * d):
+        raise ValueError(f"triton backend: expected k (B, S, 2Hkv, d) and v (B, S, Hkv, 2d) for q {tuple(q.shape)}, "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if H2 % 2 or (H2 // 2) % v.shape[2]:
+        raise ValueError(f"triton backend: {H2} query sub-heads do not form heads over {v.shape[2]} kv groups")
+    # no-ops for the projections' outputs; the gradients are then allocated with the same strides
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    lam = lam.reshape(()).to(device=q.device, dtype=torch.float32)  # differentiable: grads flow to the caller's lam
+    config = config or block_config(d)
+    # decided here: inside Function.forward autograd is switched off
+    store_aux = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam))
+    return _FusedDiffAttention.apply(q, k, v, lam, float(scale), mask.causal, config, store_aux)
+
+
+def register() -> None:
+    """Add ``triton`` to the backend table (``resolve_backend('auto', cuda)`` then prefers it)."""
+    kernels.register_backend("triton", triton_attention)

@@ -1,0 +1,254 @@
+"""The fused Triton kernel for differential attention, checked on CPU with Triton's interpreter.
+
+Triton decides between compiled and interpreted kernels when ``triton`` and each kernel are
+imported, so the interpreter cannot be switched on inside a test process that has already
+imported ``difftx.attention`` (which imports the kernel module to register the ``triton``
+backend). The checks that run the kernels therefore live in ``TestInterpreted``, which is
+collected only when ``TRITON_INTERPRET=1`` was set before the process started;
+``test_interpreter_suite`` runs that class in a child process with the variable set, so the
+environment of this process and of every other test module stays as it was. To see the
+individual checks: ``TRITON_INTERPRET=1 python -m pytest tests/test_triton_kernel.py``.
+
+Oracle: ``kernels.eager`` in float64 (softmax in float64 too), against the kernel in float32
+with exact ("ieee") dot products. bfloat16 is not checked here: the interpreter multiplies the
+raw bit patterns of bfloat16 ``tl.dot`` operands (triton-lang/triton#11584); float16 runs the
+same code path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from difftx.attention import DiffAttention, kernels, triton_kernel as tk  # noqa: E402
+from difftx.attention.masks import AttentionMask  # noqa: E402
+
+INTERPRETED = tk.INTERPRET  # True only in a process started with TRITON_INTERPRET=1
+
+
+def _inputs(B, T, S, H, Hkv, d, dtype=torch.float32, lam=0.37):
+    q = torch.randn(B, T, 2 * H, d, dtype=dtype)  # (B, T, 2H, d)
+    k = torch.randn(B, S, 2 * Hkv, d, dtype=dtype)  # (B, S, 2Hkv, d)
+    v = torch.randn(B, S, Hkv, 2 * d, dtype=dtype)  # (B, S, Hkv, 2d)
+    return q, k, v, torch.tensor(lam, dtype=torch.float32)
+
+
+def _run(fn, q, k, v, lam, mask, scale, grad_out, **kw):
+    """Output and gradients of (q, k, v, lam) for a fixed upstream gradient."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, lam)]
+    out = fn(*leaves, mask, scale, **kw)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return out, grads
+
+
+def _compare(B, T, S, H, Hkv, d, causal=True, config=None, atol=2e-5):
+    q, k, v, lam = _inputs(B, T, S, H, Hkv, d)
+    mask = AttentionMask(causal=causal)
+    scale = d ** -0.5
+    grad_out = torch.randn(B, T, H, 2 * d, dtype=torch.float64)
+    ref, ref_grads = _run(kernels.eager, q.double(), k.double(), v.double(), lam.double(), mask, scale, grad_out)
+    assert tk.unsupported_reason(q, k, v, lam, mask) is None, "the kernel itself must run"
+    out, grads = _run(tk.triton_attention, q, k, v, lam, mask, scale, grad_out, config=config)
+    assert out.shape == (B, T, H, 2 * d) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol)
+    for name, g, rg in zip(("dq", "dk", "dv", "dlam"), grads, ref_grads):
+        assert g.shape == rg.shape, name
+        torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# (B, T, H, Hkv, d): single token, odd lengths over one and several tiles (16 rows, 8-key steps
+# under the interpreter), MHA and GQA with R = 2, component widths 16 and 32.
+CAUSAL_CASES = [
+    (1, 1, 1, 1, 16),
+    (1, 5, 2, 2, 16),
+    (2, 17, 2, 1, 16),
+    (1, 33, 2, 2, 32),
+    (2, 33, 4, 2, 16),
+]
+
+
+class TestInterpreted:
+    """Runs the kernels on CPU; collected only under ``TRITON_INTERPRET=1`` (see module doc)."""
+
+    __test__ = INTERPRETED
+
+    @pytest.mark.parametrize("B,T,H,Hkv,d", CAUSAL_CASES)
+    def test_causal_forward_and_gradients_match_eager(self, B, T, H, Hkv, d):
+        _compare(B, T, T, H, Hkv, d)
+
+    def test_component_width_not_a_power_of_two(self):
+        # d = 24 pads the tiles to 32 columns; the padding must not leak into scores or outputs
+        _compare(1, 19, 19, 2, 1, 24)
+
+    @pytest.mark.parametrize("T,S", [(19, 19), (7, 21)])
+    def test_unmasked_attention_matches_eager(self, T, S):
+        # no mask at all (causal=False): every key tile but a partial last one runs unmasked
+        _compare(1, T, S, 2, 1, 16, causal=False)
+
+    def test_other_tile_sizes_give_the_same_result(self):
+        # one step per program in the forward pass, bigger tiles in the backward pass
+        _compare(1, 29, 29, 2, 1, 16, config=tk.BlockConfig(fwd_own=8, fwd_step=8, bwd_own=32, bwd_step=16))
+
+    def test_gqa_pairs_heads_with_their_own_group(self):
+        """Head h must use keys 2g, 2g+1 and value g of group g = h // R (not a naive repeat_kv)."""
+        B, T, H, Hkv, d = 1, 9, 4, 2, 16
+        q, k, v, lam = _inputs(B, T, T, H, Hkv, d)
+        mask = AttentionMask()
+        out = tk.triton_attention(q, k, v, lam, mask, d ** -0.5)
+        R = H // Hkv
+        k_naive = k.repeat_interleave(R, dim=2)  # (B, T, 2H, d): sub-head j reads key j // R, wrong for R > 1
+        v_naive = v.repeat_interleave(R, dim=2)  # (B, T, H, 2d)
+        wrong = kernels.eager(q, k_naive, v_naive, lam, mask, d ** -0.5)
+        torch.testing.assert_close(out, kernels.eager(q, k, v, lam, mask, d ** -0.5), rtol=0, atol=1e-5)
+        assert (out - wrong).abs().max() > 1e-2
+
+    def test_float16_matches_float32_eager(self):
+        B, T, H, Hkv, d = 1, 21, 2, 1, 16
+        q, k, v, lam = _inputs(B, T, T, H, Hkv, d, dtype=torch.float16)
+        mask = AttentionMask()
+        grad_out = torch.randn(B, T, H, 2 * d)
+        ref, ref_grads = _run(kernels.eager, q.float(), k.float(), v.float(), lam, mask, d ** -0.5, grad_out)
+        out, grads = _run(tk.triton_attention, q, k, v, lam, mask, d ** -0.5, grad_out)
+        assert out.dtype == torch.float16 and all(g.dtype == t.dtype for g, t in zip(grads, (q, k, v, lam)))
+        torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-3)
+        for g, rg in zip(grads, ref_grads):
+            torch.testing.assert_close(g.float(), rg, rtol=1e-2, atol=5e-3)
+
+    def test_no_grad_forward_and_strided_inputs(self):
+        """Without autograd the kernel skips its saved statistics; k and v sliced from a larger
+        cache buffer (non-contiguous) give the same output."""
+        B, T, H, Hkv, d = 2, 11, 2, 2, 16
+        q, k, v, lam = _inputs(B, T, T, H, Hkv, d)
+        k_buf, v_buf = torch.randn(B, 16, 2 * Hkv, d), torch.randn(B, 16, Hkv, 2 * d)
+        k_buf[:, :T], v_buf[:, :T] = k, v
+        mask = AttentionMask()
+        with torch.no_grad():
+            out = tk.triton_attention(q, k_buf[:, :T], v_buf[:, :T], lam, mask, d ** -0.5)
+        torch.testing.assert_close(out, kernels.eager(q, k, v, lam, mask, d ** -0.5), rtol=0, atol=1e-5)
+
+    def test_module_gradients_match_eager_backend(self):
+        """DiffAttention end to end: lambda's re-parameterisation, the norm and out_proj on top."""
+        m = DiffAttention(dim=64, n_heads=2, layer_idx=1, n_kv_heads=1)
+        x = torch.randn(2, 13, 64)
+        results = {}
+        for backend in ("triton", "eager"):
+            m.zero_grad()
+            out = m(x, backend=backend)
+            out.square().sum().backward()
+            results[backend] = (out.detach(), {n: p.grad.clone() for n, p in m.named_parameters()})
+        (out_t, g_t), (out_e, g_e) = results["triton"], results["eager"]
+        torch.testing.assert_close(out_t, out_e, rtol=1e-5, atol=1e-5)
+        assert set(g_t) == set(g_e) and g_e["lambda_q1"].abs().max() > 0
+        for name in g_e:
+            torch.testing.assert_close(g_t[name], g_e[name], rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+    @pytest.mark.parametrize("kind", ["padding", "documents", "offset"])
+    def test_other_masks_are_delegated_to_sdpa(self, kind):
+        B, T, H, Hkv, d = 2, 7, 2, 1, 16
+        q, k, v, lam = _inputs(B, T, T, H, Hkv, d)
+        if kind == "padding":
+            mask = AttentionMask(key_valid=torch.tensor([[True] * 7, [False] * 2 + [True] * 5]))
+        elif kind == "documents":
+            mask = AttentionMask(doc_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 2, 2, 2]]))
+        else:  # three new queries after a cached prefix of four keys
+            q, mask = q[:, 4:], AttentionMask(q_offset=4)
+        assert "mask" in tk.unsupported_reason(q, k, v, lam, mask)
+        out = tk.triton_attention(q, k, v, lam, mask, d ** -0.5)
+        torch.testing.assert_close(out, kernels.sdpa(q, k, v, lam, mask, d ** -0.5), rtol=0, atol=0)
+        torch.testing.assert_close(out, kernels.eager(q, k, v, lam, mask, d ** -0.5), rtol=1e-5, atol=1e-5)
+
+    def test_standard_attention_and_float64_are_delegated_to_sdpa(self):
+        q, k, v = torch.randn(1, 6, 4, 16), torch.randn(1, 6, 2, 16), torch.randn(1, 6, 2, 16)
+        mask = AttentionMask()
+        torch.testing.assert_close(tk.triton_attention(q, k, v, None, mask, 0.25),
+                                   kernels.sdpa(q, k, v, None, mask, 0.25), rtol=0, atol=0)
+        q, k, v, lam = _inputs(1, 4, 4, 1, 1, 16, dtype=torch.float64)
+        assert "dtypes" in tk.unsupported_reason(q, k, v, lam, mask)
+        torch.testing.assert_close(tk.triton_attention(q, k, v, lam, mask, 0.25),
+                                   kernels.sdpa(q, k, v, lam, mask, 0.25), rtol=0, atol=0)
+
+
+def test_interpreter_suite():
+    """Run ``TestInterpreted`` in a child process with ``TRITON_INTERPRET=1``."""
+    if INTERPRETED:
+        pytest.skip("already under the interpreter: TestInterpreted runs in this process")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", f"{Path(__file__).resolve()}::TestInterpreted", "-q",
+           "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore::UserWarning"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                         cwd=Path(__file__).resolve().parents[1])
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0, f"interpreter checks failed:\n{tail}"
+    passed = re.search(r"(\d+) passed", res.stdout)
+    assert passed and int(passed.group(1)) >= 15 and "skipped" not in res.stdout, tail
+
+
+# ----------------------------------------------------------------------------------------------
+# registration and configuration (no kernel runs)
+
+
+def test_registered_backend_on_cpu_delegates_to_sdpa():
+    """Without the interpreter, CPU tensors go to sdpa; ``auto`` on CPU is unchanged."""
+    if INTERPRETED:
+        pytest.skip("checks the compiled (non-interpreter) module")
+    assert kernels.BACKENDS["triton"] is tk.triton_attention
+    assert kernels.resolve_backend("auto", torch.device("cpu")) is kernels.chunked
+    assert kernels.resolve_backend("auto", torch.device("cuda")) is tk.triton_attention
+    q, k, v, lam = _inputs(1, 9, 9, 2, 1, 16)
+    assert "cpu" in tk.unsupported_reason(q, k, v, lam, AttentionMask())
+    out = kernels.BACKENDS["triton"](q, k, v, lam, AttentionMask(), 0.25)
+    torch.testing.assert_close(out, kernels.sdpa(q, k, v, lam, AttentionMask(), 0.25), rtol=0, atol=0)
+    m = DiffAttention(dim=32, n_heads=1, layer_idx=0, backend="triton")
+    x = torch.randn(1, 5, 32)
+    torch.testing.assert_close(m(x), m(x, backend="eager"), rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_inputs_are_named(monkeypatch):
+    monkeypatch.setattr(tk, "INTERPRET", True)  # as if under the interpreter: CPU tensors qualify
+    q, k, v, lam = _inputs(1, 4, 4, 1, 1, 16)
+    mask = AttentionMask()
+    assert tk.unsupported_reason(q, k, v, lam, mask) is None
+    assert "lam is None" in tk.unsupported_reason(q, k, v, None, mask)
+    assert "dtypes" in tk.unsupported_reason(q.double(), k.double(), v.double(), lam, mask)
+    assert "scalar" in tk.unsupported_reason(q, k, v, torch.ones(2), mask)
+    assert "d=512" in tk.unsupported_reason(*_inputs(1, 4, 4, 1, 1, 512), mask)
+    assert "mask" in tk.unsupported_reason(q, k, v, lam, AttentionMask(key_valid=torch.ones(1, 4, dtype=torch.bool)))
+    assert "mask" in tk.unsupported_reason(q[:, 2:], k, v, lam, AttentionMask(q_offset=2))
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    assert "cpu" in tk.unsupported_reason(q, k, v, lam, mask)
+
+
+def test_return_maps_is_refused():
+    q, k, v, lam = _inputs(1, 4, 4, 1, 1, 16)
+    with pytest.raises(ValueError, match="eager"):
+        tk.triton_attention(q, k, v, lam, AttentionMask(), 0.25, return_maps=True)
+
+
+def test_block_config_is_validated():
+    with pytest.raises(ValueError, match="fwd_step"):
+        tk.BlockConfig(fwd_own=16, fwd_step=12, bwd_own=16, bwd_step=8)
+    with pytest.raises(ValueError, match="bwd_own"):
+        tk.BlockConfig(fwd_own=16, fwd_step=8, bwd_own=8, bwd_step=16)
+    for d in (16, 64, 128, 256):
+        cfg = tk.block_config(d, interpret=False)
+        assert cfg.fwd_own % cfg.fwd_step == 0 and cfg.bwd_own % cfg.bwd_step == 0
+
+
+def test_package_imports_without_triton():
+    """With Triton missing, ``difftx.attention`` still imports and simply lacks the backend."""
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import difftx.attention as a, torch\n"
+            "assert 'triton' not in a.BACKENDS, a.BACKENDS\n"
+            "assert a.resolve_backend('auto', torch.device('cuda')).__name__ == 'sdpa'\n"
+            "print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
