@@ -140,6 +140,13 @@ def test_datasets_input_if_installed(tmp_path):
     data = prepare_data(tmp_path / "saved", cache_dir=tmp_path / "c", progress=False)
     assert data.meta["split"]["rule"] == "fixed"
     assert data.train.num_docs == 2 and data.val.decode_doc(0, data.tokenizer) == "six"
+    no_val = datasets.DatasetDict({"train": ds["train"]})
+    with pytest.raises(DataError, match="fixed split has no validation documents"):
+        prepare_data(no_val, cache_dir=tmp_path / "c", progress=False)
+    assert prepare_data(no_val, cache_dir=tmp_path / "c", val_fraction=0.5, progress=False).val.num_docs == 2
+    ds["train"].to_parquet(str(tmp_path / "t.parquet"))
+    assert prepare_data(tmp_path / "t.parquet", cache_dir=tmp_path / "c", val_fraction=0.0,
+                        progress=False).train.num_docs == 2
 
 
 # --------------------------------------------------------------------------- loader
@@ -261,6 +268,9 @@ def test_bad_jsonl_lines_name_line_number(tmp_path):
     no_field = write(tmp_path / "nofield.jsonl", '{"text": "a"}\n\n{"content": "b"}\n')
     with pytest.raises(DataError, match=re.escape(str(no_field)) + " line 3: no text field 'text'.*content"):
         prepare_data(no_field, cache_dir=tmp_path / "c", progress=False)
+    array = write(tmp_path / "array.json", '[{"text": "a"},\n {"text": "b"}]\n')
+    with pytest.raises(DataError, match=re.escape(str(array)) + " line 1: not valid JSON"):
+        prepare_data(array, cache_dir=tmp_path / "c", progress=False)
     not_str = write(tmp_path / "num.jsonl", '{"text": 5}\n')
     with pytest.raises(DataError, match="line 1: field 'text' is a int"):
         prepare_data(not_str, cache_dir=tmp_path / "c", progress=False)

@@ -84,9 +84,9 @@ def _is_dataset_dict(obj: Any) -> bool:
     return obj is not None and type(obj).__name__ in ("DatasetDict", "IterableDatasetDict")
 
 
-def _file_source(path: Path) -> Source:
+def _file_source(path: Path, explicit: bool = False) -> Source:
     base, _ = _base_suffix(path)
-    if base in JSONL_SUFFIXES:
+    if base in JSONL_SUFFIXES or (explicit and base == ".json"):  # a named .json file is read as JSON lines
         kind = "jsonl"
     elif base in HF_FILE_SUFFIXES:
         kind = "hf"
@@ -168,7 +168,7 @@ def resolve_sources(source: SourceSpec) -> list[Source]:
         if path.is_dir():
             out.extend(_folder_sources(path))
         elif path.is_file():
-            out.append(_file_source(path))
+            out.append(_file_source(path, explicit=True))
         else:
             raise FileNotFoundError(f"data source {str(item)!r}: no such file or folder")
     return out

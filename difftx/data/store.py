@@ -31,7 +31,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from .sources import DataError, Document, Source, SourceSpec, count_documents, iter_documents, resolve_sources
+from .sources import HF_VAL_SPLITS, DataError, Document, Source, SourceSpec, count_documents, iter_documents, resolve_sources
 from .tokenizer import Tokenizer, TokenizerSpec, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -340,8 +340,15 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     finally:
         bar.close()
         infos = {s: w.close() for s, w in writers.items()}
+    where = ", ".join(str(s.path or "datasets object") for s in sources)
     if infos["train"]["docs"] == 0:
-        raise DataError(f"no training documents in {', '.join(str(s.path or s.kind) for s in sources)}")
+        raise DataError(f"no training documents in {where}")
+    if infos["val"]["docs"] == 0 and rule["rule"] != "none":
+        if rule["rule"] == "fixed":
+            raise DataError(f"{where}: the source's fixed split has no validation documents (a DatasetDict needs a "
+                            f"{'/'.join(HF_VAL_SPLITS)} split); pass val_fraction to split it")
+        raise DataError(f"{where}: no validation text (every document is shorter than 2 characters); "
+                        f"pass val_fraction=0 to train without validation")
     for s, info in infos.items():
         if info["max_id"] >= tokenizer.vocab_size:
             raise DataError(f"{entry / (s + '.bin')}: the tokenizer produced id {info['max_id']} >= its vocab_size "
@@ -401,6 +408,4 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
                         f"asked for {tok.name} (vocab {tok.vocab_size})")
     train = TokenStore.open(entry, "train")
     val = TokenStore.open(entry, "val") if meta["splits"]["val"]["docs"] > 0 else None
-    if val is None and meta["split"]["rule"] != "none":
-        raise DataError(f"the validation split of {entry} is empty; choose a larger val_fraction")
     return PreparedData(train=train, val=val, tokenizer=tok, path=entry, from_cache=from_cache, meta=meta)
