@@ -1,0 +1,173 @@
+"""In-context learning order robustness (difftx.eval.icl) and paired statistics (difftx.eval.stats)."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from difftx import Transformer, preset
+from difftx.eval.icl import ICLTask, classify, evaluate_icl_order, make_episode, order_demos, training_batch
+from difftx.eval.stats import mean_and_ci, paired_bootstrap, verdict
+
+TASK = ICLTask(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# ICL
+# ---------------------------------------------------------------------------------------------
+
+def test_episode_invariants():
+    rng = random.Random(0)
+    for _ in range(50):
+        e = make_episode(TASK, rng)
+        assert len(set(e.label_of_class)) == 4
+        assert all(TASK.first_label <= lab < TASK.vocab_size for lab in e.label_of_class)
+        feats = [set() for _ in range(4)]
+        for x, c in e.demos:
+            assert len(x) == 3 and all(TASK.first_feature <= t < TASK.first_label for t in x)
+            feats[c] |= set(x)
+        assert [sum(c == k for _, c in e.demos) for k in range(4)] == [2, 2, 2, 2]  # balanced
+        for a in range(4):
+            for b in range(a + 1, 4):
+                assert not feats[a] & feats[b]  # disjoint feature sets
+        p = e.prompt(TASK)
+        assert len(p) == TASK.prompt_len and p[0] == TASK.BOS and p[-1] == TASK.ARROW
+        assert p[-1 - TASK.input_len:-1] == e.query
+
+
+def test_label_map_is_drawn_per_sequence():
+    rng = random.Random(1)
+    maps = {tuple(make_episode(TASK, rng).label_of_class) for _ in range(30)}
+    assert len(maps) > 20
+
+
+def test_orders_are_permutations():
+    e = make_episode(TASK, random.Random(2))
+    key = lambda d: (tuple(d[0]), d[1])  # noqa: E731
+    for kind in ("random", "alternating"):
+        o = order_demos(e.demos, kind, random.Random(3))
+        assert sorted(map(key, o)) == sorted(map(key, e.demos))
+    alt = order_demos(e.demos, "alternating", random.Random(3))
+    classes = [c for _, c in alt]
+    assert all(classes[i] != classes[i + 1] for i in range(len(classes) - 1))
+    assert classes[:4] == classes[4:]  # round-robin with a fixed class order
+    assert order_demos(e.demos, "random", random.Random(5)) == order_demos(e.demos, "random", random.Random(5))
+    with pytest.raises(ValueError, match="kind"):
+        order_demos(e.demos, "sorted", random.Random(0))
+
+
+def test_task_validation():
+    with pytest.raises(ValueError, match="n_demos"):
+        ICLTask(n_classes=3, n_demos=8)
+    with pytest.raises(ValueError, match="n_features"):
+        ICLTask(n_classes=4, n_features=10, features_per_class=4)
+    shifted = ICLTask(first_id=100)
+    assert shifted.BOS == 101 and shifted.vocab_size == 100 + ICLTask().vocab_size
+
+
+def test_training_batch_masks_labels():
+    tokens, mask = training_batch(TASK, 4, random.Random(0))
+    assert tokens.shape == (4, TASK.prompt_len + 1)
+    assert int(mask.sum(1)[0]) == TASK.n_demos + 1  # every demonstration label and the query label
+    assert bool(mask[:, -1].all())
+
+
+class NearestDemo(nn.Module):
+    """Solves the task: the label of the demonstration sharing most features with the query."""
+
+    def __init__(self, task: ICLTask, wrong: bool = False):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.t, self.wrong = task, wrong
+
+    def forward(self, tokens, backend=None):
+        t = self.t
+        logits = torch.zeros(*tokens.shape, t.vocab_size)
+        for b, row in enumerate(tokens.tolist()):
+            query = set(row[-1 - t.input_len:-1])
+            best, lab = -1, None
+            step = t.input_len + 3
+            for i in range(1, len(row) - t.input_len - 1, step):
+                overlap = len(query & set(row[i:i + t.input_len]))
+                if overlap > best:
+                    best, lab = overlap, row[i + t.input_len + 1]
+            if self.wrong:  # the label of the *first* demonstration: order-sensitive by construction
+                lab = row[1 + t.input_len + 1]
+            logits[b, -1, lab] = 1.0
+        return logits
+
+
+def test_icl_evaluation_with_oracles():
+    good = evaluate_icl_order(NearestDemo(TASK), TASK, n_episodes=20, n_orders=3)
+    for kind in ("random", "alternating"):
+        assert good[kind]["accuracies"] == [1.0, 1.0, 1.0]
+        assert good[kind]["best_minus_worst"] == 0.0
+    bad = evaluate_icl_order(NearestDemo(TASK, wrong=True), TASK, n_episodes=40, n_orders=4, kinds=("random",))
+    assert bad["random"]["best_minus_worst"] > 0 and bad["random"]["mean"] < 0.6
+    # the same seed gives the same numbers
+    again = evaluate_icl_order(NearestDemo(TASK, wrong=True), TASK, n_episodes=40, n_orders=4, kinds=("random",))
+    assert again["random"] == bad["random"]
+
+
+def test_icl_on_untrained_model():
+    torch.manual_seed(0)
+    model = Transformer(preset("test", vocab_size=TASK.vocab_size))
+    res = evaluate_icl_order(model, TASK, n_episodes=8, n_orders=2, batch_size=8)
+    assert set(res) == {"config", "random", "alternating"}
+    assert len(res["random"]["accuracies"]) == 2
+    preds = classify(model, TASK, [[1, 2, 3]], [[TASK.first_label + 1, TASK.first_label + 4]])
+    assert preds[0] in (TASK.first_label + 1, TASK.first_label + 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# stats
+# ---------------------------------------------------------------------------------------------
+
+def test_bootstrap_contains_true_mean_and_is_seeded():
+    rng = np.random.default_rng(0)
+    base = rng.normal(3.0, 1.0, size=200)
+    diff = base + rng.normal(-0.3, 0.5, size=200)  # true paired difference -0.3
+    r = paired_bootstrap(diff, base, seed=1)
+    assert r.low < -0.3 < r.high and r.excludes_zero
+    half = 1.96 * 0.5 / np.sqrt(200)
+    assert (r.high - r.low) / 2 == pytest.approx(half, rel=0.2)
+    assert paired_bootstrap(diff, base, seed=1) == r
+    assert paired_bootstrap(diff, base, seed=2).low != r.low
+
+
+def test_bootstrap_coverage():
+    rng = np.random.default_rng(5)
+    hits = 0
+    for i in range(200):
+        d = rng.normal(0.1, 1.0, size=30)
+        r = paired_bootstrap(d, np.zeros(30), n_boot=1000, seed=i)
+        hits += r.low <= 0.1 <= r.high
+    assert 0.88 <= hits / 200 <= 0.99  # a 95% interval covers the true mean about 95% of the time
+
+
+def test_verdicts():
+    within = paired_bootstrap([3.01, 2.99, 3.02], [3.0, 3.0, 3.0])
+    assert within.low <= 0 <= within.high
+    assert "within noise" in verdict(within, "NLL", lower_is_better=True, unit="nats")
+    better = paired_bootstrap([2.9, 2.91, 2.89, 2.9], [3.0, 3.01, 3.0, 2.99])
+    assert "DIFF is better" in verdict(better, "NLL", lower_is_better=True)
+    assert "DIFF is worse" in verdict(better, "needle accuracy", lower_is_better=False)
+    one = paired_bootstrap([0.5], [0.4])
+    assert one.mean == pytest.approx(0.1) and not one.excludes_zero
+    assert "one seed" in verdict(one, "acc", lower_is_better=False)
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_bootstrap([1, 2], [1])
+    m, lo, hi = mean_and_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo < 2.0 < hi
+    assert mean_and_ci([4.0]) == (4.0, None, None)
