@@ -40,6 +40,7 @@ def _save(fig, path: PathLike) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         plt.close(fig)
@@ -64,10 +65,11 @@ def plot_needle_accuracy(acc: Mapping[str, Mapping[str, float]], path: PathLike,
             if not math.isnan(v):
                 ax.text(b.get_x() + b.get_width() / 2, v + 0.01, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(cells)), [f"N={c.split('/')[0]}\nR={c.split('/')[1]}" for c in cells])
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     ax.set_ylabel("accuracy (per key)")
     ax.set_title(title)
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, ncol=max(len(models), 1), loc="upper center")
     return _save(fig, path)
 
 
@@ -143,6 +145,7 @@ def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     styles = {"row": "-", "tensor": "--"}
+    all_bits: set[int] = set()
     for i, (m, c) in enumerate(curves.items()):
         col = _color(m, i)
         for g, pts in c.items():
@@ -150,8 +153,12 @@ def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: 
                 ax.axhline(pts, color=col, ls=":", lw=1)
                 continue
             bits = sorted(pts, key=lambda b: -int(b))
+            all_bits.update(int(b) for b in bits)
             ax.plot([int(b) for b in bits], [pts[b] for b in bits], styles.get(g, "-."), marker="o", color=col,
                     label=f"{m} ({g})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_bits), [str(b) for b in sorted(all_bits)])
+    ax.minorticks_off()
     ax.invert_xaxis()
     ax.set_xlabel("attention-logit bits")
     ax.set_ylabel(metric)
