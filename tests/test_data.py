@@ -175,6 +175,8 @@ def test_loader_visits_each_window_once_per_epoch(small_store):
         assert sorted(ep) == [shift + k * 16 for k in range(n)]
         assert max(ep) + 17 <= len(small_store)
     assert starts[:n] != sorted(starts[:n])  # shuffled
+    shifts = {loader.window_start(e * n) % 16 for e in range(6)}
+    assert len(shifts) > 1  # window boundaries move between epochs
     assert PackedLoader(small_store, 2, 16, seed=1).window_start(0) != starts[0] or \
         PackedLoader(small_store, 2, 16, seed=1).window_start(1) != starts[1]
 
@@ -324,6 +326,8 @@ def test_missing_source_and_bad_arguments(tmp_path, small_store):
         prepare_data(tmp_path / "nope.txt", cache_dir=tmp_path / "c", progress=False)
     with pytest.raises(ValueError, match="val_fraction"):
         prepare_data(write(tmp_path / "a.txt", "text\n"), cache_dir=tmp_path / "c", val_fraction=1.5, progress=False)
+    with pytest.raises(ValueError, match="text_field"):
+        prepare_data(tmp_path / "a.txt", cache_dir=tmp_path / "c", text_field="", progress=False)
     with pytest.raises(ValueError, match="rank must be < world_size"):
         PackedLoader(small_store, batch_size=1, seq_len=8, rank=2, world_size=2)
     with pytest.raises(ValueError, match="batch_size"):

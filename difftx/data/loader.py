@@ -109,16 +109,17 @@ class PackedLoader:
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable position; ``load_state_dict`` restores the exact stream."""
         return {"version": STATE_VERSION, "row": self.row, "seed": self.seed, "seq_len": self.seq_len,
-                "global_batch": self.global_batch, "num_tokens": len(self.store),
+                "global_batch": self.global_batch, "num_tokens": len(self.store), "num_docs": self.store.num_docs,
                 "store": self.store.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``. The seed, seq_len and token count must match (the stream would
-        differ otherwise); a different world size with the same global batch is fine."""
+        """Continue from ``state``. The seed, seq_len, global batch and the store's token and
+        document counts must match (the stream would differ otherwise); a different world size
+        with the same global batch is fine."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"PackedLoader state has version {state.get('version')!r}, expected {STATE_VERSION}")
         for key, mine in (("seed", self.seed), ("seq_len", self.seq_len), ("num_tokens", len(self.store)),
-                          ("global_batch", self.global_batch)):
+                          ("num_docs", self.store.num_docs), ("global_batch", self.global_batch)):
             if state.get(key) != mine:
                 raise ValueError(f"PackedLoader state has {key}={state.get(key)!r} but this loader has {mine!r}; "
                                  f"resuming would not continue the same data stream")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 import os
 import shutil
 import tempfile
@@ -225,7 +226,7 @@ class _Writer:
         self.f = open(path, "wb")
         self.dtype = dtype
         self.eos = np.array([eos_id], dtype=dtype)
-        self.offsets = [0]
+        self.offsets = array("q", [0])  # int64, compact for millions of documents
         self.max_id = -1
 
     def add(self, ids) -> None:
@@ -238,7 +239,7 @@ class _Writer:
 
     def close(self) -> dict:
         self.f.close()
-        np.save(self.path.with_name(self.path.stem + ".offsets.npy"), np.asarray(self.offsets, dtype=np.int64))
+        np.save(self.path.with_name(self.path.stem + ".offsets.npy"), np.frombuffer(self.offsets, dtype=np.int64))
         return {"tokens": self.offsets[-1], "docs": len(self.offsets) - 1, "max_id": max(self.max_id, int(self.eos[0]))}
 
 
@@ -381,10 +382,13 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
     Errors (empty or non-UTF-8 files, bad JSONL, ids outside the vocabulary) raise
     :class:`DataError` naming the file.
     """
+    if val_fraction is not None and not (isinstance(val_fraction, (int, float)) and 0.0 <= val_fraction < 1.0):
+        raise ValueError(f"val_fraction must be None or a number in [0, 1), got {val_fraction!r}")
+    if not isinstance(text_field, str) or not text_field:
+        raise ValueError(f"text_field must be a non-empty string, got {text_field!r}")
     tok = load_tokenizer(tokenizer)
     sources = resolve_sources(source)
-    rule_frac = val_fraction
-    key = _cache_key(sources, tok, rule_frac, text_field)
+    key = _cache_key(sources, tok, val_fraction, text_field)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     entry = root / key
     from_cache = (entry / "meta.json").is_file()

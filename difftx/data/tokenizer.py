@@ -272,10 +272,11 @@ def _iter_training_texts(files_or_texts, text_field: str, texts: Optional[Iterab
             yield doc.text
 
 
-def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[str, os.PathLike] = "tokenizer", *,
+def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[None, str, os.PathLike] = None, *,
               texts: Optional[Iterable[str]] = None, text_field: str = "text", min_frequency: int = 2,
               show_progress: bool = True) -> BPETokenizer:
-    """Train a byte-level BPE tokenizer locally and save ``out_dir/tokenizer.json``.
+    """Train a byte-level BPE tokenizer locally and save ``out_dir/tokenizer.json`` (kept in
+    memory only when ``out_dir`` is None).
 
     ``files_or_texts``: ``None`` (the bundled corpus's training split), or one or more paths
     (plain-text files, folders, ``.jsonl`` with ``text_field``). A ``str`` item that contains a
@@ -311,6 +312,7 @@ def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[str, o
     tok.train_from_iterator(counted(), trainer=trainer)
     if n_texts == 0:
         raise ValueError("train_bpe: no training text was given")
-    out = BPETokenizer(tok, source=str(Path(out_dir) / TOKENIZER_FILE))
-    out.save(out_dir)
+    out = BPETokenizer(tok, source=str(Path(out_dir) / TOKENIZER_FILE) if out_dir is not None else "<trained>")
+    if out_dir is not None:
+        out.save(out_dir)
     return out
