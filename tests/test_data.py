@@ -92,6 +92,32 @@ def test_cache_reused_and_invalidated(tmp_path):
     assert not any(p.name.startswith(".") for p in cache.iterdir())  # no temporary folders left behind
 
 
+def test_interrupted_build_leaves_no_entry(tmp_path, jsonl_corpus, monkeypatch):
+    cache = tmp_path / "cache"
+    real = store_mod._encode_many
+    calls = []
+
+    def crash(tok, texts):
+        calls.append(1)
+        if len(calls) == 1:
+            return real(tok, texts)
+        raise KeyboardInterrupt  # the process is stopped in the middle of tokenizing
+
+    monkeypatch.setattr(store_mod, "_BATCH_DOCS", 16)
+    monkeypatch.setattr(store_mod, "_encode_many", crash)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(jsonl_corpus, cache_dir=cache, progress=False)
+    assert len(calls) == 2 and list(cache.iterdir()) == []  # no entry, no temporary folder
+    # a stale temporary folder of a killed process is removed by the next build
+    stale = cache / ".deadbeef.x"
+    stale.mkdir()
+    os.utime(stale, (1, 1))
+    monkeypatch.setattr(store_mod, "_encode_many", real)
+    monkeypatch.setattr(store_mod, "_cache_key", lambda *a: "deadbeef")
+    data = prepare_data(jsonl_corpus, cache_dir=cache, progress=False)
+    assert not data.from_cache and data.train.num_docs == 114 and sorted(p.name for p in cache.iterdir()) == ["deadbeef"]
+
+
 # --------------------------------------------------------------------------- inputs and splits
 
 

@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 DEFAULT_VAL_FRACTION = 0.05
 DOC_SPLIT_MIN_VAL_DOCS = 5  # split by whole documents only when that gives at least this many val docs
 SPLITS = ("train", "val")
+_BATCH_DOCS, _BATCH_CHARS = 256, 1 << 23  # texts are encoded in batches of at most this many docs / characters
 
 # number of texts (documents, or document pieces when split) tokenized by this process;
 # tests use it to prove that a cached entry is reused without tokenizing
@@ -335,7 +336,7 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
         for split, text in _routed(iter_documents(sources, text_field=text_field), rule):
             pending.append((split, text))
             pending_chars += len(text)
-            if len(pending) >= 256 or pending_chars >= 1 << 23:
+            if len(pending) >= _BATCH_DOCS or pending_chars >= _BATCH_CHARS:
                 flush()
         flush()
     finally:
@@ -361,6 +362,21 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     tokenizer.save(entry / "tokenizer")
     (entry / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+STALE_BUILD_SECONDS = 24 * 3600
+
+
+def _remove_stale_builds(root: Path, key: str) -> None:
+    """Delete temporary build folders of ``key`` left by a killed process (older than a day, so
+    a build still running elsewhere is never touched)."""
+    now = time.time()
+    for tmp in root.glob(f".{key}.*"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_BUILD_SECONDS:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
@@ -395,6 +411,7 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
     if not from_cache:
         rule = _split_rule(sources, val_fraction, text_field)
         root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(root, key)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
             _build(tmp, sources, tok, rule, text_field, key, progress)
