@@ -11,8 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from difftx.data import (BUNDLED_CORPUS, BUNDLED_PROVENANCE, DataError, PackedLoader, TokenStore, bundled_manifest,
-                         prepare_data, token_dtype)
+from difftx.data import (
+    BUNDLED_CORPUS,
+    BUNDLED_PROVENANCE,
+    DataError,
+    PackedLoader,
+    TokenStore,
+    bundled_manifest,
+    prepare_data,
+    token_dtype,
+)
 from difftx.data import store as store_mod
 
 EOS = 256  # the byte tokenizer's separator
@@ -115,7 +123,8 @@ def test_interrupted_build_leaves_no_entry(tmp_path, jsonl_corpus, monkeypatch):
     monkeypatch.setattr(store_mod, "_encode_many", real)
     monkeypatch.setattr(store_mod, "_cache_key", lambda *a: "deadbeef")
     data = prepare_data(jsonl_corpus, cache_dir=cache, progress=False)
-    assert not data.from_cache and data.train.num_docs == 114 and sorted(p.name for p in cache.iterdir()) == ["deadbeef"]
+    assert not data.from_cache and data.train.num_docs == 114
+    assert sorted(p.name for p in cache.iterdir()) == ["deadbeef"]
 
 
 # --------------------------------------------------------------------------- inputs and splits
@@ -217,7 +226,7 @@ def test_loader_deterministic_and_resume_exact(small_store):
     uninterrupted = [a.next_batch() for _ in range(40)]
     resumed = PackedLoader(small_store, batch_size=3, seq_len=24, seed=7)
     resumed.load_state_dict(state)
-    for (t1, d1), (t2, d2) in zip(uninterrupted, (resumed.next_batch() for _ in range(40))):
+    for (t1, d1), (t2, d2) in zip(uninterrupted, [resumed.next_batch() for _ in range(40)], strict=True):
         assert torch.equal(t1, t2) and torch.equal(d1, d2)
     other = PackedLoader(small_store, batch_size=3, seq_len=24, seed=8)
     assert not torch.equal(other.next_batch()[0], PackedLoader(small_store, 3, 24, seed=7).next_batch()[0])

@@ -14,7 +14,8 @@ def register(sub) -> None:
                                     "separator) with the `tokenizers` library on local text: plain-text files, "
                                     "folders of them, or JSONL. Without --input: the bundled corpus's training split.")
     t.add_argument("--input", nargs="+", metavar="PATH", help="text file(s), folder(s) or .jsonl file(s)")
-    t.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size, <|endoftext|> included (default 4096)")
+    t.add_argument("--vocab-size", type=int, default=4096,
+                   help="vocabulary size, <|endoftext|> included (default 4096)")
     t.add_argument("--out", required=True, metavar="DIR", help="folder to write tokenizer.json into")
     t.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     t.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default 2)")

@@ -21,18 +21,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 import os
 import shutil
 import tempfile
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from .sources import HF_VAL_SPLITS, DataError, Document, Source, SourceSpec, count_documents, iter_documents, resolve_sources
+from .sources import (
+    HF_VAL_SPLITS,
+    DataError,
+    Document,
+    Source,
+    SourceSpec,
+    count_documents,
+    iter_documents,
+    resolve_sources,
+)
 from .tokenizer import Tokenizer, TokenizerSpec, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -325,7 +334,7 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
 
     def flush() -> None:
         nonlocal pending, pending_chars, n_tokens
-        for (split, _), ids in zip(pending, _encode_many(tokenizer, [t for _, t in pending])):
+        for (split, _), ids in zip(pending, _encode_many(tokenizer, [t for _, t in pending]), strict=True):
             writers[split].add(ids)
             n_tokens += len(ids) + 1
         bar.update(sum(1 for s, _ in pending if s == "train" or rule["rule"] != "document_tails"))

@@ -186,7 +186,7 @@ class BPETokenizer:
                 pieces.append(piece)
                 owner.append(i)
         out: list[list[int]] = [[] for _ in texts]
-        for i, enc in zip(owner, self._tok.encode_batch(pieces, add_special_tokens=False)):
+        for i, enc in zip(owner, self._tok.encode_batch(pieces, add_special_tokens=False), strict=True):
             out[i].extend(enc.ids)
         return out
 
