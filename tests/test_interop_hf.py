@@ -183,12 +183,19 @@ def test_bfloat16_round_trip_is_bit_exact(tmp_path):
 
 
 def test_cli_export_and_import_with_tokenizer(tmp_path, capsys):
-    """Byte tokenizer folder -> `difftx export` -> transformers model + tokenizer -> `difftx import`."""
+    """A training run (byte tokenizer in checkpoint/tokenizer/) -> `difftx export` -> transformers
+    model + tokenizer -> `difftx import` -> a folder the trainer's --init-from reads."""
+    from difftx.data.tokenizer import load_tokenizer
+
     cfg = tiny(vocab_size=257, n_heads=4, n_kv_heads=2)
     model = randomize(Transformer(cfg), seed=9)
-    save_model(model, tmp_path / "ckpt")
-    (tmp_path / "ckpt" / "difftx_tokenizer.json").write_text('{"type": "byte", "vocab_size": 257, "eos_id": 256}')
-    assert cli_main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"  # the trainer's layout
+    save_model(model, ckpt)
+    (ckpt / "tokenizer").mkdir()
+    (ckpt / "tokenizer" / "difftx_tokenizer.json").write_text('{"type": "byte", "vocab_size": 257, "eos_id": 256}')
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_00000007")
+    # a run folder means its latest checkpoint
+    assert cli_main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--format", "hf"]) == 0
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
@@ -201,7 +208,8 @@ def test_cli_export_and_import_with_tokenizer(tmp_path, capsys):
     with torch.no_grad():
         assert_logits_close(model(x), theirs(x).logits)
     assert cli_main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
-    assert (tmp_path / "back" / "tokenizer.json").is_file()
+    back_tok = load_tokenizer(tmp_path / "back" / "tokenizer")  # what --init-from picks up
+    assert back_tok.encode(text) == ids and back_tok.eos_id == 256
     back = load_model(tmp_path / "back")
     with torch.no_grad():
         assert_logits_close(model(x), back(x))
@@ -279,3 +287,26 @@ def test_permutations_are_inverse_and_match_the_spec():
     half = interop.rope_interleaved_to_half(w[:d], d).flatten().long().tolist()
     assert half == [0, 2, 1, 3]  # rotate-half row c*d/2 + i is interleaved row 2i + c
     assert math.isclose(interop.hf_config(tiny())["lambda_std_dev"], 0.1)
+
+
+def test_imported_model_fine_tunes_with_init_from(tmp_path):
+    """`difftx train --init-from IMPORTED` starts from the imported weights (first loss = their loss)."""
+    from difftx.model import lm_loss
+    from difftx.training.config import TrainConfig
+    from difftx.training.trainer import train
+
+    export_hf(randomize(Transformer(tiny(vocab_size=257, n_heads=4, n_kv_heads=2)), seed=11), tmp_path / "hf")
+    imported = import_hf(tmp_path / "hf", tmp_path / "imported")
+    text = tmp_path / "text.txt"
+    text.write_text("Shall I compare thee to a summer's day? Thou art more lovely and more temperate.\n" * 40)
+    res = train(TrainConfig(init_from=str(imported), data_source=str(text), tokenizer="byte", steps=2, batch_size=2,
+                            seq_len=32, warmup_steps=1, eval_interval=0, log_interval=1, ckpt_interval=0,
+                            out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"), progress=False,
+                            tensorboard=False, device="cpu", doc_mask=False))
+    assert res.model_config == load_model(imported).config
+    assert res.step == 2 and all(math.isfinite(v) for v in res.losses.values())
+    tuned, start = load_model(res.last_checkpoint), load_model(imported)
+    # two small AdamW steps move each weight by at most ~2 * lr: the run started from the imported weights
+    for (name, p), q in zip(tuned.named_parameters(), start.parameters()):
+        assert (p - q).abs().max().item() < 5e-3, name
+    assert not torch.equal(tuned.layers[0].attn.q_proj.weight, start.layers[0].attn.q_proj.weight)

@@ -47,6 +47,7 @@ PathLike = Union[str, os.PathLike]
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_SUBDIR = "tokenizer"  # where training checkpoints keep their tokenizer
 BYTE_META = "difftx_tokenizer.json"  # difftx's byte tokenizer: no tokenizer.json, just this marker
 BYTE_EOS = "<|endoftext|>"
 # special-token spellings taken as end-of-text in a tokenizer.json (as difftx.data.tokenizer does)
@@ -401,13 +402,32 @@ def _output_dir(out_dir: PathLike, sources: list[Path]) -> Path:
     return out
 
 
+def resolve_model_folder(path: PathLike) -> Path:
+    """A folder ``load_model`` reads: ``path`` itself, or the latest checkpoint of a training run folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConversionError(f"{path}: not a folder (expected a difftx model or checkpoint folder "
+                              f"with {CONFIG_NAME} and {WEIGHTS_NAME}, or a training run folder)")
+    if (path / CONFIG_NAME).is_file() or not (path / "checkpoints").is_dir():
+        return path
+    try:
+        from ..training.checkpointing import resolve_checkpoint
+    except ImportError:
+        return path
+    try:
+        return resolve_checkpoint(path)
+    except CheckpointError as e:
+        raise ConversionError(str(e)) from e
+
+
 def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
               tokenizer_dir: Optional[PathLike] = None) -> Path:
     """Write a transformers model folder for a difftx model (or a folder ``load_model`` reads).
 
     ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``; writes
     ``config.json`` and ``model.safetensors``, and the tokenizer found in ``tokenizer_dir``
-    (default: the source folder): its ``tokenizer.json`` (+ ``tokenizer_config.json``, written
+    (default: the source folder's ``tokenizer/``, as training checkpoints keep it, else the
+    source folder itself; a training run folder means its latest checkpoint): its ``tokenizer.json`` (+ ``tokenizer_config.json``, written
     if absent) is copied, and difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
     equivalent ``tokenizer.json``. The result loads with
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), no custom code.
@@ -421,18 +441,18 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
             state.pop("lm_head.weight", None)
         source = "model"
     else:
-        src = Path(model_or_folder)
-        if not src.is_dir():
-            raise ConversionError(f"{src}: not a folder (expected a difftx model or checkpoint folder "
-                                  f"with {CONFIG_NAME} and {WEIGHTS_NAME})")
+        src = resolve_model_folder(model_or_folder)
         try:
             config, state = load_config(src), load_state(src)
         except CheckpointError as e:
             raise ConversionError(str(e)) from e
         source = str(src / WEIGHTS_NAME)
-    tok_src = Path(tokenizer_dir) if tokenizer_dir is not None else src
-    if tokenizer_dir is not None and not tok_src.is_dir():
-        raise ConversionError(f"{tok_src}: tokenizer folder not found")
+    if tokenizer_dir is not None:
+        tok_src: Optional[Path] = Path(tokenizer_dir)
+        if not tok_src.is_dir():
+            raise ConversionError(f"{tok_src}: tokenizer folder not found")
+    else:  # a training checkpoint keeps its tokenizer in tokenizer/; a bare model folder beside the weights
+        tok_src = src / TOKENIZER_SUBDIR if src is not None and (src / TOKENIZER_SUBDIR).is_dir() else src
     check_exportable(config)
     _check_shapes(state, _expected_state(config), source)
     hf_state = to_hf_state(config, state)
@@ -483,8 +503,9 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
 
 def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
     """Convert a local transformers DiffLlama (-> ``diff``) or Llama (-> ``standard``) folder into
-    a difftx model folder (``config.json`` + ``model.safetensors`` + tokenizer files) that
-    :func:`difftx.checkpoint.load_model` and the trainer's ``--init-from`` read.
+    a difftx model folder that :func:`difftx.checkpoint.load_model` and the trainer's
+    ``--init-from`` read: ``config.json``, ``model.safetensors`` and the tokenizer files (if
+    any) in ``tokenizer/``, as training checkpoints keep them.
 
     Tensors keep their dtype and values, so exporting the result gives back the same weights
     bit for bit. DiffLlama's per-head norm has no gain: ``subln.weight`` becomes ones.
@@ -502,5 +523,6 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
     out = _output_dir(out_folder, [src])
     _write_safetensors(out / WEIGHTS_NAME, state, {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"})
     atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
-    _copy_tokenizer(src, out)
+    if any((src / name).is_file() for name in TOKENIZER_FILES):
+        _copy_tokenizer(src, out / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
     return out
