@@ -48,7 +48,7 @@ FORMAT_VERSION = 1
 DEFAULT_VAL_FRACTION = 0.05
 DOC_SPLIT_MIN_VAL_DOCS = 5  # split by whole documents only when that gives at least this many val docs
 SPLITS = ("train", "val")
-_BATCH_DOCS, _BATCH_CHARS = 256, 1 << 23  # texts are encoded in batches of at most this many docs / characters
+_BATCH_DOCS, _BATCH_CHARS = 256, 1 << 20  # texts are encoded in batches of at most this many docs / characters
 
 # number of texts (documents, or document pieces when split) tokenized by this process;
 # tests use it to prove that a cached entry is reused without tokenizing
