@@ -66,7 +66,7 @@ def test_effective_map_reproduces_module_output(kind):
     with AttentionCapture(model) as cap:
         out = attn(x)
     eff = cap.last(1).effective  # (B, H, T, S)
-    B, H, T, S = eff.shape
+    B, H, T, _ = eff.shape
     Hkv = attn.v_groups
     v = attn.v_proj(x).view(B, T, Hkv, attn.v_width).transpose(1, 2)  # (B, Hkv, S, dv)
     heads = torch.stack([eff[:, h] @ v[:, h * Hkv // H] for h in range(H)], dim=2)  # (B, T, H, dv)

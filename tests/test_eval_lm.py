@@ -7,9 +7,17 @@ import torch
 import torch.nn as nn
 
 from difftx import Transformer, preset
-from difftx.eval.lm import (ar_hit_mask, binned, bits_per_byte, bytes_per_token, evaluate_lm, length_extrapolation,
-
-                            summarize_nll, token_nll, windows_from_stream)
+from difftx.eval.lm import (
+    ar_hit_mask,
+    binned,
+    bits_per_byte,
+    bytes_per_token,
+    evaluate_lm,
+    length_extrapolation,
+    summarize_nll,
+    token_nll,
+    windows_from_stream,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

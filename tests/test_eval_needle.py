@@ -7,10 +7,27 @@ import torch
 import torch.nn as nn
 
 from difftx import Transformer, preset
-from difftx.eval.needle import (CITIES, ROLE_ANSWER, ROLE_BOS, ROLE_FILLER, ROLE_NEEDLE, ROLE_QUERY, NeedleTask,
-                                classify_answer, evaluate_needles, evaluate_needles_text, make_needle_sample,
-                                make_text_needle_sample, needle_samples, needle_sentence, parse_answer,
-                                score_sample, score_text_answer, training_batch)
+from difftx.eval.needle import (
+    CITIES,
+    ROLE_ANSWER,
+    ROLE_BOS,
+    ROLE_FILLER,
+    ROLE_NEEDLE,
+    ROLE_QUERY,
+    NeedleTask,
+    classify_answer,
+    evaluate_needles,
+    evaluate_needles_text,
+    make_needle_sample,
+    make_text_needle_sample,
+    needle_samples,
+    needle_sentence,
+    parse_answer,
+    score_sample,
+    score_text_answer,
+    training_batch,
+)
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():

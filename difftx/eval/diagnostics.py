@@ -23,7 +23,7 @@ def head_redundancy(maps: Tensor) -> float:
     """Mean pairwise cosine similarity of heads' maps ``(B, H, T, S)`` (NaN for one head)."""
     if maps.dim() != 4:
         raise ValueError(f"maps must be (batch, heads, T, S), got {tuple(maps.shape)}")
-    B, H = maps.shape[:2]
+    H = maps.shape[1]
     if H < 2:
         return float("nan")
     flat = F.normalize(torch.nan_to_num(maps.float(), neginf=0.0).flatten(2), dim=-1)  # (B, H, T*S)

@@ -338,7 +338,7 @@ class NeedleResult:
         """Accuracy per depth of one N/R (all lengths pooled)."""
         out = {}
         for d in sorted({c.depth for c in self.cells}):
-            t = self._pool(lambda c: (c.n_needles, c.n_query, c.depth) == (n_needles, n_query, d))
+            t = self._pool(lambda c, d=d: (c.n_needles, c.n_query, c.depth) == (n_needles, n_query, d))
             if sum(t.values()):
                 out[d] = t["correct"] / sum(t.values())
         return out
@@ -351,7 +351,8 @@ class NeedleResult:
         for d in depths:
             row = []
             for L in lengths:
-                t = self._pool(lambda c: (c.n_needles, c.n_query, c.depth, c.context_len) == (n_needles, n_query, d, L))
+                key = (n_needles, n_query, d, L)
+                t = self._pool(lambda c, key=key: (c.n_needles, c.n_query, c.depth, c.context_len) == key)
                 row.append(t["correct"] / sum(t.values()) if sum(t.values()) else float("nan"))
             acc.append(row)
         return depths, lengths, acc

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..attention.kernels import AttentionMaps, _group_views, _merge_heads, register_backend
+from ..attention.kernels import AttentionMaps, register_backend
 from ..attention.masks import AttentionMask
 
 GRANULARITIES = ("row", "tensor")
@@ -38,9 +38,9 @@ def _check(bits: int, granularity: str) -> None:
 
 
 def absmax_quantize(x: Tensor, bits: int, granularity: str = "row") -> Tensor:
-    """Fake-quantised copy of logits ``x`` ``(..., T, S)`` (float32 result; ``-inf`` kept)."""
+    """Fake-quantised copy of logits ``x`` ``(..., T, S)`` (at least float32; ``-inf`` kept)."""
     _check(bits, granularity)
-    x = x.float()
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     finite = torch.isfinite(x)
     mag = torch.where(finite, x.abs(), torch.zeros_like(x))
     amax = mag.amax(-1, keepdim=True) if granularity == "row" else mag.amax((-2, -1), keepdim=True)
@@ -57,11 +57,16 @@ def quantized_kernel(bits: int, granularity: str = "row"):
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask, scale: float,
                return_maps: bool = False):
-        qg, kg, vg = _group_views(q, k, v, lam is not None)  # (B, Hkv, C, R, T, d), (B, Hkv, C, S, d), (B, Hkv, S, dv)
-        B, Hkv, C, R, T, d = qg.shape
-        S = kg.shape[-2]
+        # the eager kernel's arrangement by kv group (see difftx.attention.kernels)
+        C = 1 if lam is None else 2
+        B, T, HC, d = q.shape
+        S, Hkv = k.shape[1], v.shape[2]
+        R = HC // (C * Hkv)
+        qg = q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 3, 1, 5)  # (B, Hkv, C, R, T, d)
+        kg = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4)  # (B, Hkv, C, S, d)
+        vg = v.transpose(1, 2)  # (B, Hkv, S, dv)
         scores = torch.matmul(qg.reshape(B, Hkv, C, R * T, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*T, S)
-        logits = scores.view(B, Hkv, C, R, T, S).float() * scale
+        logits = scores.view(B, Hkv, C, R, T, S).to(torch.promote_types(scores.dtype, torch.float32)) * scale
         allowed = mask.dense(T, S, q.device)  # (B|1, T, S) or None
         if allowed is not None:
             logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
@@ -69,7 +74,7 @@ def quantized_kernel(bits: int, granularity: str = "row"):
         probs = torch.softmax(logits, dim=-1)
         eff = probs[:, :, 0] if lam is None else probs[:, :, 0] - lam * probs[:, :, 1]  # (B, Hkv, R, T, S)
         out = torch.matmul(eff.to(vg.dtype).reshape(B, Hkv, R * T, S), vg)  # (B, Hkv, R*T, dv)
-        out = _merge_heads(out.view(B, Hkv, R, T, -1))  # (B, T, H, dv)
+        out = out.view(B, Hkv, R, T, -1).permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, -1)  # (B, T, H, dv)
         if not return_maps:
             return out
 
