@@ -55,6 +55,7 @@ def hf_load(folder, **kw):
 def assert_logits_close(ours: torch.Tensor, theirs: torch.Tensor, rel: float = 1e-4) -> None:
     err = (ours - theirs).abs().max().item()
     scale = ours.abs().max().item()
+    print(f"max |difftx - transformers| = {err:.2e}, max |logit| = {scale:.2f}")  # shown with pytest -s
     assert err <= rel * scale, f"max |difftx - transformers| = {err:.3g} vs logit scale {scale:.3g}"
 
 
