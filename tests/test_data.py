@@ -317,10 +317,11 @@ def test_corpus_smaller_than_one_batch(tmp_path):
     data = prepare_data(write(tmp_path / "tiny.txt", "x" * 500), cache_dir=tmp_path / "c", val_fraction=0.0,
                         progress=False)
     assert len(data.train) == 501
-    with pytest.raises(DataError, match=r"train\.bin: 501 tokens.*needs at least .* = 2,112 tokens"):
+    with pytest.raises(DataError, match=r"train\.bin \(the train split of .*tiny\.txt\): 501 tokens.*needs at "
+                                        r"least .* = 2,112 tokens"):
         PackedLoader(data.train, batch_size=4, seq_len=64, world_size=8)  # global batch 32: (32+1)*64
     PackedLoader(data.train, batch_size=3, seq_len=64)  # (3+1)*64 = 256 <= 501 works
-    with pytest.raises(DataError, match="needs at least 1025"):
+    with pytest.raises(DataError, match="tiny.txt.*needs at least 1025"):
         next(data.train.eval_batches(1, 1024))
 
 

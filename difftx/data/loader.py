@@ -56,7 +56,8 @@ class PackedLoader:
         self.windows_per_epoch = (len(store) - self.seq_len) // self.seq_len
         if self.windows_per_epoch < self.global_batch:
             need = (self.global_batch + 1) * self.seq_len
-            raise DataError(f"{store.name}: {len(store):,} tokens are fewer than one batch needs: global batch "
+            raise DataError(f"{store.name} ({store.origin}): {len(store):,} tokens are fewer than one batch needs: "
+                            f"global batch "
                             f"{self.global_batch} x seq_len {self.seq_len} needs at least (batch + 1) * seq_len = "
                             f"{need:,} tokens (the extra seq_len allows each epoch's random shift)")
         self.row = 0  # global rows consumed so far (the whole resumable state)

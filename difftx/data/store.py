@@ -77,12 +77,13 @@ class TokenStore:
     """
 
     def __init__(self, tokens: np.ndarray, doc_offsets: np.ndarray, *, vocab_size: int, eos_id: int,
-                 name: str = "<memory>", fingerprint: str = "") -> None:
+                 name: str = "<memory>", fingerprint: str = "", origin: str = "") -> None:
         self.tokens = tokens
         self.doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
         self.vocab_size = int(vocab_size)
         self.eos_id = int(eos_id)
         self.name = name  # the file, for messages
+        self.origin = origin or name  # what it was tokenized from, for messages
         self.fingerprint = fingerprint or name
         self._check_offsets()
 
@@ -110,7 +111,8 @@ class TokenStore:
         tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
         offsets = np.load(folder / f"{split}.offsets.npy")
         store = cls(tokens, offsets, vocab_size=meta["vocab_size"], eos_id=meta["eos_id"], name=str(bin_path),
-                    fingerprint=f"{meta.get('key', folder.name)}/{split}")
+                    fingerprint=f"{meta.get('key', folder.name)}/{split}",
+                    origin=f"the {split} split of {_describe_sources(meta.get('sources', []))}")
         if verify:
             store.check_vocab(meta["vocab_size"])
         return store
@@ -191,7 +193,8 @@ class TokenStore:
             raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
         n_windows = (len(self) - 1) // seq_len
         if n_windows < 1:
-            raise DataError(f"{self.name}: {len(self)} tokens; evaluation with seq_len={seq_len} needs at least "
+            raise DataError(f"{self.name} ({self.origin}): {len(self)} tokens; evaluation with seq_len={seq_len} needs "
+                            f"at least "
                             f"{seq_len + 1}")
         n_batches = -(-n_windows // batch_size)
         if max_batches is not None:
@@ -210,6 +213,15 @@ class TokenStore:
 
     def __repr__(self) -> str:
         return f"TokenStore({self.name!r}, tokens={len(self):,}, docs={self.num_docs:,}, vocab={self.vocab_size})"
+
+
+def _describe_sources(fingerprints: Sequence[dict]) -> str:
+    """'the bundled corpus', 'a.txt', 'a.txt, b.txt and 3 more' from cached source fingerprints."""
+    names = ["the bundled corpus" if f.get("kind") == "bundled" else
+             f.get("path") or ("a saved dataset" if "files" in f else "a datasets object") for f in fingerprints]
+    if not names:
+        return "unknown sources"
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
 
 
 @dataclass
