@@ -1,0 +1,220 @@
+"""The trainer on CPU: exact resume, atomic checkpoints under a simulated crash, corrupt and
+incompatible checkpoints, NaN stop, metrics, ``init_from``, and the train / generate CLIs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.checkpoint import CheckpointError, load_model
+from difftx.training import TrainingDivergedError, train, train_preset
+from difftx.training import checkpointing as ckpt
+from difftx.training import trainer as trainer_mod
+from difftx.training.metrics import read_metrics
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small folder of text documents, prepared once (byte tokenizer)."""
+    from difftx.data import prepare_data
+
+    root = tmp_path_factory.mktemp("train")
+    src = root / "docs"
+    src.mkdir()
+    words = ("alpha beta gamma delta the king and queen of a small land walked to the sea while "
+             "birds sang over hills in spring").split()
+    for i in range(8):
+        (src / f"d{i}.txt").write_text(" ".join(words[(i + j * 3 + j // 7) % len(words)] for j in range(1500)))
+    cache = root / "cache"
+    data = prepare_data(source=str(src), cache_dir=str(cache), val_fraction=0.1)
+    return src, cache, data
+
+
+def _cfg(out: Path, corpus, **kw):
+    src, cache, _ = corpus
+    base = dict(out_dir=str(out), data_source=str(src), cache_dir=str(cache), val_fraction=0.1, steps=6,
+                warmup_steps=2, batch_size=4, seq_len=32, eval_interval=3, eval_batches=2, log_interval=1,
+                ckpt_interval=2, keep_last=10, progress=False)
+    base.update(kw)
+    return train_preset("test", **base)
+
+
+def test_resume_gives_the_same_trajectory(tmp_path, corpus):
+    data = corpus[2]
+    full = train(_cfg(tmp_path / "full", corpus, grad_accum=2, ckpt_interval=0), data=data)
+    assert sorted(full.losses) == list(range(1, 7))
+    assert full.losses[6] < full.losses[1]  # it learns, so equality below is not between constants
+    cfg = _cfg(tmp_path / "resumed", corpus, grad_accum=2, ckpt_interval=0)
+    first = train(cfg, data=data, stop_at=3)
+    assert sorted(first.losses) == [1, 2, 3] and first.last_checkpoint.name == "step_00000003"
+    second = train(cfg, data=data, resume=True)
+    assert second.resumed_from == 3 and sorted(second.losses) == list(range(4, 7))
+    got = {**first.losses, **second.losses}
+    assert got == full.losses  # bitwise: same data position, optimizer, schedule and RNG state
+    assert {**first.val_losses, **second.val_losses} == full.val_losses
+    # the weights at the end are identical too
+    a = load_model(full.last_checkpoint).state_dict()
+    b = load_model(second.last_checkpoint).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # metrics: one record per step, no duplicates after the resume, lambda per layer logged
+    recs = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    train_recs = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in train_recs] == list(range(1, 7))
+    assert {"lr", "grad_norm", "tokens_per_s", "tokens", "lambda"} <= set(train_recs[0])
+    assert len(train_recs[0]["lambda"]) == 2 and all(isinstance(x, float) for x in train_recs[0]["lambda"])
+    assert [r["step"] for r in recs if "val_loss" in r] == [3, 6]
+
+
+def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, corpus, monkeypatch):
+    data = corpus[2]
+    reference = train(_cfg(tmp_path / "ref", corpus, ckpt_interval=0), data=data)
+    cfg = _cfg(tmp_path / "run", corpus)
+    real_write = ckpt._write_json
+
+    def crashing(path, payload):
+        if path.name == ckpt.STATE_NAME and payload["step"] == 4:
+            path.write_text('{"format": "difftx-tr')  # half a file, then the "power cut"
+            raise OSError("simulated crash while writing the checkpoint")
+        return real_write(path, payload)
+
+    monkeypatch.setattr(ckpt, "_write_json", crashing)
+    with pytest.raises(OSError, match="simulated crash"):
+        train(cfg, data=data)
+    monkeypatch.setattr(ckpt, "_write_json", real_write)
+    root = tmp_path / "run" / "checkpoints"
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
+    assert not (root / "step_00000004").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    load_model(root / "step_00000002")  # still loadable
+    # a hard kill (no cleanup) leaves a temporary folder: it is never taken as a checkpoint
+    shutil.copytree(root / "step_00000002", root / ".tmp-step_00000004-abc")
+    (root / ".tmp-step_00000004-abc" / ckpt.STATE_NAME).write_text("{")
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
+    resumed = train(cfg, data=data, resume=True)
+    assert not (root / ".tmp-step_00000004-abc").exists()
+    assert sorted(resumed.losses) == list(range(3, 7))
+    assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
+
+
+def test_keep_last_and_latest_pointer(tmp_path, corpus):
+    res = train(_cfg(tmp_path / "run", corpus, keep_last=2), data=corpus[2])
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "run")]
+    assert names == ["step_00000004", "step_00000006"]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_00000006"
+    assert res.last_checkpoint == tmp_path / "run" / "checkpoints" / "step_00000006"
+    saved = json.loads((res.last_checkpoint / ckpt.TRAIN_CONFIG_NAME).read_text())
+    assert saved["keep_last"] == 2 and saved["data_source"] == str(corpus[0])
+    assert (res.last_checkpoint / "tokenizer").is_dir()
+
+
+def test_out_dir_with_checkpoints_is_not_overwritten(tmp_path, corpus):
+    cfg = _cfg(tmp_path / "run", corpus, steps=2)
+    train(cfg, data=corpus[2])
+    before = (tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors").read_bytes()
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(cfg, data=corpus[2])
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("victim, damage", [
+    ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])),
+    ("optimizer.pt", lambda p: p.write_bytes(b"not a torch file")),
+    ("trainer_state.json", lambda p: p.write_text('{"format": "difftx-train", "version": 1')),
+    ("config.json", lambda p: p.write_text("{")),
+])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, corpus, victim, damage):
+    cfg = _cfg(tmp_path / "run", corpus, steps=4, ckpt_interval=4)
+    train(cfg, data=corpus[2], stop_at=2)
+    path = tmp_path / "run" / "checkpoints" / "step_00000002" / victim
+    damage(path)
+    before = path.read_bytes()
+    with pytest.raises(CheckpointError) as e:
+        train(cfg, data=corpus[2], resume=True)
+    assert str(path) in str(e.value)
+    assert path.read_bytes() == before  # never overwritten
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
+
+
+@pytest.mark.parametrize("change, culprit", [
+    ({"model_overrides": {"dim": 64}}, "config.json"),
+    ({"batch_size": 2}, "train_config.json"),
+])
+def test_incompatible_checkpoint_is_a_clear_error(tmp_path, corpus, change, culprit):
+    train(_cfg(tmp_path / "run", corpus, steps=4), data=corpus[2], stop_at=2)
+    with pytest.raises(CheckpointError) as e:
+        train(_cfg(tmp_path / "run", corpus, steps=4, **change), data=corpus[2], resume=True)
+    assert culprit in str(e.value) and "step_00000002" in str(e.value)
+
+
+def test_nan_loss_stops_with_last_good_checkpoint(tmp_path, corpus, monkeypatch):
+    calls = {"n": 0}
+    real_loss = trainer_mod.lm_loss
+
+    def poisoned(logits, targets):
+        calls["n"] += 1
+        loss = real_loss(logits, targets)
+        return loss * float("nan") if calls["n"] >= 5 else loss  # the 5th training step
+
+    monkeypatch.setattr(trainer_mod, "lm_loss", poisoned)
+    cfg = _cfg(tmp_path / "run", corpus, eval_interval=0)
+    with pytest.raises(TrainingDivergedError) as e:
+        train(cfg, data=corpus[2])
+    msg = str(e.value)
+    assert "loss is nan at step 5" in msg and "step_00000004" in msg
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000004"
+    model = load_model(tmp_path / "run" / "checkpoints" / "step_00000004")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert not (tmp_path / "run" / "checkpoints" / "step_00000005").exists()
+
+
+def test_init_from_starts_from_the_checkpoint_weights(tmp_path, corpus):
+    from difftx import lm_loss
+    from difftx.data import PackedLoader
+
+    data = corpus[2]
+    first = train(_cfg(tmp_path / "pre", corpus, steps=4), data=data)
+    tuned = train(_cfg(tmp_path / "tune", corpus, steps=1, warmup_steps=0, eval_interval=0,
+                       init_from=str(tmp_path / "pre")), data=data)
+    # step 1's loss is the pretrained model's loss on the first batch
+    model = load_model(first.last_checkpoint)
+    tokens, doc_ids = PackedLoader(data.train, batch_size=4, seq_len=32, seed=0).next_batch()
+    with torch.no_grad():
+        expected = float(lm_loss(model(tokens[:, :-1], doc_ids=doc_ids[:, :-1]), tokens[:, 1:]))
+    assert tuned.losses[1] == pytest.approx(expected, abs=1e-5)
+    assert tuned.model_config == model.config
+    with pytest.raises(CheckpointError, match="nowhere"):
+        train(_cfg(tmp_path / "bad", corpus, init_from=str(tmp_path / "nowhere")), data=data)
+
+
+def test_train_and_generate_cli(tmp_path, corpus, capsys):
+    from difftx.cli import main
+
+    src, cache, _ = corpus
+    out = tmp_path / "cli"
+    rc = main(["train", "--preset", "test", "--out", str(out), "--attention", "standard",
+               "--set", "steps=3", "--set", f"data_source={src}", "--set", f"cache_dir={cache}",
+               "--set", "val_fraction=0.1", "--set", "progress=false"])
+    assert rc == 0
+    assert "done: step 3" in capsys.readouterr().out
+    ckpt_dir = ckpt.latest_checkpoint(out)
+    assert load_model(ckpt_dir).config.attention == "standard"
+    args = [str(out), "--prompt", "the king", "--max-new-tokens", "12", "--seed", "1"]
+    assert main(["generate", *args]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("the king") and len(text) > len("the king")
+    assert main(["generate", *args]) == 0
+    assert capsys.readouterr().out == text  # seeded sampling is reproducible
+    assert main(["generate", str(tmp_path / "missing"), "--prompt", "x"]) == 2
+    assert "missing" in capsys.readouterr().err
+    # resuming a finished run is a clean no-op; a corrupt pointer is named
+    assert main(["train", "--preset", "test", "--out", str(out), "--resume", "--attention", "standard",
+                 "--set", "steps=3", "--set", f"data_source={src}", "--set", f"cache_dir={cache}",
+                 "--set", "val_fraction=0.1", "--set", "progress=false"]) == 0
+    (out / "checkpoints" / "latest").write_text("step_00000099\n")
+    assert main(["train", "--preset", "test", "--out", str(out), "--resume", "--set", f"data_source={src}",
+                 "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1"]) == 1
+    assert "latest" in capsys.readouterr().err
