@@ -37,6 +37,11 @@ from .masks import AttentionMask
 CHUNK_ROWS = 128
 
 
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax/lambda precision: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 @dataclass
 class AttentionMaps:
     """Intermediates of one attention call (eager kernel only), in float32 (or float64).
@@ -78,7 +83,7 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
     s = kg.shape[-2]
     # all R heads of a group share one key matrix: fold them into the rows of one matmul
     scores = torch.matmul(qg.reshape(B, Hkv, C, R * t, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*t, s)
-    logits = scores.view(B, Hkv, C, R, t, s).to(torch.promote_types(scores.dtype, torch.float32)) * scale
+    logits = scores.view(B, Hkv, C, R, t, s).to(_acc_dtype(scores.dtype)) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -107,26 +112,103 @@ def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = F
     return out, AttentionMaps(to_proj(logits), to_proj(probs), eff.reshape(B, Hkv * R, T, S))
 
 
+def _block_mask(mask: AttentionMask, T: int, S: int, r0: int, r1: int, s: int, device):
+    """For query rows ``r0:r1`` over keys ``0..s-1``: ``(col0, allowed)`` where ``allowed``
+    ``(B|1, t, s - col0)`` covers keys ``col0..s-1`` (all earlier keys are allowed), or None."""
+    if mask.is_plain_causal(T, S):
+        t = r1 - r0
+        tri = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        return r0, tri[None]
+    allowed = mask.dense(T, S, device, rows=slice(r0, r1), keys=s)
+    return (0, allowed) if allowed is not None else None
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Blocked materialised attention with a hand-written backward.
+
+    Layout inside: ``qg (B, Hkv, C, T, R, d)`` (pre-scaled), so a block of ``t`` query rows of
+    all ``R`` heads of a group is one contiguous ``(t*R, d)`` matrix against the group's
+    keys ``kg (B, Hkv, C, S, d)`` and values ``vg (B, Hkv, S, dv)``. Each block keeps its
+    softmax maps for the backward pass, which accumulates into preallocated dk/dv slices
+    (autograd over slices would allocate a full-size zero gradient per block).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, lam, mask, scale, rows):
+        diff = lam is not None
+        C = 2 if diff else 1
+        B, T, HC, d = q.shape
+        S, Hkv, dv = k.shape[1], v.shape[2], v.shape[3]
+        R = HC // (C * Hkv)
+        qg = (q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 1, 3, 5) * scale).contiguous()  # (B, Hkv, C, T, R, d)
+        kg = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4).contiguous()  # (B, Hkv, C, S, d)
+        vg = v.transpose(1, 2).contiguous()  # (B, Hkv, S, dv)
+        out = q.new_empty(B, Hkv, T, R, dv)
+        acc = _acc_dtype(q.dtype)
+        lam_f = lam.detach().to(acc) if diff else None
+        saved, blocks = [], []
+        for r0 in range(0, T, rows):
+            r1 = min(T, r0 + rows)
+            t, s = r1 - r0, (min(S, mask.q_offset + r1) if mask.causal else S)
+            qb = qg[:, :, :, r0:r1].reshape(B, Hkv, C, t * R, d)
+            logits = torch.matmul(qb, kg[:, :, :, :s].transpose(-1, -2)).to(acc)  # (B, Hkv, C, t*R, s)
+            bm = _block_mask(mask, T, S, r0, r1, s, q.device)
+            if bm is not None:
+                col0, allowed = bm  # allowed (B|1, t, s-col0) -> broadcast over Hkv, C and R
+                view = logits.view(B, Hkv, C, t, R, s)[..., col0:]
+                view.masked_fill_(~allowed[:, None, None, :, None, :], float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            eff = probs[:, :, 0] - lam_f * probs[:, :, 1] if diff else probs[:, :, 0]  # (B, Hkv, t*R, s)
+            out[:, :, r0:r1] = torch.matmul(eff.to(vg.dtype), vg[:, :, :s]).view(B, Hkv, t, R, dv)
+            saved.append(probs)
+            blocks.append((r0, r1, s))
+        ctx.save_for_backward(qg, kg, vg, lam_f if diff else None, *saved)
+        ctx.blocks, ctx.scale, ctx.shape = blocks, scale, (B, T, S, Hkv, C, R, d, dv)
+        ctx.diff = diff
+        return out.permute(0, 2, 1, 3, 4).reshape(B, T, Hkv * R, dv)  # (B, T, H, dv)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        qg, kg, vg, lam_f, *saved = ctx.saved_tensors
+        B, T, S, Hkv, C, R, d, dv = ctx.shape
+        do = dout.view(B, T, Hkv, R, dv).permute(0, 2, 1, 3, 4).contiguous()  # (B, Hkv, T, R, dv)
+        dq = torch.empty_like(qg)
+        dk = torch.zeros_like(kg)
+        dvg = torch.zeros_like(vg)
+        dlam = torch.zeros((), dtype=lam_f.dtype, device=qg.device) if ctx.diff else None
+        for (r0, r1, s), probs in zip(ctx.blocks, saved):
+            t = r1 - r0
+            dob = do[:, :, r0:r1].reshape(B, Hkv, t * R, dv)
+            eff = probs[:, :, 0] - lam_f * probs[:, :, 1] if ctx.diff else probs[:, :, 0]
+            dvg[:, :, :s] += torch.matmul(eff.to(vg.dtype).transpose(-1, -2), dob)
+            deff = torch.matmul(dob, vg[:, :, :s].transpose(-1, -2)).to(probs.dtype)  # (B, Hkv, t*R, s)
+            if ctx.diff:
+                dlam -= (deff * probs[:, :, 1]).sum()
+                dprobs = torch.stack((deff, deff * -lam_f), dim=2)  # (B, Hkv, 2, t*R, s)
+            else:
+                dprobs = deff[:, :, None]
+            dlogits = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).to(qg.dtype)
+            qb = qg[:, :, :, r0:r1].reshape(B, Hkv, C, t * R, d)
+            dq[:, :, :, r0:r1] = torch.matmul(dlogits, kg[:, :, :, :s]).view(B, Hkv, C, t, R, d)
+            dk[:, :, :, :s] += torch.matmul(dlogits.transpose(-1, -2), qb)
+        dq = (dq * ctx.scale).permute(0, 3, 1, 4, 2, 5).reshape(B, T, Hkv * R * C, d)  # (B, T, HC, d)
+        dk = dk.permute(0, 3, 1, 2, 4).reshape(B, S, Hkv * C, d)  # (B, S, Hkv*C, d)
+        dvg = dvg.transpose(1, 2)  # (B, S, Hkv, dv)
+        return dq, dk, dvg, dlam, None, None, None
+
+
 def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
-    """Materialised attention in blocks of ``CHUNK_ROWS`` query rows.
+    """Materialised attention in blocks of ``CHUNK_ROWS`` query rows, with its own backward.
 
     Under a causal mask a block needs only the keys up to its last row, so the work is
     about half of ``eager``'s, and each block's maps stay small enough for the CPU caches.
-    This is the fastest form measured on CPU (see ``benchmarks/attention.py``); autograd
-    keeps every block's maps, so training memory is still O(T*S).
+    This is the fastest form measured on CPU (see ``benchmarks/attention.py``). Training
+    memory is O(T*S) per head, as for ``eager``: the blocks' maps are kept for backward.
     """
     if return_maps:
         raise ValueError("the 'chunked' backend does not return attention maps; use backend='eager'")
-    qg, kg, vg = _group_views(q, k, v, lam is not None)
-    T, S = q.shape[1], k.shape[1]
-    outs = []
-    for r0 in range(0, T, CHUNK_ROWS):
-        r1 = min(T, r0 + CHUNK_ROWS)
-        s = min(S, mask.q_offset + r1) if mask.causal else S
-        allowed = mask.dense(T, S, q.device, rows=slice(r0, r1), keys=s)
-        out, *_ = _core(qg[:, :, :, :, r0:r1], kg[:, :, :, :s], vg[:, :, :s], lam, allowed, scale)
-        outs.append(out)
-    return _merge_heads(torch.cat(outs, dim=3) if len(outs) > 1 else outs[0])
+    return _ChunkedAttention.apply(q, k, v, lam, mask, scale, CHUNK_ROWS)
 
 
 def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
@@ -164,7 +246,7 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
         F.pad(qc, (0, d)), F.pad(kc, (0, d)), vc,
         attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=R > 1,
     ).view(B, 2, H, T, 2 * d)
-    dt = torch.promote_types(out.dtype, torch.float32)
+    dt = _acc_dtype(out.dtype)
     out = out[:, 0].to(dt) - lam.to(dt) * out[:, 1].to(dt)  # (B, H, T, 2d)
     return out.to(v.dtype).transpose(1, 2)
 

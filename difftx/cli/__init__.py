@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "train a DIFF model or its baseline (resumable; torchrun for many GPUs)",
     "generate": "sample text from a checkpoint with the KV cache",
     "tokenizer": "train a BPE tokenizer locally on text files",
+    "bench": "benchmark DIFF attention against the parameter-matched baseline",
     "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
 }

@@ -1,0 +1,68 @@
+"""``difftx bench``: time DIFF attention layers against the parameter-matched baseline."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import Optional, Sequence
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 512, 1024], help="sequence lengths")
+    p.add_argument("--dim", type=int, default=512, help="model width D (default 512)")
+    p.add_argument("--heads", type=int, default=4, help="differential heads H; the baseline gets 2H (default 4)")
+    p.add_argument("--kv-heads", type=int, default=None, help="kv groups Hkv (default: H)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--backends", nargs="+", default=None, help="DIFF backends to time (default: all registered)")
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="wall time (default) or this process's CPU time (steadier on a shared CPU)")
+    p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark DIFF attention against the parameter-matched baseline",
+                       description="Time whole attention layers, DIFF (each backend) vs the baseline with 2H "
+                                   "heads (SDPA), forward and forward+backward, alternating in one run.")
+    _add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench import bench_attention, format_table, save_rows
+
+    dtype = getattr(torch, args.dtype)
+    if args.device == "cpu" and dtype != torch.float32:
+        raise ValueError("--dtype: use float32 on CPU (bf16/fp16 have no fast CPU kernels here)")
+    print(f"difftx bench: D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
+          f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
+                           args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+    print()
+    print(format_table(rows))
+    if args.json:
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+                "processor": platform.processor(), **{k: v for k, v in vars(args).items() if k != "func"}}
+        save_rows(rows, args.json, meta)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="benchmarks/attention.py", description=__doc__)
+    _add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
