@@ -1,5 +1,6 @@
 """Multi-needle retrieval (difftx.eval.needle): generator invariants, scoring, evaluation."""
 
+import json
 import random
 
 import pytest
@@ -14,6 +15,7 @@ from difftx.eval.needle import (
     ROLE_FILLER,
     ROLE_NEEDLE,
     ROLE_QUERY,
+    NeedleResult,
     NeedleTask,
     classify_answer,
     evaluate_needles,
@@ -186,6 +188,8 @@ def test_evaluate_needles_end_to_end_untrained_model():
     depths, lengths, acc = res.heatmap(2, 2)
     assert depths == [0.0, 0.5] and lengths == [48, 56] and len(acc) == 2 and len(acc[0]) == 2
     assert "N=1, R=1" in res.markdown()
+    back = NeedleResult.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == json.loads(json.dumps(d))
     # cached and uncached greedy decoding agree
     cached = evaluate_needles(model, TASK, grid=((6, 2),), samples_per_cell=4, depths=(0.5,), max_examples=10)
     uncached = evaluate_needles(model, TASK, grid=((6, 2),), samples_per_cell=4, depths=(0.5,), use_cache=False,

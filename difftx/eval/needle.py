@@ -362,6 +362,16 @@ class NeedleResult:
                 "by_depth": {f"{n}/{r}": {str(d): a for d, a in self.by_depth(n, r).items()} for n, r in self.grid()},
                 "cells": [c.to_dict() for c in self.cells], "examples": self.examples}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "NeedleResult":
+        """Rebuild from :meth:`to_dict` output (for example read back from ``results.json``)."""
+        fields_ = ("n_needles", "n_query", "context_len", "depth", "n_samples", "outcomes")
+        try:
+            cells = [NeedleCell(**{k: c[k] for k in fields_}) for c in data["cells"]]
+        except KeyError as e:
+            raise ValueError(f"needle result: a cell lacks the field {e}") from None
+        return cls(cells, dict(data.get("config", {})), list(data.get("examples", [])))
+
     def markdown(self) -> str:
         """The accuracy table as Markdown (one row, one column per N/R)."""
         tab = self.accuracy_table()
