@@ -379,6 +379,9 @@ def _export_tokenizer(src: Optional[Path], out: Path, config: ModelConfig) -> tu
                 return None, None
             atomic_write(out / "tokenizer.json", lambda p: Path(p).write_text(text))
             copied.append("tokenizer.json")
+        else:
+            warnings.warn(f"{src / BYTE_META}: not difftx's standard byte tokenizer ({meta}); exported without "
+                          "a tokenizer", stacklevel=3)
     if "tokenizer.json" not in copied:
         return None, None
     eos, eos_id = _find_eos(out / "tokenizer.json")
@@ -422,13 +425,14 @@ def resolve_model_folder(path: PathLike) -> Path:
 
 def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
               tokenizer_dir: Optional[PathLike] = None) -> Path:
-    """Write a transformers model folder for a difftx model (or a folder ``load_model`` reads).
+    """Write a transformers model folder for a difftx model, or for a folder ``load_model`` reads
+    (a training run folder means its latest checkpoint).
 
-    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``; writes
-    ``config.json`` and ``model.safetensors``, and the tokenizer found in ``tokenizer_dir``
-    (default: the source folder's ``tokenizer/``, as training checkpoints keep it, else the
-    source folder itself; a training run folder means its latest checkpoint): its ``tokenizer.json`` (+ ``tokenizer_config.json``, written
-    if absent) is copied, and difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
+    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``. Writes
+    ``config.json``, ``model.safetensors`` and the tokenizer found in ``tokenizer_dir``
+    (default: the source folder's ``tokenizer/``, where training checkpoints keep it, else the
+    source folder itself): a ``tokenizer.json`` is copied (a ``tokenizer_config.json`` is
+    written if absent), difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
     equivalent ``tokenizer.json``. The result loads with
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), no custom code.
     Raises :class:`ConversionError` (before writing anything) when no exact export exists.
@@ -521,7 +525,8 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
     _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
     state = to_difftx_state(config, hf_state)
     out = _output_dir(out_folder, [src])
-    _write_safetensors(out / WEIGHTS_NAME, state, {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"})
+    meta = {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"}
+    _write_safetensors(out / WEIGHTS_NAME, state, meta)
     atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
     if any((src / name).is_file() for name in TOKENIZER_FILES):
         _copy_tokenizer(src, out / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
