@@ -174,6 +174,16 @@ def test_transformers_model_imports_and_round_trips(kind, tie, tmp_path):
         assert c1[key] == c2[key], key
 
 
+def test_sharded_transformers_folder_imports(tmp_path):
+    theirs = _transformers_model("diffllama", tie=False, seed=5)
+    theirs.save_pretrained(tmp_path / "hf", max_shard_size="40KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    ours = load_model(import_hf(tmp_path / "hf", tmp_path / "difftx"))
+    x = tokens(3)
+    with torch.no_grad():
+        assert_logits_close(ours(x), theirs(x).logits)
+
+
 def test_bfloat16_round_trip_is_bit_exact(tmp_path):
     theirs = _transformers_model("diffllama", tie=False, seed=2).to(torch.bfloat16)
     theirs.save_pretrained(tmp_path / "hf")
@@ -310,3 +320,12 @@ def test_imported_model_fine_tunes_with_init_from(tmp_path):
     for (name, p), q in zip(tuned.named_parameters(), start.parameters()):
         assert (p - q).abs().max().item() < 5e-3, name
     assert not torch.equal(tuned.layers[0].attn.q_proj.weight, start.layers[0].attn.q_proj.weight)
+    # and the fine-tuned run exports back, with the run's tokenizer
+    from transformers import AutoTokenizer
+
+    export_hf(res.out_dir, tmp_path / "hf_tuned")
+    ids = AutoTokenizer.from_pretrained(str(tmp_path / "hf_tuned"))("thee", add_special_tokens=False)["input_ids"]
+    assert ids == list(b"thee")
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        assert_logits_close(tuned(x), hf_load(tmp_path / "hf_tuned")(x).logits)
