@@ -13,11 +13,15 @@ def register(sub) -> None:
         description="Convert a difftx model or checkpoint folder (config.json + model.safetensors) into a "
                     "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads without "
                     "custom code: 'diff' -> DiffLlamaForCausalLM, 'standard' -> LlamaForCausalLM. "
-                    "'diff_v2' has no transformers equivalent. Tokenizer files beside the model are copied.")
-    p.add_argument("checkpoint", help="difftx model or checkpoint folder")
+                    "'diff_v2' has no transformers equivalent. The tokenizer (tokenizer.json, or difftx's byte "
+                    "tokenizer converted to one) is written beside the model. See docs/interop.md.")
+    p.add_argument("checkpoint", help="difftx model or checkpoint folder, or a training run folder (its latest "
+                                       "checkpoint)")
     p.add_argument("out_dir", help="output folder (created if needed)")
     p.add_argument("--format", choices=FORMATS, default="hf", help="output format (default: hf)")
-    p.add_argument("--tokenizer", metavar="DIR", help="take the tokenizer from DIR (default: the checkpoint folder)")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="take the tokenizer from DIR (default: the checkpoint's tokenizer/ folder, else the "
+                        "checkpoint folder)")
     p.set_defaults(func=run)
 
 
