@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,3 +156,11 @@ def test_cli_config_precedence_and_baseline(tmp_path):
     base = cfg.model_config(257)
     assert base.attention == "standard" and base.n_heads == 2 * diff.n_heads
     assert Transformer(base).num_parameters() <= Transformer(diff).num_parameters()
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.*")),
+                         ids=lambda p: p.name)
+def test_example_configs_load(path):
+    cfg = load_train_config(path)
+    m = cfg.model_config(vocab_size=257)
+    assert cfg.seq_len <= m.max_seq_len and cfg.out_dir.startswith("runs/")
