@@ -438,6 +438,9 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     Raises :class:`ConversionError` (before writing anything) when no exact export exists.
     """
     src: Optional[Path] = None
+    model_or_folder = getattr(model_or_folder, "_orig_mod", model_or_folder)  # a torch.compile'd model
+    if isinstance(model_or_folder, torch.nn.Module) and not isinstance(model_or_folder, Transformer):
+        raise TypeError(f"export_hf expects a difftx Transformer or a folder, got {type(model_or_folder).__name__}")
     if isinstance(model_or_folder, Transformer):
         config = model_or_folder.config
         state = {k: v.detach().cpu() for k, v in model_or_folder.state_dict().items()}
