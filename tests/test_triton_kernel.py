@@ -94,8 +94,9 @@ class TestInterpreted:
         _compare(1, T, S, 2, 1, 16, causal=False)
 
     def test_other_tile_sizes_give_the_same_result(self):
-        # one step per program in the forward pass, bigger tiles in the backward pass
-        _compare(1, 29, 29, 2, 1, 16, config=tk.BlockConfig(fwd_own=8, fwd_step=8, bwd_own=32, bwd_step=16))
+        # one step per program in the forward pass, other tiles in the backward kernels
+        config = tk.BlockConfig(fwd_own=8, fwd_step=8, kv_own=32, kv_step=16, q_own=16, q_step=4)
+        _compare(1, 29, 29, 2, 1, 16, config=config)
 
     def test_gqa_pairs_heads_with_their_own_group(self):
         """Head h must use keys 2g, 2g+1 and value g of group g = h // R (not a naive repeat_kv)."""
@@ -234,12 +235,27 @@ def test_return_maps_is_refused():
 
 def test_block_config_is_validated():
     with pytest.raises(ValueError, match="fwd_step"):
-        tk.BlockConfig(fwd_own=16, fwd_step=12, bwd_own=16, bwd_step=8)
-    with pytest.raises(ValueError, match="bwd_own"):
-        tk.BlockConfig(fwd_own=16, fwd_step=8, bwd_own=8, bwd_step=16)
+        tk.BlockConfig(fwd_own=16, fwd_step=12, kv_own=16, kv_step=8, q_own=16, q_step=8)
+    with pytest.raises(ValueError, match="kv_own"):
+        tk.BlockConfig(fwd_own=16, fwd_step=8, kv_own=8, kv_step=16, q_own=16, q_step=8)
     for d in (16, 64, 128, 256):
-        cfg = tk.block_config(d, interpret=False)
-        assert cfg.fwd_own % cfg.fwd_step == 0 and cfg.bwd_own % cfg.bwd_step == 0
+        cfg = tk.block_config(d, interpret=False)  # the GPU choices pass the same validation
+        assert cfg.q_own % cfg.q_step == 0 and cfg.kv_own % cfg.kv_step == 0
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("dtype,d,arch", [("bf16", 128, 90), ("fp16", 64, 80), ("fp32", 24, 80)])
+def test_kernels_compile_for_gpu_targets(dtype, d, arch, tmp_path, monkeypatch):
+    """The compiled (non-interpreter) path, which the CPU tests never run, builds for real GPU
+    targets with the tile sizes the backend would use, and fits their shared memory."""
+    if INTERPRETED:
+        pytest.skip("needs the compiled kernels")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from a cache
+    compiled = tk.compile_offline(d, dtype=dtype, arch=arch)
+    assert set(compiled) == {"fwd", "bwd_kv", "bwd_q"}
+    for name, kernel in compiled.items():
+        assert len(kernel.asm["cubin"]) > 0, name
+        assert kernel.metadata.shared <= (227 if arch == 90 else 163) * 1024, (name, kernel.metadata.shared)
 
 
 def test_package_imports_without_triton():

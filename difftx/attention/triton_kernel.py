@@ -68,50 +68,90 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Tile sizes and launch settings.
+    """Tile sizes and launch settings of the three kernels.
 
-    ``fwd_own`` query rows per forward program, stepping through keys ``fwd_step`` at a time;
-    ``bwd_own`` rows per backward program (keys for dK/dV, queries for dQ), stepping through
-    the other side ``bwd_step`` at a time. Each ``*_own`` must be a multiple of its ``*_step``
-    (the causal split into unmasked and diagonal tiles relies on it); all are powers of two.
+    Each kernel's program *owns* ``*_own`` rows and steps through the other side ``*_step`` at
+    a time: the forward kernel owns query rows and steps through keys, the dK/dV kernel
+    (``kv_*``) owns keys and steps through queries, the dQ kernel (``q_*``) owns query rows and
+    steps through keys. ``*_own`` must be a multiple of ``*_step`` (the causal split into
+    unmasked and diagonal tiles relies on it); all tile sizes are powers of two.
     """
 
     fwd_own: int
     fwd_step: int
-    bwd_own: int
-    bwd_step: int
-    num_warps: int = 4
+    kv_own: int
+    kv_step: int
+    q_own: int
+    q_step: int
+    fwd_warps: int = 4
+    kv_warps: int = 4
+    q_warps: int = 4
     num_stages: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("fwd_own", "fwd_step", "bwd_own", "bwd_step"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: must be a power of two, got {value}")
-        if self.fwd_own % self.fwd_step:
-            raise ValueError(f"fwd_own: {self.fwd_own} must be a multiple of fwd_step={self.fwd_step}")
-        if self.bwd_own % self.bwd_step:
-            raise ValueError(f"bwd_own: {self.bwd_own} must be a multiple of bwd_step={self.bwd_step}")
+        for kind in ("fwd", "kv", "q"):
+            own, step = getattr(self, f"{kind}_own"), getattr(self, f"{kind}_step")
+            for name, value in ((f"{kind}_own", own), (f"{kind}_step", step)):
+                if value < 1 or value & (value - 1):
+                    raise ValueError(f"{name}: must be a power of two, got {value}")
+            if own % step:
+                raise ValueError(f"{kind}_own: {own} must be a multiple of {kind}_step={step}")
 
 
 # Interpreter blocks are tiny so that short test sequences still span several tiles.
-INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, bwd_own=16, bwd_step=8, num_warps=1, num_stages=1)
+INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8,
+                               fwd_warps=1, kv_warps=1, q_warps=1, num_stages=1)
 
 
 def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
     """Tile sizes for component width ``d``.
 
-    GPU values are first choices from register budgets (two ``2d``-wide float32 accumulators
-    per row in the forward pass, ``dK1, dK2, dV`` per key row in the backward pass), not tuned
-    on hardware.
+    The GPU choices are not timed (no GPU was available when they were written). They come from
+    compiling the kernels offline for sm_90 (bfloat16, causal) and keeping, among usual tile
+    shapes, those with the least register spilling as reported by ``cuobjdump
+    --dump-resource-usage`` (see docs/kernels.md). A d=128 differential head holds as much state
+    per row as a d=256 head of standard attention, so its tiles are small.
     """
     if interpret:
         return INTERPRET_CONFIG
     if d <= 64:
-        return BlockConfig(fwd_own=128, fwd_step=64, bwd_own=128, bwd_step=32, num_warps=8, num_stages=2)
+        return BlockConfig(fwd_own=128, fwd_step=32, kv_own=32, kv_step=16, q_own=64, q_step=32,
+                           fwd_warps=8, kv_warps=8, q_warps=8)
     if d <= 128:
-        return BlockConfig(fwd_own=64, fwd_step=32, bwd_own=64, bwd_step=32, num_warps=8, num_stages=2)
-    return BlockConfig(fwd_own=32, fwd_step=32, bwd_own=32, bwd_step=16, num_warps=8, num_stages=1)
+        return BlockConfig(fwd_own=64, fwd_step=32, kv_own=32, kv_step=16, q_own=32, q_step=32,
+                           fwd_warps=8, kv_warps=8, q_warps=4)
+    return BlockConfig(fwd_own=32, fwd_step=16, kv_own=16, kv_step=16, q_own=32, q_step=16,
+                       fwd_warps=8, kv_warps=8, q_warps=8)
+
+
+# ----------------------------------------------------------------------------------------------
+# tile loads and stores
+
+
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Load a ``(rows, cols)`` tile; rows past ``n_rows`` (checked only if ``CHECK_ROWS``) and
+    padding columns past ``N_COLS`` read 0. Masks are built only where they can be needed."""
+    if CHECK_ROWS:
+        if BLOCK_COLS == N_COLS:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < N_COLS), other=0.0)
+    else:
+        if BLOCK_COLS == N_COLS:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols[None, :] < N_COLS, other=0.0)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, value, rows, n_rows, cols, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """Store a ``(rows, cols)`` tile, skipping rows past ``n_rows`` and padding columns."""
+    if BLOCK_COLS == N_COLS:
+        tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=(rows[:, None] < n_rows) & (cols[None, :] < N_COLS))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,8 +161,8 @@ def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
 @triton.jit
 def _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
                offs_m, offs_n, offs_d, offs_dv, S, qk_scale, lo, hi,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               PREC: tl.constexpr):
+               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """Key tiles ``lo..hi`` (step ``BLOCK_N``) for one query block, both maps.
 
     Scores live in the log2 domain (``qk_scale`` = scale * log2 e) so ``exp2`` does the work.
@@ -130,12 +170,12 @@ def _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
     """
     for n0 in range(lo, hi, BLOCK_N):
         offs_k = n0 + offs_n
-        kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
         k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
-        k1 = tl.load(k_tile, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D) key of map 1
-        k2 = tl.load(k_tile + skh, mask=kmask, other=0.0)  # key of map 2: the next sub-head
-        v = tl.load(v_ptr + offs_k[:, None] * svs + offs_dv[None, :],
-                    mask=(offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_N, BLOCK_DV)
+        # (BLOCK_N, BLOCK_D) keys of map 1 and of map 2 (the next sub-head); unmasked tiles are in range
+        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D, MASKED)
+        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D, MASKED)
+        v = _load_tile(v_ptr + offs_k[:, None] * svs + offs_dv[None, :], offs_k, S, offs_dv,
+                       2 * D, 2 * BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_DV)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # (BLOCK_M, BLOCK_N)
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
         if MASKED:
@@ -181,9 +221,8 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     offs_dv = tl.arange(0, BLOCK_DV)
 
     q_tile = Q + b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    qmask = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    q1 = tl.load(q_tile, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D) component 1
-    q2 = tl.load(q_tile + sqh, mask=qmask, other=0.0)  # component 2
+    q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D) component 1
+    q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D, True)  # component 2
     k_ptr = K + b * skb + (2 * g) * skh
     v_ptr = V + b * svb + g * svh
 
@@ -202,20 +241,19 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
         end = S
     acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
                                             offs_m, offs_n, offs_d, offs_dv, S, qk_scale, 0, full_end,
-                                            D, BLOCK_N, False, CAUSAL, PREC)
+                                            D, BLOCK_D, BLOCK_N, False, CAUSAL, PREC)
     acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
                                             offs_m, offs_n, offs_d, offs_dv, S, qk_scale, full_end, end,
-                                            D, BLOCK_N, True, CAUSAL, PREC)
+                                            D, BLOCK_D, BLOCK_N, True, CAUSAL, PREC)
 
     lam = tl.load(LAM)
     o2 = acc2 / l2[:, None]
     o = acc1 / l1[:, None] - lam * o2  # (BLOCK_M, BLOCK_DV)
     rows = offs_m < T
-    omask = rows[:, None] & (offs_dv[None, :] < 2 * D)
     o_off = b * sob + h * soh + offs_m[:, None] * sot + offs_dv[None, :]
-    tl.store(O + o_off, o.to(O.dtype.element_ty), mask=omask)
+    _store_tile(O + o_off, o, offs_m, T, offs_dv, 2 * D, BLOCK_DV)
     if STORE_AUX:
-        tl.store(O2 + o_off, o2.to(O2.dtype.element_ty), mask=omask)
+        _store_tile(O2 + o_off, o2, offs_m, T, offs_dv, 2 * D, BLOCK_DV)
         lse_ptr = LSE + (b * H + h) * 2 * T + offs_m  # LSE (B, H, 2, T), log2 units
         tl.store(lse_ptr, m1 + tl.math.log2(l1), mask=rows)
         tl.store(lse_ptr + T, m2 + tl.math.log2(l2), mask=rows)
@@ -228,7 +266,8 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
 @triton.jit
 def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
                   offs_k, offs_d, offs_dv, T, lam, qk_scale, lo, hi,
-                  D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                  PREC: tl.constexpr):
     """Query tiles ``lo..hi`` against one key tile, in transposed form ``(BLOCK_N, BLOCK_M)``.
 
     Query rows past ``T`` read a log-sum-exp of +inf, so their probabilities are exactly 0.
@@ -237,12 +276,11 @@ def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sq
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         rows = offs_m < T
-        qmask = rows[:, None] & (offs_d[None, :] < D)
         q_tile = q_ptr + offs_m[:, None] * sqt + offs_d[None, :]
-        q1 = tl.load(q_tile, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D)
-        q2 = tl.load(q_tile + sqh, mask=qmask, other=0.0)
-        do = tl.load(do_ptr + offs_m[:, None] * sdot + offs_dv[None, :],
-                     mask=rows[:, None] & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_M, BLOCK_DV)
+        q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+        q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D, True)
+        do = _load_tile(do_ptr + offs_m[:, None] * sdot + offs_dv[None, :], offs_m, T, offs_dv,
+                        2 * D, 2 * BLOCK_D, True)  # (BLOCK_M, BLOCK_DV)
         lse1 = tl.load(lse_ptr + offs_m, mask=rows, other=float("inf"))
         lse2 = tl.load(lse_ptr + T + offs_m, mask=rows, other=float("inf"))
         delta1 = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
@@ -279,13 +317,11 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
     k_off = b * skb + (2 * g) * skh + offs_k[:, None] * sks + offs_d[None, :]
-    k1 = tl.load(K + k_off, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D)
-    k2 = tl.load(K + k_off + skh, mask=kmask, other=0.0)
-    vmask = (offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D)
+    k1 = _load_tile(K + k_off, offs_k, S, offs_d, D, BLOCK_D, True)  # (BLOCK_N, BLOCK_D)
+    k2 = _load_tile(K + k_off + skh, offs_k, S, offs_d, D, BLOCK_D, True)
     v_off = b * svb + g * svh + offs_k[:, None] * svs + offs_dv[None, :]
-    v = tl.load(V + v_off, mask=vmask, other=0.0)  # (BLOCK_N, BLOCK_DV)
+    v = _load_tile(V + v_off, offs_k, S, offs_dv, 2 * D, BLOCK_DV, True)  # (BLOCK_N, BLOCK_DV)
     lam = tl.load(LAM)
 
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -301,18 +337,18 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
             diag_end = tl.minimum(n0 + BLOCK_N, T)
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
                                          offs_k, offs_d, offs_dv, T, lam, qk_scale, n0, diag_end,
-                                         D, BLOCK_M, True, PREC)
+                                         D, BLOCK_D, BLOCK_M, True, PREC)
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
                                          offs_k, offs_d, offs_dv, T, lam, qk_scale, diag_end, T,
-                                         D, BLOCK_M, False, PREC)
+                                         D, BLOCK_D, BLOCK_M, False, PREC)
         else:  # keys past S only touch their own (unstored) rows of dK and dV
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
                                          offs_k, offs_d, offs_dv, T, lam, qk_scale, 0, T,
-                                         D, BLOCK_M, False, PREC)
+                                         D, BLOCK_D, BLOCK_M, False, PREC)
     # dK and dV share q/k strides with K and V: the caller allocates them like K and V
-    tl.store(DK + k_off, (dk1 * sm_scale).to(DK.dtype.element_ty), mask=kmask)
-    tl.store(DK + k_off + skh, (dk2 * sm_scale).to(DK.dtype.element_ty), mask=kmask)
-    tl.store(DV + v_off, dv.to(DV.dtype.element_ty), mask=vmask)
+    _store_tile(DK + k_off, dk1 * sm_scale, offs_k, S, offs_d, D, BLOCK_D)
+    _store_tile(DK + k_off + skh, dk2 * sm_scale, offs_k, S, offs_d, D, BLOCK_D)
+    _store_tile(DV + v_off, dv, offs_k, S, offs_dv, 2 * D, BLOCK_DV)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,17 +358,16 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
 @triton.jit
 def _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
                  offs_m, offs_d, offs_dv, S, lam, qk_scale, lo, hi,
-                 D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 PREC: tl.constexpr):
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                 CAUSAL: tl.constexpr, PREC: tl.constexpr):
     """Key tiles ``lo..hi`` for one query tile."""
     for n0 in range(lo, hi, BLOCK_N):
         offs_k = n0 + tl.arange(0, BLOCK_N)
-        kmask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
         k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
-        k1 = tl.load(k_tile, mask=kmask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        k2 = tl.load(k_tile + skh, mask=kmask, other=0.0)
-        v = tl.load(v_ptr + offs_k[:, None] * svs + offs_dv[None, :],
-                    mask=(offs_k[:, None] < S) & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_N, BLOCK_DV)
+        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_D)
+        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D, MASKED)
+        v = _load_tile(v_ptr + offs_k[:, None] * svs + offs_dv[None, :], offs_k, S, offs_dv,
+                       2 * D, 2 * BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_DV)
         p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale - lse1[:, None])  # (BM, BN)
         p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale - lse2[:, None])
         if MASKED:
@@ -367,12 +402,11 @@ def _bwd_q_kernel(Q, K, V, DO, LAM, LSE, DELTA, DQ,
     offs_dv = tl.arange(0, BLOCK_DV)
     rows = offs_m < T
 
-    qmask = rows[:, None] & (offs_d[None, :] < D)
     q_off = b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    q1 = tl.load(Q + q_off, mask=qmask, other=0.0)  # (BLOCK_M, BLOCK_D)
-    q2 = tl.load(Q + q_off + sqh, mask=qmask, other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :],
-                 mask=rows[:, None] & (offs_dv[None, :] < 2 * D), other=0.0)  # (BLOCK_M, BLOCK_DV)
+    q1 = _load_tile(Q + q_off, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+    q2 = _load_tile(Q + q_off + sqh, offs_m, T, offs_d, D, BLOCK_D, True)
+    do = _load_tile(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :], offs_m, T, offs_dv,
+                    2 * D, BLOCK_DV, True)  # (BLOCK_M, BLOCK_DV)
     stat = (b * H + h) * 2 * T + offs_m
     lse1 = tl.load(LSE + stat, mask=rows, other=float("inf"))
     lse2 = tl.load(LSE + stat + T, mask=rows, other=float("inf"))
@@ -391,12 +425,14 @@ def _bwd_q_kernel(Q, K, V, DO, LAM, LSE, DELTA, DQ,
         full_end = (S // BLOCK_N) * BLOCK_N
         end = S
     dq1, dq2 = _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
-                            offs_m, offs_d, offs_dv, S, lam, qk_scale, 0, full_end, D, BLOCK_N, False, CAUSAL, PREC)
+                            offs_m, offs_d, offs_dv, S, lam, qk_scale, 0, full_end, D, BLOCK_D, BLOCK_N, False, CAUSAL,
+                            PREC)
     dq1, dq2 = _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr, sks, skh, svs,
-                            offs_m, offs_d, offs_dv, S, lam, qk_scale, full_end, end, D, BLOCK_N, True, CAUSAL, PREC)
+                            offs_m, offs_d, offs_dv, S, lam, qk_scale, full_end, end, D, BLOCK_D, BLOCK_N, True, CAUSAL,
+                            PREC)
     # dQ is allocated like Q, so it shares Q's strides
-    tl.store(DQ + q_off, (dq1 * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
-    tl.store(DQ + q_off + sqh, (dq2 * sm_scale).to(DQ.dtype.element_ty), mask=qmask)
+    _store_tile(DQ + q_off, dq1 * sm_scale, offs_m, T, offs_d, D, BLOCK_D)
+    _store_tile(DQ + q_off + sqh, dq2 * sm_scale, offs_m, T, offs_d, D, BLOCK_D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,7 +467,7 @@ def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, ca
         T, S, H, H // Hkv, scale * _LOG2E,
         D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step,
         CAUSAL=causal, STORE_AUX=store_aux, PREC=_precision(q.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.fwd_warps, num_stages=config.num_stages,
     )
     return o, (o2 if store_aux else None), (lse if store_aux else None)
 
@@ -452,16 +488,16 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # contiguous, like q, k, v
     block_d, block_dv = _widths(d)
     common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=_precision(q.dtype),
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  num_stages=config.num_stages)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
+    _bwd_kv_kernel[(triton.cdiv(S, config.kv_own), B * Hkv)](
         q, k, v, do, lam, lse, delta, dk, dv, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
-        BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, **common,
+        BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, num_warps=config.kv_warps, **common,
     )
-    _bwd_q_kernel[(triton.cdiv(T, config.bwd_own), B * H)](
+    _bwd_q_kernel[(triton.cdiv(T, config.q_own), B * H)](
         q, k, v, do, lam, lse, delta, dq, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
-        BLOCK_M=config.bwd_own, BLOCK_N=config.bwd_step, **common,
+        BLOCK_M=config.q_own, BLOCK_N=config.q_step, num_warps=config.q_warps, **common,
     )
     return dq, dk, dv, dlam
 
@@ -530,6 +566,52 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mas
     # decided here: inside Function.forward autograd is switched off
     store_aux = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam))
     return _FusedDiffAttention.apply(q, k, v, lam, float(scale), mask.causal, config, store_aux)
+
+
+def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = True,
+                    config: Optional[BlockConfig] = None) -> dict:
+    """Compile the three kernels for an NVIDIA target without a GPU (Triton ships ``ptxas``).
+
+    ``dtype`` is a Triton type name (``bf16``, ``fp16``, ``fp32``), ``arch`` the compute
+    capability as an integer (80 = A100, 90 = H100). Returns ``{kernel name: CompiledKernel}``;
+    each has ``asm["ptx"]``, ``asm["cubin"]`` and ``metadata.shared`` (bytes of shared memory).
+    Used by the tests (the compiled path type-checks and fits the target) and by
+    ``benchmarks/gpu_attention.py --compile-only`` (register and spill report).
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype: expected 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    config = config or block_config(d, interpret=False)
+    block_d, block_dv = _widths(d)
+    prec = "ieee" if dtype == "fp32" else "tf32"
+    common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=prec)
+    stats = {"LAM": "*fp32", "LSE": "*fp32", "DELTA": "*fp32"}
+    jobs = {
+        "fwd": (_fwd_kernel, ("Q", "K", "V", "O", "O2"), ("qk_scale",),
+                dict(common, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True), config.fwd_warps),
+        "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV"), ("sm_scale", "qk_scale"),
+                   dict(common, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own), config.kv_warps),
+        "bwd_q": (_bwd_q_kernel, ("Q", "K", "V", "DO", "DQ"), ("sm_scale", "qk_scale"),
+                  dict(common, BLOCK_M=config.q_own, BLOCK_N=config.q_step), config.q_warps),
+    }
+    out = {}
+    for name, (fn, tensors, floats, constexprs, warps) in jobs.items():
+        signature = {}
+        for arg in fn.arg_names:
+            if arg in constexprs:
+                signature[arg] = "constexpr"
+            elif arg in tensors:
+                signature[arg] = f"*{dtype}"
+            elif arg in stats:
+                signature[arg] = stats[arg]
+            else:
+                signature[arg] = "fp32" if arg in floats else "i32"
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        out[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                   options=dict(num_warps=warps, num_stages=config.num_stages))
+    return out
 
 
 def register() -> None:
