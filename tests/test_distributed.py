@@ -1,6 +1,7 @@
 """DDP and FSDP2 through torchrun (2 CPU processes, gloo) reproduce the single-process run.
 
-The single-process control uses the global batch (2 x the per-rank batch). The torchrun
+The single-process control uses the global batch (2 x the per-rank batch), with the same
+gradient accumulation (2 micro-steps, reduced across ranks on the last only). The torchrun
 workers are this file run as a script (see ``_worker``); each also stops, saves (FSDP2: full
 state dicts gathered to rank 0), and resumes, which must continue the uninterrupted run.
 """
@@ -24,7 +25,7 @@ def _config(out_dir: Path, cache_dir: Path, source: Path, batch_size: int, paral
 
     return train_preset("test", out_dir=str(out_dir), cache_dir=str(cache_dir), data_source=str(source),
                         val_fraction=0.1, batch_size=batch_size, steps=STEPS, warmup_steps=1, eval_interval=2,
-                        ckpt_interval=0, log_interval=1, progress=False, parallel=parallel,
+                        ckpt_interval=0, log_interval=1, progress=False, parallel=parallel, grad_accum=2,
                         model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2}, **kw)
 
 

@@ -280,6 +280,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
                 d = doc_ids[:, :-1].to(device) if config.doc_mask else None
                 last = micro == config.grad_accum - 1
+                # gradients are reduced across ranks on the last micro-step only
+                if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+                    model.set_requires_gradient_sync(last)
                 sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
                 with sync:
                     with _autocast(device, dtype):
