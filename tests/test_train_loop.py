@@ -4,6 +4,7 @@ incompatible checkpoints, NaN stop, metrics, ``init_from``, and the train / gene
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -218,3 +219,18 @@ def test_train_and_generate_cli(tmp_path, corpus, capsys):
     assert main(["train", "--preset", "test", "--out", str(out), "--resume", "--set", f"data_source={src}",
                  "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1"]) == 1
     assert "latest" in capsys.readouterr().err
+
+
+def test_tensorboard_logging_when_installed(tmp_path, corpus):
+    pytest.importorskip("torch.utils.tensorboard")
+    train(_cfg(tmp_path / "run", corpus, steps=2, tensorboard=True), data=corpus[2])
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("DIFFTX_TEST_COMPILE"),
+                    reason="torch.compile takes ~50 s on 2 CPU cores; set DIFFTX_TEST_COMPILE=1 to run")
+def test_compile_flag_trains(tmp_path, corpus):
+    res = train(_cfg(tmp_path / "run", corpus, steps=3, compile=True), data=corpus[2])
+    assert sorted(res.losses) == [1, 2, 3] and all(v == v for v in res.losses.values())
+    load_model(res.last_checkpoint)  # the compiled wrapper is not in the saved names
