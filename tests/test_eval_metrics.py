@@ -8,7 +8,7 @@ import torch
 from difftx import Transformer, preset
 from difftx.attention.kernels import BACKENDS, eager
 from difftx.attention.masks import AttentionMask
-from difftx.eval.attention_noise import attention_to_answer, layer_mass, normalized_rows, role_mass, summary
+from difftx.eval.attention_noise import attention_to_answer, best_head_row, layer_mass, normalized_rows, role_mass, summary
 from difftx.eval.capture import AttentionCapture
 from difftx.eval.lm import evaluate_lm
 from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, NeedleTask, evaluate_needles, needle_samples
@@ -94,6 +94,12 @@ def test_attention_to_answer_on_tiny_model():
     expect = torch.stack(manual).mean(0)
     assert res["layers"][1]["answer_heads"]["signed"] == pytest.approx(expect.tolist(), abs=1e-6)
     assert res["layers"][1]["answer_mean"]["signed"] == pytest.approx(float(expect.mean()), abs=1e-6)
+    best = best_head_row(res)
+    heads = res["layers"][best["layer"]]["answer_heads"]["absolute"]
+    assert best["answer_mass"] == max(max(x["answer_heads"]["absolute"]) for x in res["layers"])
+    assert heads[best["head"]] == best["answer_mass"] and len(best["row"]) == 48
+    mean_row = torch.tensor(res["rows"][0]["heads"][1]).mean(0)
+    assert mean_row.tolist() == pytest.approx(res["rows"][0]["layers"][1], abs=1e-6)
     # an untrained model spreads attention: noise mass dwarfs answer mass
     sm = summary(res, "absolute")
     n_fill = sum(r == ROLE_FILLER for r in samples[0].roles)

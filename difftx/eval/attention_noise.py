@@ -90,9 +90,9 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample],
     """Per-layer answer / noise masses over needle ``samples`` at the last prompt position
     (the one that emits the first answer token).
 
-    Returns ``{"layers": [LayerMass.to_dict(), ...], "rows": [...]}`` where ``rows`` holds
-    the first ``keep_rows`` samples' head-averaged effective rows per layer with their roles
-    (for the Figure-1-style plot).
+    Returns ``{"layers": [LayerMass.to_dict(), ...], "rows": [...]}`` where ``rows`` holds, for
+    the first ``keep_rows`` samples, the prompt roles and the effective rows at that position
+    per layer (``layers``: head mean, ``heads``: every head), for the Figure-1-style plot.
     """
     if not samples:
         raise ValueError("attention_to_answer needs at least one needle sample")
@@ -112,7 +112,8 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample],
             for layer, calls in enumerate(cap.maps):
                 rows[layer].append(calls[-1].effective[0, :, -1])  # (H, S): last query position, every head
             if si < keep_rows:
-                kept.append({"roles": list(s.roles), "layers": [r[-1].mean(0).tolist() for r in rows]})
+                kept.append({"roles": list(s.roles), "layers": [r[-1].mean(0).tolist() for r in rows],
+                             "heads": [r[-1].tolist() for r in rows]})
     finally:
         model.train(was_training)
     if len({a.numel() for a in answer}) != 1:
@@ -129,3 +130,17 @@ def summary(result: dict, variant: str = "absolute", layer: Optional[int] = None
     layers = result["layers"] if layer is None else [result["layers"][layer]]
     return {"answer": sum(x["answer_mean"][variant] for x in layers) / len(layers),
             "noise": sum(x["noise_mean"][variant] for x in layers) / len(layers)}
+
+
+def best_head_row(result: dict, variant: str = "absolute", sample: int = 0) -> dict:
+    """The kept row of the head with the largest answer mass (``variant``) over all layers:
+    ``{"layer", "head", "row", "roles", "answer_mass"}`` (what Figure 1 shows for one query)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: must be one of {VARIANTS}, got {variant!r}")
+    if not result.get("rows"):
+        raise ValueError("the result keeps no rows; run attention_to_answer with keep_rows >= 1")
+    best = max(((lay["answer_heads"][variant][h], li, h) for li, lay in enumerate(result["layers"])
+                for h in range(len(lay["answer_heads"][variant]))))
+    mass, li, h = best
+    kept = result["rows"][sample]
+    return {"layer": li, "head": h, "row": kept["heads"][li][h], "roles": kept["roles"], "answer_mass": mass}
