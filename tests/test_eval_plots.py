@@ -1,5 +1,7 @@
 """Every plot renders a non-trivial PNG (difftx.eval.plots)."""
 
+import math
+
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -49,6 +51,10 @@ def test_all_plots_render(tmp_path):
         plots.plot_loss_curves({"DIFF seed 0": (steps, [5 * 0.99 ** s + 1 for s in steps]),
                                 "baseline seed 0": (steps, [5 * 0.99 ** s + 1.05 for s in steps])},
                                tmp_path / "loss.png"),
+        plots.plot_nll_by_position({"DIFF": [3 - 0.3 * math.log1p(t) + 0.002 * max(0, t - 64) for t in range(256)],
+                                    "baseline": [3 - 0.28 * math.log1p(t) + 0.004 * max(0, t - 64)
+                                                 for t in range(256)]},
+                                   tmp_path / "nll_pos.png", train_len=64),
         plots.plot_lambda_per_layer({"step 100": [0.25, 0.4, 0.5], "step 500": [0.3, 0.5, 0.7]},
                                     tmp_path / "lambda.png", lambda_init=[0.2, 0.356, 0.471]),
     ]

@@ -182,6 +182,28 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]
     return _save(fig, path)
 
 
+def plot_nll_by_position(curves: Mapping[str, Sequence[float]], path: PathLike, *, train_len: Optional[int] = None,
+                         n_bins: int = 64, title: str = "NLL by position") -> Path:
+    """Mean NLL per position (``LMResult.nll_by_position``) per model, averaged in ``n_bins``
+    bins; a dashed line marks the training length (beyond it: length extrapolation)."""
+    from .lm import binned
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for i, (name, vals) in enumerate(curves.items()):
+        n = len(vals)
+        b = binned(vals, n_bins)
+        width = n / len(b)
+        ax.plot([(j + 0.5) * width for j in range(len(b))], b, color=_color(name.split()[0], i), label=name)
+    if train_len is not None:
+        ax.axvline(train_len, color="black", ls="--", lw=1, label="training length")
+    ax.set_xlabel("position")
+    ax.set_ylabel("NLL (nats)")
+    ax.set_title(title)
+    ax.legend(frameon=False, fontsize=8)
+    return _save(fig, path)
+
+
 def plot_lambda_per_layer(lambdas: Mapping[str, Sequence[float]], path: PathLike, *,
                           lambda_init: Optional[Sequence[float]] = None,
                           title: str = "Learned lambda per layer") -> Path:
