@@ -1,0 +1,227 @@
+"""GPU benchmark of the differential attention *core*: the fused Triton kernel vs the baseline.
+
+Candidates, timed alternately inside one loop (so every ratio is measured side by side):
+
+- ``baseline/sdpa``: the parameter-matched baseline, one causal ``scaled_dot_product_attention``
+  call over ``2H`` heads of width ``d`` (FlashAttention backend on recent GPUs, bf16/fp16)
+- ``baseline/flash_attn``: the same through the ``flash_attn`` package, if it is installed
+- ``diff/triton``: ``difftx.attention.triton_kernel`` (both maps in one pass)
+- ``diff/sdpa``: ``kernels.sdpa`` (one SDPA call over ``2H`` sub-heads with q, k padded to 2d)
+
+Per length: median time of ``fwd`` and ``fwd+bwd``, TFLOP/s and time ratio to the baseline.
+FLOPs count each method's own causal matmul work (half of the full square): baseline forward
+``4 B H' T^2 d`` with ``H' = 2H`` sub-heads, i.e. two ``T x T x d`` products per head over
+half the square; its backward 2.5x that (five products). The fused DIFF forward doubles the
+``PV`` product (two ``2d``-wide accumulators): 1.5x the baseline's; its backward forms
+``(P1 - lam P2)^T dO`` and ``dO V^T`` once for both maps: the same five products as the
+baseline. So the floors are 1.5x (fwd) and 8/7 = 1.14x (fwd+bwd) of the baseline's time at
+equal efficiency (docs/kernels.md).
+
+Usage (CUDA only):
+    python benchmarks/gpu_attention.py [--seq-lens 512 1024 2048 4096 8192 16384] [--d 128]
+        [--heads 16] [--kv-heads 16] [--tokens 16384] [--dtype bf16] [--repeats 20] [--json out.json]
+    python benchmarks/gpu_attention.py --check     # bf16 kernel vs the float32 eager oracle first
+Without a GPU, ``--compile-only [--arch 90]`` compiles the kernels for that target and prints
+registers, spilled bytes and shared memory per kernel (no timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+from difftx.attention import AttentionMask, kernels
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def baseline_flops(B: int, T: int, H: int, d: int, mode: str) -> float:
+    """Causal matmul FLOPs of the baseline: 2H heads of width d, half of the T x T square."""
+    fwd = 2 * 2 * B * (2 * H) * T * T * d / 2  # QK^T and PV
+    return fwd if mode == "fwd" else fwd * 3.5  # backward: five products = 2.5x forward
+
+
+def diff_flops(B: int, T: int, H: int, d: int, mode: str) -> float:
+    """Causal matmul FLOPs of the fused DIFF kernel (see the module docstring)."""
+    base_fwd = baseline_flops(B, T, H, d, "fwd")
+    fwd = 1.5 * base_fwd  # PV doubled: two 2d-wide accumulators
+    return fwd if mode == "fwd" else fwd + 2.5 * base_fwd
+
+
+def _candidates(B, T, H, Hkv, d, dtype, device):
+    """(name, kind, make_inputs, call) for every available candidate."""
+    scale = 1.0 / math.sqrt(d)
+    mask = AttentionMask()
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+
+    def base_inputs():
+        return leaf(B, 2 * H, T, d), leaf(B, 2 * Hkv, T, d), leaf(B, 2 * Hkv, T, d)  # (B, heads, T, d)
+
+    def base_sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=H != Hkv)
+
+    def diff_inputs():
+        lam = torch.tensor(0.5, device=device, requires_grad=True)
+        return leaf(B, T, 2 * H, d), leaf(B, T, 2 * Hkv, d), leaf(B, T, Hkv, 2 * d), lam  # kernel layout
+
+    out = [("baseline/sdpa", "base", base_inputs, base_sdpa)]
+    try:
+        from flash_attn import flash_attn_func  # optional
+
+        def flash_inputs():
+            return leaf(B, T, 2 * H, d), leaf(B, T, 2 * Hkv, d), leaf(B, T, 2 * Hkv, d)  # (B, T, heads, d)
+
+        out.append(("baseline/flash_attn", "base", flash_inputs,
+                    lambda q, k, v: flash_attn_func(q, k, v, causal=True, softmax_scale=scale)))
+    except ImportError:
+        pass
+    if "triton" in kernels.BACKENDS:
+        fn = kernels.BACKENDS["triton"]
+        out.append(("diff/triton", "diff", diff_inputs, lambda q, k, v, lam: fn(q, k, v, lam, mask, scale)))
+    out.append(("diff/sdpa", "diff", diff_inputs, lambda q, k, v, lam: kernels.sdpa(q, k, v, lam, mask, scale)))
+    return out
+
+
+def bench(seq_lens, d=128, heads=16, kv_heads=None, tokens=16384, dtype="bf16", modes=("fwd", "fwd+bwd"),
+          repeats=20, warmup=3) -> list[dict]:
+    """Median milliseconds, TFLOP/s, peak memory and ratio to ``baseline/sdpa`` per candidate."""
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_attention.py needs a CUDA GPU (use --compile-only without one)")
+    device, dt = torch.device("cuda"), _DTYPES[dtype]
+    H, Hkv = heads, kv_heads or heads
+    rows = []
+    for T in seq_lens:
+        B = max(1, tokens // T)
+        cands = _candidates(B, T, H, Hkv, d, dt, device)
+        inputs = {name: make() for name, _, make, _ in cands}
+        with torch.no_grad():  # one fixed upstream gradient per candidate, made outside the timings
+            grads = {name: torch.randn_like(call(*inputs[name])) for name, _, _, call in cands}
+        for mode in modes:
+            times = {name: [] for name, *_ in cands}
+            peak = {}
+            for rep in range(warmup + repeats):
+                for name, _, _, call in cands:  # alternate candidates
+                    args = inputs[name]
+                    torch.cuda.reset_peak_memory_stats()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    if mode == "fwd":
+                        with torch.no_grad():
+                            call(*args)
+                    else:
+                        call(*args).backward(grads[name])
+                    end.record()
+                    torch.cuda.synchronize()
+                    peak[name] = torch.cuda.max_memory_allocated() / 2 ** 20
+                    if rep >= warmup:
+                        times[name].append(start.elapsed_time(end))
+                    for t in args:
+                        t.grad = None
+            base_ms = statistics.median(times["baseline/sdpa"])
+            for name, kind, _, _ in cands:
+                ms = statistics.median(times[name])
+                flops = (baseline_flops if kind == "base" else diff_flops)(B, T, H, d, mode)
+                rows.append(dict(seq_len=T, batch=B, mode=mode, name=name, ms=ms, tflops=flops / ms / 1e9,
+                                 peak_mib=peak[name], ratio=ms / base_ms))
+        del inputs, grads
+        torch.cuda.empty_cache()
+    return rows
+
+
+def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
+    """bf16 (or fp16) kernel vs the float32 eager oracle at full size: output and gradients."""
+    device, dt = torch.device("cuda"), _DTYPES[dtype]
+    torch.manual_seed(0)
+    q32 = torch.randn(B, T, 2 * H, d, device=device)
+    k32 = torch.randn(B, T, 2 * Hkv, d, device=device)
+    v32 = torch.randn(B, T, Hkv, 2 * d, device=device)
+    lam32 = torch.tensor(0.4, device=device)
+    g32 = torch.randn(B, T, H, 2 * d, device=device)
+    mask, scale = AttentionMask(), d ** -0.5
+    results = {}
+    for name, fn, cast in (("eager/fp32", kernels.eager, torch.float32), ("triton", kernels.BACKENDS["triton"], dt)):
+        leaves = [t.to(cast).requires_grad_() for t in (q32, k32, v32)] + [lam32.clone().requires_grad_()]
+        out = fn(*leaves, mask, scale)
+        grads = torch.autograd.grad(out, leaves, g32.to(out.dtype))
+        results[name] = [out.float()] + [g.float() for g in grads]
+    for label, a, b in zip(("out", "dq", "dk", "dv", "dlam"), results["triton"], results["eager/fp32"]):
+        err = (a - b).abs().max().item()
+        rel = ((a - b).norm() / b.norm()).item()
+        print(f"{label:5s} max abs err {err:.3e}   relative L2 err {rel:.3e}")
+
+
+def compile_report(d: int, dtype: str, arch: int) -> None:
+    """Offline: registers, spilled bytes (STACK) and shared memory of each kernel for ``arch``."""
+    import triton
+
+    from difftx.attention import triton_kernel
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    config = triton_kernel.block_config(d, interpret=False)
+    print(f"d={d} {dtype} sm_{arch}: {config}")
+    for name, kernel in triton_kernel.compile_offline(d, dtype=dtype, arch=arch).items():
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        try:
+            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        line = next((ln.strip() for ln in usage.splitlines() if "REG:" in ln), "(cuobjdump gave no usage)")
+        fields = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
+        print(f"  {name:7s} registers {fields.get('REG', '?'):>4s}  spilled bytes {fields.get('STACK', '?'):>5s}  "
+              f"shared memory {kernel.metadata.shared / 1024:.0f} KiB")
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| T | batch | mode | candidate | ms | TFLOP/s | peak MiB | ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seq_len']} | {r['batch']} | {r['mode']} | {r['name']} | {r['ms']:.3f} | "
+                     f"{r['tflops']:.1f} | {r['peak_mib']:.0f} | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--d", type=int, default=128, help="component width d (baseline head width)")
+    ap.add_argument("--heads", type=int, default=16, help="differential heads H (baseline: 2H)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="kv groups Hkv (baseline: 2Hkv); default H")
+    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens // T")
+    ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--check", action="store_true", help="first compare with the float32 eager oracle")
+    ap.add_argument("--compile-only", action="store_true", help="no GPU: offline compile report")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability for --compile-only")
+    a = ap.parse_args()
+    if a.compile_only:
+        compile_report(a.d, a.dtype, a.arch)
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_attention.py needs a CUDA GPU (use --compile-only without one)")
+    if a.check:
+        check(d=a.d, dtype=a.dtype)
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows = bench(a.seq_lens, d=a.d, heads=a.heads, kv_heads=a.kv_heads, tokens=a.tokens, dtype=a.dtype,
+                 repeats=a.repeats)
+    print(_table(rows))
+    if a.json:
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rows, f, indent=1)
+        os.replace(tmp, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
