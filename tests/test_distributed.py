@@ -42,6 +42,13 @@ def _worker(mode: str, out_root: str, cache_dir: str, source: str) -> None:
     full = train(_config(root / "full", Path(cache_dir), Path(source), PER_RANK_BATCH, mode))
     part1 = train(_config(root / "resumed", Path(cache_dir), Path(source), PER_RANK_BATCH, mode), stop_at=2)
     part2 = train(_config(root / "resumed", Path(cache_dir), Path(source), PER_RANK_BATCH, mode), resume=True)
+    # an incompatible resume fails on every rank (none is left waiting in a collective)
+    from difftx.checkpoint import CheckpointError
+
+    try:
+        train(_config(root / "resumed", Path(cache_dir), Path(source), PER_RANK_BATCH + 1, mode), resume=True)
+    except CheckpointError as e:
+        (root / f"refused.{dist.get_rank()}").write_text(str(e))
     if dist.get_rank() == 0:
         (root / "losses.json").write_text(json.dumps({
             "full": full.losses, "val": full.val_losses, "part1": part1.losses, "part2": part2.losses,
@@ -114,8 +121,10 @@ def test_parallel_matches_single_process(mode, corpus):
     assert list(got["part1"]) == ["1", "2"] and list(got["part2"]) == ["3", "4"]
     for s in steps:
         assert abs(resumed[s] - got["full"][s]) < 1e-6, (mode, s, resumed[s], got["full"][s])
-    # the checkpoint (full state dict gathered to rank 0) loads in a single process
     src, cache, root = corpus
+    for rank in (0, 1):
+        assert "batch_size" in (root / mode / f"refused.{rank}").read_text()
+    # the checkpoint (full state dict gathered to rank 0) loads in a single process
     model = load_model(latest_checkpoint(root / mode / "full"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
 

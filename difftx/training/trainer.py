@@ -161,26 +161,17 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         raise ValueError("TrainConfig.dtype: float16 (loss scaling) is not supported with parallel=fsdp; use bfloat16")
     out_dir = Path(config.out_dir)
 
-    # -- where we start from -----------------------------------------------------------------
-    resume_dir: Optional[Path] = None
-    if dist.is_main:
-        ckpt.clean_stale(out_dir)
-        existing = ckpt.latest_checkpoint(out_dir) if ckpt.checkpoints_dir(out_dir).exists() else None
-        if existing is not None and not resume:
-            raise ValueError(f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest {existing.name}); "
-                             f"resume it (--resume / resume=True) or choose another out_dir")
-        resume_dir = existing if resume else None
-        if resume and existing is None:
-            print(f"difftx train: no checkpoint in {out_dir}; starting from scratch")
-    resume_dir = broadcast_object(resume_dir)
-    init_dir = ckpt.resolve_checkpoint(config.init_from) if config.init_from and resume_dir is None else None
+    # -- where we start from (decided on rank 0, so every rank agrees) ---------------------------
+    plan = _plan_start(config, out_dir, resume) if dist.is_main else None
+    plan = broadcast_object(plan)
+    if plan.get("error"):  # raised on every rank, so none waits in a collective
+        kind, msg = plan["error"]
+        raise (CheckpointError if kind == "checkpoint" else ValueError)(msg)
+    if plan.get("note") and dist.is_main:
+        print(plan["note"])
+    resume_dir, init_dir, tokenizer_spec = plan["resume_dir"], plan["init_dir"], plan["tokenizer"]
 
     # -- data ----------------------------------------------------------------------------------
-    tokenizer_spec = config.tokenizer
-    if tokenizer_spec is None:
-        src = resume_dir or init_dir
-        has_tok = src is not None and (src / ckpt.TOKENIZER_DIR).exists()
-        tokenizer_spec = str(src / ckpt.TOKENIZER_DIR) if has_tok else "byte"
     if data is None:
         data = _prepare_data(config, tokenizer_spec, dist)
     tokenizer = data.tokenizer
@@ -188,12 +179,11 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     # -- model ----------------------------------------------------------------------------------
     _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
     if init_dir is not None:
-        model_config = load_config(init_dir)
+        model_config = ModelConfig.from_dict(plan["init_config"])
         if config.model_overrides:
             model_config = model_config.replace(**config.model_overrides)
     elif resume_dir is not None:
-        model_config = config.model_config(vocab_size=None if config.explicit_vocab() else
-                                           load_config(resume_dir).vocab_size)
+        model_config = config.model_config(vocab_size=None if config.explicit_vocab() else plan["resume_vocab"])
     else:
         model_config = config.model_config(vocab_size=tokenizer.vocab_size)
     if model_config.vocab_size < tokenizer.vocab_size:
@@ -213,14 +203,19 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     start_step, tokens_seen, loader_states, rng_states = 0, 0, None, None
     train_dict = config.to_dict()
     if resume_dir is not None:
-        state, model_sd, optim_sd = None, {}, {}
+        state, model_sd, optim_sd, failure = None, {}, {}, None
         if dist.is_main:
-            state = ckpt.read_trainer_state(resume_dir)
-            ckpt.check_compatible(resume_dir, model_config, train_dict, dist.world_size,
-                                  _tokenizer_name(tokenizer), state)
-            model_sd = ckpt.load_model_state(resume_dir, model_config)
-            optim_sd = ckpt.read_optimizer_state(resume_dir)
-        state = broadcast_object(state)
+            try:
+                state = ckpt.read_trainer_state(resume_dir)
+                ckpt.check_compatible(resume_dir, model_config, train_dict, dist.world_size,
+                                      _tokenizer_name(tokenizer), state)
+                model_sd = ckpt.load_model_state(resume_dir, model_config)
+                optim_sd = ckpt.read_optimizer_state(resume_dir)
+            except CheckpointError as e:
+                failure = str(e)
+        state, failure = broadcast_object((state, failure))
+        if failure:  # on every rank, so none is left waiting
+            raise CheckpointError(failure)
         if dist.distributed and not is_sharded(bare):  # DDP: every rank needs the full copy
             model_sd, optim_sd = broadcast_object((model_sd, optim_sd))
         try:  # FSDP2: rank 0's copy is broadcast shard by shard inside
@@ -253,15 +248,23 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         model_sd, optim_sd = full_state_dicts(model, optimizer)  # collective under FSDP2
         loaders = all_gather_object(loader.state_dict())
         rngs = all_gather_object(ckpt.rng_state())
+        failure: Optional[BaseException] = None
         if dist.is_main:
             state = {"step": step, "tokens_seen": result.tokens_seen, "world_size": dist.world_size,
                      "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(tokenizer),
                      "scaler": scaler.state_dict() if scaler is not None else None}
-            result.last_checkpoint = ckpt.save_checkpoint(
-                out_dir, step, model_state=model_sd, model_config=model_config, optim_state=optim_sd,
-                trainer_state=state, train_config=train_dict, tokenizer=tokenizer, keep_last=config.keep_last)
-        result.last_checkpoint = broadcast_object(result.last_checkpoint)
-        barrier()
+            try:
+                result.last_checkpoint = ckpt.save_checkpoint(
+                    out_dir, step, model_state=model_sd, model_config=model_config, optim_state=optim_sd,
+                    trainer_state=state, train_config=train_dict, tokenizer=tokenizer, keep_last=config.keep_last)
+            except Exception as e:  # the previous checkpoint is intact; stop every rank
+                failure = e
+        last, message = broadcast_object((result.last_checkpoint, None if failure is None else repr(failure)))
+        if failure is not None:
+            raise failure
+        if message is not None:
+            raise RuntimeError(f"rank 0 failed to write the checkpoint of step {step}: {message}")
+        result.last_checkpoint = last
 
     from tqdm.auto import tqdm
 
@@ -333,6 +336,34 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         logger.close()
     result.elapsed_s = time.perf_counter() - t_start
     return result
+
+
+def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
+    """Rank 0's reading of the run folder and ``init_from``: where to start, which tokenizer.
+    Errors are returned (not raised) so that they can be raised on every rank."""
+    plan: dict = {"resume_dir": None, "init_dir": None, "tokenizer": config.tokenizer}
+    try:
+        ckpt.clean_stale(out_dir)
+        existing = ckpt.latest_checkpoint(out_dir) if ckpt.checkpoints_dir(out_dir).exists() else None
+        if existing is not None and not resume:
+            plan["error"] = ("value", f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest "
+                                      f"{existing.name}); resume it (--resume / resume=True) or choose another out_dir")
+            return plan
+        if resume and existing is None:
+            plan["note"] = f"difftx train: no checkpoint in {out_dir}; starting from scratch"
+        if resume and existing is not None:
+            plan["resume_dir"] = existing
+            plan["resume_vocab"] = load_config(existing).vocab_size
+        elif config.init_from:
+            plan["init_dir"] = ckpt.resolve_checkpoint(config.init_from)
+            plan["init_config"] = load_config(plan["init_dir"]).to_dict()
+        src = plan["resume_dir"] or plan["init_dir"]
+        if plan["tokenizer"] is None:
+            has_tok = src is not None and (src / ckpt.TOKENIZER_DIR).exists()
+            plan["tokenizer"] = str(src / ckpt.TOKENIZER_DIR) if has_tok else "byte"
+    except CheckpointError as e:
+        plan["error"] = ("checkpoint", str(e))
+    return plan
 
 
 def _diverged(what: str, value: float, step: int, last: Optional[Path]) -> str:
