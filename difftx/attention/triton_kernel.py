@@ -515,6 +515,7 @@ class _FusedDiffAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do: Tensor):
         q, k, v, lam, o, o2, lse = ctx.saved_tensors
         dq, dk, dv, dlam = _diff_backward(do, q, k, v, lam, o, o2, lse, ctx.scale, ctx.causal, ctx.config)
