@@ -119,7 +119,7 @@ def test_lr_schedule():
     assert lr_at(35, lin) == pytest.approx(0.1 + 0.9 * 0.75)
     assert lr_at(200, cfg.replace(decay="constant")) == 1.0
     lrs = [lr_at(s, cfg) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:])) and all(math.isfinite(x) for x in lrs)
+    assert all(a >= b for a, b in zip(lrs[:-1], lrs[1:], strict=True)) and all(math.isfinite(x) for x in lrs)
 
 
 @pytest.mark.parametrize("attention", ["diff", "diff_v2", "standard"])

@@ -182,7 +182,8 @@ def read_trainer_state(folder: PathLike) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt trainer state ({e})") from e
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a difftx training state (format {state.get('format') if isinstance(state, dict) else None!r})")
+        found = state.get("format") if isinstance(state, dict) else None
+        raise CheckpointError(f"{path}: not a difftx training state (format {found!r})")
     if state.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unsupported trainer-state version {state.get('version')!r} "
                               f"(this difftx reads version {FORMAT_VERSION})")

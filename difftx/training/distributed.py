@@ -14,7 +14,7 @@ full copy of the model and optimizer state in rank 0's CPU memory while saving.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -28,7 +28,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_main(self) -> bool:
@@ -58,7 +58,6 @@ def init_distributed(device: str = "auto") -> DistInfo:
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
     if world <= 1:

@@ -25,9 +25,21 @@ from ..config import ModelConfig
 from ..model import Transformer, lm_loss
 from . import checkpointing as ckpt
 from .config import TrainConfig
-from .distributed import (DistInfo, all_gather_object, all_reduce_mean, barrier, broadcast_object,
-                          destroy_distributed, full_state_dicts, full_tensor, init_distributed, is_sharded,
-                          load_full_state_dicts, parallelize, unwrap)
+from .distributed import (
+    DistInfo,
+    all_gather_object,
+    all_reduce_mean,
+    barrier,
+    broadcast_object,
+    destroy_distributed,
+    full_state_dicts,
+    full_tensor,
+    init_distributed,
+    is_sharded,
+    load_full_state_dicts,
+    parallelize,
+    unwrap,
+)
 from .metrics import MetricsLogger, lambda_per_layer
 from .optim import build_optimizer, lr_at
 
@@ -346,8 +358,9 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
         ckpt.clean_stale(out_dir)
         existing = ckpt.latest_checkpoint(out_dir) if ckpt.checkpoints_dir(out_dir).exists() else None
         if existing is not None and not resume:
-            plan["error"] = ("value", f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest "
-                                      f"{existing.name}); resume it (--resume / resume=True) or choose another out_dir")
+            msg = (f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest {existing.name}); "
+                   f"resume it (--resume / resume=True) or choose another out_dir")
+            plan["error"] = ("value", msg)
             return plan
         if resume and existing is None:
             plan["note"] = f"difftx train: no checkpoint in {out_dir}; starting from scratch"
