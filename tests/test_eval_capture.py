@@ -133,3 +133,17 @@ def test_mask_offset_recorded():
     with AttentionCapture(model) as cap:
         attn(torch.randn(1, 3, 32), mask=AttentionMask(causal=True))
     assert cap.last(0).q_offset == 0 and cap.last(0).lam is None
+
+
+def test_compiled_model_is_refused_with_a_hint():
+    model = _model("diff")
+    with pytest.raises(ValueError, match="_orig_mod"):
+        AttentionCapture(_Compiled(model))
+
+
+class _Compiled(torch.nn.Module):
+    """Stands in for torch.compile's wrapper, which keeps the model as ``_orig_mod``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod = model

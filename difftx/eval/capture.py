@@ -77,6 +77,9 @@ class AttentionCapture:
     def __init__(self, model: torch.nn.Module, *, backend: str = "eager", store: bool = True,
                  callback: Optional[Callable[[CapturedMaps], None]] = None, hidden_states: bool = False,
                  hidden_callback: Optional[Callable[[int, Tensor], None]] = None):
+        if hasattr(model, "_orig_mod"):  # torch.compile wrapper: its graph would bypass the wrapped forwards
+            raise ValueError("AttentionCapture: pass the uncompiled model (model._orig_mod), not a torch.compile "
+                             "wrapper; analysis runs eagerly")
         self.model, self.backend, self.store, self.callback = model, backend, store, callback
         self.want_hidden = hidden_states or hidden_callback is not None
         self.hidden_callback = hidden_callback
