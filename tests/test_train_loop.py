@@ -235,3 +235,29 @@ def test_compile_flag_trains(tmp_path, corpus):
     res = train(_cfg(tmp_path / "run", corpus, steps=3, compile=True), data=corpus[2])
     assert sorted(res.losses) == [1, 2, 3] and all(math.isfinite(v) for v in res.losses.values())
     load_model(res.last_checkpoint)  # the compiled wrapper is not in the saved names
+
+
+def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path, corpus, monkeypatch):
+    import signal
+
+    data = corpus[2]
+    reference = train(_cfg(tmp_path / "ref", corpus, ckpt_interval=0, eval_interval=0), data=data)
+    calls = {"n": 0}
+    real_loss = trainer_mod.lm_loss
+
+    def preempt_during_step_3(logits, targets):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler would; handled after the step
+        return real_loss(logits, targets)
+
+    monkeypatch.setattr(trainer_mod, "lm_loss", preempt_during_step_3)
+    cfg = _cfg(tmp_path / "run", corpus, ckpt_interval=0, eval_interval=0)
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = train(cfg, data=data)
+    assert stopped.stopped_by == "SIGTERM" and stopped.step == 3
+    assert stopped.last_checkpoint.name == "step_00000003"
+    assert signal.getsignal(signal.SIGTERM) is before  # handler restored
+    monkeypatch.setattr(trainer_mod, "lm_loss", real_loss)
+    rest = train(cfg, data=data, resume=True)
+    assert {**stopped.losses, **rest.losses} == reference.losses

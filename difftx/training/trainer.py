@@ -62,6 +62,7 @@ class TrainResult:
     tokens_seen: int = 0
     elapsed_s: float = 0.0
     resumed_from: Optional[int] = None
+    stopped_by: Optional[str] = None  # the signal (SIGTERM, SIGUSR1) that ended the run early
 
     @property
     def final_loss(self) -> Optional[float]:
@@ -143,7 +144,8 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     none); the continued run reproduces the uninterrupted one exactly on the same hardware.
     ``data``: an already prepared dataset (``difftx.data.prepare_data`` output) instead of the
     one ``config`` describes. ``stop_at``: stop after this step, writing a checkpoint there, as a
-    preempted job would (the schedule still runs to ``config.steps``).
+    preempted job would (the schedule still runs to ``config.steps``). SIGTERM or SIGUSR1 also
+    stop the run after the current step, with a checkpoint (``TrainResult.stopped_by``).
 
     Under ``torchrun`` every process calls this; the process group is created (and destroyed at
     the end) here unless the caller already created one.
@@ -283,6 +285,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     bar = tqdm(total=config.steps, initial=start_step, disable=not (dist.is_main and config.progress),
                desc="train", unit="step", dynamic_ncols=True)
     t_log, tokens_at_log = time.perf_counter(), 0
+    stop_signal = _StopSignal()
     model.train()
     try:
         for step in range(start_step + 1, end_step + 1):
@@ -304,7 +307,10 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                         loss = lm_loss(model(x, doc_ids=d), y) / config.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 loss_sum += loss.detach().float()
-            loss_val = float(all_reduce_mean(loss_sum))
+            # one all-reduce carries the loss and "a rank was asked to stop"
+            flags = torch.stack([loss_sum, torch.tensor(float(stop_signal.requested), device=device)])
+            loss_mean, stop_mean = all_reduce_mean(flags).tolist()
+            loss_val, stop_now = loss_mean, stop_mean > 0
             if not math.isfinite(loss_val):
                 raise TrainingDivergedError(_diverged("loss", loss_val, step, result.last_checkpoint))
             if scaler is not None:
@@ -339,11 +345,19 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 if val is not None:
                     result.val_losses[step] = val
                     logger.log({"step": step, "val_loss": val})
-                    bar.write(f"step {step}: val_loss {val:.4f}") if dist.is_main and config.progress else None
-            if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step:
+                    if dist.is_main and config.progress:
+                        bar.write(f"step {step}: val_loss {val:.4f}")
+            if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step or stop_now:
                 save(step)
             bar.update(1)
+            if stop_now:
+                result.stopped_by = stop_signal.name or "a signal on another rank"
+                if dist.is_main:
+                    bar.write(f"difftx train: stopped by {result.stopped_by} after step {step}; checkpoint "
+                              f"{result.last_checkpoint}; continue with --resume")
+                break
     finally:
+        stop_signal.restore()
         bar.close()
         logger.close()
     result.elapsed_s = time.perf_counter() - t_start
@@ -377,6 +391,37 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     except CheckpointError as e:
         plan["error"] = ("checkpoint", str(e))
     return plan
+
+
+class _StopSignal:
+    """SIGTERM / SIGUSR1 (what schedulers send before preempting a job) ask the loop to finish
+    the current step, write a checkpoint and return. Installed only in the main thread."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.requested, self.name, self._old = False, None, {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        self.requested, self.name = True, signal.Signals(signum).name
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
 
 
 def _diverged(what: str, value: float, step: int, last: Optional[Path]) -> str:
