@@ -55,9 +55,11 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
         raise ValueError(f"clock: must be 'wall' or 'cpu', got {clock!r}")
     timer = time.perf_counter if clock == "wall" else time.process_time
     dev = torch.device(device)
-    backends = [b for b in (backends or BACKENDS) if b in BACKENDS]
-    if not backends:
-        raise ValueError(f"no known backend among {backends}; known: {sorted(BACKENDS)}")
+    if backends is None:  # every registered backend that runs natively on this device
+        backends = [b for b in BACKENDS if dev.type == "cuda" or b != "triton"]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown or unavailable backend(s) {unknown}; registered: {sorted(BACKENDS)}")
     torch.manual_seed(0)
     diff = DiffAttention(dim, n_heads, layer_idx, n_kv_heads).to(dev, dtype)
     base = StandardAttention(dim, 2 * n_heads, None if n_kv_heads is None else 2 * n_kv_heads).to(dev, dtype)

@@ -159,3 +159,14 @@ def test_maps_only_from_eager():
     m = DiffAttention(32, 2, 0)
     with pytest.raises(ValueError, match="eager"):
         m(torch.randn(1, 3, 32), backend="sdpa", return_maps=True)
+
+
+def test_optional_backend_name_is_valid_without_its_package(monkeypatch):
+    """A config naming 'triton' loads anywhere; without Triton it warns and runs 'auto'."""
+    monkeypatch.delitem(kernels.BACKENDS, "triton", raising=False)
+    monkeypatch.setattr(kernels, "_warned", set())
+    m = DiffAttention(32, 2, 0, backend="triton")
+    with pytest.warns(UserWarning, match="unavailable"):
+        fn = kernels.resolve_backend("triton", torch.device("cpu"))
+    assert fn is kernels.chunked
+    assert m(torch.randn(1, 3, 32)).shape == (1, 3, 32)

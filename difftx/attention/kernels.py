@@ -24,6 +24,7 @@ oracle every other kernel is tested against; with ``return_maps=True`` it also r
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -261,20 +262,32 @@ def register_backend(name: str, fn: Kernel) -> None:
     BACKENDS[name] = fn
 
 
+# Backends difftx knows by name even when their optional package is missing, so a config that
+# names one stays loadable everywhere (it falls back to ``auto`` with a warning until then).
+OPTIONAL_BACKENDS = {"triton": "needs the 'triton' package (pip install 'difftx[triton]') and a CUDA GPU"}
+
+
 def backend_names() -> list[str]:
-    return ["auto", *BACKENDS]
+    return ["auto", *BACKENDS, *(n for n in OPTIONAL_BACKENDS if n not in BACKENDS)]
 
 
 def check_backend_name(name: str) -> None:
-    if name != "auto" and name not in BACKENDS:
+    if name not in backend_names():
         raise ValueError(f"backend: unknown attention backend {name!r}; choose one of {backend_names()}")
+
+
+_warned: set[str] = set()
 
 
 def resolve_backend(name: str, device: torch.device) -> Kernel:
     """The kernel for ``name``; ``auto`` picks the fastest measured for the device."""
     check_backend_name(name)
-    if name != "auto":
+    if name in BACKENDS:
         return BACKENDS[name]
+    if name != "auto" and name not in _warned:  # a known optional backend that is not installed
+        _warned.add(name)
+        warnings.warn(f"attention backend {name!r} is unavailable ({OPTIONAL_BACKENDS[name]}); using 'auto'",
+                      stacklevel=2)
     if device.type == "cuda":
         return BACKENDS.get("triton", sdpa)
     return chunked
