@@ -212,6 +212,13 @@ def test_train_and_generate_cli(tmp_path, corpus, capsys):
     assert capsys.readouterr().out == text  # seeded sampling is reproducible
     assert main(["generate", str(tmp_path / "missing"), "--prompt", "x"]) == 2
     assert "missing" in capsys.readouterr().err
+    # --init-from a run folder: its latest weights, architecture and tokenizer
+    tuned = tmp_path / "tuned"
+    assert main(["train", "--preset", "test", "--out", str(tuned), "--init-from", str(out),
+                 "--set", "steps=1", "--set", "warmup_steps=0", "--set", f"data_source={src}",
+                 "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1", "--set", "progress=false"]) == 0
+    assert load_model(ckpt.latest_checkpoint(tuned)).config == load_model(ckpt_dir).config
+    assert json.loads((tuned / "train_config.json").read_text())["init_from"] == str(out)
     # resuming a finished run is a clean no-op; a corrupt pointer is named
     assert main(["train", "--preset", "test", "--out", str(out), "--resume", "--attention", "standard",
                  "--set", "steps=3", "--set", f"data_source={src}", "--set", f"cache_dir={cache}",
