@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--sizes", help="comma-separated model presets (default: tiny,cpu-5m on CPU; gpu-1b on CUDA)")
     p.add_argument("--attention", default="diff", choices=["diff", "diff_v2"])
-    p.add_argument("--batch-size", type=int, help="sequences per step (default: 8 on CPU, 8 on CUDA)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: 8 on CPU, 4 on CUDA)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: 256 on CPU, 2048 on CUDA)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         dtype = getattr(torch, args.dtype)
     if dtype != torch.float32 and not cuda:
         p.error("bfloat16 on this CPU is hundreds of times slower than float32; benchmark CPU in float32")
-    args.batch_size = args.batch_size or 8
+    args.batch_size = args.batch_size or (4 if cuda else 8)
     args.seq_len = args.seq_len or (2048 if cuda else 256)
     sizes = (args.sizes or ("gpu-1b" if cuda else "tiny,cpu-5m")).split(",")
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
