@@ -42,6 +42,8 @@ def _worker(mode: str, out_root: str, cache_dir: str, source: str) -> None:
     full = train(_config(root / "full", Path(cache_dir), Path(source), PER_RANK_BATCH, mode))
     part1 = train(_config(root / "resumed", Path(cache_dir), Path(source), PER_RANK_BATCH, mode), stop_at=2)
     part2 = train(_config(root / "resumed", Path(cache_dir), Path(source), PER_RANK_BATCH, mode), resume=True)
+    # stopped here, continued by a single process with the same global batch (in the test)
+    train(_config(root / "handoff", Path(cache_dir), Path(source), PER_RANK_BATCH, mode), stop_at=2)
     # an incompatible resume fails on every rank (none is left waiting in a collective)
     from difftx.checkpoint import CheckpointError
 
@@ -124,6 +126,13 @@ def test_parallel_matches_single_process(mode, corpus):
     src, cache, root = corpus
     for rank in (0, 1):
         assert "batch_size" in (root / mode / f"refused.{rank}").read_text()
+    # a run stopped on 2 processes continues in 1 with the same global batch (2 x 2 = 1 x 4)
+    from difftx.training import train
+
+    rest = train(_config(root / mode / "handoff", cache, src, 2 * PER_RANK_BATCH), resume=True)
+    assert sorted(rest.losses) == [3, 4]
+    for s in (3, 4):
+        assert abs(rest.losses[s] - got["full"][str(s)]) < 1e-4
     # the checkpoint (full state dict gathered to rank 0) loads in a single process
     model = load_model(latest_checkpoint(root / mode / "full"))
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -50,8 +50,9 @@ TRAIN_CONFIG_NAME = "train_config.json"
 TOKENIZER_DIR = "tokenizer"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
-# fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change)
-RESUME_MUST_MATCH = ("batch_size", "seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed")
+# fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change);
+# batch_size may change with the number of processes as long as the global batch stays the same
+RESUME_MUST_MATCH = ("seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed")
 
 
 def step_dir_name(step: int) -> str:
@@ -225,9 +226,12 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     if diff:
         raise CheckpointError(f"{path}: cannot resume exactly with a different {sorted(diff)} "
                               f"(checkpoint vs this run: {diff})")
-    if state["world_size"] != world_size:
-        raise CheckpointError(f"{folder / STATE_NAME}: written by {state['world_size']} process(es), resumed with "
-                              f"{world_size}; the data order would change (start a new run with init_from instead)")
+    saved_global = saved_train.get("batch_size", 0) * state["world_size"]
+    if saved_global != train_config.get("batch_size") * world_size:
+        raise CheckpointError(
+            f"{path}: the global batch (batch_size x processes) was {saved_train.get('batch_size')} x "
+            f"{state['world_size']} = {saved_global}, now {train_config.get('batch_size')} x {world_size}; "
+            f"resuming needs the same global batch (start a new run with init_from instead)")
     if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
         raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
                               f"{tokenizer_name!r} in this run")

@@ -243,9 +243,15 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
 
     loader = _make_loader(data.train, config, dist)
     if loader_states is not None:
-        loader.load_state_dict(loader_states[dist.rank])
-    if rng_states is not None:
-        ckpt.set_rng_state(rng_states[dist.rank])
+        try:
+            # same world size: each rank's own state; another one (same global batch): the loader's
+            # position is global, so rank 0's serves every rank
+            own = dist.rank if len(loader_states) == dist.world_size else 0
+            loader.load_state_dict(loader_states[own])
+            ckpt.set_rng_state(rng_states[own])
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{resume_dir / ckpt.STATE_NAME}: the saved data-loader / RNG state does not fit "
+                                  f"this run's data ({type(e).__name__}: {e})") from e
 
     # -- output ---------------------------------------------------------------------------------
     if dist.is_main:
