@@ -19,7 +19,8 @@ def register(sub) -> None:
     p.add_argument("--out", help="output folder (out_dir)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
     p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
-    p.add_argument("--attention", choices=["diff", "diff_v2", "standard"], help="attention kind of the model")
+    p.add_argument("--attention", choices=["diff", "diff_v2", "standard"],
+                   help="attention kind of the model (same n_heads; --baseline gives the parameter-matched one)")
     p.add_argument("--baseline", action="store_true",
                    help="train the parameter-matched baseline of the configured DIFF model")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

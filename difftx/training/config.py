@@ -148,7 +148,7 @@ class TrainConfig:
         if self.device == "cpu" and self.dtype in ("bfloat16", "float16"):
             raise _err("dtype", f"{self.dtype} autocast is GPU-only: on CPUs without native support it is "
                                 f"hundreds of times slower than float32; use dtype=float32 (or auto) on CPU")
-        if self.seq_len > self.model_config().max_seq_len:
+        if self.init_from is None and self.seq_len > self.model_config().max_seq_len:  # init_from: checked in train
             raise _err("seq_len", f"{self.seq_len} exceeds the model's max_seq_len={self.model_config().max_seq_len}")
 
     # -- derived ----------------------------------------------------------------------------------

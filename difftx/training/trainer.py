@@ -200,6 +200,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         model_config = config.model_config(vocab_size=None if config.explicit_vocab() else plan["resume_vocab"])
     else:
         model_config = config.model_config(vocab_size=tokenizer.vocab_size)
+    if config.seq_len > model_config.max_seq_len:
+        raise ValueError(f"TrainConfig.seq_len: {config.seq_len} exceeds the model's max_seq_len="
+                         f"{model_config.max_seq_len}")
     if model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size} ({_tokenizer_name(tokenizer)})")
