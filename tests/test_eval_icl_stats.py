@@ -163,6 +163,9 @@ def test_verdicts():
     better = paired_bootstrap([2.9, 2.91, 2.89, 2.9], [3.0, 3.01, 3.0, 2.99])
     assert "DIFF is better" in verdict(better, "NLL", lower_is_better=True)
     assert "DIFF is worse" in verdict(better, "needle accuracy", lower_is_better=False)
+    assert "understates" in verdict(better, "NLL", lower_is_better=True)  # 4 seeds: a caveat
+    many = paired_bootstrap([2.9, 2.91, 2.89, 2.9, 2.92, 2.88], [3.0, 3.01, 3.0, 2.99, 3.0, 3.0])
+    assert "understates" not in verdict(many, "NLL", lower_is_better=True)
     one = paired_bootstrap([0.5], [0.4])
     assert one.mean == pytest.approx(0.1) and not one.excludes_zero
     assert "one seed" in verdict(one, "acc", lower_is_better=False)

@@ -13,6 +13,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+# below this many paired seeds the percentile bootstrap has few distinct resamples and its CI is
+# too narrow; verdicts say so
+FEW_SEEDS = 5
+
 
 @dataclass
 class PairedDifference:
@@ -63,11 +67,14 @@ def verdict(result: PairedDifference, metric: str, *, lower_is_better: bool, uni
     head = f"{metric}: DIFF - baseline = {f.format(result.mean)}{u}"
     if result.n == 1:
         return head + " (one seed: no confidence interval, so no conclusion)"
-    ci = f" (95% CI [{f.format(result.low)}, {f.format(result.high)}] over {result.n} paired seeds)"
+    pct = round(100 * result.confidence)
+    ci = f" ({pct}% CI [{f.format(result.low)}, {f.format(result.high)}] over {result.n} paired seeds)"
+    few = (f"; with only {result.n} seeds a bootstrap CI understates the uncertainty"
+           if result.n < FEW_SEEDS else "")
     if not result.excludes_zero:
-        return head + ci + ": within noise (the CI contains 0)"
+        return head + ci + ": within noise (the CI contains 0)" + few
     better = (result.mean < 0) == lower_is_better
-    return head + ci + f": DIFF is {'better' if better else 'worse'} (the CI excludes 0)"
+    return head + ci + f": DIFF is {'better' if better else 'worse'} (the CI excludes 0)" + few
 
 
 def mean_and_ci(values: Sequence[float], *, n_boot: int = 10_000, confidence: float = 0.95,
