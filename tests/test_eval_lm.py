@@ -115,6 +115,10 @@ def test_length_extrapolation_on_tiny_model():
     assert sorted(out) == [1, 2, 4]
     assert len(out[4].nll_by_position) == 32 and out[4].n_tokens == 3 * 32
     assert "nll_beyond_train_len" in out[2].extra and "nll_beyond_train_len" not in out[1].extra
+    # every factor is scored on the same text: a prefix of the longest windows equals a short window
+    short = evaluate_lm(model, windows_from_stream(stream, 32, 3)[:, :17])
+    assert out[2].nll_by_position == pytest.approx(short.nll_by_position, abs=1e-5)
+    assert out[1].extra["nll_within_train_len"] == out[4].extra["nll_within_train_len"]
     # an untrained model is near uniform at every length
     for r in out.values():
         assert abs(r.nll - math.log(64)) < 0.2
