@@ -137,7 +137,7 @@ def test_weight_decay_groups(attention):
     if attention == "diff":
         assert {"layers.0.attn.lambda_q1", "layers.1.attn.lambda_k2", "layers.0.attn.subln.weight"} <= kept
     if attention == "diff_v2":
-        assert "layers.0.attn.lambda_proj.weight" in decayed
+        assert "layers.0.attn.lambda_proj.weight" in kept
     assert len(kept) + len(decayed) == len(list(model.parameters()))
     assert no_decay("x.norm.weight", torch.zeros(3)) and not no_decay("x.q_proj.weight", torch.zeros(3, 3))
 

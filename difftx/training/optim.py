@@ -11,11 +11,14 @@ from .config import TrainConfig
 
 
 def no_decay(name: str, param: torch.Tensor) -> bool:
-    """Parameters kept out of weight decay: every vector (norm gains incl. ``subln``, the
-    lambda vectors ``lambda_*``) and the token embeddings (decaying rows of rare tokens towards
-    zero only because they are rarely seen is unwanted). Matrices, including the LM head when it
-    is not tied and V2's ``lambda_proj``, are decayed."""
-    return param.ndim < 2 or name.endswith("tok_embeddings.weight")
+    """Parameters kept out of weight decay: every vector (norm gains incl. ``subln``), every
+    lambda parameter (V1's ``lambda_q1/k1/q2/k2`` and V2's ``lambda_proj``: decay would pull
+    lambda towards its initial value / sigmoid(0) for no modelling reason) and the token
+    embeddings (rows of rare tokens would shrink only because they are rarely seen). All other
+    matrices, including the LM head when it is not tied, are decayed."""
+    leaf = name.rsplit(".", 2)
+    is_lambda = any(part.startswith("lambda_") for part in leaf)
+    return param.ndim < 2 or is_lambda or name.endswith("tok_embeddings.weight")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
