@@ -152,6 +152,8 @@ def test_cli_config_precedence_and_baseline(tmp_path):
                                       "--baseline"])
     cfg = build_config(args)
     assert cfg.lr == 0.003 and cfg.out_dir == "flag_out"
+    explicit = build_config(build_parser().parse_args(["train", "--config", str(path), "--preset", "cpu-5m"]))
+    assert explicit.model == "cpu-5m" and explicit.lr == 0.002  # --preset replaces the file's, fields still apply
     diff = TRAIN_PRESETS["test"].model_config(257)
     base = cfg.model_config(257)
     assert base.attention == "standard" and base.n_heads == 2 * diff.n_heads

@@ -303,7 +303,8 @@ def load_train_config(path: Optional[Union[str, Path]] = None, overrides: Option
     data: dict = {}
     if path is not None:
         data = read_config_file(path)
-        preset_name = preset_name or data.pop("preset", None)
+        file_preset = data.pop("preset", None)  # the command line's --preset wins over the file's
+        preset_name = preset_name or file_preset
     base = train_preset(preset_name or "tiny")
     try:
         cfg = TrainConfig.from_dict({**base.to_dict(), **data}) if data else base
