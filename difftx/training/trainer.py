@@ -268,7 +268,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     end_step = config.steps if stop_at is None else min(config.steps, stop_at)
 
     def save(step: int) -> None:
-        model_sd, optim_sd = full_state_dicts(model, optimizer)  # collective under FSDP2
+        model_sd, optim_sd = {}, {}
+        if dist.is_main or is_sharded(bare):  # collective under FSDP2; replicated (DDP) state: rank 0's copy
+            model_sd, optim_sd = full_state_dicts(model, optimizer)
         loaders = all_gather_object(loader.state_dict())
         rngs = all_gather_object(ckpt.rng_state())
         failure: Optional[BaseException] = None
