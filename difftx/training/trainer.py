@@ -174,6 +174,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if config.parallel == "fsdp" and dist.distributed and dtype == torch.float16:
         raise ValueError("TrainConfig.dtype: float16 (loss scaling) is not supported with parallel=fsdp; use bfloat16")
     out_dir = Path(config.out_dir)
+    if device.type == "cuda":  # TF32 for the float32 matmuls that autocast leaves (and float32 runs)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     # -- where we start from (decided on rank 0, so every rank agrees) ---------------------------
     plan = _plan_start(config, out_dir, resume) if dist.is_main else None
