@@ -298,6 +298,12 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
 
     bar = tqdm(total=config.steps, initial=start_step, disable=not (dist.is_main and config.progress),
                desc="train", unit="step", dynamic_ncols=True)
+    if dist.is_main and config.progress:
+        start = f"resuming at step {start_step}" if resume_dir is not None else (
+            f"from {init_dir}" if init_dir is not None else "from scratch")
+        bar.write(f"difftx train: {model_config.attention} model, {bare.num_parameters():,} parameters, "
+                  f"{tokens_per_step:,} tokens/step on {dist.world_size} x {device} ({str(dtype)[6:]}); "
+                  f"{start}; writing to {out_dir}")
     t_log, tokens_at_log = time.perf_counter(), 0
     stop_signal = _StopSignal()
     model.train()
