@@ -268,3 +268,20 @@ def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path, corpus, monkeypa
     monkeypatch.setattr(trainer_mod, "lm_loss", real_loss)
     rest = train(cfg, data=data, resume=True)
     assert {**stopped.losses, **rest.losses} == reference.losses
+
+
+def test_throughput_benchmark_runs(tmp_path, capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_throughput.py"
+    spec = importlib.util.spec_from_file_location("train_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--device", "cpu", "--sizes", "test", "--steps", "2", "--warmup", "0", "--batch-size", "2",
+                       "--seq-len", "16", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["diff"]["tokens_per_s"] > 0 and row["baseline"]["tokens_per_s"] > 0
+    assert row["ratio_diff_over_baseline"] == pytest.approx(row["diff"]["tokens_per_s"] / row["baseline"]["tokens_per_s"])
+    assert row["diff"]["params"] >= row["baseline"]["params"]  # DIFF adds only the lambda vectors and subln gains
+    assert "| test |" in capsys.readouterr().out
