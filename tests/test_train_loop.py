@@ -286,3 +286,12 @@ def test_throughput_benchmark_runs(tmp_path, capsys):
     assert row["ratio_diff_over_baseline"] == pytest.approx(ratio)
     assert row["diff"]["params"] >= row["baseline"]["params"]  # DIFF adds only the lambda vectors and subln gains
     assert "| test |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attention", ["diff_v2", "standard"])
+def test_other_attention_kinds_train(tmp_path, corpus, attention):
+    res = train(_cfg(tmp_path / "run", corpus, steps=2, model_overrides={"attention": attention}), data=corpus[2])
+    assert res.model_config.attention == attention and all(math.isfinite(v) for v in res.losses.values())
+    recs = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert recs[0]["lambda"] is None  # no per-layer scalar lambda outside V1
+    assert load_model(res.last_checkpoint).config.attention == attention
