@@ -34,6 +34,28 @@ def _check_positive(name: str, value: int) -> None:
         raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
 
+def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: int,
+                 across_groups: bool = False) -> tuple[int, int]:
+    """Validate head counts for a module whose heads have ``components`` parts of width ``d``;
+    return ``(n_kv_heads, d)``. ``across_groups`` words the group rule as V2's pairing rule."""
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    _check_positive("n_heads", n_heads)
+    _check_positive("n_kv_heads", n_kv_heads)
+    parts = f"{components}*n_heads" if components > 1 else "n_heads"
+    if dim % (components * n_heads):
+        raise ValueError(f"dim: {dim} must be divisible by {parts}={components * n_heads}")
+    if n_heads % n_kv_heads:
+        if across_groups:
+            raise ValueError(
+                f"n_kv_heads: {2 * n_heads} query heads in {n_kv_heads} kv groups would pair heads across groups; "
+                f"diff_v2 needs n_heads ({n_heads}) divisible by n_kv_heads ({n_kv_heads})")
+        raise ValueError(f"n_heads: {n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+    d = dim // (components * n_heads)
+    if d % 2:
+        raise ValueError(f"dim: the head width dim/({parts})={d} must be even for rotary embeddings")
+    return n_kv_heads, d
+
+
 class LayerKV:
     """One layer's KV cache: preallocated buffers in kernel layout, filled left to right."""
 
@@ -109,16 +131,7 @@ class StandardAttention(_AttentionBase):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
                  backend: str = "auto"):
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_positive("n_heads", n_heads)
-        _check_positive("n_kv_heads", n_kv_heads)
-        if dim % n_heads:
-            raise ValueError(f"dim: {dim} must be divisible by n_heads={n_heads}")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads: {n_heads} must be divisible by n_kv_heads={n_kv_heads}")
-        d = dim // n_heads
-        if d % 2:
-            raise ValueError(f"dim: head width dim/n_heads={d} must be even for rotary embeddings")
+        n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
         super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
 
@@ -139,18 +152,9 @@ class DiffAttention(_AttentionBase):
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
                  lambda_init: Optional[float] = None, use_subln: bool = True):
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_positive("n_heads", n_heads)
-        _check_positive("n_kv_heads", n_kv_heads)
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
-        if dim % (2 * n_heads):
-            raise ValueError(f"dim: {dim} must be divisible by 2*n_heads={2 * n_heads} (two components per head)")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads: {n_heads} must be divisible by n_kv_heads={n_kv_heads}")
-        d = dim // (2 * n_heads)
-        if d % 2:
-            raise ValueError(f"dim: component width dim/(2*n_heads)={d} must be even for rotary embeddings")
+        n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 2)
         super().__init__(dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, 2 * d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
         self.lambda_init = lambda_init_for_layer(layer_idx) if lambda_init is None else float(lambda_init)
@@ -197,18 +201,7 @@ class DiffAttentionV2(_AttentionBase):
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
                  backend: str = "auto"):
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        _check_positive("n_heads", n_heads)
-        _check_positive("n_kv_heads", n_kv_heads)
-        if dim % n_heads:
-            raise ValueError(f"dim: {dim} must be divisible by n_heads={n_heads}")
-        if (2 * n_heads) % n_kv_heads or n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads: {2 * n_heads} query heads in {n_kv_heads} kv groups would pair heads across groups; "
-                f"diff_v2 needs n_heads ({n_heads}) divisible by n_kv_heads ({n_kv_heads})")
-        d = dim // n_heads
-        if d % 2:
-            raise ValueError(f"dim: head width dim/n_heads={d} must be even for rotary embeddings")
+        n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1, across_groups=True)
         super().__init__(dim, 2 * n_heads, n_kv_heads, n_kv_heads, d, d, n_heads * d, rope_theta, backend)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.lambda_proj = nn.Linear(dim, n_heads, bias=False)
