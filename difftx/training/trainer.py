@@ -29,7 +29,6 @@ from .distributed import (
     DistInfo,
     all_gather_object,
     all_reduce_mean,
-    barrier,
     broadcast_object,
     destroy_distributed,
     full_state_dicts,
@@ -84,10 +83,21 @@ def resolve_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
 def _prepare_data(config: TrainConfig, tokenizer_spec: str, dist: DistInfo):
     from ..data import prepare_data
 
-    kwargs = dict(source=config.data_source, tokenizer=tokenizer_spec, cache_dir=config.cache_dir,
-                  val_fraction=config.val_fraction, text_field=config.text_field)
-    data = prepare_data(**kwargs) if dist.is_main else None  # rank 0 tokenizes and fills the cache first
-    barrier()
+    kwargs = {"source": config.data_source, "tokenizer": tokenizer_spec, "cache_dir": config.cache_dir,
+              "val_fraction": config.val_fraction, "text_field": config.text_field}
+    if not dist.distributed:
+        return prepare_data(**kwargs)
+    data, failure = None, None
+    if dist.is_main:  # rank 0 tokenizes and fills the cache first; the others then open it
+        try:
+            data = prepare_data(**kwargs)
+        except (ValueError, OSError) as e:  # bad data (DataError), missing files: stop every rank
+            failure = e
+    message = broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}")
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise ValueError(f"rank 0 could not prepare the data: {message}")
     return data if data is not None else prepare_data(**kwargs)
 
 
