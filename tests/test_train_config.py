@@ -166,3 +166,14 @@ def test_example_configs_load(path):
     cfg = load_train_config(path)
     m = cfg.model_config(vocab_size=257)
     assert cfg.seq_len <= m.max_seq_len and cfg.out_dir.startswith("runs/")
+
+
+def test_lambda_per_layer_matches_the_modules():
+    from difftx.attention import DiffAttention
+    from difftx.training.metrics import lambda_per_layer
+
+    model = Transformer(preset("test", n_layers=3))
+    got = lambda_per_layer(model)
+    want = [float(m.lambda_full()) for m in model.modules() if isinstance(m, DiffAttention)]
+    assert len(got) == 3 and got == pytest.approx(want, abs=1e-6)
+    assert lambda_per_layer(Transformer(preset("test", attention="standard"))) is None
