@@ -1,0 +1,55 @@
+"""The `difftx` command: help, version, and the foundation's subcommands end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import difftx
+from difftx.cli import SUBCOMMANDS, main
+
+
+def test_help_and_version_from_a_fresh_process():
+    out = subprocess.run([sys.executable, "-m", "difftx", "--help"], capture_output=True, text=True, check=True)
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+    ver = subprocess.run([sys.executable, "-m", "difftx", "--version"], capture_output=True, text=True, check=True)
+    assert ver.stdout.strip() == f"difftx {difftx.__version__}"
+
+
+def test_every_subcommand_has_help(capsys):
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0, name
+        assert "usage: difftx" in capsys.readouterr().out
+
+
+def test_info_prints_config_and_matched_baseline(capsys, tmp_path):
+    assert main(["info", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "baseline  attention=standard heads=4" in out
+    cfg = difftx.preset("test")
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    assert main(["info", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out.split("\nmodel")[0]) == cfg.to_dict()
+    assert main(["info", "no-such-thing"]) == 2
+    assert "neither a preset" in capsys.readouterr().err
+
+
+def test_bench_runs_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--seq-lens", "16", "--dim", "32", "--heads", "2", "--repeats", "1",
+                 "--backends", "eager", "chunked", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["name"] for r in rows} == {"baseline/sdpa", "diff/eager", "diff/chunked"}
+    assert all(r["ms"] > 0 for r in rows)
+    assert "| 16 | fwd+bwd | diff/chunked |" in capsys.readouterr().out
+    assert main(["bench", "--backends", "nope", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
+
+
+def test_demo_smoke(capsys):
+    assert main(["demo", "--steps", "3", "--no-progress", "--pairs", "2", "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| diff |" in out and "| standard |" in out and "lambda per layer" in out
