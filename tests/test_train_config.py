@@ -174,6 +174,6 @@ def test_lambda_per_layer_matches_the_modules():
 
     model = Transformer(preset("test", n_layers=3))
     got = lambda_per_layer(model)
-    want = [float(m.lambda_full()) for m in model.modules() if isinstance(m, DiffAttention)]
+    want = [float(m.lambda_full().detach()) for m in model.modules() if isinstance(m, DiffAttention)]
     assert len(got) == 3 and got == pytest.approx(want, abs=1e-6)
     assert lambda_per_layer(Transformer(preset("test", attention="standard"))) is None
