@@ -8,7 +8,15 @@ import torch
 import torch.nn as nn
 
 from difftx import Transformer, preset
-from difftx.eval.icl import ICLTask, classify, evaluate_icl_order, make_episode, order_demos, training_batch
+from difftx.eval.icl import (
+    ICLTask,
+    above_chance,
+    classify,
+    evaluate_icl_order,
+    make_episode,
+    order_demos,
+    training_batch,
+)
 from difftx.eval.stats import mean_and_ci, paired_bootstrap, verdict
 
 TASK = ICLTask(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
@@ -113,6 +121,8 @@ def test_icl_evaluation_with_oracles():
     for kind in ("random", "alternating"):
         assert good[kind]["accuracies"] == [1.0, 1.0, 1.0]
         assert good[kind]["best_minus_worst"] == 0.0
+        assert good[kind]["above_chance"]
+    assert good["chance"] == 0.25
     bad = evaluate_icl_order(NearestDemo(TASK, wrong=True), TASK, n_episodes=40, n_orders=4, kinds=("random",))
     assert bad["random"]["best_minus_worst"] > 0 and bad["random"]["mean"] < 0.6
     # the same seed gives the same numbers
@@ -120,11 +130,17 @@ def test_icl_evaluation_with_oracles():
     assert again["random"] == bad["random"]
 
 
+def test_above_chance():
+    assert above_chance(0.40, 0.25, 200)  # 0.15 > 2 * 0.031
+    assert not above_chance(0.28, 0.25, 200)
+    assert not above_chance(0.20, 0.25, 200)
+
+
 def test_icl_on_untrained_model():
     torch.manual_seed(0)
     model = Transformer(preset("test", vocab_size=TASK.vocab_size))
     res = evaluate_icl_order(model, TASK, n_episodes=8, n_orders=2, batch_size=8)
-    assert set(res) == {"config", "random", "alternating"}
+    assert set(res) == {"config", "chance", "random", "alternating"}
     assert len(res["random"]["accuracies"]) == 2
     preds = classify(model, TASK, [[1, 2, 3]], [[TASK.first_label + 1, TASK.first_label + 4]])
     assert preds[0] in (TASK.first_label + 1, TASK.first_label + 4)

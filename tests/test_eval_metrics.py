@@ -8,7 +8,14 @@ import torch
 from difftx import Transformer, preset
 from difftx.attention.kernels import BACKENDS, eager
 from difftx.attention.masks import AttentionMask
-from difftx.eval.attention_noise import attention_to_answer, best_head_row, layer_mass, normalized_rows, role_mass, summary
+from difftx.eval.attention_noise import (
+    attention_to_answer,
+    best_head_row,
+    layer_mass,
+    normalized_rows,
+    role_mass,
+    summary,
+)
 from difftx.eval.capture import AttentionCapture
 from difftx.eval.lm import evaluate_lm
 from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, NeedleTask, evaluate_needles, needle_samples

@@ -186,7 +186,8 @@ def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int
                        backend: Optional[str] = None, progress: bool = False) -> dict:
     """Accuracy per order seed for each order kind over the same ``n_episodes`` episodes.
 
-    Returns ``{"config": .., kind: {"accuracies": [..], "mean": .., "best_minus_worst": ..}}``.
+    Returns ``{"config": .., "chance": 1/n_classes, kind: {"accuracies": [..], "mean": ..,
+    "best_minus_worst": .., "above_chance": bool}}``.
     """
     from tqdm.auto import tqdm
 
@@ -195,7 +196,9 @@ def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int
     rng = random.Random(f"icl:{seed}")
     episodes = [make_episode(task, rng) for _ in range(n_episodes)]
     cands = [e.label_of_class for e in episodes]
-    out: dict = {"config": {"task": task.to_dict(), "n_episodes": n_episodes, "n_orders": n_orders, "seed": seed}}
+    chance = 1.0 / task.n_classes
+    out: dict = {"config": {"task": task.to_dict(), "n_episodes": n_episodes, "n_orders": n_orders, "seed": seed},
+                 "chance": chance}
     for kind in kinds:
         accs = []
         for s in tqdm(range(n_orders), desc=f"icl {kind}", disable=not progress, leave=False):
@@ -203,5 +206,14 @@ def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int
                        for i, e in enumerate(episodes)]
             preds = classify(model, task, prompts, cands, batch_size=batch_size, backend=backend)
             accs.append(sum(p == e.answer for p, e in zip(preds, episodes)) / n_episodes)
-        out[kind] = {"accuracies": accs, "mean": sum(accs) / len(accs), "best_minus_worst": max(accs) - min(accs)}
+        mean = sum(accs) / len(accs)
+        out[kind] = {"accuracies": accs, "mean": mean, "best_minus_worst": max(accs) - min(accs),
+                     "above_chance": above_chance(mean, chance, n_episodes)}
     return out
+
+
+def above_chance(accuracy: float, chance: float, n: int, z: float = 2.0) -> bool:
+    """True when ``accuracy`` over ``n`` episodes exceeds ``chance`` by more than ``z`` binomial
+    standard errors. When it does not, the task was not learned and best - worst over orders is
+    only sampling noise: report it as such, not as robustness."""
+    return accuracy - chance > z * (chance * (1 - chance) / max(n, 1)) ** 0.5
