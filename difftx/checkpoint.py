@@ -61,14 +61,21 @@ def save_model(model: Transformer, folder: PathLike, metadata: dict | None = Non
     return folder
 
 
+def read_json(path: Path, missing: str, corrupt: str):
+    """Parsed JSON of ``path``; :class:`CheckpointError` with ``missing`` / ``corrupt`` otherwise."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: {missing}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: {corrupt} ({e})") from e
+
+
 def load_config(folder: PathLike) -> ModelConfig:
     path = Path(folder) / CONFIG_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no model config here (is {folder} a difftx checkpoint folder?)")
+    data = read_json(path, f"no model config here (is {folder} a difftx checkpoint folder?)", "not valid JSON")
     try:
-        return ModelConfig.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+        return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from e
 

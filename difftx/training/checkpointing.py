@@ -35,7 +35,9 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state, save_model
+from ..checkpoint import (
+    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state, read_json, save_model,
+)
 from ..config import ModelConfig
 from ..model import Transformer
 
@@ -176,12 +178,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
 
 def read_trainer_state(folder: PathLike) -> dict:
     path = Path(folder) / STATE_NAME
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (is {folder} a difftx training checkpoint?)")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt trainer state ({e})") from e
+    state = read_json(path, f"missing (is {folder} a difftx training checkpoint?)", "corrupt trainer state")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
         raise CheckpointError(f"{path}: not a difftx training state (format {found!r})")
