@@ -1,0 +1,149 @@
+"""Named settings of ``difftx compare``: model shape, training budget and evaluation sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+def _err(name: str, rule: str) -> ValueError:
+    return ValueError(f"ComparePreset.{name}: {rule}")
+
+
+@dataclass(frozen=True)
+class ComparePreset:
+    """Everything one comparison needs besides the seeds and the output folder.
+
+    Training is multi-task on one model: needle batches (the synthetic multi-needle task, mixed
+    N/R/depths, loss on the answer tokens) and, every ``lm_every``-th step, a language-modelling
+    batch of bundled Shakespeare bytes (token ids shifted past the needle vocabulary, loss on every
+    token). ``lm_every = 0`` trains on the needle task alone (no LM evaluation then).
+    """
+
+    name: str = "custom"
+    description: str = ""
+    # -- model (DIFF; the baseline is difftx.config.baseline_config of it) -------------------------
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 2  # differential heads (the baseline: 2x as many standard heads of the same width d)
+    # -- needle task -----------------------------------------------------------------------------
+    context_len: int = 128
+    n_keys: int = 64
+    n_filler: int = 256
+    max_needles: int = 6
+    # -- training --------------------------------------------------------------------------------
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    lm_every: int = 4  # every k-th step is an LM batch (0: none)
+    lm_seq_len: int = 128
+    log_every: int = 25
+    threads: Optional[int] = None  # torch threads per process (None: leave as is)
+    workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
+    device: str = "auto"
+    # -- evaluation ------------------------------------------------------------------------------
+    samples_per_cell: int = 50
+    grid: tuple = ((1, 1), (2, 2), (4, 2), (6, 2))
+    depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
+    heatmap_lengths: tuple = ()  # extra context lengths for the depth x length heatmap (N=4/R=2)
+    attention_samples: int = 50
+    lm_eval_windows: int = 32
+    extrapolation_factors: tuple = (1, 2, 4)
+    extrapolation_windows: int = 8
+    outlier_tokens: int = 4096
+    quant_bits: tuple = (16, 8, 6, 4, 3)
+    quant_needle_cell: tuple = (4, 2)
+    quant_needle_samples: int = 20  # per depth, for the needle accuracy under low-bit logits
+    quant_lm_windows: int = 8
+    icl: bool = False  # ICL order robustness needs far longer training than these presets give
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
+                     "batch_size", "lm_seq_len", "log_every", "workers", "samples_per_cell", "attention_samples",
+                     "lm_eval_windows", "extrapolation_windows", "outlier_tokens", "quant_needle_samples",
+                     "quant_lm_windows"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise _err(name, f"must be a positive integer, got {v!r}")
+        for name in ("warmup_steps", "lm_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise _err(name, f"must be a non-negative integer, got {v!r}")
+        if self.warmup_steps > self.steps:
+            raise _err("warmup_steps", f"{self.warmup_steps} must not exceed steps={self.steps}")
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
+            raise _err("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
+            raise _err("threads", f"must be a positive integer or None, got {self.threads!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise _err("device", f"must be auto, cpu or cuda, got {self.device!r}")
+        for n, r in self.grid:
+            if not 1 <= r <= n <= self.max_needles:
+                raise _err("grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
+        if not any(tuple(c) == tuple(self.quant_needle_cell) for c in self.grid):
+            raise _err("quant_needle_cell", f"{self.quant_needle_cell} must be one of the grid cells {self.grid}")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise _err("depths", f"must lie in [0, 1], got {self.depths}")
+
+    def replace(self, **changes) -> "ComparePreset":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("grid", "depths", "heatmap_lengths", "extrapolation_factors", "quant_bits", "quant_needle_cell"):
+            d[k] = [list(x) if isinstance(x, tuple) else x for x in d[k]]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ComparePreset":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"ComparePreset: unknown field(s) {unknown}")
+        d = dict(data)
+        for k in ("grid",):
+            if k in d:
+                d[k] = tuple(tuple(x) for x in d[k])
+        for k in ("depths", "heatmap_lengths", "extrapolation_factors", "quant_bits", "quant_needle_cell"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+PRESETS: dict[str, ComparePreset] = {
+    # for tests: seconds per model, numbers are meaningless
+    "smoke": ComparePreset(
+        name="smoke", description="pipeline check only (tiny models, a few steps; numbers are meaningless)",
+        dim=32, n_layers=1, n_heads=1, context_len=48, n_keys=16, n_filler=32, max_needles=4, steps=12,
+        batch_size=8, warmup_steps=2, lm_every=3, lm_seq_len=32, log_every=4, samples_per_cell=2,
+        grid=((1, 1), (2, 2), (4, 2)), depths=(0.0, 1.0), attention_samples=4, lm_eval_windows=4,
+        extrapolation_factors=(1, 2), extrapolation_windows=2, outlier_tokens=256, quant_bits=(8, 3),
+        quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, threads=None),
+    # the make-demo default: about 10 minutes on 2 CPU cores, 2 models trained side by side
+    "cpu": ComparePreset(
+        name="cpu", description="~0.14M-parameter models, ~10 minutes on 2 CPU cores",
+        dim=64, n_layers=2, n_heads=2, context_len=128, steps=1500, batch_size=32, lr=3e-3, min_lr=3e-4,
+        warmup_steps=100, lm_every=4, lm_seq_len=128, samples_per_cell=50, attention_samples=50,
+        lm_eval_windows=32, extrapolation_windows=8, outlier_tokens=4096, quant_needle_samples=10,
+        threads=1, workers=2),
+    # GPU presets: written for users with hardware, NOT run on this project's machines
+    "gpu-small": ComparePreset(
+        name="gpu-small", description="~100M parameters (untested here: no GPU on the development machine)",
+        dim=768, n_layers=12, n_heads=6, context_len=1024, n_keys=512, n_filler=8192, steps=5000, batch_size=32,
+        lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, samples_per_cell=50,
+        heatmap_lengths=(256, 512, 1024), attention_samples=100, lm_eval_windows=256, extrapolation_windows=32,
+        outlier_tokens=65536, quant_needle_samples=50, quant_lm_windows=64, device="auto"),
+}
+
+
+def get_preset(name: str, **overrides) -> ComparePreset:
+    """A named preset with field overrides (validated)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown compare preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

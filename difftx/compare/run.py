@@ -1,0 +1,158 @@
+"""``run_compare``: train DIFF and its matched baseline over paired seeds, evaluate both, and
+write ``results.json``, ``report.md`` and plots. Resumable: each finished part (one model's
+training, one evaluation of one model) is a file in the output folder and is not redone.
+
+Layout of ``out_dir``::
+
+    compare.json                      the preset and seeds of this folder (a re-run must match)
+    seed{S}/{diff,baseline}/model/    the trained model (difftx checkpoint: load_model reads it)
+    seed{S}/{diff,baseline}/train.json   loss history, lambda over training, wall/CPU time
+    seed{S}/{diff,baseline}/evals/{lm,needle,attention,outliers,quant,diagnostics}.json
+    results.json  report.md  plots/*.png
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from ..checkpoint import atomic_write
+from .evaluate import EVALUATIONS, evaluate_model
+from .presets import ComparePreset, get_preset
+from .train import MODEL_KINDS, train_model
+
+SCHEMA_VERSION = 1
+
+
+def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
+    """Train (unless finished) and evaluate (what is missing) one model; returns what was done."""
+    preset = ComparePreset.from_dict(preset_dict)
+    if preset.threads:
+        import torch
+
+        torch.set_num_threads(preset.threads)
+    f = Path(folder)
+    done = {"trained": False, "evaluated": []}
+    if not (f / "train.json").is_file():
+        train_model(kind, preset, seed, f, progress=progress, position=position)
+        done["trained"] = True
+    missing = [e for e in EVALUATIONS if not (f / "evals" / f"{e}.json").is_file()]
+    if missing:
+        evaluate_model(f, preset, progress=False, only=tuple(missing))
+        done["evaluated"] = missing
+    return done
+
+
+def _check_folder(out: Path, preset: ComparePreset) -> None:
+    meta = out / "compare.json"
+    if meta.is_file():
+        try:
+            old = json.loads(meta.read_text())["preset"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
+        if old != preset.to_dict():
+            changed = sorted(k for k in set(old) | set(preset.to_dict()) if old.get(k) != preset.to_dict().get(k))
+            raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
+                             "use another --out to keep both")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(meta, lambda p: Path(p).write_text(json.dumps({"preset": preset.to_dict()}, indent=1) + "\n"))
+
+
+def run_compare(preset: Union[str, ComparePreset] = "smoke", seeds: Union[int, Sequence[int]] = 1,
+                out_dir: Union[str, os.PathLike] = "runs/compare", *, progress: bool = True,
+                workers: Optional[int] = None, **overrides) -> dict:
+    """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
+    ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
+
+    preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset`
+    seeds      K (seeds 0..K-1) or an explicit list of seeds
+    workers    models trained side by side in separate processes (default: the preset's)
+    overrides  :class:`ComparePreset` fields applied on top of the preset
+    """
+    from tqdm.auto import tqdm
+
+    p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.replace(**overrides)
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not seed_list or (isinstance(seeds, int) and seeds <= 0):
+        raise ValueError(f"seeds: need a positive count or a non-empty list, got {seeds!r}")
+    if len(set(seed_list)) != len(seed_list):
+        raise ValueError(f"seeds: must be distinct, got {seed_list}")
+    n_workers = p.workers if workers is None else workers
+    if n_workers <= 0:
+        raise ValueError(f"workers: must be positive, got {n_workers}")
+    out = Path(out_dir)
+    _check_folder(out, p)
+    t0 = time.time()
+    jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in MODEL_KINDS]
+    done: dict[str, dict] = {}
+    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))", disable=not progress,
+               dynamic_ncols=True)
+    if n_workers == 1 or len(jobs) == 1:
+        for s, k, f in jobs:
+            done[f"seed{s}/{k}"] = _job(p.to_dict(), s, k, f, progress, 1)
+            bar.update()
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=min(n_workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_job, p.to_dict(), s, k, f, progress, 1 + i % n_workers): f"seed{s}/{k}"
+                    for i, (s, k, f) in enumerate(jobs)}
+            for fut in as_completed(futs):
+                done[futs[fut]] = fut.result()
+                bar.update()
+    bar.close()
+    results = collect_results(out, p, seed_list)
+    results["wall_s"] = time.time() - t0
+    results["this_run"] = done
+    from .report import write_outputs
+
+    write_outputs(out, results, progress=progress)
+    return results
+
+
+def versions() -> dict:
+    import numpy
+    import torch
+
+    from .. import __version__
+
+    return {"difftx": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count()}
+
+
+def collect_results(out: Path, preset: ComparePreset, seeds: Sequence[int]) -> dict:
+    """Read every stored part back into one JSON-ready dict (the ``results.json`` schema, see
+    ``docs/compare.md``) and add the paired comparisons."""
+    from .summary import paired_comparisons
+    from .train import model_configs, task_space
+
+    space = task_space(preset)
+    cfgs = model_configs(preset, space)
+    runs: dict = {}
+    for s in seeds:
+        runs[str(s)] = {}
+        for k in MODEL_KINDS:
+            f = out / f"seed{s}" / k
+            train = json.loads((f / "train.json").read_text())
+            evals = {e: json.loads((f / "evals" / f"{e}.json").read_text()) for e in EVALUATIONS}
+            runs[str(s)][k] = {"train": train, "evals": evals}
+    first = runs[str(seeds[0])]
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions(),
+        "preset": preset.to_dict(),
+        "seeds": list(seeds),
+        "needle_task": space.needle.to_dict(),
+        "models": {k: {"config": cfgs[k].to_dict(), "parameters": first[k]["train"]["parameters"]}
+                   for k in MODEL_KINDS},
+        "runs": runs,
+    }
+    results["comparison"] = paired_comparisons(results)
+    return results

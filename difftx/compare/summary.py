@@ -1,0 +1,108 @@
+"""Per-seed scalar metrics of a comparison and their paired DIFF - baseline differences."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..eval.stats import mean_and_ci, paired_bootstrap, verdict
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    lower_is_better: bool
+    unit: str
+    get: Callable[[dict], Optional[float]]  # evals of one model -> value (None: not measured)
+
+
+def _lm(field: str) -> Callable[[dict], Optional[float]]:
+    return lambda ev: None if "heldout" not in ev["lm"] else ev["lm"]["heldout"][field]
+
+
+def _beyond(ev: dict) -> Optional[float]:
+    ext = ev["lm"].get("extrapolation")
+    if not ext:
+        return None
+    f = max(ext, key=int)
+    return ext[f]["extra"].get("nll_beyond_train_len")
+
+
+def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], Optional[float]]:
+    def get(ev: dict) -> Optional[float]:
+        q = ev["quant"].get(kind)
+        if q is None or bits not in q.get(gran, {}):
+            return None
+        return q[gran][bits] - q["full"]  # change against full precision
+    return get
+
+
+def metrics_for(results: dict) -> list[Metric]:
+    """The metrics compared in the report, in report order."""
+    p = results["preset"]
+    out = [
+        Metric("lm_nll", "LM NLL (held-out)", True, "nats", _lm("nll")),
+        Metric("lm_bpb", "LM bits per byte", True, "bits", _lm("bpb")),
+        Metric("lm_ar_hit_nll", "LM NLL, AR-hit tokens", True, "nats", _lm("ar_hit_nll")),
+        Metric("lm_other_nll", "LM NLL, other tokens", True, "nats", _lm("other_nll")),
+        Metric("lm_nll_beyond_train_len", f"LM NLL beyond the training length (x{max(p['extrapolation_factors'])})",
+               True, "nats", _beyond),
+    ]
+    for n, r in p["grid"]:
+        out.append(Metric(f"needle_{n}_{r}", f"needle accuracy N={n}/R={r}", False, "",
+                          lambda ev, k=f"{n}/{r}": ev["needle"]["grid"]["accuracy"][k]))
+    out.append(Metric("needle_mean", "needle accuracy, mean over the grid", False, "",
+                      lambda ev: sum(ev["needle"]["grid"]["accuracy"].values())
+                      / len(ev["needle"]["grid"]["accuracy"])))
+    for o in ("distraction", "hallucination", "malformed"):
+        out.append(Metric(f"needle_{o}_rate", f"needle {o} rate (share of queried keys)", True, "",
+                          lambda ev, o=o: ev["needle"]["grid"]["outcome_rates"][o]))
+    for v in ("absolute", "signed"):
+        out.append(Metric(f"attn_answer_{v}", f"attention to answer ({v}, mean over heads and layers)", False, "",
+                          lambda ev, v=v: ev["attention"]["summary"][v]["answer"]))
+        out.append(Metric(f"attn_noise_{v}", f"attention noise ({v}, mean over heads and layers)", True, "",
+                          lambda ev, v=v: ev["attention"]["summary"][v]["noise"]))
+    out += [
+        Metric("outlier_logit_top1", "|attention logit| top-1", True, "",
+               lambda ev: ev["outliers"]["attention_logits"]["top1"]),
+        Metric("outlier_logit_top1_over_median", "|attention logit| top-1 / median", True, "",
+               lambda ev: ev["outliers"]["attention_logits"]["top1_over_median"]),
+        Metric("outlier_hidden_top1", "|hidden state| top-1", True, "",
+               lambda ev: ev["outliers"]["hidden_states"]["top1"]),
+        Metric("outlier_hidden_top1_over_median", "|hidden state| top-1 / median", True, "",
+               lambda ev: ev["outliers"]["hidden_states"]["top1_over_median"]),
+    ]
+    for b in (str(x) for x in p["quant_bits"] if x <= 6):
+        for g in ("row", "tensor"):
+            out.append(Metric(f"quant_nll_{g}_{b}", f"NLL change at {b}-bit logits ({g})", True, "nats",
+                              _quant("nll", g, b)))
+            out.append(Metric(f"quant_needle_{g}_{b}", f"needle accuracy change at {b}-bit logits ({g})", False, "",
+                              _quant("needle_accuracy", g, b)))
+    return out
+
+
+def _ok(v: Optional[float]) -> bool:
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def paired_comparisons(results: dict) -> dict:
+    """``{metric key: {label, lower_is_better, unit, diff: [per seed], baseline: [...],
+    diff_mean/ci, baseline_mean/ci, paired: PairedDifference dict, verdict}}``; metrics not
+    measured (for example LM without LM training) are left out."""
+    seeds = [str(s) for s in results["seeds"]]
+    out = {}
+    for m in metrics_for(results):
+        d = [m.get(results["runs"][s]["diff"]["evals"]) for s in seeds]
+        b = [m.get(results["runs"][s]["baseline"]["evals"]) for s in seeds]
+        if not all(_ok(x) for x in d + b):
+            continue
+        pair = paired_bootstrap(d, b)
+        dm, dl, dh = mean_and_ci(d)
+        bm, bl, bh = mean_and_ci(b)
+        out[m.key] = {"label": m.label, "lower_is_better": m.lower_is_better, "unit": m.unit, "diff": d,
+                      "baseline": b, "diff_mean": dm, "diff_ci": [dl, dh], "baseline_mean": bm, "baseline_ci": [bl, bh],
+                      "paired": pair.to_dict(),
+                      "verdict": verdict(pair, m.label, lower_is_better=m.lower_is_better, unit=m.unit)}
+    return out

@@ -1,0 +1,137 @@
+"""difftx compare: end to end on the smoke preset, resume, paired data order, the eval subcommand."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.cli import main
+from difftx.compare import get_preset, run_compare
+from difftx.compare.schema import validate_results
+from difftx.compare.train import batch_for_step, lm_streams, task_space
+
+# the smoke preset trimmed further to keep the whole module well under a minute
+FAST = dict(steps=6, warmup_steps=1, log_every=3, samples_per_cell=1, grid=((1, 1), (2, 2)), depths=(0.0, 1.0),
+            attention_samples=2, quant_bits=(4,), quant_needle_samples=1, quant_needle_cell=(2, 2),
+            lm_eval_windows=2, outlier_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("compare") / "run"
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in FAST.items()]
+    rc = main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+               "--no-progress", *sets])
+    assert rc == 0
+    return out
+
+
+def test_outputs_and_schema(smoke):
+    for name in ("results.json", "report.md", "compare.json"):
+        assert (smoke / name).is_file(), name
+    res = json.loads((smoke / "results.json").read_text())
+    validate_results(res)
+    assert res["seeds"] == [0, 1]
+    assert res["models"]["diff"]["config"]["attention"] == "diff"
+    assert res["models"]["baseline"]["config"]["attention"] == "standard"
+    # parameter-matched: equal up to lambda vectors and subln gains
+    n_d, n_b = res["models"]["diff"]["parameters"], res["models"]["baseline"]["parameters"]
+    assert 0 < n_d - n_b < 0.01 * n_b
+    for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1"):
+        c = res["comparison"][key]
+        assert c["paired"]["n"] == 2 and c["verdict"]
+        assert abs(c["paired"]["mean"] - (sum(c["diff"]) - sum(c["baseline"])) / 2) < 1e-9
+    pngs = sorted(p.name for p in (smoke / "plots").glob("*.png"))
+    assert {"needle_accuracy.png", "attention_to_answer.png", "outliers.png", "lambda_per_layer.png",
+            "needle_loss.png", "quant_nll.png"} <= set(pngs)
+    for rel in res["plots"].values():
+        assert (smoke / rel).stat().st_size > 1000
+    report = (smoke / "report.md").read_text()
+    assert "0.85" in report and "**Scale.**" in report  # the paper's numbers, labelled as another scale
+    assert "within noise" in report or "DIFF is" in report
+    assert "paper" in report
+
+
+def test_schema_checker_rejects_broken_results(smoke):
+    res = json.loads((smoke / "results.json").read_text())
+    broken = json.loads(json.dumps(res))
+    del broken["runs"]["1"]["baseline"]["evals"]["quant"]
+    with pytest.raises(ValueError, match="quant"):
+        validate_results(broken)
+    broken = json.loads(json.dumps(res))
+    broken["comparison"]["lm_nll"]["diff"] = [1.0]
+    with pytest.raises(ValueError, match="one value per seed"):
+        validate_results(broken)
+
+
+def test_resume_does_not_redo_finished_parts(smoke):
+    marker = smoke / "seed0" / "diff" / "train.json"
+    before = marker.stat().st_mtime_ns
+    (smoke / "seed1" / "baseline" / "evals" / "needle.json").unlink()
+    res = run_compare("smoke", 2, smoke, progress=False, workers=1, **FAST)
+    assert marker.stat().st_mtime_ns == before
+    assert not any(d["trained"] for d in res["this_run"].values())
+    assert res["this_run"]["seed1/baseline"]["evaluated"] == ["needle"]
+    assert all(not d["evaluated"] for k, d in res["this_run"].items() if k != "seed1/baseline")
+    validate_results(res)
+
+
+def test_other_settings_in_the_same_folder_are_refused(smoke):
+    with pytest.raises(ValueError, match="compare.json"):
+        run_compare("smoke", 2, smoke, progress=False, workers=1, **{**FAST, "steps": 7})
+
+
+def test_paired_data_order_depends_on_the_seed_only():
+    p = get_preset("smoke", **FAST)
+    space = task_space(p)
+    lm = lm_streams()[0]
+
+    def batches(seed):
+        rng = random.Random(f"difftx-compare-data:{seed}")
+        return [batch_for_step(s, p, space, rng, lm) for s in range(1, 7)]
+
+    a, b, c = batches(0), batches(0), batches(1)
+    assert [x[0] for x in a] == ["needle", "needle", "lm", "needle", "needle", "lm"]
+    assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
+    assert int(a[2][1].min()) >= space.lm_offset  # LM bytes live past the needle vocabulary
+    assert int(a[0][1].max()) < space.lm_offset
+
+
+def test_preset_validation():
+    with pytest.raises(ValueError, match="ComparePreset.grid"):
+        get_preset("smoke", grid=((2, 3),))
+    with pytest.raises(ValueError, match="unknown compare preset"):
+        get_preset("nope")
+
+
+@pytest.mark.parametrize("task", ["needle", "lm", "outliers", "quant"])
+def test_eval_subcommand_on_a_compare_checkpoint(smoke, task, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["eval", task, str(smoke / "seed0" / "diff" / "model"), "--samples", "1", "--windows", "2",
+               "--no-progress", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["task"] == task and res["attention"] == "diff"
+    if task == "needle":
+        assert set(res["needle"]["accuracy"]) == {"1/1", "2/2", "4/2"}
+    if task == "lm":
+        assert res["heldout"]["nll"] > 0 and res["heldout"]["bpb"] == pytest.approx(
+            res["heldout"]["nll"] / torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+
+
+def test_eval_subcommand_on_a_text_checkpoint(tmp_path, capsys):
+    from difftx.checkpoint import save_model
+    from difftx.config import ModelConfig
+    from difftx.model import Transformer
+
+    torch.manual_seed(0)
+    folder = save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=32)),
+                        tmp_path / "ckpt")
+    assert main(["eval", "lm", str(folder), "--tokenizer", "byte", "--windows", "2", "--no-progress"]) == 0
+    assert "bits/byte" in capsys.readouterr().out
+    assert main(["eval", "outliers", str(tmp_path / "missing"), "--no-progress"]) != 0
