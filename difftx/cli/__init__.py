@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "benchmark DIFF attention against the parameter-matched baseline",
     "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
+    "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
+    "eval": "run one evaluation (lm, needle, outliers, quant) on a checkpoint",
 }
 
 # subcommand -> module name, where they differ (``import`` is a Python keyword)
