@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..checkpoint import atomic_write
+from ..eval.stats import FEW_SEEDS
 
 # The paper's own numbers (SPEC section 5), at 3B parameters: a very different scale.
 PAPER = {
@@ -25,6 +26,7 @@ PAPER = {
 }
 
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
+LEARNED = 0.5  # needle accuracy at the easiest cell below which the report says the task was not learned
 
 
 def _f(v: Optional[float], digits: int = 3) -> str:
@@ -53,7 +55,8 @@ def _call(c: dict) -> str:
     if not p["excludes_zero"]:
         return "within noise"
     better = (p["mean"] < 0) == c["lower_is_better"]
-    return "DIFF better" if better else "DIFF worse"
+    few = f" (only {p['n']} seeds)" if p["n"] < FEW_SEEDS else ""
+    return ("DIFF better" if better else "DIFF worse") + few
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -110,6 +113,15 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
         rows.append([f"{NAMES[k]}, paper ({pn['scale']})"]
                     + [_f(pn[k][pn["grid"].index(g)], 2) if g in pn["grid"] else "-" for g in grid])
     out.append(_table(rows, header))
+    first = f"needle_{p['grid'][0][0]}_{p['grid'][0][1]}"
+    best = max(C[first]["diff_mean"], C[first]["baseline_mean"])
+    if best < LEARNED:
+        out.append(f"**Neither model has learned the retrieval task** (accuracy at N/R = {p['grid'][0][0]}/"
+                   f"{p['grid'][0][1]} is at most {best:.2f}, below {LEARNED}): differences in this section measure "
+                   "partial learning, not retrieval quality; train longer (`--set steps=...`) for a retrieval "
+                   "comparison.\n")
+    out.append("For scale: a model that copies the value of a random needle instead of the queried one scores about "
+               "1/N (a distraction error otherwise); a random well-formed value almost never scores.\n")
     out.append("**Wrong answers**, as a share of all queried keys (distraction: another needle's value; "
                "hallucination: a value that appears nowhere in the context, an offline proxy for the paper's "
                "GPT-4o-judged section 3.6; malformed: anything else):\n")

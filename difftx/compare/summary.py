@@ -65,13 +65,13 @@ def metrics_for(results: dict) -> list[Metric]:
         out.append(Metric(f"attn_noise_{v}", f"attention noise ({v}, mean over heads and layers)", True, "",
                           lambda ev, v=v: ev["attention"]["summary"][v]["noise"]))
     out += [
-        Metric("outlier_logit_top1", "|attention logit| top-1", True, "",
+        Metric("outlier_logit_top1", "attention-logit magnitude top-1", True, "",
                lambda ev: ev["outliers"]["attention_logits"]["top1"]),
-        Metric("outlier_logit_top1_over_median", "|attention logit| top-1 / median", True, "",
+        Metric("outlier_logit_top1_over_median", "attention-logit magnitude top-1 / median", True, "",
                lambda ev: ev["outliers"]["attention_logits"]["top1_over_median"]),
-        Metric("outlier_hidden_top1", "|hidden state| top-1", True, "",
+        Metric("outlier_hidden_top1", "hidden-state magnitude top-1", True, "",
                lambda ev: ev["outliers"]["hidden_states"]["top1"]),
-        Metric("outlier_hidden_top1_over_median", "|hidden state| top-1 / median", True, "",
+        Metric("outlier_hidden_top1_over_median", "hidden-state magnitude top-1 / median", True, "",
                lambda ev: ev["outliers"]["hidden_states"]["top1_over_median"]),
     ]
     for b in (str(x) for x in p["quant_bits"] if x <= 6):
