@@ -12,15 +12,6 @@ from difftx.eval.diagnostics import head_redundancy, lambda_summary, model_head_
 from difftx.generation import generate
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 KINDS = ["diff", "diff_v2", "standard"]
 
 

@@ -22,15 +22,6 @@ from difftx.eval.stats import mean_and_ci, paired_bootstrap, verdict
 TASK = ICLTask(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------------------------------------
 # ICL
 # ---------------------------------------------------------------------------------------------

@@ -20,15 +20,6 @@ from difftx.eval.lm import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class Uniform(nn.Module):
     """Logits all zero: every token has NLL ln V."""
 

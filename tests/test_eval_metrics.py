@@ -23,15 +23,6 @@ from difftx.eval.outliers import MagnitudeStats, activation_outliers, magnitude_
 from difftx.eval.quant import absmax_quantize, quantization_sweep, quantized_kernel, register_quantized_backend
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------------------------------------
 # attention to answer / noise
 # ---------------------------------------------------------------------------------------------

@@ -31,15 +31,6 @@ from difftx.eval.needle import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run faster on one thread (and do not fight other tests for the cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 TASK = NeedleTask(n_keys=16, n_filler=20, value_len=3, context_len=48, max_needles=6, max_query=2)
 
 
