@@ -15,9 +15,9 @@ from difftx.compare.schema import validate_results
 from difftx.compare.train import batch_for_step, lm_streams, task_space
 
 # the smoke preset trimmed further to keep the whole module well under a minute
-FAST = dict(steps=6, warmup_steps=1, log_every=3, samples_per_cell=1, grid=((1, 1), (2, 2)), depths=(0.0, 1.0),
-            attention_samples=2, quant_bits=(4,), quant_needle_samples=1, quant_needle_cell=(2, 2),
-            lm_eval_windows=2, outlier_tokens=64)
+FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "samples_per_cell": 1, "grid": ((1, 1), (2, 2)),
+        "depths": (0.0, 1.0), "attention_samples": 2, "quant_bits": (4,), "quant_needle_samples": 1,
+        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64}
 
 
 @pytest.fixture(scope="module")

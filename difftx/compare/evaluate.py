@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
@@ -24,7 +24,6 @@ EVAL_SEED = 1234  # prompts and windows of every evaluation (fixed: the same for
 def lm_windows(space: TaskSpace, seq_len: int, n: int) -> torch.Tensor:
     """``(n, seq_len + 1)`` evenly spaced windows of the validation bytes, shifted into the model's
     vocabulary."""
-    from ..eval.lm import windows_from_stream
 
     val = lm_streams()[1]
     stride = max(seq_len + 1, (len(val) - 1) // n)
@@ -131,7 +130,7 @@ EVALUATORS: dict[str, Callable] = {"lm": eval_lm, "needle": eval_needle, "attent
 
 
 def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True,
-                   only: Optional[tuple] = None) -> dict:
+                   only: tuple | None = None) -> dict:
     """Run every evaluation not yet stored in ``folder/evals/`` on the model in ``folder/model``;
     returns ``{name: result}`` for all of them (stored ones read back). Each result carries its
     ``wall_s``."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 
 def _err(name: str, rule: str) -> ValueError:
@@ -43,7 +42,7 @@ class ComparePreset:
     lm_every: int = 4  # every k-th step is an LM batch (0: none)
     lm_seq_len: int = 128
     log_every: int = 25
-    threads: Optional[int] = None  # torch threads per process (None: leave as is)
+    threads: int | None = None  # torch threads per process (None: leave as is)
     workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
     device: str = "auto"
     # -- evaluation ------------------------------------------------------------------------------
@@ -91,7 +90,7 @@ class ComparePreset:
         if any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise _err("depths", f"must lie in [0, 1], got {self.depths}")
 
-    def replace(self, **changes) -> "ComparePreset":
+    def replace(self, **changes) -> ComparePreset:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -101,7 +100,7 @@ class ComparePreset:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ComparePreset":
+    def from_dict(cls, data: dict) -> ComparePreset:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 from ..checkpoint import atomic_write
 from ..eval.stats import FEW_SEEDS
@@ -29,7 +28,7 @@ NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 LEARNED = 0.5  # needle accuracy at the easiest cell below which the report says the task was not learned
 
 
-def _f(v: Optional[float], digits: int = 3) -> str:
+def _f(v: float | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:.{digits}f}"
@@ -260,8 +259,9 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
 def make_plots(out: Path, results: dict) -> dict[str, str]:
     """The PNGs under ``out/plots`` (empty when matplotlib is missing); name -> relative path."""
     try:
-        from ..eval import plots as P
         import matplotlib  # noqa: F401
+
+        from ..eval import plots as P
     except ImportError:
         return {}
     runs, seeds = results["runs"], [str(s) for s in results["seeds"]]

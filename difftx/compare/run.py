@@ -18,8 +18,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 from ..checkpoint import atomic_write
 from .evaluate import EVALUATIONS, evaluate_model
@@ -63,9 +63,9 @@ def _check_folder(out: Path, preset: ComparePreset) -> None:
     atomic_write(meta, lambda p: Path(p).write_text(json.dumps({"preset": preset.to_dict()}, indent=1) + "\n"))
 
 
-def run_compare(preset: Union[str, ComparePreset] = "smoke", seeds: Union[int, Sequence[int]] = 1,
-                out_dir: Union[str, os.PathLike] = "runs/compare", *, progress: bool = True,
-                workers: Optional[int] = None, **overrides) -> dict:
+def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
+                out_dir: str | os.PathLike = "runs/compare", *, progress: bool = True,
+                workers: int | None = None, **overrides) -> dict:
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
     ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
 

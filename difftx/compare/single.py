@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
@@ -26,14 +25,14 @@ TASKS = ("lm", "needle", "outliers", "quant")
 class _Subject:
     """A loaded checkpoint with what each task needs: LM windows and a needle evaluator."""
 
-    def __init__(self, path: Union[str, os.PathLike], tokenizer: Optional[str], data: Optional[str],
-                 seq_len: Optional[int], n_windows: int) -> None:
+    def __init__(self, path: str | os.PathLike, tokenizer: str | None, data: str | None,
+                 seq_len: int | None, n_windows: int) -> None:
         from ..checkpoint import load_model
         from ..training.checkpointing import TOKENIZER_DIR, resolve_checkpoint
 
         self.folder = resolve_checkpoint(path)
         self.model = load_model(self.folder).eval()
-        self.task_info: Optional[dict] = None
+        self.task_info: dict | None = None
         self.tokenizer: Any = None
         if (self.folder / TASK_FILE).is_file():
             try:
@@ -75,15 +74,15 @@ class _Subject:
         text = self.tokenizer.decode(ids.tolist())
         return ids, bytes_per_token(text, ids.numel())
 
-    def windows(self, n: Optional[int] = None) -> tuple[torch.Tensor, float]:
+    def windows(self, n: int | None = None) -> tuple[torch.Tensor, float]:
         from ..eval.lm import windows_from_stream
 
         stream, bpt = self.lm_stream()
         return windows_from_stream(stream, self.seq_len + 1, n or self.n_windows), bpt
 
 
-def evaluate_checkpoint(task: str, path: Union[str, os.PathLike], *, tokenizer: Optional[str] = None,
-                        data: Optional[str] = None, seq_len: Optional[int] = None, windows: int = 32,
+def evaluate_checkpoint(task: str, path: str | os.PathLike, *, tokenizer: str | None = None,
+                        data: str | None = None, seq_len: int | None = None, windows: int = 32,
                         samples_per_cell: int = 20, context_len: int = 256, bits: tuple = (16, 8, 6, 4, 3),
                         progress: bool = True) -> dict:
     """Run one evaluation (``task`` in :data:`TASKS`) on the checkpoint at ``path`` (a checkpoint
@@ -125,7 +124,7 @@ def evaluate_checkpoint(task: str, path: Union[str, os.PathLike], *, tokenizer: 
     return out
 
 
-def _needle(s: _Subject, samples: int, context_len: int, backend: Optional[str], progress: bool,
+def _needle(s: _Subject, samples: int, context_len: int, backend: str | None, progress: bool,
             grid=None, use_cache: bool = True):
     from ..eval.needle import DEFAULT_GRID, evaluate_needles, evaluate_needles_text
 

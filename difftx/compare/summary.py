@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from ..eval.stats import mean_and_ci, paired_bootstrap, verdict
 
@@ -15,14 +15,14 @@ class Metric:
     label: str
     lower_is_better: bool
     unit: str
-    get: Callable[[dict], Optional[float]]  # evals of one model -> value (None: not measured)
+    get: Callable[[dict], float | None]  # evals of one model -> value (None: not measured)
 
 
-def _lm(field: str) -> Callable[[dict], Optional[float]]:
+def _lm(field: str) -> Callable[[dict], float | None]:
     return lambda ev: None if "heldout" not in ev["lm"] else ev["lm"]["heldout"][field]
 
 
-def _beyond(ev: dict) -> Optional[float]:
+def _beyond(ev: dict) -> float | None:
     ext = ev["lm"].get("extrapolation")
     if not ext:
         return None
@@ -30,8 +30,8 @@ def _beyond(ev: dict) -> Optional[float]:
     return ext[f]["extra"].get("nll_beyond_train_len")
 
 
-def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], Optional[float]]:
-    def get(ev: dict) -> Optional[float]:
+def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], float | None]:
+    def get(ev: dict) -> float | None:
         q = ev["quant"].get(kind)
         if q is None or bits not in q.get(gran, {}):
             return None
@@ -83,7 +83,7 @@ def metrics_for(results: dict) -> list[Metric]:
     return out
 
 
-def _ok(v: Optional[float]) -> bool:
+def _ok(v: float | None) -> bool:
     return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
 
 

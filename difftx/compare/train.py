@@ -18,7 +18,6 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -85,7 +84,7 @@ def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Rand
 
 
 def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
-                   lm_train: Optional[np.ndarray]) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
+                   lm_train: np.ndarray | None) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     """``(kind, tokens (B, T+1), loss_mask (B, T) or None)`` for optimizer step ``step`` (from 1);
     depends only on the step, the preset and the state of ``rng``."""
     if space.lm and preset.lm_every and step % preset.lm_every == 0:
@@ -176,7 +175,7 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
     return record
 
 
-def _lambdas(model: torch.nn.Module) -> Optional[list[float]]:
+def _lambdas(model: torch.nn.Module) -> list[float] | None:
     from ..eval.capture import layer_lambdas
 
     lam = layer_lambdas(model)
