@@ -12,6 +12,7 @@ bundled Shakespeare bytes, shifted past the needle vocabulary (:class:`TaskSpace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -131,6 +132,11 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
     history: list[dict] = []
     sums = {"needle": [0.0, 0], "lm": [0.0, 0]}
     t0, c0 = time.time(), time.process_time()
+    if device.type == "cuda":  # bf16 autocast and TF32 on GPUs (never on CPU: bf16 is very slow there)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    else:
+        amp = contextlib.nullcontext
     model.train()
     bar = tqdm(range(1, preset.steps + 1), desc=f"train {kind} seed {seed}", disable=not progress, position=position,
                leave=False, dynamic_ncols=True)
@@ -142,7 +148,8 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
             tgt = tgt.masked_fill(~mask.to(device), -100)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
-        logits = model(inp)  # (B, T, V)
+        with amp():
+            logits = model(inp)  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=-100)
         if not math.isfinite(loss.item()):
             raise RuntimeError(f"training {kind} (seed {seed}) diverged at step {step}: loss {loss.item()}")
