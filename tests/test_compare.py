@@ -54,6 +54,14 @@ def test_outputs_and_schema(smoke):
     assert "0.85" in report and "**Scale.**" in report  # the paper's numbers, labelled as another scale
     assert "within noise" in report or "DIFF is" in report
     assert "paper" in report
+    best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
+    assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
+
+
+def test_cli_rejects_unknown_preset_fields(tmp_path, capsys):
+    assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--set", "stepz=3"]) == 2
+    assert "stepz" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_schema_checker_rejects_broken_results(smoke):
