@@ -91,6 +91,9 @@ def test_resume_does_not_redo_finished_parts(smoke):
 def test_other_settings_in_the_same_folder_are_refused(smoke):
     with pytest.raises(ValueError, match="compare.json"):
         run_compare("smoke", 2, smoke, progress=False, workers=1, **{**FAST, "steps": 7})
+    # execution settings (threads, workers, device) may change on resume
+    res = run_compare("smoke", 2, smoke, progress=False, workers=1, threads=1, **FAST)
+    assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())
 
 
 def test_paired_data_order_depends_on_the_seed_only():

@@ -27,6 +27,8 @@ from .presets import ComparePreset, get_preset
 from .train import MODEL_KINDS, train_model
 
 SCHEMA_VERSION = 1
+# preset fields that change how a comparison runs, not what it computes: a resume may change them
+EXECUTION_FIELDS = ("workers", "threads", "device", "description")
 
 
 def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
@@ -55,8 +57,9 @@ def _check_folder(out: Path, preset: ComparePreset) -> None:
             old = json.loads(meta.read_text())["preset"]
         except (json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
-        if old != preset.to_dict():
-            changed = sorted(k for k in set(old) | set(preset.to_dict()) if old.get(k) != preset.to_dict().get(k))
+        new = preset.to_dict()
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS)
+        if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
     out.mkdir(parents=True, exist_ok=True)
