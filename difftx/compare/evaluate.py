@@ -130,7 +130,7 @@ EVALUATORS: dict[str, Callable] = {"lm": eval_lm, "needle": eval_needle, "attent
 
 
 def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True,
-                   only: tuple | None = None) -> dict:
+                   only: tuple | None = None, position: int = 0) -> dict:
     """Run every evaluation not yet stored in ``folder/evals/`` on the model in ``folder/model``;
     returns ``{name: result}`` for all of them (stored ones read back). Each result carries its
     ``wall_s``."""
@@ -139,7 +139,13 @@ def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True
     out_dir.mkdir(parents=True, exist_ok=True)
     model = None
     results = {}
-    for name in only or EVALUATIONS:
+    from tqdm.auto import tqdm
+
+    names = list(only or EVALUATIONS)
+    bar = tqdm(names, desc=f"evaluate {folder.parent.name}/{folder.name}", disable=not progress, leave=False,
+               position=position, dynamic_ncols=True)
+    for name in bar:
+        bar.set_postfix_str(name)
         path = out_dir / f"{name}.json"
         if path.is_file():
             results[name] = json.loads(path.read_text())
@@ -148,7 +154,7 @@ def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True
             model = load_model(folder / "model", device=resolve_device(preset.device)).eval()
         t0 = time.time()
         with torch.no_grad():
-            res = EVALUATORS[name](model, preset, space, progress)
+            res = EVALUATORS[name](model, preset, space, False)
         res["wall_s"] = time.time() - t0
         atomic_write(path, lambda p, res=res: Path(p).write_text(json.dumps(res) + "\n"))
         results[name] = res

@@ -45,7 +45,7 @@ def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, p
         done["trained"] = True
     missing = [e for e in EVALUATIONS if not (f / "evals" / f"{e}.json").is_file()]
     if missing:
-        evaluate_model(f, preset, progress=False, only=tuple(missing))
+        evaluate_model(f, preset, progress=progress, only=tuple(missing), position=position)
         done["evaluated"] = missing
     return done
 
