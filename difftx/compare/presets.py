@@ -126,9 +126,9 @@ PRESETS: dict[str, ComparePreset] = {
         quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, threads=None),
     # the make-demo default: about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
-        name="cpu", description="~0.15M-parameter models on the needle task, about 10 minutes on 2 CPU cores",
+        name="cpu", description="~0.18M-parameter models, needle task + 1 LM batch in 8, ~10 min on 2 CPU cores",
         dim=64, n_layers=2, n_heads=2, context_len=128, steps=7000, batch_size=16, lr=3e-3, min_lr=3e-4,
-        warmup_steps=300, lm_every=0, lm_seq_len=128, samples_per_cell=50, attention_samples=50,
+        warmup_steps=300, lm_every=8, lm_seq_len=128, samples_per_cell=50, attention_samples=50,
         heatmap_lengths=(64, 128, 256),
         lm_eval_windows=32, extrapolation_windows=8, outlier_tokens=4096, quant_needle_samples=10,
         threads=1, workers=2),
