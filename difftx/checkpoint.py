@@ -90,18 +90,26 @@ def load_state(folder: PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: cannot read weights ({e})") from e
 
 
-def load_weights_into(model: Transformer, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
-    if model.config.tie_embeddings:
+def check_weights_fit(config: ModelConfig, state: dict[str, torch.Tensor], source: str = "state dict"
+                      ) -> dict[str, torch.Tensor]:
+    """``state`` completed for tied embeddings, after checking it has exactly the keys and shapes
+    of a model built from ``config`` (built on the meta device: no memory, no init)."""
+    if config.tie_embeddings:
         state = {**state, "lm_head.weight": state.get("tok_embeddings.weight")}
-    expected = model.state_dict()
+    with torch.device("meta"):
+        expected = Transformer(config).state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong = sorted(k for k in set(expected) & set(state)
                    if state[k] is None or tuple(state[k].shape) != tuple(expected[k].shape))
     if missing or unexpected or wrong:
-        raise CheckpointError(f"{source}: weights do not fit the config (missing {missing[:5]}, "
+        raise CheckpointError(f"{source}: weights do not fit the model config (missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
-    model.load_state_dict(state)
+    return state
+
+
+def load_weights_into(model: Transformer, state: dict[str, torch.Tensor], source: str = "state dict") -> None:
+    model.load_state_dict(check_weights_fit(model.config, state, source))
 
 
 def load_model(folder: PathLike, device: str | torch.device = "cpu") -> Transformer:

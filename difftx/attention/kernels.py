@@ -23,7 +23,6 @@ oracle every other kernel is tested against; with ``return_maps=True`` it also r
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -291,7 +290,3 @@ def resolve_backend(name: str, device: torch.device) -> Kernel:
     if device.type == "cuda":
         return BACKENDS.get("triton", sdpa)
     return chunked
-
-
-def default_scale(d: int) -> float:
-    return 1.0 / math.sqrt(d)

@@ -55,7 +55,3 @@ class AttentionMask:
         # a query always sees itself: keeps every softmax row non-empty
         allowed = allowed | (kpos[None, None, :] == qpos[None, :, None])
         return allowed
-
-
-def plain_causal() -> AttentionMask:
-    return AttentionMask(causal=True)

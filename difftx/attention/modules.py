@@ -12,10 +12,9 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels import AttentionMaps, check_backend_name, resolve_backend
+from .kernels import check_backend_name, resolve_backend
 from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
 
@@ -103,9 +102,6 @@ class _AttentionBase(nn.Module):
             k, v = cache.update(offset, k, v)  # (B, S, ...)
         return q, k, v
 
-    def _kernel(self, x: Tensor, backend: Optional[str]):
-        return resolve_backend(backend or self.backend, x.device)
-
     def forward(self, x: Tensor, *, positions: Optional[Tensor] = None, mask: Optional[AttentionMask] = None,
                 cache: Optional[LayerKV] = None, backend: Optional[str] = None, return_maps: bool = False):
         """Self-attention over ``x`` ``(B, T, D)``.
@@ -119,7 +115,7 @@ class _AttentionBase(nn.Module):
         if cache is None and mask.q_offset != 0:
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
-        kernel = self._kernel(x, "eager" if return_maps and backend is None else backend)
+        kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device)
         return self._attend(x, q, k, v, mask, kernel, return_maps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):  # pragma: no cover - abstract

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from ..checkpoint import (
-    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state, read_json, save_model,
+    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_weights_fit, load_config, load_state,
+    read_json, save_model,
 )
 from ..config import ModelConfig
 from ..model import Transformer
@@ -238,18 +239,7 @@ def load_model_state(folder: PathLike, model_config: ModelConfig) -> dict:
     """Weights of ``folder`` as a full state dict, validated against ``model_config``."""
     state = load_state(folder)
     path = Path(folder) / WEIGHTS_NAME
-    if model_config.tie_embeddings:
-        state = {**state, "lm_head.weight": state.get("tok_embeddings.weight")}
-    with torch.device("meta"):
-        expected = Transformer(model_config).state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(state)
-                   if state[k] is None or tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing or unexpected or wrong:
-        raise CheckpointError(f"{path}: weights do not fit the model config (missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
-    return state
+    return check_weights_fit(model_config, state, str(path))
 
 
 # -- RNG state (per process) --------------------------------------------------------------------
