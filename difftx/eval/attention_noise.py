@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .capture import AttentionCapture
-from .needle import ROLE_ANSWER, ROLE_FILLER, NeedleSample
+from .needle import ROLE_ANSWER, ROLE_FILLER, ROLE_NAMES, NeedleSample, RolePrompt
 
 VARIANTS = ("signed", "absolute", "positive")
 
@@ -85,10 +85,12 @@ def layer_mass(rows: Tensor, answer_keys: Tensor, noise_keys: Tensor, layer: int
 
 
 @torch.no_grad()
-def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample], *,
+def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample | RolePrompt], *,
                         backend: str = "eager", keep_rows: int = 1) -> dict:
     """Per-layer answer / noise masses over needle ``samples`` at the last prompt position
-    (the one that emits the first answer token).
+    (the one that emits the first answer token). A sample needs ``prompt`` (token ids) and
+    ``roles`` (``ROLE_*`` per position): a synthetic :class:`NeedleSample`, or a natural-language
+    prompt from :func:`difftx.eval.needle.text_needle_probes`; prompts may differ in length.
 
     Returns ``{"layers": [LayerMass.to_dict(), ...], "rows": [...]}`` where ``rows`` holds, for
     the first ``keep_rows`` samples, the prompt roles and the effective rows at that position
@@ -116,11 +118,16 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample],
                              "heads": [r[-1].tolist() for r in rows]})
     finally:
         model.train(was_training)
-    if len({a.numel() for a in answer}) != 1:
-        raise ValueError("attention_to_answer needs samples of one prompt length")
-    A, N = torch.stack(answer), torch.stack(noise)  # (N, S)
-    layers = [layer_mass(torch.stack(r), A, N, layer).to_dict() for layer, r in enumerate(rows)]
+    # prompts of different lengths: zero-pad keys to the longest (a zero adds to no L1 norm or mass)
+    S = max(a.numel() for a in answer)
+    A, N = _pad(answer, S), _pad(noise, S)  # (N, S)
+    layers = [layer_mass(_pad(r, S), A, N, layer).to_dict() for layer, r in enumerate(rows)]
     return {"n_samples": len(samples), "layers": layers, "rows": kept}
+
+
+def _pad(xs: Sequence[Tensor], S: int) -> Tensor:
+    """Stack tensors ``(..., S_i)`` right-padded with zeros (False) to ``(n, ..., S)``."""
+    return torch.stack([torch.nn.functional.pad(x, (0, S - x.shape[-1])) for x in xs])
 
 
 def summary(result: dict, variant: str = "absolute", layer: Optional[int] = None) -> dict[str, float]:
@@ -144,3 +151,16 @@ def best_head_row(result: dict, variant: str = "absolute", sample: int = 0) -> d
     mass, li, h = best
     kept = result["rows"][sample]
     return {"layer": li, "head": h, "row": kept["heads"][li][h], "roles": kept["roles"], "answer_mass": mass}
+
+
+def attention_report(model: torch.nn.Module, samples: Sequence[NeedleSample | RolePrompt], *,
+                     backend: str = "eager") -> dict:
+    """:func:`attention_to_answer` with its readings, JSON-ready: ``summary`` (``{variant:
+    {"answer", "noise"}}``, head mean averaged over layers), ``best_head_row`` (absolute) and
+    the kept rows' roles as names (``"filler"``, ``"answer"``, ...)."""
+    res = attention_to_answer(model, samples, backend=backend)
+    res["summary"] = {v: summary(res, v) for v in VARIANTS}
+    res["best_head_row"] = best_head_row(res)
+    for kept in (*res["rows"], res["best_head_row"]):
+        kept["roles"] = [ROLE_NAMES[r] for r in kept["roles"]]
+    return res

@@ -33,16 +33,22 @@ def head_redundancy(maps: Tensor) -> float:
 
 
 @torch.no_grad()
-def model_head_redundancy(model: torch.nn.Module, tokens: Tensor, backend: str = "eager") -> list[float]:
-    """:func:`head_redundancy` per layer on one batch ``tokens`` ``(B, T)``."""
+def model_head_redundancy(model: torch.nn.Module, tokens: Tensor, backend: str = "eager",
+                          batch_size: Optional[int] = None) -> list[float]:
+    """:func:`head_redundancy` per layer on ``tokens`` ``(B, T)``, in forwards of ``batch_size``
+    sequences (default: all at once; a smaller one bounds the memory of the captured maps). The
+    value is a mean over sequences, so it does not depend on ``batch_size``."""
     was_training = model.training
     model.eval()
+    per_chunk = []  # (sequences, [value per layer])
     try:
-        with AttentionCapture(model, backend=backend) as cap:
-            model(tokens.to(next(model.parameters()).device))
+        for chunk in tokens.split(batch_size or len(tokens)):
+            with AttentionCapture(model, backend=backend) as cap:
+                model(chunk.to(next(model.parameters()).device))
+            per_chunk.append((len(chunk), [head_redundancy(calls[-1].effective) for calls in cap.maps]))
     finally:
         model.train(was_training)
-    return [head_redundancy(calls[-1].effective) for calls in cap.maps]
+    return [sum(n * v[layer] for n, v in per_chunk) / len(tokens) for layer in range(len(per_chunk[0][1]))]
 
 
 def lambda_summary(model: torch.nn.Module) -> dict[str, list[Optional[float]]]:

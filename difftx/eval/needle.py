@@ -629,3 +629,74 @@ def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[i
     config = {"form": "text", "grid": [list(g) for g in grid], "depths": list(depths), "lengths": lengths,
               "samples_per_cell": samples_per_cell, "seed": seed, "value_digits": value_digits, "backend": backend}
     return NeedleResult(cells, config, examples)
+
+
+@dataclass
+class RolePrompt:
+    """A prompt in token ids and the ``ROLE_*`` of each position: all that
+    :func:`difftx.eval.attention_noise.attention_to_answer` reads from a sample."""
+
+    prompt: list[int]
+    roles: list[int]
+
+
+class _PrefixEnds:
+    """``ends[i]`` = characters of ``decode(ids[:i + 1])``, computed on demand (for bisection);
+    raises where a decoded prefix is not a prefix of ``text``."""
+
+    def __init__(self, ids: list[int], decode: Callable[[list[int]], str], text: str) -> None:
+        self.ids, self.decode, self.text, self.cache = ids, decode, text, {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if i not in self.cache:
+            s = self.decode(self.ids[:i + 1])
+            if not self.text.startswith(s):
+                raise ValueError("the tokenizer's decoded prefixes are not prefixes of the prompt, so token roles "
+                                 "cannot be aligned with the text")
+            self.cache[i] = len(s)
+        return self.cache[i]
+
+
+def text_needle_roles(sample: TextNeedleSample, encode: Callable[[str], list[int]],
+                      decode: Callable[[list[int]], str]) -> RolePrompt:
+    """``sample``'s prompt in tokens with a role per token: *answer* where a token overlaps the
+    digits of the answer needle's number (the first queried city's), *needle* where it overlaps
+    any other needle sentence, *query* for the question, *filler* for the rest. Character
+    offsets come from decoding prefixes of the ids, so ``decode`` must give the prompt back."""
+    from bisect import bisect_left, bisect_right
+
+    ids = list(encode(sample.prompt))
+    if decode(ids) != sample.prompt:
+        raise ValueError("the tokenizer does not decode the needle prompt back to itself, so token roles cannot be "
+                         "aligned with the text")
+    ends = _PrefixEnds(ids, decode, sample.prompt)
+    roles = [ROLE_FILLER] * len(ids)
+
+    def mark(a: int, b: int, role: int) -> None:  # every token overlapping characters [a, b)
+        for i in range(bisect_right(ends, a), bisect_left(ends, b) + 1):
+            roles[i] = role
+
+    mark(len(sample.context), len(sample.prompt), ROLE_QUERY)
+    for city, number in zip(sample.cities, sample.numbers):
+        sentence = needle_sentence(city, number)
+        start = sample.context.index(sentence)
+        mark(start, start + len(sentence), ROLE_NEEDLE)
+        if city == sample.query_cities[0]:
+            digits = start + sentence.index(number)
+            mark(digits, digits + len(number), ROLE_ANSWER)
+    return RolePrompt(ids, roles)
+
+
+def text_needle_probes(encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], n_needles: int,
+                       n_query: int, depth: float, n_samples: int, context_len: int, seed: int = 0,
+                       value_digits: int = 7) -> list[RolePrompt]:
+    """The prompts of one cell of :func:`evaluate_needles_text` (same ``seed``: the same prompts)
+    with a role per token (:func:`text_needle_roles`), for attention to the answer."""
+    rng = random.Random(_cell_seed(seed, n_needles, n_query, context_len, depth))
+    count = lambda s: len(encode(s))  # noqa: E731
+    return [text_needle_roles(make_text_needle_sample(n_needles, n_query, depth, context_len, rng, count_tokens=count,
+                                                      value_digits=value_digits), encode, decode)
+            for _ in range(n_samples)]
