@@ -100,7 +100,16 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, *, positions: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, doc_ids: Optional[Tensor] = None,
                 cache: Optional[KVCache] = None, backend: Optional[str] = None) -> Tensor:
-        """Logits ``(B, T, V)`` for ``tokens`` ``(B, T)``.
+        """Logits ``(B, T, V)`` for ``tokens`` ``(B, T)``: ``lm_head(hidden(...))``, arguments as
+        in :meth:`hidden`."""
+        return self.lm_head(self.hidden(tokens, positions=positions, attention_mask=attention_mask,
+                                         doc_ids=doc_ids, cache=cache, backend=backend))  # (B, T, V)
+
+    def hidden(self, tokens: Tensor, *, positions: Optional[Tensor] = None,
+               attention_mask: Optional[Tensor] = None, doc_ids: Optional[Tensor] = None,
+               cache: Optional[KVCache] = None, backend: Optional[str] = None) -> Tensor:
+        """Final-normed hidden states ``(B, T, D)`` for ``tokens`` ``(B, T)`` (the LM head's input:
+        a loss on a few positions can apply ``lm_head`` to those alone).
 
         ``attention_mask`` ``(B, S)``: 1 for real tokens, 0 for padding, over cached + new
         positions. ``positions`` ``(B, T)``: RoPE positions (default: counting from the cache
@@ -131,7 +140,7 @@ class Transformer(nn.Module):
                       backend=backend)
         if cache is not None:
             cache.length = S
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.norm(x)  # (B, T, D)
 
 
 def lm_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:

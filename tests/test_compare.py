@@ -17,7 +17,7 @@ from difftx.compare.train import batch_for_step, lm_streams, task_space
 # the smoke preset trimmed further to keep the whole module well under a minute
 FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "samples_per_cell": 1, "grid": ((1, 1), (2, 2)),
         "depths": (0.0, 1.0), "attention_samples": 2, "quant_bits": (4,), "quant_needle_samples": 1,
-        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64}
+        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64, "icl_episodes": 4, "icl_orders": 2}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_outputs_and_schema(smoke):
     # parameter-matched: equal up to lambda vectors and subln gains
     n_d, n_b = res["models"]["diff"]["parameters"], res["models"]["baseline"]["parameters"]
     assert 0 < n_d - n_b < 0.01 * n_b
-    for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1"):
+    for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1",
+                "icl_random_best_minus_worst", "icl_alternating_accuracy"):
         c = res["comparison"][key]
         assert c["paired"]["n"] == 2 and c["verdict"]
         assert abs(c["paired"]["mean"] - (sum(c["diff"]) - sum(c["baseline"])) / 2) < 1e-9
@@ -56,6 +57,12 @@ def test_outputs_and_schema(smoke):
     assert "paper" in report
     best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
     assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
+    assert "## In-context learning order robustness" in report
+    icl = res["runs"]["0"]["diff"]["evals"]["icl"]
+    assert len(icl["random"]["accuracies"]) == FAST["icl_orders"]
+    assert ("Not above chance" in report) == any(
+        not r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
+        for o in ("random", "alternating"))
 
 
 def test_cli_rejects_unknown_preset_fields(tmp_path, capsys):
@@ -106,11 +113,31 @@ def test_paired_data_order_depends_on_the_seed_only():
         return [batch_for_step(s, p, space, rng, lm) for s in range(1, 7)]
 
     a, b, c = batches(0), batches(0), batches(1)
-    assert [x[0] for x in a] == ["needle", "needle", "lm", "needle", "needle", "lm"]
+    assert [x[0] for x in a] == ["needle", "needle", "lm", "icl", "needle", "lm"]
     assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b))
     assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
     assert int(a[2][1].min()) >= space.lm_offset  # LM bytes live past the needle vocabulary
     assert int(a[0][1].max()) < space.lm_offset
+    assert int(a[3][1].min()) >= space.icl.first_id > int(a[2][1].max())  # ICL ids past the bytes
+    assert int(a[3][1].max()) < space.vocab_size
+
+
+def test_batch_loss_on_masked_positions_equals_the_full_loss():
+    """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
+    from difftx.compare.train import batch_loss, model_configs
+    from difftx.model import Transformer
+
+    p = get_preset("smoke", **FAST)
+    space = task_space(p)
+    torch.manual_seed(0)
+    model = Transformer(model_configs(p, space)["diff"])
+    rng = random.Random(3)
+    for step in (1, 3, 4):  # needle, LM and ICL batches
+        kind, tokens, mask = batch_for_step(step, p, space, rng, lm_streams()[0])
+        tgt = tokens[:, 1:] if mask is None else tokens[:, 1:].masked_fill(~mask, -100)
+        full = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tgt.flatten(),
+                                                 ignore_index=-100)
+        assert torch.allclose(batch_loss(model, tokens, mask), full, atol=1e-6), kind
 
 
 def test_preset_validation():
@@ -118,9 +145,15 @@ def test_preset_validation():
         get_preset("smoke", grid=((2, 3),))
     with pytest.raises(ValueError, match="unknown compare preset"):
         get_preset("nope")
+    with pytest.raises(ValueError, match="icl_every.*multiple of lm_every"):
+        get_preset("smoke", lm_every=2, icl_every=4)
+    with pytest.raises(ValueError, match="ComparePreset.icl_\\*.*multiple of n_classes"):
+        get_preset("smoke", icl_demos=7)
+    with pytest.raises(ValueError, match="icl_orders"):
+        get_preset("smoke", icl_orders=1)
 
 
-@pytest.mark.parametrize("task", ["needle", "lm", "outliers", "quant"])
+@pytest.mark.parametrize("task", ["needle", "lm", "outliers", "quant", "icl"])
 def test_eval_subcommand_on_a_compare_checkpoint(smoke, task, tmp_path, capsys):
     out = tmp_path / "r.json"
     rc = main(["eval", task, str(smoke / "seed0" / "diff" / "model"), "--samples", "1", "--windows", "2",

@@ -128,7 +128,7 @@ def test_icl_without_the_icl_task_is_a_clear_error(models, tmp_path, capsys, whi
     rc, _ = _eval("icl", models[which], tmp_path)
     assert rc == 2
     err = capsys.readouterr().err
-    assert "needs a model trained on the synthetic ICL task" in err and "--set icl=true" in err
+    assert "needs a model trained on the synthetic ICL task" in err and "--set icl_every=4" in err
 
 
 def test_attention_and_diagnostics_on_a_text_model(tmp_path, capsys):

@@ -17,7 +17,7 @@ def register(sub) -> None:
                                    "attention mass per layer at the first answer position of needle prompts (cell "
                                    "--cell, depth 0.5). diagnostics: learned lambda and head redundancy per layer. "
                                    "icl: in-context learning order robustness, for a compare model trained on the "
-                                   "synthetic ICL task (`difftx compare --set icl=true`).")
+                                   "synthetic ICL task (`difftx compare --set icl_every=4`).")
     p.add_argument("task", choices=TASKS)
     p.add_argument("checkpoint", help="checkpoint or run folder")
     p.add_argument("--tokenizer", help="tokenizer of a text model (default: the one saved with it, else byte)")

@@ -17,7 +17,7 @@ from ..checkpoint import atomic_write, load_model
 from .presets import ComparePreset
 from .train import TaskSpace, lm_streams, resolve_device, task_space
 
-EVALUATIONS = ("lm", "needle", "attention", "outliers", "quant", "diagnostics")
+EVALUATIONS = ("lm", "needle", "attention", "outliers", "quant", "icl", "diagnostics")
 EVAL_SEED = 1234  # prompts and windows of every evaluation (fixed: the same for every model and seed)
 
 
@@ -70,16 +70,10 @@ def eval_needle(model, preset: ComparePreset, space: TaskSpace, progress: bool) 
 
 
 def eval_attention(model, preset: ComparePreset, space: TaskSpace, progress: bool) -> dict:
-    from ..eval.attention_noise import attention_to_answer, best_head_row, summary
-    from ..eval.needle import ROLE_NAMES
+    from ..eval.attention_noise import attention_report
 
-    res = attention_to_answer(model, _probe_samples(preset, space, preset.attention_samples))
-    res["summary"] = {v: summary(res, v) for v in ("signed", "absolute", "positive")}
-    res["best_head_row"] = best_head_row(res)
+    res = attention_report(model, _probe_samples(preset, space, preset.attention_samples))
     res["cell"] = "{}/{}".format(*preset.quant_needle_cell)
-    for kept in res["rows"]:
-        kept["roles"] = [ROLE_NAMES[r] for r in kept["roles"]]
-    res["best_head_row"]["roles"] = [ROLE_NAMES[r] for r in res["best_head_row"]["roles"]]
     return res
 
 
@@ -116,6 +110,15 @@ def eval_quant(model, preset: ComparePreset, space: TaskSpace, progress: bool) -
     return out
 
 
+def eval_icl(model, preset: ComparePreset, space: TaskSpace, progress: bool) -> dict:
+    from ..eval.icl import evaluate_icl_order
+
+    if space.icl is None:
+        return {"skipped": "the preset trains no in-context classification batches (icl_every = 0)"}
+    return evaluate_icl_order(model, space.icl, n_episodes=preset.icl_episodes, n_orders=preset.icl_orders,
+                              seed=EVAL_SEED, progress=progress)
+
+
 def eval_diagnostics(model, preset: ComparePreset, space: TaskSpace, progress: bool) -> dict:
     from ..eval.diagnostics import lambda_summary, model_head_redundancy
 
@@ -126,7 +129,7 @@ def eval_diagnostics(model, preset: ComparePreset, space: TaskSpace, progress: b
 
 
 EVALUATORS: dict[str, Callable] = {"lm": eval_lm, "needle": eval_needle, "attention": eval_attention,
-                                   "outliers": eval_outliers, "quant": eval_quant, "diagnostics": eval_diagnostics}
+                                   "outliers": eval_outliers, "quant": eval_quant, "icl": eval_icl, "diagnostics": eval_diagnostics}
 
 
 def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True,

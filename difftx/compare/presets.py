@@ -17,7 +17,10 @@ class ComparePreset:
     Training is multi-task on one model: needle batches (the synthetic multi-needle task, mixed
     N/R/depths, loss on the answer tokens) and, every ``lm_every``-th step, a language-modelling
     batch of bundled Shakespeare bytes (token ids shifted past the needle vocabulary, loss on every
-    token). ``lm_every = 0`` trains on the needle task alone (no LM evaluation then).
+    token). ``lm_every = 0`` trains on the needle task alone (no LM evaluation then). Every
+    ``icl_every``-th step that is not an LM step is a batch of the synthetic in-context
+    classification task (:mod:`difftx.eval.icl`, label maps drawn per sequence, loss on every
+    label token); ``icl_every = 0`` trains none and skips the ICL order-robustness evaluation.
     """
 
     name: str = "custom"
@@ -59,18 +62,26 @@ class ComparePreset:
     quant_needle_cell: tuple = (4, 2)
     quant_needle_samples: int = 20  # per depth, for the needle accuracy under low-bit logits
     quant_lm_windows: int = 8
-    icl: bool = False  # ICL order robustness needs far longer training than these presets give
+    # -- in-context learning (ICL) order robustness ------------------------------------------------
+    icl_every: int = 0  # every k-th step (not an LM step) is an ICL batch (0: no ICL training or evaluation)
+    icl_classes: int = 4
+    icl_features_per_class: int = 1  # 1: each class is one feature token (recall of the label map)
+    icl_input_len: int = 1
+    icl_demos: int = 8  # demonstrations per prompt (a multiple of icl_classes)
+    icl_episodes: int = 100  # evaluation episodes, each shown in icl_orders orders per order kind
+    icl_orders: int = 5
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
                      "batch_size", "lm_seq_len", "log_every", "workers", "samples_per_cell", "attention_samples",
                      "lm_eval_windows", "extrapolation_windows", "outlier_tokens", "quant_needle_samples",
-                     "quant_lm_windows"):
+                     "quant_lm_windows", "icl_classes", "icl_features_per_class", "icl_input_len", "icl_demos",
+                     "icl_episodes"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every"):
+        for name in ("warmup_steps", "lm_every", "icl_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
@@ -87,8 +98,36 @@ class ComparePreset:
                 raise _err("grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
         if not any(tuple(c) == tuple(self.quant_needle_cell) for c in self.grid):
             raise _err("quant_needle_cell", f"{self.quant_needle_cell} must be one of the grid cells {self.grid}")
+        from ..eval.needle import NeedleTask
+
+        try:
+            NeedleTask(n_keys=self.n_keys, n_filler=self.n_filler, context_len=self.context_len,
+                       max_needles=self.max_needles, max_query=max(r for _, r in self.grid))
+        except ValueError as e:
+            raise _err("context_len", str(e)) from None
         if any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise _err("depths", f"must lie in [0, 1], got {self.depths}")
+        if self.icl_every:
+            if self.icl_every == 1:
+                raise _err("icl_every", "1 would leave no needle steps")
+            if self.lm_every and self.icl_every % self.lm_every == 0:
+                raise _err("icl_every", f"{self.icl_every} is a multiple of lm_every={self.lm_every}: every ICL step "
+                                        "would be an LM step")
+            if not isinstance(self.icl_orders, int) or self.icl_orders < 2:
+                raise _err("icl_orders", f"need at least 2 orders to measure robustness, got {self.icl_orders!r}")
+            try:
+                self.icl_task(0)
+            except ValueError as e:
+                raise _err("icl_*", str(e)) from None
+
+    def icl_task(self, first_id: int):
+        """The :class:`difftx.eval.icl.ICLTask` of this preset, its ids starting at ``first_id``."""
+        from ..eval.icl import ICLTask
+
+        return ICLTask(n_classes=self.icl_classes, n_features=max(4 * self.icl_classes * self.icl_features_per_class,
+                                                                  2 * self.icl_classes),
+                       features_per_class=self.icl_features_per_class, input_len=self.icl_input_len,
+                       n_labels=2 * self.icl_classes, n_demos=self.icl_demos, first_id=first_id)
 
     def replace(self, **changes) -> ComparePreset:
         return dataclasses.replace(self, **changes)
@@ -123,7 +162,8 @@ PRESETS: dict[str, ComparePreset] = {
         batch_size=8, warmup_steps=2, lm_every=3, lm_seq_len=32, log_every=4, samples_per_cell=2,
         grid=((1, 1), (2, 2), (4, 2)), depths=(0.0, 1.0), attention_samples=4, lm_eval_windows=4,
         extrapolation_factors=(1, 2), extrapolation_windows=2, outlier_tokens=256, quant_bits=(8, 3),
-        quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, threads=None),
+        quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, icl_every=4, icl_episodes=8,
+        icl_orders=2, threads=None),
     # the make-demo default: about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task + 1 LM batch in 8, ~10 min on 2 CPU cores",

@@ -223,6 +223,7 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
         out.append(_table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]))
     out.append("The paper (section 3.7) reports DIFF keeping its accuracy at 6 and 4 bits where the Transformer "
                "degrades, at 3B scale.\n")
+    out.append(_icl_section(results))
     # -- diagnostics ---------------------------------------------------------------------------
     out.append("## Diagnostics\n")
     rows = []
@@ -236,10 +237,7 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     out.append("Head redundancy: mean pairwise cosine similarity of the heads' effective maps on needle prompts "
                "(1 = identical heads).\n")
     out.append("## Not run\n")
-    out.append("- In-context learning order robustness: tiny models trained for minutes stay at chance on the ICL "
-               "task (see docs/evaluation.md), so best - worst accuracy would be sampling noise. Use "
-               "`difftx.eval.evaluate_icl_order` on a model trained much longer.\n"
-               "- Natural-language (LWM-style) needles: these models have a task vocabulary, not a text tokenizer "
+    out.append("- Natural-language (LWM-style) needles: these models have a task vocabulary, not a text tokenizer "
                "(`difftx.eval.evaluate_needles_text` serves models that have one).\n")
     # -- time and plots ------------------------------------------------------------------------
     out.append("## Training time\n")
@@ -253,6 +251,37 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     v = results["versions"]
     out.append(f"\n---\ndifftx {v['difftx']}, torch {v['torch']}, Python {v['python']}, {v['platform']}. "
                "Every number is in `results.json`.\n")
+    return "\n".join(out)
+
+
+def _icl_section(results: dict) -> str:
+    """In-context learning order robustness: accuracy and best - worst over orders, with the
+    'not learned' rule (best - worst of a model at chance is sampling noise, not robustness)."""
+    p, C, runs, seeds = results["preset"], results["comparison"], results["runs"], results["seeds"]
+    out = ["## In-context learning order robustness\n"]
+    if not p.get("icl_every"):
+        return out[0] + ("Not run: this preset trains no in-context classification batches (`--set icl_every=4` "
+                         "adds them).\n")
+    ev0 = runs[str(seeds[0])]["diff"]["evals"]["icl"]
+    task = ev0["config"]["task"]
+    out.append(f"A synthetic classification task whose label map is drawn per sequence ({task['n_classes']} classes, "
+               f"{task['n_demos']} demonstrations, chance {ev0['chance']:.2f}), one step in {p['icl_every']} of "
+               f"training. The same {p['icl_episodes']} episodes are shown in {p['icl_orders']} orders of each kind "
+               "(random; alternating by class); best - worst is the spread of accuracy over those orders (paper "
+               "section 3.5: lower is more robust). Mean over seeds [95% bootstrap CI]:\n")
+    rows = []
+    for key in [k for k in C if k.startswith("icl_")]:
+        c = C[key]
+        rows.append([c["label"], _ci(c["baseline_mean"], c["baseline_ci"]), _ci(c["diff_mean"], c["diff_ci"]),
+                     _pair(c), _call(c)])
+    out.append(_table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]))
+    chance_runs = [f"{NAMES[k]} seed {s} ({kind})" for s in seeds for k in ("baseline", "diff")
+                   for kind in ("random", "alternating")
+                   if kind in runs[str(s)][k]["evals"]["icl"] and not runs[str(s)][k]["evals"]["icl"][kind]["above_chance"]]
+    if chance_runs:
+        out.append("**Not above chance** (mean accuracy within two binomial standard errors of chance): "
+                   + ", ".join(chance_runs) + ". For these, best - worst is sampling noise, not a robustness "
+                   "measurement.\n")
     return "\n".join(out)
 
 

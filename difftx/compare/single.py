@@ -195,7 +195,7 @@ def _icl(s: _Subject, o: _Options) -> dict:
     if not spec:
         why = f"it is a text model (no {TASK_FILE})" if s.task_info is None else f"its {TASK_FILE} has no icl_task"
         raise ValueError(f"{s.folder}: ICL order robustness needs a model trained on the synthetic ICL task; {why}. "
-                         "Train one with `difftx compare` with the preset field icl enabled (`--set icl=true`)")
+                         "Train one with `difftx compare` with ICL batches (`--set icl_every=4`)")
     try:
         task = ICLTask(**spec)
     except TypeError as e:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..eval.icl import ORDER_KINDS as ICL_ORDER_KINDS
 from ..eval.stats import mean_and_ci, paired_bootstrap, verdict
 
 
@@ -37,6 +38,10 @@ def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], float | None]:
             return None
         return q[gran][bits] - q["full"]  # change against full precision
     return get
+
+
+def _icl(kind: str, field: str) -> Callable[[dict], float | None]:
+    return lambda ev: ev.get("icl", {}).get(kind, {}).get(field)
 
 
 def metrics_for(results: dict) -> list[Metric]:
@@ -74,6 +79,11 @@ def metrics_for(results: dict) -> list[Metric]:
         Metric("outlier_hidden_top1_over_median", "hidden-state magnitude top-1 / median", True, "",
                lambda ev: ev["outliers"]["hidden_states"]["top1_over_median"]),
     ]
+    for kind in ICL_ORDER_KINDS:
+        out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False, "",
+                          _icl(kind, "mean")))
+        out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders", True, "",
+                          _icl(kind, "best_minus_worst")))
     for b in (str(x) for x in p["quant_bits"] if x <= 6):
         for g in ("row", "tensor"):
             out.append(Metric(f"quant_nll_{g}_{b}", f"NLL change at {b}-bit logits ({g})", True, "nats",

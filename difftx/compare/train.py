@@ -6,8 +6,10 @@ draws its batches from a ``random.Random`` seeded by the comparison seed alone, 
 baseline see exactly the same batches in the same order (a paired comparison).
 
 Batches: the synthetic multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/
-depths, loss on the answer tokens), and every ``lm_every``-th step a language-modelling batch of
-bundled Shakespeare bytes, shifted past the needle vocabulary (:class:`TaskSpace`).
+depths, loss on the answer tokens), every ``lm_every``-th step a language-modelling batch of
+bundled Shakespeare bytes, and every ``icl_every``-th other step an in-context classification
+batch (:func:`difftx.eval.icl.training_batch`); each task has its own block of ids in one
+shared vocabulary (:class:`TaskSpace`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import torch.nn.functional as F
 
 from ..checkpoint import atomic_write, save_model
 from ..config import ModelConfig, baseline_config
+from ..eval import icl as icl_task
+from ..eval.icl import ICLTask
 from ..eval.needle import NeedleTask, training_batch
 from ..model import Transformer
 from ..training.config import TrainConfig
@@ -33,16 +37,22 @@ from ..training.optim import build_optimizer, lr_at
 from .presets import ComparePreset
 
 MODEL_KINDS = ("diff", "baseline")
+BATCH_KINDS = ("needle", "lm", "icl")
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
+
+
+BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
 
 
 @dataclass(frozen=True)
 class TaskSpace:
-    """The shared vocabulary: needle-task ids first, then UTF-8 bytes (and the byte tokenizer's
-    end-of-text) shifted by ``lm_offset``."""
+    """The shared vocabulary: needle-task ids first, then (with LM batches) UTF-8 bytes and the
+    byte tokenizer's end-of-text shifted by ``lm_offset``, then (with ICL batches) the ICL task's
+    ids, which start at ``icl.first_id``."""
 
     needle: NeedleTask
     lm: bool
+    icl: ICLTask | None = None
 
     @property
     def lm_offset(self) -> int:
@@ -50,18 +60,21 @@ class TaskSpace:
 
     @property
     def vocab_size(self) -> int:
-        return self.needle.vocab_size + (257 if self.lm else 0)
+        return self.icl.vocab_size if self.icl else self.lm_offset + (BYTE_VOCAB if self.lm else 0)
 
 
 def task_space(preset: ComparePreset) -> TaskSpace:
     task = NeedleTask(n_keys=preset.n_keys, n_filler=preset.n_filler, context_len=preset.context_len,
                       max_needles=preset.max_needles, max_query=max(r for _, r in preset.grid))
-    return TaskSpace(task, preset.lm_every > 0)
+    lm = preset.lm_every > 0
+    icl = preset.icl_task(task.vocab_size + (BYTE_VOCAB if lm else 0)) if preset.icl_every else None
+    return TaskSpace(task, lm, icl)
 
 
 def model_configs(preset: ComparePreset, space: TaskSpace) -> dict[str, ModelConfig]:
     """``{"diff": ..., "baseline": baseline_config(diff)}`` for the preset."""
-    longest = max(space.needle.max_seq_len, preset.lm_seq_len if space.lm else 0)
+    longest = max(space.needle.max_seq_len, preset.lm_seq_len if space.lm else 0,
+                  space.icl.prompt_len + 1 if space.icl else 0)
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest)
     return {"diff": diff, "baseline": baseline_config(diff)}
@@ -91,8 +104,23 @@ def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: rand
     if space.lm and preset.lm_every and step % preset.lm_every == 0:
         assert lm_train is not None
         return "lm", lm_batch(lm_train, preset.batch_size, preset.lm_seq_len, rng, space.lm_offset), None
+    if space.icl is not None and step % preset.icl_every == 0:
+        tokens, mask = icl_task.training_batch(space.icl, preset.batch_size, rng)
+        return "icl", tokens, mask
     tokens, mask = training_batch(space.needle, preset.batch_size, rng)
     return "needle", tokens, mask
+
+
+def batch_loss(model: Transformer, tokens: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``tokens`` ``(B, T+1)`` over the positions where
+    ``loss_mask`` ``(B, T)`` is True (every position when None). The LM head runs on those
+    positions alone: a needle batch takes its loss on a few answer tokens per sequence."""
+    inp, tgt = tokens[:, :-1], tokens[:, 1:]  # (B, T), (B, T)
+    h = model.hidden(inp)  # (B, T, D)
+    if loss_mask is not None:
+        h, tgt = h[loss_mask], tgt[loss_mask]  # (N, D), (N,)
+    logits = model.lm_head(h)  # (..., V)
+    return F.cross_entropy(logits.flatten(0, -2).float(), tgt.flatten())
 
 
 def resolve_device(name: str) -> torch.device:
@@ -130,7 +158,7 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
     lm_train = lm_streams()[0] if space.lm else None
     rng = random.Random(f"difftx-compare-data:{seed}")  # the data order: a function of the seed only
     history: list[dict] = []
-    sums = {"needle": [0.0, 0], "lm": [0.0, 0]}
+    sums = {k: [0.0, 0] for k in BATCH_KINDS}
     t0, c0 = time.time(), time.process_time()
     if device.type == "cuda":  # bf16 autocast and TF32 on GPUs (never on CPU: bf16 is very slow there)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -143,14 +171,10 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
     for step in bar:
         what, tokens, mask = batch_for_step(step, preset, space, rng, lm_train)
         tokens = tokens.to(device)
-        inp, tgt = tokens[:, :-1], tokens[:, 1:]  # (B, T), (B, T)
-        if mask is not None:
-            tgt = tgt.masked_fill(~mask.to(device), -100)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
         with amp():
-            logits = model(inp)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=-100)
+            loss = batch_loss(model, tokens, None if mask is None else mask.to(device))
         if not math.isfinite(loss.item()):
             raise RuntimeError(f"training {kind} (seed {seed}) diverged at step {step}: loss {loss.item()}")
         opt.zero_grad(set_to_none=True)
@@ -167,13 +191,13 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
                     rec[f"{k}_loss"] = s / n
             rec["lambda"] = _lambdas(model)
             history.append(rec)
-            sums = {"needle": [0.0, 0], "lm": [0.0, 0]}
+            sums = {k: [0.0, 0] for k in BATCH_KINDS}
             bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k.endswith("_loss")})
     bar.close()
     model.eval()
     save_model(model.cpu(), folder / "model", {"seed": seed, "kind": kind, "preset": preset.name})
     task_info = {"needle_task": space.needle.to_dict(), "lm": space.lm, "lm_offset": space.lm_offset,
-                 "lm_seq_len": preset.lm_seq_len}
+                 "lm_seq_len": preset.lm_seq_len, "icl_task": space.icl.to_dict() if space.icl else None}
     atomic_write(folder / "model" / TASK_FILE, lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
     record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
               "steps": preset.steps, "history": history, "wall_s": time.time() - t0,
