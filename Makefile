@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-# `difftx compare --preset cpu`: DIFF vs its matched baseline, all evaluations, report in runs/demo/
-# (about 10 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
+# `difftx compare --preset cpu --seeds 3`: DIFF vs its matched baseline over 3 paired seeds, all evaluations,
+# report in runs/demo/ (about 10 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
 demo: $(STAMP)
-	$(VENV)/bin/difftx compare --preset cpu --out runs/demo
+	$(VENV)/bin/difftx compare --preset cpu --seeds 3 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"
 
 test: $(STAMP)

@@ -17,7 +17,8 @@ from difftx.compare.train import batch_for_step, lm_streams, task_space
 # the smoke preset trimmed further to keep the whole module well under a minute
 FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "samples_per_cell": 1, "grid": ((1, 1), (2, 2)),
         "depths": (0.0, 1.0), "attention_samples": 2, "quant_bits": (4,), "quant_needle_samples": 1,
-        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64, "icl_episodes": 4, "icl_orders": 2}
+        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64, "icl_episodes": 4, "icl_orders": 2,
+        "probe_every": 3, "probe_samples": 1}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_outputs_and_schema(smoke):
     n_d, n_b = res["models"]["diff"]["parameters"], res["models"]["baseline"]["parameters"]
     assert 0 < n_d - n_b < 0.01 * n_b
     for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1",
-                "icl_random_best_minus_worst", "icl_alternating_accuracy"):
+                "icl_random_accuracy", "icl_alternating_accuracy"):
         c = res["comparison"][key]
         assert c["paired"]["n"] == 2 and c["verdict"]
         assert abs(c["paired"]["mean"] - (sum(c["diff"]) - sum(c["baseline"])) / 2) < 1e-9
@@ -58,11 +59,19 @@ def test_outputs_and_schema(smoke):
     best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
     assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
     assert "## In-context learning order robustness" in report
+    assert "### Retrieval during training" in report and "needle_probe.png" in pngs
+    probes = res["runs"]["1"]["baseline"]["train"]["probes"]
+    assert [p["step"] for p in probes] == [3, 6] and set(probes[0]["accuracy"]) == {"1/1", "2/2"}
     icl = res["runs"]["0"]["diff"]["evals"]["icl"]
     assert len(icl["random"]["accuracies"]) == FAST["icl_orders"]
-    assert ("Not above chance" in report) == any(
-        not r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
-        for o in ("random", "alternating"))
+    for o in ("random", "alternating"):  # best - worst is compared only where every model learned the task
+        learned = all(r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r)
+        assert (f"icl_{o}_best_minus_worst" in res["comparison"]) == learned
+    chance = [r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
+              for o in ("random", "alternating")]
+    assert ("No model learned the ICL task" in report) == (not any(chance))
+    assert ("Not above chance" in report) == (any(chance) and not all(chance))
+    assert "batches: 50% needle, 33.3% LM (Shakespeare bytes), 16.7% ICL" in report
 
 
 def test_cli_rejects_unknown_preset_fields(tmp_path, capsys):
@@ -120,6 +129,39 @@ def test_paired_data_order_depends_on_the_seed_only():
     assert int(a[0][1].max()) < space.lm_offset
     assert int(a[3][1].min()) >= space.icl.first_id > int(a[2][1].max())  # ICL ids past the bytes
     assert int(a[3][1].max()) < space.vocab_size
+
+
+def test_probing_during_training_changes_nothing(tmp_path):
+    """Needle probes touch no random state and no weights: the trained model is bit-identical."""
+    from difftx.checkpoint import load_model
+    from difftx.compare.train import train_model
+
+    weights = []
+    for every in (0, 2):
+        p = get_preset("smoke", **{**FAST, "probe_every": every})
+        rec = train_model("diff", p, 0, tmp_path / str(every), progress=False)
+        assert len(rec["probes"]) == (3 if every else 0)
+        weights.append(load_model(tmp_path / str(every) / "model").state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_batch_shares_follow_the_schedule():
+    from difftx.compare.train import batch_shares, step_kind
+
+    assert batch_shares(get_preset("cpu")) == {"needle": 0.75, "lm": 0.125, "icl": 0.125}
+    assert batch_shares(get_preset("cpu", icl_every=0, lm_every=0)) == {"needle": 1.0, "lm": 0.0, "icl": 0.0}
+    p = get_preset("smoke", **FAST)
+    assert [step_kind(s, p) for s in range(1, 13)].count("icl") == 12 * batch_shares(p)["icl"] == 2
+
+
+def test_first_learned_step():
+    from difftx.compare.report import first_learned_step
+
+    probes = [{"step": 5, "accuracy": {"1/1": 0.2}}, {"step": 10, "accuracy": {"1/1": 0.95}},
+              {"step": 15, "accuracy": {"1/1": 0.5}}]
+    assert first_learned_step(probes, "1/1") == 10
+    assert first_learned_step(probes, "1/1", threshold=0.99) is None
+    assert first_learned_step(probes, "2/2") is None
 
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():

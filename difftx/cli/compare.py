@@ -11,8 +11,11 @@ def register(sub) -> None:
                                    "batches), run the paper's evaluations on both and write results.json, report.md "
                                    "and plots/ into --out. Re-running with the same --out resumes: finished "
                                    "trainings and evaluations are not redone.")
-    p.add_argument("--preset", default="cpu", help="smoke | cpu | gpu-small (default cpu: ~10 min on 2 CPU cores)")
-    p.add_argument("--seeds", type=int, default=1, help="number of paired seeds 0..K-1 (default 1)")
+    p.add_argument("--preset", default="cpu",
+                   help="smoke | cpu | gpu-small (default cpu: about 3 min per seed on 2 CPU cores)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="number of paired seeds 0..K-1 (default 1, which gives no CI; make demo uses 3; seeds already "
+                        "in --out are reused)")
     p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET)")
     p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",

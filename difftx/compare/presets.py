@@ -45,6 +45,10 @@ class ComparePreset:
     lm_every: int = 4  # every k-th step is an LM batch (0: none)
     lm_seq_len: int = 128
     log_every: int = 25
+    # retrieval during training: every probe_every steps, needle accuracy on probe_samples fixed prompts
+    # per grid cell (depth 50%); shows when each model learns the task (0: no probes)
+    probe_every: int = 0
+    probe_samples: int = 10
     threads: int | None = None  # torch threads per process (None: leave as is)
     workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
     device: str = "auto"
@@ -77,11 +81,11 @@ class ComparePreset:
                      "batch_size", "lm_seq_len", "log_every", "workers", "samples_per_cell", "attention_samples",
                      "lm_eval_windows", "extrapolation_windows", "outlier_tokens", "quant_needle_samples",
                      "quant_lm_windows", "icl_classes", "icl_features_per_class", "icl_input_len", "icl_demos",
-                     "icl_episodes"):
+                     "icl_episodes", "probe_samples"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every"):
+        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
@@ -163,13 +167,14 @@ PRESETS: dict[str, ComparePreset] = {
         grid=((1, 1), (2, 2), (4, 2)), depths=(0.0, 1.0), attention_samples=4, lm_eval_windows=4,
         extrapolation_factors=(1, 2), extrapolation_windows=2, outlier_tokens=256, quant_bits=(8, 3),
         quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, icl_every=4, icl_episodes=8,
-        icl_orders=2, threads=None),
-    # the make-demo default: about 10 minutes on 2 CPU cores, 2 models trained side by side
+        icl_orders=2, probe_every=6, probe_samples=2, threads=None),
+    # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
-        name="cpu", description="~0.18M-parameter models, needle task + 1 LM batch in 8, ~10 min on 2 CPU cores",
-        dim=64, n_layers=2, n_heads=2, context_len=128, steps=7000, batch_size=16, lr=3e-3, min_lr=3e-4,
-        warmup_steps=300, lm_every=8, lm_seq_len=128, samples_per_cell=50, attention_samples=50,
-        heatmap_lengths=(64, 128, 256),
+        name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
+                                "~3 min per seed on 2 CPU cores",
+        dim=64, n_layers=2, n_heads=2, context_len=64, steps=7500, batch_size=16, lr=3e-3, min_lr=3e-4,
+        warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
+        samples_per_cell=50, attention_samples=50, heatmap_lengths=(48, 64, 128),
         lm_eval_windows=32, extrapolation_windows=8, outlier_tokens=4096, quant_needle_samples=10,
         threads=1, workers=2),
     # GPU presets: written for users with hardware, NOT run on this project's machines

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ..checkpoint import atomic_write
+from ..eval.icl import ORDER_KINDS as ICL_ORDER_KINDS
 from ..eval.stats import FEW_SEEDS
 
 # The paper's own numbers (SPEC section 5), at 3B parameters: a very different scale.
@@ -26,6 +27,7 @@ PAPER = {
 
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 LEARNED = 0.5  # needle accuracy at the easiest cell below which the report says the task was not learned
+PROBE_LEARNED = 0.9  # probe accuracy at the easiest cell from which a model counts as having learned retrieval
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -78,10 +80,10 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     out.append(f"{p['description']}. Seeds: {', '.join(map(str, seeds))} (paired: same seed, same batches in the "
                f"same order for both models). DIFF: {P['diff']['parameters']:,} parameters; baseline: "
                f"{P['baseline']['parameters']:,}. {p['steps']} steps of batch {p['batch_size']}; "
-               f"{'one step in ' + str(p['lm_every']) + ' is an LM batch of Shakespeare bytes, the others needle batches' if p['lm_every'] else 'needle task only'}. "
+               f"{_mix(results)}. "
                f"Wall time of this invocation: {results['wall_s']:.0f} s (parts already stored are not redone).\n")
     out.append("**Scale.** The paper's numbers below come from 3B-parameter models; these "
-               "models are orders of magnitude smaller and trained for minutes on synthetic retrieval plus a little "
+               "models are orders of magnitude smaller and trained for minutes on synthetic tasks plus a little "
                "byte-level Shakespeare. Compare the *direction* of differences, not the values.\n")
     out.append("Every difference is DIFF - baseline, its mean over paired seeds with a 95% percentile bootstrap CI; "
                "'within noise' means the CI contains 0. "
@@ -135,6 +137,7 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
         out.append(f"{NAMES[k]} (seed {s0}) accuracy by depth: "
                    + "; ".join(f"{cell}: " + ", ".join(f"{float(d):.2f}->{a:.2f}" for d, a in v.items())
                                for cell, v in bd.items()) + "\n")
+    out.append(_probe_section(results))
     # -- LM ------------------------------------------------------------------------------------
     out.append("## Language modelling (held-out bundled Shakespeare, bytes)\n")
     if "lm_nll" in C:
@@ -254,6 +257,44 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def _mix(results: dict) -> str:
+    """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'."""
+    from .presets import ComparePreset
+    from .train import batch_shares
+
+    shares = batch_shares(ComparePreset.from_dict(results["preset"]))
+    names = {"needle": "needle", "lm": "LM (Shakespeare bytes)", "icl": "ICL"}
+    return "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
+
+
+def first_learned_step(probes: list[dict], cell: str, threshold: float = PROBE_LEARNED) -> int | None:
+    """The first probed step whose accuracy at ``cell`` reaches ``threshold`` (None: never)."""
+    return next((p["step"] for p in probes if p["accuracy"].get(cell, 0.0) >= threshold), None)
+
+
+def _probe_section(results: dict) -> str:
+    """When each model learned retrieval: needle accuracy probed during training."""
+    runs, seeds, p = results["runs"], [str(s) for s in results["seeds"]], results["preset"]
+    if not all(runs[s][k]["train"].get("probes") for s in seeds for k in ("diff", "baseline")):
+        return ""
+    grid = [f"{n}/{r}" for n, r in p["grid"]]
+    first = grid[0]
+    out = ["### Retrieval during training\n",
+           f"Needle accuracy on {p['probe_samples']} fixed prompts per N/R cell (depth 50%, not the evaluation's "
+           f"prompts), every {p['probe_every']} steps. Small models learn this task in a sudden transition whose "
+           "step varies from seed to seed, so *when* each model learns it says as much as the final accuracy. "
+           f"'Learned at' is the first probe with accuracy >= {PROBE_LEARNED} at N/R = {first}.\n"]
+    rows = []
+    for s in seeds:
+        for k in ("baseline", "diff"):
+            pr = runs[s][k]["train"]["probes"]
+            at = first_learned_step(pr, first)
+            rows.append([s, NAMES[k], f"step {at}" if at is not None else f"not by step {pr[-1]['step']}"]
+                        + [_f(pr[-1]["accuracy"].get(g), 2) for g in grid])
+    out.append(_table(rows, ["seed", "model", f"learned at ({first})"] + [f"last probe {g}" for g in grid]))
+    return "\n".join(out)
+
+
 def _icl_section(results: dict) -> str:
     """In-context learning order robustness: accuracy and best - worst over orders, with the
     'not learned' rule (best - worst of a model at chance is sampling noise, not robustness)."""
@@ -265,8 +306,8 @@ def _icl_section(results: dict) -> str:
     ev0 = runs[str(seeds[0])]["diff"]["evals"]["icl"]
     task = ev0["config"]["task"]
     out.append(f"A synthetic classification task whose label map is drawn per sequence ({task['n_classes']} classes, "
-               f"{task['n_demos']} demonstrations, chance {ev0['chance']:.2f}), one step in {p['icl_every']} of "
-               f"training. The same {p['icl_episodes']} episodes are shown in {p['icl_orders']} orders of each kind "
+               f"{task['n_demos']} demonstrations, chance {ev0['chance']:.2f}), trained alongside the others ({_mix(results)}). "
+               f"The same {p['icl_episodes']} episodes are shown in {p['icl_orders']} orders of each kind "
                "(random; alternating by class); best - worst is the spread of accuracy over those orders (paper "
                "section 3.5: lower is more robust). Mean over seeds [95% bootstrap CI]:\n")
     rows = []
@@ -275,13 +316,19 @@ def _icl_section(results: dict) -> str:
         rows.append([c["label"], _ci(c["baseline_mean"], c["baseline_ci"]), _ci(c["diff_mean"], c["diff_ci"]),
                      _pair(c), _call(c)])
     out.append(_table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]))
-    chance_runs = [f"{NAMES[k]} seed {s} ({kind})" for s in seeds for k in ("baseline", "diff")
-                   for kind in ("random", "alternating")
-                   if kind in runs[str(s)][k]["evals"]["icl"] and not runs[str(s)][k]["evals"]["icl"][kind]["above_chance"]]
-    if chance_runs:
-        out.append("**Not above chance** (mean accuracy within two binomial standard errors of chance): "
-                   + ", ".join(chance_runs) + ". For these, best - worst is sampling noise, not a robustness "
-                   "measurement.\n")
+    runs_all = [(s, k, kind) for s in seeds for k in ("baseline", "diff") for kind in ICL_ORDER_KINDS]
+    at_chance = [f"{NAMES[k]} seed {s} ({kind})" for s, k, kind in runs_all
+                 if not runs[str(s)][k]["evals"]["icl"][kind]["above_chance"]]
+    rule = ("(mean accuracy within two binomial standard errors of chance): its best - worst is sampling noise, not a "
+            "robustness measurement, so best - worst is compared only where every seed of both models is above chance")
+    if len(at_chance) == len(runs_all):
+        out.append(f"**No model learned the ICL task** in any seed or order kind {rule}. Per seed (random orders), "
+                   "accuracy / best - worst: " + "; ".join(
+                       f"{NAMES[k]} seed {s} {runs[str(s)][k]['evals']['icl']['random']['mean']:.2f} / "
+                       f"{runs[str(s)][k]['evals']['icl']['random']['best_minus_worst']:.2f}"
+                       for s in seeds for k in ("baseline", "diff")) + ".\n")
+    elif at_chance:
+        out.append(f"**Not above chance** {rule}: " + ", ".join(at_chance) + ".\n")
     return "\n".join(out)
 
 
@@ -312,6 +359,18 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
         if curves:
             rel(f"training {loss}", P.plot_loss_curves(curves, d / f"{loss}.png", ylabel=label,
                                                        title=f"Training: {label}"))
+    first = "{}/{}".format(*results["preset"]["grid"][0])
+    curves = {}
+    for s in seeds:
+        for k in ("diff", "baseline"):
+            pr = runs[s][k]["train"].get("probes")
+            if pr:
+                curves[f"{'DIFF' if k == 'diff' else 'baseline'} seed {s}"] = ([r["step"] for r in pr],
+                                                                              [r["accuracy"][first] for r in pr])
+    if curves:
+        rel("needle accuracy during training", P.plot_loss_curves(
+            curves, d / "needle_probe.png", ylabel=f"needle accuracy N/R={first}",
+            title="Retrieval during training (probe prompts)"))
     C = results["comparison"]
     grid = [f"{n}/{r}" for n, r in results["preset"]["grid"]]
     acc = {m: {g: C[f"needle_{g.replace('/', '_')}"][f"{k}_mean"] for g in grid}

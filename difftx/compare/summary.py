@@ -40,8 +40,15 @@ def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], float | None]:
     return get
 
 
-def _icl(kind: str, field: str) -> Callable[[dict], float | None]:
-    return lambda ev: ev.get("icl", {}).get(kind, {}).get(field)
+def _icl(kind: str, field: str, learned_only: bool = False) -> Callable[[dict], float | None]:
+    """An ICL result field; with ``learned_only`` None unless the model is above chance (best - worst
+    of a model at chance is sampling noise, so the metric is left out of the comparison)."""
+    def get(ev: dict) -> float | None:
+        r = ev.get("icl", {}).get(kind)
+        if r is None or (learned_only and not r["above_chance"]):
+            return None
+        return r[field]
+    return get
 
 
 def metrics_for(results: dict) -> list[Metric]:
@@ -83,7 +90,7 @@ def metrics_for(results: dict) -> list[Metric]:
         out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False, "",
                           _icl(kind, "mean")))
         out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders", True, "",
-                          _icl(kind, "best_minus_worst")))
+                          _icl(kind, "best_minus_worst", learned_only=True)))
     for b in (str(x) for x in p["quant_bits"] if x <= 6):
         for g in ("row", "tensor"):
             out.append(Metric(f"quant_nll_{g}_{b}", f"NLL change at {b}-bit logits ({g})", True, "nats",

@@ -37,6 +37,7 @@ from ..training.optim import build_optimizer, lr_at
 from .presets import ComparePreset
 
 MODEL_KINDS = ("diff", "baseline")
+PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
 BATCH_KINDS = ("needle", "lm", "icl")
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 
@@ -101,10 +102,12 @@ def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: rand
                    lm_train: np.ndarray | None) -> tuple[str, torch.Tensor, torch.Tensor | None]:
     """``(kind, tokens (B, T+1), loss_mask (B, T) or None)`` for optimizer step ``step`` (from 1);
     depends only on the step, the preset and the state of ``rng``."""
-    if space.lm and preset.lm_every and step % preset.lm_every == 0:
+    kind = step_kind(step, preset)
+    if kind == "lm":
         assert lm_train is not None
         return "lm", lm_batch(lm_train, preset.batch_size, preset.lm_seq_len, rng, space.lm_offset), None
-    if space.icl is not None and step % preset.icl_every == 0:
+    if kind == "icl":
+        assert space.icl is not None
         tokens, mask = icl_task.training_batch(space.icl, preset.batch_size, rng)
         return "icl", tokens, mask
     tokens, mask = training_batch(space.needle, preset.batch_size, rng)
@@ -121,6 +124,22 @@ def batch_loss(model: Transformer, tokens: torch.Tensor, loss_mask: torch.Tensor
         h, tgt = h[loss_mask], tgt[loss_mask]  # (N, D), (N,)
     logits = model.lm_head(h)  # (..., V)
     return F.cross_entropy(logits.flatten(0, -2).float(), tgt.flatten())
+
+
+def step_kind(step: int, preset: ComparePreset) -> str:
+    """``"lm"``, ``"icl"`` or ``"needle"``: the kind of batch of optimizer step ``step`` (from 1)."""
+    if preset.lm_every and step % preset.lm_every == 0:
+        return "lm"
+    if preset.icl_every and step % preset.icl_every == 0:
+        return "icl"
+    return "needle"
+
+
+def batch_shares(preset: ComparePreset) -> dict[str, float]:
+    """Share of the training steps of each batch kind (over one period of the schedule)."""
+    period = math.lcm(preset.lm_every or 1, preset.icl_every or 1)
+    kinds = [step_kind(s, preset) for s in range(1, period + 1)]
+    return {k: kinds.count(k) / period for k in BATCH_KINDS}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -158,6 +177,8 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
     lm_train = lm_streams()[0] if space.lm else None
     rng = random.Random(f"difftx-compare-data:{seed}")  # the data order: a function of the seed only
     history: list[dict] = []
+    probes: list[dict] = []
+    probe_s = 0.0
     sums = {k: [0.0, 0] for k in BATCH_KINDS}
     t0, c0 = time.time(), time.process_time()
     if device.type == "cuda":  # bf16 autocast and TF32 on GPUs (never on CPU: bf16 is very slow there)
@@ -193,6 +214,10 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
             history.append(rec)
             sums = {k: [0.0, 0] for k in BATCH_KINDS}
             bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k.endswith("_loss")})
+        if preset.probe_every and (step % preset.probe_every == 0 or step == preset.steps):
+            t_probe = time.time()
+            probes.append({"step": step, "accuracy": needle_probe(model, preset, space)})
+            probe_s += time.time() - t_probe
     bar.close()
     model.eval()
     save_model(model.cpu(), folder / "model", {"seed": seed, "kind": kind, "preset": preset.name})
@@ -200,10 +225,26 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
                  "lm_seq_len": preset.lm_seq_len, "icl_task": space.icl.to_dict() if space.icl else None}
     atomic_write(folder / "model" / TASK_FILE, lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
     record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
-              "steps": preset.steps, "history": history, "wall_s": time.time() - t0,
+              "steps": preset.steps, "history": history, "probes": probes, "probe_s": probe_s,
+              "wall_s": time.time() - t0,
               "cpu_s": time.process_time() - c0, "device": str(device), "threads": torch.get_num_threads()}
     atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
     return record
+
+
+def needle_probe(model: Transformer, preset: ComparePreset, space: TaskSpace) -> dict[str, float]:
+    """Needle accuracy per grid cell (``{"N/R": acc}``) on ``probe_samples`` fixed prompts per cell
+    at depth 50%, greedy; the model is put back in training mode. Touches no random state."""
+    from ..eval.needle import evaluate_needles
+
+    model.eval()
+    try:
+        with torch.no_grad():
+            res = evaluate_needles(model, space.needle, grid=preset.grid, depths=(0.5,),
+                                   samples_per_cell=preset.probe_samples, seed=PROBE_SEED)
+    finally:
+        model.train()
+    return res.accuracy_table()
 
 
 def _lambdas(model: torch.nn.Module) -> list[float] | None:

@@ -171,11 +171,15 @@ def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: 
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: PathLike, *,
                      ylabel: str = "training loss (nats)", title: str = "Loss") -> Path:
     """``curves[name] = (steps, losses)``; several seeds of a model may be given as
-    ``"DIFF seed 1"`` etc. (colour by the first word)."""
+    ``"DIFF seed 1"`` etc. (colour by the first word, line style by its seed's order)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.4))
+    seen: dict[str, int] = {}
     for i, (name, (steps, losses)) in enumerate(curves.items()):
-        ax.plot(list(steps), list(losses), color=_color(name.split()[0], i), lw=1.2, label=name)
+        model = name.split()[0]
+        style = ("-", "--", ":", "-.")[seen.get(model, 0) % 4]
+        seen[model] = seen.get(model, 0) + 1
+        ax.plot(list(steps), list(losses), color=_color(model, i), ls=style, lw=1.2, label=name)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
