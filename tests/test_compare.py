@@ -12,6 +12,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
+from difftx.compare.summary import first_learned_step
 from difftx.compare.train import batch_for_step, lm_streams, task_space
 
 # the smoke preset trimmed further to keep the whole module well under a minute
@@ -62,6 +63,8 @@ def test_outputs_and_schema(smoke):
     assert "### Retrieval during training" in report and "needle_probe.png" in pngs
     probes = res["runs"]["1"]["baseline"]["train"]["probes"]
     assert [p["step"] for p in probes] == [3, 6] and set(probes[0]["accuracy"]) == {"1/1", "2/2"}
+    learned = [first_learned_step(r[k]["train"]["probes"], "1/1") for r in res["runs"].values() for k in r]
+    assert ("needle_learned_step" in res["comparison"]) == all(x is not None for x in learned)
     icl = res["runs"]["0"]["diff"]["evals"]["icl"]
     assert len(icl["random"]["accuracies"]) == FAST["icl_orders"]
     for o in ("random", "alternating"):  # best - worst is compared only where every model learned the task
@@ -154,9 +157,23 @@ def test_batch_shares_follow_the_schedule():
     assert [step_kind(s, p) for s in range(1, 13)].count("icl") == 12 * batch_shares(p)["icl"] == 2
 
 
-def test_first_learned_step():
-    from difftx.compare.report import first_learned_step
+def test_learned_step_is_compared_when_every_model_learned(smoke):
+    from difftx.compare.summary import paired_comparisons
 
+    res = json.loads((smoke / "results.json").read_text())
+    steps = {("0", "diff"): 3, ("0", "baseline"): 6, ("1", "diff"): 3, ("1", "baseline"): 3}
+    for (s, k), at in steps.items():
+        res["runs"][s][k]["train"]["probes"] = [{"step": st, "accuracy": {"1/1": 1.0 if st >= at else 0.0}}
+                                                for st in (3, 6)]
+    c = paired_comparisons(res)["needle_learned_step"]
+    assert c["diff"] == [3.0, 3.0] and c["baseline"] == [6.0, 3.0] and c["paired"]["mean"] == -1.5
+    assert c["lower_is_better"] and "steps" in c["verdict"]
+    res["runs"]["1"]["baseline"]["train"]["probes"][-1]["accuracy"]["1/1"] = 0.5  # one model never learned
+    res["runs"]["1"]["baseline"]["train"]["probes"][0]["accuracy"]["1/1"] = 0.5
+    assert "needle_learned_step" not in paired_comparisons(res)
+
+
+def test_first_learned_step():
     probes = [{"step": 5, "accuracy": {"1/1": 0.2}}, {"step": 10, "accuracy": {"1/1": 0.95}},
               {"step": 15, "accuracy": {"1/1": 0.5}}]
     assert first_learned_step(probes, "1/1") == 10

@@ -168,11 +168,16 @@ def test_verdicts():
     assert within.low <= 0 <= within.high
     assert "within noise" in verdict(within, "NLL", lower_is_better=True, unit="nats")
     better = paired_bootstrap([2.9, 2.91, 2.89, 2.9], [3.0, 3.01, 3.0, 2.99])
-    assert "DIFF is better" in verdict(better, "NLL", lower_is_better=True)
-    assert "DIFF is worse" in verdict(better, "needle accuracy", lower_is_better=False)
-    assert "understates" in verdict(better, "NLL", lower_is_better=True)  # 4 seeds: a caveat
+    assert better.excludes_zero
+    # 4 seeds: a CI that excludes 0 only suggests a direction
+    assert "suggests DIFF is better" in verdict(better, "NLL", lower_is_better=True)
+    assert "suggests DIFF is worse" in verdict(better, "needle accuracy", lower_is_better=False)
+    assert "too few for a conclusion" in verdict(better, "NLL", lower_is_better=True)
+    assert "understates" in verdict(better, "NLL", lower_is_better=True)
     many = paired_bootstrap([2.9, 2.91, 2.89, 2.9, 2.92, 2.88], [3.0, 3.01, 3.0, 2.99, 3.0, 3.0])
     assert "understates" not in verdict(many, "NLL", lower_is_better=True)
+    assert "DIFF is better (the CI excludes 0)" in verdict(many, "NLL", lower_is_better=True)
+    assert "suggests" not in verdict(many, "NLL", lower_is_better=True)
     one = paired_bootstrap([0.5], [0.4])
     assert one.mean == pytest.approx(0.1) and not one.excludes_zero
     assert "one seed" in verdict(one, "acc", lower_is_better=False)

@@ -183,7 +183,8 @@ PRESETS: dict[str, ComparePreset] = {
         dim=768, n_layers=12, n_heads=6, context_len=1024, n_keys=512, n_filler=8192, steps=5000, batch_size=32,
         lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, samples_per_cell=50,
         heatmap_lengths=(256, 512, 1024), attention_samples=100, lm_eval_windows=256, extrapolation_windows=32,
-        outlier_tokens=65536, quant_needle_samples=50, quant_lm_windows=64, device="auto"),
+        outlier_tokens=65536, quant_needle_samples=50, quant_lm_windows=64, icl_every=3, probe_every=250,
+        probe_samples=20, device="auto"),
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..checkpoint import atomic_write
 from ..eval.icl import ORDER_KINDS as ICL_ORDER_KINDS
 from ..eval.stats import FEW_SEEDS
+from .summary import PROBE_LEARNED, first_learned_step
 
 # The paper's own numbers (SPEC section 5), at 3B parameters: a very different scale.
 PAPER = {
@@ -27,7 +28,6 @@ PAPER = {
 
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 LEARNED = 0.5  # needle accuracy at the easiest cell below which the report says the task was not learned
-PROBE_LEARNED = 0.9  # probe accuracy at the easiest cell from which a model counts as having learned retrieval
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -56,8 +56,8 @@ def _call(c: dict) -> str:
     if not p["excludes_zero"]:
         return "within noise"
     better = (p["mean"] < 0) == c["lower_is_better"]
-    few = f" (only {p['n']} seeds)" if p["n"] < FEW_SEEDS else ""
-    return ("DIFF better" if better else "DIFF worse") + few
+    word = "DIFF better" if better else "DIFF worse"
+    return f"suggests {word} ({p['n']} seeds: not conclusive)" if p["n"] < FEW_SEEDS else word
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -88,11 +88,12 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     out.append("Every difference is DIFF - baseline, its mean over paired seeds with a 95% percentile bootstrap CI; "
                "'within noise' means the CI contains 0. "
                + ("With one seed there is no CI and no conclusion. " if len(seeds) == 1 else "")
-               + ("With fewer than 5 seeds the bootstrap CI understates the uncertainty. " if 1 < len(seeds) < 5
+               + (f"With fewer than {FEW_SEEDS} seeds the bootstrap CI understates the uncertainty, so a CI that "
+                  "excludes 0 is reported as *suggestive*, not as a conclusion. " if 1 < len(seeds) < FEW_SEEDS
                   else "") + "\n")
     # -- headline ------------------------------------------------------------------------------
     out.append("## Verdicts\n")
-    for key in [k for k in ("needle_mean", *[f"needle_{n}_{r}" for n, r in p["grid"]], "lm_nll",
+    for key in [k for k in ("needle_mean", *[f"needle_{n}_{r}" for n, r in p["grid"]], "needle_learned_step", "lm_nll",
                             "needle_hallucination_rate", "attn_noise_absolute") if k in C]:
         out.append(f"- {C[key]['verdict']}")
     out.append("")
@@ -267,11 +268,6 @@ def _mix(results: dict) -> str:
     return "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
 
 
-def first_learned_step(probes: list[dict], cell: str, threshold: float = PROBE_LEARNED) -> int | None:
-    """The first probed step whose accuracy at ``cell`` reaches ``threshold`` (None: never)."""
-    return next((p["step"] for p in probes if p["accuracy"].get(cell, 0.0) >= threshold), None)
-
-
 def _probe_section(results: dict) -> str:
     """When each model learned retrieval: needle accuracy probed during training."""
     runs, seeds, p = results["runs"], [str(s) for s in results["seeds"]], results["preset"]
@@ -292,6 +288,11 @@ def _probe_section(results: dict) -> str:
             rows.append([s, NAMES[k], f"step {at}" if at is not None else f"not by step {pr[-1]['step']}"]
                         + [_f(pr[-1]["accuracy"].get(g), 2) for g in grid])
     out.append(_table(rows, ["seed", "model", f"learned at ({first})"] + [f"last probe {g}" for g in grid]))
+    c = results["comparison"].get("needle_learned_step")
+    if c:
+        out.append(f"Steps until learned, DIFF - baseline (paired): {_pair(c, 0)}, {_call(c)}.\n")
+    else:
+        out.append("Steps until learned are compared only when every model learned the task.\n")
     return "\n".join(out)
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from ..eval.icl import ORDER_KINDS as ICL_ORDER_KINDS
 from ..eval.stats import mean_and_ci, paired_bootstrap, verdict
 
+PROBE_LEARNED = 0.9  # probe accuracy at the first grid cell from which a model counts as having learned retrieval
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -16,7 +18,8 @@ class Metric:
     label: str
     lower_is_better: bool
     unit: str
-    get: Callable[[dict], float | None]  # evals of one model -> value (None: not measured)
+    get: Callable[[dict], float | None]  # evals (or train record) of one model -> value (None: not measured)
+    source: str = "evals"  # "evals" or "train": which part of a model's run `get` reads
 
 
 def _lm(field: str) -> Callable[[dict], float | None]:
@@ -38,6 +41,16 @@ def _quant(kind: str, gran: str, bits: str) -> Callable[[dict], float | None]:
             return None
         return q[gran][bits] - q["full"]  # change against full precision
     return get
+
+
+def first_learned_step(probes: list[dict], cell: str, threshold: float = PROBE_LEARNED) -> int | None:
+    """The first probed step whose accuracy at ``cell`` reaches ``threshold`` (None: never)."""
+    return next((p["step"] for p in probes if p["accuracy"].get(cell, 0.0) >= threshold), None)
+
+
+def _learned_step(train: dict, cell: str) -> float | None:
+    step = first_learned_step(train.get("probes") or [], cell)
+    return None if step is None else float(step)
 
 
 def _icl(kind: str, field: str, learned_only: bool = False) -> Callable[[dict], float | None]:
@@ -86,6 +99,10 @@ def metrics_for(results: dict) -> list[Metric]:
         Metric("outlier_hidden_top1_over_median", "hidden-state magnitude top-1 / median", True, "",
                lambda ev: ev["outliers"]["hidden_states"]["top1_over_median"]),
     ]
+    first = "{}/{}".format(*p["grid"][0])
+    out.append(Metric("needle_learned_step", f"training steps until needle N/R={first} is learned (probe accuracy "
+                      f">= {PROBE_LEARNED}; compared when every model learned it)", True, "steps",
+                      lambda tr: _learned_step(tr, first), source="train"))
     for kind in ICL_ORDER_KINDS:
         out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False, "",
                           _icl(kind, "mean")))
@@ -111,8 +128,8 @@ def paired_comparisons(results: dict) -> dict:
     seeds = [str(s) for s in results["seeds"]]
     out = {}
     for m in metrics_for(results):
-        d = [m.get(results["runs"][s]["diff"]["evals"]) for s in seeds]
-        b = [m.get(results["runs"][s]["baseline"]["evals"]) for s in seeds]
+        d = [m.get(results["runs"][s]["diff"][m.source]) for s in seeds]
+        b = [m.get(results["runs"][s]["baseline"][m.source]) for s in seeds]
         if not all(_ok(x) for x in d + b):
             continue
         pair = paired_bootstrap(d, b)

@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-# below this many paired seeds the percentile bootstrap has few distinct resamples and its CI is
-# too narrow; verdicts say so
+# below this many paired seeds the percentile bootstrap has few distinct resamples (10 for 3 seeds) and
+# its CI is too narrow: a CI that excludes 0 is then reported as suggestive, never as a conclusion
 FEW_SEEDS = 5
 
 
@@ -61,7 +61,9 @@ def paired_bootstrap(diff: Sequence[float], baseline: Sequence[float], *, n_boot
 
 def verdict(result: PairedDifference, metric: str, *, lower_is_better: bool, unit: str = "",
             digits: int = 3) -> str:
-    """A plain-language sentence: the difference, its CI, and whether it is within noise."""
+    """A plain-language sentence: the difference, its CI and one of: no conclusion (one seed),
+    within noise (the CI contains 0), suggestive (the CI excludes 0 but fewer than
+    :data:`FEW_SEEDS` seeds), DIFF is better / worse."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: DIFF - baseline = {f.format(result.mean)}{u}"
@@ -73,8 +75,11 @@ def verdict(result: PairedDifference, metric: str, *, lower_is_better: bool, uni
            if result.n < FEW_SEEDS else "")
     if not result.excludes_zero:
         return head + ci + ": within noise (the CI contains 0)" + few
-    better = (result.mean < 0) == lower_is_better
-    return head + ci + f": DIFF is {'better' if better else 'worse'} (the CI excludes 0)" + few
+    better = "better" if (result.mean < 0) == lower_is_better else "worse"
+    if result.n < FEW_SEEDS:
+        return (head + ci + f": suggests DIFF is {better} (the CI excludes 0), but {result.n} seeds are too few for "
+                "a conclusion" + few)
+    return head + ci + f": DIFF is {better} (the CI excludes 0)"
 
 
 def mean_and_ci(values: Sequence[float], *, n_boot: int = 10_000, confidence: float = 0.95,
