@@ -20,6 +20,7 @@ equal efficiency (docs/kernels.md).
 Usage (CUDA only):
     python benchmarks/gpu_attention.py [--seq-lens 512 1024 2048 4096 8192 16384] [--d 128]
         [--heads 16] [--kv-heads 16] [--tokens 16384] [--dtype bf16] [--repeats 20] [--json out.json]
+        [--plot out.png]
     python benchmarks/gpu_attention.py --check     # bf16 kernel vs the float32 eager oracle first
 Without a GPU, ``--compile-only [--arch 90]`` compiles the kernels for that target and prints
 registers, spilled bytes and shared memory per kernel (no timing).
@@ -201,6 +202,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG")
     ap.add_argument("--check", action="store_true", help="first compare with the float32 eager oracle")
     ap.add_argument("--compile-only", action="store_true", help="no GPU: offline compile report")
     ap.add_argument("--arch", type=int, default=90, help="compute capability for --compile-only")
@@ -221,6 +223,11 @@ def main() -> None:
         with open(tmp, "w") as f:
             json.dump(rows, f, indent=1)
         os.replace(tmp, a.json)
+    if a.plot:
+        from difftx.eval.plots import plot_benchmark
+
+        plot_benchmark(rows, a.plot, title=f"DIFF attention core vs baseline, d={a.d}, {a.dtype}, "
+                                           f"{torch.cuda.get_device_name()}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
-"""Attention benchmark: DIFF layers (each backend) against the parameter-matched baseline.
+"""Benchmarks of DIFF against the parameter-matched baseline.
 
-Both sides are whole attention layers (projections, RoPE, core, norm, output projection).
+- :func:`bench_attention`: whole attention layers (projections, RoPE, core, norm, output
+  projection), forward and forward + backward, one row per DIFF backend.
+- :func:`bench_decode`: one decoding step of a whole model whose KV cache holds ``T`` tokens
+  (SPEC section 6: both read KV caches of the same size, and a decode step is memory-bound, so
+  DIFF can match the baseline there).
+
 Timings alternate between the candidates inside one loop, so a machine that slows down
 mid-run slows every candidate alike, and each ratio is measured side by side.
 """
@@ -25,6 +30,7 @@ class BenchRow:
     name: str  # "baseline/sdpa" or "diff/<backend>"
     ms: float  # median over repeats
     ratio: float  # ms / baseline ms of the same seq_len and mode
+    mem_mib: Optional[float] = None  # decode: the KV cache; CUDA attention: peak allocated memory
 
 
 def _sync(device: torch.device) -> None:
@@ -51,15 +57,7 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
     ``clock="cpu"`` measures this process's CPU time (all threads) instead of wall time: on
     a CPU shared with other work it is far steadier, at the price of not counting idle waits.
     """
-    if clock not in ("wall", "cpu"):
-        raise ValueError(f"clock: must be 'wall' or 'cpu', got {clock!r}")
-    timer = time.perf_counter if clock == "wall" else time.process_time
-    dev = torch.device(device)
-    if backends is None:  # every registered backend that runs natively on this device
-        backends = [b for b in BACKENDS if dev.type == "cuda" or b != "triton"]
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown or unavailable backend(s) {unknown}; registered: {sorted(BACKENDS)}")
+    timer, dev, backends = _setup(clock, device, backends)
     torch.manual_seed(0)
     diff = DiffAttention(dim, n_heads, layer_idx, n_kv_heads).to(dev, dtype)
     base = StandardAttention(dim, 2 * n_heads, None if n_kv_heads is None else 2 * n_kv_heads).to(dev, dtype)
@@ -68,30 +66,104 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
     for T in seq_lens:
         x = torch.randn(batch, T, dim, device=dev, dtype=dtype, requires_grad=True)
         for mode in modes:
-            times: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
-            for rep in range(warmup + repeats):
-                for name, layer, backend in candidates:  # alternate: same conditions for all
-                    _sync(dev)
-                    t0 = timer()
-                    _step(layer, x, backend, mode)
-                    _sync(dev)
-                    if rep >= warmup:
-                        times[name].append(timer() - t0)
-            base_ms = statistics.median(times["baseline/sdpa"]) * 1e3
-            for name, _, _ in candidates:
-                ms = statistics.median(times[name]) * 1e3
-                rows.append(BenchRow(T, mode, name, ms, ms / base_ms))
-                if progress:
-                    print(f"  T={T:6d} {mode:8s} {name:16s} {ms:9.2f} ms  x{ms / base_ms:.2f}", flush=True)
+            calls = {name: (lambda layer=layer, backend=backend: _step(layer, x, backend, mode))
+                     for name, layer, backend in candidates}
+            peaks: dict[str, float] = {}
+            rows += _time_alternating(calls, T, mode, repeats, warmup, dev, timer, progress, peaks)
             for layer in (diff, base):
                 layer.zero_grad(set_to_none=True)
     return rows
 
 
+def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int, dev: torch.device, timer,
+                      progress: bool, mem_mib: dict[str, float]) -> list[BenchRow]:
+    """Median time of each call (alternating, after ``warmup`` rounds) as rows with the ratio to
+    ``calls["baseline/sdpa"]``; ``mem_mib`` gives a row's memory (CUDA: peak allocated is measured)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for rep in range(warmup + repeats):
+        for name, call in calls.items():  # alternate: same conditions for all
+            _sync(dev)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            t0 = timer()
+            call()
+            _sync(dev)
+            if rep >= warmup:
+                times[name].append(timer() - t0)
+            if dev.type == "cuda":
+                mem_mib.setdefault(name, torch.cuda.max_memory_allocated(dev) / 2 ** 20)
+    base_ms = statistics.median(times["baseline/sdpa"]) * 1e3
+    rows = []
+    for name in calls:
+        ms = statistics.median(times[name]) * 1e3
+        rows.append(BenchRow(T, mode, name, ms, ms / base_ms, mem_mib.get(name)))
+        if progress:
+            print(f"  T={T:6d} {mode:8s} {name:16s} {ms:9.3f} ms  x{ms / base_ms:.2f}", flush=True)
+    return rows
+
+
+def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_heads: int = 4,
+                 n_kv_heads: Optional[int] = None, batch: int = 1, n_layers: int = 2,
+                 backends: Optional[Sequence[str]] = None, repeats: int = 20, warmup: int = 3,
+                 device: str = "cpu", dtype: torch.dtype = torch.float32, clock: str = "wall",
+                 progress: bool = True) -> list[BenchRow]:
+    """Median milliseconds of one decoding step (one new token per sequence) of a whole
+    ``n_layers`` model, DIFF (each backend) vs its baseline, with the KV cache holding ``T``
+    tokens; ``mem_mib`` is each model's KV cache at that length (equal by construction)."""
+    from .config import ModelConfig, baseline_config
+    from .model import KVCache, Transformer
+
+    timer, dev, backends = _setup(clock, device, backends)
+    cfg = ModelConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                      attention="diff", max_seq_len=max(seq_lens) + 1)
+    torch.manual_seed(0)
+    models = {"diff": Transformer(cfg).to(dev, dtype).eval(),
+              "baseline": Transformer(baseline_config(cfg)).to(dev, dtype).eval()}
+    candidates = [("baseline/sdpa", "baseline", "sdpa")] + [(f"diff/{b}", "diff", b) for b in backends]
+    rows: list[BenchRow] = []
+    for T in seq_lens:
+        prompt = torch.randint(0, cfg.vocab_size, (batch, T), device=dev)
+        nxt = torch.randint(0, cfg.vocab_size, (batch, 1), device=dev)
+        caches, mem = {}, {}
+        with torch.no_grad():
+            for kind, model in models.items():
+                caches[kind] = KVCache(model, batch, T + 1)
+                model(prompt, cache=caches[kind])  # prefill (not timed)
+                mib = sum(t.numel() * t.element_size() for lay in caches[kind].layers for t in (lay.k, lay.v)) / 2 ** 20
+                mem.update({name: mib for name, k, _ in candidates if k == kind})
+
+        def step(kind: str, backend: str) -> None:
+            caches[kind].length = T  # overwrite the same slot: every call decodes at length T
+            with torch.no_grad():
+                models[kind](nxt, cache=caches[kind], backend=backend)
+
+        calls = {name: (lambda kind=kind, backend=backend: step(kind, backend)) for name, kind, backend in candidates}
+        rows += _time_alternating(calls, T, "decode", repeats, warmup, dev, timer, progress, mem)
+        del caches
+    return rows
+
+
+def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
+    """``(timer, device, backends)``: validated clock and backends (default: every backend that
+    runs natively on the device)."""
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock: must be 'wall' or 'cpu', got {clock!r}")
+    dev = torch.device(device)
+    if backends is None:
+        backends = [b for b in BACKENDS if dev.type == "cuda" or b != "triton"]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown or unavailable backend(s) {unknown}; registered: {sorted(BACKENDS)}")
+    return (time.perf_counter if clock == "wall" else time.process_time), dev, list(backends)
+
+
 def format_table(rows: Sequence[BenchRow]) -> str:
-    lines = ["| T | mode | layer | ms | / baseline |", "|---:|---|---|---:|---:|"]
+    mem = any(r.mem_mib is not None for r in rows)
+    lines = ["| T | mode | candidate | ms | / baseline |" + (" MiB |" if mem else ""),
+             "|---:|---|---|---:|---:|" + ("---:|" if mem else "")]
     for r in rows:
-        lines.append(f"| {r.seq_len} | {r.mode} | {r.name} | {r.ms:.2f} | {r.ratio:.2f} |")
+        tail = (f" {r.mem_mib:.3g} |" if r.mem_mib is not None else " - |") if mem else ""
+        lines.append(f"| {r.seq_len} | {r.mode} | {r.name} | {r.ms:.3f} | {r.ratio:.2f} |" + tail)
     return "\n".join(lines)
 
 

@@ -170,3 +170,30 @@ def test_optional_backend_name_is_valid_without_its_package(monkeypatch):
         fn = kernels.resolve_backend("triton", torch.device("cpu"))
     assert fn is kernels.chunked
     assert m(torch.randn(1, 3, 32)).shape == (1, 3, 32)
+
+
+def test_auto_backend_on_cpu_follows_the_number_of_query_rows(monkeypatch):
+    """auto: eager for decoding-sized calls (<= AUTO_EAGER_MAX_ROWS query rows), chunked beyond."""
+    cpu = torch.device("cpu")
+    n = kernels.AUTO_EAGER_MAX_ROWS
+    assert kernels.resolve_backend("auto", cpu, q_len=1) is kernels.eager
+    assert kernels.resolve_backend("auto", cpu, q_len=n) is kernels.eager
+    assert kernels.resolve_backend("auto", cpu, q_len=n + 1) is kernels.chunked
+    assert kernels.resolve_backend("auto", cpu) is kernels.chunked
+    assert kernels.resolve_backend("chunked", cpu, q_len=1) is kernels.chunked  # a named backend is kept
+    # the module passes its query length: record which kernel each call of a decode resolves to
+    seen = []
+    real = kernels.resolve_backend
+
+    def spy(name, device, q_len=None):
+        fn = real(name, device, q_len)
+        seen.append((q_len, fn.__name__))
+        return fn
+
+    import difftx.attention.modules as modules
+
+    monkeypatch.setattr(modules, "resolve_backend", spy)
+    m = DiffAttention(32, 2, 0)
+    m(torch.randn(1, n + 1, 32))
+    m(torch.randn(1, 1, 32))
+    assert seen == [(n + 1, "chunked"), (1, "eager")]

@@ -49,6 +49,25 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
     assert main(["bench", "--backends", "nope", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
 
 
+def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path, png = tmp_path / "decode.json", tmp_path / "decode.png"
+    assert main(["bench", "--decode", "--seq-lens", "8", "24", "--dim", "32", "--heads", "2", "--layers", "1",
+                 "--repeats", "1", "--backends", "eager", "--json", str(path), "--plot", str(png)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["seq_len"], r["name"]) for r in rows] == [(8, "baseline/sdpa"), (8, "diff/eager"),
+                                                         (24, "baseline/sdpa"), (24, "diff/eager")]
+    assert all(r["mode"] == "decode" and r["ms"] > 0 for r in rows)
+    assert [r["ratio"] for r in rows if r["name"] == "baseline/sdpa"] == [1.0, 1.0]
+    # the KV cache of T+1 tokens, 1 layer, float32: DIFF k 2Hkv=4 sub-heads of d=8, v Hkv=2 of 2d=16; the
+    # baseline k and v 4 heads of 8 each: the same bytes
+    for r in rows:
+        assert r["mem_mib"] == pytest.approx((r["seq_len"] + 1) * (4 * 8 + 2 * 16) * 4 / 2 ** 20)
+    assert png.stat().st_size > 1000
+    assert "| 24 | decode | diff/eager |" in capsys.readouterr().out
+    assert main(["bench", "--decode", "--layers", "0", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
+
+
 def test_demo_smoke(capsys):
     assert main(["demo", "--steps", "3", "--no-progress", "--pairs", "2", "--seq-len", "16"]) == 0
     out = capsys.readouterr().out

@@ -115,7 +115,8 @@ class _AttentionBase(nn.Module):
         if cache is None and mask.q_offset != 0:
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
-        kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device)
+        kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device,
+                                 q_len=x.shape[1])
         return self._attend(x, q, k, v, mask, kernel, return_maps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):  # pragma: no cover - abstract

@@ -21,7 +21,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="wall time (default) or this process's CPU time (steadier on a shared CPU)")
+    p.add_argument("--decode", action="store_true",
+                   help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
+                        "--seq-lens value), instead of attention layers")
+    p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
+    p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
 
 
 def _cuda() -> bool:
@@ -32,7 +37,8 @@ def _cuda() -> bool:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark DIFF attention against the parameter-matched baseline",
                        description="Time whole attention layers, DIFF (each backend) vs the baseline with 2H "
-                                   "heads (SDPA), forward and forward+backward, alternating in one run.")
+                                   "heads (SDPA), forward and forward+backward, alternating in one run; or, with "
+                                   "--decode, one decoding step of a whole model with a KV cache of T tokens.")
     _add_arguments(p)
     p.set_defaults(func=run)
 
@@ -40,21 +46,36 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench import bench_attention, format_table, save_rows
+    from ..bench import bench_attention, bench_decode, format_table, save_rows
 
     dtype = getattr(torch, args.dtype)
     if args.device == "cpu" and dtype != torch.float32:
         raise ValueError("--dtype: use float32 on CPU (bf16/fp16 have no fast CPU kernels here)")
-    print(f"difftx bench: D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
+    if args.layers <= 0 or args.repeats <= 0 or any(T <= 0 for T in args.seq_lens):
+        raise ValueError("--layers, --repeats and --seq-lens must be positive")
+    what = f"decode step, {args.layers}-layer model" if args.decode else "attention layer"
+    print(f"difftx bench ({what}): D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
           f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
-                           args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+    if args.decode:
+        rows = bench_decode(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.layers,
+                            args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+    else:
+        rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
+                               args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
     print()
     print(format_table(rows))
     if args.json:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
                 "processor": platform.processor(), **{k: v for k, v in vars(args).items() if k != "func"}}
         save_rows(rows, args.json, meta)
+    if args.plot:
+        from dataclasses import asdict
+
+        from ..eval.plots import plot_benchmark
+
+        plot_benchmark([asdict(r) for r in rows], args.plot, title=f"DIFF vs baseline: {what}, D={args.dim}, "
+                                                                   f"{args.dtype}, {args.device}")
+        print(f"plot: {args.plot}")
     return 0
 
 

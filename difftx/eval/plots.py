@@ -224,3 +224,34 @@ def plot_lambda_per_layer(lambdas: Mapping[str, Sequence[float]], path: PathLike
     ax.set_title(title)
     ax.legend(frameon=False, fontsize=8)
     return _save(fig, path)
+
+
+def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIFF vs baseline") -> Path:
+    """Benchmark rows (dicts with ``seq_len``, ``mode``, ``name``, ``ms``, ``ratio``, as written by
+    ``difftx bench --json`` and ``benchmarks/gpu_attention.py``): one column per mode, time
+    against length on top (log-log) and the ratio to the baseline below."""
+    plt = _plt()
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    fig, axes = plt.subplots(2, len(modes), figsize=(4.2 * len(modes), 5.6), squeeze=False, sharex="col")
+    for j, mode in enumerate(modes):
+        top, bottom = axes[0][j], axes[1][j]
+        for i, name in enumerate(names):
+            pts = sorted((r["seq_len"], r["ms"], r["ratio"]) for r in rows if r["mode"] == mode and r["name"] == name)
+            if not pts:
+                continue
+            T, ms, ratio = zip(*pts)
+            color = _color(name.split("/")[0], i)
+            style = "-" if name.startswith("baseline") else ("-", "--", ":", "-.")[i % 4]
+            top.plot(T, ms, color=color, ls=style, marker="o", ms=3, lw=1.2, label=name)
+            bottom.plot(T, ratio, color=color, ls=style, marker="o", ms=3, lw=1.2)
+        top.set_xscale("log", base=2)
+        top.set_yscale("log")
+        top.set_title(mode)
+        top.set_ylabel("ms (median)")
+        bottom.axhline(1.0, color="gray", lw=0.8)
+        bottom.set_ylabel("time / baseline")
+        bottom.set_xlabel("sequence length T")
+        top.legend(frameon=False, fontsize=8)
+    fig.suptitle(title)
+    return _save(fig, path)
