@@ -160,7 +160,8 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
                 position: int = 0) -> dict:
     """Train one model (``kind`` in :data:`MODEL_KINDS`) and save it to ``folder/model``;
     ``folder/train.json`` (written last, atomically) marks it finished and holds the loss history,
-    λ per layer over training and the wall / CPU time. Returns that record."""
+    λ per layer over training, the needle probes (every ``preset.probe_every`` steps, see
+    :func:`needle_probe`) and the wall / CPU time. Returns that record."""
     from tqdm.auto import tqdm
 
     if kind not in MODEL_KINDS:
