@@ -129,7 +129,8 @@ def eval_diagnostics(model, preset: ComparePreset, space: TaskSpace, progress: b
 
 
 EVALUATORS: dict[str, Callable] = {"lm": eval_lm, "needle": eval_needle, "attention": eval_attention,
-                                   "outliers": eval_outliers, "quant": eval_quant, "icl": eval_icl, "diagnostics": eval_diagnostics}
+                                   "outliers": eval_outliers, "quant": eval_quant, "icl": eval_icl,
+                                   "diagnostics": eval_diagnostics}
 
 
 def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True,

@@ -307,7 +307,8 @@ def _icl_section(results: dict) -> str:
     ev0 = runs[str(seeds[0])]["diff"]["evals"]["icl"]
     task = ev0["config"]["task"]
     out.append(f"A synthetic classification task whose label map is drawn per sequence ({task['n_classes']} classes, "
-               f"{task['n_demos']} demonstrations, chance {ev0['chance']:.2f}), trained alongside the others ({_mix(results)}). "
+               f"{task['n_demos']} demonstrations, chance {ev0['chance']:.2f}), trained alongside the others "
+               f"({_mix(results)}). "
                f"The same {p['icl_episodes']} episodes are shown in {p['icl_orders']} orders of each kind "
                "(random; alternating by class); best - worst is the spread of accuracy over those orders (paper "
                "section 3.5: lower is more robust). Mean over seeds [95% bootstrap CI]:\n")
