@@ -7,6 +7,7 @@ Candidates, timed alternately inside one loop (so every ratio is measured side b
 - ``baseline/flash_attn``: the same through the ``flash_attn`` package, if it is installed
 - ``diff/triton``: ``difftx.attention.triton_kernel`` (both maps in one pass)
 - ``diff/sdpa``: ``kernels.sdpa`` (one SDPA call over ``2H`` sub-heads with q, k padded to 2d)
+- ``diff/flex``: ``difftx.attention.flex`` (two compiled ``flex_attention`` calls, 2d-wide value)
 
 Per length: median time of ``fwd`` and ``fwd+bwd``, TFLOP/s and time ratio to the baseline.
 FLOPs count each method's own causal matmul work (half of the full square): baseline forward
@@ -91,6 +92,9 @@ def _candidates(B, T, H, Hkv, d, dtype, device):
         fn = kernels.BACKENDS["triton"]
         out.append(("diff/triton", "diff", diff_inputs, lambda q, k, v, lam: fn(q, k, v, lam, mask, scale)))
     out.append(("diff/sdpa", "diff", diff_inputs, lambda q, k, v, lam: kernels.sdpa(q, k, v, lam, mask, scale)))
+    if "flex" in kernels.BACKENDS:
+        flex = kernels.BACKENDS["flex"]
+        out.append(("diff/flex", "diff", diff_inputs, lambda q, k, v, lam: flex(q, k, v, lam, mask, scale)))
     return out
 
 
@@ -141,7 +145,8 @@ def bench(seq_lens, d=128, heads=16, kv_heads=None, tokens=16384, dtype="bf16", 
 
 
 def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
-    """bf16 (or fp16) kernel vs the float32 eager oracle at full size: output and gradients."""
+    """bf16 (or fp16) backends (triton, flex, sdpa) vs the float32 eager oracle at full size:
+    output and gradients."""
     device, dt = torch.device("cuda"), _DTYPES[dtype]
     torch.manual_seed(0)
     q32 = torch.randn(B, T, 2 * H, d, device=device)
@@ -151,15 +156,18 @@ def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
     g32 = torch.randn(B, T, H, 2 * d, device=device)
     mask, scale = AttentionMask(), d ** -0.5
     results = {}
-    for name, fn, cast in (("eager/fp32", kernels.eager, torch.float32), ("triton", kernels.BACKENDS["triton"], dt)):
+    cands = [("eager/fp32", kernels.eager, torch.float32)]
+    cands += [(name, kernels.BACKENDS[name], dt) for name in ("triton", "flex", "sdpa") if name in kernels.BACKENDS]
+    for name, fn, cast in cands:
         leaves = [t.to(cast).requires_grad_() for t in (q32, k32, v32)] + [lam32.clone().requires_grad_()]
         out = fn(*leaves, mask, scale)
         grads = torch.autograd.grad(out, leaves, g32.to(out.dtype))
         results[name] = [out.float()] + [g.float() for g in grads]
-    for label, a, b in zip(("out", "dq", "dk", "dv", "dlam"), results["triton"], results["eager/fp32"]):
-        err = (a - b).abs().max().item()
-        rel = ((a - b).norm() / b.norm()).item()
-        print(f"{label:5s} max abs err {err:.3e}   relative L2 err {rel:.3e}")
+    for name, *_ in cands[1:]:
+        for label, a, b in zip(("out", "dq", "dk", "dv", "dlam"), results[name], results["eager/fp32"]):
+            err = (a - b).abs().max().item()
+            rel = ((a - b).norm() / b.norm()).item()
+            print(f"{name:7s} {label:5s} max abs err {err:.3e}   relative L2 err {rel:.3e}")
 
 
 def compile_report(d: int, dtype: str, arch: int) -> None:

@@ -145,12 +145,13 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
 
 def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
     """``(timer, device, backends)``: validated clock and backends (default: every backend that
-    runs natively on the device)."""
+    runs natively on the device; on CPU not ``triton`` (a GPU kernel) nor ``flex`` (PyTorch's
+    eager reference form there, without a backward pass); name them to time them anyway)."""
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock: must be 'wall' or 'cpu', got {clock!r}")
     dev = torch.device(device)
     if backends is None:
-        backends = [b for b in BACKENDS if dev.type == "cuda" or b != "triton"]
+        backends = [b for b in BACKENDS if dev.type == "cuda" or b not in ("triton", "flex")]
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown or unavailable backend(s) {unknown}; registered: {sorted(BACKENDS)}")

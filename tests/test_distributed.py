@@ -35,6 +35,7 @@ def _worker(mode: str, out_root: str, cache_dir: str, source: str) -> None:
     import torch.distributed as dist
 
     from difftx.training import train
+    from difftx.training.distributed import exit_worker
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")  # created here, so train() leaves it alone between the runs
@@ -56,6 +57,7 @@ def _worker(mode: str, out_root: str, cache_dir: str, source: str) -> None:
             "full": full.losses, "val": full.val_losses, "part1": part1.losses, "part2": part2.losses,
             "world_size": dist.get_world_size()}))
     dist.destroy_process_group()
+    exit_worker(0)  # skips interpreter shutdown, which can abort after DDP (see its docstring)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +138,23 @@ def test_parallel_matches_single_process(mode, corpus):
     # the checkpoint (full state dict gathered to rank 0) loads in a single process
     model = load_model(latest_checkpoint(root / mode / "full"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_cli_train_under_torchrun(corpus):
+    """``torchrun -m difftx train``: both workers finish with exit code 0 and rank 0 saves."""
+    from difftx.training.checkpointing import latest_checkpoint
+
+    src, cache, root = corpus
+    out = root / "cli"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "difftx",
+           "train", "--preset", "test", "--out", str(out), "--set", "steps=2", "--set", f"data_source={src}",
+           "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1", "--set", "progress=false"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False,
+                          cwd=str(Path(__file__).resolve().parents[1]))
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.stdout.count("done: step 2") == 1  # rank 0 alone prints
+    assert latest_checkpoint(out).name.endswith("2")
 
 
 if __name__ == "__main__":  # torchrun entry point

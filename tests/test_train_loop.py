@@ -295,3 +295,9 @@ def test_other_attention_kinds_train(tmp_path, corpus, attention):
     recs = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert recs[0]["lambda"] is None  # no per-layer scalar lambda outside V1
     assert load_model(res.last_checkpoint).config.attention == attention
+
+
+def test_flex_backend_is_refused_for_cpu_training_before_any_step(tmp_path, corpus):
+    with pytest.raises(ValueError, match="'flex' cannot train on CPU"):
+        train(_cfg(tmp_path / "flex", corpus, model_overrides={"backend": "flex"}), data=corpus[2])
+    assert not (tmp_path / "flex" / "checkpoints").exists()

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import flex as _flex
 from .masks import AttentionMask
 
 # Query rows per block in the chunked kernel (see ``chunked``); 128 measured best on CPU.
@@ -254,6 +255,8 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
 Kernel = Callable[..., object]
 
 BACKENDS: dict[str, Kernel] = {"eager": eager, "chunked": chunked, "sdpa": sdpa}
+if _flex.available():
+    BACKENDS["flex"] = _flex.flex
 
 
 def register_backend(name: str, fn: Kernel) -> None:
@@ -263,7 +266,8 @@ def register_backend(name: str, fn: Kernel) -> None:
 
 # Backends difftx knows by name even when their optional package is missing, so a config that
 # names one stays loadable everywhere (it falls back to ``auto`` with a warning until then).
-OPTIONAL_BACKENDS = {"triton": "needs the 'triton' package (pip install 'difftx[triton]') and a CUDA GPU"}
+OPTIONAL_BACKENDS = {"triton": "needs the 'triton' package (pip install 'difftx[triton]') and a CUDA GPU",
+                     "flex": "needs PyTorch 2.5 or later (torch.nn.attention.flex_attention)"}
 
 
 def backend_names() -> list[str]:

@@ -62,13 +62,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"difftx {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print(f"difftx {args.command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    from ..training.distributed import exit_worker, under_torchrun
+
+    if under_torchrun():  # a torchrun worker skips interpreter shutdown (see exit_worker)
+        exit_worker(code)
+    return code
 
 
 if __name__ == "__main__":

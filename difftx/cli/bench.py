@@ -14,7 +14,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=4, help="differential heads H; the baseline gets 2H (default 4)")
     p.add_argument("--kv-heads", type=int, default=None, help="kv groups Hkv (default: H)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--backends", nargs="+", default=None, help="DIFF backends to time (default: all registered)")
+    p.add_argument("--backends", nargs="+", default=None,
+                   help="DIFF backends to time (default: all that run natively on the device; on CPU not "
+                        "triton or flex)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")

@@ -77,6 +77,33 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
+def under_torchrun() -> bool:
+    """True in a worker that torchrun started with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def exit_worker(code: int) -> None:
+    """End a torchrun worker at once (``os._exit``), after flushing its output, skipping Python's
+    interpreter shutdown.
+
+    Why: once a model has been wrapped in DDP, ``destroy_process_group`` leaves gloo's worker
+    threads running (measured with torch 2.13: the threads outlive it; without DDP they stop). A
+    worker thread still releasing the tensors of a finished collective then needs the GIL while
+    the interpreter shuts down, and the process aborts ("terminate called without an active
+    exception", exit -6) after a successful run: about 1 run in 30 of ``tests/test_distributed.py``'s
+    DDP worker, also with a barrier before ``destroy_process_group``; 0 in 100 with this exit.
+    Files are closed by then (checkpoints are written atomically), so nothing is lost.
+    """
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def is_initialized() -> bool:
     import torch.distributed as dist
 
