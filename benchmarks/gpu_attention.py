@@ -110,8 +110,20 @@ def bench(seq_lens, d=128, heads=16, kv_heads=None, tokens=16384, dtype="bf16", 
         B = max(1, tokens // T)
         cands = _candidates(B, T, H, Hkv, d, dt, device)
         inputs = {name: make() for name, _, make, _ in cands}
-        with torch.no_grad():  # one fixed upstream gradient per candidate, made outside the timings
-            grads = {name: torch.randn_like(call(*inputs[name])) for name, _, _, call in cands}
+        grads = {}
+        for name, _, _, call in list(cands):  # one fixed upstream gradient each, made outside the timings
+            try:
+                with torch.no_grad():
+                    grads[name] = torch.randn_like(call(*inputs[name]))
+                if "fwd+bwd" in modes:  # the backward compiles on first use too
+                    call(*inputs[name]).backward(grads[name])
+                    for t in inputs[name]:
+                        t.grad = None
+            except Exception as e:  # noqa: BLE001  (a candidate that cannot run this shape is reported)
+                if name == "baseline/sdpa":
+                    raise
+                print(f"T={T}: skipped {name}: {type(e).__name__}: {str(e).strip()[:200]}", flush=True)
+                cands = [c for c in cands if c[0] != name]
         for mode in modes:
             times = {name: [] for name, *_ in cands}
             peak = {}
@@ -160,10 +172,14 @@ def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
     cands += [(name, kernels.BACKENDS[name], dt) for name in ("triton", "flex", "sdpa") if name in kernels.BACKENDS]
     for name, fn, cast in cands:
         leaves = [t.to(cast).requires_grad_() for t in (q32, k32, v32)] + [lam32.clone().requires_grad_()]
-        out = fn(*leaves, mask, scale)
-        grads = torch.autograd.grad(out, leaves, g32.to(out.dtype))
+        try:
+            out = fn(*leaves, mask, scale)
+            grads = torch.autograd.grad(out, leaves, g32.to(out.dtype))
+        except Exception as e:  # noqa: BLE001  (reported; the other backends are still checked)
+            print(f"{name:7s} FAILED: {type(e).__name__}: {str(e).strip()[:300]}")
+            continue
         results[name] = [out.float()] + [g.float() for g in grads]
-    for name, *_ in cands[1:]:
+    for name in [n for n, *_ in cands[1:] if n in results]:
         for label, a, b in zip(("out", "dq", "dk", "dv", "dlam"), results[name], results["eager/fp32"]):
             err = (a - b).abs().max().item()
             rel = ((a - b).norm() / b.norm()).item()

@@ -79,6 +79,7 @@ def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int,
                       progress: bool, mem_mib: dict[str, float]) -> list[BenchRow]:
     """Median time of each call (alternating, after ``warmup`` rounds) as rows with the ratio to
     ``calls["baseline/sdpa"]``; ``mem_mib`` gives a row's memory (CUDA: peak allocated is measured)."""
+    calls = _runnable(calls)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for rep in range(warmup + repeats):
         for name, call in calls.items():  # alternate: same conditions for all
@@ -100,6 +101,23 @@ def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int,
         if progress:
             print(f"  T={T:6d} {mode:8s} {name:16s} {ms:9.3f} ms  x{ms / base_ms:.2f}", flush=True)
     return rows
+
+
+def _runnable(calls: dict) -> dict:
+    """``calls`` without the DIFF candidates that fail on their first call (each is reported with
+    its error, so one backend that cannot run a shape does not end the whole benchmark)."""
+    kept = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001  (reported, then the candidate is left out)
+            if name.startswith("baseline"):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            print(f"  skipped {name}: {type(e).__name__}: {first}", flush=True)
+            continue
+        kept[name] = call
+    return kept
 
 
 def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_heads: int = 4,

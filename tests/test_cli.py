@@ -49,6 +49,18 @@ def test_bench_runs_and_writes_json(tmp_path, capsys):
     assert main(["bench", "--backends", "nope", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
 
 
+def test_bench_leaves_out_a_backend_that_fails_and_says_why(tmp_path, capsys):
+    """flex has no backward on CPU: its fwd row is timed, its fwd+bwd row is skipped with the reason."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--seq-lens", "16", "--dim", "32", "--heads", "2", "--repeats", "1",
+                 "--backends", "chunked", "flex", "--json", str(path)]) == 0
+    names = {(r["mode"], r["name"]) for r in json.loads(path.read_text())["rows"]}
+    assert ("fwd", "diff/flex") in names and ("fwd+bwd", "diff/flex") not in names
+    assert ("fwd+bwd", "diff/chunked") in names
+    assert "skipped diff/flex: ValueError: the 'flex' backend has no backward pass on CPU" in capsys.readouterr().out
+
+
 def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path, png = tmp_path / "decode.json", tmp_path / "decode.png"
