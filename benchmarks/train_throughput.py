@@ -4,10 +4,12 @@ Usage:
     python benchmarks/train_throughput.py                      # CPU: presets tiny and cpu-5m
     python benchmarks/train_throughput.py --sizes cpu-17m --steps 10 --batch-size 16
     python benchmarks/train_throughput.py --device cuda        # GPU: gpu-1b, bf16, with MFU
+    python benchmarks/train_throughput.py --device cuda --backends triton sdpa flex   # one row per backend
 
 Both models of a size are built side by side and stepped *alternately* (DIFF, baseline,
 baseline, DIFF, ...), so a neighbour that slows the machine down slows both equally; the
-ratio is the number to read. A step is forward + backward + gradient clipping + AdamW on
+ratio is the number to read. With several ``--backends`` the one DIFF model takes one step
+per backend in each round. A step is forward + backward + gradient clipping + AdamW on
 random tokens (data loading is not measured). Tokens/s is the median over the timed steps.
 
 MFU (CUDA only) = model FLOPs per second / peak: 6 N + 12 L D T FLOPs per token (PaLM's
@@ -49,11 +51,11 @@ def flops_per_token(model: Transformer, seq_len: int) -> float:
     return 6.0 * n + 12.0 * c.n_layers * c.dim * seq_len
 
 
-def _step(model, opt, tokens, dtype, device):
+def _step(model, opt, tokens, dtype, device, backend=None):
     x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) inputs and next-token targets
     ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     with ctx:
-        loss = lm_loss(model(x), y)
+        loss = lm_loss(model(x, backend=backend), y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -73,31 +75,37 @@ def bench_size(name: str, args, device: torch.device, dtype: torch.dtype) -> dic
         opts[key] = build_optimizer(m, tc)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, diff_cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen).to(device)
-    times: dict[str, list[float]] = {"diff": [], "baseline": []}
-    order = ["diff", "baseline"]
+    # one DIFF model and optimizer, stepped once per backend in turn (step time does not depend on the weights)
+    cands = [("baseline", "baseline", None)] + [(f"diff/{b}", "diff", b) for b in args.backends]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in cands}
+    order = list(cands)
     for i in range(args.warmup + args.steps):
-        for key in order:
+        for label, key, backend in order:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            loss = _step(models[key], opts[key], tokens, dtype, device)
+            loss = _step(models[key], opts[key], tokens, dtype, device, backend)
             float(loss.detach())  # waits for the step on any device
             if i >= args.warmup:
-                times[key].append(time.perf_counter() - t0)
-        order.reverse()  # ABBA: neither model always runs first
+                times[label].append(time.perf_counter() - t0)
+        order.reverse()  # ABBA: no candidate always runs first
     tokens_per_step = args.batch_size * args.seq_len
-    out = {"size": name, "attention": args.attention, "batch_size": args.batch_size, "seq_len": args.seq_len}
-    for key in ("diff", "baseline"):
+    out = {"size": name, "attention": args.attention, "batch_size": args.batch_size, "seq_len": args.seq_len,
+           "candidates": {}}
+    for label, key, _ in cands:
         raw = models[key]._orig_mod if args.compile else models[key]
-        tps = tokens_per_step / statistics.median(times[key])
-        out[key] = {"params": raw.num_parameters(), "tokens_per_s": tps}
+        tps = tokens_per_step / statistics.median(times[label])
+        res = out["candidates"][label] = {"params": raw.num_parameters(), "tokens_per_s": tps}
         if device.type == "cuda":
             peak = args.peak_tflops or peak_tflops(device, dtype)
             if peak:
-                out[key]["mfu"] = flops_per_token(raw, args.seq_len) * tps / (peak * 1e12)
-        if device.type == "cuda":
-            out[key]["max_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    out["ratio_diff_over_baseline"] = out["diff"]["tokens_per_s"] / out["baseline"]["tokens_per_s"]
+                res["mfu"] = flops_per_token(raw, args.seq_len) * tps / (peak * 1e12)
+            res["max_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30  # of the whole run so far
+    base_tps = out["candidates"]["baseline"]["tokens_per_s"]
+    for label, key, _ in cands:
+        out["candidates"][label]["ratio_to_baseline"] = out["candidates"][label]["tokens_per_s"] / base_tps
+    first = out["candidates"][cands[1][0]]  # the first DIFF backend, under the keys of one-backend runs
+    out.update(diff=first, baseline=out["candidates"]["baseline"], ratio_diff_over_baseline=first["ratio_to_baseline"])
     return out
 
 
@@ -115,8 +123,17 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--peak-tflops", type=float, help="GPU peak for MFU (default: looked up by GPU name)")
+    p.add_argument("--backends", nargs="+", default=["auto"],
+                   help="DIFF attention backends, each timed against the same baseline (default: auto)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
+    from difftx.attention.kernels import check_backend_name
+
+    for b in args.backends:
+        try:
+            check_backend_name(b)
+        except ValueError as e:
+            p.error(str(e))
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     if args.threads:
@@ -134,19 +151,22 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"# training throughput, {where}, {dtype}, batch {args.batch_size} x {args.seq_len}, "
           f"{args.steps} timed steps per model, alternating")
-    print("| size | DIFF params | baseline params | DIFF tok/s | baseline tok/s | DIFF/baseline |"
+    print("| size | DIFF backend | DIFF params | baseline params | DIFF tok/s | baseline tok/s | DIFF/baseline |"
           + (" DIFF MFU | baseline MFU |" if cuda else ""))
-    print("|---|---|---|---|---|---|" + ("---|---|" if cuda else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if cuda else ""))
     results = []
     for name in sizes:
         r = bench_size(name.strip(), args, device, dtype)
         results.append(r)
-        d, b = r["diff"], r["baseline"]
-        row = (f"| {name} | {d['params']:,} | {b['params']:,} | {d['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} "
-               f"| {r['ratio_diff_over_baseline']:.3f} |")
-        if cuda:
-            row += f" {d.get('mfu', float('nan')):.1%} | {b.get('mfu', float('nan')):.1%} |"
-        print(row, flush=True)
+        b = r["candidates"]["baseline"]
+        for label, d in r["candidates"].items():
+            if label == "baseline":
+                continue
+            row = (f"| {name} | {label.split('/', 1)[1]} | {d['params']:,} | {b['params']:,} | "
+                   f"{d['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | {d['ratio_to_baseline']:.3f} |")
+            if cuda:
+                row += f" {d.get('mfu', float('nan')):.1%} | {b.get('mfu', float('nan')):.1%} |"
+            print(row, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -285,7 +285,15 @@ def test_throughput_benchmark_runs(tmp_path, capsys):
     ratio = row["diff"]["tokens_per_s"] / row["baseline"]["tokens_per_s"]
     assert row["ratio_diff_over_baseline"] == pytest.approx(ratio)
     assert row["diff"]["params"] >= row["baseline"]["params"]  # DIFF adds only the lambda vectors and subln gains
-    assert "| test |" in capsys.readouterr().out
+    assert "| test | auto |" in capsys.readouterr().out
+    # several DIFF backends: one row each against the same baseline
+    assert bench.main(["--device", "cpu", "--sizes", "test", "--steps", "1", "--warmup", "0", "--batch-size", "2",
+                       "--seq-len", "16", "--backends", "eager", "chunked", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert list(row["candidates"]) == ["baseline", "diff/eager", "diff/chunked"]
+    assert row["diff"] == row["candidates"]["diff/eager"]
+    printed = capsys.readouterr().out
+    assert "| test | eager |" in printed and "| test | chunked |" in printed
 
 
 @pytest.mark.parametrize("attention", ["diff_v2", "standard"])
