@@ -155,6 +155,9 @@ def test_cli_train_under_torchrun(corpus):
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.stdout.count("done: step 2") == 1  # rank 0 alone prints
     assert latest_checkpoint(out).name.endswith("2")
+    # the metrics log was closed before the worker's os._exit: nothing buffered is lost
+    steps = [json.loads(line).get("step") for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 2 in steps
 
 
 if __name__ == "__main__":  # torchrun entry point
