@@ -288,12 +288,13 @@ def test_throughput_benchmark_runs(tmp_path, capsys):
     assert "| test | auto |" in capsys.readouterr().out
     # several DIFF backends: one row each against the same baseline
     assert bench.main(["--device", "cpu", "--sizes", "test", "--steps", "1", "--warmup", "0", "--batch-size", "2",
-                       "--seq-len", "16", "--backends", "eager", "chunked", "--json", str(out)]) == 0
+                       "--seq-len", "16", "--backends", "eager", "flex", "chunked", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
-    assert list(row["candidates"]) == ["baseline", "diff/eager", "diff/chunked"]
+    assert list(row["candidates"]) == ["baseline", "diff/eager", "diff/chunked"]  # flex cannot train on CPU
     assert row["diff"] == row["candidates"]["diff/eager"]
     printed = capsys.readouterr().out
     assert "| test | eager |" in printed and "| test | chunked |" in printed
+    assert "skipped diff/flex: ValueError" in printed
 
 
 @pytest.mark.parametrize("attention", ["diff_v2", "standard"])
