@@ -16,7 +16,8 @@ half the square; its backward 2.5x that (five products). The fused DIFF forward 
 ``PV`` product (two ``2d``-wide accumulators): 1.5x the baseline's; its backward forms
 ``(P1 - lam P2)^T dO`` and ``dO V^T`` once for both maps: the same five products as the
 baseline. So the floors are 1.5x (fwd) and 8/7 = 1.14x (fwd+bwd) of the baseline's time at
-equal efficiency (docs/kernels.md).
+equal efficiency (docs/kernels.md). Every DIFF candidate (``sdpa`` and ``flex`` too, which do
+more) is credited the fused kernel's FLOPs, so its TFLOP/s is useful work per second.
 
 Usage (CUDA only):
     python benchmarks/gpu_attention.py [--seq-lens 512 1024 2048 4096 8192 16384] [--d 128]

@@ -60,7 +60,8 @@ def _mask_mod(mask: AttentionMask):
     """The mask as flex's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, same semantics as
     :meth:`AttentionMask.dense` (a query always keeps its own key)."""
     off, causal, docs, valid = mask.q_offset, mask.causal, mask.doc_ids, mask.key_valid
-    last = (docs if docs is not None else valid).shape[1] - 1 if docs is not None or valid is not None else 0
+    per_key = docs if docs is not None else valid
+    last = per_key.shape[1] - 1 if per_key is not None else 0  # last index of the per-key tensors
 
     def mod(b, h, q_idx, kv_idx):
         pos = q_idx + off

@@ -216,9 +216,6 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if config.seq_len > model_config.max_seq_len:
         raise ValueError(f"TrainConfig.seq_len: {config.seq_len} exceeds the model's max_seq_len="
                          f"{model_config.max_seq_len}")
-    if model_config.backend == "flex" and device.type == "cpu":
-        raise ValueError("ModelConfig.backend: 'flex' cannot train on CPU (PyTorch's flex_attention has no "
-                         "backward pass there); use 'auto' or 'chunked'")
     if model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size} ({_tokenizer_name(tokenizer)})")
