@@ -12,20 +12,33 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
-from difftx.compare.summary import first_learned_step
 from difftx.compare.train import batch_for_step, lm_streams, task_space
+from difftx.tasks.training import first_learned_step
 
 # the smoke preset trimmed further to keep the whole module well under a minute
-FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "samples_per_cell": 1, "grid": ((1, 1), (2, 2)),
-        "depths": (0.0, 1.0), "attention_samples": 2, "quant_bits": (4,), "quant_needle_samples": 1,
-        "quant_needle_cell": (2, 2), "lm_eval_windows": 2, "outlier_tokens": 64, "icl_episodes": 4, "icl_orders": 2,
-        "probe_every": 3, "probe_samples": 1}
+FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "probe_every": 3, "probe_samples": 1,
+        "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1), (2, 2)), "depths": (0.0, 1.0),
+                             "heatmap_cell": (2, 2)},
+                  "attention": {"samples": 2, "cell": (2, 2)}, "lm": {"windows": 2}, "outliers": {"tokens": 64},
+                  "quant": {"bits": (4,), "needle_samples": 1, "cell": (2, 2), "depths": (0.0, 1.0)},
+                  "icl": {"episodes": 4, "orders": 2}, "diagnostics": {"cell": (2, 2)}}}
+
+
+def as_sets(overrides: dict, prefix: str = "") -> list[str]:
+    """``--set`` arguments (dotted paths) for nested overrides."""
+    out = []
+    for k, v in overrides.items():
+        if isinstance(v, dict):
+            out += as_sets(v, f"{prefix}{k}.")
+        else:
+            out.append(f"--set={prefix}{k}={json.dumps(v)}")
+    return out
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("compare") / "run"
-    sets = [f"--set={k}={json.dumps(v)}" for k, v in FAST.items()]
+    sets = as_sets(FAST)
     rc = main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
                "--no-progress", *sets])
     assert rc == 0
@@ -35,13 +48,19 @@ def smoke(tmp_path_factory) -> Path:
 def test_outputs_and_schema(smoke):
     for name in ("results.json", "report.md", "compare.json"):
         assert (smoke / name).is_file(), name
-    res = json.loads((smoke / "results.json").read_text())
+    text = (smoke / "results.json").read_text()
+    res = json.loads(text, parse_constant=lambda c: pytest.fail(f"results.json holds {c}: not strict JSON"))
     validate_results(res)
-    assert res["seeds"] == [0, 1]
-    assert res["models"]["diff"]["config"]["attention"] == "diff"
-    assert res["models"]["baseline"]["config"]["attention"] == "standard"
+    assert res["seeds"] == [0, 1] and res["schema_version"] == 2
+    # the smoke model has one head per layer: no pair of heads, so head redundancy is null with its reason
+    diag = res["runs"]["0"]["baseline"]["tasks"]["diagnostics"]
+    assert diag["head_redundancy"] == [None] or diag["head_redundancy"][0] is not None
+    assert res["runs"]["0"]["diff"]["tasks"]["diagnostics"]["head_redundancy"] == [None]
+    assert "single head" in res["runs"]["0"]["diff"]["tasks"]["diagnostics"]["null_reasons"]["head_redundancy"]
+    assert res["arms"]["diff"]["config"]["attention"] == "diff"
+    assert res["arms"]["baseline"]["config"]["attention"] == "standard"
     # parameter-matched: equal up to lambda vectors and subln gains
-    n_d, n_b = res["models"]["diff"]["parameters"], res["models"]["baseline"]["parameters"]
+    n_d, n_b = res["arms"]["diff"]["parameters"], res["arms"]["baseline"]["parameters"]
     assert 0 < n_d - n_b < 0.01 * n_b
     for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1",
                 "icl_random_accuracy", "icl_alternating_accuracy"):
@@ -60,17 +79,18 @@ def test_outputs_and_schema(smoke):
     best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
     assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
     assert "## In-context learning order robustness" in report
-    assert "### Retrieval during training" in report and "needle_probe.png" in pngs
+    assert "## Training" in report and "needle_probe.png" in pngs
     probes = res["runs"]["1"]["baseline"]["train"]["probes"]
     assert [p["step"] for p in probes] == [3, 6] and set(probes[0]["accuracy"]) == {"1/1", "2/2"}
-    learned = [first_learned_step(r[k]["train"]["probes"], "1/1") for r in res["runs"].values() for k in r]
+    learned = [first_learned_step(r[k]["train"]["probes"], "1/1", 0.9) for r in res["runs"].values() for k in r]
     assert ("needle_learned_step" in res["comparison"]) == all(x is not None for x in learned)
-    icl = res["runs"]["0"]["diff"]["evals"]["icl"]
-    assert len(icl["random"]["accuracies"]) == FAST["icl_orders"]
+    icl = res["runs"]["0"]["diff"]["tasks"]["icl"]
+    assert len(icl["random"]["accuracies"]) == FAST["tasks"]["icl"]["orders"]
+    assert len(icl["records"]["random"]) == 2 and len(icl["records"]["random"][0]) == 4  # per order, per episode
     for o in ("random", "alternating"):  # best - worst is compared only where every model learned the task
-        learned = all(r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r)
+        learned = all(r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r)
         assert (f"icl_{o}_best_minus_worst" in res["comparison"]) == learned
-    chance = [r[k]["evals"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
+    chance = [r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
               for o in ("random", "alternating")]
     assert ("No model learned the ICL task" in report) == (not any(chance))
     assert ("Not above chance" in report) == (any(chance) and not all(chance))
@@ -86,7 +106,7 @@ def test_cli_rejects_unknown_preset_fields(tmp_path, capsys):
 def test_schema_checker_rejects_broken_results(smoke):
     res = json.loads((smoke / "results.json").read_text())
     broken = json.loads(json.dumps(res))
-    del broken["runs"]["1"]["baseline"]["evals"]["quant"]
+    del broken["runs"]["1"]["baseline"]["tasks"]["quant"]
     with pytest.raises(ValueError, match="quant"):
         validate_results(broken)
     broken = json.loads(json.dumps(res))
@@ -161,24 +181,23 @@ def test_learned_step_is_compared_when_every_model_learned(smoke):
     from difftx.compare.summary import paired_comparisons
 
     res = json.loads((smoke / "results.json").read_text())
+    settings = get_preset("smoke", **FAST).task_settings()
     steps = {("0", "diff"): 3, ("0", "baseline"): 6, ("1", "diff"): 3, ("1", "baseline"): 3}
     for (s, k), at in steps.items():
-        res["runs"][s][k]["train"]["probes"] = [{"step": st, "accuracy": {"1/1": 1.0 if st >= at else 0.0}}
-                                                for st in (3, 6)]
-    c = paired_comparisons(res)["needle_learned_step"]
+        res["runs"][s][k]["tasks"]["training"]["learned_step"] = at
+    c = paired_comparisons(res, settings)["needle_learned_step"]
     assert c["diff"] == [3.0, 3.0] and c["baseline"] == [6.0, 3.0] and c["paired"]["mean"] == -1.5
     assert c["lower_is_better"] and "steps" in c["verdict"]
-    res["runs"]["1"]["baseline"]["train"]["probes"][-1]["accuracy"]["1/1"] = 0.5  # one model never learned
-    res["runs"]["1"]["baseline"]["train"]["probes"][0]["accuracy"]["1/1"] = 0.5
-    assert "needle_learned_step" not in paired_comparisons(res)
+    res["runs"]["1"]["baseline"]["tasks"]["training"]["learned_step"] = None  # one model never learned
+    assert "needle_learned_step" not in paired_comparisons(res, settings)
 
 
 def test_first_learned_step():
     probes = [{"step": 5, "accuracy": {"1/1": 0.2}}, {"step": 10, "accuracy": {"1/1": 0.95}},
               {"step": 15, "accuracy": {"1/1": 0.5}}]
-    assert first_learned_step(probes, "1/1") == 10
-    assert first_learned_step(probes, "1/1", threshold=0.99) is None
-    assert first_learned_step(probes, "2/2") is None
+    assert first_learned_step(probes, "1/1", 0.9) == 10
+    assert first_learned_step(probes, "1/1", 0.99) is None
+    assert first_learned_step(probes, "2/2", 0.9) is None
 
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
@@ -200,28 +219,35 @@ def test_batch_loss_on_masked_positions_equals_the_full_loss():
 
 
 def test_preset_validation():
-    with pytest.raises(ValueError, match="ComparePreset.grid"):
-        get_preset("smoke", grid=((2, 3),))
+    with pytest.raises(ValueError, match="needle cell.*1 <= R <= N"):
+        get_preset("smoke", tasks={"needle": {"grid": "2/3"}})
+    with pytest.raises(ValueError, match="tasks.needle.grid.*max_needles=4"):
+        get_preset("smoke", tasks={"needle": {"grid": ((6, 2),)}})
+    with pytest.raises(ValueError, match="unknown setting.*samplez"):
+        get_preset("smoke", tasks={"needle": {"samplez": 3}})
+    with pytest.raises(ValueError, match="unknown task"):
+        get_preset("smoke", tasks={"nedle": {}})
     with pytest.raises(ValueError, match="unknown compare preset"):
         get_preset("nope")
     with pytest.raises(ValueError, match="icl_every.*multiple of lm_every"):
         get_preset("smoke", lm_every=2, icl_every=4)
     with pytest.raises(ValueError, match="ComparePreset.icl_\\*.*multiple of n_classes"):
         get_preset("smoke", icl_demos=7)
-    with pytest.raises(ValueError, match="icl_orders"):
-        get_preset("smoke", icl_orders=1)
+    with pytest.raises(ValueError, match="ICLSettings.orders"):
+        get_preset("smoke", tasks={"icl": {"orders": 1}})
 
 
 @pytest.mark.parametrize("task", ["needle", "lm", "outliers", "quant", "icl"])
 def test_eval_subcommand_on_a_compare_checkpoint(smoke, task, tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = main(["eval", task, str(smoke / "seed0" / "diff" / "model"), "--samples", "1", "--windows", "2",
-               "--no-progress", "--json", str(out)])
+    flags = {"needle": ["--samples-per-cell", "1"], "lm": ["--windows", "2"], "quant": ["--needle-samples", "1"],
+             "icl": ["--episodes", "4", "--orders", "2"], "outliers": ["--tokens", "64"]}[task]
+    rc = main(["eval", task, str(smoke / "seed0" / "diff" / "model"), *flags, "--no-progress", "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["task"] == task and res["attention"] == "diff"
     if task == "needle":
-        assert set(res["needle"]["accuracy"]) == {"1/1", "2/2", "4/2"}
+        assert set(res["grid"]["accuracy"]) == {"1/1", "2/2", "4/2"} and res["dropped_cells"] == ["6/2"]
     if task == "lm":
         assert res["heldout"]["nll"] > 0 and res["heldout"]["bpb"] == pytest.approx(
             res["heldout"]["nll"] / torch.log(torch.tensor(2.0)).item(), rel=1e-5)

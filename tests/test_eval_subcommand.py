@@ -48,23 +48,27 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 def _eval(task: str, folder: Path, tmp_path: Path, *extra: str) -> tuple[int, dict | None]:
     out = tmp_path / f"{task}.json"
-    rc = main(["eval", task, str(folder), "--samples", "3", "--no-progress", "--json", str(out), *extra])
+    samples = ["--samples", "3"] if task in ("attention", "diagnostics") else []
+    rc = main(["eval", task, str(folder), *samples, "--no-progress", "--json", str(out), *extra])
     return rc, json.loads(out.read_text()) if rc == 0 else None
 
 
-def test_cli_choices_are_the_library_tasks():
-    from difftx.cli.eval import TASKS as CLI_TASKS
-    from difftx.compare.single import TASKS
+def test_cli_subcommands_are_the_registered_tasks(capsys):
+    from difftx.tasks import TASKS
 
-    assert CLI_TASKS == TASKS
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in TASKS)
 
 
 def test_attention_on_a_compare_model(models, tmp_path, capsys):
     rc, res = _eval("attention", models["diff"], tmp_path)
     assert rc == 0
     out = capsys.readouterr().out
-    a = res["attention_to_answer"]
+    a = res
     assert (a["form"], a["cell"], a["depth"], a["n_samples"]) == ("synthetic", "4/2", 0.5, 3)
+    assert len(a["records"]["answer"]["absolute"]) == 3  # per prompt
     assert len(a["layers"]) == 2 and set(a["summary"]) == {"signed", "absolute", "positive"}
     assert "answer" in a["best_head_row"]["roles"] and len(a["best_head_row"]["row"]) == NEEDLE.context_len
     assert "3 synthetic needle prompts, cell 4/2" in out
@@ -75,11 +79,11 @@ def test_attention_on_a_compare_model(models, tmp_path, capsys):
     assert f"mean over layers (absolute): answer {a['summary']['absolute']['answer']:.4f}" in out
     # an explicit cell is used as given
     rc, res = _eval("attention", models["diff"], tmp_path, "--cell", "2/1")
-    assert rc == 0 and res["attention_to_answer"]["cell"] == "2/1"
+    assert rc == 0 and res["cell"] == "2/1"
 
 
-@pytest.mark.parametrize("cell, message", [("5/2", "at most 4 needles"), ("3/3", "R <= 2"),
-                                           ("4-2", "expected N/R"), ("0/1", "must be positive")])
+@pytest.mark.parametrize("cell, message", [("5/2", "at most 4 needles"), ("3/3", "2 queried keys"),
+                                           ("4-2", "expected a needle cell N/R"), ("0/1", "1 <= R <= N")])
 def test_attention_refuses_an_impossible_cell(models, tmp_path, capsys, cell, message):
     rc, _ = _eval("attention", models["diff"], tmp_path, "--cell", cell)
     assert rc == 2
@@ -110,7 +114,7 @@ def test_diagnostics_lambda_is_the_models_lambda(models, tmp_path, capsys):
 def test_icl_on_a_model_trained_with_the_icl_task(models, tmp_path, capsys):
     rc, res = _eval("icl", models["diff"], tmp_path, "--episodes", "8", "--orders", "2")
     assert rc == 0
-    r = res["icl"]
+    r = res
     assert r["config"]["task"] == ICL.to_dict() and r["chance"] == 0.5
     out = capsys.readouterr().out
     assert "8 episodes, 2 orders per kind, chance 0.50" in out
@@ -121,6 +125,7 @@ def test_icl_on_a_model_trained_with_the_icl_task(models, tmp_path, capsys):
         # an untrained model at 8 episodes cannot clear chance + 2 standard errors (0.85)
         assert not r[kind]["above_chance"]
         assert "above chance: no" in line and "best-worst is sampling noise, not robustness" in line
+        assert [len(x) for x in r["records"][kind]] == [8, 8]  # per order, per episode
 
 
 @pytest.mark.parametrize("which", ["baseline", "null_icl"])
@@ -128,25 +133,27 @@ def test_icl_without_the_icl_task_is_a_clear_error(models, tmp_path, capsys, whi
     rc, _ = _eval("icl", models[which], tmp_path)
     assert rc == 2
     err = capsys.readouterr().err
-    assert "needs a model trained on the synthetic ICL task" in err and "--set icl_every=4" in err
+    assert "cannot run icl: the model was trained without ICL batches" in err and "--set icl_every=4" in err
 
 
 def test_attention_and_diagnostics_on_a_text_model(tmp_path, capsys):
     torch.manual_seed(0)
     folder = save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=32)),
                         tmp_path / "text")
-    args = ["--tokenizer", "byte", "--samples", "2", "--context-len", "120", "--windows", "3", "--no-progress"]
-    assert main(["eval", "attention", str(folder), *args, "--json", str(tmp_path / "a.json")]) == 0
-    a = json.loads((tmp_path / "a.json").read_text())["attention_to_answer"]
+    args = ["--tokenizer", "byte", "--no-progress"]
+    assert main(["eval", "attention", str(folder), *args, "--samples", "2", "--context-len", "120",
+                 "--json", str(tmp_path / "a.json")]) == 0
+    a = json.loads((tmp_path / "a.json").read_text())
     assert (a["form"], a["cell"], a["n_samples"]) == ("text", "4/2", 2)
     assert {"answer", "needle", "filler", "query"} <= set(a["rows"][0]["roles"])
     assert "2 text needle prompts" in capsys.readouterr().out
-    assert main(["eval", "diagnostics", str(folder), *args, "--json", str(tmp_path / "d.json")]) == 0
+    assert main(["eval", "diagnostics", str(folder), *args, "--samples", "3", "--json", str(tmp_path / "d.json")]) == 0
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["lambda"] == [pytest.approx(float(load_model(folder).layers[0].attn.lambda_full().detach()))]
-    assert d["head_redundancy_on"] == {"source": "held-out text windows", "n_samples": 3, "seq_len": 32}
+    assert d["head_redundancy_on"] == {"source": "the validation split of the bundled corpus", "n_samples": 3,
+                                       "seq_len": 32}
     assert main(["eval", "icl", str(folder), *args]) == 2
-    assert "it is a text model" in capsys.readouterr().err
+    assert "a text model has no synthetic ICL task" in capsys.readouterr().err
 
 
 def _words(text: str) -> list[str]:

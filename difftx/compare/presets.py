@@ -52,36 +52,20 @@ class ComparePreset:
     threads: int | None = None  # torch threads per process (None: leave as is)
     workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
     device: str = "auto"
-    # -- evaluation ------------------------------------------------------------------------------
-    samples_per_cell: int = 50
-    grid: tuple = ((1, 1), (2, 2), (4, 2), (6, 2))
-    depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
-    heatmap_lengths: tuple = ()  # extra context lengths for the depth x length heatmap (N=4/R=2)
-    attention_samples: int = 50
-    lm_eval_windows: int = 32
-    extrapolation_factors: tuple = (1, 2, 4)
-    extrapolation_windows: int = 8
-    outlier_tokens: int = 4096
-    quant_bits: tuple = (16, 8, 6, 4, 3)
-    quant_needle_cell: tuple = (4, 2)
-    quant_needle_samples: int = 20  # per depth, for the needle accuracy under low-bit logits
-    quant_lm_windows: int = 8
     # -- in-context learning (ICL) order robustness ------------------------------------------------
     icl_every: int = 0  # every k-th step (not an LM step) is an ICL batch (0: no ICL training or evaluation)
     icl_classes: int = 4
     icl_features_per_class: int = 1  # 1: each class is one feature token (recall of the label map)
     icl_input_len: int = 1
     icl_demos: int = 8  # demonstrations per prompt (a multiple of icl_classes)
-    icl_episodes: int = 100  # evaluation episodes, each shown in icl_orders orders per order kind
-    icl_orders: int = 5
+    # -- evaluation: per-task settings overrides ({task name: {field: value}}, see difftx.tasks) -----
+    tasks: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
-                     "batch_size", "lm_seq_len", "log_every", "workers", "samples_per_cell", "attention_samples",
-                     "lm_eval_windows", "extrapolation_windows", "outlier_tokens", "quant_needle_samples",
-                     "quant_lm_windows", "icl_classes", "icl_features_per_class", "icl_input_len", "icl_demos",
-                     "icl_episodes", "probe_samples"):
+                     "batch_size", "lm_seq_len", "log_every", "workers", "icl_classes", "icl_features_per_class",
+                     "icl_input_len", "icl_demos", "probe_samples"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
@@ -97,32 +81,61 @@ class ComparePreset:
             raise _err("threads", f"must be a positive integer or None, got {self.threads!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise _err("device", f"must be auto, cpu or cuda, got {self.device!r}")
+        settings = self.task_settings()  # validates every task's settings
         for n, r in self.grid:
             if not 1 <= r <= n <= self.max_needles:
-                raise _err("grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
-        if not any(tuple(c) == tuple(self.quant_needle_cell) for c in self.grid):
-            raise _err("quant_needle_cell", f"{self.quant_needle_cell} must be one of the grid cells {self.grid}")
+                raise _err("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
+        for name in ("attention", "quant", "diagnostics"):
+            cell = settings[name].cell
+            if cell is not None and not (cell[1] <= cell[0] <= self.max_needles and cell[1] <= self.max_query):
+                raise _err(f"tasks.{name}.cell", f"{cell[0]}/{cell[1]} does not fit max_needles={self.max_needles} "
+                                                 f"and the grid's most queried keys {self.max_query}")
         from ..eval.needle import NeedleTask
 
         try:
             NeedleTask(n_keys=self.n_keys, n_filler=self.n_filler, context_len=self.context_len,
-                       max_needles=self.max_needles, max_query=max(r for _, r in self.grid))
+                       max_needles=self.max_needles, max_query=self.max_query)
         except ValueError as e:
             raise _err("context_len", str(e)) from None
-        if any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise _err("depths", f"must lie in [0, 1], got {self.depths}")
         if self.icl_every:
             if self.icl_every == 1:
                 raise _err("icl_every", "1 would leave no needle steps")
             if self.lm_every and self.icl_every % self.lm_every == 0:
                 raise _err("icl_every", f"{self.icl_every} is a multiple of lm_every={self.lm_every}: every ICL step "
                                         "would be an LM step")
-            if not isinstance(self.icl_orders, int) or self.icl_orders < 2:
-                raise _err("icl_orders", f"need at least 2 orders to measure robustness, got {self.icl_orders!r}")
             try:
                 self.icl_task(0)
             except ValueError as e:
                 raise _err("icl_*", str(e)) from None
+
+    def task_settings(self) -> dict:
+        """``{task name: its Settings}``: each registered task's defaults with this preset's
+        ``tasks`` overrides (validated; unknown tasks or fields are named)."""
+        from ..tasks import TASKS, settings_from_dict
+
+        unknown = sorted(set(self.tasks) - set(TASKS))
+        if unknown:
+            raise _err("tasks", f"unknown task(s) {unknown}; known: {list(TASKS)}")
+        out = {}
+        for name, task in TASKS.items():
+            given = self.tasks.get(name, {})
+            if not isinstance(given, dict):
+                raise _err(f"tasks.{name}", f"must be a mapping of settings, got {given!r}")
+            try:
+                out[name] = settings_from_dict(task.Settings, given, f"ComparePreset.tasks.{name}")
+            except (TypeError, ValueError) as e:
+                raise ValueError(str(e)) from None
+        return out
+
+    @property
+    def grid(self) -> tuple:
+        """The needle task's N/R cells (also probed during training)."""
+        return self.task_settings()["needle"].grid
+
+    @property
+    def max_query(self) -> int:
+        """The most keys any needle prompt queries (the training task's answer length)."""
+        return max(r for _, r in self.grid)
 
     def icl_task(self, first_id: int):
         """The :class:`difftx.eval.icl.ICLTask` of this preset, its ids starting at ``first_id``."""
@@ -136,11 +149,30 @@ class ComparePreset:
     def replace(self, **changes) -> ComparePreset:
         return dataclasses.replace(self, **changes)
 
+    def with_overrides(self, **overrides) -> ComparePreset:
+        """This preset with field overrides; ``tasks`` overrides merge into the preset's per-task
+        settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown compare preset field(s) {unknown}; known: {sorted(known)}")
+        if "tasks" in overrides:
+            given = overrides["tasks"]
+            if not isinstance(given, dict):
+                raise _err("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
+            merged = {k: dict(v) for k, v in self.tasks.items()}
+            for name, vals in given.items():
+                if not isinstance(vals, dict):
+                    raise _err(f"tasks.{name}", f"must be a mapping of settings, got {vals!r}")
+                merged.setdefault(name, {}).update(vals)
+            overrides = {**overrides, "tasks": merged}
+        return self.replace(**overrides)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        for k in ("grid", "depths", "heatmap_lengths", "extrapolation_factors", "quant_bits", "quant_needle_cell"):
-            d[k] = [list(x) if isinstance(x, tuple) else x for x in d[k]]
-        return d
+        """JSON-ready (tuples become lists); :meth:`from_dict` reads it back."""
+        import json
+
+        return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_dict(cls, data: dict) -> ComparePreset:
@@ -148,14 +180,7 @@ class ComparePreset:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"ComparePreset: unknown field(s) {unknown}")
-        d = dict(data)
-        for k in ("grid",):
-            if k in d:
-                d[k] = tuple(tuple(x) for x in d[k])
-        for k in ("depths", "heatmap_lengths", "extrapolation_factors", "quant_bits", "quant_needle_cell"):
-            if k in d:
-                d[k] = tuple(d[k])
-        return cls(**d)
+        return cls(**data)
 
 
 PRESETS: dict[str, ComparePreset] = {
@@ -163,28 +188,33 @@ PRESETS: dict[str, ComparePreset] = {
     "smoke": ComparePreset(
         name="smoke", description="pipeline check only (tiny models, a few steps; numbers are meaningless)",
         dim=32, n_layers=1, n_heads=1, context_len=48, n_keys=16, n_filler=32, max_needles=4, steps=12,
-        batch_size=8, warmup_steps=2, lm_every=3, lm_seq_len=32, log_every=4, samples_per_cell=2,
-        grid=((1, 1), (2, 2), (4, 2)), depths=(0.0, 1.0), attention_samples=4, lm_eval_windows=4,
-        extrapolation_factors=(1, 2), extrapolation_windows=2, outlier_tokens=256, quant_bits=(8, 3),
-        quant_needle_cell=(2, 2), quant_needle_samples=2, quant_lm_windows=2, icl_every=4, icl_episodes=8,
-        icl_orders=2, probe_every=6, probe_samples=2, threads=None),
+        batch_size=8, warmup_steps=2, lm_every=3, lm_seq_len=32, log_every=4, icl_every=4, probe_every=6,
+        probe_samples=2, threads=None,
+        tasks={"needle": {"samples_per_cell": 2, "grid": ((1, 1), (2, 2), (4, 2)), "depths": (0.0, 1.0),
+                          "heatmap_cell": (2, 2)},
+               "lm": {"windows": 4, "extrapolation_factors": (1, 2), "extrapolation_windows": 2},
+               "attention": {"samples": 4, "cell": (2, 2)}, "outliers": {"tokens": 256},
+               "quant": {"bits": (8, 3), "cell": (2, 2), "needle_samples": 2, "lm_windows": 2, "depths": (0.0, 1.0)},
+               "icl": {"episodes": 8, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
     # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
                                 "~3 min per seed on 2 CPU cores",
         dim=64, n_layers=2, n_heads=2, context_len=64, steps=7500, batch_size=16, lr=3e-3, min_lr=3e-4,
         warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
-        samples_per_cell=50, attention_samples=50, heatmap_lengths=(48, 64, 128),
-        lm_eval_windows=32, extrapolation_windows=8, outlier_tokens=4096, quant_needle_samples=10,
-        threads=1, workers=2),
+        threads=1, workers=2,
+        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 50},
+               "lm": {"windows": 32, "extrapolation_windows": 8}, "outliers": {"tokens": 4096},
+               "quant": {"needle_samples": 10}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
     "gpu-small": ComparePreset(
         name="gpu-small", description="~100M parameters (untested here: no GPU on the development machine)",
         dim=768, n_layers=12, n_heads=6, context_len=1024, n_keys=512, n_filler=8192, steps=5000, batch_size=32,
-        lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, samples_per_cell=50,
-        heatmap_lengths=(256, 512, 1024), attention_samples=100, lm_eval_windows=256, extrapolation_windows=32,
-        outlier_tokens=65536, quant_needle_samples=50, quant_lm_windows=64, icl_every=3, probe_every=250,
-        probe_samples=20, device="auto"),
+        lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, icl_every=3, probe_every=250,
+        probe_samples=20, device="auto",
+        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (256, 512, 1024)}, "attention": {"samples": 100},
+               "lm": {"windows": 256, "extrapolation_windows": 32}, "outliers": {"tokens": 65536},
+               "quant": {"needle_samples": 50, "lm_windows": 64}}),
 }
 
 
@@ -192,4 +222,4 @@ def get_preset(name: str, **overrides) -> ComparePreset:
     """A named preset with field overrides (validated)."""
     if name not in PRESETS:
         raise ValueError(f"unknown compare preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+    return PRESETS[name].with_overrides(**overrides) if overrides else PRESETS[name]

@@ -7,7 +7,7 @@ Layout of ``out_dir``::
     compare.json                      the preset and seeds of this folder (a re-run must match)
     seed{S}/{diff,baseline}/model/    the trained model (difftx checkpoint: load_model reads it)
     seed{S}/{diff,baseline}/train.json   loss history, lambda over training, wall/CPU time
-    seed{S}/{diff,baseline}/evals/{lm,needle,attention,outliers,quant,diagnostics}.json
+    seed{S}/{diff,baseline}/evals/{task}.json  one file per registered task (difftx.tasks.TASKS)
     results.json  report.md  plots/*.png
 """
 
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoint import atomic_write
-from .evaluate import EVALUATIONS, evaluate_model
+from .evaluate import evaluate_model, evaluations
 from .presets import ComparePreset, get_preset
+from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
 from .train import MODEL_KINDS, train_model
 
-SCHEMA_VERSION = 1
 # preset fields that change how a comparison runs, not what it computes: a resume may change them
 EXECUTION_FIELDS = ("workers", "threads", "device", "description")
 
@@ -43,7 +43,7 @@ def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, p
     if not (f / "train.json").is_file():
         train_model(kind, preset, seed, f, progress=progress, position=position)
         done["trained"] = True
-    missing = [e for e in EVALUATIONS if not (f / "evals" / f"{e}.json").is_file()]
+    missing = [e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()]
     if missing:
         evaluate_model(f, preset, progress=progress, only=tuple(missing), position=position)
         done["evaluated"] = missing
@@ -54,16 +54,19 @@ def _check_folder(out: Path, preset: ComparePreset) -> None:
     meta = out / "compare.json"
     if meta.is_file():
         try:
-            old = json.loads(meta.read_text())["preset"]
-        except (json.JSONDecodeError, KeyError) as e:
+            data = json.loads(meta.read_text())
+            old = data["preset"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
+        check_version(data, str(meta))
         new = preset.to_dict()
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS)
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(meta, lambda p: Path(p).write_text(json.dumps({"preset": preset.to_dict()}, indent=1) + "\n"))
+    text = dumps_strict({"schema_version": SCHEMA_VERSION, "preset": preset.to_dict()}, indent=1)
+    atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
 
 
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
@@ -79,7 +82,7 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     """
     from tqdm.auto import tqdm
 
-    p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.replace(**overrides)
+    p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list or (isinstance(seeds, int) and seeds <= 0):
         raise ValueError(f"seeds: need a positive count or a non-empty list, got {seeds!r}")
@@ -131,31 +134,42 @@ def versions() -> dict:
 
 def collect_results(out: Path, preset: ComparePreset, seeds: Sequence[int]) -> dict:
     """Read every stored part back into one JSON-ready dict (the ``results.json`` schema, see
-    ``docs/compare.md``) and add the paired comparisons."""
+    ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons."""
+    from ..tasks import TASKS, settings_to_dict
     from .summary import paired_comparisons
     from .train import model_configs, task_space
 
     space = task_space(preset)
     cfgs = model_configs(preset, space)
+    settings = preset.task_settings()
     runs: dict = {}
     for s in seeds:
         runs[str(s)] = {}
         for k in MODEL_KINDS:
             f = out / f"seed{s}" / k
-            train = json.loads((f / "train.json").read_text())
-            evals = {e: json.loads((f / "evals" / f"{e}.json").read_text()) for e in EVALUATIONS}
-            runs[str(s)][k] = {"train": train, "evals": evals}
+            train = _read(f / "train.json")
+            runs[str(s)][k] = {"train": train, "tasks": {e: _read(f / "evals" / f"{e}.json") for e in settings}}
     first = runs[str(seeds[0])]
     results = {
+        "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
         "preset": preset.to_dict(),
         "seeds": list(seeds),
         "needle_task": space.needle.to_dict(),
-        "models": {k: {"config": cfgs[k].to_dict(), "parameters": first[k]["train"]["parameters"]}
-                   for k in MODEL_KINDS},
+        "arms": {k: {"config": cfgs[k].to_dict(), "parameters": first[k]["train"]["parameters"]} for k in MODEL_KINDS},
+        "tasks": {name: {"title": TASKS[name].title, "settings": settings_to_dict(st),
+                         "metrics": [m.describe() for m in TASKS[name].metrics(st)]} for name, st in settings.items()},
         "runs": runs,
+        "null_reasons": {},
     }
-    results["comparison"] = paired_comparisons(results)
+    results["comparison"] = paired_comparisons(results, settings)
     return results
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); delete it to redo that part") from None

@@ -1,20 +1,51 @@
-"""The documented shape of ``results.json`` (``docs/compare.md``) and a checker for it."""
+"""The shape of ``results.json`` (documented in ``docs/compare.md``): versioned, strict JSON
+(no NaN or Infinity: a value that cannot be measured is ``null`` and its reason is recorded in
+``null_reasons``), validated where it is written."""
 
 from __future__ import annotations
 
-from .evaluate import EVALUATIONS
-from .train import MODEL_KINDS
+import json
+import math
+from typing import Any
+
+SCHEMA = "difftx.compare.results"
+SCHEMA_VERSION = 2
 
 TOP_LEVEL = {
-    "schema_version": int, "created": str, "versions": dict, "preset": dict, "seeds": list, "needle_task": dict,
-    "models": dict, "runs": dict, "comparison": dict, "wall_s": float, "this_run": dict, "plots": dict,
+    "schema": str, "schema_version": int, "created": str, "versions": dict, "preset": dict, "seeds": list,
+    "arms": dict, "tasks": dict, "runs": dict, "comparison": dict, "null_reasons": dict, "wall_s": float,
 }
 TRAIN_KEYS = {"kind": str, "seed": int, "config": dict, "parameters": int, "steps": int, "history": list,
               "wall_s": float, "cpu_s": float}
-COMPARISON_KEYS = {"label": str, "lower_is_better": bool, "unit": str, "diff": list, "baseline": list,
-                   "diff_mean": float, "baseline_mean": float, "paired": dict, "verdict": str}
+TASK_KEYS = {"title": str, "settings": dict, "metrics": list}
+COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool, "diff": list,
+                   "baseline": list, "diff_mean": float, "baseline_mean": float, "paired": dict, "verdict": str}
 PAIRED_KEYS = ("mean", "low", "high", "n", "confidence", "excludes_zero")
 VERSION_KEYS = ("difftx", "torch", "python", "platform")
+
+
+def strict(obj: Any, reasons: dict | None = None, path: str = "") -> Any:
+    """A copy of ``obj`` with every non-finite float replaced by ``None`` (its path and value
+    added to ``reasons``) and tuples made lists."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if reasons is not None:
+            reasons[path or "."] = f"not a finite number ({obj})"
+        return None
+    if isinstance(obj, dict):
+        return {str(k): strict(v, reasons, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v, reasons, f"{path}[{i}]") for i, v in enumerate(obj)]
+    return obj
+
+
+def dumps_strict(obj: Any, **kwargs) -> str:
+    """Strict JSON text of ``obj``: non-finite numbers become ``null``, with the reason under
+    ``null_reasons`` when ``obj`` is a dict."""
+    reasons: dict = {}
+    clean = strict(obj, reasons)
+    if reasons and isinstance(clean, dict):
+        clean["null_reasons"] = {**clean.get("null_reasons", {}), **reasons}
+    return json.dumps(clean, allow_nan=False, **kwargs)
 
 
 def _check(obj: dict, spec: dict, where: str) -> None:
@@ -26,26 +57,40 @@ def _check(obj: dict, spec: dict, where: str) -> None:
             raise ValueError(f"results.json: {where}.{k} should be {t.__name__}, got {type(obj[k]).__name__}")
 
 
+def check_version(data: dict, where: str) -> None:
+    """Refuse a file of another schema version with a clear message."""
+    found = data.get("schema_version", 1)
+    if found != SCHEMA_VERSION:
+        raise ValueError(f"{where}: written by a difftx with results schema version {found}; this difftx reads "
+                         f"version {SCHEMA_VERSION}. Its models and evaluations are not reused: compare into a new "
+                         "--out (the old folder stays as it is)")
+
+
 def validate_results(results: dict) -> None:
     """Raise ``ValueError`` naming the first field that does not follow the schema."""
     _check(results, TOP_LEVEL, "top level")
+    if results["schema"] != SCHEMA:
+        raise ValueError(f"results.json: schema should be {SCHEMA!r}, got {results['schema']!r}")
+    check_version(results, "results.json")
     for k in VERSION_KEYS:
         if k not in results["versions"]:
             raise ValueError(f"results.json: versions lacks {k!r}")
-    for k in MODEL_KINDS:
-        if k not in results["models"] or "config" not in results["models"][k]:
-            raise ValueError(f"results.json: models lacks {k!r} or its config")
+    for name, t in results["tasks"].items():
+        _check(t, TASK_KEYS, f"tasks.{name}")
+    for arm, a in results["arms"].items():
+        if "config" not in a or "parameters" not in a:
+            raise ValueError(f"results.json: arms.{arm} lacks its config or parameter count")
     for s in results["seeds"]:
         run = results["runs"].get(str(s))
         if run is None:
             raise ValueError(f"results.json: runs lacks seed {s}")
-        for k in MODEL_KINDS:
-            if k not in run:
-                raise ValueError(f"results.json: runs.{s} lacks {k!r}")
-            _check(run[k]["train"], TRAIN_KEYS, f"runs.{s}.{k}.train")
-            for e in EVALUATIONS:
-                if e not in run[k]["evals"]:
-                    raise ValueError(f"results.json: runs.{s}.{k}.evals lacks {e!r}")
+        for arm in results["arms"]:
+            if arm not in run:
+                raise ValueError(f"results.json: runs.{s} lacks {arm!r}")
+            _check(run[arm]["train"], TRAIN_KEYS, f"runs.{s}.{arm}.train")
+            for name in results["tasks"]:
+                if name not in run[arm]["tasks"]:
+                    raise ValueError(f"results.json: runs.{s}.{arm}.tasks lacks {name!r}")
     if not results["comparison"]:
         raise ValueError("results.json: comparison is empty")
     for key, c in results["comparison"].items():
@@ -55,3 +100,4 @@ def validate_results(results: dict) -> None:
         for k in PAIRED_KEYS:
             if k not in c["paired"]:
                 raise ValueError(f"results.json: comparison.{key}.paired lacks {k!r}")
+    json.dumps(results, allow_nan=False)  # strict: raises on NaN / Infinity

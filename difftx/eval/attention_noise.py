@@ -121,8 +121,12 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample |
     # prompts of different lengths: zero-pad keys to the longest (a zero adds to no L1 norm or mass)
     S = max(a.numel() for a in answer)
     A, N = _pad(answer, S), _pad(noise, S)  # (N, S)
-    layers = [layer_mass(_pad(r, S), A, N, layer).to_dict() for layer, r in enumerate(rows)]
-    return {"n_samples": len(samples), "layers": layers, "rows": kept}
+    padded = [_pad(r, S) for r in rows]  # per layer (N, H, S)
+    layers = [layer_mass(r, A, N, layer).to_dict() for layer, r in enumerate(padded)]
+    # per sample: mass averaged over heads and layers (for statistics that resample prompts)
+    per_sample = {role: {v: (sum(role_mass(r, keys[:, None, :])[v].mean(-1) for r in padded) / len(padded)).tolist()
+                         for v in VARIANTS} for role, keys in (("answer", A), ("noise", N))}
+    return {"n_samples": len(samples), "layers": layers, "rows": kept, "per_sample": per_sample}
 
 
 def _pad(xs: Sequence[Tensor], S: int) -> Tensor:

@@ -187,7 +187,7 @@ def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int
     """Accuracy per order seed for each order kind over the same ``n_episodes`` episodes.
 
     Returns ``{"config": .., "chance": 1/n_classes, kind: {"accuracies": [..], "mean": ..,
-    "best_minus_worst": .., "above_chance": bool}}``.
+    "best_minus_worst": .., "above_chance": bool, "correct": [[0/1 per episode] per order]}}``.
     """
     from tqdm.auto import tqdm
 
@@ -200,15 +200,16 @@ def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int
     out: dict = {"config": {"task": task.to_dict(), "n_episodes": n_episodes, "n_orders": n_orders, "seed": seed},
                  "chance": chance}
     for kind in kinds:
-        accs = []
+        accs, correct = [], []
         for s in tqdm(range(n_orders), desc=f"icl {kind}", disable=not progress, leave=False):
             prompts = [e.prompt(task, order_demos(e.demos, kind, random.Random(f"icl:{seed}:{kind}:{s}:{i}")))
                        for i, e in enumerate(episodes)]
             preds = classify(model, task, prompts, cands, batch_size=batch_size, backend=backend)
-            accs.append(sum(p == e.answer for p, e in zip(preds, episodes)) / n_episodes)
+            correct.append([int(p == e.answer) for p, e in zip(preds, episodes)])
+            accs.append(sum(correct[-1]) / n_episodes)
         mean = sum(accs) / len(accs)
         out[kind] = {"accuracies": accs, "mean": mean, "best_minus_worst": max(accs) - min(accs),
-                     "above_chance": above_chance(mean, chance, n_episodes)}
+                     "above_chance": above_chance(mean, chance, n_episodes), "correct": correct}
     return out
 
 

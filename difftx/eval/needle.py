@@ -287,6 +287,7 @@ class NeedleCell:
     depth: float
     n_samples: int
     outcomes: dict[str, int]  # counts over all queried keys
+    correct_per_sample: list[int] = field(default_factory=list)  # correct keys of each prompt, in prompt order
 
     @property
     def n_keys(self) -> int:
@@ -367,7 +368,8 @@ class NeedleResult:
         """Rebuild from :meth:`to_dict` output (for example read back from ``results.json``)."""
         fields_ = ("n_needles", "n_query", "context_len", "depth", "n_samples", "outcomes")
         try:
-            cells = [NeedleCell(**{k: c[k] for k in fields_}) for c in data["cells"]]
+            cells = [NeedleCell(**{k: c[k] for k in fields_}, correct_per_sample=list(c.get("correct_per_sample", [])))
+                     for c in data["cells"]]
         except KeyError as e:
             raise ValueError(f"needle result: a cell lacks the field {e}") from None
         return cls(cells, dict(data.get("config", {})), list(data.get("examples", [])))
@@ -444,19 +446,21 @@ def evaluate_needles(model: torch.nn.Module, task: NeedleTask, *, grid: Sequence
     for n, r, L, d in tqdm(todo, desc="needle eval", disable=not progress, leave=False):
         samples = needle_samples(task, n, r, d, samples_per_cell, seed, L)
         counts = {k: 0 for k in OUTCOMES}
+        per_sample = []
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             gens = greedy_decode(model, [s.prompt for s in chunk], task.answer_len(r), stop_tokens=[task.EOS],
                                  backend=backend, use_cache=use_cache, pad_id=task.PAD)
             for s, g in zip(chunk, gens):
                 res = score_sample(task, s, g)
+                per_sample.append(res.count("correct"))
                 for o in res:
                     counts[o] += 1
                 if len(examples) < max_examples and any(o != "correct" for o in res):
                     examples.append({"n_needles": n, "n_query": r, "depth": d, "context_len": L,
                                      "expected": [" ".join(task.token_name(t) for t in v) for v in s.expected],
                                      "generated": " ".join(task.token_name(t) for t in g), "outcomes": res})
-        cells.append(NeedleCell(n, r, L, d, len(samples), counts))
+        cells.append(NeedleCell(n, r, L, d, len(samples), counts, per_sample))
     config = {"form": "synthetic", "task": task.to_dict(), "grid": [list(g) for g in grid], "depths": list(depths),
               "lengths": lengths, "samples_per_cell": samples_per_cell, "seed": seed, "backend": backend}
     return NeedleResult(cells, config, examples)
@@ -612,6 +616,7 @@ def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[i
         samples = [make_text_needle_sample(n, r, d, L, rng, count_tokens=count, value_digits=value_digits)
                    for _ in range(samples_per_cell)]
         counts = {k: 0 for k in OUTCOMES}
+        per_sample = []
         new = max_new_tokens or (value_digits + 3) * r
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
@@ -620,12 +625,13 @@ def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[i
             for s, g in zip(chunk, gens):
                 text = decode(g)
                 res = score_text_answer(s, text, value_digits)
+                per_sample.append(res.count("correct"))
                 for o in res:
                     counts[o] += 1
                 if len(examples) < 5 and any(o != "correct" for o in res):
                     examples.append({"n_needles": n, "n_query": r, "depth": d, "context_len": L,
                                      "expected": s.expected, "generated": text, "outcomes": res})
-        cells.append(NeedleCell(n, r, L, d, len(samples), counts))
+        cells.append(NeedleCell(n, r, L, d, len(samples), counts, per_sample))
     config = {"form": "text", "grid": [list(g) for g in grid], "depths": list(depths), "lengths": lengths,
               "samples_per_cell": samples_per_cell, "seed": seed, "value_digits": value_digits, "backend": backend}
     return NeedleResult(cells, config, examples)

@@ -1,0 +1,210 @@
+"""Multi-needle retrieval (paper section 3.4): per-key exact match over N/R x depth cells, the
+error classes of wrong answers, accuracy by depth and a depth x length heatmap. A compare
+model runs the synthetic token-level form; a text model the natural-language (LWM) form.
+
+Also the probe prompts of one cell that the attention, quant and diagnostics tasks share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .base import EVAL_SEED, Metric, Task, parse_cell, parse_cells, positive, setting
+from .reporting import NAMES, SHORT, ReportContext, call, ci, fmt, pair, table
+
+PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1", "2/2", "4/2", "6/2"],
+         "baseline": [1.00, 0.85, 0.62, 0.55], "diff": [1.00, 0.92, 0.84, 0.85]}
+OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
+LEARNED = 0.5  # accuracy at the easiest cell below which the section says the task was not learned
+DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped to what the task has
+PROBE_DEPTH = 0.5
+
+
+@dataclass(frozen=True)
+class NeedleSettings:
+    samples_per_cell: int = setting(50, "prompts per N/R x depth cell")
+    grid: tuple = setting(((1, 1), (2, 2), (4, 2), (6, 2)), "N/R cells, e.g. 1/1,2/2,4/2,6/2", parse_cells)
+    depths: tuple = setting((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the answer needle in [0, 1]")
+    heatmap_lengths: tuple = setting((), "context lengths of the depth x length heatmap (empty: none)")
+    heatmap_cell: tuple = setting(DEFAULT_CELL, "N/R cell of the heatmap", parse_cell)
+    context_len: int = setting(256, "prompt tokens of the natural-language form (text models)")
+    batch_size: int = setting(50, "prompts decoded together")
+
+    def __post_init__(self) -> None:
+        positive(self, "samples_per_cell", "context_len", "batch_size")
+        if not self.grid:
+            raise ValueError("NeedleSettings.grid: needs at least one N/R cell")
+        for n, r in (*self.grid, self.heatmap_cell):
+            if not 1 <= r <= n:
+                raise ValueError(f"NeedleSettings: cell N/R = {n}/{r} needs 1 <= R <= N")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths) or not self.depths:
+            raise ValueError(f"NeedleSettings.depths: need at least one depth in [0, 1], got {self.depths}")
+        if any(not isinstance(x, int) or x <= 0 for x in self.heatmap_lengths):
+            raise ValueError(f"NeedleSettings.heatmap_lengths: must be positive integers, got {self.heatmap_lengths}")
+
+
+def fitting_cells(subject, cells) -> list[tuple[int, int]]:
+    """The cells the subject's needle task can pose (a compare model's task has a most needles
+    and a most queried keys; the natural-language form has a city list)."""
+    from ..eval.needle import CITIES
+
+    t = subject.needle
+    max_n, max_r = (t.max_needles, t.max_query) if t is not None else (len(CITIES), len(CITIES))
+    return [(n, r) for n, r in cells if n <= max_n and r <= max_r]
+
+
+def probe_cell(subject, cell: Optional[tuple[int, int]]) -> tuple[int, int]:
+    """``cell``, or 4/2 clipped to what the subject's needle task has (a clear error when the
+    requested cell does not fit)."""
+    if cell is None:
+        n, r = DEFAULT_CELL
+        t = subject.needle
+        if t is not None:
+            n = min(n, t.max_needles)
+            r = min(r, t.max_query, n)
+        return n, r
+    if not fitting_cells(subject, [cell]):
+        t = subject.needle
+        form = "the model's needle task" if t is not None else "the natural-language needle form"
+        most = f"{t.max_needles} needles and {t.max_query} queried keys" if t is not None else "fewer cities"
+        raise ValueError(f"cell {cell[0]}/{cell[1]}: {form} has at most {most}")
+    return tuple(cell)
+
+
+def probe_prompts(subject, cell: Optional[tuple[int, int]], samples: int, context_len: int = 256):
+    """``samples`` prompts of the probe cell at depth 0.5 with a role per position (synthetic for
+    a compare model, natural-language for a text model) and a description of them."""
+    from ..eval.needle import needle_samples, text_needle_probes
+
+    n, r = probe_cell(subject, cell)
+    if subject.needle is not None:
+        probes, form = needle_samples(subject.needle, n, r, PROBE_DEPTH, samples, seed=EVAL_SEED), "synthetic"
+    else:
+        tok = subject.tokenizer
+        probes = text_needle_probes(tok.encode, tok.decode, n, r, PROBE_DEPTH, samples, context_len, seed=EVAL_SEED)
+        form = "text"
+    return probes, {"form": form, "cell": f"{n}/{r}", "depth": PROBE_DEPTH, "n_samples": len(probes)}
+
+
+def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_len: int = 256,
+                backend: Optional[str] = None, use_cache: bool = True, batch_size: int = 50, progress: bool = False):
+    """:class:`difftx.eval.needle.NeedleResult` of the subject's form (same prompts for every model)."""
+    from ..eval.needle import evaluate_needles, evaluate_needles_text
+
+    if subject.needle is not None:
+        return evaluate_needles(subject.model, subject.needle, grid=grid, depths=depths, lengths=lengths,
+                                samples_per_cell=samples, seed=EVAL_SEED, backend=backend, use_cache=use_cache,
+                                batch_size=batch_size, progress=progress)
+    tok = subject.tokenizer
+    return evaluate_needles_text(subject.model, tok.encode, tok.decode, context_len=context_len, grid=grid,
+                                 depths=depths, lengths=lengths, samples_per_cell=samples, seed=EVAL_SEED,
+                                 stop_tokens=[tok.eos_id], backend=backend, progress=progress)
+
+
+class NeedleTask(Task):
+    name = "needle"
+    title = "Multi-needle retrieval"
+    help = "multi-needle retrieval: accuracy per N/R cell and depth, error classes, heatmap"
+    Settings = NeedleSettings
+
+    def run(self, subject, s: NeedleSettings, *, progress: bool = False) -> dict:
+        grid = fitting_cells(subject, s.grid)
+        if not grid:
+            raise ValueError(f"none of the cells {s.grid} fits the model's needle task")
+        res = run_needles(subject, grid, s.depths, s.samples_per_cell, context_len=s.context_len,
+                          batch_size=s.batch_size, progress=progress)
+        out = {"grid": res.to_dict(), "dropped_cells": [f"{n}/{r}" for n, r in s.grid if (n, r) not in grid],
+               "records": {"cell": [], "depth": [], "correct_fraction": []}}
+        for c in res.cells:
+            for k in c.correct_per_sample:
+                out["records"]["cell"].append(f"{c.n_needles}/{c.n_query}")
+                out["records"]["depth"].append(c.depth)
+                out["records"]["correct_fraction"].append(k / c.n_query)
+        if s.heatmap_lengths and fitting_cells(subject, [s.heatmap_cell]):
+            n, r = s.heatmap_cell
+            hm = run_needles(subject, [(n, r)], s.depths, s.samples_per_cell, lengths=s.heatmap_lengths,
+                             context_len=s.context_len, batch_size=s.batch_size, progress=progress)
+            depths, lengths, acc = hm.heatmap(n, r)
+            out["heatmap"] = {"cell": f"{n}/{r}", "depths": depths, "lengths": lengths, "accuracy": acc}
+        return out
+
+    def metrics(self, s: NeedleSettings) -> list[Metric]:
+        out = [Metric(f"needle_{n}_{r}", f"needle accuracy N={n}/R={r}", False,
+                      lambda res, k=f"{n}/{r}": res["grid"]["accuracy"].get(k)) for n, r in s.grid]
+        out.append(Metric("needle_mean", "needle accuracy, mean over the grid", False,
+                          lambda res: sum(res["grid"]["accuracy"].values()) / len(res["grid"]["accuracy"]),
+                          primary=True))
+        out += [Metric(f"needle_{o}_rate", f"needle {o} rate (share of queried keys)", True,
+                       lambda res, o=o: res["grid"]["outcome_rates"][o]) for o in OUTCOME_KINDS]
+        return out
+
+    def report(self, ctx: ReportContext) -> str:
+        s = ctx.settings(self.name)
+        grid = [f"{n}/{r}" for n, r in s["grid"]]
+        keys = [f"needle_{g.replace('/', '_')}" for g in grid]
+        out = [f"## {self.title}\n", f"Per-key exact match, greedy decoding, {s['samples_per_cell']} prompts per N/R x "
+               f"depth cell, depths {', '.join(f'{round(d * 100)}%' for d in s['depths'])}. Mean over seeds [95% CI].\n"]
+        rows = []
+        for a in ctx.arms:
+            rows.append([f"{NAMES[a]}, this run"] + [ci(*_mean_ci(ctx.comparison(k), a), 2) for k in keys])
+        cs = [ctx.comparison(k) for k in keys]
+        rows.append(["DIFF - baseline (paired)"] + [pair(c, 2) if c else "-" for c in cs])
+        rows.append(["verdict"] + [call(c) if c else "-" for c in cs])
+        for a in ctx.arms:
+            rows.append([f"{NAMES[a]}, paper ({PAPER['scale']})"]
+                        + [fmt(PAPER[a][PAPER["grid"].index(g)], 2) if g in PAPER["grid"] else "-" for g in grid])
+        out.append(table(rows, ["model"] + [f"N={g.split('/')[0]}, R={g.split('/')[1]}" for g in grid]))
+        first = ctx.comparison(keys[0])
+        best = max(first["diff_mean"], first["baseline_mean"]) if first else 0.0
+        if best < LEARNED:
+            out.append(f"**Neither model has learned the retrieval task** (accuracy at N/R = {grid[0]} is at most "
+                       f"{best:.2f}, below {LEARNED}): differences here measure partial learning, not retrieval "
+                       "quality.\n")
+        out.append("A model that copies a random needle's value instead of the queried one scores about 1/N. Wrong "
+                   "answers as a share of all queried keys (distraction: another needle's value; hallucination: a "
+                   "value that appears nowhere in the context; malformed: anything else):\n")
+        out.append(ctx.comparison_table([f"needle_{o}_rate" for o in OUTCOME_KINDS]))
+        for a in ctx.arms:
+            bd = ctx.result(self.name, a)["grid"]["by_depth"]
+            out.append(f"{NAMES[a]} (seed {ctx.first}) accuracy by depth: " + "; ".join(
+                f"{cell}: " + ", ".join(f"{float(d):.2f}->{v:.2f}" for d, v in row.items()) for cell, row in bd.items())
+                + "\n")
+        return "\n".join(out)
+
+    def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
+        from ..eval import plots as P
+
+        grid = [f"{n}/{r}" for n, r in ctx.settings(self.name)["grid"]]
+        acc = {SHORT[a]: {g: ctx.comparison(f"needle_{g.replace('/', '_')}")[f"{a}_mean"] for g in grid
+                          if ctx.comparison(f"needle_{g.replace('/', '_')}")} for a in ctx.arms}
+        made = {"needle accuracy": P.plot_needle_accuracy(
+            acc, folder / "needle_accuracy.png", title=f"Multi-needle retrieval (mean over {len(ctx.seeds)} seed(s))")}
+        for a in ctx.arms:
+            hm = ctx.result(self.name, a).get("heatmap")
+            if hm:
+                made[f"needle heatmap {a}"] = P.plot_needle_heatmap(
+                    hm["depths"], hm["lengths"], hm["accuracy"], folder / f"needle_heatmap_{a}.png",
+                    title=f"{NAMES[a]}: N/R={hm['cell']}, depth x length")
+        return made
+
+    def print(self, res: dict) -> None:
+        g = res["grid"]
+        form = g["config"].get("form", "synthetic")
+        print(f"{form} needles, {g['config']['samples_per_cell']} prompts per cell and depth; per-key exact match:")
+        print("  accuracy   " + "  ".join(f"N/R {k}: {v:.2f}" for k, v in g["accuracy"].items()))
+        print("  wrong keys " + "  ".join(f"{k}: {v:.2f}" for k, v in g["outcome_rates"].items() if k != "correct")
+              + "  (distraction: another needle's value; hallucination: a value not in the context; "
+                "malformed: anything else)")
+        first, acc = next(iter(g["accuracy"].items()))
+        if acc < LEARNED:
+            print(f"  not learned: accuracy at N/R {first} is {acc:.2f} (below {LEARNED})")
+        if res.get("dropped_cells"):
+            print(f"  cells the model's task cannot pose (not run): {', '.join(res['dropped_cells'])}")
+
+
+def _mean_ci(c: Optional[dict], arm: str):
+    return (None, [None]) if c is None else (c[f"{arm}_mean"], c[f"{arm}_ci"])
+
+
+TASK = NeedleTask()

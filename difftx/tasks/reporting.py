@@ -1,0 +1,112 @@
+"""What a task's report section reads: :class:`ReportContext` (typed access to a comparison's
+results) and the small Markdown helpers every section uses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+ARMS = ("baseline", "diff")  # report order
+NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
+SHORT = {"diff": "DIFF", "baseline": "baseline"}
+
+
+def fmt(v: Optional[float], digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.{digits}f}"
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+class ReportContext:
+    """Read access to ``results.json`` for report sections and plots: a task asks for its
+    settings, its result for one seed and arm, and the paired comparison of a metric."""
+
+    def __init__(self, results: dict) -> None:
+        self.results = results
+        self.seeds = [str(s) for s in results["seeds"]]
+        self.arms = [a for a in ARMS if a in results["arms"]]
+        self.first = self.seeds[0]
+
+    @property
+    def preset(self) -> dict:
+        return self.results["preset"]
+
+    def settings(self, task: str) -> dict:
+        return self.results["tasks"][task]["settings"]
+
+    def metric_keys(self, task: str) -> list[str]:
+        """The keys of ``task``'s declared metrics, in declaration order."""
+        return [m["key"] for m in self.results["tasks"][task]["metrics"]]
+
+    def result(self, task: str, arm: str = "diff", seed: Optional[str] = None) -> dict:
+        """One model's result of ``task`` (``{"skipped": reason}`` when it did not run)."""
+        return self.results["runs"][seed or self.first][arm]["tasks"][task]
+
+    def ran(self, task: str) -> bool:
+        return all("skipped" not in self.result(task, a, s) for s in self.seeds for a in self.arms)
+
+    def skipped(self, task: str) -> Optional[str]:
+        r = self.result(task)
+        return r.get("skipped")
+
+    def train(self, arm: str, seed: Optional[str] = None) -> dict:
+        return self.results["runs"][seed or self.first][arm]["train"]
+
+    def comparison(self, key: str) -> Optional[dict]:
+        return self.results["comparison"].get(key)
+
+    def comparison_rows(self, keys: Sequence[str], digits: int = 3) -> list[list[str]]:
+        """``[label, baseline, DIFF, DIFF - baseline, verdict]`` for each compared metric."""
+        rows = []
+        for k in keys:
+            c = self.comparison(k)
+            if c is not None:
+                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], digits),
+                             ci(c["diff_mean"], c["diff_ci"], digits), pair(c, digits), call(c)])
+        return rows
+
+    def comparison_table(self, keys: Sequence[str], digits: int = 3) -> str:
+        rows = self.comparison_rows(keys, digits)
+        return table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]) if rows else ""
+
+
+def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3) -> str:
+    if bounds[0] is None:
+        return fmt(mean, digits)
+    return f"{fmt(mean, digits)} [{fmt(bounds[0], digits)}, {fmt(bounds[1], digits)}]"
+
+
+def pair(c: dict, digits: int = 3) -> str:
+    p = c["paired"]
+    if p["n"] == 1:
+        return f"{p['mean']:+.{digits}f} (1 seed)"
+    return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]"
+
+
+def call(c: dict) -> str:
+    from ..eval.stats import FEW_SEEDS
+
+    p = c["paired"]
+    if p["n"] == 1:
+        return "no CI (1 seed)"
+    if not p["excludes_zero"]:
+        return "within noise"
+    better = (p["mean"] < 0) == c["lower_is_better"]
+    word = "DIFF better" if better else "DIFF worse"
+    return f"suggests {word} ({p['n']} seeds: not conclusive)" if p["n"] < FEW_SEEDS else word
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def per_arm(ctx: ReportContext, get: Any) -> dict[str, Any]:
+    """``{arm display name: get(arm)}`` in report order."""
+    return {SHORT[a] if SHORT[a] != "baseline" else "baseline": get(a) for a in ctx.arms}

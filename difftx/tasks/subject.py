@@ -1,0 +1,157 @@
+"""What an evaluation runs on: one trained model and the vocabulary it was trained with.
+
+Two kinds of checkpoint are understood, and both ``difftx compare`` and ``difftx eval`` load
+them through :func:`load_subject`, so they score a model with the very same code:
+
+- a model trained by ``difftx compare`` (its folder holds ``compare_task.json``): the synthetic
+  needle task with its own token ids, held-out Shakespeare bytes shifted past them (when it was
+  trained on LM batches) and the synthetic ICL task (when it was trained on ICL batches);
+- a text model trained by ``difftx train`` (a tokenizer saved with it, or given): held-out text
+  and the natural-language needle form.
+
+Held-out text of a text model: with ``data=None`` the run's own validation split (read from the
+``train_config.json`` saved with the checkpoint: its data source, tokenizer and split), else the
+whole of ``data`` (no split: every token of the file is scored once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
+TRAIN_RECORD = "train.json"  # beside a compare model's folder: its training record
+
+
+@dataclass
+class HeldOut:
+    """A held-out token stream in the model's ids: ``tokens`` (1-D), what it is, its bytes per
+    token (1 for bytes) and the training length (the default LM window)."""
+
+    tokens: torch.Tensor
+    source: str
+    bytes_per_token: float
+    train_len: int
+
+
+@dataclass
+class Subject:
+    """A loaded model with what the tasks need (``needle``/``icl`` task definitions for a
+    compare model, ``tokenizer`` for a text model)."""
+
+    model: Any
+    folder: Path
+    needle: Any = None  # difftx.eval.needle.NeedleTask (compare model)
+    icl: Any = None  # difftx.eval.icl.ICLTask (compare model trained on ICL batches)
+    lm_offset: Optional[int] = None  # compare model trained on LM batches: byte ids start here
+    lm_seq_len: Optional[int] = None
+    tokenizer: Any = None  # text model
+    data: Any = None  # text model: the held-out source given by the user (None: the run's own split)
+    train_config: dict = field(default_factory=dict)  # text model: its train_config.json, if saved
+    _heldout: Optional[HeldOut] = None
+
+    @property
+    def is_compare_model(self) -> bool:
+        return self.needle is not None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the model was trained on text (so LM metrics mean something)."""
+        return self.tokenizer is not None or self.lm_offset is not None
+
+    def heldout(self) -> HeldOut:
+        """The held-out stream (cached)."""
+        if self._heldout is None:
+            self._heldout = self._load_heldout()
+        return self._heldout
+
+    def _load_heldout(self) -> HeldOut:
+        from ..data import prepare_data
+        from ..eval.lm import bytes_per_token
+
+        if self.is_compare_model:
+            if self.lm_offset is None:
+                raise ValueError(f"{self.folder}: this compare model was trained without LM batches")
+            val = prepare_data(None, "byte", progress=False).val
+            ids = torch.from_numpy(val.tokens[:].astype("int64")) + self.lm_offset
+            return HeldOut(ids, "held-out bundled Shakespeare (bytes)", 1.0, int(self.lm_seq_len))
+        tc = self.train_config
+        train_len = int(tc.get("seq_len") or self.model.config.max_seq_len)
+        if self.data is not None:
+            data = prepare_data(self.data, self.tokenizer, val_fraction=0.0, progress=False)
+            store, what = data.train, f"all of {self.data}"
+        else:
+            data = prepare_data(tc.get("data_source"), self.tokenizer, val_fraction=tc.get("val_fraction"),
+                                text_field=tc.get("text_field", "text"), progress=False)
+            name = tc.get("data_source") or "the bundled corpus"
+            store, what = (data.val, f"the validation split of {name}") if data.val is not None else \
+                (data.train, f"{name} (it has no validation split)")
+        ids = torch.from_numpy(store.tokens[:].astype("int64"))
+        bpt = 1.0 if getattr(self.tokenizer, "name", "") == "byte" else \
+            bytes_per_token(self.tokenizer.decode(ids.tolist()), ids.numel())
+        return HeldOut(ids, what, bpt, train_len)
+
+    def history(self) -> Optional[dict]:
+        """The training record (``train.json`` of a compare model), or ``None``."""
+        path = self.folder.parent / TRAIN_RECORD
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+    def describe(self) -> dict:
+        m = self.model
+        return {"checkpoint": str(self.folder), "attention": m.config.attention, "parameters": m.num_parameters(),
+                "kind": "compare model" if self.is_compare_model else "text model"}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, data: Any = None,
+                 device: str | torch.device = "cpu") -> Subject:
+    """Load the checkpoint at ``path`` (a checkpoint folder, or a run folder whose latest
+    checkpoint is used) with what the tasks need."""
+    from ..checkpoint import load_model
+    from ..eval.icl import ICLTask
+    from ..eval.needle import NeedleTask
+    from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint
+
+    folder = resolve_checkpoint(path)
+    model = load_model(folder, device=device).eval()
+    if (folder / TASK_FILE).is_file():
+        info = _read_json(folder / TASK_FILE)
+        if tokenizer is not None or data is not None:
+            raise ValueError(f"{folder}: a compare model has its own task vocabulary; --tokenizer and --data "
+                             "apply to text models only")
+        try:
+            needle = NeedleTask(**info["needle_task"])
+            icl = ICLTask(**info["icl_task"]) if info.get("icl_task") else None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{folder / TASK_FILE}: does not describe a compare task ({e})") from None
+        for need, what in ((needle.vocab_size, "needle task"), (icl.vocab_size if icl else 0, "ICL task")):
+            if need > model.config.vocab_size:
+                raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "
+                                 f"{model.config.vocab_size}")
+        return Subject(model, folder, needle=needle, icl=icl, lm_offset=info["lm_offset"] if info.get("lm") else None,
+                       lm_seq_len=info.get("lm_seq_len"))
+    from ..data import load_tokenizer
+
+    tc = _read_json(folder / TRAIN_CONFIG_NAME) if (folder / TRAIN_CONFIG_NAME).is_file() else {}
+    spec = tokenizer or (folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else "byte")
+    tok = load_tokenizer(spec)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{folder}: tokenizer {spec} has {tok.vocab_size} tokens, the model only "
+                         f"{model.config.vocab_size}")
+    return Subject(model, folder, tokenizer=tok, data=data, train_config=tc)
