@@ -264,3 +264,64 @@ def test_eval_subcommand_on_a_text_checkpoint(tmp_path, capsys):
     assert main(["eval", "lm", str(folder), "--tokenizer", "byte", "--windows", "2", "--no-progress"]) == 0
     assert "bits/byte" in capsys.readouterr().out
     assert main(["eval", "outliers", str(tmp_path / "missing"), "--no-progress"]) != 0
+
+
+def _flags(settings) -> list[str]:
+    """`difftx eval` flags that reproduce ``settings`` (the text form each field parses)."""
+    import dataclasses
+
+    from difftx.tasks.base import format_setting
+
+    out = []
+    for f in dataclasses.fields(settings):
+        v = getattr(settings, f.name)
+        if v is not None and v != ():
+            out += ["--" + f.name.replace("_", "-"), format_setting(f, v)]
+    return out
+
+
+@pytest.mark.parametrize("arm", ["diff", "baseline"])
+def test_eval_gives_what_compare_stored_for_every_task(smoke, arm, tmp_path):
+    """`difftx eval TASK` on a compare model, with the preset's settings as flags, gives the very
+    numbers compare stored for that model: one code path (difftx.tasks), for every task."""
+    from difftx.tasks import TASKS
+
+    settings = get_preset("smoke", **FAST).task_settings()
+    res = json.loads((smoke / "results.json").read_text())
+    for name, task in TASKS.items():
+        stored = res["runs"]["0"][arm]["tasks"][name]
+        out = tmp_path / f"{name}.json"
+        args = ["eval", name, str(smoke / "seed0" / arm / "model"), *_flags(settings[name]), "--no-progress",
+                "--json", str(out)]
+        if "skipped" in stored:
+            assert main(args) == 2, name
+            continue
+        assert main(args) == 0, name
+        fresh = json.loads(out.read_text())
+        metrics = task.metrics(settings[name])
+        for m in metrics:
+            _assert_close(m.get(fresh), m.get(stored), f"{name}: {m.key}")
+        _assert_close(fresh.get("records"), stored.get("records"), name)
+
+
+def _assert_close(a, b, where: str) -> None:
+    """Nested JSON values equal, numbers to 1e-6 relative."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for k in a:
+            _assert_close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), where
+    else:
+        assert a == b, where
+
+
+def test_a_folder_of_an_older_results_schema_is_refused(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "compare.json").write_text(json.dumps({"preset": get_preset("smoke").to_dict()}))
+    with pytest.raises(ValueError, match="schema version 1.*new --out"):
+        run_compare("smoke", 1, tmp_path / "old", progress=False, workers=1)

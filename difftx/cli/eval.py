@@ -11,10 +11,10 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _shown(v) -> str:
-    if isinstance(v, tuple):
-        return ",".join("/".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in v) or "none"
-    return str(v)
+def _shown(field) -> str:
+    from ..tasks.base import format_setting
+
+    return "none" if field.default in ((), None) else format_setting(field, field.default)
 
 
 def register(sub) -> None:
@@ -37,10 +37,10 @@ def register(sub) -> None:
         t.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
         t.add_argument("--json", dest="json_out", help="also write the full result to this JSON file")
         t.add_argument("--no-progress", action="store_true", help="hide progress bars")
-        group = t.add_argument_group(f"{name} settings")
+        group = t.add_argument_group(f"{name} settings (compare: --set tasks.{name}.SETTING=VALUE)")
         for f in dataclasses.fields(task.Settings):
             group.add_argument(_flag(f.name), dest=f"set_{f.name}", metavar=f.name.upper(),
-                               help=f"{f.metadata.get('help', '')} (default {_shown(f.default)})")
+                               help=f"{f.metadata.get('help', '')} (default {_shown(f)})")
         t.set_defaults(func=run)
 
 

@@ -125,6 +125,16 @@ def parse_setting(field: dataclasses.Field, text: str) -> Any:
     return text
 
 
+def format_setting(field: dataclasses.Field, value: Any) -> str:
+    """The text form of a settings value, as :func:`parse_setting` reads it back
+    (``((1, 1), (2, 2))`` -> ``"1/1,2/2"``, ``(0.0, 1.0)`` -> ``"0.0,1.0"``, a cell ``(4, 2)`` -> ``"4/2"``)."""
+    if field.metadata.get("parse") is parse_cell and isinstance(value, tuple):
+        return "/".join(map(str, value))
+    if isinstance(value, tuple):
+        return ",".join("/".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in value)
+    return str(value)
+
+
 def settings_from_dict(cls: type, data: dict, where: str) -> Any:
     """``cls(**data)`` with unknown fields named; lists (from JSON) become tuples."""
     known = {f.name: f for f in dataclasses.fields(cls)}

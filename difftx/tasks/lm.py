@@ -12,11 +12,14 @@ import torch
 from .base import Metric, Task, positive, setting
 from .reporting import SHORT, ReportContext
 
+DEFAULT_WINDOWS = 32
+
 
 @dataclass(frozen=True)
 class LMSettings:
-    windows: int = setting(32, "held-out windows, spread evenly over the whole held-out stream (0: every "
-                               "token of the stream once, in consecutive windows)")
+    windows: Optional[int] = setting(None, "held-out windows, spread evenly over the whole held-out stream (0: every "
+                                           "token once, in consecutive windows; default: every token of --data FILE, "
+                                           f"else {DEFAULT_WINDOWS} windows of the held-out split)")
     seq_len: Optional[int] = setting(None, "predictions per window (default: the training length)")
     extrapolation_factors: tuple = setting((1, 2, 4), "context lengths, as multiples of the window, for the "
                                                        "length-extrapolation curve")
@@ -24,7 +27,8 @@ class LMSettings:
     batch_size: int = setting(8, "windows per forward pass")
 
     def __post_init__(self) -> None:
-        positive(self, "windows", allow_zero=True)
+        if self.windows is not None:
+            positive(self, "windows", allow_zero=True)
         positive(self, "extrapolation_windows", "batch_size")
         if self.seq_len is not None:
             positive(self, "seq_len")
@@ -84,7 +88,8 @@ class LMTask(Task):
 
         held = subject.heldout()
         seq_len = s.seq_len or held.train_len
-        windows, tail = spread_windows(held.tokens, seq_len, s.windows)
+        n = s.windows if s.windows is not None else (0 if subject.data is not None else DEFAULT_WINDOWS)
+        windows, tail = spread_windows(held.tokens, seq_len, n)
         nll, hits = window_nll(subject.model, windows, s.batch_size, progress), ar_hit_mask(windows)
         per_window = [(float(r.mean()), r.numel()) for r in nll]
         flat_nll, flat_hits = nll.flatten(), hits.flatten()

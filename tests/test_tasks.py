@@ -1,0 +1,154 @@
+"""difftx.tasks: the registry (a new task gets a results.json entry, a report section and a
+`difftx eval` sub-command without touching another file), settings, and LM scoring of a file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from difftx.cli import main
+from difftx.compare import run_compare
+from difftx.compare.schema import validate_results
+from difftx.tasks import TASKS, Metric, Task, register, unregister
+from difftx.tasks.base import positive, setting
+
+FAST = {"steps": 4, "warmup_steps": 1, "log_every": 2, "probe_every": 0,
+        "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1),), "depths": (0.5,), "heatmap_cell": (2, 2)},
+                  "attention": {"samples": 1, "cell": (1, 1)}, "lm": {"windows": 1, "extrapolation_factors": (1,)},
+                  "outliers": {"tokens": 32}, "quant": {"bits": (4,), "needle_samples": 1, "cell": (1, 1),
+                                                        "depths": (0.5,), "lm_windows": 1},
+                  "icl": {"episodes": 2, "orders": 2}, "diagnostics": {"cell": (1, 1), "samples": 1}}}
+
+
+@dataclass(frozen=True)
+class ToySettings:
+    prompts: int = setting(2, "needle prompts whose first logit is averaged")
+
+    def __post_init__(self) -> None:
+        positive(self, "prompts")
+
+
+class ToyTask(Task):
+    """A task written the way a user would add one: settings, a run with per-example records,
+    one metric, a report section."""
+
+    name = "toy"
+    title = "Toy task"
+    help = "mean first logit at the end of needle prompts (a registry test)"
+    Settings = ToySettings
+
+    def run(self, subject, s, *, progress=False):
+        from difftx.tasks.needle import probe_prompts
+
+        probes, _ = probe_prompts(subject, (1, 1), s.prompts)
+        logits = subject.model(torch.tensor([p.prompt for p in probes]))[:, -1, 0]  # (prompts,)
+        return {"value": float(logits.mean()), "records": {"logit": logits.tolist()}}
+
+    def metrics(self, s):
+        return [Metric("toy_value", "toy value", False, lambda r: r["value"])]
+
+    def report(self, ctx):
+        return f"## {self.title}\n\nseed {ctx.first}: {ctx.result(self.name)['value']:.4f}\n"
+
+    def print(self, res):
+        print(f"toy value {res['value']:.4f} over {len(res['records']['logit'])} prompts")
+
+
+@pytest.fixture
+def toy():
+    task = register(ToyTask())
+    yield task
+    unregister(task.name)
+
+
+def test_a_registered_task_reaches_results_report_and_eval(toy, tmp_path, capsys):
+    assert list(TASKS)[-1] == "toy"
+    res = run_compare("smoke", 1, tmp_path / "cmp", progress=False, workers=1,
+                      **{**FAST, "tasks": {**FAST["tasks"], "toy": {"prompts": 3}}})
+    validate_results(json.loads((tmp_path / "cmp" / "results.json").read_text()))
+    assert res["tasks"]["toy"]["settings"] == {"prompts": 3}
+    assert [m["key"] for m in res["tasks"]["toy"]["metrics"]] == ["toy_value"]
+    stored = res["runs"]["0"]["diff"]["tasks"]["toy"]
+    assert len(stored["records"]["logit"]) == 3
+    assert res["comparison"]["toy_value"]["diff"] == [stored["value"]]
+    assert "## Toy task" in (tmp_path / "cmp" / "report.md").read_text()
+    out = tmp_path / "toy.json"
+    assert main(["eval", "toy", str(tmp_path / "cmp" / "seed0" / "diff" / "model"), "--prompts", "3",
+                 "--no-progress", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["value"] == pytest.approx(stored["value"], rel=1e-6)
+    assert "toy value" in capsys.readouterr().out
+
+
+def test_registry_refuses_duplicates_and_non_tasks(toy):
+    with pytest.raises(ValueError, match="already registered"):
+        register(ToyTask())
+    with pytest.raises(TypeError, match="Task"):
+        register(object())
+
+
+def test_settings_are_validated_and_parsed():
+    from difftx.tasks import settings_from_dict
+    from difftx.tasks.needle import NeedleSettings
+
+    s = settings_from_dict(NeedleSettings, {"grid": "1/1,4/2", "depths": "0,0.5", "heatmap_cell": "2/2"}, "needle")
+    assert s.grid == ((1, 1), (4, 2)) and s.depths == (0, 0.5) and s.heatmap_cell == (2, 2)
+    with pytest.raises(ValueError, match="needle.samplez.*unknown|unknown setting"):
+        settings_from_dict(NeedleSettings, {"samplez": 1}, "needle")
+    with pytest.raises(ValueError, match="NeedleSettings.samples_per_cell: must be a positive integer"):
+        NeedleSettings(samples_per_cell=0)
+    with pytest.raises(ValueError, match="needle.grid: expected a needle cell"):
+        settings_from_dict(NeedleSettings, {"grid": "4-2"}, "needle")
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    from difftx.checkpoint import save_model
+    from difftx.config import ModelConfig
+    from difftx.model import Transformer
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("text") / "ckpt"
+    save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=128)), folder)
+    text = "Now is the winter of our discontent made glorious summer by this sun of York; and all the clouds."
+    path = folder.parent / "heldout.txt"
+    path.write_text(text)
+    return folder, path, text
+
+
+def _independent_nll(folder, ids: list[int], window: int) -> tuple[float, int]:
+    """Mean NLL of every token after the first, scored in consecutive windows of ``window``
+    predictions (the last one shorter), written without difftx's evaluation code."""
+    from difftx.checkpoint import load_model
+
+    model = load_model(folder).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = torch.tensor([ids[start:start + window + 1]])
+            logits = model(chunk[:, :-1])
+            total += float(F.cross_entropy(logits[0], chunk[0, 1:], reduction="sum"))
+            count += chunk.shape[1] - 1
+    return total / count, count
+
+
+@pytest.mark.parametrize("seq_len", [None, 32])
+def test_eval_lm_data_scores_every_token_of_the_file_once(text_model, seq_len, tmp_path, capsys):
+    folder, path, text = text_model
+    out = tmp_path / "lm.json"
+    extra = [] if seq_len is None else ["--seq-len", str(seq_len)]
+    assert main(["eval", "lm", str(folder), "--tokenizer", "byte", "--data", str(path), *extra, "--no-progress",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    ids = [256] + list(text.encode())  # the byte tokenizer: end-of-text (256) opens every document
+    expected, count = _independent_nll(folder, ids, seq_len or 128)
+    assert res["tokens"] == count == len(text.encode())
+    assert res["heldout"]["nll"] == pytest.approx(expected, rel=1e-5)
+    assert sum(res["records"]["window_tokens"]) == count
+    printed = capsys.readouterr().out
+    assert f"scored all of {path}: {count} tokens" in printed
+    if seq_len is None:  # the file is shorter than 4 windows: extrapolation is skipped, not fatal
+        assert "skipped: length extrapolation" in printed
