@@ -20,35 +20,30 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "
-                        "tasks.needle.samples_per_cell=20 (repeatable; values are JSON or strings, so "
-                        "--set tasks.needle.grid=1/1,2/2 works too)")
+                        "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
+                        "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """``["steps=500", "tasks.needle.grid=1/1,2/2"]`` -> ``{"steps": 500, "tasks": {"needle": {"grid": "1/1,2/2"}}}``
-    (values parsed as JSON where they are JSON, else kept as strings for the field to parse)."""
-    import json
+    """``["steps=500", "tasks.needle.grid=1/1,2/2"]`` -> ``{"steps": 500, "tasks": {"needle": {"grid": "1/1,2/2"}}}``:
+    the grammar of ``difftx train --set`` (dotted keys; JSON / YAML scalars, else the string, which
+    a task setting then parses in its own text form)."""
+    from ..training.config import parse_value, split_override
 
     out: dict = {}
     for item in items:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-        k, v = item.split("=", 1)
-        path = [x.strip() for x in k.split(".")]
+        key, value = split_override(item)
+        path = [x.strip() for x in key.split(".")]
         if not all(path):
-            raise ValueError(f"--set {item!r}: empty name in {k!r}")
-        try:
-            val = json.loads(v)
-        except json.JSONDecodeError:
-            val = v
+            raise ValueError(f"--set {item!r}: empty name in {key!r}")
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {item!r}: {part!r} is given both a value and sub-fields")
-        node[path[-1]] = val
+        node[path[-1]] = parse_value(value)
     return out
 
 

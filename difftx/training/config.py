@@ -207,13 +207,13 @@ class TrainConfig:
     def with_overrides(self, overrides: list[str] | dict) -> "TrainConfig":
         """Apply dotted overrides: ``["lr=3e-4", "model_overrides.attention=standard"]`` or a mapping."""
         data = self.to_dict()
-        items = overrides.items() if isinstance(overrides, dict) else (_split_override(o) for o in overrides)
+        items = overrides.items() if isinstance(overrides, dict) else (split_override(o) for o in overrides)
         for key, value in items:
             set_dotted(data, key, parse_value(value) if isinstance(value, str) else value)
         return TrainConfig.from_dict(data)
 
 
-def _split_override(text: str) -> tuple[str, str]:
+def split_override(text: str) -> tuple[str, str]:
     if "=" not in text:
         raise ValueError(f"override {text!r}: expected KEY=VALUE (e.g. lr=3e-4 or model_overrides.dim=128)")
     key, value = text.split("=", 1)
