@@ -59,7 +59,7 @@ class ModelConfig:
             raise _err("backend", f"unknown attention backend {self.backend!r}; choose one of {backend_names()}")
         if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
             raise _err("rope_theta/norm_eps/init_std", "must be positive")
-        H, Hkv, D = self.n_heads, self.kv_heads, self.dim
+        H, Hkv, D = self.n_heads, self.kv_groups, self.dim
         if H % Hkv:
             raise _err("n_kv_heads", f"n_heads={H} must be divisible by n_kv_heads={Hkv}")
         if self.attention == "diff":
@@ -74,7 +74,10 @@ class ModelConfig:
 
     # -- derived quantities -------------------------------------------------------------------
     @property
-    def kv_heads(self) -> int:
+    def kv_groups(self) -> int:
+        """Key/value groups ``Hkv``: each shared by ``n_heads / kv_groups`` heads (for DIFF a group
+        holds two ``d``-wide key sub-heads and one ``2d``-wide value, so the attention module's
+        count of key sub-heads is ``2 * kv_groups``)."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
@@ -125,8 +128,8 @@ def baseline_config(config: ModelConfig) -> ModelConfig:
         return config
     common = dict(attention="standard", lambda_init=None, use_subln=True)
     if config.attention == "diff":
-        return config.replace(n_heads=2 * config.n_heads, n_kv_heads=2 * config.kv_heads, **common)
-    return config.replace(n_heads=config.n_heads, n_kv_heads=config.kv_heads, **common)
+        return config.replace(n_heads=2 * config.n_heads, n_kv_heads=2 * config.kv_groups, **common)
+    return config.replace(n_heads=config.n_heads, n_kv_heads=config.kv_groups, **common)
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -82,7 +82,7 @@ def test_export_matches_transformers(name, tmp_path):
     diff = cfg.attention == "diff"
     assert hf_cfg["model_type"] == ("diffllama" if diff else "llama")
     assert hf_cfg["num_attention_heads"] == (2 * cfg.n_heads if diff else cfg.n_heads)
-    assert hf_cfg["num_key_value_heads"] == (2 * cfg.kv_heads if diff else cfg.kv_heads)
+    assert hf_cfg["num_key_value_heads"] == (2 * cfg.kv_groups if diff else cfg.kv_groups)
     x = tokens()
     with torch.no_grad():
         ours = model(x, backend="eager")
@@ -155,7 +155,7 @@ def test_transformers_model_imports_and_round_trips(kind, tie, tmp_path):
     assert ours.config.attention == ("diff" if kind == "diffllama" else "standard")
     assert ours.config.tie_embeddings == tie
     if kind == "diffllama":
-        assert (ours.config.n_heads, ours.config.kv_heads, ours.config.head_dim) == (4, 2, 8)
+        assert (ours.config.n_heads, ours.config.kv_groups, ours.config.head_dim) == (4, 2, 8)
     x = tokens(7)
     with torch.no_grad():
         assert_logits_close(ours(x, backend="eager"), theirs(x).logits)

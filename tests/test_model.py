@@ -49,7 +49,7 @@ def test_baseline_parameter_count_matches_up_to_lambda_and_subln(n_kv, tie):
     cfg = preset("cpu-5m", n_kv_heads=n_kv, tie_embeddings=tie)
     base = baseline_config(cfg)
     assert base.attention == "standard" and base.head_dim == cfg.head_dim
-    assert base.n_heads == 2 * cfg.n_heads and base.kv_heads == 2 * cfg.kv_heads
+    assert base.n_heads == 2 * cfg.n_heads and base.kv_groups == 2 * cfg.kv_groups
     m, b = Transformer(cfg), Transformer(base)
     d = cfg.head_dim
     extra = cfg.n_layers * (4 * d + 2 * d)  # lambda_q1, k1, q2, k2 (d each) + subln gain (2d)

@@ -35,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     print(cfg.to_json())
     for name, c in (("model", cfg), ("baseline", base)):
         n = Transformer(c).num_parameters()
-        print(f"{name:9s} attention={c.attention:8s} heads={c.n_heads} kv_heads={c.kv_heads} "
+        print(f"{name:9s} attention={c.attention:8s} heads={c.n_heads} kv_groups={c.kv_groups} "
               f"head_dim={c.head_dim} parameters={n:,}")
     return 0

@@ -31,8 +31,9 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
            "Every difference is DIFF - baseline, its mean over paired seeds with a 95% percentile bootstrap CI; "
            "'within noise' means the CI contains 0. "
            + ("With one seed there is no CI and no conclusion. " if len(ctx.seeds) == 1 else "")
-           + (f"With fewer than {FEW_SEEDS} seeds the bootstrap CI understates the uncertainty, so a CI that excludes 0 "
-              "is reported as *suggestive*, not as a conclusion. " if 1 < len(ctx.seeds) < FEW_SEEDS else "") + "\n",
+           + (f"With fewer than {FEW_SEEDS} seeds the bootstrap CI understates the uncertainty, so a CI that "
+              "excludes 0 is reported as *suggestive*, not as a conclusion. " if 1 < len(ctx.seeds) < FEW_SEEDS else "")
+           + "\n",
            "## Verdicts\n"]
     C = results["comparison"]
     keys = [k for k, c in C.items() if c["primary"]] + [k for k in HEADLINE if k in C and not C[k]["primary"]]

@@ -122,7 +122,7 @@ def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     check_exportable(config)
     diff = config.attention == "diff"
     n_heads = 2 * config.n_heads if diff else config.n_heads  # transformers counts d-wide heads
-    n_kv = 2 * config.kv_heads if diff else config.kv_heads
+    n_kv = 2 * config.kv_groups if diff else config.kv_groups
     out = {
         "architectures": ["DiffLlamaForCausalLM" if diff else "LlamaForCausalLM"],
         "model_type": "diffllama" if diff else "llama",
@@ -411,12 +411,8 @@ def resolve_model_folder(path: PathLike) -> Path:
     if not path.is_dir():
         raise ConversionError(f"{path}: not a folder (expected a difftx model or checkpoint folder "
                               f"with {CONFIG_NAME} and {WEIGHTS_NAME}, or a training run folder)")
-    if (path / CONFIG_NAME).is_file() or not (path / "checkpoints").is_dir():
-        return path
-    try:
-        from ..training.checkpointing import resolve_checkpoint
-    except ImportError:
-        return path
+    from ..training.checkpointing import resolve_checkpoint
+
     try:
         return resolve_checkpoint(path)
     except CheckpointError as e:

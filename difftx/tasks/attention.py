@@ -13,7 +13,8 @@ from .needle import probe_prompts
 from .reporting import NAMES, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
-         "baseline": {"answer": "0.03-0.09", "noise": "0.49-0.54"}, "diff": {"answer": "0.27-0.40", "noise": "0.01-0.02"}}
+         "baseline": {"answer": "0.03-0.09", "noise": "0.49-0.54"},
+         "diff": {"answer": "0.27-0.40", "noise": "0.01-0.02"}}
 VARIANTS_REPORTED = ("absolute", "signed")
 
 
@@ -56,7 +57,8 @@ class AttentionTask(Task):
         out = [f"## {self.title} (N/R = {r0['cell']}, depth 50%, {r0['n_samples']} {r0['form']} prompts)\n",
                "Each head's row at the first answer position divided by its L1 norm; answer = the answer needle's "
                "value tokens, noise = filler tokens. DIFF rows are `A1 - lambda*A2` and may be negative, hence the "
-               "absolute and signed variants. Mean over seeds [95% CI]:\n", ctx.comparison_table(ctx.metric_keys(self.name))]
+               "absolute and signed variants. Mean over seeds [95% CI]:\n",
+               ctx.comparison_table(ctx.metric_keys(self.name))]
         out.append(table([[f"{part}, paper ({PAPER['scale']})", PAPER["baseline"][part], PAPER["diff"][part]]
                           for part in ("answer", "noise")], ["", "baseline", "DIFF"]))
         rows = [[NAMES[a], str(lay["layer"]), fmt(lay["answer_mean"]["absolute"]), fmt(lay["answer_best"]["absolute"]),
@@ -79,7 +81,8 @@ class AttentionTask(Task):
     def print(self, a: dict) -> None:
         print(f"attention at the first answer position: {a['n_samples']} {a['form']} needle prompts, cell {a['cell']}, "
               f"answer needle at depth {a['depth']}; mass of the L1-normalised row (best head in brackets)")
-        print(f"{'layer':>5}  {'variant':8}  {'answer mean':>11}  {'best head':>13}  {'noise mean':>10}  {'best head':>13}")
+        print(f"{'layer':>5}  {'variant':8}  {'answer mean':>11}  {'best head':>13}  {'noise mean':>10}  "
+              f"{'best head':>13}")
         for lay in a["layers"]:
             for v in VARIANTS_REPORTED:
                 ans, noi = lay["answer_heads"][v], lay["noise_heads"][v]

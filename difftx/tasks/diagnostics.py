@@ -53,9 +53,10 @@ class DiagnosticsTask(Task):
 
     def report(self, ctx: ReportContext) -> str:
         j = lambda xs: ", ".join(fmt(x) for x in xs)  # noqa: E731
-        rows = [[sd, j(ctx.result(self.name, "diff", sd)["lambda"]), j(ctx.result(self.name, "diff", sd)["lambda_init"]),
-                 j(ctx.result(self.name, "diff", sd)["head_redundancy"]),
-                 j(ctx.result(self.name, "baseline", sd)["head_redundancy"])] for sd in ctx.seeds]
+        rows = []
+        for sd in ctx.seeds:
+            d, b = ctx.result(self.name, "diff", sd), ctx.result(self.name, "baseline", sd)
+            rows.append([sd, j(d["lambda"]), j(d["lambda_init"]), j(d["head_redundancy"]), j(b["head_redundancy"])])
         return (f"## {self.title}\n\n" + table(rows, ["seed", "DIFF lambda per layer (final)", "lambda_init",
                                                        "DIFF head redundancy per layer",
                                                        "baseline head redundancy per layer"])

@@ -60,7 +60,8 @@ def spread_windows(stream: torch.Tensor, seq_len: int, n: int) -> tuple[torch.Te
     return windows, (rest[None] if rest.numel() >= 2 else None)
 
 
-def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool, backend: Optional[str] = None) -> torch.Tensor:
+def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
+               backend: Optional[str] = None) -> torch.Tensor:
     """Per-token NLL ``(N, T)`` of ``windows`` ``(N, T + 1)``, in batches."""
     from tqdm.auto import tqdm
 

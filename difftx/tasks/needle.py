@@ -143,8 +143,9 @@ class NeedleTask(Task):
         s = ctx.settings(self.name)
         grid = [f"{n}/{r}" for n, r in s["grid"]]
         keys = [f"needle_{g.replace('/', '_')}" for g in grid]
+        depths = ", ".join(f"{round(d * 100)}%" for d in s["depths"])
         out = [f"## {self.title}\n", f"Per-key exact match, greedy decoding, {s['samples_per_cell']} prompts per N/R x "
-               f"depth cell, depths {', '.join(f'{round(d * 100)}%' for d in s['depths'])}. Mean over seeds [95% CI].\n"]
+               f"depth cell, depths {depths}. Mean over seeds [95% CI].\n"]
         rows = []
         for a in ctx.arms:
             rows.append([f"{NAMES[a]}, this run"] + [ci(*_mean_ci(ctx.comparison(k), a), 2) for k in keys])

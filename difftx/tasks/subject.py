@@ -128,8 +128,10 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     from ..eval.needle import NeedleTask
     from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint
 
+    from ..training.distributed import resolve_device
+
     folder = resolve_checkpoint(path)
-    model = load_model(folder, device=device).eval()
+    model = load_model(folder, device=device if isinstance(device, torch.device) else resolve_device(device)).eval()
     if (folder / TASK_FILE).is_file():
         info = _read_json(folder / TASK_FILE)
         if tokenizer is not None or data is not None:

@@ -67,8 +67,8 @@ class TrainingTask(Task):
                 for a in ctx.arms:
                     r = ctx.result(self.name, a, sd)
                     at = r["learned_step"]
-                    rows.append([sd, NAMES[a], f"step {at}" if at is not None else f"not by step {r['last_probe_step']}"]
-                                + [fmt(v, 2) for v in r["probes"][-1]["accuracy"].values()])
+                    when = f"step {at}" if at is not None else f"not by step {r['last_probe_step']}"
+                    rows.append([sd, NAMES[a], when] + [fmt(v, 2) for v in r["probes"][-1]["accuracy"].values()])
             out.append(table(rows, ["seed", "model", f"learned at ({r0['probe_cell']})"]
                              + [f"last probe {g}" for g in r0["probes"][-1]["accuracy"]]))
             c = ctx.comparison("needle_learned_step")

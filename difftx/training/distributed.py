@@ -45,7 +45,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("TrainConfig.device: 'cuda' requested but no CUDA device is available")
+            raise ValueError("device: 'cuda' requested but no CUDA device is available (use cpu or auto)")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 

@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import torch
-
 from ..checkpoint import CheckpointError, load_model
 from ..generation import generate
 from ..model import Transformer
@@ -44,9 +42,9 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     The prompt is preceded by the tokenizer's document separator (as every training document
     is) and sampling stops early when the model emits it. Uses the KV cache.
     """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tok, _ = load_for_generation(path, tokenizer, device)
+    from .distributed import resolve_device
+
+    model, tok, _ = load_for_generation(path, tokenizer, resolve_device(device))
     ids = [tok.eos_id] + list(tok.encode(prompt))
     out = generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    stop_tokens=[tok.eos_id], seed=seed)[0]
