@@ -74,7 +74,10 @@ def test_outputs_and_schema(smoke):
         assert (smoke / rel).stat().st_size > 1000
     report = (smoke / "report.md").read_text()
     assert "0.85" in report and "**Scale.**" in report  # the paper's numbers, labelled as another scale
-    assert "within noise" in report or "DIFF is" in report
+    assert "no detectable difference" in report or "DIFF is" in report or "not compared" in report
+    for c in res["comparison"].values():  # gated comparisons carry no verdict of direction
+        assert (c["gated"] is None) or (c["better"] is None and "not compared" in c["verdict"])
+    assert {c["family"] for c in res["comparison"].values()} == {"primary", "exploratory"}
     assert "paper" in report
     best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
     assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
@@ -325,3 +328,32 @@ def test_a_folder_of_an_older_results_schema_is_refused(tmp_path):
     (tmp_path / "old" / "compare.json").write_text(json.dumps({"preset": get_preset("smoke").to_dict()}))
     with pytest.raises(ValueError, match="schema version 1.*new --out"):
         run_compare("smoke", 1, tmp_path / "old", progress=False, workers=1)
+
+
+def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
+    """A cell no model learned is not compared; the primary needle mean pools the learned cells'
+    prompts only; exploratory p-values are Holm-adjusted."""
+    from difftx.compare.summary import NOT_LEARNED, paired_comparisons
+
+    res = json.loads((smoke / "results.json").read_text())
+    settings = get_preset("smoke", **FAST).task_settings()
+    for s, run in res["runs"].items():
+        for arm, r in run.items():
+            rec = r["tasks"]["needle"]["records"]
+            # DIFF retrieves every single needle; nobody gets past the copy floor at 2/2
+            rec["correct_fraction"] = [(1.0 if arm == "diff" else 0.5) if c == "1/1" else 0.5 * (i % 2)
+                                       for i, c in enumerate(rec["cell"])]
+            for cell in ("1/1", "2/2"):
+                vals = [v for v, c in zip(rec["correct_fraction"], rec["cell"]) if c == cell]
+                r["tasks"]["needle"]["grid"]["accuracy"][cell] = sum(vals) / len(vals)
+    C = paired_comparisons(res, settings)
+    assert C["needle_1_1"]["gated"] is None
+    assert C["needle_2_2"]["gated"] == NOT_LEARNED and C["needle_2_2"]["better"] is None
+    assert "not compared" in C["needle_2_2"]["verdict"]
+    mean = C["needle_mean"]
+    n_cell = sum(c == "1/1" for c in res["runs"]["0"]["diff"]["tasks"]["needle"]["records"]["cell"])
+    assert mean["gated"] is None and mean["examples_used"] == n_cell  # the 2/2 prompts are left out
+    assert mean["diff"] == [1.0, 1.0] and mean["baseline"] == [0.5, 0.5]
+    assert mean["family"] == "primary" and mean["paired"]["mean"] == pytest.approx(0.5)
+    explore = [c for c in C.values() if c["family"] == "exploratory" and c["gated"] is None]
+    assert all(c["p_adjusted"] >= c["paired"]["p_value"] - 1e-12 for c in explore)

@@ -17,7 +17,6 @@ from difftx.eval.icl import (
     order_demos,
     training_batch,
 )
-from difftx.eval.stats import mean_and_ci, paired_bootstrap, verdict
 
 TASK = ICLTask(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
 
@@ -135,54 +134,3 @@ def test_icl_on_untrained_model():
     assert len(res["random"]["accuracies"]) == 2
     preds = classify(model, TASK, [[1, 2, 3]], [[TASK.first_label + 1, TASK.first_label + 4]])
     assert preds[0] in (TASK.first_label + 1, TASK.first_label + 4)
-
-
-# ---------------------------------------------------------------------------------------------
-# stats
-# ---------------------------------------------------------------------------------------------
-
-def test_bootstrap_contains_true_mean_and_is_seeded():
-    rng = np.random.default_rng(0)
-    base = rng.normal(3.0, 1.0, size=200)
-    diff = base + rng.normal(-0.3, 0.5, size=200)  # true paired difference -0.3
-    r = paired_bootstrap(diff, base, seed=1)
-    assert r.low < -0.3 < r.high and r.excludes_zero
-    half = 1.96 * 0.5 / np.sqrt(200)
-    assert (r.high - r.low) / 2 == pytest.approx(half, rel=0.2)
-    assert paired_bootstrap(diff, base, seed=1) == r
-    assert paired_bootstrap(diff, base, seed=2).low != r.low
-
-
-def test_bootstrap_coverage():
-    rng = np.random.default_rng(5)
-    hits = 0
-    for i in range(200):
-        d = rng.normal(0.1, 1.0, size=30)
-        r = paired_bootstrap(d, np.zeros(30), n_boot=1000, seed=i)
-        hits += r.low <= 0.1 <= r.high
-    assert 0.88 <= hits / 200 <= 0.99  # a 95% interval covers the true mean about 95% of the time
-
-
-def test_verdicts():
-    within = paired_bootstrap([3.01, 2.99, 3.02], [3.0, 3.0, 3.0])
-    assert within.low <= 0 <= within.high
-    assert "within noise" in verdict(within, "NLL", lower_is_better=True, unit="nats")
-    better = paired_bootstrap([2.9, 2.91, 2.89, 2.9], [3.0, 3.01, 3.0, 2.99])
-    assert better.excludes_zero
-    # 4 seeds: a CI that excludes 0 only suggests a direction
-    assert "suggests DIFF is better" in verdict(better, "NLL", lower_is_better=True)
-    assert "suggests DIFF is worse" in verdict(better, "needle accuracy", lower_is_better=False)
-    assert "too few for a conclusion" in verdict(better, "NLL", lower_is_better=True)
-    assert "understates" in verdict(better, "NLL", lower_is_better=True)
-    many = paired_bootstrap([2.9, 2.91, 2.89, 2.9, 2.92, 2.88], [3.0, 3.01, 3.0, 2.99, 3.0, 3.0])
-    assert "understates" not in verdict(many, "NLL", lower_is_better=True)
-    assert "DIFF is better (the CI excludes 0)" in verdict(many, "NLL", lower_is_better=True)
-    assert "suggests" not in verdict(many, "NLL", lower_is_better=True)
-    one = paired_bootstrap([0.5], [0.4])
-    assert one.mean == pytest.approx(0.1) and not one.excludes_zero
-    assert "one seed" in verdict(one, "acc", lower_is_better=False)
-    with pytest.raises(ValueError, match="equal-length"):
-        paired_bootstrap([1, 2], [1])
-    m, lo, hi = mean_and_ci([1.0, 2.0, 3.0])
-    assert m == 2.0 and lo < 2.0 < hi
-    assert mean_and_ci([4.0]) == (4.0, None, None)

@@ -7,13 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..checkpoint import atomic_write
-from ..eval.stats import FEW_SEEDS
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext
 from .schema import dumps_strict, validate_results
-
-# the comparisons whose verdicts open the report, when measured (primary metrics come first anyway)
-HEADLINE = ("needle_mean", "needle_learned_step", "lm_nll", "needle_hallucination_rate", "attn_noise_absolute")
 
 
 def render_report(results: dict, plots: dict[str, str]) -> str:
@@ -28,16 +24,22 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
            "not redone).\n",
            "**Scale.** The paper's numbers below come from 3B-parameter models; these models are orders of magnitude "
            "smaller and trained for minutes. Compare the *direction* of differences, not the values.\n",
-           "Every difference is DIFF - baseline, its mean over paired seeds with a 95% percentile bootstrap CI; "
-           "'within noise' means the CI contains 0. "
-           + ("With one seed there is no CI and no conclusion. " if len(ctx.seeds) == 1 else "")
-           + (f"With fewer than {FEW_SEEDS} seeds the bootstrap CI understates the uncertainty, so a CI that "
-              "excludes 0 is reported as *suggestive*, not as a conclusion. " if 1 < len(ctx.seeds) < FEW_SEEDS else "")
-           + "\n",
+           "**Statistics.** Every difference is DIFF - baseline over paired seeds: its mean and a 95% interval that "
+           "includes evaluation-set noise where the metric has per-example values (seeds x examples, "
+           "`docs/compare.md`). Primary metrics are declared up front; every other metric is exploratory, and "
+           "p-values are Holm-adjusted within each family. 'DIFF better / worse' is said only where the adjusted "
+           "test rejects at 0.05; a comparison of a task neither model learned is not made. "
+           + ("With one seed there is no interval and no conclusion. " if len(ctx.seeds) == 1 else "") + "\n",
            "## Verdicts\n"]
     C = results["comparison"]
-    keys = [k for k, c in C.items() if c["primary"]] + [k for k in HEADLINE if k in C and not C[k]["primary"]]
-    out += [f"- {C[k]['verdict']}{' (primary)' if C[k]['primary'] else ''}" for k in keys] + [""]
+    primary = [k for k, c in C.items() if c["primary"]]
+    found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
+    out += [f"- {C[k]['verdict']} (primary)" for k in primary] + [f"- {C[k]['verdict']}" for k in found]
+    explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
+    gated = [c["label"] for c in C.values() if c["gated"]]
+    out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
+               + (" (listed above)." if found else ".")
+               + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "") + "\n")
     for name, task in TASKS.items():
         if name in results["tasks"]:
             out.append(task.report(ctx))

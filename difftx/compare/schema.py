@@ -19,8 +19,10 @@ TRAIN_KEYS = {"kind": str, "seed": int, "config": dict, "parameters": int, "step
               "wall_s": float, "cpu_s": float}
 TASK_KEYS = {"title": str, "settings": dict, "metrics": list}
 COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool, "diff": list,
-                   "baseline": list, "diff_mean": float, "baseline_mean": float, "paired": dict, "verdict": str}
-PAIRED_KEYS = ("mean", "low", "high", "n", "confidence", "excludes_zero")
+                   "baseline": list, "diff_mean": float, "baseline_mean": float, "paired": dict, "family": str,
+                   "verdict": str}
+PAIRED_KEYS = ("mean", "low", "high", "p_value", "sign_flip_p", "n", "n_examples", "confidence", "method",
+               "excludes_zero")
 VERSION_KEYS = ("difftx", "torch", "python", "platform")
 
 

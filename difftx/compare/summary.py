@@ -1,40 +1,98 @@
-"""Paired DIFF - baseline comparisons of every metric the registered tasks declare."""
+"""Paired DIFF - baseline comparisons of every metric the registered tasks declare: intervals
+over seeds (and examples, where a metric has per-example values), learning gates, and Holm
+adjustment within the primary and the exploratory family (``docs/compare.md``, "Statistics")."""
 
 from __future__ import annotations
 
 import math
 from typing import Optional
 
-from ..eval.stats import mean_and_ci, paired_bootstrap, verdict
+import numpy as np
+
+from ..eval.stats import holm, mean_interval, paired_estimate, verdict
 from ..tasks import TASKS
 
+ALPHA = 0.05
+NOT_LEARNED = "not learned by either model at this budget: not compared"
 
-def _value(metric, result: dict) -> Optional[float]:
+
+def _value(get, result: dict):
     if "skipped" in result:
         return None
     try:
-        v = metric.get(result)
-    except (KeyError, TypeError, ZeroDivisionError):
+        return get(result)
+    except (KeyError, TypeError, ZeroDivisionError, IndexError):
         return None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _finite(v) -> Optional[float]:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
+
+
+def _examples(metric, results: list[dict]) -> Optional[tuple[np.ndarray, list[str]]]:
+    """``(seeds, examples)`` values of one arm and the examples' gate keys, if the metric has them
+    and every seed has the same number."""
+    if metric.per_example is None:
+        return None
+    rows = [_value(metric.per_example, r) for r in results]
+    if any(r is None for r in rows) or len({len(r) for r in rows}) != 1 or not rows[0]:
+        return None
+    groups = _value(metric.groups, results[0]) if metric.groups else None
+    return np.asarray(rows, dtype=np.float64), (groups or [metric.key] * len(rows[0]))
 
 
 def paired_comparisons(results: dict, settings: dict) -> dict:
-    """``{metric key: {task, label, lower_is_better, unit, primary, diff: [per seed], baseline: [...],
-    diff_mean/ci, baseline_mean/ci, paired, verdict}}`` over the tasks in ``settings`` (``{task:
-    Settings}``); a metric missing for any model (not measured, not meaningful) is left out."""
+    """``{metric key: comparison}`` over the tasks in ``settings`` (``{task: Settings}``): per-seed
+    ``diff`` and ``baseline`` values, each arm's mean with its interval, the paired estimate
+    (``paired``), the learning gate (``gated``: ``None`` or why it was not compared), the
+    Holm-adjusted p-value within its family (``family``: primary or exploratory) and the verdict.
+    A metric missing for any model (not measured, not meaningful) is left out."""
     seeds = [str(s) for s in results["seeds"]]
-    out = {}
+    found: list = []
     for name, s in settings.items():
         for m in TASKS[name].metrics(s):
-            d = [_value(m, results["runs"][sd]["diff"]["tasks"][name]) for sd in seeds]
-            b = [_value(m, results["runs"][sd]["baseline"]["tasks"][name]) for sd in seeds]
-            if any(x is None for x in d + b):
+            per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in ("diff", "baseline")}
+            vals = {arm: [_finite(_value(m.get, r)) for r in rs] for arm, rs in per.items()}
+            if any(v is None for arm in vals for v in vals[arm]):
                 continue
-            pair = paired_bootstrap(d, b)
-            dm, dl, dh = mean_and_ci(d)
-            bm, bl, bh = mean_and_ci(b)
-            out[m.key] = {"task": name, **m.describe(), "diff": d, "baseline": b, "diff_mean": dm, "diff_ci": [dl, dh],
-                          "baseline_mean": bm, "baseline_ci": [bl, bh], "paired": pair.to_dict(),
-                          "verdict": verdict(pair, m.label, lower_is_better=m.lower_is_better, unit=m.unit)}
+            ex = {arm: _examples(m, rs) for arm, rs in per.items()}
+            found.append((name, m, vals, ex if all(ex.values()) else None))
+    # learning gates first: a metric with a floor is compared only where some arm's interval clears it
+    learned = {}
+    for _, m, vals, ex in found:
+        if m.floor is not None:
+            lows = [mean_interval(vals[a], None if ex is None else ex[a][0])[1] for a in ("diff", "baseline")]
+            learned[m.key] = any(lo is not None and lo > m.floor for lo in lows)
+    out = {}
+    for name, m, vals, ex in found:
+        gated = None if learned.get(m.key, True) else NOT_LEARNED
+        if ex is not None and gated is None:
+            keep = [learned.get(g, True) for g in ex["diff"][1]]
+            if not any(keep):
+                gated = NOT_LEARNED
+            elif not all(keep):  # leave out the examples of cells no model learned; re-derive the seed values
+                ex = {a: (ex[a][0][:, keep], [g for g, k in zip(ex[a][1], keep) if k]) for a in ex}
+                vals = {a: ex[a][0].mean(1).tolist() for a in ex}
+        arrays = {a: None if ex is None else ex[a][0] for a in ("diff", "baseline")}
+        est = paired_estimate(vals["diff"], vals["baseline"], diff_examples=arrays["diff"],
+                              baseline_examples=arrays["baseline"])
+        arm_ci = {a: mean_interval(vals[a], arrays[a]) for a in ("diff", "baseline")}
+        out[m.key] = {"task": name, **m.describe(), "diff": vals["diff"], "baseline": vals["baseline"],
+                      "diff_mean": arm_ci["diff"][0], "diff_ci": list(arm_ci["diff"][1:]),
+                      "baseline_mean": arm_ci["baseline"][0], "baseline_ci": list(arm_ci["baseline"][1:]),
+                      "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",
+                      "examples_used": est.n_examples, "p_adjusted": None, "_est": est, "_metric": m}
+    for family in ("primary", "exploratory"):
+        keys = [k for k, c in out.items() if c["family"] == family and c["gated"] is None
+                and c["paired"]["p_value"] is not None]
+        for k, p in zip(keys, holm([out[k]["paired"]["p_value"] for k in keys])):
+            out[k]["p_adjusted"] = p
+    for c in out.values():
+        m, est = c.pop("_metric"), c.pop("_est")
+        c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
+                        verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
+                                alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1)))
+        c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
+                       ("diff" if (est.mean < 0) == m.lower_is_better else "baseline"))
     return out

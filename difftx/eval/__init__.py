@@ -21,13 +21,13 @@ from .lm import LMResult, ar_hit_mask, bits_per_byte, evaluate_lm, length_extrap
 from .needle import NeedleResult, NeedleTask, evaluate_needles, evaluate_needles_text, make_needle_sample
 from .outliers import MagnitudeStats, activation_outliers, magnitude_stats
 from .quant import absmax_quantize, quantization_sweep, quantized_kernel, register_quantized_backend
-from .stats import PairedDifference, paired_bootstrap, verdict
+from .stats import PairedEstimate, paired_estimate, verdict
 
 __all__ = [
     "AttentionCapture", "CapturedMaps", "ICLTask", "LMResult", "MagnitudeStats", "NeedleResult", "NeedleTask",
-    "PairedDifference", "absmax_quantize", "activation_outliers", "ar_hit_mask", "attention_to_answer",
+    "PairedEstimate", "absmax_quantize", "activation_outliers", "ar_hit_mask", "attention_to_answer",
     "bits_per_byte", "capture_attention", "evaluate_icl_order", "evaluate_lm", "evaluate_needles",
     "evaluate_needles_text", "head_redundancy", "layer_lambdas", "layer_mass", "length_extrapolation",
-    "magnitude_stats", "make_needle_sample", "model_head_redundancy", "paired_bootstrap", "quantization_sweep",
+    "magnitude_stats", "make_needle_sample", "model_head_redundancy", "paired_estimate", "quantization_sweep",
     "quantized_kernel", "register_quantized_backend", "role_mass", "token_nll", "verdict",
 ]

@@ -47,9 +47,10 @@ class AttentionTask(Task):
         out = []
         for v in VARIANTS_REPORTED:
             out.append(Metric(f"attn_answer_{v}", f"attention to answer ({v}, mean over heads and layers)", False,
-                              lambda r, v=v: r["summary"][v]["answer"]))
+                              lambda r, v=v: r["summary"][v]["answer"],
+                              per_example=lambda r, v=v: r["records"]["answer"][v]))
             out.append(Metric(f"attn_noise_{v}", f"attention noise ({v}, mean over heads and layers)", True,
-                              lambda r, v=v: r["summary"][v]["noise"]))
+                              lambda r, v=v: r["summary"][v]["noise"], per_example=lambda r, v=v: r["records"]["noise"][v]))
         return out
 
     def report(self, ctx: ReportContext) -> str:

@@ -42,10 +42,19 @@ class Metric:
     unit: str = ""
     primary: bool = False
     digits: int = 3
+    # per-example values whose mean is the metric (the same examples, in the same order, for every
+    # model): the interval then includes evaluation-set noise (difftx.eval.stats)
+    per_example: Optional[Callable[[dict], list[float]]] = None
+    # for each example, the key of the metric that gates it: examples of a gated-out metric (a cell
+    # no model learned) are left out of this one
+    groups: Optional[Callable[[dict], list[str]]] = None
+    # the value a model scores without having learned the task (e.g. 1/N for copying a random needle of
+    # N): compared only where some model's interval lies above it
+    floor: Optional[float] = None
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,
-                "primary": self.primary}
+                "primary": self.primary, "floor": self.floor}
 
 
 def setting(default: Any, help: str, parse: Optional[Callable[[str], Any]] = None) -> Any:

@@ -49,7 +49,7 @@ class ICLTask(Task):
         out = []
         for kind in ORDER_KINDS:
             out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False,
-                              lambda r, k=kind: r[k]["mean"]))
+                              lambda r, k=kind: r[k]["mean"], per_example=lambda r, k=kind: _per_episode(r, k)))
             # best - worst of a model at chance is sampling noise, not robustness: not compared then
             out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders", True,
                               lambda r, k=kind: r[k]["best_minus_worst"] if r[k]["above_chance"] else None))
@@ -92,6 +92,12 @@ class ICLTask(Task):
             if not k["above_chance"]:
                 line += "  (not learned: best-worst is sampling noise, not robustness)"
             print(line)
+
+
+def _per_episode(r: dict, kind: str) -> list[float]:
+    """Each episode's accuracy over the orders (its mean over episodes is the kind's mean)."""
+    orders = r["records"][kind]
+    return [sum(col) / len(orders) for col in zip(*orders)]
 
 
 TASK = ICLTask()

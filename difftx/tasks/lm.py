@@ -3,6 +3,7 @@ AR-hit split (paper Table 6) and length extrapolation (NLL beyond the training l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -116,9 +117,14 @@ class LMTask(Task):
     def metrics(self, settings) -> list[Metric]:
         def held(key):
             return lambda r: r["heldout"][key]
+
+        def bpb(r: dict) -> list[float]:
+            return [w / math.log(2) / r["heldout"]["bytes_per_token"] for w in r["records"]["window_nll"]]
+
+        per_window = lambda r: r["records"]["window_nll"]  # noqa: E731
         return [
-            Metric("lm_nll", "LM NLL (held-out)", True, held("nll"), "nats", primary=True),
-            Metric("lm_bpb", "LM bits per byte", True, held("bpb"), "bits"),
+            Metric("lm_nll", "LM NLL (held-out)", True, held("nll"), "nats", primary=True, per_example=per_window),
+            Metric("lm_bpb", "LM bits per byte", True, held("bpb"), "bits", per_example=bpb),
             Metric("lm_ar_hit_nll", "LM NLL, AR-hit tokens", True, held("ar_hit_nll"), "nats"),
             Metric("lm_other_nll", "LM NLL, other tokens", True, held("other_nll"), "nats"),
             Metric("lm_nll_beyond_train_len", f"LM NLL beyond the window (x{max(settings.extrapolation_factors)})",

@@ -131,10 +131,13 @@ class NeedleTask(Task):
 
     def metrics(self, s: NeedleSettings) -> list[Metric]:
         out = [Metric(f"needle_{n}_{r}", f"needle accuracy N={n}/R={r}", False,
-                      lambda res, k=f"{n}/{r}": res["grid"]["accuracy"].get(k)) for n, r in s.grid]
-        out.append(Metric("needle_mean", "needle accuracy, mean over the grid", False,
+                      lambda res, k=f"{n}/{r}": res["grid"]["accuracy"].get(k),
+                      per_example=lambda res, k=f"{n}/{r}": _cell_records(res, k), floor=floor(n))
+               for n, r in s.grid]
+        out.append(Metric("needle_mean", "needle accuracy, mean over the cells learned", False,
                           lambda res: sum(res["grid"]["accuracy"].values()) / len(res["grid"]["accuracy"]),
-                          primary=True))
+                          primary=True, per_example=lambda res: res["records"]["correct_fraction"],
+                          groups=lambda res: [f"needle_{c.replace('/', '_')}" for c in res["records"]["cell"]]))
         out += [Metric(f"needle_{o}_rate", f"needle {o} rate (share of queried keys)", True,
                        lambda res, o=o: res["grid"]["outcome_rates"][o]) for o in OUTCOME_KINDS]
         return out
@@ -202,6 +205,17 @@ class NeedleTask(Task):
             print(f"  not learned: accuracy at N/R {first} is {acc:.2f} (below {LEARNED})")
         if res.get("dropped_cells"):
             print(f"  cells the model's task cannot pose (not run): {', '.join(res['dropped_cells'])}")
+
+
+def floor(n_needles: int) -> float:
+    """Accuracy of a model that has not learned key matching: copying a random needle's value
+    scores 1/N; for a single needle, 0.1 stands for "no real retrieval"."""
+    return 1.0 / n_needles if n_needles >= 2 else 0.1
+
+
+def _cell_records(res: dict, cell: str) -> list[float]:
+    r = res["records"]
+    return [v for c, v in zip(r["cell"], r["correct_fraction"]) if c == cell]
 
 
 def _mean_ci(c: Optional[dict], arm: str):

@@ -70,7 +70,7 @@ class QuantTask(Task):
         for b in (str(x) for x in s.bits if x <= 6):
             for g in GRANULARITIES:
                 out.append(Metric(f"quant_nll_{g}_{b}", f"NLL change at {b}-bit logits ({g})", True,
-                                  _change("nll", g, b), "nats"))
+                                  _change("nll", g, b), "nats", per_example=_window_change(g, int(b))))
                 out.append(Metric(f"quant_needle_{g}_{b}", f"needle accuracy change at {b}-bit logits ({g})", False,
                                   _change("needle_accuracy", g, b)))
         return out
@@ -107,6 +107,16 @@ class QuantTask(Task):
             what = key if key == "nll" else f"needle accuracy {res['needle_cell']}"
             print(f"{what}: full {c['full']:.4f}  " + "  ".join(
                 f"{g} {b}b {v:.4f}" for g in GRANULARITIES for b, v in c[g].items()))
+
+
+def _window_change(gran: str, bits: int):
+    """Per-window NLL change against full precision."""
+    def get(r: dict) -> list[float]:
+        from ..eval.quant import backend_name
+
+        w = r["records"]["window_nll"]
+        return [q - f for q, f in zip(w[backend_name(bits, gran)], w["eager"])]
+    return get
 
 
 def _change(kind: str, gran: str, bits: str):

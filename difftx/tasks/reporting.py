@@ -84,23 +84,23 @@ def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3
 
 
 def pair(c: dict, digits: int = 3) -> str:
+    """``mean [low, high]`` of DIFF - baseline, with the adjusted p-value."""
     p = c["paired"]
-    if p["n"] == 1:
+    if p["low"] is None:
         return f"{p['mean']:+.{digits}f} (1 seed)"
-    return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]"
+    adj = "" if c.get("p_adjusted") is None else f", p_adj {c['p_adjusted']:.2g}"
+    return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]{adj}"
 
 
 def call(c: dict) -> str:
-    from ..eval.stats import FEW_SEEDS
-
-    p = c["paired"]
-    if p["n"] == 1:
-        return "no CI (1 seed)"
-    if not p["excludes_zero"]:
-        return "within noise"
-    better = (p["mean"] < 0) == c["lower_is_better"]
-    word = "DIFF better" if better else "DIFF worse"
-    return f"suggests {word} ({p['n']} seeds: not conclusive)" if p["n"] < FEW_SEEDS else word
+    """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects."""
+    if c.get("gated"):
+        return "not learned: not compared"
+    if c["paired"]["low"] is None:
+        return "no interval (1 seed)"
+    if c.get("better") is None:
+        return "no detectable difference"
+    return "DIFF better" if c["better"] == "diff" else "DIFF worse"
 
 
 def mean(values: Sequence[float]) -> float:

@@ -1,0 +1,127 @@
+"""difftx.eval.stats: the interval's coverage by simulation (seed-level and example-level noise,
+Gaussian and 0/1 outcomes, n = 3, 5, 10), the t distribution, the sign-flip test, multiplicity
+adjustment and the wording of verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from difftx.eval.stats import (benjamini_hochberg, half_width, holm, mean_interval, paired_estimate, sign_flip_p,
+                               t_cdf, t_quantile, verdict)
+
+REPLICATES = 1000  # per scenario; fixed seeds, so the test is deterministic (about 2 s in all)
+# (seed-level SD, example-level SD): seed-dominated, both, example-dominated, examples only
+SCENARIOS = ((1.0, 0.0), (1.0, 1.0), (0.3, 1.0), (0.0, 1.0))
+
+
+def _gaussian(rng, n, m, sa, sb, mu):
+    """D[s, i] = mu + a_s + b_i + e_si: training noise per seed, a per-example effect shared by
+    every seed (the same evaluation set), and residual noise."""
+    return mu + rng.normal(0, sa, (n, 1)) + rng.normal(0, sb, (1, m)) + rng.normal(0, 1, (n, m))
+
+
+def _binary(rng, n, m, sa, sb, mu):
+    """0/1 correctness of two arms on shared prompts of varying difficulty, per-seed skill; the
+    DIFF arm is shifted by ``mu`` on the logit scale (so the true difference is not mu itself)."""
+    logit = rng.normal(0, 2 * sb, (1, m)) + rng.normal(0, sa, (n, 1))
+    p_b, p_d = 1 / (1 + np.exp(-logit)), 1 / (1 + np.exp(-(logit + mu)))
+    return (rng.random((n, m)) < p_d).astype(float) - (rng.random((n, m)) < p_b)
+
+
+def _truth_binary(sa, sb, mu, rng, draws=200_000):
+    logit = rng.normal(0, 2 * sb, draws) + rng.normal(0, sa, draws)
+    return float((1 / (1 + np.exp(-(logit + mu))) - 1 / (1 + np.exp(-logit))).mean())
+
+
+@pytest.mark.parametrize("n", [3, 5, 10])
+@pytest.mark.parametrize("kind", ["gaussian", "binary"])
+def test_interval_covers_and_false_positives_stay_at_nominal(kind, n):
+    rng = np.random.default_rng(1000 * n + len(kind))
+    m = 40
+    for sa, sb in SCENARIOS:
+        for mu in (0.0, 0.5):  # the null, and an alternative
+            truth = mu if kind == "gaussian" else (0.0 if mu == 0 else _truth_binary(sa, sb, mu, rng))
+            make = _gaussian if kind == "gaussian" else _binary
+            hits = rejections = 0
+            for _ in range(REPLICATES):
+                D = make(rng, n, m, sa, sb, mu)
+                h = half_width(D)
+                hits += abs(D.mean() - truth) <= h
+                rejections += abs(D.mean()) > h
+            coverage = hits / REPLICATES
+            assert coverage >= 0.93, (kind, n, sa, sb, mu, coverage)
+            if mu == 0.0:  # the false-positive rate is 1 - coverage under the null
+                assert rejections / REPLICATES <= 0.07, (kind, n, sa, sb, rejections / REPLICATES)
+
+
+def test_seed_level_interval_covers():
+    rng = np.random.default_rng(7)
+    for n in (3, 5, 10):
+        hits = sum(abs(D.mean()) <= half_width(D) for D in (rng.normal(0, 1, (n, 1)) for _ in range(2000)))
+        assert hits / 2000 >= 0.93
+
+
+def test_percentile_bootstrap_would_not_cover_at_three_seeds():
+    """Why the bootstrap was replaced: over 3 seeds it cannot reach beyond the observed range."""
+    rng = np.random.default_rng(3)
+    miss = 0
+    for _ in range(1000):
+        d = rng.normal(0, 1, 3)
+        boot = d[rng.integers(0, 3, (2000, 3))].mean(1)
+        lo, hi = np.quantile(boot, [0.025, 0.975])
+        miss += not lo <= 0 <= hi
+    assert miss / 1000 > 0.15  # far above 0.05
+
+
+@pytest.mark.parametrize("df", [1, 2, 2.5, 4, 9, 49, 500])
+def test_t_distribution(df):
+    # reference quantiles (SciPy's stats.t.ppf(0.975, df)), written out so the test needs no SciPy
+    ref = {1: 12.706204736174694, 2: 4.302652729749462, 2.5: 3.5746548420036817, 4: 2.7764451051977934,
+           9: 2.262157162798205, 49: 2.0095752371292392, 500: 1.9647198374673676}
+    assert t_quantile(0.975, df) == pytest.approx(ref[df], rel=1e-8)
+    assert t_quantile(0.025, df) == pytest.approx(-ref[df], rel=1e-8)
+    for x in (-3.0, -0.5, 0.0, 1.0, 4.0):
+        assert t_cdf(t_quantile(t_cdf(x, df), df), df) == pytest.approx(t_cdf(x, df), abs=1e-12)
+    assert t_cdf(0.0, df) == pytest.approx(0.5)
+
+
+def test_sign_flip_is_exact():
+    assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # only all-plus and all-minus reach |mean| = 2
+    assert sign_flip_p([0.1, -0.1, 0.1, -0.1]) == 1.0
+    assert sign_flip_p([1.0] * 6) == pytest.approx(2 / 64)
+
+
+def test_multiplicity_adjustment():
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert benjamini_hochberg([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.5])
+    assert holm([0.3]) == [0.3]
+
+
+def test_p_value_is_where_the_interval_reaches_zero():
+    rng = np.random.default_rng(0)
+    da, db = rng.normal(0.3, 1, (5, 30)), rng.normal(0, 1, (5, 30))
+    e = paired_estimate(da.mean(1), db.mean(1), diff_examples=da, baseline_examples=db)
+    assert e.method.startswith("paired t, seeds x examples") and e.n_examples == 30
+    at_p = paired_estimate(da.mean(1), db.mean(1), diff_examples=da, baseline_examples=db, confidence=1 - e.p_value)
+    assert min(abs(at_p.low), abs(at_p.high)) == pytest.approx(0.0, abs=1e-6)
+    assert e.excludes_zero == (e.p_value < 0.05)
+    seeds_only = paired_estimate([1.0, 1.2, 0.9], [0.5, 0.6, 0.7])
+    assert seeds_only.n_examples == 1 and seeds_only.sign_flip_p == pytest.approx(0.25)
+    one = paired_estimate([1.0], [0.5])
+    assert one.low is None and one.p_value is None
+    m, lo, hi = mean_interval([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo < 2.0 < hi and hi - 2.0 == pytest.approx(t_quantile(0.975, 2) / np.sqrt(3))
+    with pytest.raises(ValueError, match="equal-length"):
+        paired_estimate([1, 2], [1])
+
+
+def test_verdict_wording():
+    rng = np.random.default_rng(1)
+    clear = paired_estimate(rng.normal(-0.5, 0.01, 6), np.zeros(6))
+    assert "DIFF is better at this scale and budget" in verdict(clear, "NLL", lower_is_better=True, unit="nats")
+    assert "DIFF is worse" in verdict(clear, "accuracy", lower_is_better=False)
+    text = verdict(clear, "NLL", lower_is_better=True, adjusted_p=0.2)
+    assert "no detectable difference at this scale and budget; the interval allows anything from" in text
+    assert "adjusted" in text
+    assert "no conclusion" in verdict(paired_estimate([0.5], [0.4]), "acc", lower_is_better=False)
