@@ -195,7 +195,8 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
     arms; a seed's value is the mean of its row) the interval includes evaluation-set noise."""
     a, b = np.asarray(diff, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"diff and baseline must be equal-length, non-empty 1-D sequences (got {a.shape} and {b.shape})")
+        raise ValueError(f"diff and baseline must be equal-length, non-empty 1-D sequences (got {a.shape} and "
+                         f"{b.shape})")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence: must be in (0, 1), got {confidence}")
     n = a.size

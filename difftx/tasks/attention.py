@@ -50,7 +50,8 @@ class AttentionTask(Task):
                               lambda r, v=v: r["summary"][v]["answer"],
                               per_example=lambda r, v=v: r["records"]["answer"][v]))
             out.append(Metric(f"attn_noise_{v}", f"attention noise ({v}, mean over heads and layers)", True,
-                              lambda r, v=v: r["summary"][v]["noise"], per_example=lambda r, v=v: r["records"]["noise"][v]))
+                              lambda r, v=v: r["summary"][v]["noise"],
+                              per_example=lambda r, v=v: r["records"]["noise"][v]))
         return out
 
     def report(self, ctx: ReportContext) -> str:
