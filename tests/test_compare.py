@@ -21,7 +21,7 @@ FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "probe_every": 3, "probe_
                              "heatmap_cell": (2, 2)},
                   "attention": {"samples": 2, "cell": (2, 2)}, "lm": {"windows": 2}, "outliers": {"tokens": 64},
                   "quant": {"bits": (4,), "needle_samples": 1, "cell": (2, 2), "depths": (0.0, 1.0)},
-                  "icl": {"episodes": 4, "orders": 2}, "diagnostics": {"cell": (2, 2)}}}
+                  "icl": {"instances": 2, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}}
 
 
 def as_sets(overrides: dict, prefix: str = "") -> list[str]:
@@ -88,13 +88,14 @@ def test_outputs_and_schema(smoke):
     learned = [first_learned_step(r[k]["train"]["probes"], "1/1", 0.9) for r in res["runs"].values() for k in r]
     assert ("needle_learned_step" in res["comparison"]) == all(x is not None for x in learned)
     icl = res["runs"]["0"]["diff"]["tasks"]["icl"]
-    assert len(icl["random"]["accuracies"]) == FAST["tasks"]["icl"]["orders"]
-    assert len(icl["records"]["random"]) == 2 and len(icl["records"]["random"][0]) == 4  # per order, per episode
-    for o in ("random", "alternating"):  # best - worst is compared only where every model learned the task
+    orders = FAST["tasks"]["icl"]["orders"]
+    assert [len(a) for a in icl["random"]["accuracy"]] == [orders] * 2  # instances x orders
+    assert len(icl["records"]["class_sorted"]["instance_spread"]) == 2  # per instance
+    for o in ("random", "class_sorted", "alternating"):  # best - worst: compared only where every model learned it
         learned = all(r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r)
         assert (f"icl_{o}_best_minus_worst" in res["comparison"]) == learned
     chance = [r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
-              for o in ("random", "alternating")]
+              for o in ("random", "class_sorted", "alternating")]
     assert ("No model learned the ICL task" in report) == (not any(chance))
     assert ("Not above chance" in report) == (any(chance) and not all(chance))
     assert "batches: 50% needle, 33.3% LM (Shakespeare bytes), 16.7% ICL" in report
@@ -244,7 +245,7 @@ def test_preset_validation():
 def test_eval_subcommand_on_a_compare_checkpoint(smoke, task, tmp_path, capsys):
     out = tmp_path / "r.json"
     flags = {"needle": ["--samples-per-cell", "1"], "lm": ["--windows", "2"], "quant": ["--needle-samples", "1"],
-             "icl": ["--episodes", "4", "--orders", "2"], "outliers": ["--tokens", "64"]}[task]
+             "icl": ["--instances", "2", "--queries", "2", "--orders", "2"], "outliers": ["--tokens", "64"]}[task]
     rc = main(["eval", task, str(smoke / "seed0" / "diff" / "model"), *flags, "--no-progress", "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())

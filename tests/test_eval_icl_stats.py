@@ -11,8 +11,9 @@ from difftx.eval.icl import (
     ICLTask,
     above_chance,
     classify,
-    evaluate_icl_order,
+    evaluate_icl_instances,
     make_episode,
+    make_instance,
     order_demos,
     training_batch,
 )
@@ -52,9 +53,11 @@ def test_label_map_is_drawn_per_sequence():
 def test_orders_are_permutations():
     e = make_episode(TASK, random.Random(2))
     key = lambda d: (tuple(d[0]), d[1])  # noqa: E731
-    for kind in ("random", "alternating"):
+    for kind in ("random", "class_sorted", "alternating"):
         o = order_demos(e.demos, kind, random.Random(3))
         assert sorted(map(key, o)) == sorted(map(key, e.demos))
+    grouped = [c for _, c in order_demos(e.demos, "class_sorted", random.Random(3))]
+    assert sum(grouped[i] != grouped[i + 1] for i in range(len(grouped) - 1)) == TASK.n_classes - 1
     alt = order_demos(e.demos, "alternating", random.Random(3))
     classes = [c for _, c in alt]
     assert all(classes[i] != classes[i + 1] for i in range(len(classes) - 1))
@@ -99,23 +102,36 @@ class NearestDemo(nn.Module):
                 overlap = len(query & set(row[i:i + t.input_len]))
                 if overlap > best:
                     best, lab = overlap, row[i + t.input_len + 1]
-            if self.wrong:  # the label of the *first* demonstration: order-sensitive by construction
-                lab = row[1 + t.input_len + 1]
+            if self.wrong:  # the label of the demonstration at a position set by the query: order-sensitive
+                pos = row[-1 - t.input_len] % t.n_demos
+                lab = row[1 + pos * step + t.input_len + 1]
             logits[b, -1, lab] = 1.0
         return logits
 
 
+def test_an_instance_keeps_its_label_map_and_demonstrations():
+    queries = make_instance(TASK, random.Random(4), 8)
+    assert len({(tuple(q.label_of_class), tuple(map(tuple, (d[0] for d in q.demos)))) for q in queries}) == 1
+    assert sorted(q.query_class for q in queries) == [0, 0, 1, 1, 2, 2, 3, 3]  # balanced classes
+
+
 def test_icl_evaluation_with_oracles():
-    good = evaluate_icl_order(NearestDemo(TASK), TASK, n_episodes=20, n_orders=3)
-    for kind in ("random", "alternating"):
-        assert good[kind]["accuracies"] == [1.0, 1.0, 1.0]
+    good = evaluate_icl_instances(NearestDemo(TASK), TASK, n_instances=5, n_queries=4, n_orders=3)
+    for kind in ("random", "class_sorted", "alternating"):
+        assert good[kind]["accuracy"] == [[1.0, 1.0, 1.0]] * 5
         assert good[kind]["best_minus_worst"] == 0.0
         assert good[kind]["above_chance"]
     assert good["chance"] == 0.25
-    bad = evaluate_icl_order(NearestDemo(TASK, wrong=True), TASK, n_episodes=40, n_orders=4, kinds=("random",))
+    # answering with the label found at a demonstration position: order-sensitive by construction, so accuracy
+    # changes with the order of one instance's demonstrations (the queries and their answers stay the same)
+    bad = evaluate_icl_instances(NearestDemo(TASK, wrong=True), TASK, n_instances=10, n_queries=8, n_orders=4,
+                                 kinds=("random", "class_sorted"))
     assert bad["random"]["best_minus_worst"] > 0 and bad["random"]["mean"] < 0.6
+    spreads = bad["random"]["instance_spread"]
+    assert bad["random"]["best_minus_worst"] == pytest.approx(sum(spreads) / len(spreads))
     # the same seed gives the same numbers
-    again = evaluate_icl_order(NearestDemo(TASK, wrong=True), TASK, n_episodes=40, n_orders=4, kinds=("random",))
+    again = evaluate_icl_instances(NearestDemo(TASK, wrong=True), TASK, n_instances=10, n_queries=8, n_orders=4,
+                                   kinds=("random", "class_sorted"))
     assert again["random"] == bad["random"]
 
 
@@ -128,8 +144,8 @@ def test_above_chance():
 def test_icl_on_untrained_model():
     torch.manual_seed(0)
     model = Transformer(preset("test", vocab_size=TASK.vocab_size))
-    res = evaluate_icl_order(model, TASK, n_episodes=8, n_orders=2, batch_size=8)
-    assert set(res) == {"config", "chance", "random", "alternating"}
-    assert len(res["random"]["accuracies"]) == 2
+    res = evaluate_icl_instances(model, TASK, n_instances=2, n_queries=4, n_orders=2, batch_size=8)
+    assert set(res) == {"config", "chance", "random", "class_sorted", "alternating"}
+    assert [len(a) for a in res["random"]["accuracy"]] == [2, 2]
     preds = classify(model, TASK, [[1, 2, 3]], [[TASK.first_label + 1, TASK.first_label + 4]])
     assert preds[0] in (TASK.first_label + 1, TASK.first_label + 4)

@@ -112,20 +112,20 @@ def test_diagnostics_lambda_is_the_models_lambda(models, tmp_path, capsys):
 
 
 def test_icl_on_a_model_trained_with_the_icl_task(models, tmp_path, capsys):
-    rc, res = _eval("icl", models["diff"], tmp_path, "--episodes", "8", "--orders", "2")
+    rc, res = _eval("icl", models["diff"], tmp_path, "--instances", "4", "--queries", "2", "--orders", "2")
     assert rc == 0
     r = res
     assert r["config"]["task"] == ICL.to_dict() and r["chance"] == 0.5
     out = capsys.readouterr().out
-    assert "8 episodes, 2 orders per kind, chance 0.50" in out
-    for kind in ("random", "alternating"):
-        assert len(r[kind]["accuracies"]) == 2
+    assert "4 instances x 2 queries, 2 orders per kind, chance 0.50" in out
+    for kind in ("random", "class_sorted", "alternating"):
+        assert [len(a) for a in r[kind]["accuracy"]] == [2] * 4  # instances x orders
         line = next(ln for ln in out.splitlines() if ln.startswith(kind))
         assert f"mean accuracy {r[kind]['mean']:.3f}  best-worst {r[kind]['best_minus_worst']:.3f}" in line
-        # an untrained model at 8 episodes cannot clear chance + 2 standard errors (0.85)
+        # an untrained model over 8 queries cannot clear chance + 2 standard errors (0.85)
         assert not r[kind]["above_chance"]
         assert "above chance: no" in line and "best-worst is sampling noise, not robustness" in line
-        assert [len(x) for x in r["records"][kind]] == [8, 8]  # per order, per episode
+        assert len(r["records"][kind]["instance_spread"]) == 4
 
 
 @pytest.mark.parametrize("which", ["baseline", "null_icl"])

@@ -21,7 +21,7 @@ FAST = {"steps": 4, "warmup_steps": 1, "log_every": 2, "probe_every": 0,
                   "attention": {"samples": 1, "cell": (1, 1)}, "lm": {"windows": 1, "extrapolation_factors": (1,)},
                   "outliers": {"tokens": 32}, "quant": {"bits": (4,), "needle_samples": 1, "cell": (1, 1),
                                                         "depths": (0.5,), "lm_windows": 1},
-                  "icl": {"episodes": 2, "orders": 2}, "diagnostics": {"cell": (1, 1), "samples": 1}}}
+                  "icl": {"instances": 2, "queries": 1, "orders": 2}, "diagnostics": {"cell": (1, 1), "samples": 1}}}
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ PRESETS: dict[str, ComparePreset] = {
                "lm": {"windows": 4, "extrapolation_factors": (1, 2), "extrapolation_windows": 2},
                "attention": {"samples": 4, "cell": (2, 2)}, "outliers": {"tokens": 256},
                "quant": {"bits": (8, 3), "cell": (2, 2), "needle_samples": 2, "lm_windows": 2, "depths": (0.0, 1.0)},
-               "icl": {"episodes": 8, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
+               "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
     # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
@@ -204,7 +204,7 @@ PRESETS: dict[str, ComparePreset] = {
         warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
         threads=1, workers=2,
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 50},
-               "lm": {"windows": 32, "extrapolation_windows": 8}, "outliers": {"tokens": 4096},
+               "lm": {"windows": 512, "extrapolation_windows": 32}, "outliers": {"tokens": 4096},
                "quant": {"needle_samples": 10}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
     "gpu-small": ComparePreset(
@@ -213,7 +213,7 @@ PRESETS: dict[str, ComparePreset] = {
         lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, icl_every=3, probe_every=250,
         probe_samples=20, device="auto",
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (256, 512, 1024)}, "attention": {"samples": 100},
-               "lm": {"windows": 256, "extrapolation_windows": 32}, "outliers": {"tokens": 65536},
+               "lm": {"windows": 512, "extrapolation_windows": 64}, "outliers": {"tokens": 65536},
                "quant": {"needle_samples": 50, "lm_windows": 64}}),
 }
 

@@ -7,10 +7,14 @@ label token. An input is ``input_len`` feature tokens of its class. The prompt i
 can only learn from the demonstrations. The prediction is the arg-max of the next-token logits
 over the episode's label tokens (constrained classification).
 
-Robustness: the *same* demonstrations are shown in several orders: ``random`` (a seeded
-shuffle) and ``alternating`` (round-robin by class, class order and within-class order seeded).
-For each order kind, accuracy is measured per order seed over the same episodes; the metric is
-best - worst accuracy over the order seeds (lower is more robust), with the mean accuracy.
+Robustness, as the paper measures it (:func:`evaluate_icl_instances`): a *task instance* fixes one
+label map and one set of demonstrations; the same demonstrations are shown in ``n_orders`` orders
+of each kind (``random``: a seeded shuffle; ``class_sorted``: grouped by class, the class order
+seeded; ``alternating``: round-robin by class, class order and within-class order seeded) and
+each order is scored on the instance's ``n_queries`` queries. The metric is the spread of accuracy
+over the orders *of one instance* (best - worst), averaged over instances, with the mean accuracy.
+(Re-permuting independent episodes for every order, as an earlier version did, measures binomial
+sampling noise rather than order sensitivity.)
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-ORDER_KINDS = ("random", "alternating")
+ORDER_KINDS = ("random", "class_sorted", "alternating")
 
 
 @dataclass(frozen=True)
@@ -113,33 +117,53 @@ class Episode:
         return self.label_of_class[self.query_class]
 
 
-def make_episode(task: ICLTask, rng: random.Random) -> Episode:
+def _classes_and_labels(task: ICLTask, rng: random.Random) -> tuple[list[list[int]], list[int]]:
+    """Each class's feature tokens and label token: one problem's label map."""
     feats = rng.sample(range(task.first_feature, task.first_label), task.n_classes * task.features_per_class)
     sets = [feats[c * task.features_per_class:(c + 1) * task.features_per_class] for c in range(task.n_classes)]
-    labels = rng.sample(range(task.first_label, task.first_label + task.n_labels), task.n_classes)
+    return sets, rng.sample(range(task.first_label, task.first_label + task.n_labels), task.n_classes)
 
-    def draw(c: int) -> list[int]:
-        return [rng.choice(sets[c]) for _ in range(task.input_len)]
 
-    demos = [(draw(c), c) for c in range(task.n_classes) for _ in range(task.n_demos // task.n_classes)]
+def _draw(task: ICLTask, sets: list[list[int]], c: int, rng: random.Random) -> list[int]:
+    return [rng.choice(sets[c]) for _ in range(task.input_len)]
+
+
+def make_episode(task: ICLTask, rng: random.Random) -> Episode:
+    sets, labels = _classes_and_labels(task, rng)
+    demos = [(_draw(task, sets, c, rng), c) for c in range(task.n_classes)
+             for _ in range(task.n_demos // task.n_classes)]
     rng.shuffle(demos)
     qc = rng.randrange(task.n_classes)
-    return Episode(labels, demos, draw(qc), qc)
+    return Episode(labels, demos, _draw(task, sets, qc, rng), qc)
+
+
+def make_instance(task: ICLTask, rng: random.Random, n_queries: int) -> list[Episode]:
+    """One task instance: a fixed label map and demonstration set, and ``n_queries`` queries
+    (classes balanced as far as they divide), each as an :class:`Episode` sharing the demos."""
+    sets, labels = _classes_and_labels(task, rng)
+    demos = [(_draw(task, sets, c, rng), c) for c in range(task.n_classes)
+             for _ in range(task.n_demos // task.n_classes)]
+    rng.shuffle(demos)
+    classes = [q % task.n_classes for q in range(n_queries)]
+    rng.shuffle(classes)
+    return [Episode(labels, demos, _draw(task, sets, c, rng), c) for c in classes]
 
 
 def order_demos(demos: Sequence[tuple[list[int], int]], kind: str, rng: random.Random) -> list[tuple[list[int], int]]:
-    """The same demonstrations in a ``random`` or class-``alternating`` order."""
+    """The same demonstrations in a ``random``, ``class_sorted`` or class-``alternating`` order."""
     if kind == "random":
         out = list(demos)
         rng.shuffle(out)
         return out
-    if kind != "alternating":
+    if kind not in ORDER_KINDS:
         raise ValueError(f"kind: must be one of {ORDER_KINDS}, got {kind!r}")
     classes = sorted({c for _, c in demos})
     rng.shuffle(classes)
     queues = {c: [d for d in demos if d[1] == c] for c in classes}
     for q in queues.values():
         rng.shuffle(q)
+    if kind == "class_sorted":
+        return [d for c in classes for d in queues[c]]
     out = []
     while any(queues.values()):
         for c in classes:
@@ -181,35 +205,42 @@ def classify(model: torch.nn.Module, task: ICLTask, prompts: Sequence[Sequence[i
     return preds
 
 
-def evaluate_icl_order(model: torch.nn.Module, task: ICLTask, *, n_episodes: int = 100, n_orders: int = 5,
-                       kinds: Sequence[str] = ORDER_KINDS, seed: int = 0, batch_size: int = 32,
-                       backend: Optional[str] = None, progress: bool = False) -> dict:
-    """Accuracy per order seed for each order kind over the same ``n_episodes`` episodes.
+def evaluate_icl_instances(model: torch.nn.Module, task: ICLTask, *, n_instances: int = 50, n_queries: int = 20,
+                           n_orders: int = 5, kinds: Sequence[str] = ORDER_KINDS, seed: int = 0, batch_size: int = 32,
+                           backend: Optional[str] = None, progress: bool = False) -> dict:
+    """Order robustness over ``n_instances`` task instances (see the module docstring).
 
-    Returns ``{"config": .., "chance": 1/n_classes, kind: {"accuracies": [..], "mean": ..,
-    "best_minus_worst": .., "above_chance": bool, "correct": [[0/1 per episode] per order]}}``.
+    Returns ``{"config", "chance", kind: {"accuracy": [per instance, per order], "mean",
+    "best_minus_worst": mean over instances of max - min over orders, "instance_spread": [per
+    instance], "instance_accuracy": [per instance, mean over orders], "above_chance": bool}}``.
     """
     from tqdm.auto import tqdm
 
     if n_orders < 2:
         raise ValueError(f"n_orders: need at least 2 orders to measure robustness, got {n_orders}")
-    rng = random.Random(f"icl:{seed}")
-    episodes = [make_episode(task, rng) for _ in range(n_episodes)]
-    cands = [e.label_of_class for e in episodes]
+    for name, v in (("n_instances", n_instances), ("n_queries", n_queries)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+    instances = [make_instance(task, random.Random(f"icl-instance:{seed}:{i}"), n_queries) for i in range(n_instances)]
     chance = 1.0 / task.n_classes
-    out: dict = {"config": {"task": task.to_dict(), "n_episodes": n_episodes, "n_orders": n_orders, "seed": seed},
-                 "chance": chance}
+    out: dict = {"config": {"task": task.to_dict(), "n_instances": n_instances, "n_queries": n_queries,
+                            "n_orders": n_orders, "seed": seed}, "chance": chance}
     for kind in kinds:
-        accs, correct = [], []
-        for s in tqdm(range(n_orders), desc=f"icl {kind}", disable=not progress, leave=False):
-            prompts = [e.prompt(task, order_demos(e.demos, kind, random.Random(f"icl:{seed}:{kind}:{s}:{i}")))
-                       for i, e in enumerate(episodes)]
-            preds = classify(model, task, prompts, cands, batch_size=batch_size, backend=backend)
-            correct.append([int(p == e.answer) for p, e in zip(preds, episodes)])
-            accs.append(sum(correct[-1]) / n_episodes)
-        mean = sum(accs) / len(accs)
-        out[kind] = {"accuracies": accs, "mean": mean, "best_minus_worst": max(accs) - min(accs),
-                     "above_chance": above_chance(mean, chance, n_episodes), "correct": correct}
+        acc = []  # (instances, orders)
+        for i, queries in enumerate(tqdm(instances, desc=f"icl {kind}", disable=not progress, leave=False)):
+            orders = [order_demos(queries[0].demos, kind, random.Random(f"icl-order:{seed}:{i}:{kind}:{s}"))
+                      for s in range(n_orders)]
+            prompts = [q.prompt(task, o) for o in orders for q in queries]
+            preds = classify(model, task, prompts, [q.label_of_class for o in orders for q in queries],
+                             batch_size=batch_size, backend=backend)
+            right = [p == q.answer for p, q in zip(preds, [q for _ in orders for q in queries])]
+            acc.append([sum(right[s * n_queries:(s + 1) * n_queries]) / n_queries for s in range(n_orders)])
+        spread = [max(a) - min(a) for a in acc]
+        per_instance = [sum(a) / n_orders for a in acc]
+        mean = sum(per_instance) / n_instances
+        out[kind] = {"accuracy": acc, "mean": mean, "best_minus_worst": sum(spread) / n_instances,
+                     "instance_spread": spread, "instance_accuracy": per_instance,
+                     "above_chance": above_chance(mean, chance, n_instances * n_queries)}
     return out
 
 

@@ -105,6 +105,28 @@ def windows_from_stream(tokens: Sequence[int] | Tensor, window: int, max_windows
     return t[idx]
 
 
+def spread_windows(stream: torch.Tensor, seq_len: int, n: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Windows of ``seq_len`` predictions (``seq_len + 1`` tokens) from a 1-D stream.
+
+    ``n > 0``: ``n`` windows (fewer if the stream is short) with starts spread evenly over the
+    whole stream, no tail. ``n == 0``: consecutive windows sharing their boundary token, so every
+    token after the first is predicted exactly once, and the shorter ``tail`` window that is left
+    (``None`` if nothing is). Returns ``(windows (N, seq_len + 1), tail (1, m + 1) or None)``."""
+    L = stream.numel()
+    if n > 0:
+        if L < seq_len + 1:
+            raise ValueError(f"the held-out stream ({L} tokens) is shorter than one window of {seq_len + 1}")
+        last = L - seq_len - 1
+        count = min(n, last + 1)
+        starts = [round(i * last / max(count - 1, 1)) for i in range(count)] if count > 1 else [0]
+        return torch.stack([stream[s:s + seq_len + 1] for s in starts]), None
+    full = (L - 1) // seq_len
+    windows = stream[:full * seq_len + 1].unfold(0, seq_len + 1, seq_len) if full else \
+        stream.new_zeros((0, seq_len + 1))
+    rest = stream[full * seq_len:]
+    return windows, (rest[None] if rest.numel() >= 2 else None)
+
+
 def summarize_nll(nll: Tensor, hits: Tensor, bytes_per_token_: float = 1.0) -> LMResult:
     """Metrics from per-token NLL ``(N, T)`` and the AR-hit mask ``(N, T)`` of the same windows."""
     if nll.shape != hits.shape:
@@ -144,15 +166,16 @@ def length_extrapolation(model: torch.nn.Module, stream: Sequence[int] | Tensor,
     One pass over windows of ``max(factors) * train_len`` predictions (at most ``max_windows``,
     cut from ``stream``): with causal attention the first ``f * train_len`` predictions of a
     window are exactly those of a window of that length with the same start, so every factor
-    is scored on the same text. ``result[f].extra`` holds the mean NLL within the training
-    length and beyond it (``f > 1``).
+    is scored on the same text. The windows' starts are spread evenly over the whole stream
+    (every part of a multi-work held-out text is represented). ``result[f].extra`` holds the mean
+    NLL within the training length and beyond it (``f > 1``).
     """
     from tqdm.auto import tqdm
 
     for f in factors:
         if not isinstance(f, int) or f <= 0:
             raise ValueError(f"factors: must be positive integers, got {f!r}")
-    w = windows_from_stream(stream, max(factors) * train_len, max_windows)
+    w, _ = spread_windows(torch.as_tensor(stream, dtype=torch.long).flatten(), max(factors) * train_len, max_windows)
     device = next(model.parameters()).device
     parts = [token_nll(model, w[i:i + batch_size].to(device), backend=backend).cpu()
              for i in tqdm(range(0, w.shape[0], batch_size), desc="length extrapolation", disable=not progress,

@@ -1,6 +1,7 @@
 """In-context learning order robustness (paper section 3.5) on the synthetic classification task
-a compare model was trained on: accuracy of the same episodes in several demonstration orders
-(random; alternating by class) and the best - worst spread over orders."""
+a compare model was trained on: task instances, each one label map and one demonstration set
+shown in several orders (random, class-sorted, alternating by class) and scored on many queries;
+the spread of accuracy over the orders of one instance (best - worst), averaged over instances."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from .reporting import NAMES, ReportContext
 
 @dataclass(frozen=True)
 class ICLSettings:
-    episodes: int = setting(100, "episodes, each shown in every order")
+    instances: int = setting(50, "task instances (one label map and demonstration set each)")
+    queries: int = setting(20, "queries per instance, each scored in every order")
     orders: int = setting(5, "demonstration orders per order kind")
 
     def __post_init__(self) -> None:
-        positive(self, "episodes")
+        positive(self, "instances", "queries")
         if not isinstance(self.orders, int) or self.orders < 2:
             raise ValueError(f"ICLSettings.orders: need at least 2 orders to measure robustness, got {self.orders!r}")
 
@@ -36,11 +38,12 @@ class ICLTask(Task):
         return "the model was trained without ICL batches (icl_every = 0; `--set icl_every=4` adds them)"
 
     def run(self, subject, s: ICLSettings, *, progress: bool = False) -> dict:
-        from ..eval.icl import ORDER_KINDS, evaluate_icl_order
+        from ..eval.icl import ORDER_KINDS, evaluate_icl_instances
 
-        res = evaluate_icl_order(subject.model, subject.icl, n_episodes=s.episodes, n_orders=s.orders,
-                                 seed=EVAL_SEED, progress=progress)
-        res["records"] = {kind: res[kind].pop("correct") for kind in ORDER_KINDS if kind in res}
+        res = evaluate_icl_instances(subject.model, subject.icl, n_instances=s.instances, n_queries=s.queries,
+                                     n_orders=s.orders, seed=EVAL_SEED, progress=progress)
+        res["records"] = {kind: {"instance_accuracy": res[kind].pop("instance_accuracy"),
+                                 "instance_spread": res[kind].pop("instance_spread")} for kind in ORDER_KINDS}
         return res
 
     def metrics(self, settings) -> list[Metric]:
@@ -49,10 +52,13 @@ class ICLTask(Task):
         out = []
         for kind in ORDER_KINDS:
             out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False,
-                              lambda r, k=kind: r[k]["mean"], per_example=lambda r, k=kind: _per_episode(r, k)))
+                              lambda r, k=kind: r[k]["mean"],
+                              per_example=lambda r, k=kind: r["records"][k]["instance_accuracy"]))
             # best - worst of a model at chance is sampling noise, not robustness: not compared then
-            out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders", True,
-                              lambda r, k=kind: r[k]["best_minus_worst"] if r[k]["above_chance"] else None))
+            out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders of one "
+                              "instance", True,
+                              lambda r, k=kind: r[k]["best_minus_worst"] if r[k]["above_chance"] else None,
+                              per_example=lambda r, k=kind: r["records"][k]["instance_spread"]))
         return out
 
     def report(self, ctx: ReportContext) -> str:
@@ -63,10 +69,11 @@ class ICLTask(Task):
             return head + f"Not run: {ctx.skipped(self.name)}.\n"
         r0, s = ctx.result(self.name), ctx.settings(self.name)
         task = r0["config"]["task"]
-        out = [head + f"A synthetic classification task whose label map is drawn per sequence ({task['n_classes']} "
-               f"classes, {task['n_demos']} demonstrations, chance {r0['chance']:.2f}). The same {s['episodes']} "
-               f"episodes are shown in {s['orders']} orders of each kind; best - worst is the spread of accuracy over "
-               "those orders (lower is more robust). Mean over seeds [95% CI]:\n",
+        out = [head + f"A synthetic classification task ({task['n_classes']} classes, {task['n_demos']} "
+               f"demonstrations, chance {r0['chance']:.2f}). {s['instances']} task instances, each one label map and "
+               f"one demonstration set shown in {s['orders']} orders of each kind (random, class-sorted, alternating "
+               f"by class) and scored on {s['queries']} queries; best - worst is the spread of accuracy over the "
+               "orders of one instance, averaged over instances (lower is more robust). Mean over seeds [95% CI]:\n",
                ctx.comparison_table(ctx.metric_keys(self.name))]
         runs = [(sd, a, k) for sd in ctx.seeds for a in ctx.arms for k in ORDER_KINDS]
         low = [f"{NAMES[a]} seed {sd} ({k})" for sd, a, k in runs
@@ -83,8 +90,8 @@ class ICLTask(Task):
         from ..eval.icl import ORDER_KINDS
 
         c = r["config"]
-        print(f"ICL order robustness: {c['n_episodes']} episodes, {c['n_orders']} orders per kind, chance "
-              f"{r['chance']:.2f}")
+        print(f"ICL order robustness: {c['n_instances']} instances x {c['n_queries']} queries, {c['n_orders']} "
+              f"orders per kind, chance {r['chance']:.2f}; best-worst: spread over the orders of one instance")
         for kind in (k for k in ORDER_KINDS if k in r):
             k = r[kind]
             line = (f"{kind:11}  mean accuracy {k['mean']:.3f}  best-worst {k['best_minus_worst']:.3f}  above chance: "
@@ -92,12 +99,6 @@ class ICLTask(Task):
             if not k["above_chance"]:
                 line += "  (not learned: best-worst is sampling noise, not robustness)"
             print(line)
-
-
-def _per_episode(r: dict, kind: str) -> list[float]:
-    """Each episode's accuracy over the orders (its mean over episodes is the kind's mean)."""
-    orders = r["records"][kind]
-    return [sum(col) / len(orders) for col in zip(*orders)]
 
 
 TASK = ICLTask()

@@ -10,10 +10,11 @@ from typing import Optional
 
 import torch
 
+from ..eval.lm import spread_windows
 from .base import Metric, Task, positive, setting
 from .reporting import SHORT, ReportContext
 
-DEFAULT_WINDOWS = 32
+DEFAULT_WINDOWS = 512
 
 
 @dataclass(frozen=True)
@@ -37,28 +38,6 @@ class LMSettings:
                                                  for f in self.extrapolation_factors):
             raise ValueError(f"LMSettings.extrapolation_factors: must be positive integers, got "
                              f"{self.extrapolation_factors!r}")
-
-
-def spread_windows(stream: torch.Tensor, seq_len: int, n: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Windows of ``seq_len`` predictions (``seq_len + 1`` tokens) from a 1-D stream.
-
-    ``n > 0``: ``n`` windows (fewer if the stream is short) with starts spread evenly over the
-    whole stream, no tail. ``n == 0``: consecutive windows sharing their boundary token, so every
-    token after the first is predicted exactly once, and the shorter ``tail`` window that is left
-    (``None`` if nothing is). Returns ``(windows (N, seq_len + 1), tail (1, m + 1) or None)``."""
-    L = stream.numel()
-    if n > 0:
-        if L < seq_len + 1:
-            raise ValueError(f"the held-out stream ({L} tokens) is shorter than one window of {seq_len + 1}")
-        last = L - seq_len - 1
-        count = min(n, last + 1)
-        starts = [round(i * last / max(count - 1, 1)) for i in range(count)] if count > 1 else [0]
-        return torch.stack([stream[s:s + seq_len + 1] for s in starts]), None
-    full = (L - 1) // seq_len
-    windows = stream[:full * seq_len + 1].unfold(0, seq_len + 1, seq_len) if full else \
-        stream.new_zeros((0, seq_len + 1))
-    rest = stream[full * seq_len:]
-    return windows, (rest[None] if rest.numel() >= 2 else None)
 
 
 def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
