@@ -7,6 +7,7 @@ Legend: ``B`` batch, ``T`` new tokens, ``S`` cached + new tokens, ``D`` model wi
 
 from __future__ import annotations
 
+import zlib
 from typing import Optional
 
 import torch
@@ -75,24 +76,44 @@ class Transformer(nn.Module):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"Transformer expects a ModelConfig, got {type(config).__name__}")
         self.config = config
+        base = self._draw_base()  # before any module draws from the global RNG (see reset_parameters)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight
-        self.reset_parameters()
+        self.reset_parameters(base)
 
-    def reset_parameters(self) -> None:
-        """Normal(0, init_std) linears and embeddings; unit norm gains; lambda ~ N(0, 0.1)."""
+    @staticmethod
+    def _draw_base() -> int:
+        # the CPU generator, also when the model is built under a meta device
+        return int(torch.randint(0, 2**62, (1,), device="cpu").item())
+
+    def reset_parameters(self, base: Optional[int] = None) -> None:
+        """Normal(0, init_std) linears and embeddings; unit norm gains; lambda ~ N(0, 0.1).
+
+        Paired initialisation: one number ``base`` is drawn from the global RNG (by the
+        constructor, before anything else draws), and every parameter is then drawn from its own
+        generator seeded by ``base`` and the parameter's name. So after ``torch.manual_seed(s)`` a
+        DIFF model and its baseline (or any other arm) hold identical values in every parameter with
+        the same name and shape (embeddings, projections, MLP, head), which takes initialisation
+        noise out of their paired difference."""
+        base = self._draw_base() if base is None else base
         std = self.config.init_std
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, mean=0.0, std=std)
-            elif isinstance(m, nn.RMSNorm) and m.weight is not None:
-                nn.init.ones_(m.weight)
-            elif isinstance(m, DiffAttention):
-                m.reset_lambda()
+        owners = {f"{n}.{k}" if n else k: m for n, m in self.named_modules()
+                  for k, _ in m.named_parameters(recurse=False)}
+        for name, p in self.named_parameters():
+            m = owners[name]
+            if p.is_meta:  # built to be loaded into (checkpoint loading): nothing to draw
+                continue
+            with torch.no_grad():
+                if isinstance(m, nn.RMSNorm):
+                    p.fill_(1.0)
+                    continue
+                sd = 0.1 if isinstance(m, DiffAttention) and name.rsplit(".", 1)[-1].startswith("lambda_") else std
+                g = torch.Generator().manual_seed((base + zlib.crc32(name.encode()) * 1_000_003) % 2**63)
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device="cpu").mul_(sd))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -178,3 +178,26 @@ def test_checkpoint_round_trip_and_errors(tmp_path, tie):
     (tmp_path / "ck" / "config.json").write_text(json.dumps({**cfg, "dim": 7}))
     with pytest.raises(CheckpointError, match="invalid model config"):
         load_model(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("other", ["baseline", "diff_v2", "standard"])
+def test_paired_initialisation(other):
+    """After the same torch.manual_seed, every same-named, same-shaped parameter of two arms starts
+    identical (initialisation noise leaves the paired difference); another seed changes them."""
+    from difftx.config import baseline_config
+
+    cfg = preset("tiny")
+    other_cfg = baseline_config(cfg) if other == "baseline" else cfg.replace(attention=other)
+    torch.manual_seed(5)
+    a = Transformer(cfg).state_dict()
+    torch.manual_seed(5)
+    b = Transformer(other_cfg).state_dict()
+    shared = [k for k in a if k in b and a[k].shape == b[k].shape]
+    assert len(shared) >= 3 + 7 * cfg.n_layers - 3  # embeddings, projections, MLP, norms, head
+    assert all(torch.equal(a[k], b[k]) for k in shared)
+    torch.manual_seed(6)
+    c = Transformer(cfg).state_dict()
+    assert not torch.equal(a["layers.0.attn.q_proj.weight"], c["layers.0.attn.q_proj.weight"])
+    w = a["layers.0.mlp.up_proj.weight"]
+    assert abs(float(w.std()) - cfg.init_std) < 0.1 * cfg.init_std and abs(float(w.mean())) < 0.1 * cfg.init_std
+    assert abs(float(a["layers.0.attn.lambda_q1"].std()) - 0.1) < 0.05
