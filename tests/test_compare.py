@@ -19,7 +19,7 @@ from difftx.tasks.training import first_learned_step
 FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "probe_every": 3, "probe_samples": 1,
         "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1), (2, 2)), "depths": (0.0, 1.0),
                              "heatmap_cell": (2, 2)},
-                  "attention": {"samples": 2, "cell": (2, 2)}, "lm": {"windows": 2}, "outliers": {"tokens": 64},
+                  "attention": {"samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0,)}, "lm": {"windows": 2}, "outliers": {"tokens": 64},
                   "quant": {"bits": (4,), "needle_samples": 1, "cell": (2, 2), "depths": (0.0, 1.0)},
                   "icl": {"instances": 2, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}}
 
@@ -62,7 +62,7 @@ def test_outputs_and_schema(smoke):
     # parameter-matched: equal up to lambda vectors and subln gains
     n_d, n_b = res["arms"]["diff"]["parameters"], res["arms"]["baseline"]["parameters"]
     assert 0 < n_d - n_b < 0.01 * n_b
-    for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_absolute", "outlier_logit_top1",
+    for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_1_1", "outlier_logit_top1",
                 "icl_random_accuracy", "icl_alternating_accuracy"):
         c = res["comparison"][key]
         assert c["paired"]["n"] == 2 and c["verdict"]
@@ -356,5 +356,8 @@ def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
     assert mean["gated"] is None and mean["examples_used"] == n_cell  # the 2/2 prompts are left out
     assert mean["diff"] == [1.0, 1.0] and mean["baseline"] == [0.5, 0.5]
     assert mean["family"] == "primary" and mean["paired"]["mean"] == pytest.approx(0.5)
+    # attention to the answer is compared where both models learned the cell (1/1 here), not at 2/2
+    assert C["attn_answer_1_1"]["gated"] is None
+    assert C["attn_answer_2_2"]["gated"] == "not learned by both models at this budget: not compared"
     explore = [c for c in C.values() if c["family"] == "exploratory" and c["gated"] is None]
     assert all(c["p_adjusted"] >= c["paired"]["p_value"] - 1e-12 for c in explore)

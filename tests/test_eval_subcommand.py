@@ -63,29 +63,31 @@ def test_cli_subcommands_are_the_registered_tasks(capsys):
 
 
 def test_attention_on_a_compare_model(models, tmp_path, capsys):
-    rc, res = _eval("attention", models["diff"], tmp_path)
+    rc, res = _eval("attention", models["diff"], tmp_path, "--depths", "0.25,0.75")
     assert rc == 0
     out = capsys.readouterr().out
-    a = res
-    assert (a["form"], a["cell"], a["depth"], a["n_samples"]) == ("synthetic", "4/2", 0.5, 3)
-    assert len(a["records"]["answer"]["absolute"]) == 3  # per prompt
+    assert (res["form"], res["depths"], res["samples_per_depth"]) == ("synthetic", [0.25, 0.75], 3)
+    assert list(res["cells"]) == ["1/1", "2/2", "4/2"] and res["dropped_cells"] == ["6/2"]  # the task has 4 needles
+    a = res["cells"]["4/2"]
+    assert len(a["records"]["answer"]["absolute"]) == len(a["records"]["correct"]) == 6  # per prompt, 2 depths x 3
+    assert a["accuracy"] == sum(a["records"]["correct"]) / 6
     assert len(a["layers"]) == 2 and set(a["summary"]) == {"signed", "absolute", "positive"}
     assert "answer" in a["best_head_row"]["roles"] and len(a["best_head_row"]["row"]) == NEEDLE.context_len
-    assert "3 synthetic needle prompts, cell 4/2" in out
+    assert "3 per depth at depths 0.25, 0.75" in out
     for layer in (0, 1):
         for v in ("absolute", "signed"):
             row = next(ln for ln in out.splitlines() if re.match(rf"\s+{layer}\s+{v}\s", ln))
             assert f"{a['layers'][layer]['answer_mean'][v]:.4f}" in row
-    assert f"mean over layers (absolute): answer {a['summary']['absolute']['answer']:.4f}" in out
-    # an explicit cell is used as given
-    rc, res = _eval("attention", models["diff"], tmp_path, "--cell", "2/1")
-    assert rc == 0 and res["cell"] == "2/1"
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("4/2"))
+    assert f"{a['summary']['absolute']['answer']:.4f}" in line
+    rc, res = _eval("attention", models["diff"], tmp_path, "--cells", "2/1")
+    assert rc == 0 and list(res["cells"]) == ["2/1"]
 
 
-@pytest.mark.parametrize("cell, message", [("5/2", "at most 4 needles"), ("3/3", "2 queried keys"),
-                                           ("4-2", "expected a needle cell N/R"), ("0/1", "1 <= R <= N")])
-def test_attention_refuses_an_impossible_cell(models, tmp_path, capsys, cell, message):
-    rc, _ = _eval("attention", models["diff"], tmp_path, "--cell", cell)
+@pytest.mark.parametrize("cells, message", [("5/2", "none of the cells"), ("3/3", "none of the cells"),
+                                            ("4-2", "expected a needle cell N/R"), ("0/1", "1 <= R <= N")])
+def test_attention_refuses_impossible_cells(models, tmp_path, capsys, cells, message):
+    rc, _ = _eval("attention", models["diff"], tmp_path, "--cells", cells)
     assert rc == 2
     assert message in capsys.readouterr().err
 
@@ -141,12 +143,12 @@ def test_attention_and_diagnostics_on_a_text_model(tmp_path, capsys):
     folder = save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=32)),
                         tmp_path / "text")
     args = ["--tokenizer", "byte", "--no-progress"]
-    assert main(["eval", "attention", str(folder), *args, "--samples", "2", "--context-len", "120",
-                 "--json", str(tmp_path / "a.json")]) == 0
+    assert main(["eval", "attention", str(folder), *args, "--samples", "2", "--context-len", "120", "--cells", "4/2",
+                 "--depths", "0.5", "--json", str(tmp_path / "a.json")]) == 0
     a = json.loads((tmp_path / "a.json").read_text())
-    assert (a["form"], a["cell"], a["n_samples"]) == ("text", "4/2", 2)
-    assert {"answer", "needle", "filler", "query"} <= set(a["rows"][0]["roles"])
-    assert "2 text needle prompts" in capsys.readouterr().out
+    assert a["form"] == "text" and a["cells"]["4/2"]["n_samples"] == 2 and a["cells"]["4/2"]["accuracy"] is None
+    assert {"answer", "needle", "filler", "query"} <= set(a["cells"]["4/2"]["rows"][0]["roles"])
+    assert "text needle prompts, 2 per depth" in capsys.readouterr().out
     assert main(["eval", "diagnostics", str(folder), *args, "--samples", "3", "--json", str(tmp_path / "d.json")]) == 0
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["lambda"] == [pytest.approx(float(load_model(folder).layers[0].attn.lambda_full().detach()))]

@@ -85,7 +85,7 @@ class ComparePreset:
         for n, r in self.grid:
             if not 1 <= r <= n <= self.max_needles:
                 raise _err("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
-        for name in ("attention", "quant", "diagnostics"):
+        for name in ("quant", "diagnostics"):
             cell = settings[name].cell
             if cell is not None and not (cell[1] <= cell[0] <= self.max_needles and cell[1] <= self.max_query):
                 raise _err(f"tasks.{name}.cell", f"{cell[0]}/{cell[1]} does not fit max_needles={self.max_needles} "
@@ -193,7 +193,8 @@ PRESETS: dict[str, ComparePreset] = {
         tasks={"needle": {"samples_per_cell": 2, "grid": ((1, 1), (2, 2), (4, 2)), "depths": (0.0, 1.0),
                           "heatmap_cell": (2, 2)},
                "lm": {"windows": 4, "extrapolation_factors": (1, 2), "extrapolation_windows": 2},
-               "attention": {"samples": 4, "cell": (2, 2)}, "outliers": {"tokens": 256},
+               "attention": {"samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0, 1.0)},
+               "outliers": {"tokens": 256},
                "quant": {"bits": (8, 3), "cell": (2, 2), "needle_samples": 2, "lm_windows": 2, "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
     # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
@@ -203,7 +204,7 @@ PRESETS: dict[str, ComparePreset] = {
         dim=64, n_layers=2, n_heads=2, context_len=64, steps=7500, batch_size=16, lr=3e-3, min_lr=3e-4,
         warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
         threads=1, workers=2,
-        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 50},
+        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 10},
                "lm": {"windows": 512, "extrapolation_windows": 32}, "outliers": {"tokens": 4096},
                "quant": {"needle_samples": 10}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
@@ -212,7 +213,7 @@ PRESETS: dict[str, ComparePreset] = {
         dim=768, n_layers=12, n_heads=6, context_len=1024, n_keys=512, n_filler=8192, steps=5000, batch_size=32,
         lr=6e-4, min_lr=6e-5, warmup_steps=300, lm_every=2, lm_seq_len=1024, icl_every=3, probe_every=250,
         probe_samples=20, device="auto",
-        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (256, 512, 1024)}, "attention": {"samples": 100},
+        tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (256, 512, 1024)}, "attention": {"samples": 20},
                "lm": {"windows": 512, "extrapolation_windows": 64}, "outliers": {"tokens": 65536},
                "quant": {"needle_samples": 50, "lm_windows": 64}}),
 }

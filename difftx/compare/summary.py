@@ -14,6 +14,7 @@ from ..tasks import TASKS
 
 ALPHA = 0.05
 NOT_LEARNED = "not learned by either model at this budget: not compared"
+NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
 
 
 def _value(get, result: dict):
@@ -59,18 +60,22 @@ def paired_comparisons(results: dict, settings: dict) -> dict:
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
             found.append((name, m, vals, ex if all(ex.values()) else None))
     # learning gates first: a metric with a floor is compared only where some arm's interval clears it
-    learned = {}
+    learned = {"any": {}, "all": {}}
     for _, m, vals, ex in found:
         if m.floor is not None:
             lows = [mean_interval(vals[a], None if ex is None else ex[a][0])[1] for a in ("diff", "baseline")]
-            learned[m.key] = any(lo is not None and lo > m.floor for lo in lows)
+            above = [lo is not None and lo > m.floor for lo in lows]
+            learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
     for name, m, vals, ex in found:
-        gated = None if learned.get(m.key, True) else NOT_LEARNED
+        gated = None if learned["any"].get(m.key, True) else NOT_LEARNED
+        missing = NOT_LEARNED if m.gate == "any" else NOT_LEARNED_BY_BOTH
+        if m.gated_by is not None and not learned[m.gate].get(m.gated_by, True):
+            gated = missing
         if ex is not None and gated is None:
-            keep = [learned.get(g, True) for g in ex["diff"][1]]
+            keep = [learned[m.gate].get(g, True) for g in ex["diff"][1]]
             if not any(keep):
-                gated = NOT_LEARNED
+                gated = missing
             elif not all(keep):  # leave out the examples of cells no model learned; re-derive the seed values
                 ex = {a: (ex[a][0][:, keep], [g for g, k in zip(ex[a][1], keep) if k]) for a in ex}
                 vals = {a: ex[a][0].mean(1).tolist() for a in ex}

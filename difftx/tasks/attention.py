@@ -1,15 +1,20 @@
 """Attention to the answer and attention noise (paper Table 3, Figure 1): at the position that
 emits the first answer token of needle prompts, the L1-normalised attention row's mass on the
-answer needle's value tokens and on filler tokens, per layer (head mean and best head)."""
+answer needle's value tokens and on filler tokens, per layer (head mean and best head).
+
+Measured on every needle cell at every depth (the paper's Table 3 reads it at five depths), on
+all prompts and on the prompts the model answered correctly. In a comparison each cell is
+compared only where both models learned it (its needle accuracy clears the copy floor), and the
+report leads with the hardest such cell: attention to the answer of a model that does not
+retrieve says nothing about noise cancellation."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-from .base import Metric, Task, parse_cell, positive, setting
-from .needle import probe_prompts
+from .base import EVAL_SEED, Metric, Task, parse_cells, positive, setting
+from .needle import fitting_cells
 from .reporting import NAMES, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
@@ -20,53 +25,124 @@ VARIANTS_REPORTED = ("absolute", "signed")
 
 @dataclass(frozen=True)
 class AttentionSettings:
-    samples: int = setting(50, "needle prompts probed (depth 0.5)")
-    cell: Optional[tuple] = setting(None, "needle cell N/R of the prompts (default 4/2, or the most the model's "
-                                          "needle task has)", parse_cell)
+    samples: int = setting(10, "needle prompts per cell and depth")
+    cells: tuple = setting(((1, 1), (2, 2), (4, 2), (6, 2)), "needle cells N/R (those the model's task cannot pose "
+                                                            "are left out)", parse_cells)
+    depths: tuple = setting((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the answer needle in [0, 1]")
     context_len: int = setting(256, "prompt tokens of the natural-language form (text models)")
 
     def __post_init__(self) -> None:
         positive(self, "samples", "context_len")
+        if not self.cells:
+            raise ValueError("AttentionSettings.cells: needs at least one N/R cell")
+        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise ValueError(f"AttentionSettings.depths: need depths in [0, 1], got {self.depths}")
+
+
+def _key(cell: str) -> str:
+    return cell.replace("/", "_")
+
+
+def _cell_prompts(subject, n: int, r: int, depths, samples: int, context_len: int):
+    """Prompts of one cell at every depth, and whether the model answers each correctly (``None``
+    for the natural-language form, whose answers are not scored here)."""
+    from ..eval.needle import greedy_decode, needle_samples, score_sample, text_needle_probes
+
+    if subject.needle is None:
+        tok = subject.tokenizer
+        probes = [p for d in depths
+                  for p in text_needle_probes(tok.encode, tok.decode, n, r, d, samples, context_len, seed=EVAL_SEED)]
+        return probes, None
+    task = subject.needle
+    probes = [p for d in depths for p in needle_samples(task, n, r, d, samples, seed=EVAL_SEED)]
+    gens = greedy_decode(subject.model, [p.prompt for p in probes], task.answer_len(r), stop_tokens=[task.EOS],
+                         pad_id=task.PAD)
+    return probes, [int(all(o == "correct" for o in score_sample(task, p, g))) for p, g in zip(probes, gens)]
 
 
 class AttentionTask(Task):
     name = "attention"
     title = "Attention to the answer and attention noise"
-    help = "attention mass on the answer needle and on filler at the first answer position, per layer"
+    help = "attention mass on the answer needle and on filler at the first answer position, per cell and layer"
     Settings = AttentionSettings
 
     def run(self, subject, s: AttentionSettings, *, progress: bool = False) -> dict:
         from ..eval.attention_noise import attention_report
 
-        probes, info = probe_prompts(subject, s.cell, s.samples, s.context_len)
-        res = attention_report(subject.model, probes)
-        res["records"] = res.pop("per_sample")
-        return {**info, **res}
-
-    def metrics(self, settings) -> list[Metric]:
-        out = []
-        for v in VARIANTS_REPORTED:
-            out.append(Metric(f"attn_answer_{v}", f"attention to answer ({v}, mean over heads and layers)", False,
-                              lambda r, v=v: r["summary"][v]["answer"],
-                              per_example=lambda r, v=v: r["records"]["answer"][v]))
-            out.append(Metric(f"attn_noise_{v}", f"attention noise ({v}, mean over heads and layers)", True,
-                              lambda r, v=v: r["summary"][v]["noise"],
-                              per_example=lambda r, v=v: r["records"]["noise"][v]))
+        cells = fitting_cells(subject, s.cells)
+        if not cells:
+            raise ValueError(f"none of the cells {s.cells} fits the model's needle task")
+        out: dict = {"form": "synthetic" if subject.needle is not None else "text", "depths": list(s.depths),
+                     "samples_per_depth": s.samples, "cells": {},
+                     "dropped_cells": [f"{n}/{r}" for n, r in s.cells if (n, r) not in cells]}
+        for n, r in cells:
+            probes, correct = _cell_prompts(subject, n, r, s.depths, s.samples, s.context_len)
+            res = attention_report(subject.model, probes)
+            rec = res.pop("per_sample")
+            res["records"] = {**rec, "correct": correct}
+            res["correct_only"] = None if not correct or not any(correct) else {
+                v: {part: sum(x for x, c in zip(rec[part][v], correct) if c) / sum(correct)
+                    for part in ("answer", "noise")} for v in VARIANTS_REPORTED}
+            res["accuracy"] = None if correct is None else sum(correct) / len(correct)
+            out["cells"][f"{n}/{r}"] = res
         return out
 
+    def metrics(self, s: AttentionSettings) -> list[Metric]:
+        out = []
+        for n, r in s.cells:
+            c, gate = f"{n}/{r}", f"needle_{n}_{r}"
+            for part, lower in (("answer", False), ("noise", True)):
+                what = "attention to answer" if part == "answer" else "attention noise"
+                out.append(Metric(f"attn_{part}_{_key(c)}", f"{what} at N/R={c} (absolute, mean over heads, layers "
+                                  "and depths)", lower,
+                                  lambda res, c=c, p=part: res["cells"][c]["summary"]["absolute"][p],
+                                  per_example=lambda res, c=c, p=part: res["cells"][c]["records"][p]["absolute"],
+                                  groups=lambda res, c=c, g=gate: [g] * len(res["cells"][c]["records"]["answer"]
+                                                                            ["absolute"]),
+                                  gate="all"))
+                out.append(Metric(f"attn_{part}_correct_{_key(c)}", f"{what} at N/R={c}, correctly answered prompts "
+                                  "only (absolute)", lower, lambda res, c=c, p=part: _correct_only(res, c, p),
+                                  gated_by=gate, gate="all"))
+        return out
+
+    def headline_cell(self, ctx: ReportContext) -> tuple[str, bool]:
+        """The hardest cell both models learned (``True``), else the easiest measured (``False``)."""
+        cells = list(ctx.result(self.name)["cells"])
+        learned = [c for c in cells if (ctx.comparison(f"attn_answer_{_key(c)}") or {}).get("gated") is None
+                   and ctx.comparison(f"attn_answer_{_key(c)}") is not None]
+        return (learned[-1], True) if learned else (cells[0], False)
+
     def report(self, ctx: ReportContext) -> str:
+        cell, learned = self.headline_cell(ctx)
         r0 = ctx.result(self.name)
-        out = [f"## {self.title} (N/R = {r0['cell']}, depth 50%, {r0['n_samples']} {r0['form']} prompts)\n",
-               "Each head's row at the first answer position divided by its L1 norm; answer = the answer needle's "
-               "value tokens, noise = filler tokens. DIFF rows are `A1 - lambda*A2` and may be negative, hence the "
-               "absolute and signed variants. Mean over seeds [95% CI]:\n",
-               ctx.comparison_table(ctx.metric_keys(self.name))]
-        out.append(table([[f"{part}, paper ({PAPER['scale']})", PAPER["baseline"][part], PAPER["diff"][part]]
-                          for part in ("answer", "noise")], ["", "baseline", "DIFF"]))
+        out = [f"## {self.title}\n",
+               f"At the position emitting the first answer token of {r0['samples_per_depth']} {r0['form']} prompts per "
+               f"depth ({', '.join(f'{round(d * 100)}%' for d in r0['depths'])}) in every needle cell; each head's row "
+               "divided by its L1 norm; answer = the answer needle's value tokens, noise = filler tokens. DIFF rows "
+               "are `A1 - lambda*A2` and may be negative (absolute and signed variants). A cell is compared only where "
+               "both models learned it.\n"]
+        out.append(f"**Headline cell: N/R = {cell}**" + (" (the hardest cell both models learned)." if learned else
+                                                      " (no cell was learned by both models: shown for reference, "
+                                                      "not compared)."))
+        rows = []
+        for a in ctx.arms:
+            c = ctx.result(self.name, a)["cells"][cell]
+            co = c.get("correct_only") or {}
+            rows.append([NAMES[a], fmt(c.get("accuracy"), 2)]
+                        + [fmt(c["summary"][v][p]) for v in VARIANTS_REPORTED for p in ("answer", "noise")]
+                        + [fmt(co.get("absolute", {}).get(p)) for p in ("answer", "noise")])
+        rows += [[f"{NAMES[a]}, paper ({PAPER['scale']})", "-", PAPER[a]["answer"], PAPER[a]["noise"], "-", "-",
+                  "-", "-"] for a in ctx.arms]
+        out.append(f"\nSeed {ctx.first}:\n")
+        out.append(table(rows, ["model", "accuracy", "answer (abs)", "noise (abs)", "answer (signed)",
+                                "noise (signed)", "answer, correct only", "noise, correct only"]))
+        out.append("Over seeds, every cell compared:\n")
+        compared = [k for k in ctx.metric_keys(self.name) if ctx.comparison(k) and not ctx.comparison(k)["gated"]]
+        out.append(ctx.comparison_table(compared) or "No cell was learned by both models.\n")
         rows = [[NAMES[a], str(lay["layer"]), fmt(lay["answer_mean"]["absolute"]), fmt(lay["answer_best"]["absolute"]),
                  fmt(lay["noise_mean"]["absolute"]), fmt(lay["noise_best"]["absolute"])]
-                for a in ctx.arms for lay in ctx.result(self.name, a)["layers"]]
-        out.append(f"Per layer (seed {ctx.first}, absolute variant):\n")
+                for a in ctx.arms for lay in ctx.result(self.name, a)["cells"][cell]["layers"]]
+        out.append(f"Per layer at N/R = {cell} (seed {ctx.first}, absolute variant):\n")
         out.append(table(rows, ["model", "layer", "answer, head mean", "answer, best head", "noise, head mean",
                                 "noise, best head"]))
         return "\n".join(out)
@@ -74,26 +150,41 @@ class AttentionTask(Task):
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
 
-        rows = {NAMES[a]: ctx.result(self.name, a)["rows"][0]["layers"][-1] for a in ctx.arms}
-        roles = ctx.result(self.name)["rows"][0]["roles"]
+        cell, _ = self.headline_cell(ctx)
+        rows = {NAMES[a]: ctx.result(self.name, a)["cells"][cell]["rows"][0]["layers"][-1] for a in ctx.arms}
+        roles = ctx.result(self.name)["cells"][cell]["rows"][0]["roles"]
         return {"attention to answer": P.plot_attention_to_answer(
             rows, roles, folder / "attention_to_answer.png",
-            title=f"First answer token, last layer, head mean (seed {ctx.first})")}
+            title=f"First answer token, N/R={cell}, last layer, head mean (seed {ctx.first})")}
 
     def print(self, a: dict) -> None:
-        print(f"attention at the first answer position: {a['n_samples']} {a['form']} needle prompts, cell {a['cell']}, "
-              f"answer needle at depth {a['depth']}; mass of the L1-normalised row (best head in brackets)")
+        print(f"attention at the first answer position: {a['form']} needle prompts, {a['samples_per_depth']} per depth "
+              f"at depths {', '.join(str(d) for d in a['depths'])}; mass of the L1-normalised row, mean over heads, "
+              "layers and prompts (absolute variant)")
+        print(f"{'cell':>5}  {'accuracy':>8}  {'answer':>7}  {'noise':>7}  {'answer, correct':>15}  "
+              f"{'noise, correct':>14}")
+        for cell, c in a["cells"].items():
+            co = (c.get("correct_only") or {}).get("absolute", {})
+            print(f"{cell:>5}  {fmt(c.get('accuracy'), 2):>8}  {c['summary']['absolute']['answer']:7.4f}  "
+                  f"{c['summary']['absolute']['noise']:7.4f}  {fmt(co.get('answer'), 4):>15}  "
+                  f"{fmt(co.get('noise'), 4):>14}")
+        cell = list(a["cells"])[-1]
+        print(f"per layer at N/R {cell} (best head in brackets):")
         print(f"{'layer':>5}  {'variant':8}  {'answer mean':>11}  {'best head':>13}  {'noise mean':>10}  "
               f"{'best head':>13}")
-        for lay in a["layers"]:
+        for lay in a["cells"][cell]["layers"]:
             for v in VARIANTS_REPORTED:
                 ans, noi = lay["answer_heads"][v], lay["noise_heads"][v]
                 print(f"{lay['layer']:>5}  {v:8}  {lay['answer_mean'][v]:11.4f}  "
                       f"{lay['answer_best'][v]:7.4f} (h{ans.index(max(ans))})  {lay['noise_mean'][v]:10.4f}  "
                       f"{lay['noise_best'][v]:7.4f} (h{noi.index(min(noi))})")
-        for v in VARIANTS_REPORTED:
-            sm = a["summary"][v]
-            print(f"mean over layers ({v}): answer {sm['answer']:.4f}  noise {sm['noise']:.4f}")
+        if a.get("dropped_cells"):
+            print(f"cells the model's task cannot pose (not run): {', '.join(a['dropped_cells'])}")
+
+
+def _correct_only(res: dict, cell: str, part: str):
+    co = res["cells"][cell]["correct_only"]
+    return None if co is None else co["absolute"][part]
 
 
 TASK = AttentionTask()

@@ -48,6 +48,11 @@ class Metric:
     # for each example, the key of the metric that gates it: examples of a gated-out metric (a cell
     # no model learned) are left out of this one
     groups: Optional[Callable[[dict], list[str]]] = None
+    # with groups: keep an example where "any" model learned its gating metric, or only where "all" did
+    # (attention to the answer is read where both models retrieve)
+    gate: str = "any"
+    # a metric without per-example values compared only where this metric (a needle cell) was learned
+    gated_by: Optional[str] = None
     # the value a model scores without having learned the task (e.g. 1/N for copying a random needle of
     # N): compared only where some model's interval lies above it
     floor: Optional[float] = None
