@@ -19,8 +19,9 @@ from difftx.tasks.training import first_learned_step
 FAST = {"steps": 6, "warmup_steps": 1, "log_every": 3, "probe_every": 3, "probe_samples": 1,
         "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1), (2, 2)), "depths": (0.0, 1.0),
                              "heatmap_cell": (2, 2)},
-                  "attention": {"samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0,)}, "lm": {"windows": 2}, "outliers": {"tokens": 64},
-                  "quant": {"bits": (4,), "needle_samples": 1, "cell": (2, 2), "depths": (0.0, 1.0)},
+                  "attention": {"samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0,)}, "lm": {"windows": 2},
+                  "outliers": {"tokens": 64},
+                  "quant": {"bits": (4,), "needle_samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0, 1.0)},
                   "icl": {"instances": 2, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}}
 
 

@@ -14,6 +14,7 @@ from difftx.eval.lm import (
     bytes_per_token,
     evaluate_lm,
     length_extrapolation,
+    spread_windows,
     summarize_nll,
     token_nll,
     windows_from_stream,
@@ -107,10 +108,22 @@ def test_length_extrapolation_on_tiny_model():
     assert len(out[4].nll_by_position) == 32 and out[4].n_tokens == 3 * 32
     assert "nll_beyond_train_len" in out[2].extra and "nll_beyond_train_len" not in out[1].extra
     # every factor is scored on the same text: a prefix of the longest windows equals a short window
-    short = evaluate_lm(model, windows_from_stream(stream, 32, 3)[:, :17])
+    short = evaluate_lm(model, spread_windows(stream, 32, 3)[0][:, :17])  # windows spread over the whole stream
     assert out[2].nll_by_position == pytest.approx(short.nll_by_position, abs=1e-5)
     assert out[1].extra["nll_within_train_len"] == out[4].extra["nll_within_train_len"]
     # an untrained model is near uniform at every length
     for r in out.values():
         assert abs(r.nll - math.log(64)) < 0.2
     assert binned([1, 2, 3, 4, 5, 6], 3) == pytest.approx([1.5, 3.5, 5.5])
+
+
+def test_spread_windows_cover_the_whole_stream():
+    s = torch.arange(101)
+    w, tail = spread_windows(s, 10, 3)
+    assert tail is None and w[:, 0].tolist() == [0, 45, 90] and w.shape == (3, 11)  # first, middle, last
+    w, tail = spread_windows(s, 10, 0)  # every token once: 10 windows of 10 predictions, no tail
+    assert w.shape == (10, 11) and tail is None and w[-1, -1] == 100
+    w, tail = spread_windows(torch.arange(25), 10, 0)
+    assert w.shape == (2, 11) and tail.tolist() == [[20, 21, 22, 23, 24]]  # 4 more predictions
+    with pytest.raises(ValueError, match="shorter than one window"):
+        spread_windows(torch.arange(5), 10, 2)

@@ -85,7 +85,7 @@ class ComparePreset:
         for n, r in self.grid:
             if not 1 <= r <= n <= self.max_needles:
                 raise _err("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
-        for name in ("quant", "diagnostics"):
+        for name in ("diagnostics",):
             cell = settings[name].cell
             if cell is not None and not (cell[1] <= cell[0] <= self.max_needles and cell[1] <= self.max_query):
                 raise _err(f"tasks.{name}.cell", f"{cell[0]}/{cell[1]} does not fit max_needles={self.max_needles} "
@@ -195,7 +195,8 @@ PRESETS: dict[str, ComparePreset] = {
                "lm": {"windows": 4, "extrapolation_factors": (1, 2), "extrapolation_windows": 2},
                "attention": {"samples": 1, "cells": ((1, 1), (2, 2)), "depths": (0.0, 1.0)},
                "outliers": {"tokens": 256},
-               "quant": {"bits": (8, 3), "cell": (2, 2), "needle_samples": 2, "lm_windows": 2, "depths": (0.0, 1.0)},
+               "quant": {"bits": (8, 3), "cells": ((1, 1), (2, 2)), "needle_samples": 1, "lm_windows": 2,
+                         "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
     # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
     "cpu": ComparePreset(
@@ -206,7 +207,7 @@ PRESETS: dict[str, ComparePreset] = {
         threads=1, workers=2,
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 10},
                "lm": {"windows": 512, "extrapolation_windows": 32}, "outliers": {"tokens": 4096},
-               "quant": {"needle_samples": 10}}),
+               "quant": {"needle_samples": 4}, "icl": {"instances": 40, "queries": 10, "orders": 4}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
     "gpu-small": ComparePreset(
         name="gpu-small", description="~100M parameters (untested here: no GPU on the development machine)",
@@ -215,7 +216,7 @@ PRESETS: dict[str, ComparePreset] = {
         probe_samples=20, device="auto",
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (256, 512, 1024)}, "attention": {"samples": 20},
                "lm": {"windows": 512, "extrapolation_windows": 64}, "outliers": {"tokens": 65536},
-               "quant": {"needle_samples": 50, "lm_windows": 64}}),
+               "quant": {"needle_samples": 20, "lm_windows": 64}}),
 }
 
 

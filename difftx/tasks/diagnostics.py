@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from .base import Task, parse_cell, positive, setting
-from .lm import spread_windows
+from ..eval.lm import spread_windows
 from .needle import probe_prompts
 from .reporting import ReportContext, fmt, table
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .base import Metric, Task, positive, setting
-from .lm import spread_windows
+from ..eval.lm import spread_windows
 from .needle import probe_prompts
 from .reporting import NAMES, SHORT, ReportContext, fmt, table
 
