@@ -18,7 +18,8 @@ from difftx.tasks.base import positive, setting
 
 FAST = {"steps": 4, "warmup_steps": 1, "log_every": 2, "probe_every": 0,
         "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1),), "depths": (0.5,), "heatmap_cell": (2, 2)},
-                  "attention": {"samples": 1, "cells": ((1, 1),), "depths": (0.5,)}, "lm": {"windows": 1, "extrapolation_factors": (1,)},
+                  "attention": {"samples": 1, "cells": ((1, 1),), "depths": (0.5,)},
+                  "lm": {"windows": 1, "extrapolation_factors": (1,)},
                   "outliers": {"tokens": 32}, "quant": {"bits": (4,), "needle_samples": 1, "cells": ((1, 1),),
                                                         "depths": (0.5,), "lm_windows": 1},
                   "icl": {"instances": 2, "queries": 1, "orders": 2}, "diagnostics": {"cell": (1, 1), "samples": 1}}}
