@@ -132,11 +132,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         notes: list[str] = []
         cfg = build_config(args, notes)
+        for note in notes if main_rank else ():
+            print(f"difftx train: note: {note}", file=sys.stderr)
         if args.print_config:
             print(cfg.to_json())
             return 0
-        for note in notes if main_rank else ():
-            print(f"difftx train: note: {note}", file=sys.stderr)
         result = train(cfg, resume=args.resume)
     except (CheckpointError, TrainingDivergedError) as e:
         print(f"difftx train: error: {e}", file=sys.stderr)
