@@ -239,3 +239,13 @@ def test_tensorboard_skip_is_said_once(tmp_path, capsys):
     MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()
     err = capsys.readouterr().err
     assert err.count("TensorBoard logging skipped") == 1 and "tensorboard=false" in err
+
+
+def test_a_text_too_short_for_one_validation_window_trains_without_validation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    text = _write_text(tmp_path / "short.txt", paragraphs=3)
+    assert main(["train", *FAST, "--set", "seq_len=64", "--data", str(text), "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "no validation: the held-out split has" in captured.err
+    assert captured.out.strip().splitlines()[-1].startswith("done: step 4/4")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +212,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if data is None:
         data = _prepare_data(config, tokenizer_spec, dist)
     tokenizer = data.tokenizer
+    val_store = data.val
+    if val_store is not None and config.eval_interval and len(val_store) <= config.seq_len:
+        if dist.is_main:  # rather than failing at the first validation pass
+            print(f"difftx train: note: no validation: the held-out split has {len(val_store)} tokens, fewer than "
+                  f"one window of seq_len+1={config.seq_len + 1}; give more text or a larger val_fraction",
+                  file=sys.stderr)
+        val_store = None
 
     # -- model ----------------------------------------------------------------------------------
     _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
@@ -384,12 +392,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 if lambdas:
                     post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
                 bar.set_postfix(post, refresh=False)
-            if config.eval_interval and (step % config.eval_interval == 0 or step == config.steps):
-                val = evaluate(model if is_sharded(bare) else bare, data.val, config, device, dtype, dist.world_size)
+            if config.eval_interval and val_store is not None and (step % config.eval_interval == 0
+                                                                   or step == config.steps):
+                val = evaluate(model if is_sharded(bare) else bare, val_store, config, device, dtype, dist.world_size)
                 if val is not None:
                     result.val_losses[step] = val
                     logger.log({"step": step, "val_loss": val,
-                                "val_tokens": val_tokens(data.val, config, dist.world_size)})
+                                "val_tokens": val_tokens(val_store, config, dist.world_size)})
                     if dist.is_main and config.progress:
                         bar.write(f"step {step}: val_loss {val:.4f}")
             if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step or stop_now:
