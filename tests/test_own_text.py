@@ -74,7 +74,7 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png"]) == 0
     table = capsys.readouterr().out
     print(table)
-    header, rule, diff_row, base_row = table.splitlines()[:4]
+    header, _rule, diff_row, base_row = table.splitlines()[:4]
     assert header.split()[:3] == ["run", "attention", "params"]
     assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
     assert " 6/6 " in diff_row and " 4/4 " in base_row

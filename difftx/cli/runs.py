@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.summary import LEGEND, format_table, plot_runs, summarize_run
 
     summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
-    print(format_table(summaries))
+    print(format_table(summaries, extra=extra_columns(args, summaries)))
     print(f"({LEGEND})")
     if args.plot:
         try:
@@ -34,3 +34,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {path}")
     return 0
+
+
+def extra_columns(args: argparse.Namespace, summaries: list) -> list:
+    """Columns measured beyond what the run folders record, appended to the table: the place
+    where the held-out NLL with its interval over windows (from the evaluation layer) joins.
+    Each is a ``difftx.training.summary.Column``; none yet."""
+    return []

@@ -202,7 +202,7 @@ def format_table(summaries: Sequence[RunSummary], columns: Sequence[Column] = DE
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
 
     def line(cells):
-        return "  ".join(f"{cell:{c.align}{w}}" for cell, c, w in zip(cells, cols, widths)).rstrip()
+        return "  ".join(f"{cell:{c.align}{w}}" for cell, c, w in zip(cells, cols, widths, strict=True)).rstrip()
 
     return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
 
