@@ -249,3 +249,14 @@ def test_a_text_too_short_for_one_validation_window_trains_without_validation(tm
     captured = capsys.readouterr()
     assert "no validation: the held-out split has" in captured.err
     assert captured.out.strip().splitlines()[-1].startswith("done: step 4/4")
+
+
+def test_runs_says_when_runs_were_trained_on_different_data(tmp_path, capsys):
+    from difftx.training.summary import comparability_notes, summarize_run
+
+    a = summarize_run(_fake_run(tmp_path))
+    (tmp_path / "other").mkdir()
+    b = summarize_run(_fake_run(tmp_path / "other"))
+    assert comparability_notes([a, a]) == []
+    notes = comparability_notes([a, b])
+    assert len(notes) == 1 and "differ in data" in notes[0]

@@ -21,11 +21,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.summary import LEGEND, format_table, plot_runs, summarize_run
+    from ..training.summary import LEGEND, comparability_notes, format_table, plot_runs, summarize_run
 
     summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
     print(format_table(summaries, extra=extra_columns(args, summaries)))
     print(f"({LEGEND})")
+    for note in comparability_notes(summaries):
+        print(f"note: {note}")
     if args.plot:
         try:
             path = plot_runs(summaries, args.plot)

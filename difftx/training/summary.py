@@ -207,6 +207,20 @@ def format_table(summaries: Sequence[RunSummary], columns: Sequence[Column] = DE
     return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
 
 
+def comparability_notes(summaries: Sequence[RunSummary]) -> list[str]:
+    """Sentences naming what differs between the runs' data (source, tokenizer, validation size):
+    their losses are then not on the same footing."""
+    notes = []
+    for what, get in (("data", lambda s: os.path.normpath(s.data_source) if s.data_source else "the bundled corpus"),
+                      ("tokenizer", lambda s: os.path.normpath(s.tokenizer) if s.tokenizer else "byte"),
+                      ("validation tokens per pass", lambda s: s.val_tokens)):
+        values = {s.label: get(s) for s in summaries}
+        if len(set(map(str, values.values()))) > 1:
+            listed = ", ".join(f"{k}: {v}" for k, v in values.items())
+            notes.append(f"the runs differ in {what} ({listed}); their losses are not directly comparable")
+    return notes
+
+
 LEGEND = ("losses are mean next-token NLL in nats on the run's own data (validation: its held-out split, "
           "`val tokens` per pass), @ the step; tokens/s: tokens seen / time in training steps over the whole run")
 
