@@ -112,14 +112,16 @@ def test_resume_alone_restores_the_saved_config(tmp_path, capsys):
                  "--set", "log_interval=1", "--set", "device=cpu", "--set", "tensorboard=false"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["steps"] == 20 and got["log_interval"] == 1 and got["data_source"] == saved.data_source
-    # the same data named again is no change
-    assert main(["train", "--out", str(run), "--resume", "--print-config", "--data", saved.data_source]) == 0
+    # the same data (however spelled) and the default tokenizer named again are no change
+    assert main(["train", "--out", str(run), "--resume", "--print-config", "--data", saved.data_source + "/",
+                 "--tokenizer", "byte"]) == 0
+    assert TrainConfig.from_dict(json.loads(capsys.readouterr().out)) == saved  # the saved spelling is kept
 
 
 @pytest.mark.parametrize("flags, field", [
     (["--set", "lr=0.5"], "lr"),
     (["--data", "OTHER"], "data_source"),
-    (["--tokenizer", "byte"], "tokenizer"),
+    (["--tokenizer", "OTHER"], "tokenizer"),
     (["--set", "steps=5"], "steps"),
     (["--attention", "diff"], "model_overrides"),
     (["--set", "seq_len=16"], "seq_len"),

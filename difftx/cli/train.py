@@ -113,7 +113,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["model_overrides"] = overrides
     cfg = cfg.replace(**changes) if changes else cfg
     if saved is not None:
-        check_resume_changes(saved, cfg, str(saved_path))
+        cfg = check_resume_changes(saved, cfg, str(saved_path))
     return cfg
 
 

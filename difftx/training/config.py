@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -352,11 +353,23 @@ RESUME_MAY_CHANGE = ("out_dir", "device", "dtype", "compile", "parallel", "batch
                      "cache_dir", "log_interval", "eval_interval", "ckpt_interval", "keep_last", "steps")
 
 
-def check_resume_changes(saved: TrainConfig, new: TrainConfig, where: str = "the run's train_config.json") -> None:
-    """``ValueError`` naming every field in which ``new`` differs from the ``saved`` config of the
-    run it resumes, except :data:`RESUME_MAY_CHANGE` (and ``steps`` only upwards)."""
+def check_resume_changes(saved: TrainConfig, new: TrainConfig,
+                         where: str = "the run's train_config.json") -> TrainConfig:
+    """``new``, with the saved spelling of paths that name the same thing (``tok/`` for ``tok``, an
+    unset tokenizer for ``byte``); ``ValueError`` naming every field in which it differs from the
+    ``saved`` config of the run it resumes, except :data:`RESUME_MAY_CHANGE` (``steps`` only
+    upwards)."""
     a, b = saved.to_dict(), new.to_dict()
-    refused = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k not in RESUME_MAY_CHANGE}
+
+    def same(k: str) -> bool:  # paths spelled differently ("tok/", "./tok") and byte == the default are the same
+        x, y = a[k], b[k]
+        if k == "tokenizer" and a["init_from"] is None and b["init_from"] is None:
+            x, y = x or "byte", y or "byte"
+        if k in ("data_source", "tokenizer", "init_from") and isinstance(x, str) and isinstance(y, str):
+            x, y = os.path.normpath(x), os.path.normpath(y)
+        return x == y
+
+    refused = {k: (a[k], b[k]) for k in a if not same(k) and k not in RESUME_MAY_CHANGE}
     if b["steps"] < a["steps"]:
         refused["steps"] = (a["steps"], b["steps"])
     if refused:
@@ -365,6 +378,8 @@ def check_resume_changes(saved: TrainConfig, new: TrainConfig, where: str = "the
                          f"{sorted(refused)} ({listed}). A resume may change only {', '.join(RESUME_MAY_CHANGE[1:-1])} "
                          f"and raise steps; to change anything else, start a new run from this one "
                          f"(--out NEW --init-from RUN)")
+    kept = {k: a[k] for k in ("data_source", "tokenizer", "init_from") if a[k] != b[k]}  # same(k) by now
+    return new.replace(**kept) if kept else new
 
 
 # -- presets ------------------------------------------------------------------------------------
