@@ -28,14 +28,25 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 
+def umask_mode(folder: bool = False) -> int:
+    """The mode a plain ``open`` / ``mkdir`` would give under the process's umask (``0o666`` /
+    ``0o777`` less the umask). ``tempfile`` creates owner-only files and folders; the atomic
+    writers chmod their results to this so colleagues can read checkpoints as the umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
 def atomic_write(path: PathLike, write) -> None:
-    """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file."""
+    """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file. The
+    file gets the permissions the umask allows (:func:`umask_mode`), not ``tempfile``'s 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, umask_mode())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -23,9 +23,11 @@ def register(sub) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from ..data.tokenizer import TOKENIZER_FILE, train_bpe
 
     tok = train_bpe(args.input, vocab_size=args.vocab_size, out_dir=args.out, text_field=args.text_field,
                     min_frequency=args.min_frequency)
-    print(f"wrote {args.out}/{TOKENIZER_FILE}: vocab_size={tok.vocab_size} eos_id={tok.eos_id} name={tok.name}")
+    print(f"wrote {Path(args.out) / TOKENIZER_FILE}: vocab_size={tok.vocab_size} eos_id={tok.eos_id} name={tok.name}")
     return 0

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def strict_unknown_flags(parser: argparse.ArgumentParser) -> None:
+    """Make an unrecognised flag of this subcommand an error of ``parser`` itself, which prints
+    the subcommand's usage (argparse otherwise reports it with the top-level usage)."""
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        ns, extra = parse_known(args, namespace)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns, extra
+
+    parser.parse_known_args = parse_known_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a DIFF model or its baseline (resumable; torchrun for many GPUs)",
                        description="Train with a preset and/or a YAML/JSON config file plus KEY=VALUE overrides "
-                                   "(precedence: preset < file < --set < flags). Under torchrun every process "
-                                   "runs this command. See docs/training.md.")
+                                   "(precedence: preset < file < --set < flags). --resume continues the run in "
+                                   "--out with its saved train_config.json. Under torchrun every process runs "
+                                   "this command. See docs/training.md.")
     p.add_argument("--config", help="YAML or JSON training config file")
     p.add_argument("--preset", help="training preset (default: the file's 'preset' key, else 'tiny'); "
                                     "see --list-presets")
@@ -17,7 +33,15 @@ def register(sub) -> None:
                    help="override a field, dotted for nested ones (e.g. --set lr=3e-4 "
                         "--set model_overrides.dim=128); repeatable")
     p.add_argument("--out", help="output folder (out_dir)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output folder")
+    p.add_argument("--data", metavar="PATH",
+                   help="training text: a text file, a folder of them or a JSONL file (data_source; "
+                        "default: the bundled corpus); a part of it is held out for validation (val_fraction)")
+    p.add_argument("--tokenizer", metavar="PATH|byte",
+                   help="'byte', or a tokenizer.json / folder from `difftx tokenizer train` (default: byte)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (progress=false)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its latest checkpoint, with its saved train_config.json "
+                        "(flags may change only execution settings and raise steps)")
     p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
     p.add_argument("--attention", choices=["diff", "diff_v2", "standard"],
                    help="attention kind of the model (same n_heads; --baseline gives the parameter-matched one)")
@@ -26,19 +50,58 @@ def register(sub) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--list-presets", action="store_true", help="list training presets and exit")
     p.set_defaults(func=run)
+    strict_unknown_flags(p)
 
 
-def build_config(args: argparse.Namespace):
-    """The TrainConfig the command line describes."""
+def saved_run_config(out_dir):
+    """The TrainConfig a run folder was trained with (``OUT/train_config.json``, else its latest
+    checkpoint's copy), or ``None`` for a folder that holds no run yet."""
+    from pathlib import Path
+
+    from ..training import checkpointing as ckpt
+    from ..training.config import TrainConfig, read_config_file
+
+    out = Path(out_dir)
+    path = out / ckpt.TRAIN_CONFIG_NAME
+    latest = ckpt.latest_checkpoint(out) if ckpt.checkpoints_dir(out).is_dir() else None  # a bad pointer: named
+    if not path.is_file():
+        if latest is None or not (latest / ckpt.TRAIN_CONFIG_NAME).is_file():
+            return None, None
+        path = latest / ckpt.TRAIN_CONFIG_NAME
+    try:
+        return TrainConfig.from_dict(read_config_file(path)), path
+    except ValueError as e:
+        raise ValueError(f"{path}: cannot read the run's saved config ({e})") from e
+
+
+def build_config(args: argparse.Namespace, notes: list | None = None):
+    """The TrainConfig the command line describes. With ``--resume`` and a run already in the
+    output folder: that run's saved config, changed only by what the flags say, and only where a
+    resume allows it (``ValueError`` naming the fields otherwise)."""
     from ..config import baseline_config
-    from ..training.config import load_train_config
+    from ..training.config import check_resume_changes, load_train_config
 
-    cfg = load_train_config(args.config, args.overrides, args.preset)
+    saved, saved_path = None, None
+    if getattr(args, "resume", False):
+        out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
+        saved, saved_path = saved_run_config(out_dir)
+    if saved is None or args.preset or args.config:
+        # a new run; or a resume whose command names its preset / file (a preemptible job re-running
+        # the command that started the run): built as a new run, then checked against the saved config
+        cfg = load_train_config(args.config, args.overrides, args.preset, notes=notes)
+    else:  # `--resume` alone: the saved config, with what the flags below change
+        cfg = saved.with_overrides(args.overrides) if args.overrides else saved
     changes = {}
     if args.out:
         changes["out_dir"] = args.out
     if args.init_from:
         changes["init_from"] = args.init_from
+    if getattr(args, "data", None):
+        changes["data_source"] = args.data
+    if getattr(args, "tokenizer", None):
+        changes["tokenizer"] = args.tokenizer
+    if getattr(args, "no_progress", False):
+        changes["progress"] = False
     if args.attention or args.baseline:
         overrides = dict(cfg.model_overrides)
         if args.attention:
@@ -48,12 +111,13 @@ def build_config(args: argparse.Namespace):
             overrides.update(attention=base.attention, n_heads=base.n_heads, n_kv_heads=base.n_kv_heads,
                              lambda_init=None, use_subln=True)
         changes["model_overrides"] = overrides
-    return cfg.replace(**changes) if changes else cfg
+    cfg = cfg.replace(**changes) if changes else cfg
+    if saved is not None:
+        cfg = check_resume_changes(saved, cfg, str(saved_path))
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from ..checkpoint import CheckpointError
     from ..training import TRAIN_PRESETS, TrainingDivergedError, train
 
@@ -62,21 +126,39 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:10s} model={c.model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
                   f"steps={c.steps} lr={c.lr:g} device={c.device} dtype={c.dtype}")
         return 0
-    cfg = build_config(args)
-    if args.print_config:
-        print(cfg.to_json())
-        return 0
+    import os
+
+    main_rank = int(os.environ.get("RANK", "0")) == 0
     try:
+        notes: list[str] = []
+        cfg = build_config(args, notes)
+        for note in notes if main_rank else ():
+            print(f"difftx train: note: {note}", file=sys.stderr)
+        if args.print_config:
+            print(cfg.to_json())
+            return 0
         result = train(cfg, resume=args.resume)
     except (CheckpointError, TrainingDivergedError) as e:
         print(f"difftx train: error: {e}", file=sys.stderr)
         return 1
-    import os
-
-    if int(os.environ.get("RANK", "0")) == 0:
-        val = result.val_losses[max(result.val_losses)] if result.val_losses else None
-        loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
-        print(f"done: step {result.step}, train loss {loss}"
-              + (f", val loss {val:.4f}" if val is not None else "")
-              + f", {result.tokens_seen:,} tokens in {result.elapsed_s:.1f}s; checkpoint {result.last_checkpoint}")
+    if main_rank:
+        print(done_line(result))
     return 0
+
+
+def done_line(result) -> str:
+    """The closing line of ``difftx train``: the run's summary (the whole run, after a resume too)."""
+    from ..training.summary import summarize_run
+
+    loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
+    s = summarize_run(result.out_dir)
+    parts = [f"done: step {result.step}/{s.steps_total}, train loss {loss}"]
+    if s.final_val is not None:
+        parts.append(f"val loss {s.final_val[1]:.4f} (best {s.best_val[1]:.4f} at step {s.best_val[0]})")
+    if s.val_tokens:
+        parts.append(f"validation {s.val_tokens:,} tokens per pass")
+    rate = f" ({s.tokens_per_s:,.0f} tokens/s over the run's {s.train_time_s:.1f}s of training)" \
+        if s.tokens_per_s else ""
+    parts.append(f"{result.tokens_seen:,} tokens seen{rate}")
+    parts.append(f"checkpoint {result.last_checkpoint}")
+    return ", ".join(parts)

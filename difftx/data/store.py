@@ -435,6 +435,9 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
         _remove_stale_builds(root, key)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
         try:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's folder is owner-only: a shared cache should be readable
             _build(tmp, sources, tok, rule, text_field, key, progress)
             try:
                 os.replace(tmp, entry)  # atomic; fails if another process finished first

@@ -55,6 +55,9 @@ def _atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's file is owner-only: give what a plain open would
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -37,7 +37,7 @@ import torch
 
 from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_weights_fit, load_config, load_state,
-    read_json, save_model,
+    read_json, save_model, umask_mode,
 )
 from ..config import ModelConfig
 from ..model import Transformer
@@ -158,6 +158,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
         raise CheckpointError(f"{final}: a checkpoint for step {step} already exists; refusing to overwrite it")
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
     try:
+        os.chmod(tmp, umask_mode(folder=True))  # mkdtemp makes it owner-only
         _save_weights(model_state, model_config, tmp)
         atomic_write(tmp / OPTIM_NAME, lambda p: torch.save(optim_state, p))
         _write_json(tmp / STATE_NAME, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -125,7 +126,8 @@ class TrainConfig:
             if not _is_int(v) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
         if self.warmup_steps > self.steps:
-            raise _err("warmup_steps", f"{self.warmup_steps} must not exceed steps={self.steps}")
+            raise _err("warmup_steps", f"warmup_steps={self.warmup_steps} must not exceed steps={self.steps} "
+                                       f"(lower warmup_steps, or raise steps)")
         # floats
         if not _is_num(self.lr) or self.lr <= 0:
             raise _err("lr", f"must be a positive number, got {self.lr!r}")
@@ -295,10 +297,14 @@ def read_config_file(path: Union[str, Path]) -> dict:
 
 
 def load_train_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None,
-                      preset_name: Optional[str] = None) -> TrainConfig:
+                      preset_name: Optional[str] = None, *, notes: Optional[list[str]] = None) -> TrainConfig:
     """Preset (``preset_name``, default ``tiny``), then the file's fields, then ``overrides``.
 
     A file may name its base preset with a top-level ``preset:`` key. Errors name the file.
+
+    ``notes``: when given, a ``warmup_steps`` inherited from the preset or file that exceeds the
+    ``steps`` of the overrides is scaled down (see :func:`fit_warmup`) and a sentence saying so is
+    appended; without it (and for a ``warmup_steps`` set in ``overrides``) that is an error.
     """
     data: dict = {}
     if path is not None:
@@ -310,7 +316,70 @@ def load_train_config(path: Optional[Union[str, Path]] = None, overrides: Option
         cfg = TrainConfig.from_dict({**base.to_dict(), **data}) if data else base
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    return cfg.with_overrides(overrides) if overrides else cfg
+    if not overrides:
+        return cfg
+    if notes is not None:
+        return fit_warmup(cfg, overrides, notes)
+    return cfg.with_overrides(overrides)
+
+
+def fit_warmup(cfg: TrainConfig, overrides: list[str], notes: list[str]) -> TrainConfig:
+    """``cfg.with_overrides(overrides)``, except that a ``warmup_steps`` the overrides leave alone
+    and that now exceeds ``steps`` is scaled to the same fraction of the schedule it had in
+    ``cfg`` (e.g. the ``tiny`` preset's 100 of 2000 steps, 5%, becomes 2 of 40), with a note.
+    A ``warmup_steps`` set in the overrides themselves is never changed: exceeding ``steps``
+    is then an error naming both values."""
+    data = cfg.to_dict()
+    explicit = False
+    for key, value in (_split_override(o) for o in overrides):
+        set_dotted(data, key, parse_value(value))
+        explicit = explicit or key.strip() == "warmup_steps"
+    steps, warmup = data.get("steps"), data.get("warmup_steps")
+    if (not explicit and _is_int(steps) and _is_int(warmup) and 0 < steps < warmup
+            and data.get("warmup_steps") == cfg.warmup_steps):
+        scaled = min(steps, int(round(cfg.warmup_steps * steps / cfg.steps)))
+        data["warmup_steps"] = scaled
+        notes.append(f"warmup_steps={warmup} (from the preset or config file) exceeds steps={steps}: scaled to "
+                     f"{scaled}, the same {cfg.warmup_steps / cfg.steps:.0%} of the schedule; set "
+                     f"--set warmup_steps=N to choose")
+    return TrainConfig.from_dict(data)
+
+
+# Fields that ``difftx train --resume`` may change from the run's saved train_config.json: they
+# decide where and how the run executes and what it logs, not what it computes (``batch_size``
+# only with another number of processes and the same global batch, which the trainer checks).
+# ``steps`` may be raised: the run then continues longer (its decay follows the new length).
+RESUME_MAY_CHANGE = ("out_dir", "device", "dtype", "compile", "parallel", "batch_size", "progress", "tensorboard",
+                     "cache_dir", "log_interval", "eval_interval", "ckpt_interval", "keep_last", "steps")
+
+
+def check_resume_changes(saved: TrainConfig, new: TrainConfig,
+                         where: str = "the run's train_config.json") -> TrainConfig:
+    """``new``, with the saved spelling of paths that name the same thing (``tok/`` for ``tok``, an
+    unset tokenizer for ``byte``); ``ValueError`` naming every field in which it differs from the
+    ``saved`` config of the run it resumes, except :data:`RESUME_MAY_CHANGE` (``steps`` only
+    upwards)."""
+    a, b = saved.to_dict(), new.to_dict()
+
+    def same(k: str) -> bool:  # paths spelled differently ("tok/", "./tok") and byte == the default are the same
+        x, y = a[k], b[k]
+        if k == "tokenizer" and a["init_from"] is None and b["init_from"] is None:
+            x, y = x or "byte", y or "byte"
+        if k in ("data_source", "tokenizer", "init_from") and isinstance(x, str) and isinstance(y, str):
+            x, y = os.path.normpath(x), os.path.normpath(y)
+        return x == y
+
+    refused = {k: (a[k], b[k]) for k in a if not same(k) and k not in RESUME_MAY_CHANGE}
+    if b["steps"] < a["steps"]:
+        refused["steps"] = (a["steps"], b["steps"])
+    if refused:
+        listed = "; ".join(f"{k}: saved {v[0]!r}, asked {v[1]!r}" for k, v in sorted(refused.items()))
+        raise ValueError(f"--resume continues the run as {where} describes it, and cannot change "
+                         f"{sorted(refused)} ({listed}). A resume may change only {', '.join(RESUME_MAY_CHANGE[1:-1])} "
+                         f"and raise steps; to change anything else, start a new run from this one "
+                         f"(--out NEW --init-from RUN)")
+    kept = {k: a[k] for k in ("data_source", "tokenizer", "init_from") if a[k] != b[k]}  # same(k) by now
+    return new.replace(**kept) if kept else new
 
 
 # -- presets ------------------------------------------------------------------------------------

@@ -70,8 +70,12 @@ class MetricsLogger:
         if tensorboard_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard not installed: JSONL only
-                pass
+            except ImportError:  # tensorboard not installed: JSONL only, said once per run
+                import sys
+
+                print("difftx train: note: TensorBoard logging skipped (tensorboard is not installed: pip install "
+                      "tensorboard, or difftx[train]); metrics.jsonl has every record; --set tensorboard=false "
+                      "turns this note off", file=sys.stderr)
             else:
                 self._tb = SummaryWriter(str(tensorboard_dir))
 

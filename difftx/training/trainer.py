@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class TrainResult:
     elapsed_s: float = 0.0
     resumed_from: Optional[int] = None
     stopped_by: Optional[str] = None  # the signal (SIGTERM, SIGUSR1) that ended the run early
+    train_time_s: float = 0.0  # time in training steps (not validation, checkpoints), the whole run's after a resume
 
     @property
     def final_loss(self) -> Optional[float]:
@@ -84,7 +86,7 @@ def _prepare_data(config: TrainConfig, tokenizer_spec: str, dist: DistInfo):
     from ..data import prepare_data
 
     kwargs = {"source": config.data_source, "tokenizer": tokenizer_spec, "cache_dir": config.cache_dir,
-              "val_fraction": config.val_fraction, "text_field": config.text_field}
+              "val_fraction": config.val_fraction, "text_field": config.text_field, "progress": config.progress}
     if not dist.distributed:
         return prepare_data(**kwargs)
     data, failure = None, None
@@ -133,6 +135,14 @@ def evaluate(model: nn.Module, store, config: TrainConfig, device: torch.device,
     finally:
         model.train(was)
     return total / rows if rows else None
+
+
+def val_tokens(store, config: TrainConfig, world_size: int = 1) -> int:
+    """Tokens one validation pass of :func:`evaluate` scores (predicted positions)."""
+    if store is None:
+        return 0
+    windows = max(0, (len(store) - 1) // config.seq_len)
+    return min(windows, config.eval_batches * config.batch_size * world_size) * config.seq_len
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
@@ -202,6 +212,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if data is None:
         data = _prepare_data(config, tokenizer_spec, dist)
     tokenizer = data.tokenizer
+    val_store = data.val
+    if val_store is not None and config.eval_interval and len(val_store) <= config.seq_len:
+        if dist.is_main:  # rather than failing at the first validation pass
+            print(f"difftx train: note: no validation: the held-out split has {len(val_store)} tokens, fewer than "
+                  f"one window of seq_len+1={config.seq_len + 1}; give more text or a larger val_fraction",
+                  file=sys.stderr)
+        val_store = None
 
     # -- model ----------------------------------------------------------------------------------
     _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
@@ -230,7 +247,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
 
     # -- resume ---------------------------------------------------------------------------------
-    start_step, tokens_seen, loader_states, rng_states = 0, 0, None, None
+    start_step, tokens_seen, loader_states, rng_states, train_time = 0, 0, None, None, 0.0
     train_dict = config.to_dict()
     if resume_dir is not None:
         state, model_sd, optim_sd, failure = None, {}, {}, None
@@ -253,6 +270,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{resume_dir / ckpt.OPTIM_NAME}: does not fit this model/optimizer ({e})") from e
         start_step, tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
+        train_time = state.get("train_time_s")  # None: written by a difftx that did not record it
         loader_states, rng_states = state["loaders"], state["rng"]
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
@@ -289,6 +307,8 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         failure: Optional[BaseException] = None
         if dist.is_main:
             state = {"step": step, "tokens_seen": result.tokens_seen, "world_size": dist.world_size,
+                     "train_time_s": None if train_time is None else train_time + result.train_time_s,
+                     "val_split_tokens": len(data.val) if data.val is not None else 0,
                      "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(tokenizer),
                      "scaler": scaler.state_dict() if scaler is not None else None}
             try:
@@ -319,6 +339,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     model.train()
     try:
         for step in range(start_step + 1, end_step + 1):
+            t_step = time.perf_counter()
             lr = lr_at(step, config)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -358,6 +379,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
             result.step, result.tokens_seen = step, result.tokens_seen + tokens_per_step
             result.losses[step] = loss_val
             tokens_at_log += tokens_per_step
+            result.train_time_s += time.perf_counter() - t_step
 
             if step % config.log_interval == 0 or step == end_step:
                 lambdas = lambda_per_layer(bare)  # collective under FSDP2
@@ -370,11 +392,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 if lambdas:
                     post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
                 bar.set_postfix(post, refresh=False)
-            if config.eval_interval and (step % config.eval_interval == 0 or step == config.steps):
-                val = evaluate(model if is_sharded(bare) else bare, data.val, config, device, dtype, dist.world_size)
+            if config.eval_interval and val_store is not None and (step % config.eval_interval == 0
+                                                                   or step == config.steps):
+                val = evaluate(model if is_sharded(bare) else bare, val_store, config, device, dtype, dist.world_size)
                 if val is not None:
                     result.val_losses[step] = val
-                    logger.log({"step": step, "val_loss": val})
+                    logger.log({"step": step, "val_loss": val,
+                                "val_tokens": val_tokens(val_store, config, dist.world_size)})
                     if dist.is_main and config.progress:
                         bar.write(f"step {step}: val_loss {val:.4f}")
             if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step or stop_now:
@@ -391,6 +415,8 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         bar.close()
         logger.close()
     result.elapsed_s = time.perf_counter() - t_start
+    if train_time is not None:
+        result.train_time_s += train_time
     return result
 
 

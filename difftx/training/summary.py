@@ -1,0 +1,264 @@
+"""What a training run did, read back from its folder: the summary behind ``difftx train``'s
+closing ``done:`` line and ``difftx runs`` (runs side by side, and their curves).
+
+Everything comes from the files a run writes (``train_config.json``, ``metrics.jsonl``, the
+latest checkpoint's ``config.json`` and ``trainer_state.json``); nothing is recomputed, so a
+summary is cheap and works on a finished, interrupted or still-running run.
+
+The table is a list of :class:`Column`: a header and a function of a :class:`RunSummary`. Other
+measurements (a held-out NLL with its interval, say) join it by passing more columns to
+:func:`format_table`, or by storing values in ``RunSummary.extra`` and adding a column that
+reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from ..checkpoint import CONFIG_NAME, CheckpointError, load_config
+from . import checkpointing as ckpt
+
+PathLike = Union[str, os.PathLike]
+METRICS_NAME = "metrics.jsonl"
+
+
+@dataclass
+class RunSummary:
+    """One run folder, summarised. Losses are ``(step, loss)`` pairs in nats per token."""
+
+    path: Path
+    attention: Optional[str] = None  # diff | diff_v2 | standard
+    params: Optional[int] = None
+    steps_done: int = 0
+    steps_total: Optional[int] = None
+    tokens_seen: int = 0
+    train_time_s: Optional[float] = None  # time in training steps over the whole run (resumes included)
+    tokens_per_s: Optional[float] = None  # tokens_seen / train_time_s (else the mean of the logged rates)
+    final_train: Optional[tuple[int, float]] = None
+    best_val: Optional[tuple[int, float]] = None
+    final_val: Optional[tuple[int, float]] = None
+    val_tokens: Optional[int] = None  # tokens scored by one validation pass
+    val_split_tokens: Optional[int] = None  # tokens of the held-out split
+    data_source: Optional[str] = None  # None: the bundled corpus
+    tokenizer: Optional[str] = None
+    checkpoint: Optional[Path] = None
+    train_curve: list[tuple[int, float]] = field(default_factory=list)
+    val_curve: list[tuple[int, float]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # values added by other measurements
+
+    @property
+    def label(self) -> str:
+        return str(self.path)
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``; a line cut short (a crash, a run still writing) is skipped."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out.append(rec)
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def summarize_run(run_dir: PathLike) -> RunSummary:
+    """Summarise the run in ``run_dir`` (a ``difftx train --out`` folder). ``ValueError`` naming
+    the folder when it is not one."""
+    path = Path(run_dir)
+    if not path.exists():
+        raise ValueError(f"{path}: no such run folder")
+    if not path.is_dir():
+        raise ValueError(f"{path}: not a run folder (a file); give the folder a `difftx train --out` wrote")
+    cfg_path, metrics_path = path / ckpt.TRAIN_CONFIG_NAME, path / METRICS_NAME
+    if not (cfg_path.is_file() or metrics_path.is_file() or ckpt.checkpoints_dir(path).is_dir()):
+        hint = (" (it is a checkpoint folder: give the run folder that holds its checkpoints/)"
+                if (path / CONFIG_NAME).is_file() else "")
+        raise ValueError(f"{path}: not a difftx run folder: no {ckpt.TRAIN_CONFIG_NAME}, {METRICS_NAME} or "
+                         f"{ckpt.CHECKPOINTS}/{hint}; give a folder written by `difftx train --out`")
+    s = RunSummary(path=path)
+    train_cfg = _read_json(cfg_path) or {}
+    s.steps_total = train_cfg.get("steps")
+    s.data_source, s.tokenizer = train_cfg.get("data_source"), train_cfg.get("tokenizer")
+
+    try:
+        latest = ckpt.latest_checkpoint(path)
+    except CheckpointError:
+        latest = None
+    state: dict = {}
+    if latest is not None:
+        s.checkpoint = latest
+        state = _read_json(latest / ckpt.STATE_NAME) or {}
+        train_cfg = train_cfg or _read_json(latest / ckpt.TRAIN_CONFIG_NAME) or {}
+        s.steps_total = s.steps_total or train_cfg.get("steps")
+        try:
+            model_cfg = load_config(latest)
+        except CheckpointError:
+            model_cfg = None
+        if model_cfg is not None:
+            s.attention, s.params = model_cfg.attention, _count_params(model_cfg)
+        if (latest / ckpt.TOKENIZER_DIR).is_dir() and s.tokenizer is None:
+            s.tokenizer = state.get("tokenizer")
+    if s.attention is None and train_cfg:
+        try:
+            from .config import TrainConfig
+
+            s.attention = TrainConfig.from_dict(train_cfg).model_config().attention
+        except (TypeError, ValueError):
+            pass
+
+    records = _read_metrics(metrics_path)
+    s.train_curve = [(r["step"], float(r["loss"])) for r in records if _finite(r.get("loss"))]
+    s.val_curve = [(r["step"], float(r["val_loss"])) for r in records if _finite(r.get("val_loss"))]
+    if s.train_curve:
+        s.final_train = s.train_curve[-1]
+    if s.val_curve:
+        s.final_val = s.val_curve[-1]
+        s.best_val = min(s.val_curve, key=lambda p: (p[1], p[0]))
+    val_sizes = [r["val_tokens"] for r in records if isinstance(r.get("val_tokens"), int)]
+    s.val_tokens = val_sizes[-1] if val_sizes else None
+    s.val_split_tokens = state.get("val_split_tokens")
+
+    s.steps_done = int(state.get("step", 0)) or (s.train_curve[-1][0] if s.train_curve else 0)
+    s.tokens_seen = int(state.get("tokens_seen", 0)) or max((int(r["tokens"]) for r in records
+                                                              if isinstance(r.get("tokens"), int)), default=0)
+    t = state.get("train_time_s")
+    if _finite(t) and t > 0:
+        s.train_time_s = float(t)
+        s.tokens_per_s = s.tokens_seen / s.train_time_s
+    else:  # a checkpoint from before train_time_s was recorded: the mean of the logged rates
+        rates = [float(r["tokens_per_s"]) for r in records if _finite(r.get("tokens_per_s"))]
+        s.tokens_per_s = sum(rates) / len(rates) if rates else None
+    return s
+
+
+def _count_params(model_cfg) -> int:
+    import torch
+
+    from ..model import Transformer
+
+    with torch.device("meta"):
+        return Transformer(model_cfg).num_parameters()
+
+
+# -- the table ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Column:
+    header: str
+    value: Callable[[RunSummary], str]
+    align: str = ">"  # ">" right, "<" left
+
+
+def _loss_at(pair: Optional[tuple[int, float]]) -> str:
+    return "n/a" if pair is None else f"{pair[1]:.4f} @{pair[0]}"
+
+
+def _int(v: Optional[int]) -> str:
+    return "n/a" if v is None else f"{v:,}"
+
+
+DEFAULT_COLUMNS: tuple[Column, ...] = (
+    Column("run", lambda s: s.label, "<"),
+    Column("attention", lambda s: s.attention or "n/a", "<"),
+    Column("params", lambda s: _int(s.params)),
+    Column("steps", lambda s: f"{s.steps_done}/{s.steps_total if s.steps_total is not None else '?'}"),
+    Column("tokens seen", lambda s: _int(s.tokens_seen)),
+    Column("tokens/s", lambda s: "n/a" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}"),
+    Column("train loss @step", lambda s: _loss_at(s.final_train)),
+    Column("best val @step", lambda s: _loss_at(s.best_val)),
+    Column("final val @step", lambda s: _loss_at(s.final_val)),
+    Column("val tokens", lambda s: _int(s.val_tokens)),
+)
+
+
+def format_table(summaries: Sequence[RunSummary], columns: Sequence[Column] = DEFAULT_COLUMNS,
+                 extra: Sequence[Column] = ()) -> str:
+    """The runs as a plain-text table, one row per run; ``extra`` columns are appended."""
+    cols = [*columns, *extra]
+    rows = [[c.header for c in cols]] + [[c.value(s) for c in cols] for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+
+    def line(cells):
+        return "  ".join(f"{cell:{c.align}{w}}" for cell, c, w in zip(cells, cols, widths, strict=True)).rstrip()
+
+    return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in rows[1:]])
+
+
+def comparability_notes(summaries: Sequence[RunSummary]) -> list[str]:
+    """Sentences naming what differs between the runs' data (source, tokenizer, validation size):
+    their losses are then not on the same footing."""
+    notes = []
+    for what, get in (("data", lambda s: os.path.normpath(s.data_source) if s.data_source else "the bundled corpus"),
+                      ("tokenizer", lambda s: os.path.normpath(s.tokenizer) if s.tokenizer else "byte"),
+                      ("validation tokens per pass", lambda s: s.val_tokens)):
+        values = {s.label: get(s) for s in summaries}
+        if len(set(map(str, values.values()))) > 1:
+            listed = ", ".join(f"{k}: {v}" for k, v in values.items())
+            notes.append(f"the runs differ in {what} ({listed}); their losses are not directly comparable")
+    return notes
+
+
+LEGEND = ("losses are mean next-token NLL in nats on the run's own data (validation: its held-out split, "
+          "`val tokens` per pass), @ the step; tokens/s: tokens seen / time in training steps over the whole run")
+
+
+# -- the curves -----------------------------------------------------------------------------------
+def plot_runs(summaries: Sequence[RunSummary], path: PathLike, *, title: Optional[str] = None) -> Path:
+    """Training and validation loss against the step, one line per run, as a PNG (or any format
+    matplotlib infers from the suffix). Needs matplotlib (``pip install 'difftx[eval]'``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(f"plotting needs matplotlib, which is not installed ({e}); "
+                          f"pip install matplotlib (or difftx[eval])") from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4))
+    try:
+        for i, s in enumerate(summaries):
+            label = f"{s.label} ({s.attention})" if s.attention else s.label
+            color = f"C{i % 10}"
+            if s.train_curve:
+                ax_t.plot(*zip(*s.train_curve), color=color, label=label)
+            if s.val_curve:
+                ax_v.plot(*zip(*s.val_curve), color=color, marker="o", markersize=3, label=label)
+        for ax, name in ((ax_t, "training loss"), (ax_v, "validation loss")):
+            ax.set_xlabel("step")
+            ax.set_ylabel(f"{name} (nats/token)")
+            ax.set_title(name)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=8)
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return path

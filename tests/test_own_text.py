@@ -1,0 +1,264 @@
+"""Training on your own text from the command line (issue 15, training side): the README's
+own-text example end to end, ``--resume`` restoring the saved config and refusing changes it
+cannot make exactly, the warmup rule, the ``done:`` summary, ``difftx runs`` and file permissions."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from difftx.cli import main
+from difftx.training import checkpointing as ckpt
+from difftx.training.config import TrainConfig, train_preset
+
+
+def _write_text(path: Path, paragraphs: int = 30, seed: int = 3) -> Path:
+    """A few KB of made-up prose (written here, so no corpus is needed)."""
+    r = random.Random(seed)
+    who = ["the miller", "a young weaver", "the old ferryman", "my neighbour", "the lighthouse keeper"]
+    did = ["carried", "mended", "forgot", "painted", "counted", "sold"]
+    what = ["a basket of apples", "the broken fence", "seven blue lanterns", "a map of the river", "an empty boat"]
+    when = ["before the rain came", "while the town slept", "as the tide turned", "on the first of May"]
+    paras = [" ".join(f"{r.choice(who).capitalize()} {r.choice(did)} {r.choice(what)} {r.choice(when)}."
+                      for _ in range(r.randint(3, 6))) for _ in range(paragraphs)]
+    path.write_text("\n\n".join(paras) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def umask022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+# the tiny settings the tests train with (the README's example uses the `tiny` preset)
+FAST = ["--preset", "test", "--set", "steps=4", "--set", "eval_interval=2", "--set", "log_interval=2",
+        "--set", "batch_size=2"]
+
+
+def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    text = _write_text(tmp_path / "mytext.txt")
+    assert main(["tokenizer", "train", "--input", str(text), "--vocab-size", "300", "--out", "tok"]) == 0
+    assert "tokenizer.json" in capsys.readouterr().out
+    for out, extra in (("runs/diff", []), ("runs/base", ["--baseline"])):
+        assert main(["train", *FAST, "--data", "mytext.txt", "--tokenizer", "tok", "--out", out, "--no-progress",
+                     *extra]) == 0
+        done = capsys.readouterr().out.strip().splitlines()[-1]
+        assert done.startswith("done: step 4/4, train loss ")
+        assert "(best " in done and " at step " in done and "tokens per pass" in done
+        assert "tokens/s over the run's" in done
+    saved = json.loads(Path("runs/diff/train_config.json").read_text())
+    assert saved["data_source"] == "mytext.txt" and saved["tokenizer"] == "tok" and saved["progress"] is False
+
+    # `--resume` alone continues the run as it was: its own data, tokenizer and model
+    assert main(["train", "--out", "runs/diff", "--resume", "--set", "steps=6"]) == 0
+    done = capsys.readouterr().out.strip().splitlines()[-1]
+    assert done.startswith("done: step 6/6")
+    state = json.loads((ckpt.latest_checkpoint("runs/diff") / ckpt.STATE_NAME).read_text())
+    assert state["tokens_seen"] == 6 * 2 * 32 and state["train_time_s"] > 0
+    assert state["val_split_tokens"] > 0
+
+    assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png"]) == 0
+    table = capsys.readouterr().out
+    print(table)
+    header, _rule, diff_row, base_row = table.splitlines()[:4]
+    assert header.split()[:3] == ["run", "attention", "params"]
+    assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
+    assert " 6/6 " in diff_row and " 4/4 " in base_row
+    assert Path("curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # colleagues can read what was written (umask 022): files 0644, folders 0755
+    latest = ckpt.latest_checkpoint("runs/diff")
+    assert _mode(latest) == 0o755
+    for p in [latest / n for n in ("model.safetensors", "config.json", "optimizer.pt", "trainer_state.json",
+                                   "train_config.json", "tokenizer/tokenizer.json")] + [
+            Path("runs/diff/train_config.json"), Path("runs/diff/checkpoints/latest"), Path("tok/tokenizer.json")]:
+        assert _mode(p) == 0o644, p
+    cache_entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    assert cache_entries and all(_mode(p) == 0o755 for p in cache_entries)
+
+
+def _fake_run(tmp_path: Path, **fields) -> Path:
+    """A run folder holding only its saved train_config.json (enough for --print-config)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = train_preset("test", out_dir=str(run), data_source=str(_write_text(tmp_path / "a.txt")), steps=10,
+                       warmup_steps=1, progress=False, **fields)
+    (run / ckpt.TRAIN_CONFIG_NAME).write_text(cfg.to_json())
+    return run
+
+
+def test_resume_alone_restores_the_saved_config(tmp_path, capsys):
+    run = _fake_run(tmp_path, model_overrides={"attention": "standard"}, lr=3e-3)
+    assert main(["train", "--out", str(run), "--resume", "--print-config"]) == 0
+    got = TrainConfig.from_dict(json.loads(capsys.readouterr().out))
+    saved = TrainConfig.from_dict(json.loads((run / ckpt.TRAIN_CONFIG_NAME).read_text()))
+    assert got == saved  # not the `tiny` preset's defaults: the run's own data source, model and lr
+    # execution settings may change, and steps may be raised
+    assert main(["train", "--out", str(run), "--resume", "--print-config", "--set", "steps=20",
+                 "--set", "log_interval=1", "--set", "device=cpu", "--set", "tensorboard=false"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["steps"] == 20 and got["log_interval"] == 1 and got["data_source"] == saved.data_source
+    # the same data (however spelled) and the default tokenizer named again are no change
+    assert main(["train", "--out", str(run), "--resume", "--print-config", "--data", saved.data_source + "/",
+                 "--tokenizer", "byte"]) == 0
+    assert TrainConfig.from_dict(json.loads(capsys.readouterr().out)) == saved  # the saved spelling is kept
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--set", "lr=0.5"], "lr"),
+    (["--data", "OTHER"], "data_source"),
+    (["--tokenizer", "OTHER"], "tokenizer"),
+    (["--set", "steps=5"], "steps"),
+    (["--attention", "diff"], "model_overrides"),
+    (["--set", "seq_len=16"], "seq_len"),
+])
+def test_resume_refuses_what_it_cannot_change_exactly(tmp_path, capsys, flags, field):
+    run = _fake_run(tmp_path, model_overrides={"attention": "standard"})
+    flags = [str(tmp_path / "b.txt") if f == "OTHER" else f for f in flags]
+    assert main(["train", "--out", str(run), "--resume", "--print-config", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"['{field}']" in err and "saved" in err and "--init-from" in err
+    assert str(run / ckpt.TRAIN_CONFIG_NAME) in err
+
+
+def test_warmup_longer_than_steps_is_scaled_with_a_note_or_refused_when_explicit(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--set", "steps=40", "--print-config"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["warmup_steps"] == 2  # the preset's 100 of 2000 steps: 5%
+    assert "warmup_steps=100" in captured.err and "steps=40" in captured.err and "scaled to 2" in captured.err
+    assert main(["train", "--preset", "tiny", "--set", "steps=40", "--set", "warmup_steps=50",
+                 "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "warmup_steps=50" in err and "steps=40" in err
+
+
+def test_unknown_train_flag_prints_the_train_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--preset", "test", "--no-such-flag"])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # the train subcommand's error, not the top level's
+    assert last.startswith("difftx train: error: unrecognized arguments: --no-such-flag")
+
+
+def test_runs_refuses_folders_that_are_not_runs(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["runs", str(tmp_path / "empty")]) == 2
+    assert "not a difftx run folder" in capsys.readouterr().err
+    assert main(["runs", str(tmp_path / "missing")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    assert main(["runs", str(tmp_path / "ckpt")]) == 2
+    assert "checkpoint folder" in capsys.readouterr().err
+
+
+def test_runs_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    run = _fake_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["runs", str(run), "--plot", str(tmp_path / "c.png")]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_summary_table_has_a_place_for_more_columns(tmp_path):
+    from difftx.training.summary import Column, format_table, summarize_run
+
+    s = summarize_run(_fake_run(tmp_path))
+    s.extra["heldout"] = "3.21 [3.10, 3.32]"
+    table = format_table([s], extra=[Column("held-out NLL (95% CI)", lambda r: r.extra.get("heldout", "n/a"))])
+    assert table.splitlines()[0].endswith("held-out NLL (95% CI)")
+    assert table.splitlines()[2].endswith("3.21 [3.10, 3.32]")
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_model_files_follow_the_umask(tmp_path, mask):
+    import difftx
+    from difftx.checkpoint import save_model
+
+    old = os.umask(mask)
+    try:
+        folder = save_model(difftx.Transformer(difftx.preset("test")), tmp_path / "m")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "config.json"):
+        assert _mode(folder / name) == 0o666 & ~mask
+
+
+def test_checkpoint_folders_and_exports_follow_the_umask(tmp_path):
+    import torch
+
+    import difftx
+
+    model = difftx.Transformer(difftx.preset("test"))
+    old = os.umask(0o027)
+    try:
+        final = ckpt.save_checkpoint(tmp_path / "run", 1, model_state=model.state_dict(), model_config=model.config,
+                                     optim_state={"state": {}, "param_groups": []}, trainer_state={"step": 1},
+                                     train_config={}, keep_last=2)
+        exported = None
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            from difftx.interop.hf import export_hf
+
+            exported = Path(export_hf(final, tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    assert _mode(final) == 0o750
+    assert all(_mode(p) == 0o640 for p in final.iterdir() if p.is_file())
+    assert _mode(tmp_path / "run" / "checkpoints" / "latest") == 0o640
+    if exported is not None:
+        files = [p for p in exported.rglob("*") if p.is_file()]
+        assert files and all(_mode(p) == 0o640 for p in files)
+    assert torch.equal(difftx.checkpoint.load_model(final).tok_embeddings.weight, model.tok_embeddings.weight)
+
+
+def test_tensorboard_skip_is_said_once(tmp_path, capsys):
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorboard is installed here")
+    from difftx.training.metrics import MetricsLogger
+
+    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()
+    err = capsys.readouterr().err
+    assert err.count("TensorBoard logging skipped") == 1 and "tensorboard=false" in err
+
+
+def test_a_text_too_short_for_one_validation_window_trains_without_validation(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    text = _write_text(tmp_path / "short.txt", paragraphs=3)
+    assert main(["train", *FAST, "--set", "seq_len=64", "--data", str(text), "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "no validation: the held-out split has" in captured.err
+    assert captured.out.strip().splitlines()[-1].startswith("done: step 4/4")
+
+
+def test_runs_says_when_runs_were_trained_on_different_data(tmp_path, capsys):
+    from difftx.training.summary import comparability_notes, summarize_run
+
+    a = summarize_run(_fake_run(tmp_path))
+    (tmp_path / "other").mkdir()
+    b = summarize_run(_fake_run(tmp_path / "other"))
+    assert comparability_notes([a, a]) == []
+    notes = comparability_notes([a, b])
+    assert len(notes) == 1 and "differ in data" in notes[0]
