@@ -71,9 +71,24 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     assert state["tokens_seen"] == 6 * 2 * 32 and state["train_time_s"] > 0
     assert state["val_split_tokens"] > 0
 
-    assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png"]) == 0
-    table = capsys.readouterr().out
+    # `difftx eval lm --data FILE` scores every token of that file once, in windows of the training length
+    held = _write_text(tmp_path / "heldout.txt", paragraphs=4, seed=11)
+    assert main(["eval", "lm", "runs/diff", "--data", "heldout.txt", "--no-progress", "--json", "lm.json"]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(Path("lm.json").read_text())
+    from difftx.data import load_tokenizer
+
+    tok = load_tokenizer("tok")
+    ids = [tok.eos_id] + tok.encode(held.read_text(encoding="utf-8"))
+    assert res["tokens"] == len(ids) - 1 and res["window"] == 32
+    assert f"scored all of heldout.txt: {res['tokens']:,} tokens" in printed
+    assert res["heldout"]["nll"] == pytest.approx(_independent_nll(ckpt.latest_checkpoint("runs/diff"), ids, 32),
+                                                  rel=1e-5)
+
+    assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png", "--nll", "--data", "heldout.txt"]) == 0
+    table = "\n".join(ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("held-out NLL of"))
     print(table)
+    assert "held-out NLL [95% CI]" in table.splitlines()[0]
     header, _rule, diff_row, base_row = table.splitlines()[:4]
     assert header.split()[:3] == ["run", "attention", "params"]
     assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
@@ -89,6 +104,24 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
         assert _mode(p) == 0o644, p
     cache_entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert cache_entries and all(_mode(p) == 0o755 for p in cache_entries)
+
+
+def _independent_nll(folder, ids: list[int], window: int) -> float:
+    """Mean NLL of every token after the first, in consecutive windows of ``window`` predictions,
+    written without difftx's evaluation code."""
+    import torch
+    import torch.nn.functional as F
+
+    from difftx.checkpoint import load_model
+
+    model = load_model(folder).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = torch.tensor([ids[start:start + window + 1]])
+            total += float(F.cross_entropy(model(chunk[:, :-1])[0], chunk[0, 1:], reduction="sum"))
+            count += chunk.shape[1] - 1
+    return total / count
 
 
 def _fake_run(tmp_path: Path, **fields) -> Path:

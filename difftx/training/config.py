@@ -331,7 +331,7 @@ def fit_warmup(cfg: TrainConfig, overrides: list[str], notes: list[str]) -> Trai
     is then an error naming both values."""
     data = cfg.to_dict()
     explicit = False
-    for key, value in (_split_override(o) for o in overrides):
+    for key, value in (split_override(o) for o in overrides):
         set_dotted(data, key, parse_value(value))
         explicit = explicit or key.strip() == "warmup_steps"
     steps, warmup = data.get("steps"), data.get("warmup_steps")
