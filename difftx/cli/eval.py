@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import output_file, positive_int
+
 # the same names as difftx.compare.single.TASKS (not imported here: `difftx --help` stays light)
 TASKS = ("lm", "needle", "attention", "outliers", "quant", "diagnostics", "icl")
 
@@ -22,16 +24,16 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="checkpoint or run folder")
     p.add_argument("--tokenizer", help="tokenizer of a text model (default: the one saved with it, else byte)")
     p.add_argument("--data", help="held-out text source for a text model (default: the bundled corpus)")
-    p.add_argument("--seq-len", type=int, help="LM window length (default: the training length)")
+    p.add_argument("--seq-len", type=positive_int, help="LM window length (default: the training length)")
     p.add_argument("--windows", type=int, default=32, help="LM windows (default 32)")
     p.add_argument("--samples", type=int, default=20,
                    help="needle samples per N/R x depth cell; attention / diagnostics: probe prompts (default 20)")
-    p.add_argument("--context-len", type=int, default=256, help="text needle form: prompt tokens (default 256)")
+    p.add_argument("--context-len", type=positive_int, default=256, help="text needle form: prompt tokens (default 256)")
     p.add_argument("--cell", help="attention / diagnostics: probe cell N/R, N needles and R queried keys "
                                   "(default 4/2, or the most the model's needle task has)")
     p.add_argument("--episodes", type=int, default=100, help="icl: episodes (default 100)")
     p.add_argument("--orders", type=int, default=5, help="icl: demonstration orders per order kind (default 5)")
-    p.add_argument("--json", dest="json_out", help="also write the full result to this JSON file")
+    p.add_argument("--json", dest="json_out", type=output_file, help="also write the full result to this JSON file")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 

@@ -52,10 +52,7 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from ..checkpoint import CheckpointError
-    from ..training import TRAIN_PRESETS, TrainingDivergedError, train
+    from ..training import TRAIN_PRESETS, train
 
     if args.list_presets:
         for name, c in TRAIN_PRESETS.items():
@@ -66,11 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    try:
-        result = train(cfg, resume=args.resume)
-    except (CheckpointError, TrainingDivergedError) as e:
-        print(f"difftx train: error: {e}", file=sys.stderr)
-        return 1
+    result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
     import os
 
     if int(os.environ.get("RANK", "0")) == 0:
