@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                              tokenizer=args.tokenizer, device=device)
     except CacheTooLargeError as e:
-        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: {e}") from None
+        n = args.max_new_tokens
+        raise ValueError(str(e).replace(f"max_new_tokens={n}", f"--max-new-tokens {n}", 1)) from None
     print(args.prompt + text)
     return 0
