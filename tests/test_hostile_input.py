@@ -475,3 +475,25 @@ def test_a_binary_latest_pointer_is_named(capsys, tmp_path, run_dir):
     (out / "checkpoints" / "latest").write_bytes(b"\xff\xfe\x00")
     code, err = run_cli(capsys, "generate", out, "--tokenizer", "byte")
     assert code == 2 and str(out / "checkpoints" / "latest") in err
+
+
+@pytest.mark.parametrize("victim", ["tokenizer", "metrics"])
+def test_binary_run_files_are_named(capsys, tmp_path, run_dir, victim):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    if victim == "tokenizer":
+        bad = ckpt.latest_checkpoint(out) / ckpt.TOKENIZER_DIR / "difftx_tokenizer.json"
+        bad.write_bytes(b"\x00\xffgarbage")
+        code, err = run_cli(capsys, "generate", out)
+    else:
+        bad = out / "metrics.jsonl"
+        bad.write_bytes(b"\xff\xfe{\n")
+        src = json.loads((out / "train_config.json").read_text())
+        code, err = run_cli(capsys, "train", "--preset", "test", "--out", out, "--resume", "--set", "steps=4",
+                            "--set", "warmup_steps=0", "--set", f"data_source={src['data_source']}",
+                            "--set", f"cache_dir={src['cache_dir']}", "--set", "val_fraction=0.1",
+                            "--set", "progress=false")
+    assert code == 2 and str(bad) in err
+    assert not (out / ckpt.LOCK_NAME).exists()
