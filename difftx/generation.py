@@ -170,7 +170,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     stops = set(int(t) for t in stop_tokens)
     was_training = model.training
     model.eval()
-    check_cache_fits(model, B, P + max_new_tokens, f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
+    check_cache_fits(model, B, P + max_new_tokens,
+                     f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
     cache = KVCache(model, B, P + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): RoPE positions from each first real token
     out: list[list[int]] = [[] for _ in range(B)]

@@ -29,8 +29,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
     p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
-    p.add_argument("--json", default=None, type=output_file, help="also write the rows and machine facts to this JSON file")
-    p.add_argument("--plot", default=None, type=output_file, help="also plot time and ratio against T to this PNG (needs matplotlib)")
+    p.add_argument("--json", default=None, type=output_file,
+                   help="also write the rows and machine facts to this JSON file")
+    p.add_argument("--plot", default=None, type=output_file,
+                   help="also plot time and ratio against T to this PNG (needs matplotlib)")
 
 
 def _cuda() -> bool:

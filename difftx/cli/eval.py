@@ -28,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--windows", type=int, default=32, help="LM windows (default 32)")
     p.add_argument("--samples", type=int, default=20,
                    help="needle samples per N/R x depth cell; attention / diagnostics: probe prompts (default 20)")
-    p.add_argument("--context-len", type=positive_int, default=256, help="text needle form: prompt tokens (default 256)")
+    p.add_argument("--context-len", type=positive_int, default=256,
+                   help="text needle form: prompt tokens (default 256)")
     p.add_argument("--cell", help="attention / diagnostics: probe cell N/R, N needles and R queried keys "
                                   "(default 4/2, or the most the model's needle task has)")
     p.add_argument("--episodes", type=int, default=100, help="icl: episodes (default 100)")

@@ -59,7 +59,8 @@ class MetricsLogger:
             try:
                 text = self.path.read_text(encoding="utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{self.path}: not a metrics log (not UTF-8 text: {e}); move it away to resume") from None
+                raise ValueError(f"{self.path}: not a metrics log (not UTF-8 text: {e}); move it away to "
+                                 f"resume") from None
             for line in text.splitlines():
                 try:
                     rec = json.loads(line)
