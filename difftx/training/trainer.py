@@ -254,13 +254,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{resume_dir / ckpt.OPTIM_NAME}: does not fit this model/optimizer ({e})") from e
         start_step, tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
+        loader_states, rng_states = state["loaders"], state["rng"]
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
         if start_step > config.steps:  # before anything in the run folder is rewritten
             raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {start_step} of the checkpoint "
                              f"{resume_dir}; resume with steps >= {start_step}, or start a new run from it "
                              f"(--init-from) for another schedule")
-        loader_states, rng_states = state["loaders"], state["rng"]
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
 
     loader = _make_loader(data.train, config, dist)
     if loader_states is not None:
