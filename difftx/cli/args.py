@@ -86,6 +86,16 @@ def output_file(text: str) -> str:
     return text
 
 
+def check_output_file(path, flag: str) -> None:
+    """:func:`output_file` for a value already parsed (``None``: not given): a ValueError naming
+    ``flag`` when ``path`` cannot be written."""
+    if path is not None:
+        try:
+            output_file(str(path))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{flag}: {e}") from None
+
+
 def output_dir(text: str) -> str:
     """A folder path to write into: not an existing file, inside a writable folder."""
     path = Path(text)

@@ -7,8 +7,6 @@ import platform
 import sys
 from typing import Optional, Sequence
 
-from .args import output_file
-
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 512, 1024], help="sequence lengths")
@@ -29,10 +27,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
     p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
-    p.add_argument("--json", default=None, type=output_file,
-                   help="also write the rows and machine facts to this JSON file")
-    p.add_argument("--plot", default=None, type=output_file,
-                   help="also plot time and ratio against T to this PNG (needs matplotlib)")
+    p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
+    p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
 
 
 def _cuda() -> bool:
@@ -46,7 +42,17 @@ def register(sub) -> None:
                                    "heads (SDPA), forward and forward+backward, alternating in one run; or, with "
                                    "--decode, one decoding step of a whole model with a KV cache of T tokens.")
     _add_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_checked)
+
+
+def run_checked(args: argparse.Namespace) -> int:
+    """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
+    the timing, not after it)."""
+    from .args import check_output_file
+
+    for flag in ("json", "plot"):
+        check_output_file(getattr(args, flag, None), f"--{flag}")
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
