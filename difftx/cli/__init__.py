@@ -28,6 +28,7 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import sys
 import warnings
 from typing import Optional, Sequence
@@ -136,15 +137,17 @@ def classify_error(e: BaseException) -> tuple[int, str]:
                 errno.EDQUOT: "free some disk space or write elsewhere, then run again",
                 errno.EROFS: "write to another location"}.get(e.errno, "check the disk and the path, then run again")
         return EXIT_FAILURE, f"{_os_message(e)} ({hint})"
-    if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError"):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-        return EXIT_FAILURE, f"out of memory: {first[:300]} (use a smaller size: batch, length or tokens)"
+    text = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line
+    if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError") or _is(e, "torch.cuda", "OutOfMemoryError") \
+            or isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text):
+        return EXIT_FAILURE, f"out of memory: {text[:300] or type(e).__name__} (ask for less: a smaller batch, " \
+                             f"length or number of tokens)"
     if _is(e, "difftx.training.trainer", "TrainingDivergedError"):
-        return EXIT_FAILURE, str(e)
+        return EXIT_FAILURE, text
     if isinstance(e, ValueError) or _is(e, "difftx.checkpoint", "CheckpointError"):
-        return EXIT_USAGE, str(e)
-    if isinstance(e, ImportError):
-        return EXIT_USAGE, f"{e} (an optional dependency is missing: see README, Install)"
+        return EXIT_USAGE, text
+    if isinstance(e, ModuleNotFoundError):
+        return EXIT_USAGE, f"{text} (an optional dependency is missing; see the README's Optional extras)"
     text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     return EXIT_FAILURE, (f"unexpected error: {type(e).__name__}{': ' + text if text else ''} "
                           f"(run with DIFFTX_DEBUG=1 for the traceback)")
