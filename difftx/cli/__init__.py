@@ -97,6 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return EXIT_OK
             prog = f"difftx {args.command}"
             code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed pipe is reported here, not at interpreter shutdown
         except KeyboardInterrupt:
             _debug_traceback()
             print(f"{prog}: interrupted", file=sys.stderr)
