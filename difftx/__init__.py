@@ -2,11 +2,37 @@
 
 __version__ = "0.1.0"
 
-from .attention import AttentionMask, DiffAttention, DiffAttentionV2, StandardAttention  # noqa: E402
-from .config import PRESETS, ModelConfig, baseline_config, preset  # noqa: E402
-from .model import KVCache, Transformer, lm_loss  # noqa: E402
+# The public names are imported on first use (PEP 562), so that ``import difftx.cli`` (the
+# ``difftx`` command) does not import torch before its error boundary is in place: a Ctrl-C
+# during start-up is then one line and exit code 130, not a traceback.
+_EXPORTS = {
+    "AttentionMask": "attention", "DiffAttention": "attention", "DiffAttentionV2": "attention",
+    "StandardAttention": "attention",
+    "PRESETS": "config", "ModelConfig": "config", "baseline_config": "config", "preset": "config",
+    "KVCache": "model", "Transformer": "model", "lm_loss": "model",
+}
 
 __all__ = [
     "AttentionMask", "DiffAttention", "DiffAttentionV2", "KVCache", "ModelConfig", "PRESETS", "StandardAttention",
     "Transformer", "baseline_config", "lm_loss", "preset", "__version__",
 ]
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_"):  # a submodule (``difftx.model`` after ``import difftx``)
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

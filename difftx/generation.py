@@ -7,6 +7,9 @@ tokens as that prompt alone.
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -18,12 +21,7 @@ from .model import KVCache, Transformer
 def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
     """Next token ids ``(B,)`` from last-position logits ``(B, V)``; ``temperature == 0`` is greedy."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -40,6 +38,95 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] =
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def check_sampling(temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> None:
+    """ValueError naming the argument unless ``temperature`` is a finite number >= 0, ``top_k`` a
+    positive integer and ``top_p`` in (0, 1] (``None``: not used)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+                              or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+class CacheTooLargeError(ValueError):
+    """The KV cache a generation asks for would not fit in the memory available."""
+
+
+def kv_cache_bytes(model: Transformer, batch_size: int, length: int) -> int:
+    """Bytes of the :class:`KVCache` that ``batch_size`` rows of ``length`` positions take."""
+    per_position = 0
+    for block in model.layers:
+        (kh, kd), (vh, vd) = block.attn.cache_shapes()
+        per_position += kh * kd + vh * vd
+    return batch_size * length * per_position * next(model.parameters()).element_size()
+
+
+def available_memory(device: torch.device | str) -> Optional[int]:
+    """Bytes that can still be allocated on ``device``, as far as can be told cheaply (free GPU
+    memory; on the host the least of MemAvailable, the cgroup limit and the address-space
+    limit); ``None`` when unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    if device.type != "cpu":
+        return None
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (AttributeError, ValueError, OSError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            with open("/sys/fs/cgroup/memory.current") as f:
+                found.append(int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            found.append(soft)  # an upper bound: part of it is already in use
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def check_cache_fits(model: Transformer, batch_size: int, length: int, what: str) -> None:
+    """:class:`CacheTooLargeError` when the KV cache of ``batch_size`` x ``length`` positions
+    would take more than 80% of the memory available on the model's device (``what`` says
+    which request it is, for the message)."""
+    need = kv_cache_bytes(model, batch_size, length)
+    device = next(model.parameters()).device
+    avail = available_memory(device)
+    if avail is not None and need > 0.8 * avail:
+        raise CacheTooLargeError(f"{what}: the KV cache of {batch_size} x {length:,} positions would take "
+                                 f"{_fmt_bytes(need)}, more than the {_fmt_bytes(avail)} of memory available on "
+                                 f"{device.type}; ask for fewer tokens")
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0, device=None) -> tuple[Tensor, Tensor]:
@@ -65,8 +152,9 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     A row stops after emitting a token in ``stop_tokens`` (that token is kept). ``seed``
     makes sampling reproducible; ``temperature=0`` decodes greedily.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, top_p)
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     for p in prompts:
@@ -82,6 +170,8 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     stops = set(int(t) for t in stop_tokens)
     was_training = model.training
     model.eval()
+    check_cache_fits(model, B, P + max_new_tokens,
+                     f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
     cache = KVCache(model, B, P + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): RoPE positions from each first real token
     out: list[list[int]] = [[] for _ in range(B)]

@@ -140,6 +140,7 @@ class Transformer(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
+        _check_token_ids(tokens, self.config.vocab_size)
         offset = cache.length if cache is not None else 0
         S = offset + T
         if attention_mask is not None and tuple(attention_mask.shape) != (B, S):
@@ -162,6 +163,18 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.length = S
         return self.norm(x)  # (B, T, D)
+
+
+def _check_token_ids(tokens: Tensor, vocab_size: int) -> None:
+    """ValueError unless every id is in ``[0, vocab_size)``: one min/max reduction (skipped while
+    torch.compile traces), instead of torch's index error (a device assert on a GPU)."""
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
+    if tokens.numel() == 0 or tokens.device.type == "meta" or torch.compiler.is_compiling():
+        return
+    lo, hi = (int(x) for x in torch.aminmax(tokens))
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"tokens: ids must be in [0, vocab_size={vocab_size}), got min {lo} and max {hi}")
 
 
 def lm_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:

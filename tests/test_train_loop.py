@@ -225,7 +225,7 @@ def test_train_and_generate_cli(tmp_path, corpus, capsys):
                  "--set", "val_fraction=0.1", "--set", "progress=false"]) == 0
     (out / "checkpoints" / "latest").write_text("step_00000099\n")
     assert main(["train", "--preset", "test", "--out", str(out), "--resume", "--set", f"data_source={src}",
-                 "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1"]) == 1
+                 "--set", f"cache_dir={cache}", "--set", "val_fraction=0.1"]) == 2
     assert "latest" in capsys.readouterr().err
 
 

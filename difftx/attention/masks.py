@@ -27,6 +27,22 @@ class AttentionMask:
     key_valid: Optional[Tensor] = None  # (B, S) bool, True = a real token
     doc_ids: Optional[Tensor] = None  # (B, S) integer document id per key position
 
+    def check(self, B: int, T: int, S: int) -> None:
+        """ValueError unless the mask fits ``B`` rows of ``T`` queries over ``S`` keys (a tensor
+        longer or shorter than the keys would otherwise be cut or fail deep in a kernel)."""
+        for name in ("key_valid", "doc_ids"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if not isinstance(t, Tensor):
+                raise TypeError(f"AttentionMask.{name}: expected a tensor, got {type(t).__name__}")
+            if t.dim() != 2 or t.shape[0] not in (1, B) or t.shape[1] != S:
+                raise ValueError(f"AttentionMask.{name}: expected shape ({B}, {S}) for {B} rows over {S} keys "
+                                 f"(cached + new tokens), got {tuple(t.shape)}")
+        if not 0 <= self.q_offset <= S - T:
+            raise ValueError(f"AttentionMask.q_offset: {self.q_offset} does not place {T} queries within {S} keys "
+                             f"(need 0 <= q_offset <= {S - T})")
+
     def is_plain_causal(self, T: int, S: int) -> bool:
         """True when a kernel's built-in causal flag expresses the mask exactly."""
         return self.causal and self.key_valid is None and self.doc_ids is None and T == S and self.q_offset == 0

@@ -112,9 +112,13 @@ class _AttentionBase(nn.Module):
         ``return_maps`` (eager backend only) also returns :class:`AttentionMaps`.
         """
         mask = mask if mask is not None else AttentionMask()
+        if not isinstance(mask, AttentionMask):
+            raise TypeError(f"mask: expected a difftx.AttentionMask, got {type(mask).__name__}; describe padding or "
+                            f"packed documents as difftx.AttentionMask(key_valid=..., doc_ids=...)")
         if cache is None and mask.q_offset != 0:
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
+        mask.check(x.shape[0], x.shape[1], k.shape[1])
         kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device,
                                  q_len=x.shape[1])
         return self._attend(x, q, k, v, mask, kernel, return_maps)

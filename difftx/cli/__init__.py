@@ -5,13 +5,32 @@ A subcommand module defines ``register(subparsers)``, which adds its parser and 
 ``func`` (called with the parsed arguments) as a default. Modules are listed in
 ``SUBCOMMANDS``; one that cannot be imported (a missing optional dependency) is reported
 when used, not when ``difftx --help`` runs.
+
+Every subcommand runs inside one error boundary (:func:`main`), with one exit-code convention:
+
+* ``0``: success;
+* ``1``: a runtime failure while working: disk full or another I/O error, out of memory, the
+  training loss diverged, or an unexpected error (a bug: the one-line message says to run again
+  with ``DIFFTX_DEBUG=1`` for the traceback);
+* ``2``: a usage or input error, found before anything is changed: a bad flag or value, a
+  missing, corrupt or incompatible file or checkpoint, an output that would overwrite something,
+  a run folder in use by another run, an unavailable device or optional dependency;
+* ``130``: interrupted (Ctrl-C), at any moment, start-up included;
+* ``141``: standard output was closed early (``difftx ... | head``).
+
+Errors are one line on stderr, ``difftx COMMAND: error: ...``, naming the file or flag;
+``DIFFTX_DEBUG=1`` also prints the traceback of any error.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
+import re
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from .. import __version__
@@ -35,8 +54,18 @@ SUBCOMMANDS: dict[str, str] = {
 MODULE_NAMES: dict[str, str] = {"import": "import_"}
 
 
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (and the same exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="difftx", description="Differential Transformer toolkit: models, training, evaluation, interop.")
     parser.add_argument("--version", action="version", version=f"difftx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -57,23 +86,93 @@ def _unavailable(name: str, error: Exception) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
-    try:
-        code = int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"difftx {args.command}: error: {e}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        print(f"difftx {args.command}: interrupted", file=sys.stderr)
-        code = 130
-    from ..training.distributed import exit_worker, under_torchrun
+    prog = "difftx"
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, category, *a, **k: print(
+            f"{prog}: warning: {message}", file=sys.stderr)
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "func", None):
+                parser.print_help()
+                return EXIT_OK
+            prog = f"difftx {args.command}"
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a closed pipe is reported here, not at interpreter shutdown
+        except KeyboardInterrupt:
+            _debug_traceback()
+            print(f"{prog}: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        except Exception as e:  # noqa: BLE001 - the boundary: every error becomes one line and an exit code
+            code = report_error(prog, e)
+    if "torch" in sys.modules:
+        from ..training.distributed import exit_worker, under_torchrun
 
-    if under_torchrun():  # a torchrun worker skips interpreter shutdown (see exit_worker)
-        exit_worker(code)
+        if under_torchrun():  # a torchrun worker skips interpreter shutdown (see exit_worker)
+            exit_worker(code)
+    return code
+
+
+def _debug_traceback() -> None:
+    if os.environ.get("DIFFTX_DEBUG", "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exc()
+
+
+def _is(e: BaseException, module: str, name: str) -> bool:
+    """``isinstance(e, module.name)`` without importing ``module`` (an error of a module that was
+    never imported cannot be one of its classes)."""
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls is not None and isinstance(e, cls)
+
+
+def classify_error(e: BaseException) -> tuple[int, str]:
+    """The exit code and message of an error that reached the boundary (see the module doc)."""
+    if isinstance(e, OSError) and e.errno == errno.EPIPE:
+        return EXIT_PIPE, ""
+    if isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)):
+        hint = {PermissionError: "choose a location you can access"}.get(type(e), "check the path")
+        return EXIT_USAGE, f"{_os_message(e)} ({hint})"
+    if isinstance(e, OSError):
+        hint = {errno.ENOSPC: "free some disk space or write elsewhere, then run again",
+                errno.EDQUOT: "free some disk space or write elsewhere, then run again",
+                errno.EROFS: "write to another location"}.get(e.errno, "check the disk and the path, then run again")
+        return EXIT_FAILURE, f"{_os_message(e)} ({hint})"
+    text = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line
+    if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError") or _is(e, "torch.cuda", "OutOfMemoryError") \
+            or isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text):
+        return EXIT_FAILURE, f"out of memory: {text[:300] or type(e).__name__} (ask for less: a smaller batch, " \
+                             f"length or number of tokens)"
+    if _is(e, "difftx.training.trainer", "TrainingDivergedError"):
+        return EXIT_FAILURE, text
+    if isinstance(e, ValueError) or _is(e, "difftx.checkpoint", "CheckpointError"):
+        return EXIT_USAGE, text
+    if isinstance(e, ModuleNotFoundError):
+        return EXIT_USAGE, f"{text} (an optional dependency is missing; see the README's Optional extras)"
+    text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return EXIT_FAILURE, (f"unexpected error: {type(e).__name__}{': ' + text if text else ''} "
+                          f"(run with DIFFTX_DEBUG=1 for the traceback)")
+
+
+def _os_message(e: OSError) -> str:
+    if e.filename is None:
+        return str(e)
+    where = f"{e.filename} -> {e.filename2}" if e.filename2 is not None else str(e.filename)
+    return f"{where}: {e.strerror or type(e).__name__}"
+
+
+def report_error(prog: str, e: BaseException) -> int:
+    """Print one line for ``e`` (and its traceback under ``DIFFTX_DEBUG=1``); return the exit code."""
+    _debug_traceback()
+    code, message = classify_error(e)
+    if code == EXIT_PIPE:  # nobody reads stdout any more: leave quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return code
+    print(f"{prog}: error: {message}", file=sys.stderr)
     return code
 
 

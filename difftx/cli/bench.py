@@ -42,7 +42,17 @@ def register(sub) -> None:
                                    "heads (SDPA), forward and forward+backward, alternating in one run; or, with "
                                    "--decode, one decoding step of a whole model with a KV cache of T tokens.")
     _add_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run_checked)
+
+
+def run_checked(args: argparse.Namespace) -> int:
+    """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
+    the timing, not after it)."""
+    from .args import check_output_file
+
+    for flag in ("json", "plot"):
+        check_output_file(getattr(args, flag, None), f"--{flag}")
+    return run(args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import output_dir, positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="train DIFF and its matched baseline over paired seeds, evaluate, report",
@@ -13,10 +15,10 @@ def register(sub) -> None:
                                    "trainings and evaluations are not redone.")
     p.add_argument("--preset", default="cpu",
                    help="smoke | cpu | gpu-small (default cpu: about 3 min per seed on 2 CPU cores)")
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=positive_int, default=1,
                    help="number of paired seeds 0..K-1 (default 1, which gives no CI; make demo uses 3; seeds already "
                         "in --out are reused)")
-    p.add_argument("--out", default=None, help="output folder (default runs/compare-PRESET)")
+    p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/compare-PRESET)")
     p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "

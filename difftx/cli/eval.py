@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from .args import output_file
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -35,7 +37,8 @@ def register(sub) -> None:
         t.add_argument("--data", help="held-out text for a text model: every token of this file is scored (default: "
                                       "the run's own validation split)")
         t.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
-        t.add_argument("--json", dest="json_out", help="also write the full result to this JSON file")
+        t.add_argument("--json", dest="json_out", type=output_file,
+                       help="also write the full result to this JSON file (checked before the evaluation)")
         t.add_argument("--no-progress", action="store_true", help="hide progress bars")
         group = t.add_argument_group(f"{name} settings (compare: --set tasks.{name}.SETTING=VALUE)")
         for f in dataclasses.fields(task.Settings):
@@ -66,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
     from ..tasks.runner import evaluate_checkpoint
 
     settings = settings_from_args(args.task, args)
-    if args.json_out and Path(args.json_out).is_dir():  # before the evaluation, not after it
-        raise ValueError(f"--json {args.json_out}: is a folder; give a file path")
     try:
         res = evaluate_checkpoint(args.task, args.checkpoint, settings=settings, tokenizer=args.tokenizer,
                                   data=args.data, device=args.device, progress=not args.no_progress)

@@ -17,17 +17,19 @@ def register(sub) -> None:
                     "tokenizer converted to one) is written beside the model. See docs/interop.md.")
     p.add_argument("checkpoint", help="difftx model or checkpoint folder, or a training run folder (its latest "
                                        "checkpoint)")
-    p.add_argument("out_dir", help="output folder (created if needed)")
+    p.add_argument("out_dir", help="output folder (created; an existing one must be empty, see --overwrite)")
     p.add_argument("--format", choices=FORMATS, default="hf", help="output format (default: hf)")
     p.add_argument("--tokenizer", metavar="DIR",
                    help="take the tokenizer from DIR (default: the checkpoint's tokenizer/ folder, else the "
                         "checkpoint folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR when it is a non-empty folder (refused otherwise: nothing is overwritten)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..interop.hf import export_hf
 
-    out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer)
+    out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} -> {out} (Hugging Face transformers)")
     return 0

@@ -16,13 +16,16 @@ def register(sub) -> None:
                     "difftx.checkpoint.load_model and fine-tunes with `difftx train --init-from`. Nothing is "
                     "downloaded.")
     p.add_argument("hf_dir", help="Hugging Face model folder (local)")
-    p.add_argument("out_checkpoint", help="output difftx model folder (created if needed)")
+    p.add_argument("out_checkpoint", help="output difftx model folder (created; an existing one must be empty, "
+                                          "see --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_CHECKPOINT when it is a non-empty folder (refused otherwise)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..interop.hf import import_hf
 
-    out = import_hf(args.hf_dir, args.out_checkpoint)
+    out = import_hf(args.hf_dir, args.out_checkpoint, overwrite=args.overwrite)
     print(f"imported {args.hf_dir} -> {out} (difftx model folder)")
     return 0

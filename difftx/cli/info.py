@@ -18,9 +18,10 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..checkpoint import load_config
-    from ..config import PRESETS, baseline_config, preset
+    from ..checkpoint import CheckpointError, read_json
+    from ..config import PRESETS, ModelConfig, baseline_config, preset
     from ..model import Transformer
+    from ..training.checkpointing import resolve_checkpoint
 
     if args.config in PRESETS:
         cfg = preset(args.config)
@@ -28,7 +29,13 @@ def run(args: argparse.Namespace) -> int:
         path = Path(args.config)
         if not path.exists():
             raise ValueError(f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a path")
-        cfg = load_config(path if path.is_dir() else path.parent)
+        if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
+            path = resolve_checkpoint(path) / "config.json"
+        data = read_json(path, "not found", "not a model config: not valid JSON")
+        try:
+            cfg = ModelConfig.from_dict(data)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"{path}: not a valid model config ({e})") from None
     if args.attention:
         cfg = cfg.replace(attention=args.attention)
     base = baseline_config(cfg)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .args import output_dir
+
 
 def register(sub) -> None:
     p = sub.add_parser("tokenizer", help="train a BPE tokenizer locally on text files",
@@ -16,7 +18,7 @@ def register(sub) -> None:
     t.add_argument("--input", nargs="+", metavar="PATH", help="text file(s), folder(s) or .jsonl file(s)")
     t.add_argument("--vocab-size", type=int, default=4096,
                    help="vocabulary size, <|endoftext|> included (default 4096)")
-    t.add_argument("--out", required=True, metavar="DIR", help="folder to write tokenizer.json into")
+    t.add_argument("--out", required=True, type=output_dir, metavar="DIR", help="folder to write tokenizer.json into")
     t.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     t.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default 2)")
     t.set_defaults(func=run_train)

@@ -118,8 +118,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import CheckpointError
-    from ..training import TRAIN_PRESETS, TrainingDivergedError, train
+    from ..training import TRAIN_PRESETS, train
 
     if args.list_presets:
         for name, c in TRAIN_PRESETS.items():
@@ -129,18 +128,14 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    try:
-        notes: list[str] = []
-        cfg = build_config(args, notes)
-        for note in notes if main_rank else ():
-            print(f"difftx train: note: {note}", file=sys.stderr)
-        if args.print_config:
-            print(cfg.to_json())
-            return 0
-        result = train(cfg, resume=args.resume)
-    except (CheckpointError, TrainingDivergedError) as e:
-        print(f"difftx train: error: {e}", file=sys.stderr)
-        return 1
+    notes: list[str] = []
+    cfg = build_config(args, notes)
+    for note in notes if main_rank else ():
+        print(f"difftx train: note: {note}", file=sys.stderr)
+    if args.print_config:
+        print(cfg.to_json())
+        return 0
+    result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
     if main_rank:
         print(done_line(result))
     return 0

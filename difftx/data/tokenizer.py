@@ -242,7 +242,12 @@ def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = N
         if (path / TOKENIZER_FILE).is_file():
             return BPETokenizer.from_file(path / TOKENIZER_FILE, eos_token=eos_token)
         if (path / META_FILE).is_file():
-            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+            try:
+                meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"tokenizer {path / META_FILE}: not valid JSON ({e})") from None
+            if not isinstance(meta, dict):
+                raise ValueError(f"tokenizer {path / META_FILE}: expected a JSON object")
             if meta.get("type") == "byte":
                 return ByteTokenizer()
             raise ValueError(f"tokenizer {path / META_FILE}: unknown type {meta.get('type')!r}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -596,6 +597,34 @@ def score_text_answer(sample: TextNeedleSample, generated: str, value_digits: in
     return out
 
 
+def check_text_context(count_tokens: Callable[[str], int], n_needles: int, context_len: int,
+                       value_digits: int = 7) -> None:
+    """ValueError naming ``context_len`` when it cannot hold ``n_needles`` needle sentences (the
+    prompt would be needles alone, and its score meaningless)."""
+    need = n_needles * count_tokens(needle_sentence(max(CITIES, key=len), "9" * value_digits) + " ")
+    if context_len < need:
+        raise ValueError(f"context_len: {context_len} tokens cannot hold {n_needles} needle sentence(s) of the text "
+                         f"needle form ({need} tokens with this tokenizer); use at least {need}, a few times more for "
+                         f"a haystack (difftx eval: --context-len)")
+
+
+def warn_long_context(model: torch.nn.Module, context_len: int, n_prompts: int, batch_size: int) -> None:
+    """Warn, with an estimate of the cost, when prompts of ``context_len`` tokens are longer than
+    the model's ``max_seq_len`` (its training length)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or context_len <= cfg.max_seq_len:
+        return
+    from ..generation import _fmt_bytes, kv_cache_bytes
+
+    params = sum(p.numel() for p in model.parameters())
+    flops = n_prompts * (2 * params * context_len + 2 * cfg.n_layers * cfg.dim * context_len ** 2)
+    cache = kv_cache_bytes(model, min(batch_size, n_prompts), context_len)
+    warnings.warn(f"context_len {context_len} is beyond the model's max_seq_len {cfg.max_seq_len} (its training "
+                  f"length): {n_prompts} prompts of about {context_len} tokens, roughly {flops / 1e12:.2g} TFLOP and "
+                  f"{_fmt_bytes(cache)} of KV cache per batch of {min(batch_size, n_prompts)}; this may take long",
+                  stacklevel=3)
+
+
 def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[int]],
                           decode: Callable[[list[int]], str], *, context_len: int = 512,
                           grid: Sequence[tuple[int, int]] = DEFAULT_GRID, depths: Sequence[float] = DEFAULT_DEPTHS,
@@ -611,6 +640,9 @@ def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[i
     count = lambda s: len(encode(s))  # noqa: E731
     cells, examples = [], []
     todo = [(n, r, L, d) for n, r in grid for L in lengths for d in depths]
+    if todo:  # before any prompt is decoded
+        check_text_context(count, min(n for n, _ in grid), min(lengths), value_digits)
+        warn_long_context(model, max(lengths), len(todo) * samples_per_cell, batch_size)
     for n, r, L, d in tqdm(todo, desc="needle eval (text)", disable=not progress, leave=False):
         rng = random.Random(_cell_seed(seed, n, r, L, d))
         samples = [make_text_needle_sample(n, r, d, L, rng, count_tokens=count, value_digits=value_digits)

@@ -26,10 +26,12 @@ HF row ``c*d/2 + i`` is difftx row ``2i + c``. Values are not rotated and keep t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -394,15 +396,50 @@ def _export_tokenizer(src: Optional[Path], out: Path, config: ModelConfig) -> tu
     return eos, eos_id
 
 
-def _output_dir(out_dir: PathLike, sources: list[Path]) -> Path:
+def _output_dir(out_dir: PathLike, sources: list[Path], overwrite: bool = False) -> Path:
+    """``out_dir`` after checking, before any work, that writing it loses nothing: it must not be
+    a file, nor an input folder or one that holds an input, and a non-empty folder is refused
+    unless ``overwrite`` (its files would be replaced)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise ConversionError(f"{out}: exists and is not a folder")
+        raise ConversionError(f"{out}: exists and is not a folder; choose a folder path")
     for s in sources:
-        if s is not None and out.resolve() == s.resolve():
-            raise ConversionError(f"{out}: the output folder must differ from the input folder")
-    out.mkdir(parents=True, exist_ok=True)
+        if s is not None and (out.resolve() == s.resolve() or out.resolve() in s.resolve().parents):
+            raise ConversionError(f"{out}: the output folder must differ from the input folder {s} and not hold it")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConversionError(f"{out}: not empty; refusing to write into it (its files would be replaced). Choose a "
+                              f"new or empty folder, or pass --overwrite (overwrite=True) to replace the folder")
     return out
+
+
+@contextlib.contextmanager
+def _staged(out: Path):
+    """A temporary folder beside ``out`` to write into; renamed into place when the block ends
+    without error (replacing ``out``, which :func:`_output_dir` allowed), removed otherwise: a
+    crash or Ctrl-C never leaves a half-written ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    old = None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # a plain folder, not mkdtemp's private one
+        yield tmp
+        if out.exists():  # an empty folder, or one --overwrite replaces: moved aside, then removed
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, old / out.name)
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old is not None:
+                os.rename(old / out.name, out)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def resolve_model_folder(path: PathLike) -> Path:
@@ -420,7 +457,7 @@ def resolve_model_folder(path: PathLike) -> Path:
 
 
 def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
-              tokenizer_dir: Optional[PathLike] = None) -> Path:
+              tokenizer_dir: Optional[PathLike] = None, overwrite: bool = False) -> Path:
     """Write a transformers model folder for a difftx model, or for a folder ``load_model`` reads
     (a training run folder means its latest checkpoint).
 
@@ -431,7 +468,9 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     written if absent), difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
     equivalent ``tokenizer.json``. The result loads with
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), no custom code.
-    Raises :class:`ConversionError` (before writing anything) when no exact export exists.
+    Raises :class:`ConversionError` (before writing anything) when no exact export exists, or
+    when ``out_dir`` is a non-empty folder and not ``overwrite``. The folder is assembled beside
+    ``out_dir`` and renamed into place: it is complete or absent, never half-written.
     """
     src: Optional[Path] = None
     model_or_folder = getattr(model_or_folder, "_orig_mod", model_or_folder)  # a torch.compile'd model
@@ -445,6 +484,7 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
         source = "model"
     else:
         src = resolve_model_folder(model_or_folder)
+        _output_dir(out_dir, [src], overwrite)  # before reading the weights
         try:
             config, state = load_config(src), load_state(src)
         except CheckpointError as e:
@@ -459,14 +499,15 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     check_exportable(config)
     _check_shapes(state, _expected_state(config), source)
     hf_state = to_hf_state(config, state)
-    out = _output_dir(out_dir, [src])
+    out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
-    _write_safetensors(out / HF_WEIGHTS, hf_state, {"format": "pt"})
-    _, eos_id = _export_tokenizer(tok_src, out, config)
-    cfg = hf_config(config, dtype)
-    if eos_id is not None:
-        cfg["eos_token_id"] = eos_id
-    _write_json(out / "config.json", cfg)
+    with _staged(out) as tmp:
+        _write_safetensors(tmp / HF_WEIGHTS, hf_state, {"format": "pt"})
+        _, eos_id = _export_tokenizer(tok_src, tmp, config)
+        cfg = hf_config(config, dtype)
+        if eos_id is not None:
+            cfg["eos_token_id"] = eos_id
+        _write_json(tmp / "config.json", cfg)
     return out
 
 
@@ -504,7 +545,7 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
     return hf_cfg, state
 
 
-def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
+def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False) -> Path:
     """Convert a local transformers DiffLlama (-> ``diff``) or Llama (-> ``standard``) folder into
     a difftx model folder that :func:`difftx.checkpoint.load_model` and the trainer's
     ``--init-from`` read: ``config.json``, ``model.safetensors`` and the tokenizer files (if
@@ -512,10 +553,13 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
 
     Tensors keep their dtype and values, so exporting the result gives back the same weights
     bit for bit. DiffLlama's per-head norm has no gain: ``subln.weight`` becomes ones.
+    A non-empty ``out_folder`` is refused unless ``overwrite``; the folder is assembled beside
+    it and renamed into place (complete or absent).
     """
     src = Path(hf_dir)
     if not src.is_dir():
         raise ConversionError(f"{src}: not a folder (expected a Hugging Face model folder)")
+    _output_dir(out_folder, [src], overwrite)  # before reading the weights
     hf_cfg, hf_state = load_hf_folder(src)
     config = config_from_hf(hf_cfg, str(src / "config.json"))
     expected_hf = to_hf_state(config, _expected_state(config))
@@ -523,10 +567,11 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike) -> Path:
         hf_state.pop("lm_head.weight", None)
     _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
     state = to_difftx_state(config, hf_state)
-    out = _output_dir(out_folder, [src])
+    out = _output_dir(out_folder, [src], overwrite)
     meta = {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"}
-    _write_safetensors(out / WEIGHTS_NAME, state, meta)
-    atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
-    if any((src / name).is_file() for name in TOKENIZER_FILES):
-        _copy_tokenizer(src, out / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
+    with _staged(out) as tmp:
+        _write_safetensors(tmp / WEIGHTS_NAME, state, meta)
+        atomic_write(tmp / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
+        if any((src / name).is_file() for name in TOKENIZER_FILES):
+            _copy_tokenizer(src, tmp / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
     return out

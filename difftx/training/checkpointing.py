@@ -15,6 +15,9 @@ Layout of a run folder::
           trainer_state.json     step, tokens seen, data-loader and RNG state of every rank
           train_config.json      the TrainConfig of the run that wrote it
 
+While a run writes to ``OUT`` it holds ``OUT/.lock`` (:func:`lock_run`): a second run on the
+same folder is refused; a lock left by a process that has died is taken over.
+
 Every file is written to a temporary name and renamed; the whole folder is first assembled
 as ``checkpoints/.tmp-step_...`` and renamed into place, then ``latest`` is rewritten. A crash at
 any point leaves the previous checkpoint and pointer untouched; stale ``.tmp-*`` folders are
@@ -28,6 +31,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -51,6 +55,7 @@ STATE_NAME = "trainer_state.json"
 OPTIM_NAME = "optimizer.pt"
 TRAIN_CONFIG_NAME = "train_config.json"
 TOKENIZER_DIR = "tokenizer"
+LOCK_NAME = ".lock"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 # fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change);
@@ -81,7 +86,10 @@ def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
     root = checkpoints_dir(run_dir)
     pointer = root / LATEST
     if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8").strip()
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{pointer}: not a text file (it should hold a checkpoint folder's name)") from None
         if not _STEP_RE.match(name):
             raise CheckpointError(f"{pointer}: does not name a checkpoint folder (got {name[:80]!r})")
         target = root / name
@@ -104,6 +112,111 @@ def resolve_checkpoint(path: PathLike) -> Path:
         raise CheckpointError(f"{path}: neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder with "
                               f"checkpoints")
     return latest
+
+
+# -- the run-folder lock -------------------------------------------------------------------------
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: a pid file checked for a live process instead
+    fcntl = None
+
+_locks: dict[str, tuple[int, Path, bool]] = {}  # resolved run folder -> (fd, lock file, folder created by us)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "a process that has not written its pid yet"
+
+
+def lock_run(run_dir: PathLike) -> None:
+    """Mark ``run_dir`` (created if needed) as written to by this process until
+    :func:`unlock_run`: :class:`CheckpointError` naming the holder when another live process
+    holds it. The lock is an OS lock on ``run_dir/.lock`` (which records the holder's pid and
+    host), so the lock of a process that died is released by the OS and taken over."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: exists and is not a folder; choose a folder for out_dir (--out)")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(f"{run_dir}: cannot write the run folder ({e.strerror or e}); choose another out_dir "
+                              f"(--out)") from None
+    key, path = str(run_dir.resolve()), run_dir / LOCK_NAME
+    if key in _locks:
+        raise CheckpointError(f"{run_dir}: already being written by this process (a run is still going on in it)")
+    busy = (f"{run_dir}: in use by another difftx run ({{}}; lock file {path}); wait for it to finish or stop it, "
+            f"or choose another out_dir (--out)")
+    for _ in range(10):
+        if fcntl is None:  # pragma: no cover - no flock: a pid file, taken over when its process is gone
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                text = _holder(path)
+                m = re.match(r"pid (\d+) host (\S+)", text)
+                if m and (m.group(2) != socket.gethostname() or _pid_alive(int(m.group(1)))):
+                    raise CheckpointError(busy.format(text)) from None
+                path.unlink(missing_ok=True)
+                continue
+        else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise CheckpointError(f"{path}: cannot create the run folder's lock file ({e.strerror or e}); "
+                                      f"choose another out_dir (--out)") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise CheckpointError(busy.format(_holder(path))) from None
+            try:  # the file may have been removed (by a run that just finished) before we locked it
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+        _locks[key] = (fd, path, created)
+        return
+    raise CheckpointError(f"{path}: could not take the lock (the file keeps changing); try again")
+
+
+def unlock_run(run_dir: PathLike) -> None:
+    """Release :func:`lock_run`'s lock (a no-op when this process does not hold it); a folder the
+    lock created is removed again if nothing else was written into it."""
+    run_dir = Path(run_dir)
+    try:
+        key = str(run_dir.resolve())
+    except OSError:
+        return
+    entry = _locks.pop(key, None)
+    if entry is None:
+        return
+    fd, path, created = entry
+    try:
+        path.unlink(missing_ok=True)  # while still holding the lock (see the inode check in lock_run)
+    finally:
+        os.close(fd)
+    if created:
+        try:
+            run_dir.rmdir()  # only when empty
+        except OSError:
+            pass
 
 
 def clean_stale(run_dir: PathLike) -> None:
@@ -190,6 +303,11 @@ def read_trainer_state(folder: PathLike) -> dict:
     for key in ("step", "loaders", "rng", "world_size"):
         if key not in state:
             raise CheckpointError(f"{path}: corrupt trainer state (no {key!r})")
+    for key in ("step", "world_size", "tokens_seen"):
+        value = state.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (key == "world_size" and not value):
+            raise CheckpointError(f"{path}: corrupt trainer state ({key!r} is {value!r}, expected a "
+                                  f"{'positive' if key == 'world_size' else 'non-negative'} integer)")
     return state
 
 

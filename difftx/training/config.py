@@ -273,7 +273,10 @@ def read_config_file(path: Union[str, Path]) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file ({e}); a training config is JSON or YAML") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml

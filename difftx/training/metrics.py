@@ -56,7 +56,12 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.is_file():
             kept = []
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{self.path}: not a metrics log (not UTF-8 text: {e}); move it away to "
+                                 f"resume") from None
+            for line in text.splitlines():
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:

@@ -177,6 +177,7 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     try:
         return _train(config, dist, resume, data, stop_at)
     finally:
+        ckpt.unlock_run(config.out_dir)  # taken in _plan_start (rank 0); a no-op where not held
         if owns_group:
             destroy_distributed()
 
@@ -274,6 +275,10 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         loader_states, rng_states = state["loaders"], state["rng"]
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
+        if start_step > config.steps:  # before anything in the run folder is rewritten
+            raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {start_step} of the checkpoint "
+                             f"{resume_dir}; resume with steps >= {start_step}, or start a new run from it "
+                             f"(--init-from) for another schedule")
 
     loader = _make_loader(data.train, config, dist)
     if loader_states is not None:
@@ -425,12 +430,18 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     Errors are returned (not raised) so that they can be raised on every rank."""
     plan: dict = {"resume_dir": None, "init_dir": None, "tokenizer": config.tokenizer}
     try:
+        ckpt.lock_run(out_dir)  # until train() returns: a second run on this folder is refused
         ckpt.clean_stale(out_dir)
         existing = ckpt.latest_checkpoint(out_dir) if ckpt.checkpoints_dir(out_dir).exists() else None
         if existing is not None and not resume:
             msg = (f"TrainConfig.out_dir: {out_dir} already holds checkpoints (latest {existing.name}); "
                    f"resume it (--resume / resume=True) or choose another out_dir")
             plan["error"] = ("value", msg)
+            return plan
+        if existing is None and not resume and (out_dir / "metrics.jsonl").is_file():
+            plan["error"] = ("value", f"TrainConfig.out_dir: {out_dir} holds the metrics.jsonl of an earlier run that "
+                                      f"wrote no checkpoint; choose another out_dir (--out), delete that file, or "
+                                      f"pass --resume to start that run again from scratch (replacing its log)")
             return plan
         if resume and existing is None:
             plan["note"] = f"difftx train: no checkpoint in {out_dir}; starting from scratch"

@@ -1,0 +1,121 @@
+"""Checks shared by the subcommands: argparse ``type=`` callables that refuse a bad value while
+the command line is parsed (before any model is loaded or any work starts), and the device
+check. A refusal names the flag (argparse adds it) and the fix; the exit code is 2.
+
+Light on purpose: importing this module must not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (``nan`` and ``inf`` are refused)."""
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in (0, 1]."""
+    value = _float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _writable_parent(path: Path, text: str) -> None:
+    """The nearest existing ancestor of ``path`` must be a folder this process can write into
+    (missing folders in between are created when the output is written)."""
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is a file, not a folder; choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into {parent} (permission denied); "
+                                         f"choose a writable location")
+
+
+def output_file(text: str) -> str:
+    """A file path to write: not an existing folder, inside a writable folder. Checked at parse
+    time, so a bad path is refused before the work whose result it would hold."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path (for example "
+                                         f"{os.path.join(text or '.', 'result.json')})")
+    _writable_parent(path, text)
+    return text
+
+
+def check_output_file(path, flag: str) -> None:
+    """:func:`output_file` for a value already parsed (``None``: not given): a ValueError naming
+    ``flag`` when ``path`` cannot be written."""
+    if path is not None:
+        try:
+            output_file(str(path))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{flag}: {e}") from None
+
+
+def output_dir(text: str) -> str:
+    """A folder path to write into: not an existing file, inside a writable folder."""
+    path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; give a folder")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder; choose a folder path")
+    if not path.exists():
+        _writable_parent(path, text)
+    return text
+
+
+def check_device(device: str, flag: str = "--device") -> str:
+    """``device`` if this machine has it (``auto`` resolves to ``cuda`` when available, else
+    ``cpu``); a ValueError naming ``flag`` otherwise."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"{flag} {device}: no CUDA device is available here (torch.cuda.is_available() is False); "
+                         f"use {flag} cpu (or auto)")
+    return device
