@@ -12,6 +12,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
+from difftx.compare.stream import CompareStream
 from difftx.compare.train import batch_for_step, lm_streams, task_space
 from difftx.tasks.training import first_learned_step
 
@@ -148,6 +149,13 @@ def test_paired_data_order_depends_on_the_seed_only():
     assert [x[0] for x in a] == ["needle", "needle", "lm", "icl", "needle", "lm"]
     assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b))
     assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
+    # the trainer's batch source gives the same batches, the same for both arms of a seed (the
+    # stream knows nothing of the model)
+    loader = CompareStream(p, space, 0, lm).make_loader(batch_size=p.batch_size)
+    for kind, tokens, mask in a:
+        got = loader.next_batch()
+        assert got.kind == kind and torch.equal(got.tokens, tokens)
+        assert (got.loss_mask is None) == (mask is None) and (mask is None or torch.equal(got.loss_mask, mask))
     assert int(a[2][1].min()) >= space.lm_offset  # LM bytes live past the needle vocabulary
     assert int(a[0][1].max()) < space.lm_offset
     assert int(a[3][1].min()) >= space.icl.first_id > int(a[2][1].max())  # ICL ids past the bytes
@@ -201,9 +209,17 @@ def test_first_learned_step():
 
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
-    """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
-    from difftx.compare.train import batch_loss, model_configs
+    """The LM head applied to the loss positions alone (the trainer's masked loss through
+    ``forward(logits_at=...)``) gives the full-logits cross-entropy."""
+    from difftx.compare.train import model_configs
     from difftx.model import Transformer
+    from difftx.training.trainer import masked_lm_loss
+
+    def batch_loss(model, tokens, mask):
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        if mask is None:
+            return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        return masked_lm_loss(model(x, logits_at=mask), y[mask], int(mask.sum()))
 
     p = get_preset("smoke", **FAST)
     space = task_space(p)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -50,10 +51,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
+def init_distributed(device: str = "auto", timeout: Optional[timedelta] = None) -> DistInfo:
     """Join the process group described by torchrun's environment, if any.
 
     Without torchrun (or with ``WORLD_SIZE=1``) this is a no-op returning rank 0 of 1.
+    ``timeout``: how long a collective may wait (torch's default when None; a longer one lets the
+    other ranks wait while rank 0 alone does a long piece of work, see :func:`on_main`).
     """
     import torch.distributed as dist
 
@@ -66,7 +69,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
-                                device_id=dev if dev.type == "cuda" else None)
+                                device_id=dev if dev.type == "cuda" else None,
+                                **({"timeout": timeout} if timeout is not None else {}))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev)
 
 
@@ -156,6 +160,30 @@ def barrier() -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+def on_main(fn, share: bool = False) -> Any:
+    """Run ``fn()`` on rank 0 alone while the other ranks wait; an exception there is raised on
+    every rank (rank 0: the original; others: a ``RuntimeError`` quoting it), so no rank is left
+    waiting in a later collective. Returns ``fn()``'s value on rank 0; on the others ``None``, or
+    rank 0's value when ``share`` (it must then be picklable). Without a process group: ``fn()``."""
+    if not is_initialized():
+        return fn()
+    import torch.distributed as dist
+
+    value, failure = None, None
+    if dist.get_rank() == 0:
+        try:
+            value = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after telling the others
+            failure = e
+    message = None if failure is None else f"{type(failure).__name__}: {failure}"
+    message, shared = broadcast_object((message, value if share and failure is None else None))
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise RuntimeError(f"rank 0 failed: {message}")
+    return value if dist.get_rank() == 0 else shared
 
 
 def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
