@@ -176,6 +176,70 @@ def test_probing_during_training_changes_nothing(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_an_interrupted_model_resumes_mid_training_exactly(tmp_path, monkeypatch):
+    """A model stopped after a checkpoint continues from it on the next call and ends exactly as
+    the uninterrupted one (weights, loss history, probes)."""
+    import difftx.training
+    from difftx.checkpoint import load_model
+    from difftx.compare.train import TrainingInterrupted, train_model
+
+    p = get_preset("smoke", **{**FAST, "steps": 12, "log_every": 2, "probe_every": 4})
+    full = train_model("diff", p, 0, tmp_path / "full", progress=False)
+    real = difftx.training.train
+    monkeypatch.setattr(difftx.training, "train", lambda *a, **k: real(*a, **k, stop_at=6))
+    with pytest.raises(TrainingInterrupted, match="after step 6"):
+        train_model("diff", p, 0, tmp_path / "cut", progress=False)
+    assert not (tmp_path / "cut" / "train.json").exists()
+    assert (tmp_path / "cut" / "train" / "checkpoints").is_dir()
+    monkeypatch.setattr(difftx.training, "train", real)
+    resumed = train_model("diff", p, 0, tmp_path / "cut", progress=False)
+    assert resumed["resumed_from"] == 6 and full["resumed_from"] is None
+    assert resumed["history"] == full["history"] and resumed["probes"] == full["probes"]
+    assert [h["step"] for h in full["history"]] == list(range(2, 13, 2))
+    assert all({"grad_norm", "lr", "lambda"} <= set(h) for h in full["history"])
+    assert {k for h in full["history"] for k in h if k.endswith("_loss")} == {"needle_loss", "lm_loss", "icl_loss"}
+    a, b = load_model(tmp_path / "full" / "model").state_dict(), load_model(tmp_path / "cut" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "cut" / "train" / "checkpoints").exists()  # deleted once the model is saved
+
+
+def test_a_diverging_model_stops_with_a_clear_error(tmp_path, monkeypatch):
+    from difftx.compare.train import train_model
+    from difftx.training import TrainingDivergedError
+    from difftx.training import trainer as trainer_mod
+
+    real = trainer_mod.masked_lm_loss
+    monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
+    with pytest.raises(TrainingDivergedError, match=r"training baseline \(seed 3\) diverged: loss is nan at step 1"):
+        train_model("baseline", get_preset("smoke", **FAST), 3, tmp_path / "m", progress=False)
+    assert not (tmp_path / "m" / "train.json").exists()
+
+
+def test_the_stream_is_rank_sliced_and_resumable():
+    """Two ranks' batches are the halves of one process's; a loader restored from a state dict
+    continues the same stream."""
+    p = get_preset("smoke", **FAST)
+    space = task_space(p)
+    stream = CompareStream(p, space, 5)
+    one = stream.make_loader(batch_size=8)
+    two = [stream.make_loader(batch_size=4, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(5):
+        whole, halves = one.next_batch(), [loader.next_batch() for loader in two]
+        assert torch.equal(torch.cat([h.tokens for h in halves]), whole.tokens)
+        assert all(h.kind == whole.kind and h.mask_total == whole.mask_total for h in halves)
+        if whole.loss_mask is not None:
+            assert torch.equal(torch.cat([h.loss_mask for h in halves]), whole.loss_mask)
+            assert whole.mask_total == int(whole.loss_mask.sum())
+    state = json.loads(json.dumps(one.state_dict()))  # it goes into trainer_state.json
+    again = stream.make_loader(batch_size=8)
+    again.load_state_dict(state)
+    for _ in range(3):
+        x, y = one.next_batch(), again.next_batch()
+        assert x.kind == y.kind and torch.equal(x.tokens, y.tokens)
+    with pytest.raises(ValueError, match="global_batch"):
+        stream.make_loader(batch_size=4).load_state_dict(state)
+
+
 def test_batch_shares_follow_the_schedule():
     from difftx.compare.train import batch_shares, step_kind
 

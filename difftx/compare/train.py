@@ -138,10 +138,10 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
                            progress_bar={"desc": f"train {kind} seed {seed}", "position": position, "leave": False})
         except TrainingDivergedError as e:
             raise TrainingDivergedError(f"training {kind} (seed {seed}) diverged: {e}") from e
-        if result.stopped_by:
-            raise TrainingInterrupted(f"training {kind} (seed {seed}) stopped by {result.stopped_by} after step "
-                                      f"{result.step} (checkpoint {result.last_checkpoint}); run the same command "
-                                      "again to continue it")
+        if result.step < tc.steps:  # a signal (or stop_at) ended it early, after writing a checkpoint
+            raise TrainingInterrupted(f"training {kind} (seed {seed}) stopped by {result.stopped_by or 'request'} "
+                                      f"after step {result.step} (checkpoint {result.last_checkpoint}); run the same "
+                                      "command again to continue it")
 
         def finish() -> dict:
             model = load_model(result.last_checkpoint)
