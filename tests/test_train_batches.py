@@ -121,3 +121,34 @@ def test_divergence_with_a_batch_source_stops_with_a_clear_error(tmp_path, monke
     monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
     with pytest.raises(TrainingDivergedError, match="loss is nan at step 1"):
         train(_cfg(tmp_path / "nan"), data=ToySource(), model_config=MODEL)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_single_process_state_dicts_equal_the_distributed_checkpoint_ones(tie):
+    """The single-process shortcut of ``full_state_dicts`` (no torch.distributed.checkpoint
+    import) returns what ``get_model_state_dict`` / ``get_optimizer_state_dict`` return."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+    )
+
+    from difftx.model import Transformer
+    from difftx.training.distributed import full_state_dicts, load_full_state_dicts
+    from difftx.training.optim import build_optimizer
+
+    model = Transformer(MODEL.replace(tie_embeddings=tie))
+    opt = build_optimizer(model, _cfg("unused"))
+    model(torch.randint(0, VOCAB, (2, 8))).sum().backward()
+    opt.step()
+    ms, os_ = full_state_dicts(model, opt)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    ref_m, ref_o = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, opt, options=opts)
+    assert ms.keys() == ref_m.keys() and all(torch.equal(ms[k], ref_m[k]) for k in ms)
+    assert os_["param_groups"] == ref_o["param_groups"]
+    assert os_["state"].keys() == ref_o["state"].keys()
+    for name, st in ref_o["state"].items():
+        assert st.keys() == os_["state"][name].keys() and all(torch.equal(v, os_["state"][name][k]) for k, v in st.items())
+    # and it loads back
+    fresh = Transformer(MODEL.replace(tie_embeddings=tie))
+    fresh_opt = build_optimizer(fresh, _cfg("unused"))
+    load_full_state_dicts(fresh, fresh_opt, ms, os_)
+    assert fresh_opt.state_dict()["state"].keys() == opt.state_dict()["state"].keys()

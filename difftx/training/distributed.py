@@ -233,12 +233,31 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
 
     Collective under FSDP2 (every rank must call it); the result is complete on rank 0.
     Works the same on plain and DDP models, so checkpoints are interchangeable across modes.
+    A single process with an unsharded model builds the same dicts directly (importing
+    ``torch.distributed.checkpoint`` takes seconds, a noticeable share of a short CPU run).
     """
+    if not is_initialized() and not is_sharded(model):
+        return _plain_state_dicts(unwrap(model), optimizer)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = unwrap(model)
     return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def _plain_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """What ``get_model_state_dict`` / ``get_optimizer_state_dict`` (full, CPU) return for a plain
+    model in one process: the optimizer's state and groups keyed by parameter name (a shared
+    parameter by its first name), tensors on CPU."""
+    first_name: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        first_name.setdefault(id(p), name)
+    order = [first_name[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    sd = optimizer.state_dict()  # state and params keyed by index in param_groups order
+    cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    optim = {"state": {order[i]: {k: cpu(v) for k, v in st.items()} for i, st in sd["state"].items()},
+             "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, optim
 
 
 def load_full_state_dicts(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], model_state: dict,

@@ -374,13 +374,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 loss_sum += loss.detach().float()
                 if batch.kind is not None:
                     kinds.setdefault(batch.kind, []).append(loss.detach().float())
-            parts = [loss_sum, *(torch.stack(v).sum() for v in kinds.values())]
             if dist.distributed:  # one all-reduce carries the losses and "a rank was asked to stop"
-                flags = torch.stack([*parts, torch.tensor(float(stop_signal.requested), device=device)])
+                flags = torch.stack([loss_sum, *(torch.stack(v).sum() for v in kinds.values()),
+                                     torch.tensor(float(stop_signal.requested), device=device)])
                 values = all_reduce_mean(flags).tolist()
                 stop_now = values.pop() > 0
-            else:
-                values = torch.stack(parts).tolist() if kinds else [loss_sum.item()]
+            else:  # no collective, no extra tensors
+                values = [loss_sum.item(), *(sum(t.item() for t in v) for v in kinds.values())]
                 stop_now = stop_signal.requested
             loss_val = values[0]
             for (kind, micro_losses), v in zip(kinds.items(), values[1:]):
