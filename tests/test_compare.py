@@ -162,6 +162,35 @@ def test_paired_data_order_depends_on_the_seed_only():
     assert int(a[3][1].max()) < space.vocab_size
 
 
+def test_both_arms_of_a_seed_train_on_the_same_batches(tmp_path, monkeypatch):
+    """Recorded where the trainer draws them: DIFF and its baseline get identical batches (tokens
+    and loss masks) in the same order; another seed gets others."""
+    from difftx.compare import stream as stream_mod
+    from difftx.compare.train import train_model
+
+    seen: list = []
+    real = stream_mod.CompareLoader.next_batch
+
+    def recording(self):
+        b = real(self)
+        seen.append((b.kind, b.tokens.clone(), None if b.loss_mask is None else b.loss_mask.clone()))
+        return b
+
+    monkeypatch.setattr(stream_mod.CompareLoader, "next_batch", recording)
+    p = get_preset("smoke", **{**FAST, "probe_every": 0})
+    runs = {}
+    for kind, seed in (("diff", 0), ("baseline", 0), ("diff", 1)):
+        seen.clear()
+        train_model(kind, p, seed, tmp_path / f"{kind}{seed}", progress=False)
+        runs[kind, seed] = list(seen)
+    a, b, c = runs["diff", 0], runs["baseline", 0], runs["diff", 1]
+    assert len(a) == len(b) == p.steps and [x[0] for x in a] == [x[0] for x in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x[1], y[1]) and (x[2] is None) == (y[2] is None)
+        assert x[2] is None or torch.equal(x[2], y[2])
+    assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
+
+
 def test_probing_during_training_changes_nothing(tmp_path):
     """Needle probes touch no random state and no weights: the trained model is bit-identical."""
     from difftx.checkpoint import load_model
@@ -273,17 +302,9 @@ def test_first_learned_step():
 
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
-    """The LM head applied to the loss positions alone (the trainer's masked loss through
-    ``forward(logits_at=...)``) gives the full-logits cross-entropy."""
-    from difftx.compare.train import model_configs
+    """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
+    from difftx.compare.train import batch_loss, model_configs
     from difftx.model import Transformer
-    from difftx.training.trainer import masked_lm_loss
-
-    def batch_loss(model, tokens, mask):
-        x, y = tokens[:, :-1], tokens[:, 1:]
-        if mask is None:
-            return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        return masked_lm_loss(model(x, logits_at=mask), y[mask], int(mask.sum()))
 
     p = get_preset("smoke", **FAST)
     space = task_space(p)
