@@ -120,11 +120,23 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: Tensor, *, positions: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, doc_ids: Optional[Tensor] = None,
-                cache: Optional[KVCache] = None, backend: Optional[str] = None) -> Tensor:
+                cache: Optional[KVCache] = None, backend: Optional[str] = None,
+                logits_at: Optional[Tensor] = None) -> Tensor:
         """Logits ``(B, T, V)`` for ``tokens`` ``(B, T)``: ``lm_head(hidden(...))``, arguments as
-        in :meth:`hidden`."""
-        return self.lm_head(self.hidden(tokens, positions=positions, attention_mask=attention_mask,
-                                         doc_ids=doc_ids, cache=cache, backend=backend))  # (B, T, V)
+        in :meth:`hidden`.
+
+        ``logits_at`` ``(B, T)`` bool: return only the logits at its True positions, ``(N, V)`` in
+        row-major order (equal to ``forward(...)[logits_at]``), running the LM head on those ``N``
+        positions alone. A loss on a few positions per sequence (answer tokens) then skips most of
+        the head's work; being part of ``forward``, it also works through DDP / FSDP2 wrappers."""
+        h = self.hidden(tokens, positions=positions, attention_mask=attention_mask, doc_ids=doc_ids, cache=cache,
+                        backend=backend)  # (B, T, D)
+        if logits_at is not None:
+            if logits_at.dtype != torch.bool or tuple(logits_at.shape) != tuple(tokens.shape):
+                raise ValueError(f"logits_at must be a bool tensor of shape {tuple(tokens.shape)}, got "
+                                 f"{logits_at.dtype} {tuple(logits_at.shape)}")
+            h = h[logits_at]  # (N, D)
+        return self.lm_head(h)  # (B, T, V), or (N, V) with logits_at
 
     def hidden(self, tokens: Tensor, *, positions: Optional[Tensor] = None,
                attention_mask: Optional[Tensor] = None, doc_ids: Optional[Tensor] = None,

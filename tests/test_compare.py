@@ -12,6 +12,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
+from difftx.compare.stream import CompareStream
 from difftx.compare.train import batch_for_step, lm_streams, task_space
 from difftx.tasks.training import first_learned_step
 
@@ -153,10 +154,46 @@ def test_paired_data_order_depends_on_the_seed_only():
     assert [x[0] for x in a] == ["needle", "needle", "lm", "icl", "needle", "lm"]
     assert all(torch.equal(x[1], y[1]) for x, y in zip(a, b))
     assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
+    # the trainer's batch source gives the same batches, the same for both arms of a seed (the
+    # stream knows nothing of the model)
+    loader = CompareStream(p, space, 0, lm).make_loader(batch_size=p.batch_size)
+    for kind, tokens, mask in a:
+        got = loader.next_batch()
+        assert got.kind == kind and torch.equal(got.tokens, tokens)
+        assert (got.loss_mask is None) == (mask is None) and (mask is None or torch.equal(got.loss_mask, mask))
     assert int(a[2][1].min()) >= space.lm_offset  # LM bytes live past the needle vocabulary
     assert int(a[0][1].max()) < space.lm_offset
     assert int(a[3][1].min()) >= space.icl.first_id > int(a[2][1].max())  # ICL ids past the bytes
     assert int(a[3][1].max()) < space.vocab_size
+
+
+def test_both_arms_of_a_seed_train_on_the_same_batches(tmp_path, monkeypatch):
+    """Recorded where the trainer draws them: DIFF and its baseline get identical batches (tokens
+    and loss masks) in the same order; another seed gets others."""
+    from difftx.compare import stream as stream_mod
+    from difftx.compare.train import train_model
+
+    seen: list = []
+    real = stream_mod.CompareLoader.next_batch
+
+    def recording(self):
+        b = real(self)
+        seen.append((b.kind, b.tokens.clone(), None if b.loss_mask is None else b.loss_mask.clone()))
+        return b
+
+    monkeypatch.setattr(stream_mod.CompareLoader, "next_batch", recording)
+    p = get_preset("smoke", **{**FAST, "probe_every": 0})
+    runs = {}
+    for kind, seed in (("diff", 0), ("baseline", 0), ("diff", 1)):
+        seen.clear()
+        train_model(kind, p, seed, tmp_path / f"{kind}{seed}", progress=False)
+        runs[kind, seed] = list(seen)
+    a, b, c = runs["diff", 0], runs["baseline", 0], runs["diff", 1]
+    assert len(a) == len(b) == p.steps and [x[0] for x in a] == [x[0] for x in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x[1], y[1]) and (x[2] is None) == (y[2] is None)
+        assert x[2] is None or torch.equal(x[2], y[2])
+    assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
 
 
 def test_probing_during_training_changes_nothing(tmp_path):
@@ -171,6 +208,70 @@ def test_probing_during_training_changes_nothing(tmp_path):
         assert len(rec["probes"]) == (3 if every else 0)
         weights.append(load_model(tmp_path / str(every) / "model").state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_an_interrupted_model_resumes_mid_training_exactly(tmp_path, monkeypatch):
+    """A model stopped after a checkpoint continues from it on the next call and ends exactly as
+    the uninterrupted one (weights, loss history, probes)."""
+    import difftx.training
+    from difftx.checkpoint import load_model
+    from difftx.compare.train import TrainingInterrupted, train_model
+
+    p = get_preset("smoke", **{**FAST, "steps": 12, "log_every": 2, "probe_every": 4})
+    full = train_model("diff", p, 0, tmp_path / "full", progress=False)
+    real = difftx.training.train
+    monkeypatch.setattr(difftx.training, "train", lambda *a, **k: real(*a, **k, stop_at=6))
+    with pytest.raises(TrainingInterrupted, match="after step 6"):
+        train_model("diff", p, 0, tmp_path / "cut", progress=False)
+    assert not (tmp_path / "cut" / "train.json").exists()
+    assert (tmp_path / "cut" / "train" / "checkpoints").is_dir()
+    monkeypatch.setattr(difftx.training, "train", real)
+    resumed = train_model("diff", p, 0, tmp_path / "cut", progress=False)
+    assert resumed["resumed_from"] == 6 and full["resumed_from"] is None
+    assert resumed["history"] == full["history"] and resumed["probes"] == full["probes"]
+    assert [h["step"] for h in full["history"]] == list(range(2, 13, 2))
+    assert all({"grad_norm", "lr", "lambda"} <= set(h) for h in full["history"])
+    assert {k for h in full["history"] for k in h if k.endswith("_loss")} == {"needle_loss", "lm_loss", "icl_loss"}
+    a, b = load_model(tmp_path / "full" / "model").state_dict(), load_model(tmp_path / "cut" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not (tmp_path / "cut" / "train" / "checkpoints").exists()  # deleted once the model is saved
+
+
+def test_a_diverging_model_stops_with_a_clear_error(tmp_path, monkeypatch):
+    from difftx.compare.train import train_model
+    from difftx.training import TrainingDivergedError
+    from difftx.training import trainer as trainer_mod
+
+    real = trainer_mod.masked_lm_loss
+    monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
+    with pytest.raises(TrainingDivergedError, match=r"training baseline \(seed 3\) diverged: loss is nan at step 1"):
+        train_model("baseline", get_preset("smoke", **FAST), 3, tmp_path / "m", progress=False)
+    assert not (tmp_path / "m" / "train.json").exists()
+
+
+def test_the_stream_is_rank_sliced_and_resumable():
+    """Two ranks' batches are the halves of one process's; a loader restored from a state dict
+    continues the same stream."""
+    p = get_preset("smoke", **FAST)
+    space = task_space(p)
+    stream = CompareStream(p, space, 5)
+    one = stream.make_loader(batch_size=8)
+    two = [stream.make_loader(batch_size=4, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(5):
+        whole, halves = one.next_batch(), [loader.next_batch() for loader in two]
+        assert torch.equal(torch.cat([h.tokens for h in halves]), whole.tokens)
+        assert all(h.kind == whole.kind and h.mask_total == whole.mask_total for h in halves)
+        if whole.loss_mask is not None:
+            assert torch.equal(torch.cat([h.loss_mask for h in halves]), whole.loss_mask)
+            assert whole.mask_total == int(whole.loss_mask.sum())
+    state = json.loads(json.dumps(one.state_dict()))  # it goes into trainer_state.json
+    again = stream.make_loader(batch_size=8)
+    again.load_state_dict(state)
+    for _ in range(3):
+        x, y = one.next_batch(), again.next_batch()
+        assert x.kind == y.kind and torch.equal(x.tokens, y.tokens)
+    with pytest.raises(ValueError, match="global_batch"):
+        stream.make_loader(batch_size=4).load_state_dict(state)
 
 
 def test_batch_shares_follow_the_schedule():

@@ -161,6 +161,21 @@ def test_forward_input_errors():
         Transformer({"dim": 3})
 
 
+@pytest.mark.parametrize("kind", ["diff", "standard"])
+def test_logits_at_equals_indexing_the_full_logits(kind):
+    torch.manual_seed(0)
+    model = Transformer(_tiny(kind))
+    x = torch.randint(0, 50, (3, 7))
+    at = torch.rand(3, 7) < 0.3
+    at[0, -1] = True  # at least one position
+    got = model(x, logits_at=at)  # (N, V)
+    assert got.shape == (int(at.sum()), 50)
+    torch.testing.assert_close(got, model(x)[at], rtol=1e-5, atol=1e-6)
+    assert model(x, logits_at=torch.zeros(3, 7, dtype=torch.bool)).shape == (0, 50)
+    with pytest.raises(ValueError, match="logits_at must be a bool tensor"):
+        model(x, logits_at=at.long())
+
+
 @pytest.mark.parametrize("tie", [False, True])
 def test_checkpoint_round_trip_and_errors(tmp_path, tie):
     model = Transformer(_tiny(tie_embeddings=tie))

@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
                          "tasks.TASK.SETTING, see `difftx eval TASK --help`)")
     out = args.out or f"runs/compare-{args.preset}"
     res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, **overrides)
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
+        return 0
     C = res["comparison"]
     print(f"\nwrote {out}/report.md, {out}/results.json and {len(res.get('plots', {}))} plots "
           f"({res['wall_s']:.0f} s)")

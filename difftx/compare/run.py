@@ -1,11 +1,17 @@
 """``run_compare``: train DIFF and its matched baseline over paired seeds, evaluate both, and
 write ``results.json``, ``report.md`` and plots. Resumable: each finished part (one model's
-training, one evaluation of one model) is a file in the output folder and is not redone.
+training, one evaluation of one model) is a file in the output folder and is not redone, and an
+unfinished training continues from its last checkpoint.
+
+Under ``torchrun`` (more than one process) the models are trained one at a time, each by every
+process (data parallel, :func:`difftx.training.train`); rank 0 alone evaluates and writes the
+outputs while the others wait.
 
 Layout of ``out_dir``::
 
     compare.json                      the preset and seeds of this folder (a re-run must match)
     seed{S}/{diff,baseline}/model/    the trained model (difftx checkpoint: load_model reads it)
+    seed{S}/{diff,baseline}/train/    the trainer's run folder (metrics.jsonl; checkpoints until trained)
     seed{S}/{diff,baseline}/train.json   loss history, lambda over training, wall/CPU time
     seed{S}/{diff,baseline}/evals/{task}.json  one file per registered task (difftx.tasks.TASKS)
     results.json  report.md  plots/*.png
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoint import atomic_write
+from ..training.distributed import broadcast_object, on_main
 from .evaluate import evaluate_model, evaluations
 from .presets import ComparePreset, get_preset
 from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
@@ -32,7 +39,8 @@ EXECUTION_FIELDS = ("workers", "threads", "device", "description")
 
 
 def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
-    """Train (unless finished) and evaluate (what is missing) one model; returns what was done."""
+    """Train (unless finished) and evaluate (what is missing) one model; returns what was done.
+    Under torchrun every rank calls it: every rank trains, rank 0 alone evaluates."""
     preset = ComparePreset.from_dict(preset_dict)
     if preset.threads:
         import torch
@@ -40,12 +48,12 @@ def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, p
         torch.set_num_threads(preset.threads)
     f = Path(folder)
     done = {"trained": False, "evaluated": []}
-    if not (f / "train.json").is_file():
+    if broadcast_object(not (f / "train.json").is_file()):  # rank 0's view decides
         train_model(kind, preset, seed, f, progress=progress, position=position)
         done["trained"] = True
-    missing = [e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()]
+    missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
     if missing:
-        evaluate_model(f, preset, progress=progress, only=tuple(missing), position=position)
+        on_main(lambda: evaluate_model(f, preset, progress=progress, only=tuple(missing), position=position))
         done["evaluated"] = missing
     return done
 
@@ -77,12 +85,32 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
 
     preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset`
     seeds      K (seeds 0..K-1) or an explicit list of seeds
-    workers    models trained side by side in separate processes (default: the preset's)
+    workers    models trained side by side in separate processes (default: the preset's; 1 under
+               torchrun, where every process trains each model in turn)
     overrides  :class:`ComparePreset` fields applied on top of the preset
     """
-    from tqdm.auto import tqdm
+    from datetime import timedelta
+
+    from ..training.distributed import destroy_distributed, init_distributed, is_initialized, under_torchrun
 
     p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
+    owns_group = under_torchrun() and not is_initialized()
+    # the other ranks wait in a collective while rank 0 evaluates: allow them hours, not torch's default
+    if owns_group:
+        init_distributed(p.device, timeout=timedelta(hours=12))
+    try:
+        return _run_compare(p, seeds, out_dir, progress=progress, workers=workers)
+    finally:
+        if owns_group:
+            destroy_distributed()
+
+
+def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike, *, progress: bool,
+                 workers: int | None) -> dict:
+    from tqdm.auto import tqdm
+
+    from ..training.distributed import is_initialized
+
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if not seed_list or (isinstance(seeds, int) and seeds <= 0):
         raise ValueError(f"seeds: need a positive count or a non-empty list, got {seeds!r}")
@@ -91,14 +119,20 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     n_workers = p.workers if workers is None else workers
     if n_workers <= 0:
         raise ValueError(f"workers: must be positive, got {n_workers}")
+    distributed = is_initialized()
+    main = not distributed or _rank() == 0
     out = Path(out_dir)
-    _check_folder(out, p)
+    on_main(lambda: _check_folder(out, p))
+    if distributed and p.lm_every:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
+        from .stream import lm_streams
+
+        on_main(lm_streams)
     t0 = time.time()
     jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in MODEL_KINDS]
     done: dict[str, dict] = {}
-    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))", disable=not progress,
-               dynamic_ncols=True)
-    if n_workers == 1 or len(jobs) == 1:
+    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))",
+               disable=not (progress and main), dynamic_ncols=True)
+    if n_workers == 1 or len(jobs) == 1 or distributed:
         for s, k, f in jobs:
             done[f"seed{s}/{k}"] = _job(p.to_dict(), s, k, f, progress, 1)
             bar.update()
@@ -113,13 +147,34 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
                 done[futs[fut]] = fut.result()
                 bar.update()
     bar.close()
-    results = collect_results(out, p, seed_list)
-    results["wall_s"] = time.time() - t0
-    results["this_run"] = done
-    from .report import write_outputs
 
-    write_outputs(out, results, progress=progress)
-    return results
+    def finish() -> dict:
+        from .report import write_outputs
+
+        results = collect_results(out, p, seed_list)
+        results["wall_s"] = time.time() - t0
+        results["this_run"] = done
+        write_outputs(out, results, progress=progress)
+        return results
+
+    return on_main(finish, share=True)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def execution(device: str) -> dict:
+    """How this invocation ran: processes (torchrun's world size), device and process-group backend."""
+    import torch.distributed as dist
+
+    from ..training.distributed import is_initialized, resolve_device
+
+    group = is_initialized()
+    return {"world_size": dist.get_world_size() if group else 1, "device": str(resolve_device(device)),
+            "backend": dist.get_backend() if group else None}
 
 
 def versions() -> dict:
@@ -155,6 +210,7 @@ def collect_results(out: Path, preset: ComparePreset, seeds: Sequence[int]) -> d
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
+        "execution": execution(preset.device),
         "preset": preset.to_dict(),
         "seeds": list(seeds),
         "needle_task": space.needle.to_dict(),

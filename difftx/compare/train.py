@@ -1,44 +1,38 @@
-"""Training a DIFF model and its matched baseline on the comparison's tasks.
+"""Training a DIFF model and its matched baseline on the comparison's tasks, through
+:func:`difftx.training.train` (atomic checkpoints, exact mid-training resume, NaN stop, GPU
+placement, DDP / FSDP2 under torchrun).
 
-One small loop (not :func:`difftx.training.train`, which trains on packed text only): it reuses
-the model, the AdamW parameter groups and the learning-rate schedule of ``difftx.training`` and
-draws its batches from a ``random.Random`` seeded by the comparison seed alone, so DIFF and its
-baseline see exactly the same batches in the same order (a paired comparison).
-
-Batches: the synthetic multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/
-depths, loss on the answer tokens), every ``lm_every``-th step a language-modelling batch of
-bundled Shakespeare bytes, and every ``icl_every``-th other step an in-context classification
-batch (:func:`difftx.eval.icl.training_batch`); each task has its own block of ids in one
-shared vocabulary (:class:`TaskSpace`).
+The batches come from :class:`difftx.compare.stream.CompareStream`: the multi-needle task,
+every ``lm_every``-th step a language-modelling batch of bundled Shakespeare bytes, every
+``icl_every``-th other step an in-context classification batch, drawn from a generator seeded
+by the comparison seed alone, so DIFF and its baseline see exactly the same batches in the same
+order (a paired comparison). Each task has its own block of ids in one shared vocabulary
+(:class:`TaskSpace`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import random
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..checkpoint import atomic_write, save_model
+from ..checkpoint import atomic_write, load_model, save_model
 from ..config import ModelConfig, baseline_config
-from ..eval import icl as icl_task
 from ..eval.icl import ICLTask
-from ..eval.needle import NeedleTask, training_batch
-from ..model import Transformer
+from ..eval.needle import NeedleTask
 from ..training.config import TrainConfig
-from ..training.optim import build_optimizer, lr_at
 from .presets import ComparePreset
+from .stream import (  # noqa: F401 - re-exported: the stream's pieces were defined here before
+    BATCH_KINDS, CompareStream, batch_for_step, batch_shares, lm_batch, lm_streams, step_kind,
+)
 
 MODEL_KINDS = ("diff", "baseline")
 PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
-BATCH_KINDS = ("needle", "lm", "icl")
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 
 
@@ -81,88 +75,61 @@ def model_configs(preset: ComparePreset, space: TaskSpace) -> dict[str, ModelCon
     return {"diff": diff, "baseline": baseline_config(diff)}
 
 
-def lm_streams(progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation byte streams of the bundled corpus (cached by ``prepare_data``)."""
-    from ..data import prepare_data
-
-    data = prepare_data(None, "byte", progress=progress)
-    if data.val is None:
-        raise ValueError("the bundled corpus has no validation split")
-    return np.asarray(data.train.tokens), np.asarray(data.val.tokens)
-
-
-def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Random, offset: int) -> torch.Tensor:
-    """``(B, seq_len + 1)`` random windows of ``stream``, ids shifted by ``offset``."""
-    starts = [rng.randrange(0, len(stream) - seq_len - 1) for _ in range(batch_size)]
-    w = np.stack([stream[s:s + seq_len + 1].astype(np.int64) for s in starts])  # (B, T+1)
-    return torch.from_numpy(w) + offset
-
-
-def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
-                   lm_train: np.ndarray | None) -> tuple[str, torch.Tensor, torch.Tensor | None]:
-    """``(kind, tokens (B, T+1), loss_mask (B, T) or None)`` for optimizer step ``step`` (from 1);
-    depends only on the step, the preset and the state of ``rng``."""
-    kind = step_kind(step, preset)
-    if kind == "lm":
-        assert lm_train is not None
-        return "lm", lm_batch(lm_train, preset.batch_size, preset.lm_seq_len, rng, space.lm_offset), None
-    if kind == "icl":
-        assert space.icl is not None
-        tokens, mask = icl_task.training_batch(space.icl, preset.batch_size, rng)
-        return "icl", tokens, mask
-    tokens, mask = training_batch(space.needle, preset.batch_size, rng)
-    return "needle", tokens, mask
-
-
-def batch_loss(model: Transformer, tokens: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
+def batch_loss(model: torch.nn.Module, tokens: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
     """Mean next-token cross-entropy of ``tokens`` ``(B, T+1)`` over the positions where
-    ``loss_mask`` ``(B, T)`` is True (every position when None). The LM head runs on those
-    positions alone: a needle batch takes its loss on a few answer tokens per sequence."""
-    inp, tgt = tokens[:, :-1], tokens[:, 1:]  # (B, T), (B, T)
-    h = model.hidden(inp)  # (B, T, D)
-    if loss_mask is not None:
-        h, tgt = h[loss_mask], tgt[loss_mask]  # (N, D), (N,)
-    logits = model.lm_head(h)  # (..., V)
-    return F.cross_entropy(logits.flatten(0, -2).float(), tgt.flatten())
+    ``loss_mask`` ``(B, T)`` is True (every position when None): the loss the trainer takes on one
+    batch of the stream in one process. The LM head runs on those positions alone
+    (``forward(logits_at=...)``): a needle batch takes its loss on a few answer tokens per sequence."""
+    from ..model import lm_loss
+    from ..training.trainer import masked_lm_loss
+
+    x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+    if loss_mask is None:
+        return lm_loss(model(x), y)
+    return masked_lm_loss(model(x, logits_at=loss_mask), y[loss_mask], int(loss_mask.sum()))
 
 
-def step_kind(step: int, preset: ComparePreset) -> str:
-    """``"lm"``, ``"icl"`` or ``"needle"``: the kind of batch of optimizer step ``step`` (from 1)."""
-    if preset.lm_every and step % preset.lm_every == 0:
-        return "lm"
-    if preset.icl_every and step % preset.icl_every == 0:
-        return "icl"
-    return "needle"
+def train_config(preset: ComparePreset, seed: int, model: ModelConfig, out_dir: str | os.PathLike,
+                 world_size: int = 1, progress: bool = False) -> TrainConfig:
+    """The trainer's config of one compare model: the preset's optimizer, schedule (cosine after
+    warmup), batch (``preset.batch_size`` is the global batch: ``batch_size // world_size`` per
+    process), logging every ``log_every`` steps, a checkpoint every ~10% of the steps (a multiple
+    of ``log_every``, so a resumed run logs the same records), no validation passes."""
+    if preset.batch_size % world_size:
+        raise ValueError(f"ComparePreset.batch_size: {preset.batch_size} is not divisible by the {world_size} "
+                         "processes (each takes an equal share of every batch)")
+    ckpt_every = max(1, round(preset.steps / 10 / preset.log_every)) * preset.log_every
+    return TrainConfig(model=model.to_dict(), seq_len=model.max_seq_len, batch_size=preset.batch_size // world_size,
+                       steps=preset.steps, lr=preset.lr, min_lr=preset.min_lr, warmup_steps=preset.warmup_steps,
+                       decay="cosine", weight_decay=preset.weight_decay, grad_clip=preset.grad_clip, seed=seed,
+                       eval_interval=0, log_interval=preset.log_every, ckpt_interval=ckpt_every, keep_last=1,
+                       out_dir=str(out_dir), tensorboard=False, progress=progress, device=preset.device)
 
 
-def batch_shares(preset: ComparePreset) -> dict[str, float]:
-    """Share of the training steps of each batch kind (over one period of the schedule)."""
-    period = math.lcm(preset.lm_every or 1, preset.icl_every or 1)
-    kinds = [step_kind(s, preset) for s in range(1, period + 1)]
-    return {k: kinds.count(k) / period for k in BATCH_KINDS}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def train_config(preset: ComparePreset, seed: int) -> TrainConfig:
-    """The trainer's config carrying this loop's optimizer and schedule settings (for
-    :func:`build_optimizer` / :func:`lr_at`)."""
-    return TrainConfig(steps=preset.steps, lr=preset.lr, min_lr=preset.min_lr, warmup_steps=preset.warmup_steps,
-                       weight_decay=preset.weight_decay, grad_clip=preset.grad_clip, batch_size=preset.batch_size,
-                       seed=seed, decay="cosine", tensorboard=False)
+class TrainingInterrupted(RuntimeError):
+    """A signal (SIGTERM, SIGUSR1) stopped a model's training after a checkpoint; re-running the
+    comparison continues it."""
 
 
 def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, progress: bool = True,
                 position: int = 0) -> dict:
-    """Train one model (``kind`` in :data:`MODEL_KINDS`) and save it to ``folder/model``;
-    ``folder/train.json`` (written last, atomically) marks it finished and holds the loss history,
-    λ per layer over training, the needle probes (every ``preset.probe_every`` steps, see
-    :func:`needle_probe`) and the wall / CPU time. Returns that record."""
-    from tqdm.auto import tqdm
+    """Train one model (``kind`` in :data:`MODEL_KINDS`) with :func:`difftx.training.train` and
+    save it to ``folder/model`` (a difftx checkpoint, with its task vocabulary in
+    ``compare_task.json``); ``folder/train.json`` (written last, atomically) marks it finished
+    and holds the loss history (per batch kind, gradient norm, λ per layer, every ``log_every``
+    steps), the needle probes (every ``preset.probe_every`` steps, see :func:`needle_probe`) and
+    the wall / CPU time. Returns that record.
+
+    The trainer's run folder is ``folder/train``: an interrupted model continues there from its
+    last checkpoint (every ~10% of the steps) on the next call, exactly as if uninterrupted. Its
+    checkpoints are deleted once ``train.json`` is written (``metrics.jsonl`` stays).
+
+    Under torchrun every process calls this (each trains on its share of every batch); rank 0
+    writes the files, and the function returns the record on every rank."""
+    from ..training import train
+    from ..training.distributed import destroy_distributed, init_distributed, is_initialized, on_main
+    from ..training.metrics import read_metrics
+    from ..training.trainer import TrainingDivergedError
 
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind: must be one of {MODEL_KINDS}, got {kind!r}")
@@ -170,86 +137,68 @@ def train_model(kind: str, preset: ComparePreset, seed: int, folder: Path, *, pr
         torch.set_num_threads(preset.threads)
     space = task_space(preset)
     cfg = model_configs(preset, space)[kind]
-    device = resolve_device(preset.device)
-    torch.manual_seed(seed)
-    model = Transformer(cfg).to(device)
-    tc = train_config(preset, seed)
-    opt = build_optimizer(model, tc)
-    lm_train = lm_streams()[0] if space.lm else None
-    rng = random.Random(f"difftx-compare-data:{seed}")  # the data order: a function of the seed only
-    history: list[dict] = []
-    probes: list[dict] = []
-    probe_s = 0.0
-    sums = {k: [0.0, 0] for k in BATCH_KINDS}
-    t0, c0 = time.time(), time.process_time()
-    if device.type == "cuda":  # bf16 autocast and TF32 on GPUs (never on CPU: bf16 is very slow there)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        amp = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    else:
-        amp = contextlib.nullcontext
-    model.train()
-    bar = tqdm(range(1, preset.steps + 1), desc=f"train {kind} seed {seed}", disable=not progress, position=position,
-               leave=False, dynamic_ncols=True)
-    for step in bar:
-        what, tokens, mask = batch_for_step(step, preset, space, rng, lm_train)
-        tokens = tokens.to(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, tc)
-        with amp():
-            loss = batch_loss(model, tokens, None if mask is None else mask.to(device))
-        if not math.isfinite(loss.item()):
-            raise RuntimeError(f"training {kind} (seed {seed}) diverged at step {step}: loss {loss.item()}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if preset.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), preset.grad_clip)
-        opt.step()
-        sums[what][0] += loss.item()
-        sums[what][1] += 1
-        if step % preset.log_every == 0 or step == preset.steps:
-            rec = {"step": step, "lr": lr_at(step, tc)}
-            for k, (s, n) in sums.items():
-                if n:
-                    rec[f"{k}_loss"] = s / n
-            rec["lambda"] = _lambdas(model)
-            history.append(rec)
-            sums = {k: [0.0, 0] for k in BATCH_KINDS}
-            bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k.endswith("_loss")})
-        if preset.probe_every and (step % preset.probe_every == 0 or step == preset.steps):
-            t_probe = time.time()
-            probes.append({"step": step, "accuracy": needle_probe(model, preset, space)})
-            probe_s += time.time() - t_probe
-    bar.close()
-    model.eval()
-    save_model(model.cpu(), folder / "model", {"seed": seed, "kind": kind, "preset": preset.name})
-    task_info = {"needle_task": space.needle.to_dict(), "lm": space.lm, "lm_offset": space.lm_offset,
-                 "lm_seq_len": preset.lm_seq_len, "icl_task": space.icl.to_dict() if space.icl else None}
-    atomic_write(folder / "model" / TASK_FILE, lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
-    record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
-              "steps": preset.steps, "history": history, "probes": probes, "probe_s": probe_s,
-              "wall_s": time.time() - t0,
-              "cpu_s": time.process_time() - c0, "device": str(device), "threads": torch.get_num_threads()}
-    atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
-    return record
+    folder = Path(folder)
+    run_dir = folder / "train"
+    owns_group = not is_initialized()
+    dist = init_distributed(preset.device)
+    try:
+        tc = train_config(preset, seed, cfg, run_dir, dist.world_size, progress)
+        stream = CompareStream(preset, space, seed)
+        t0, c0 = time.time(), time.process_time()
+        try:
+            # resume=True continues an interrupted run (without a checkpoint folder: a quiet fresh start)
+            result = train(tc, resume=(run_dir / "checkpoints").is_dir(), data=stream, model_config=cfg,
+                           probes=(preset.probe_every, lambda m: needle_probe(m, preset, space)),
+                           progress_bar={"desc": f"train {kind} seed {seed}", "position": position, "leave": False})
+        except TrainingDivergedError as e:
+            raise TrainingDivergedError(f"training {kind} (seed {seed}) diverged: {e}") from e
+        if result.step < tc.steps:  # a signal (or stop_at) ended it early, after writing a checkpoint
+            raise TrainingInterrupted(f"training {kind} (seed {seed}) stopped by {result.stopped_by or 'request'} "
+                                      f"after step {result.step} (checkpoint {result.last_checkpoint}); run the same "
+                                      "command again to continue it")
+
+        def finish() -> dict:
+            model = load_model(result.last_checkpoint)
+            save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": preset.name})
+            task_info = {"needle_task": space.needle.to_dict(), "lm": space.lm, "lm_offset": space.lm_offset,
+                         "lm_seq_len": preset.lm_seq_len, "icl_task": space.icl.to_dict() if space.icl else None}
+            atomic_write(folder / "model" / TASK_FILE,
+                         lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
+            history, probes, probe_s = [], [], 0.0
+            for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
+                if "probe" in r:
+                    probes.append({"step": r["step"], "accuracy": r["probe"]})
+                    probe_s += r.get("probe_s", 0.0)
+                elif "loss" in r:
+                    history.append({"step": r["step"], "lr": r["lr"],
+                                    **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
+                                    "grad_norm": r["grad_norm"], "lambda": r.get("lambda")})
+            record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
+                      "steps": preset.steps, "history": history, "probes": probes, "probe_s": probe_s,
+                      "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0, "device": str(dist.device),
+                      "threads": torch.get_num_threads(), "world_size": dist.world_size,
+                      "resumed_from": result.resumed_from}
+            atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
+            return record
+
+        return on_main(finish, share=True)
+    finally:
+        if owns_group:
+            destroy_distributed()
 
 
-def needle_probe(model: Transformer, preset: ComparePreset, space: TaskSpace) -> dict[str, float]:
+def needle_probe(model: torch.nn.Module, preset: ComparePreset, space: TaskSpace) -> dict[str, float]:
     """Needle accuracy per grid cell (``{"N/R": acc}``) on ``probe_samples`` fixed prompts per cell
-    at depth 50%, greedy; the model is put back in training mode. Touches no random state."""
+    at depth 50%, greedy; the model is put back in its previous mode. Touches no random state."""
     from ..eval.needle import evaluate_needles
 
+    was = model.training
     model.eval()
     try:
         with torch.no_grad():
             res = evaluate_needles(model, space.needle, grid=preset.grid, depths=(0.5,),
                                    samples_per_cell=preset.probe_samples, seed=PROBE_SEED)
     finally:
-        model.train()
+        model.train(was)
     return res.accuracy_table()
-
-
-def _lambdas(model: torch.nn.Module) -> list[float] | None:
-    from ..eval.capture import layer_lambdas
-
-    lam = layer_lambdas(model)
-    return None if all(v is None for v in lam) else [float(v) for v in lam]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -50,10 +51,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
+def init_distributed(device: str = "auto", timeout: Optional[timedelta] = None) -> DistInfo:
     """Join the process group described by torchrun's environment, if any.
 
     Without torchrun (or with ``WORLD_SIZE=1``) this is a no-op returning rank 0 of 1.
+    ``timeout``: how long a collective may wait (torch's default when None; a longer one lets the
+    other ranks wait while rank 0 alone does a long piece of work, see :func:`on_main`).
     """
     import torch.distributed as dist
 
@@ -66,7 +69,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
-                                device_id=dev if dev.type == "cuda" else None)
+                                device_id=dev if dev.type == "cuda" else None,
+                                **({"timeout": timeout} if timeout is not None else {}))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev)
 
 
@@ -158,6 +162,30 @@ def barrier() -> None:
         dist.barrier()
 
 
+def on_main(fn, share: bool = False) -> Any:
+    """Run ``fn()`` on rank 0 alone while the other ranks wait; an exception there is raised on
+    every rank (rank 0: the original; others: a ``RuntimeError`` quoting it), so no rank is left
+    waiting in a later collective. Returns ``fn()``'s value on rank 0; on the others ``None``, or
+    rank 0's value when ``share`` (it must then be picklable). Without a process group: ``fn()``."""
+    if not is_initialized():
+        return fn()
+    import torch.distributed as dist
+
+    value, failure = None, None
+    if dist.get_rank() == 0:
+        try:
+            value = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after telling the others
+            failure = e
+    message = None if failure is None else f"{type(failure).__name__}: {failure}"
+    message, shared = broadcast_object((message, value if share and failure is None else None))
+    if failure is not None:
+        raise failure
+    if message is not None:
+        raise RuntimeError(f"rank 0 failed: {message}")
+    return value if dist.get_rank() == 0 else shared
+
+
 def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     """Mean over ranks (in place copy), identity without a process group."""
     if not is_initialized():
@@ -205,12 +233,31 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
 
     Collective under FSDP2 (every rank must call it); the result is complete on rank 0.
     Works the same on plain and DDP models, so checkpoints are interchangeable across modes.
+    A single process with an unsharded model builds the same dicts directly (importing
+    ``torch.distributed.checkpoint`` takes seconds, a noticeable share of a short CPU run).
     """
+    if not is_initialized() and not is_sharded(model):
+        return _plain_state_dicts(unwrap(model), optimizer)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = unwrap(model)
     return get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+
+
+def _plain_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """What ``get_model_state_dict`` / ``get_optimizer_state_dict`` (full, CPU) return for a plain
+    model in one process: the optimizer's state and groups keyed by parameter name (a shared
+    parameter by its first name), tensors on CPU."""
+    first_name: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        first_name.setdefault(id(p), name)
+    order = [first_name[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    sd = optimizer.state_dict()  # state and params keyed by index in param_groups order
+    cpu = lambda v: v.detach().cpu() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    optim = {"state": {order[i]: {k: cpu(v) for k, v in st.items()} for i, st in sd["state"].items()},
+             "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}, optim
 
 
 def load_full_state_dicts(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], model_state: dict,

@@ -15,16 +15,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
 from ..model import Transformer, lm_loss
 from . import checkpointing as ckpt
+from .batches import as_batch, is_batch_source
 from .config import TrainConfig
 from .distributed import (
     DistInfo,
@@ -64,6 +66,7 @@ class TrainResult:
     resumed_from: Optional[int] = None
     stopped_by: Optional[str] = None  # the signal (SIGTERM, SIGUSR1) that ended the run early
     train_time_s: float = 0.0  # time in training steps (not validation, checkpoints), the whole run's after a resume
+    probes: dict[int, dict] = field(default_factory=dict)  # step -> what the probe hook returned (this call's)
 
     @property
     def final_loss(self) -> Optional[float]:
@@ -157,15 +160,26 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_at: Optional[int] = None) -> TrainResult:
+def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_at: Optional[int] = None,
+          model_config: Optional[ModelConfig] = None, probes: Optional[tuple[int, Callable]] = None,
+          progress_bar: Optional[dict] = None) -> TrainResult:
     """Train (or continue training) the model described by ``config``.
 
     ``resume``: continue from ``config.out_dir``'s latest checkpoint (a fresh start if there is
     none); the continued run reproduces the uninterrupted one exactly on the same hardware.
     ``data``: an already prepared dataset (``difftx.data.prepare_data`` output) instead of the
-    one ``config`` describes. ``stop_at``: stop after this step, writing a checkpoint there, as a
+    one ``config`` describes, or a *batch source* (an object with ``make_loader(config, dist)``,
+    see :mod:`difftx.training.batches`: batches with loss masks and kinds, e.g. the compare
+    task mixture). ``stop_at``: stop after this step, writing a checkpoint there, as a
     preempted job would (the schedule still runs to ``config.steps``). SIGTERM or SIGUSR1 also
     stop the run after the current step, with a checkpoint (``TrainResult.stopped_by``).
+    ``model_config``: train exactly this model (``config.model`` / ``model_overrides`` are not
+    used; no tokenizer is needed for a batch source, and then none is saved).
+    ``probes``: ``(every, fn)``: ``fn(model) -> dict`` runs every ``every`` steps and at the last
+    step (``config.steps``), model in eval mode, without gradients, on every rank (FSDP2 needs
+    them all); logged to ``metrics.jsonl`` as ``{"step", "probe", "probe_s"}`` and kept in
+    ``TrainResult.probes``. ``every`` = 0 disables it.
+    ``progress_bar``: extra ``tqdm`` arguments for the progress bar (e.g. ``desc``, ``position``).
 
     Under ``torchrun`` every process calls this; the process group is created (and destroyed at
     the end) here unless the caller already created one.
@@ -175,7 +189,7 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     owns_group = not _group_exists()
     dist = init_distributed(config.device)
     try:
-        return _train(config, dist, resume, data, stop_at)
+        return _train(config, dist, resume, data, stop_at, model_config, probes, progress_bar or {})
     finally:
         ckpt.unlock_run(config.out_dir)  # taken in _plan_start (rank 0); a no-op where not held
         if owns_group:
@@ -188,7 +202,8 @@ def _group_exists() -> bool:
     return tdist.is_available() and tdist.is_initialized()
 
 
-def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int]) -> TrainResult:
+def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int],
+           given_model: Optional[ModelConfig], probes: Optional[tuple[int, Callable]], bar_kw: dict) -> TrainResult:
     t_start = time.perf_counter()
     device = dist.device
     dtype = resolve_dtype(config, device)
@@ -210,10 +225,17 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     resume_dir, init_dir, tokenizer_spec = plan["resume_dir"], plan["init_dir"], plan["tokenizer"]
 
     # -- data ----------------------------------------------------------------------------------
+    source = data if is_batch_source(data) else None
+    if source is not None and config.eval_interval:
+        raise ValueError("TrainConfig.eval_interval: validation passes run on prepared text data; a batch source "
+                         "has no validation split (set eval_interval=0)")
+    probe_every, probe_fn = probes if probes is not None else (0, None)
+    if not isinstance(probe_every, int) or probe_every < 0 or (probe_every and not callable(probe_fn)):
+        raise ValueError(f"probes: expected (every >= 0, fn(model) -> dict), got {probes!r}")
     if data is None:
         data = _prepare_data(config, tokenizer_spec, dist)
-    tokenizer = data.tokenizer
-    val_store = data.val
+    tokenizer = getattr(data, "tokenizer", None)
+    val_store = getattr(data, "val", None)
     if val_store is not None and config.eval_interval and len(val_store) <= config.seq_len:
         if dist.is_main:  # rather than failing at the first validation pass
             print(f"difftx train: note: no validation: the held-out split has {len(val_store)} tokens, fewer than "
@@ -223,7 +245,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
 
     # -- model ----------------------------------------------------------------------------------
     _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
-    if init_dir is not None:
+    if given_model is not None:
+        model_config = given_model
+    elif init_dir is not None:
         model_config = ModelConfig.from_dict(plan["init_config"])
         if config.model_overrides:
             model_config = model_config.replace(**config.model_overrides)
@@ -234,7 +258,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if config.seq_len > model_config.max_seq_len:
         raise ValueError(f"TrainConfig.seq_len: {config.seq_len} exceeds the model's max_seq_len="
                          f"{model_config.max_seq_len}")
-    if model_config.vocab_size < tokenizer.vocab_size:
+    if tokenizer is not None and model_config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size} ({_tokenizer_name(tokenizer)})")
     model = Transformer(model_config)
@@ -280,7 +304,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                              f"{resume_dir}; resume with steps >= {start_step}, or start a new run from it "
                              f"(--init-from) for another schedule")
 
-    loader = _make_loader(data.train, config, dist)
+    loader = source.make_loader(config, dist) if source is not None else _make_loader(data.train, config, dist)
     if loader_states is not None:
         try:
             # same world size: each rank's own state; another one (same global batch): the loader's
@@ -313,7 +337,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         if dist.is_main:
             state = {"step": step, "tokens_seen": result.tokens_seen, "world_size": dist.world_size,
                      "train_time_s": None if train_time is None else train_time + result.train_time_s,
-                     "val_split_tokens": len(data.val) if data.val is not None else 0,
+                     "val_split_tokens": len(val_store) if val_store is not None else 0,
                      "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(tokenizer),
                      "scaler": scaler.state_dict() if scaler is not None else None}
             try:
@@ -332,14 +356,17 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     from tqdm.auto import tqdm
 
     bar = tqdm(total=config.steps, initial=start_step, disable=not (dist.is_main and config.progress),
-               desc="train", unit="step", dynamic_ncols=True)
+               **{"desc": "train", "unit": "step", "dynamic_ncols": True, **bar_kw})
     if dist.is_main and config.progress:
         start = f"resuming at step {start_step}" if resume_dir is not None else (
             f"from {init_dir}" if init_dir is not None else "from scratch")
+        per_step = f"{tokens_per_step:,} tokens/step" if source is None else \
+            f"{config.batch_size * config.grad_accum * dist.world_size} sequences/step"
         bar.write(f"difftx train: {model_config.attention} model, {bare.num_parameters():,} parameters, "
-                  f"{tokens_per_step:,} tokens/step on {dist.world_size} x {device} ({str(dtype)[6:]}); "
+                  f"{per_step} on {dist.world_size} x {device} ({str(dtype)[6:]}); "
                   f"{start}; writing to {out_dir}")
     t_log, tokens_at_log = time.perf_counter(), 0
+    kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
     stop_signal = _StopSignal()
     model.train()
     try:
@@ -349,10 +376,13 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=device)
+            step_tokens, kinds = 0, {}  # kinds: batch kind -> its micro-batch losses of this step
             for micro in range(config.grad_accum):
-                tokens, doc_ids = loader.next_batch()  # (B, T+1) each
+                batch = as_batch(loader.next_batch())
+                tokens, doc_ids = batch.tokens, batch.doc_ids  # (B, T+1) each
                 x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
-                d = doc_ids[:, :-1].to(device) if config.doc_mask else None
+                d = doc_ids[:, :-1].to(device) if config.doc_mask and doc_ids is not None else None
+                step_tokens += x.numel()
                 last = micro == config.grad_accum - 1
                 # gradients are reduced across ranks on the last micro-step only
                 if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
@@ -360,13 +390,29 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
                 with sync:
                     with _autocast(device, dtype):
-                        loss = lm_loss(model(x, doc_ids=d), y) / config.grad_accum
+                        if batch.loss_mask is None:
+                            loss = lm_loss(model(x, doc_ids=d), y) / config.grad_accum
+                        else:
+                            m = batch.loss_mask.to(device)  # (B, T): the LM head runs at its True positions only
+                            loss = masked_lm_loss(model(x, doc_ids=d, logits_at=m), y[m], batch.mask_total,
+                                                  dist.world_size) / config.grad_accum
                     (scaler.scale(loss) if scaler is not None else loss).backward()
                 loss_sum += loss.detach().float()
-            # one all-reduce carries the loss and "a rank was asked to stop"
-            flags = torch.stack([loss_sum, torch.tensor(float(stop_signal.requested), device=device)])
-            loss_mean, stop_mean = all_reduce_mean(flags).tolist()
-            loss_val, stop_now = loss_mean, stop_mean > 0
+                if batch.kind is not None:
+                    kinds.setdefault(batch.kind, []).append(loss.detach().float())
+            if dist.distributed:  # one all-reduce carries the losses and "a rank was asked to stop"
+                flags = torch.stack([loss_sum, *(torch.stack(v).sum() for v in kinds.values()),
+                                     torch.tensor(float(stop_signal.requested), device=device)])
+                values = all_reduce_mean(flags).tolist()
+                stop_now = values.pop() > 0
+            else:  # no collective, no extra tensors
+                values = [loss_sum.item(), *(sum(t.item() for t in v) for v in kinds.values())]
+                stop_now = stop_signal.requested
+            loss_val = values[0]
+            for (kind, micro_losses), v in zip(kinds.items(), values[1:]):
+                acc = kind_log.setdefault(kind, [0.0, 0])
+                acc[0] += v * config.grad_accum / len(micro_losses)  # the mean of this kind's micro-batch losses
+                acc[1] += 1
             if not math.isfinite(loss_val):
                 raise TrainingDivergedError(_diverged("loss", loss_val, step, result.last_checkpoint))
             if scaler is not None:
@@ -381,9 +427,10 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            result.step, result.tokens_seen = step, result.tokens_seen + tokens_per_step
+            step_tokens *= dist.world_size  # = tokens_per_step for packed text
+            result.step, result.tokens_seen = step, result.tokens_seen + step_tokens
             result.losses[step] = loss_val
-            tokens_at_log += tokens_per_step
+            tokens_at_log += step_tokens
             result.train_time_s += time.perf_counter() - t_step
 
             if step % config.log_interval == 0 or step == end_step:
@@ -392,11 +439,15 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 tok_s = tokens_at_log / max(now - t_log, 1e-9)
                 t_log, tokens_at_log = now, 0
                 logger.log({"step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm,
-                            "tokens_per_s": tok_s, "tokens": result.tokens_seen, "lambda": lambdas})
+                            "tokens_per_s": tok_s, "tokens": result.tokens_seen, "lambda": lambdas,
+                            **{f"{k}_loss": v / n for k, (v, n) in kind_log.items() if n}})
+                kind_log = {}
                 post = {"loss": f"{loss_val:.4f}", "tok/s": f"{tok_s:,.0f}"}
                 if lambdas:
                     post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
                 bar.set_postfix(post, refresh=False)
+            if probe_every and (step % probe_every == 0 or step == config.steps):  # before a checkpoint of this step
+                result.probes[step] = _probe(probe_fn, model if is_sharded(bare) else bare, step, logger)
             if config.eval_interval and val_store is not None and (step % config.eval_interval == 0
                                                                    or step == config.steps):
                 val = evaluate(model if is_sharded(bare) else bare, val_store, config, device, dtype, dist.world_size)
@@ -423,6 +474,30 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
     if train_time is not None:
         result.train_time_s += train_time
     return result
+
+
+def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[int], world_size: int = 1
+                   ) -> torch.Tensor:
+    """Next-token cross-entropy of ``logits`` ``(N, V)`` against ``targets`` ``(N,)`` (this rank's
+    loss positions). ``total``: the loss positions of the global batch; the result is then
+    ``sum * world_size / total``, which data-parallel gradient averaging turns into the mean over
+    the global batch; ``None``: this rank's mean."""
+    if total is None:
+        return F.cross_entropy(logits.float(), targets)
+    return F.cross_entropy(logits.float(), targets, reduction="sum") * (world_size / max(total, 1))
+
+
+def _probe(fn: Callable, model: nn.Module, step: int, logger: MetricsLogger) -> dict:
+    t = time.perf_counter()
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            got = fn(model)
+    finally:
+        model.train(was)
+    logger.log({"step": step, "probe": got, "probe_s": time.perf_counter() - t})
+    return got
 
 
 def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:

@@ -1,0 +1,157 @@
+"""The comparison's multi-task training stream, as a batch source of :func:`difftx.training.train`
+(see :mod:`difftx.training.batches`).
+
+Optimizer step ``s`` (from 1) draws one global batch of :func:`step_kind` ``(s)``: the synthetic
+multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
+answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
+bytes (loss on every token), and every ``icl_every``-th other step an in-context classification
+batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens); each task has its own
+block of ids in one shared vocabulary (:class:`difftx.compare.train.TaskSpace`).
+
+Every batch comes from one ``random.Random`` seeded by the comparison seed alone
+(:func:`data_rng`), so DIFF and its baseline see exactly the same batches in the same order (a
+paired comparison). The loader's state (that generator's state and the step) goes into the
+trainer's checkpoints, so a resumed model continues the same stream. Every rank draws the whole
+global batch and keeps its rows ``r*B:(r+1)*B``: W processes see what one process with W*B rows
+sees.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import torch
+
+from ..eval import icl as icl_task
+from ..eval.needle import training_batch as needle_batch
+from ..training.batches import Batch
+
+if TYPE_CHECKING:
+    from .presets import ComparePreset
+    from .train import TaskSpace
+
+BATCH_KINDS = ("needle", "lm", "icl")
+STATE_VERSION = 1
+
+
+def data_rng(seed: int) -> random.Random:
+    """The generator of a seed's training batches (a function of the seed only)."""
+    return random.Random(f"difftx-compare-data:{seed}")
+
+
+def step_kind(step: int, preset: ComparePreset) -> str:
+    """``"lm"``, ``"icl"`` or ``"needle"``: the kind of batch of optimizer step ``step`` (from 1)."""
+    if preset.lm_every and step % preset.lm_every == 0:
+        return "lm"
+    if preset.icl_every and step % preset.icl_every == 0:
+        return "icl"
+    return "needle"
+
+
+def batch_shares(preset: ComparePreset) -> dict[str, float]:
+    """Share of the training steps of each batch kind (over one period of the schedule)."""
+    period = math.lcm(preset.lm_every or 1, preset.icl_every or 1)
+    kinds = [step_kind(s, preset) for s in range(1, period + 1)]
+    return {k: kinds.count(k) / period for k in BATCH_KINDS}
+
+
+def lm_streams(progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation byte streams of the bundled corpus (cached by ``prepare_data``)."""
+    from ..data import prepare_data
+
+    data = prepare_data(None, "byte", progress=progress)
+    if data.val is None:
+        raise ValueError("the bundled corpus has no validation split")
+    return np.asarray(data.train.tokens), np.asarray(data.val.tokens)
+
+
+def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Random, offset: int) -> torch.Tensor:
+    """``(B, seq_len + 1)`` random windows of ``stream``, ids shifted by ``offset``."""
+    starts = [rng.randrange(0, len(stream) - seq_len - 1) for _ in range(batch_size)]
+    w = np.stack([stream[s:s + seq_len + 1].astype(np.int64) for s in starts])  # (B, T+1)
+    return torch.from_numpy(w) + offset
+
+
+def draw_batch(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
+               lm_train: Optional[np.ndarray], batch_size: int) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
+    """``(kind, tokens (B, T+1), loss_mask (B, T) or None)``: the global batch of step ``step``
+    (from 1), ``batch_size`` rows; depends only on the step, the preset and the state of ``rng``."""
+    kind = step_kind(step, preset)
+    if kind == "lm":
+        if lm_train is None:
+            raise ValueError("an LM step needs the byte stream (lm_train)")
+        return "lm", lm_batch(lm_train, batch_size, preset.lm_seq_len, rng, space.lm_offset), None
+    if kind == "icl":
+        assert space.icl is not None
+        tokens, mask = icl_task.training_batch(space.icl, batch_size, rng)
+        return "icl", tokens, mask
+    tokens, mask = needle_batch(space.needle, batch_size, rng)
+    return "needle", tokens, mask
+
+
+def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
+                   lm_train: Optional[np.ndarray]) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
+    """:func:`draw_batch` with the preset's (global) batch size."""
+    return draw_batch(step, preset, space, rng, lm_train, preset.batch_size)
+
+
+class CompareStream:
+    """The batch source of one compare model: ``train(config, data=CompareStream(...))``.
+    ``lm_train``: the byte stream of LM batches (default: :func:`lm_streams`, when the preset
+    has LM batches)."""
+
+    def __init__(self, preset: ComparePreset, space: TaskSpace, seed: int, lm_train: Optional[np.ndarray] = None):
+        self.preset, self.space, self.seed = preset, space, int(seed)
+        self.lm_train = lm_streams()[0] if space.lm and lm_train is None else lm_train
+
+    def make_loader(self, config: Any = None, dist: Any = None, *, batch_size: Optional[int] = None,
+                    rank: int = 0, world_size: int = 1) -> CompareLoader:
+        """This rank's loader: ``config.batch_size`` rows per rank of global batches of
+        ``config.batch_size * dist.world_size`` rows (or the given sizes)."""
+        if dist is not None:
+            rank, world_size = dist.rank, dist.world_size
+        b = batch_size if batch_size is not None else (config.batch_size if config is not None else
+                                                       self.preset.batch_size // world_size)
+        return CompareLoader(self, b, rank, world_size)
+
+
+class CompareLoader:
+    """Batches of :class:`CompareStream`: ``next_batch() -> Batch`` with the kind, the loss mask
+    (None for LM batches: every position) and the global batch's loss-position count."""
+
+    def __init__(self, stream: CompareStream, batch_size: int, rank: int = 0, world_size: int = 1):
+        if batch_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"CompareLoader: need batch_size >= 1 and 0 <= rank < world_size, got {batch_size}, "
+                             f"{rank}, {world_size}")
+        self.stream, self.batch_size, self.rank, self.world_size = stream, int(batch_size), int(rank), int(world_size)
+        self.global_batch = self.batch_size * self.world_size
+        self.rng = data_rng(stream.seed)
+        self.step = 0  # batches drawn so far
+
+    def next_batch(self) -> Batch:
+        self.step += 1
+        s = self.stream
+        kind, tokens, mask = draw_batch(self.step, s.preset, s.space, self.rng, s.lm_train, self.global_batch)
+        lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
+        if mask is None:
+            return Batch(tokens[lo:hi], kind=kind)
+        return Batch(tokens[lo:hi], loss_mask=mask[lo:hi], kind=kind, mask_total=int(mask.sum()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready: the generator's state and the step (the same on every rank)."""
+        version, internal, gauss = self.rng.getstate()
+        return {"version": STATE_VERSION, "seed": self.stream.seed, "global_batch": self.global_batch,
+                "step": self.step, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"compare stream state has version {state.get('version')!r}, expected {STATE_VERSION}")
+        for key, mine in (("seed", self.stream.seed), ("global_batch", self.global_batch)):
+            if state.get(key) != mine:
+                raise ValueError(f"compare stream state has {key}={state.get(key)!r}, this stream {mine!r}")
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.step = int(state["step"])

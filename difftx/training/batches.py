@@ -1,0 +1,71 @@
+"""What :func:`difftx.training.train` accepts as data besides prepared text: a *batch source*.
+
+A batch source is any object with a method ``make_loader(config, dist) -> loader`` (``config``:
+the run's :class:`~difftx.training.TrainConfig`; ``dist``: its
+:class:`~difftx.training.distributed.DistInfo`, rank and world size). The loader provides
+
+``next_batch()``
+    this rank's share of the next global batch: a :class:`Batch`, or a ``(tokens, doc_ids)``
+    pair as :class:`~difftx.data.PackedLoader` returns.
+``state_dict()`` / ``load_state_dict(state)``
+    its position, JSON-serialisable (it is stored in ``trainer_state.json``), restoring the exact
+    stream on resume.
+
+Rank ``r`` must take rows ``r*B:(r+1)*B`` of the global batch of ``W*B`` rows (``B`` =
+``config.batch_size``, ``W`` = world size), so that ``W`` processes follow the same data as one
+process with ``W*B`` rows. An optional attribute ``tokenizer`` is saved with the checkpoints
+(a source without one trains a model on its own vocabulary; then give ``train(...,
+model_config=...)``). Text data keeps its own path: ``train(config, data=prepare_data(...))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
+
+import torch
+
+
+@dataclass
+class Batch:
+    """One rank's batch.
+
+    ``tokens`` ``(B, T+1)`` int64: inputs ``tokens[:, :-1]``, next-token targets ``tokens[:, 1:]``.
+    ``doc_ids`` ``(B, T+1)`` or None: packed documents (used when ``TrainConfig.doc_mask``).
+    ``loss_mask`` ``(B, T)`` bool or None: the loss is taken at the True positions only (aligned
+    with the targets), and the LM head runs there alone (``Transformer.forward(logits_at=...)``);
+    None: every position.
+    ``kind``: a name for the batch's task (``"needle"``, ``"lm"``...); the trainer logs the mean
+    loss of each kind over each log interval as ``{kind}_loss``. Every rank's batch of one step
+    must have the same kind.
+    ``mask_total``: the number of True ``loss_mask`` positions in the whole global batch (every
+    rank's rows). The masked loss is then ``sum / mask_total`` over the global batch, as one
+    process with ``W*B`` rows would compute it, even when the ranks hold different numbers of
+    loss positions; None: this rank's own mean.
+    """
+
+    tokens: torch.Tensor
+    doc_ids: Optional[torch.Tensor] = None
+    loss_mask: Optional[torch.Tensor] = None
+    kind: Optional[str] = None
+    mask_total: Optional[int] = None
+
+
+class BatchLoader(Protocol):
+    def next_batch(self) -> Batch | tuple: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def as_batch(item: Any) -> Batch:
+    """A loader's ``next_batch()`` result as a :class:`Batch`."""
+    if isinstance(item, Batch):
+        return item
+    tokens, doc_ids = item
+    return Batch(tokens, doc_ids)
+
+
+def is_batch_source(data: Any) -> bool:
+    return callable(getattr(data, "make_loader", None))
