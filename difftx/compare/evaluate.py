@@ -14,7 +14,6 @@ from ..checkpoint import atomic_write
 from ..tasks import TASKS, load_subject
 from ..tasks.runner import run_task
 from ..training.distributed import resolve_device
-from .presets import ComparePreset
 from .schema import dumps_strict
 
 
@@ -23,19 +22,19 @@ def evaluations() -> tuple[str, ...]:
     return tuple(TASKS)
 
 
-def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True,
+def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progress: bool = True,
                    only: tuple | None = None, position: int = 0) -> dict:
-    """Run every task not yet stored in ``folder/evals/`` on the model in ``folder/model``;
-    returns ``{name: result}`` for all of them (stored ones read back). A task that does not
-    apply to the model is stored as ``{"skipped": reason}``; each result carries ``wall_s``."""
+    """Run every task of ``settings`` (``{task: Settings}``, as ``ComparePreset.task_settings()``
+    resolves them) not yet stored in ``folder/evals/`` on the model in ``folder/model``; returns
+    ``{name: result}`` for all of them (stored ones read back). A task that does not apply to the
+    model is stored as ``{"skipped": reason}``; each result carries ``wall_s``."""
     from tqdm.auto import tqdm
 
-    settings = preset.task_settings()
     out_dir = folder / "evals"
     out_dir.mkdir(parents=True, exist_ok=True)
     subject = None
     results = {}
-    names = list(only or evaluations())
+    names = list(only or settings)
     bar = tqdm(names, desc=f"evaluate {folder.parent.name}/{folder.name}", disable=not progress, leave=False,
                position=position, dynamic_ncols=True)
     for name in bar:
@@ -48,7 +47,7 @@ def evaluate_model(folder: Path, preset: ComparePreset, *, progress: bool = True
             except json.JSONDecodeError:  # a torn file from an older run: evaluate again
                 pass
         if subject is None:
-            subject = load_subject(folder / "model", device=resolve_device(preset.device))
+            subject = load_subject(folder / "model", device=resolve_device(device))
         res = run_task(TASKS[name], subject, settings[name])
         text = dumps_strict(res)
         atomic_write(path, lambda p, text=text: Path(p).write_text(text + "\n"))

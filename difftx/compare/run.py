@@ -53,7 +53,9 @@ def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, p
         done["trained"] = True
     missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
     if missing:
-        on_main(lambda: evaluate_model(f, preset, progress=progress, only=tuple(missing), position=position))
+        settings = preset.task_settings()  # evaluation receives its part of the preset alone
+        on_main(lambda: evaluate_model(f, settings, device=preset.device, progress=progress, only=tuple(missing),
+                                       position=position))
         done["evaluated"] = missing
     return done
 
