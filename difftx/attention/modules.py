@@ -55,6 +55,52 @@ def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: 
     return n_kv_heads, d
 
 
+class _Lambda(torch.autograd.Function):
+    """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
+    its gradient written out: one node instead of the dozen that autograd would record."""
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, lambda_init):
+        acc = _at_least_fp32(q1.dtype)
+        q1, k1, q2, k2 = (p if p.dtype == acc else p.to(acc) for p in (q1, k1, q2, k2))
+        e1, e2 = torch.exp(torch.dot(q1, k1)), torch.exp(torch.dot(q2, k2))
+        ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
+        return e1 - e2 + lambda_init
+
+    @staticmethod
+    def backward(ctx, g):
+        q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
+        g1, g2 = g * e1, g * e2
+        return k1 * g1, q1 * g1, k2 * -g2, q2 * -g2, None
+
+
+class _HeadNorm(torch.autograd.Function):
+    """``scale * RMSNorm(o) * weight`` over the last dimension, in ``o``'s dtype (float32 or float64):
+    PyTorch's fused ``rms_norm`` forward and the closed-form backward, ``rstd`` recomputed from ``o``."""
+
+    @staticmethod
+    def forward(ctx, o, weight, scale, eps):
+        w = weight * scale if weight.dtype == o.dtype else weight.to(o.dtype) * scale
+        ctx.save_for_backward(o, w)
+        ctx.eps, ctx.scale, ctx.wdtype = eps, scale, weight.dtype
+        return torch.rms_norm(o, (o.shape[-1],), w, eps)
+
+    @staticmethod
+    def backward(ctx, g):
+        o, w = ctx.saved_tensors
+        rstd = torch.rsqrt(o.pow(2).mean(-1, keepdim=True).add_(ctx.eps))  # (..., 1)
+        xhat = o * rstd
+        gw = g * w
+        # d/do of xhat * w: rstd * (gw - xhat * mean(gw * xhat))
+        do = (gw - xhat * (gw * xhat).mean(-1, keepdim=True)).mul_(rstd)
+        dweight = None
+        if ctx.needs_input_grad[1]:
+            dweight = (g * xhat).reshape(-1, o.shape[-1]).sum(0).mul_(ctx.scale)
+            if dweight.dtype != ctx.wdtype:
+                dweight = dweight.to(ctx.wdtype)
+        return do, dweight, None, None
+
+
 class LayerKV:
     """One layer's KV cache: preallocated buffers in kernel layout, filled left to right."""
 
@@ -167,24 +213,23 @@ class DiffAttention(_AttentionBase):
             nn.init.normal_(p, mean=0.0, std=std)
 
     def lambda_full(self) -> Tensor:
-        """The re-parameterised lambda, a float32 scalar."""
-        dt = _at_least_fp32(self.lambda_q1.dtype)
-        l1 = torch.exp(torch.dot(self.lambda_q1.to(dt), self.lambda_k1.to(dt)))
-        l2 = torch.exp(torch.dot(self.lambda_q2.to(dt), self.lambda_k2.to(dt)))
-        return l1 - l2 + self.lambda_init
+        """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters)."""
+        return _Lambda.apply(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
         if self.subln is None:
             return o * (1.0 - self.lambda_init)
-        of = o.to(_at_least_fp32(o.dtype))
-        normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.subln.weight.to(of.dtype)
-        return (normed * (1.0 - self.lambda_init)).to(o.dtype)
+        acc = _at_least_fp32(o.dtype)
+        of = o if o.dtype == acc else o.to(acc)
+        out = _HeadNorm.apply(of, self.subln.weight, 1.0 - self.lambda_init, self.norm_eps)
+        return out if out.dtype == o.dtype else out.to(o.dtype)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
         out, maps = res if return_maps else (res, None)  # (B, T, H, 2d)
-        out = self.out_proj(self.head_norm(out).flatten(2).to(x.dtype))  # (B, T, D)
+        out = self.head_norm(out).flatten(2)  # (B, T, D)
+        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))
         return (out, maps) if return_maps else out
 
 
