@@ -205,7 +205,7 @@ class _Blocks:
 
 
 def _chunked_forward(bl: _Blocks, rows: int, keep: bool):
-    """Output ``(B*Hkv, T*R, dv)`` and, if ``keep``, the blocks ``[(r0, r1, s, probs or None)]``
+    """Output ``(B*Hkv, T*R, dv)`` and, if ``keep``, the blocks ``[(r0, r1, s, (probs, effective) or None)]``
     (maps stored only for blocks of at most :data:`STORE_MAX_KEYS` keys)."""
     B, T, S, Hkv, d, dv = bl.shape
     R = bl.R
@@ -215,9 +215,10 @@ def _chunked_forward(bl: _Blocks, rows: int, keep: bool):
         r1 = min(T, r0 + rows)
         s = bl.keys(r0, r1)
         probs = bl.probs(r0, r1, s)
-        torch.bmm(bl.effective(probs), bl.v3[:, :s], out=out[:, r0 * R:r1 * R])
+        eff = bl.effective(probs)
+        torch.bmm(eff, bl.v3[:, :s], out=out[:, r0 * R:r1 * R])
         if keep:
-            blocks.append((r0, r1, s, probs if s <= STORE_MAX_KEYS else None))
+            blocks.append((r0, r1, s, (probs, eff) if s <= STORE_MAX_KEYS else None))
     return out, blocks
 
 
@@ -246,7 +247,7 @@ class _ChunkedAttention(torch.autograd.Function):
         dv3 = torch.empty_like(bl.v3)
         dlam = bl.neg_lam.new_zeros(()) if bl.diff else None
         first = True
-        for r0, r1, s, probs in reversed(blocks):  # the last block sees all S keys: it initialises dk, dv
+        for r0, r1, s, stored in reversed(blocks):  # the last block sees all S keys: it initialises dk, dv
             t = r1 - r0
             rows = slice(r0 * R, r1 * R)
             beta = 0.0 if first else 1.0
@@ -254,10 +255,13 @@ class _ChunkedAttention(torch.autograd.Function):
                 dk3[:, s:].zero_()
                 dv3[:, s:].zero_()
             first = False
-            if probs is None:
-                probs = bl.probs(r0, r1, s)  # recomputed: the same operations as in forward, so the same maps
+            if stored is None:  # recomputed: the same operations as in forward, so the same maps
+                probs = bl.probs(r0, r1, s)
+                eff = bl.effective(probs)
+            else:
+                probs, eff = stored
             dob = do3[:, rows]  # (B*Hkv, t*R, dv)
-            dv3[:, :s].baddbmm_(bl.effective(probs).transpose(1, 2), dob, beta=beta)
+            dv3[:, :s].baddbmm_(eff.transpose(1, 2), dob, beta=beta)
             deff = torch.bmm(dob, bl.v3[:, :s].transpose(1, 2))  # (B*Hkv, t*R, s): dL/d(effective map)
             if deff.dtype != probs.dtype:
                 deff = deff.to(probs.dtype)

@@ -57,7 +57,7 @@ def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: 
 
 class _Lambda(torch.autograd.Function):
     """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
-    its gradient written out: one node instead of the dozen that autograd would record."""
+    its gradient written out: one autograd node instead of the dozen autograd would record."""
 
     @staticmethod
     def forward(ctx, q1, k1, q2, k2, lambda_init):
@@ -70,35 +70,31 @@ class _Lambda(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
-        g1, g2 = g * e1, g * e2
-        return k1 * g1, q1 * g1, k2 * -g2, q2 * -g2, None
+        g1, g2 = g * e1, -g * e2
+        return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
 
 
 class _HeadNorm(torch.autograd.Function):
-    """``scale * RMSNorm(o) * weight`` over the last dimension, in ``o``'s dtype (float32 or float64):
-    PyTorch's fused ``rms_norm`` forward and the closed-form backward, ``rstd`` recomputed from ``o``."""
+    """``RMSNorm(o) * w`` over the last dimension in ``o``'s dtype (float32 or float64), with the
+    closed-form backward; keeps ``o * rstd`` and ``rstd`` (as much memory as keeping ``o``)."""
 
     @staticmethod
-    def forward(ctx, o, weight, scale, eps):
-        w = weight * scale if weight.dtype == o.dtype else weight.to(o.dtype) * scale
-        ctx.save_for_backward(o, w)
-        ctx.eps, ctx.scale, ctx.wdtype = eps, scale, weight.dtype
-        return torch.rms_norm(o, (o.shape[-1],), w, eps)
+    def forward(ctx, o, w, eps):
+        n = o.shape[-1]
+        rstd = torch.linalg.vector_norm(o, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()  # (..., 1)
+        xhat = o * rstd
+        ctx.save_for_backward(xhat, rstd, w)
+        return xhat * w
 
     @staticmethod
     def backward(ctx, g):
-        o, w = ctx.saved_tensors
-        rstd = torch.rsqrt(o.pow(2).mean(-1, keepdim=True).add_(ctx.eps))  # (..., 1)
-        xhat = o * rstd
+        xhat, rstd, w = ctx.saved_tensors
         gw = g * w
-        # d/do of xhat * w: rstd * (gw - xhat * mean(gw * xhat))
-        do = (gw - xhat * (gw * xhat).mean(-1, keepdim=True)).mul_(rstd)
-        dweight = None
-        if ctx.needs_input_grad[1]:
-            dweight = (g * xhat).reshape(-1, o.shape[-1]).sum(0).mul_(ctx.scale)
-            if dweight.dtype != ctx.wdtype:
-                dweight = dweight.to(ctx.wdtype)
-        return do, dweight, None, None
+        # d(xhat * w)/do applied to g: rstd * (gw - xhat * mean(gw * xhat))
+        mean = (gw * xhat).mean(-1, keepdim=True)
+        do = torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
+        dw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+        return do, dw, None
 
 
 class LayerKV:
@@ -222,7 +218,8 @@ class DiffAttention(_AttentionBase):
             return o * (1.0 - self.lambda_init)
         acc = _at_least_fp32(o.dtype)
         of = o if o.dtype == acc else o.to(acc)
-        out = _HeadNorm.apply(of, self.subln.weight, 1.0 - self.lambda_init, self.norm_eps)
+        w = self.subln.weight * (1.0 - self.lambda_init)  # (2d,): the gain with the (1 - lambda_init) factor
+        out = _HeadNorm.apply(of, w if w.dtype == acc else w.to(acc), self.norm_eps)
         return out if out.dtype == o.dtype else out.to(o.dtype)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
