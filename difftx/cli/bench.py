@@ -17,6 +17,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", nargs="+", default=None,
                    help="DIFF backends to time (default: all that run natively on the device; on CPU not "
                         "triton or flex)")
+    p.add_argument("--baselines", nargs="+", default=["sdpa"],
+                   help="backends of the baseline (2H standard heads); the first is the reference of the ratio "
+                        "column (default: sdpa)")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each candidate's peak memory above the call's start (MiB; on CPU with "
+                        "PyTorch's memory profiler, one extra untimed call each; always measured on CUDA)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
@@ -60,10 +66,12 @@ def run(args: argparse.Namespace) -> int:
           f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, {torch.get_num_threads()} threads")
     if args.decode:
         rows = bench_decode(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.layers,
-                            args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+                            args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
+                            baselines=args.baselines)
     else:
         rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
-                               args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+                               args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
+                               baselines=args.baselines, memory=args.memory)
     print()
     print(format_table(rows))
     if args.json:
