@@ -189,3 +189,20 @@ def test_flop_model_of_the_throughput_benchmark():
     d, heads = 16, 4
     assert core == 2 * 6 * (2 * heads * 64 * 64 * d)  # 2 layers, one block: (QK + PV) x 3
     assert bench.step_flops(diff, 1, 64, "sdpa") > bench.step_flops(base, 1, 64, "sdpa")
+
+
+def test_inference_lambda_is_cached_until_a_parameter_changes():
+    m = DiffAttention(32, 2, 1)
+    with torch.no_grad():
+        first = m.lambda_full()
+        assert m.lambda_full() is first  # cached
+        m.lambda_q1.add_(0.5)  # in-place update (as an optimizer step does)
+        second = m.lambda_full()
+    assert second is not first
+    torch.testing.assert_close(second, m.lambda_full().detach())  # grad mode: computed afresh, same value
+    m.load_state_dict({k: v.clone() * 0.5 for k, v in m.state_dict().items()})
+    with torch.no_grad():
+        third = m.lambda_full()
+    torch.testing.assert_close(third, m.lambda_full().detach())
+    assert not torch.equal(third, second)
+    assert m.lambda_full().requires_grad  # training still differentiates through lambda

@@ -82,12 +82,15 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
     s = kg.shape[-2]
     # all R heads of a group share one key matrix: fold them into the rows of one matmul
     scores = torch.matmul(qg.reshape(B, Hkv, C, R * t, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*t, s)
-    logits = scores.view(B, Hkv, C, R, t, s).to(_acc_dtype(scores.dtype)) * scale
+    acc = _acc_dtype(scores.dtype)
+    logits = scores.view(B, Hkv, C, R, t, s)
+    logits = (logits if logits.dtype == acc else logits.to(acc)) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    eff = probs[:, :, 0] if lam is None else probs[:, :, 0] - lam * probs[:, :, 1]  # (B, Hkv, R, t, s)
-    out = torch.matmul(eff.to(vg.dtype).reshape(B, Hkv, R * t, s), vg)  # (B, Hkv, R*t, dv)
+    # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
+    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)
+    out = torch.matmul((eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s), vg)
     return out.view(B, Hkv, R, t, -1), logits, probs, eff
 
 

@@ -55,6 +55,14 @@ def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: 
     return n_kv_heads, d
 
 
+class _NoCtx:
+    """Stands in for an autograd context when a Function's forward runs without autograd."""
+
+    @staticmethod
+    def save_for_backward(*tensors) -> None:
+        pass
+
+
 class _Lambda(torch.autograd.Function):
     """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
     its gradient written out: one autograd node instead of the dozen autograd would record."""
@@ -98,19 +106,33 @@ class _HeadNorm(torch.autograd.Function):
 
 
 class LayerKV:
-    """One layer's KV cache: preallocated buffers in kernel layout, filled left to right."""
+    """One layer's KV cache: preallocated buffers, filled left to right.
+
+    Stored head-major, ``(B, heads, S_max, width)``, and handed to kernels as ``(B, S, heads, width)``
+    views: each head's keys are then one strided matrix, so a kernel's batched matmul reads the
+    cache in place instead of copying it on every decoding step.
+    """
 
     def __init__(self, k: Tensor, v: Tensor):
-        self.k, self.v = k, v  # (B, S_max, heads, width)
+        self.k, self.v = k, v  # (B, heads, S_max, width)
+
+    @classmethod
+    def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,
+              dtype=None) -> "LayerKV":
+        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``."""
+        (kh, kd), (vh, vd) = k_shape, v_shape
+        return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
+                   torch.zeros(batch, vh, max_len, vd, device=device, dtype=dtype))
 
     def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new ``k``, ``v`` ``(B, T, ...)`` at ``pos``; return everything up to ``pos + T``."""
+        """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
+        as ``(B, S, heads, width)`` views."""
         end = pos + k.shape[1]
-        if end > self.k.shape[1]:
-            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[1]} positions")
-        self.k[:, pos:end] = k
-        self.v[:, pos:end] = v
-        return self.k[:, :end], self.v[:, :end]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
+        self.k[:, :, pos:end] = k.transpose(1, 2)
+        self.v[:, :, pos:end] = v.transpose(1, 2)
+        return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
 
 
 class _AttentionBase(nn.Module):
@@ -209,8 +231,19 @@ class DiffAttention(_AttentionBase):
             nn.init.normal_(p, mean=0.0, std=std)
 
     def lambda_full(self) -> Tensor:
-        """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters)."""
-        return _Lambda.apply(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
+        """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters).
+
+        Without gradients (decoding) the value is cached until a lambda parameter changes (in-place
+        updates bump its version counter; ``.to()`` and loading give it new storage)."""
+        params = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return _Lambda.apply(*params, self.lambda_init)
+        key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
+        cached = self.__dict__.get("_lambda_cache")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self.__dict__["_lambda_cache"] = (key, _Lambda.forward(_NoCtx, *params, self.lambda_init))
+        return cached[1]
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
@@ -219,7 +252,11 @@ class DiffAttention(_AttentionBase):
         acc = _at_least_fp32(o.dtype)
         of = o if o.dtype == acc else o.to(acc)
         w = self.subln.weight * (1.0 - self.lambda_init)  # (2d,): the gain with the (1 - lambda_init) factor
-        out = _HeadNorm.apply(of, w if w.dtype == acc else w.to(acc), self.norm_eps)
+        w = w if w.dtype == acc else w.to(acc)
+        if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
+            out = _HeadNorm.apply(of, w, self.norm_eps)
+        else:  # inference: PyTorch's fused forward
+            out = torch.rms_norm(of, (of.shape[-1],), w, self.norm_eps)
         return out if out.dtype == o.dtype else out.to(o.dtype)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):

@@ -33,6 +33,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
     p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
 
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import bench_attention, bench_decode, format_table, save_rows
 
     dtype = getattr(torch, args.dtype)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cpu" and dtype != torch.float32:
         raise ValueError("--dtype: use float32 on CPU (bf16/fp16 have no fast CPU kernels here)")
     if args.layers <= 0 or args.repeats <= 0 or any(T <= 0 for T in args.seq_lens):
