@@ -131,7 +131,8 @@ def size_config(name: str, attention: str) -> tuple[ModelConfig, int | None, int
         p = get_preset("cpu")
         return model_configs(p, task_space(p))["diff"].replace(attention=attention), p.context_len, p.batch_size
     if name == "cpu-30m":
-        return ModelConfig(vocab_size=256, dim=512, n_layers=9, n_heads=4, max_seq_len=256, attention=attention), None, 4
+        cfg = ModelConfig(vocab_size=256, dim=512, n_layers=9, n_heads=4, max_seq_len=256, attention=attention)
+        return cfg, None, 4
     return preset(name, attention=attention), None, None
 
 

@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--layers, --repeats and --seq-lens must be positive")
     what = f"decode step, {args.layers}-layer model" if args.decode else "attention layer"
     print(f"difftx bench ({what}): D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
-          f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
     if args.decode:
         rows = bench_decode(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.layers,
                             args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
