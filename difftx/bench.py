@@ -33,6 +33,43 @@ class BenchRow:
     mem_mib: Optional[float] = None  # decode: the KV cache; CUDA attention: peak allocated memory
 
 
+def peak_memory_mib(fn, device: torch.device) -> float:
+    """Peak memory (MiB) allocated by ``fn()`` above what was allocated when it started.
+
+    CUDA: the allocator's peak statistic. CPU: PyTorch's profiler with ``profile_memory`` records
+    every allocation and free of the CPU allocator; the peak is the maximum of their running sum.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2 ** 20
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.remove(path)
+    mem = sorted((e["ts"], e["args"]["Bytes"]) for e in events
+                 if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0)
+    cur = peak = 0
+    for _, nbytes in mem:
+        cur += nbytes
+        peak = max(peak, cur)
+    return peak / 2 ** 20
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -51,17 +88,23 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
                     n_kv_heads: Optional[int] = None, batch: int = 1, backends: Optional[Sequence[str]] = None,
                     modes: Sequence[str] = ("fwd", "fwd+bwd"), repeats: int = 10, warmup: int = 2,
                     device: str = "cpu", dtype: torch.dtype = torch.float32, layer_idx: int = 4,
-                    clock: str = "wall", progress: bool = True) -> list[BenchRow]:
-    """Median milliseconds per call of each candidate; ``ratio`` is DIFF / baseline.
+                    clock: str = "wall", progress: bool = True, baselines: Sequence[str] = ("sdpa",),
+                    memory: bool = False) -> list[BenchRow]:
+    """Median milliseconds per call of each candidate; ``ratio`` is candidate / first baseline.
 
-    ``clock="cpu"`` measures this process's CPU time (all threads) instead of wall time: on
-    a CPU shared with other work it is far steadier, at the price of not counting idle waits.
+    ``baselines``: backends of the baseline layer (the first is the reference of ``ratio``).
+    ``memory``: also measure each candidate's peak memory (one extra, untimed call each; on CUDA
+    it is always measured). ``clock="cpu"`` measures this process's CPU time (all threads) instead
+    of wall time: on a CPU shared with other work it is far steadier, at the price of not counting
+    idle waits.
     """
     timer, dev, backends = _setup(clock, device, backends)
+    baselines = _check_baselines(baselines)
     torch.manual_seed(0)
     diff = DiffAttention(dim, n_heads, layer_idx, n_kv_heads).to(dev, dtype)
     base = StandardAttention(dim, 2 * n_heads, None if n_kv_heads is None else 2 * n_kv_heads).to(dev, dtype)
-    candidates = [("baseline/sdpa", base, "sdpa")] + [(f"diff/{b}", diff, b) for b in backends]
+    candidates = ([(f"baseline/{b}", base, b) for b in baselines]
+                  + [(f"diff/{b}", diff, b) for b in backends])
     rows: list[BenchRow] = []
     for T in seq_lens:
         x = torch.randn(batch, T, dim, device=dev, dtype=dtype, requires_grad=True)
@@ -69,6 +112,11 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
             calls = {name: (lambda layer=layer, backend=backend: _step(layer, x, backend, mode))
                      for name, layer, backend in candidates}
             peaks: dict[str, float] = {}
+            if memory or dev.type == "cuda":
+                for name, call in _runnable(calls, quiet=True).items():
+                    peaks[name] = peak_memory_mib(call, dev)
+                    for layer in (diff, base):
+                        layer.zero_grad(set_to_none=True)
             rows += _time_alternating(calls, T, mode, repeats, warmup, dev, timer, progress, peaks)
             for layer in (diff, base):
                 layer.zero_grad(set_to_none=True)
@@ -78,22 +126,20 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
 def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int, dev: torch.device, timer,
                       progress: bool, mem_mib: dict[str, float]) -> list[BenchRow]:
     """Median time of each call (alternating, after ``warmup`` rounds) as rows with the ratio to
-    ``calls["baseline/sdpa"]``; ``mem_mib`` gives a row's memory (CUDA: peak allocated is measured)."""
+    the first call (a baseline); ``mem_mib`` gives a row's memory."""
     calls = _runnable(calls)
     times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
     for rep in range(warmup + repeats):
-        for name, call in calls.items():  # alternate: same conditions for all
+        for name, call in order:  # alternate: same conditions for all
             _sync(dev)
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
             t0 = timer()
             call()
             _sync(dev)
             if rep >= warmup:
                 times[name].append(timer() - t0)
-            if dev.type == "cuda":
-                mem_mib.setdefault(name, torch.cuda.max_memory_allocated(dev) / 2 ** 20)
-    base_ms = statistics.median(times["baseline/sdpa"]) * 1e3
+        order.reverse()  # ABBA: no candidate always runs first
+    base_ms = statistics.median(times[next(iter(calls))]) * 1e3
     rows = []
     for name in calls:
         ms = statistics.median(times[name]) * 1e3
@@ -103,9 +149,9 @@ def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int,
     return rows
 
 
-def _runnable(calls: dict) -> dict:
+def _runnable(calls: dict, quiet: bool = False) -> dict:
     """``calls`` without the DIFF candidates that fail on their first call (each is reported with
-    its error, so one backend that cannot run a shape does not end the whole benchmark)."""
+    its error unless ``quiet``, so one backend that cannot run a shape does not end the benchmark)."""
     kept = {}
     for name, call in calls.items():
         try:
@@ -114,7 +160,8 @@ def _runnable(calls: dict) -> dict:
             if name.startswith("baseline"):
                 raise
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            print(f"  skipped {name}: {type(e).__name__}: {first}", flush=True)
+            if not quiet:
+                print(f"  skipped {name}: {type(e).__name__}: {first}", flush=True)
             continue
         kept[name] = call
     return kept
@@ -124,7 +171,7 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
                  n_kv_heads: Optional[int] = None, batch: int = 1, n_layers: int = 2,
                  backends: Optional[Sequence[str]] = None, repeats: int = 20, warmup: int = 3,
                  device: str = "cpu", dtype: torch.dtype = torch.float32, clock: str = "wall",
-                 progress: bool = True) -> list[BenchRow]:
+                 progress: bool = True, baselines: Sequence[str] = ("sdpa",)) -> list[BenchRow]:
     """Median milliseconds of one decoding step (one new token per sequence) of a whole
     ``n_layers`` model, DIFF (each backend) vs its baseline, with the KV cache holding ``T``
     tokens; ``mem_mib`` is each model's KV cache at that length (equal by construction)."""
@@ -132,12 +179,14 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
     from .model import KVCache, Transformer
 
     timer, dev, backends = _setup(clock, device, backends)
+    baselines = _check_baselines(baselines)
     cfg = ModelConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       attention="diff", max_seq_len=max(seq_lens) + 1)
     torch.manual_seed(0)
     models = {"diff": Transformer(cfg).to(dev, dtype).eval(),
               "baseline": Transformer(baseline_config(cfg)).to(dev, dtype).eval()}
-    candidates = [("baseline/sdpa", "baseline", "sdpa")] + [(f"diff/{b}", "diff", b) for b in backends]
+    candidates = ([(f"baseline/{b}", "baseline", b) for b in baselines]
+                  + [(f"diff/{b}", "diff", b) for b in backends])
     rows: list[BenchRow] = []
     for T in seq_lens:
         prompt = torch.randint(0, cfg.vocab_size, (batch, T), device=dev)
@@ -161,6 +210,16 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
     return rows
 
 
+def _check_baselines(baselines: Sequence[str]) -> list[str]:
+    baselines = list(baselines)
+    if not baselines:
+        raise ValueError("baselines: name at least one backend for the baseline")
+    unknown = [b for b in baselines if b != "auto" and b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown or unavailable baseline backend(s) {unknown}; registered: {sorted(BACKENDS)}")
+    return baselines
+
+
 def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
     """``(timer, device, backends)``: validated clock and backends (default: every backend that
     runs natively on the device; on CPU not ``triton`` (a GPU kernel) nor ``flex`` (PyTorch's
@@ -170,7 +229,7 @@ def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
     dev = torch.device(device)
     if backends is None:
         backends = [b for b in BACKENDS if dev.type == "cuda" or b not in ("triton", "flex")]
-    unknown = [b for b in backends if b not in BACKENDS]
+    unknown = [b for b in backends if b != "auto" and b not in BACKENDS]
     if unknown:
         raise ValueError(f"unknown or unavailable backend(s) {unknown}; registered: {sorted(BACKENDS)}")
     return (time.perf_counter if clock == "wall" else time.process_time), dev, list(backends)
@@ -178,10 +237,16 @@ def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
 
 def format_table(rows: Sequence[BenchRow]) -> str:
     mem = any(r.mem_mib is not None for r in rows)
-    lines = ["| T | mode | candidate | ms | / baseline |" + (" MiB |" if mem else ""),
-             "|---:|---|---|---:|---:|" + ("---:|" if mem else "")]
+    lines = ["| T | mode | candidate | ms | / baseline |" + (" MiB | MiB / baseline |" if mem else ""),
+             "|---:|---|---|---:|---:|" + ("---:|---:|" if mem else "")]
+    first: dict = {}
     for r in rows:
-        tail = (f" {r.mem_mib:.3g} |" if r.mem_mib is not None else " - |") if mem else ""
+        ref = first.setdefault((r.seq_len, r.mode), r)  # the first row of a length and mode is the reference
+        tail = ""
+        if mem:
+            rel = r.mem_mib / ref.mem_mib if r.mem_mib is not None and ref.mem_mib else None
+            tail = (f" {r.mem_mib:.3g} |" if r.mem_mib is not None else " - |") + \
+                (f" {rel:.2f} |" if rel is not None else " - |")
         lines.append(f"| {r.seq_len} | {r.mode} | {r.name} | {r.ms:.3f} | {r.ratio:.2f} |" + tail)
     return "\n".join(lines)
 

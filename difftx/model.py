@@ -65,9 +65,8 @@ class KVCache:
         self.max_len, self.length = max_len, 0
         self.layers: list[LayerKV] = []
         for block in model.layers:
-            (kh, kd), (vh, vd) = block.attn.cache_shapes()
-            self.layers.append(LayerKV(torch.zeros(batch_size, max_len, kh, kd, device=device, dtype=dtype),
-                                       torch.zeros(batch_size, max_len, vh, vd, device=device, dtype=dtype)))
+            k_shape, v_shape = block.attn.cache_shapes()
+            self.layers.append(LayerKV.empty(batch_size, max_len, k_shape, v_shape, device=device, dtype=dtype))
 
 
 class Transformer(nn.Module):

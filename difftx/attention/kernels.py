@@ -34,8 +34,6 @@ from torch import Tensor
 from . import flex as _flex
 from .masks import AttentionMask
 
-# Query rows per block in the chunked kernel (see ``chunked``); 128 measured best on CPU.
-CHUNK_ROWS = 128
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -84,12 +82,15 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
     s = kg.shape[-2]
     # all R heads of a group share one key matrix: fold them into the rows of one matmul
     scores = torch.matmul(qg.reshape(B, Hkv, C, R * t, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*t, s)
-    logits = scores.view(B, Hkv, C, R, t, s).to(_acc_dtype(scores.dtype)) * scale
+    acc = _acc_dtype(scores.dtype)
+    logits = scores.view(B, Hkv, C, R, t, s)
+    logits = (logits if logits.dtype == acc else logits.to(acc)) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    eff = probs[:, :, 0] if lam is None else probs[:, :, 0] - lam * probs[:, :, 1]  # (B, Hkv, R, t, s)
-    out = torch.matmul(eff.to(vg.dtype).reshape(B, Hkv, R * t, s), vg)  # (B, Hkv, R*t, dv)
+    # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
+    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)
+    out = torch.matmul((eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s), vg)
     return out.view(B, Hkv, R, t, -1), logits, probs, eff
 
 
@@ -113,90 +114,186 @@ def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = F
     return out, AttentionMaps(to_proj(logits), to_proj(probs), eff.reshape(B, Hkv * R, T, S))
 
 
-def _block_mask(mask: AttentionMask, T: int, S: int, r0: int, r1: int, s: int, device):
-    """For query rows ``r0:r1`` over keys ``0..s-1``: ``(col0, allowed)`` where ``allowed``
-    ``(B|1, t, s - col0)`` covers keys ``col0..s-1`` (all earlier keys are allowed), or None."""
-    if mask.is_plain_causal(T, S):
-        t = r1 - r0
-        tri = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        return r0, tri[None]
-    allowed = mask.dense(T, S, device, rows=slice(r0, r1), keys=s)
-    return (0, allowed) if allowed is not None else None
+# Query rows per block in the chunked kernel (see ``chunked``); 128 measured best on CPU.
+CHUNK_ROWS = 128
+# Blocks of the chunked kernel with at most this many keys keep their softmax maps for the backward pass;
+# longer blocks recompute them there (one more QK^T product and softmax per block), so that training memory
+# grows linearly in T: at most ``STORE_MAX_KEYS`` stored scores per query row and sub-head.
+STORE_MAX_KEYS = 256
+
+_bias_cache: dict = {}
+
+
+def _diag_bias(t: int, R: int, device, dtype) -> Tensor:
+    """Additive causal mask ``(t*R, t)`` of a block's diagonal keys, rows in ``(t, R)`` order:
+    0 where key ``j <= `` query row ``i``, ``-inf`` above the diagonal. Cached per shape."""
+    key = (t, R, device, dtype)
+    bias = _bias_cache.get(key)
+    if bias is None:
+        if len(_bias_cache) > 64:
+            _bias_cache.clear()
+        tri = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+        bias = torch.zeros(t, t, dtype=dtype, device=device).masked_fill_(tri, float("-inf"))
+        bias = _bias_cache[key] = bias.repeat_interleave(R, dim=0)
+    return bias
+
+
+class _Blocks:
+    """The chunked kernel's tensors in 3-D batched form and its per-block products.
+
+    ``q3 (B*Hkv*C, T*R, d)`` (rows of a block of ``t`` queries of all ``R`` heads of a group are
+    contiguous), ``k3 (B*Hkv*C, S, d)``, ``v3 (B*Hkv, S, dv)``; scores are scaled inside the
+    matmul (``alpha``), so q is not copied a second time.
+    """
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask, scale: float):
+        self.diff = lam is not None
+        C = self.C = 2 if self.diff else 1
+        B, T, HC, d = q.shape
+        S, Hkv, dv = k.shape[1], v.shape[2], v.shape[3]
+        R = self.R = HC // (C * Hkv)
+        self.shape = (B, T, S, Hkv, d, dv)
+        self.q3 = q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 1, 3, 5).reshape(B * Hkv * C, T * R, d)
+        self.k3 = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4).reshape(B * Hkv * C, S, d)
+        self.v3 = v.transpose(1, 2).reshape(B * Hkv, S, dv)
+        self.acc = _acc_dtype(q.dtype)
+        self.fast = q.dtype == self.acc  # float32/float64: scores and maps in the input dtype, no casts
+        self.mask, self.scale = mask, scale
+        self.plain = mask.is_plain_causal(T, S)
+        self.neg_lam = -lam.detach() if self.diff else None
+        if self.diff and lam.dtype != self.acc:
+            self.neg_lam = self.neg_lam.to(self.acc)
+
+    def keys(self, r0: int, r1: int) -> int:
+        """Keys a block of query rows ``r0:r1`` can see (causal: up to its last row)."""
+        B, T, S = self.shape[:3]
+        return min(S, self.mask.q_offset + r1) if self.mask.causal else S
+
+    def probs(self, r0: int, r1: int, s: int) -> Tensor:
+        """Softmax maps ``(B*Hkv*C, t*R, s)`` of query rows ``r0:r1`` over keys ``0..s-1``."""
+        R, t = self.R, r1 - r0
+        qb, kb = self.q3[:, r0 * R:r1 * R], self.k3[:, :s].transpose(1, 2)
+        if self.fast:
+            if self.plain and s == t:  # the whole block is the diagonal: mask added by the matmul itself
+                logits = torch.baddbmm(_diag_bias(t, R, qb.device, qb.dtype), qb, kb, alpha=self.scale)
+            else:
+                logits = qb.new_empty(qb.shape[0], qb.shape[1], s).baddbmm_(qb, kb, beta=0.0, alpha=self.scale)
+                self._mask(logits, r0, r1, s)
+        else:
+            logits = torch.bmm(qb, kb).to(self.acc).mul_(self.scale)
+            self._mask(logits, r0, r1, s)
+        return torch.softmax(logits, dim=-1)
+
+    def _mask(self, logits: Tensor, r0: int, r1: int, s: int) -> None:
+        B, T, S = self.shape[:3]
+        R, t = self.R, r1 - r0
+        if self.plain:
+            logits[:, :, r0:s].add_(_diag_bias(t, R, logits.device, logits.dtype))
+            return
+        allowed = self.mask.dense(T, S, logits.device, rows=slice(r0, r1), keys=s)  # (B|1, t, s)
+        if allowed is None:
+            return
+        b = allowed.shape[0]
+        view = logits.view(b, -1, t, R, s)  # the batch is outermost in logits' first dimension
+        view.masked_fill_(~allowed[:, None, :, None, :], float("-inf"))
+
+    def effective(self, probs: Tensor) -> Tensor:
+        """``(B*Hkv, t*R, s)``: ``A1 - lam * A2`` (differential) or the map itself, in the values' dtype."""
+        if self.diff:
+            p = probs.unflatten(0, (-1, 2))
+            eff = torch.addcmul(p[:, 0], p[:, 1], self.neg_lam)
+        else:
+            eff = probs
+        return eff if eff.dtype == self.v3.dtype else eff.to(self.v3.dtype)
+
+
+def _chunked_forward(bl: _Blocks, rows: int, keep: bool):
+    """Output ``(B*Hkv, T*R, dv)`` and, if ``keep``, the blocks ``[(r0, r1, s, (probs, effective) or None)]``
+    (maps stored only for blocks of at most :data:`STORE_MAX_KEYS` keys)."""
+    B, T, S, Hkv, d, dv = bl.shape
+    R = bl.R
+    out = bl.v3.new_empty(B * Hkv, T * R, dv)
+    blocks = []
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        s = bl.keys(r0, r1)
+        probs = bl.probs(r0, r1, s)
+        eff = bl.effective(probs)
+        torch.bmm(eff, bl.v3[:, :s], out=out[:, r0 * R:r1 * R])
+        if keep:
+            blocks.append((r0, r1, s, (probs, eff) if s <= STORE_MAX_KEYS else None))
+    return out, blocks
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """Blocked materialised attention with a hand-written backward.
-
-    Layout inside: ``qg (B, Hkv, C, T, R, d)`` (pre-scaled), so a block of ``t`` query rows of
-    all ``R`` heads of a group is one contiguous ``(t*R, d)`` matrix against the group's
-    keys ``kg (B, Hkv, C, S, d)`` and values ``vg (B, Hkv, S, dv)``. Each block keeps its
-    softmax maps for the backward pass, which accumulates into preallocated dk/dv slices
-    (autograd over slices would allocate a full-size zero gradient per block).
-    """
+    """Blocked materialised attention with a hand-written backward (see :func:`chunked`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, lam, mask, scale, rows):
-        diff = lam is not None
-        C = 2 if diff else 1
-        B, T, HC, d = q.shape
-        S, Hkv, dv = k.shape[1], v.shape[2], v.shape[3]
-        R = HC // (C * Hkv)
-        qg = (q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 1, 3, 5) * scale).contiguous()  # (B, Hkv, C, T, R, d)
-        kg = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4).contiguous()  # (B, Hkv, C, S, d)
-        vg = v.transpose(1, 2).contiguous()  # (B, Hkv, S, dv)
-        out = q.new_empty(B, Hkv, T, R, dv)
-        acc = _acc_dtype(q.dtype)
-        lam_f = lam.detach().to(acc) if diff else None
-        saved, blocks = [], []
-        for r0 in range(0, T, rows):
-            r1 = min(T, r0 + rows)
-            t, s = r1 - r0, (min(S, mask.q_offset + r1) if mask.causal else S)
-            qb = qg[:, :, :, r0:r1].reshape(B, Hkv, C, t * R, d)
-            logits = torch.matmul(qb, kg[:, :, :, :s].transpose(-1, -2)).to(acc)  # (B, Hkv, C, t*R, s)
-            bm = _block_mask(mask, T, S, r0, r1, s, q.device)
-            if bm is not None:
-                col0, allowed = bm  # allowed (B|1, t, s-col0) -> broadcast over Hkv, C and R
-                view = logits.view(B, Hkv, C, t, R, s)[..., col0:]
-                view.masked_fill_(~allowed[:, None, None, :, None, :], float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            eff = probs[:, :, 0] - lam_f * probs[:, :, 1] if diff else probs[:, :, 0]  # (B, Hkv, t*R, s)
-            out[:, :, r0:r1] = torch.matmul(eff.to(vg.dtype), vg[:, :, :s]).view(B, Hkv, t, R, dv)
-            saved.append(probs)
-            blocks.append((r0, r1, s))
-        ctx.save_for_backward(qg, kg, vg, lam_f if diff else None, *saved)
-        ctx.blocks, ctx.scale, ctx.shape = blocks, scale, (B, T, S, Hkv, C, R, d, dv)
-        ctx.diff = diff
-        return out.permute(0, 2, 1, 3, 4).reshape(B, T, Hkv * R, dv)  # (B, T, H, dv)
+        bl = _Blocks(q, k, v, lam, mask, scale)
+        out, blocks = _chunked_forward(bl, rows, keep=True)
+        ctx.bl, ctx.blocks = bl, blocks
+        ctx.lam_dtype = None if lam is None else lam.dtype
+        return _out_layout(bl, out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        qg, kg, vg, lam_f, *saved = ctx.saved_tensors
-        B, T, S, Hkv, C, R, d, dv = ctx.shape
-        do = dout.view(B, T, Hkv, R, dv).permute(0, 2, 1, 3, 4).contiguous()  # (B, Hkv, T, R, dv)
-        dq = torch.empty_like(qg)
-        dk = torch.zeros_like(kg)
-        dvg = torch.zeros_like(vg)
-        dlam = torch.zeros((), dtype=lam_f.dtype, device=qg.device) if ctx.diff else None
-        for (r0, r1, s), probs in zip(ctx.blocks, saved):
+        bl, blocks = ctx.bl, ctx.blocks
+        B, T, S, Hkv, d, dv = bl.shape
+        R, C, scale = bl.R, bl.C, bl.scale
+        do3 = dout.view(B, T, Hkv, R, dv).transpose(1, 2).reshape(B * Hkv, T * R, dv)
+        if do3.dtype != bl.v3.dtype:
+            do3 = do3.to(bl.v3.dtype)
+        dq3 = torch.empty_like(bl.q3)
+        dk3 = torch.empty_like(bl.k3)
+        dv3 = torch.empty_like(bl.v3)
+        dlam = bl.neg_lam.new_zeros(()) if bl.diff else None
+        first = True
+        for r0, r1, s, stored in reversed(blocks):  # the last block sees all S keys: it initialises dk, dv
             t = r1 - r0
-            dob = do[:, :, r0:r1].reshape(B, Hkv, t * R, dv)
-            eff = probs[:, :, 0] - lam_f * probs[:, :, 1] if ctx.diff else probs[:, :, 0]
-            dvg[:, :, :s] += torch.matmul(eff.to(vg.dtype).transpose(-1, -2), dob)
-            deff = torch.matmul(dob, vg[:, :, :s].transpose(-1, -2)).to(probs.dtype)  # (B, Hkv, t*R, s)
-            if ctx.diff:
-                dlam -= (deff * probs[:, :, 1]).sum()
-                dprobs = torch.stack((deff, deff * -lam_f), dim=2)  # (B, Hkv, 2, t*R, s)
+            rows = slice(r0 * R, r1 * R)
+            beta = 0.0 if first else 1.0
+            if first and s < S:  # keys no query row sees
+                dk3[:, s:].zero_()
+                dv3[:, s:].zero_()
+            first = False
+            if stored is None:  # recomputed: the same operations as in forward, so the same maps
+                probs = bl.probs(r0, r1, s)
+                eff = bl.effective(probs)
             else:
-                dprobs = deff[:, :, None]
-            dlogits = torch._softmax_backward_data(dprobs, probs, -1, probs.dtype).to(qg.dtype)
-            qb = qg[:, :, :, r0:r1].reshape(B, Hkv, C, t * R, d)
-            dq[:, :, :, r0:r1] = torch.matmul(dlogits, kg[:, :, :, :s]).view(B, Hkv, C, t, R, d)
-            dk[:, :, :, :s] += torch.matmul(dlogits.transpose(-1, -2), qb)
-        dq = (dq * ctx.scale).permute(0, 3, 1, 4, 2, 5).reshape(B, T, Hkv * R * C, d)  # (B, T, HC, d)
-        dk = dk.permute(0, 3, 1, 2, 4).reshape(B, S, Hkv * C, d)  # (B, S, Hkv*C, d)
-        dvg = dvg.transpose(1, 2)  # (B, S, Hkv, dv)
+                probs, eff = stored
+            dob = do3[:, rows]  # (B*Hkv, t*R, dv)
+            dv3[:, :s].baddbmm_(eff.transpose(1, 2), dob, beta=beta)
+            deff = torch.bmm(dob, bl.v3[:, :s].transpose(1, 2))  # (B*Hkv, t*R, s): dL/d(effective map)
+            if deff.dtype != probs.dtype:
+                deff = deff.to(probs.dtype)
+            # softmax backward, public form: dS = dP*P - P*rowsum(dP*P); for the two maps of a differential
+            # head dP1 = deff and dP2 = -lam * deff, and the formula is linear in dP
+            p = probs.view(B * Hkv, C, t * R, s)
+            ds = p * deff[:, None]  # (B*Hkv, C, t*R, s)
+            rsum = ds.sum(-1, keepdim=True)  # (B*Hkv, C, t*R, 1)
+            ds.addcmul_(p, rsum, value=-1.0)
+            if bl.diff:
+                ds[:, 1].mul_(bl.neg_lam)
+                dlam -= rsum[:, 1].sum()  # dL/dlam = -sum(deff * A2)
+            ds = ds.view(B * Hkv * C, t * R, s)
+            if ds.dtype != bl.q3.dtype:
+                ds = ds.to(bl.q3.dtype)
+            dq3[:, rows].baddbmm_(ds, bl.k3[:, :s], beta=0.0, alpha=scale)
+            dk3[:, :s].baddbmm_(ds.transpose(1, 2), bl.q3[:, rows], beta=beta, alpha=scale)
+        dq = dq3.view(B, Hkv, C, T, R, d).permute(0, 3, 1, 4, 2, 5).reshape(B, T, Hkv * R * C, d)  # (B, T, HC, d)
+        dk = dk3.view(B, Hkv, C, S, d).permute(0, 3, 1, 2, 4).reshape(B, S, Hkv * C, d)  # (B, S, Hkv*C, d)
+        dvg = dv3.view(B, Hkv, S, dv).transpose(1, 2)  # (B, S, Hkv, dv)
+        if dlam is not None and dlam.dtype != ctx.lam_dtype:
+            dlam = dlam.to(ctx.lam_dtype)
         return dq, dk, dvg, dlam, None, None, None
+
+
+def _out_layout(bl: _Blocks, out: Tensor) -> Tensor:
+    """``(B*Hkv, T*R, dv)`` -> ``(B, T, H, dv)``."""
+    B, T, S, Hkv, d, dv = bl.shape
+    return out.view(B, Hkv, T, bl.R, dv).transpose(1, 2).reshape(B, T, Hkv * bl.R, dv)
 
 
 def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
@@ -204,12 +301,17 @@ def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool =
 
     Under a causal mask a block needs only the keys up to its last row, so the work is
     about half of ``eager``'s, and each block's maps stay small enough for the CPU caches.
-    This is the fastest form measured on CPU (see ``benchmarks/attention.py``). Training
-    memory is O(T*S) per head, as for ``eager``: the blocks' maps are kept for backward.
+    This is the fastest form measured on CPU (see ``benchmarks/attention.py``). Training memory
+    is linear in ``T``: blocks of more than ``STORE_MAX_KEYS`` keys recompute their maps in the
+    backward pass instead of keeping them; without gradients nothing is kept at all.
     """
     if return_maps:
         raise ValueError("the 'chunked' backend does not return attention maps; use backend='eager'")
-    return _ChunkedAttention.apply(q, k, v, lam, mask, scale, CHUNK_ROWS)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, lam))
+    if needs_grad:
+        return _ChunkedAttention.apply(q, k, v, lam, mask, scale, CHUNK_ROWS)
+    bl = _Blocks(q, k, v, lam, mask, scale)
+    return _out_layout(bl, _chunked_forward(bl, CHUNK_ROWS, keep=False)[0])
 
 
 def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):

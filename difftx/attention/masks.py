@@ -57,6 +57,8 @@ class AttentionMask:
             return None
         r0, r1 = (0, T) if rows is None else (rows.start, rows.stop)
         s = S if keys is None else keys
+        if self.key_valid is None and self.doc_ids is None and self.q_offset + r0 >= s - 1:
+            return None  # causal only, and every row sees all s keys (a decoding step over its cache)
         qpos = torch.arange(r0, r1, device=device) + self.q_offset  # (t,) key index of each query
         kpos = torch.arange(s, device=device)  # (s,)
         allowed = torch.ones(1, r1 - r0, s, dtype=torch.bool, device=device)

@@ -55,20 +55,84 @@ def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: 
     return n_kv_heads, d
 
 
+class _NoCtx:
+    """Stands in for an autograd context when a Function's forward runs without autograd."""
+
+    @staticmethod
+    def save_for_backward(*tensors) -> None:
+        pass
+
+
+class _Lambda(torch.autograd.Function):
+    """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
+    its gradient written out: one autograd node instead of the dozen autograd would record."""
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, lambda_init):
+        acc = _at_least_fp32(q1.dtype)
+        q1, k1, q2, k2 = (p if p.dtype == acc else p.to(acc) for p in (q1, k1, q2, k2))
+        e1, e2 = torch.exp(torch.dot(q1, k1)), torch.exp(torch.dot(q2, k2))
+        ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
+        return e1 - e2 + lambda_init
+
+    @staticmethod
+    def backward(ctx, g):
+        q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
+        g1, g2 = g * e1, -g * e2
+        return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
+
+
+class _HeadNorm(torch.autograd.Function):
+    """``RMSNorm(o) * w`` over the last dimension in ``o``'s dtype (float32 or float64), with the
+    closed-form backward; keeps ``o * rstd`` and ``rstd`` (as much memory as keeping ``o``)."""
+
+    @staticmethod
+    def forward(ctx, o, w, eps):
+        n = o.shape[-1]
+        rstd = torch.linalg.vector_norm(o, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()  # (..., 1)
+        xhat = o * rstd
+        ctx.save_for_backward(xhat, rstd, w)
+        return xhat * w
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, w = ctx.saved_tensors
+        gw = g * w
+        # d(xhat * w)/do applied to g: rstd * (gw - xhat * mean(gw * xhat))
+        mean = (gw * xhat).mean(-1, keepdim=True)
+        do = torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
+        dw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
+        return do, dw, None
+
+
 class LayerKV:
-    """One layer's KV cache: preallocated buffers in kernel layout, filled left to right."""
+    """One layer's KV cache: preallocated buffers, filled left to right.
+
+    Stored head-major, ``(B, heads, S_max, width)``, and handed to kernels as ``(B, S, heads, width)``
+    views: each head's keys are then one strided matrix, so a kernel's batched matmul reads the
+    cache in place instead of copying it on every decoding step.
+    """
 
     def __init__(self, k: Tensor, v: Tensor):
-        self.k, self.v = k, v  # (B, S_max, heads, width)
+        self.k, self.v = k, v  # (B, heads, S_max, width)
+
+    @classmethod
+    def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,
+              dtype=None) -> "LayerKV":
+        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``."""
+        (kh, kd), (vh, vd) = k_shape, v_shape
+        return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
+                   torch.zeros(batch, vh, max_len, vd, device=device, dtype=dtype))
 
     def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new ``k``, ``v`` ``(B, T, ...)`` at ``pos``; return everything up to ``pos + T``."""
+        """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
+        as ``(B, S, heads, width)`` views."""
         end = pos + k.shape[1]
-        if end > self.k.shape[1]:
-            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[1]} positions")
-        self.k[:, pos:end] = k
-        self.v[:, pos:end] = v
-        return self.k[:, :end], self.v[:, :end]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
+        self.k[:, :, pos:end] = k.transpose(1, 2)
+        self.v[:, :, pos:end] = v.transpose(1, 2)
+        return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
 
 
 class _AttentionBase(nn.Module):
@@ -171,24 +235,39 @@ class DiffAttention(_AttentionBase):
             nn.init.normal_(p, mean=0.0, std=std)
 
     def lambda_full(self) -> Tensor:
-        """The re-parameterised lambda, a float32 scalar."""
-        dt = _at_least_fp32(self.lambda_q1.dtype)
-        l1 = torch.exp(torch.dot(self.lambda_q1.to(dt), self.lambda_k1.to(dt)))
-        l2 = torch.exp(torch.dot(self.lambda_q2.to(dt), self.lambda_k2.to(dt)))
-        return l1 - l2 + self.lambda_init
+        """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters).
+
+        Without gradients (decoding) the value is cached until a lambda parameter changes (in-place
+        updates bump its version counter; ``.to()`` and loading give it new storage)."""
+        params = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return _Lambda.apply(*params, self.lambda_init)
+        key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
+        cached = self.__dict__.get("_lambda_cache")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = self.__dict__["_lambda_cache"] = (key, _Lambda.forward(_NoCtx, *params, self.lambda_init))
+        return cached[1]
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
         if self.subln is None:
             return o * (1.0 - self.lambda_init)
-        of = o.to(_at_least_fp32(o.dtype))
-        normed = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.subln.weight.to(of.dtype)
-        return (normed * (1.0 - self.lambda_init)).to(o.dtype)
+        acc = _at_least_fp32(o.dtype)
+        of = o if o.dtype == acc else o.to(acc)
+        w = self.subln.weight * (1.0 - self.lambda_init)  # (2d,): the gain with the (1 - lambda_init) factor
+        w = w if w.dtype == acc else w.to(acc)
+        if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
+            out = _HeadNorm.apply(of, w, self.norm_eps)
+        else:  # inference: PyTorch's fused forward
+            out = torch.rms_norm(of, (of.shape[-1],), w, self.norm_eps)
+        return out if out.dtype == o.dtype else out.to(o.dtype)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
         out, maps = res if return_maps else (res, None)  # (B, T, H, 2d)
-        out = self.out_proj(self.head_norm(out).flatten(2).to(x.dtype))  # (B, T, D)
+        out = self.head_norm(out).flatten(2)  # (B, T, D)
+        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))
         return (out, maps) if return_maps else out
 
 

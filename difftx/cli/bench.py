@@ -17,6 +17,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", nargs="+", default=None,
                    help="DIFF backends to time (default: all that run natively on the device; on CPU not "
                         "triton or flex)")
+    p.add_argument("--baselines", nargs="+", default=["sdpa"],
+                   help="backends of the baseline (2H standard heads); the first is the reference of the ratio "
+                        "column (default: sdpa)")
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each candidate's peak memory above the call's start (MiB; on CPU with "
+                        "PyTorch's memory profiler, one extra untimed call each; always measured on CUDA)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu")
@@ -27,6 +33,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
     p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
 
@@ -61,19 +68,24 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import bench_attention, bench_decode, format_table, save_rows
 
     dtype = getattr(torch, args.dtype)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cpu" and dtype != torch.float32:
         raise ValueError("--dtype: use float32 on CPU (bf16/fp16 have no fast CPU kernels here)")
     if args.layers <= 0 or args.repeats <= 0 or any(T <= 0 for T in args.seq_lens):
         raise ValueError("--layers, --repeats and --seq-lens must be positive")
     what = f"decode step, {args.layers}-layer model" if args.decode else "attention layer"
     print(f"difftx bench ({what}): D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
-          f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
     if args.decode:
         rows = bench_decode(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.layers,
-                            args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+                            args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
+                            baselines=args.baselines)
     else:
         rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
-                               args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock)
+                               args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
+                               baselines=args.baselines, memory=args.memory)
     print()
     print(format_table(rows))
     if args.json:

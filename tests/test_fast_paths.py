@@ -1,0 +1,208 @@
+"""The CPU fast paths of issue 16 against the ``eager`` oracle (float64): the chunked kernel with
+stored and recomputed block maps, its no-grad path and cached decoding, the fused lambda and head
+norm, no dtype round trips on float32, and the benchmarks' memory and FLOP measurements."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from difftx import KVCache, Transformer
+from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, StandardAttention, kernels
+from difftx.attention.modules import _HeadNorm, _Lambda
+from difftx.config import ModelConfig, baseline_config
+
+
+class _Ops(TorchDispatchMode):
+    """Records every aten op (with its first argument) run inside the context."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args[0] if args else None))
+        return func(*args, **(kwargs or {}))
+
+
+def _randomise(m):
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def _module(kind, D=64, H=4, Hkv=2):
+    m = {"diff": lambda: DiffAttention(D, H, 2, Hkv), "standard": lambda: StandardAttention(D, 2 * H, 2 * Hkv),
+         "diff_v2": lambda: DiffAttentionV2(D, H, Hkv)}[kind]()
+    return _randomise(m).double()
+
+
+def _masks(B, T):
+    key_valid = torch.ones(B, T, dtype=torch.bool)
+    key_valid[0, :3] = False
+    doc_ids = torch.tensor([[0] * 5 + [1] * (T - 5), [0] * 2 + [1] * 6 + [2] * (T - 8)])
+    return {"causal": AttentionMask(), "padding": AttentionMask(key_valid=key_valid),
+            "documents": AttentionMask(doc_ids=doc_ids), "unmasked": AttentionMask(causal=False)}
+
+
+@pytest.mark.parametrize("store", [0, 6, 10 ** 9], ids=["recompute-all", "mixed", "store-all"])
+@pytest.mark.parametrize("kind", ["diff", "standard", "diff_v2"])
+@pytest.mark.parametrize("mask_name", ["causal", "padding", "documents", "unmasked"])
+def test_chunked_matches_eager_with_stored_and_recomputed_maps(monkeypatch, kind, mask_name, store):
+    monkeypatch.setattr(kernels, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(kernels, "STORE_MAX_KEYS", store)
+    m = _module(kind)
+    B, T = 2, 13
+    mask = _masks(B, T)[mask_name]
+    x = torch.randn(B, T, 64, dtype=torch.float64, requires_grad=True)
+    ref, out = m(x, mask=mask, backend="eager"), m(x, mask=mask, backend="chunked")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-11)
+    g = torch.randn_like(out)
+    want = torch.autograd.grad(ref, [x, *m.parameters()], g)
+    got = torch.autograd.grad(out, [x, *m.parameters()], g)
+    for (name, _), a, b in zip([("x", x), *m.named_parameters()], got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda s, n=name: f"grad {n}: {s}")
+
+
+def test_chunked_keeps_maps_only_of_short_blocks(monkeypatch):
+    monkeypatch.setattr(kernels, "STORE_MAX_KEYS", 16)
+    q = torch.randn(1, 32, 4, 8, requires_grad=True)
+    k = torch.randn(1, 32, 4, 8, requires_grad=True)
+    v = torch.randn(1, 32, 2, 16, requires_grad=True)
+    lam = torch.tensor(0.4, requires_grad=True)
+    out = kernels._ChunkedAttention.apply(q, k, v, lam, AttentionMask(), 8 ** -0.5, 8)
+    blocks = out.grad_fn.blocks  # the node is the autograd Function's context
+    assert [(s, stored is not None) for _, _, s, stored in blocks] == [(8, True), (16, True), (24, False),
+                                                                     (32, False)]
+    with torch.no_grad():  # inference: the plain forward, nothing kept and no autograd node
+        plain = kernels.chunked(q, k, v, lam, AttentionMask(), 8 ** -0.5)
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, out.detach())
+
+
+def test_chunked_backward_uses_only_public_ops():
+    """The softmax backward is the public formula dP*P - P*rowsum(dP*P), not a private ATen op."""
+    m = _module("diff").float()
+    x = torch.randn(2, 9, 64, requires_grad=True)
+    out = m(x, backend="chunked")
+    with _Ops() as ops:
+        out.sum().backward()
+    names = {str(f) for f, _ in ops.calls}
+    assert not any("_softmax_backward_data" in n for n in names), names
+
+
+@pytest.mark.parametrize("backend", ["chunked", "eager"])
+def test_float32_inputs_issue_no_casts(backend):
+    """On float32 the softmax, lambda and norm already compute in float32: no tensor is converted
+    between floating dtypes (the one cast left turns the integer RoPE positions into floats)."""
+    m = DiffAttention(64, 2, 1)
+    x = torch.randn(2, 24, 64, requires_grad=True)
+    with _Ops() as ops:
+        m(x, backend=backend).sum().backward()
+    casts = [(a.dtype, a.shape) for f, a in ops.calls
+             if f in (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype) and a.is_floating_point()]
+    assert casts == []
+
+
+def test_low_precision_chunked_keeps_float32_softmax():
+    """bfloat16 inputs take the casting path: close to float32 eager."""
+    m = _randomise(DiffAttention(64, 2, 1))
+    x = torch.randn(2, 20, 64)
+    ref = m(x, backend="eager")
+    mb = DiffAttention(64, 2, 1)
+    mb.load_state_dict(m.state_dict())
+    mb = mb.to(torch.bfloat16)
+    for p in (mb.lambda_q1, mb.lambda_k1, mb.lambda_q2, mb.lambda_k2):
+        p.data = p.data.float()  # lambda parameters stay float32 (SPEC section 1)
+    xb = x.to(torch.bfloat16).requires_grad_()
+    out = mb(xb, backend="chunked")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in mb.parameters())
+    assert mb.lambda_q1.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["diff", "standard"])
+def test_cached_decoding_with_chunked_matches_eager_full_forward(monkeypatch, kind):
+    """Prefill and decode through the chunked kernel's no-grad path (cache offset masks)."""
+    monkeypatch.setattr(kernels, "CHUNK_ROWS", 4)
+    cfg = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=2, max_seq_len=32)
+    model = Transformer(cfg if kind == "diff" else baseline_config(cfg)).double().eval()
+    tokens = torch.randint(0, 50, (2, 14))
+    with torch.no_grad():
+        full = model(tokens, backend="eager")
+        cache = KVCache(model, 2, 16)
+        pieces = [model(tokens[:, :9], cache=cache, backend="chunked")]
+        for t in range(9, 14):
+            pieces.append(model(tokens[:, t:t + 1], cache=cache, backend="chunked"))
+    torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-10, atol=1e-11)
+
+
+def test_lambda_and_head_norm_gradients():
+    d = 6
+    params = [torch.randn(d, dtype=torch.float64, requires_grad=True) * 0.3 for _ in range(4)]
+    params = [p.detach().requires_grad_() for p in params]
+    assert torch.autograd.gradcheck(lambda *p: _Lambda.apply(*p, 0.35), params)
+    o = torch.randn(3, 5, 2, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda o, w: _HeadNorm.apply(o, w, 1e-5), (o, w))
+    want = torch.nn.functional.rms_norm(o, (8,), w, 1e-5)
+    torch.testing.assert_close(_HeadNorm.apply(o, w, 1e-5), want)
+
+
+def test_peak_memory_of_chunked_training_is_linear_in_T_and_matches_the_baseline():
+    from difftx.bench import peak_memory_mib
+
+    torch.manual_seed(0)
+    diff, base = DiffAttention(64, 2, 1), StandardAttention(64, 4)
+    peaks = {}
+    for T in (512, 1024):
+        x = torch.randn(1, T, 64, requires_grad=True)
+        for name, m in (("diff", diff), ("base", base)):
+            def step(m=m):
+                m(x, backend="chunked").sum().backward()
+            step()
+            peaks[name, T] = peak_memory_mib(step, torch.device("cpu"))
+    assert peaks["diff", 1024] <= 1.1 * peaks["base", 1024], peaks
+    assert peaks["diff", 1024] < 2.5 * peaks["diff", 512], peaks  # T x T maps kept would make it about 4x
+    assert peaks["diff", 512] > 0
+
+
+def test_flop_model_of_the_throughput_benchmark():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "train_throughput.py"
+    spec = importlib.util.spec_from_file_location("train_throughput", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=2, max_seq_len=512)
+    diff, base = Transformer(cfg), Transformer(baseline_config(cfg))
+    for T in (64, 300):
+        # equal matrix products in chunked and eager: the FLOP ratio is exactly 1
+        assert bench.step_flops(diff, 2, T, "chunked") == bench.step_flops(base, 2, T, "chunked")
+        assert bench.step_flops(diff, 2, T, "eager") == bench.step_flops(base, 2, T, "eager")
+    # the linear part by hand: 6 * tokens * weights
+    lin = sum(p.numel() for n, p in base.named_parameters() if n.endswith("proj.weight") or n == "lm_head.weight")
+    core = bench.step_flops(base, 1, 64, "chunked") - 6 * 64 * lin
+    d, heads = 16, 4
+    assert core == 2 * 6 * (2 * heads * 64 * 64 * d)  # 2 layers, one block: (QK + PV) x 3
+    assert bench.step_flops(diff, 1, 64, "sdpa") > bench.step_flops(base, 1, 64, "sdpa")
+
+
+def test_inference_lambda_is_cached_until_a_parameter_changes():
+    m = DiffAttention(32, 2, 1)
+    with torch.no_grad():
+        first = m.lambda_full()
+        assert m.lambda_full() is first  # cached
+        m.lambda_q1.add_(0.5)  # in-place update (as an optimizer step does)
+        second = m.lambda_full()
+    assert second is not first
+    torch.testing.assert_close(second, m.lambda_full().detach())  # grad mode: computed afresh, same value
+    m.load_state_dict({k: v.clone() * 0.5 for k, v in m.state_dict().items()})
+    with torch.no_grad():
+        third = m.lambda_full()
+    torch.testing.assert_close(third, m.lambda_full().detach())
+    assert not torch.equal(third, second)
+    assert m.lambda_full().requires_grad  # training still differentiates through lambda
