@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 venv: $(STAMP)
 
 # `difftx compare --preset cpu --seeds 3`: DIFF vs its matched baseline over 3 paired seeds, all evaluations,
-# report in runs/demo/ (about 10 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
+# report in runs/demo/ (10-15 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
 demo: $(STAMP)
 	$(VENV)/bin/difftx compare --preset cpu --seeds 3 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"

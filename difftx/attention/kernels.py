@@ -71,10 +71,13 @@ def _group_views(q: Tensor, k: Tensor, v: Tensor, diff: bool):
     return qg, kg, vg
 
 
-def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Optional[Tensor], scale: float):
+def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Optional[Tensor], scale: float,
+          logits_fn: Optional[Callable[[Tensor], Tensor]] = None):
     """Materialised attention for one block of query rows.
 
     qg (B, Hkv, C, R, t, d), kg (B, Hkv, C, s, d), vg (B, Hkv, s, dv), allowed (B|1, t, s).
+    ``logits_fn``: applied to the scaled, masked float32 logits before the softmax (an analysis
+    hook, e.g. low-bit quantisation; it sees the (B, Hkv, C, R, t, s) layout).
     Returns out (B, Hkv, R, t, dv) and the float32 logits, probs (B, Hkv, C, R, t, s) and
     effective map (B, Hkv, R, t, s).
     """
@@ -87,6 +90,8 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
     logits = (logits if logits.dtype == acc else logits.to(acc)) * scale
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
+    if logits_fn is not None:
+        logits = logits_fn(logits)
     probs = torch.softmax(logits, dim=-1)
     # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
     eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)
@@ -100,11 +105,13 @@ def _merge_heads(out: Tensor) -> Tensor:
     return out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, dv)
 
 
-def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
-    """The oracle: both maps materialised in one piece, O(T*S) memory per head."""
+def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False,
+          logits_fn: Optional[Callable[[Tensor], Tensor]] = None):
+    """The oracle: both maps materialised in one piece, O(T*S) memory per head. ``logits_fn``
+    transforms the pre-softmax logits (see :func:`_core`; used by low-bit analysis kernels)."""
     qg, kg, vg = _group_views(q, k, v, lam is not None)
     T, S = q.shape[1], k.shape[1]
-    out, logits, probs, eff = _core(qg, kg, vg, lam, mask.dense(T, S, q.device), scale)
+    out, logits, probs, eff = _core(qg, kg, vg, lam, mask.dense(T, S, q.device), scale, logits_fn)
     out = _merge_heads(out)
     if not return_maps:
         return out

@@ -198,10 +198,10 @@ PRESETS: dict[str, ComparePreset] = {
                "quant": {"bits": (8, 3), "cells": ((1, 1), (2, 2)), "needle_samples": 1, "lm_windows": 2,
                          "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
-    # the make-demo default (3 seeds): about 10 minutes on 2 CPU cores, 2 models trained side by side
+    # the make-demo default (3 seeds): 10-15 minutes on 2 CPU cores (measured 14:17 on 2026-11-23), 2 models side by side
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
-                                "~3 min per seed on 2 CPU cores",
+                                "3-5 min per seed on 2 CPU cores",
         dim=64, n_layers=2, n_heads=2, context_len=64, steps=7500, batch_size=16, lr=3e-3, min_lr=3e-4,
         warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
         threads=1, workers=2,

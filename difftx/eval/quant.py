@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..attention.kernels import AttentionMaps, register_backend
+from ..attention.kernels import eager, register_backend
 from ..attention.masks import AttentionMask
 
 GRANULARITIES = ("row", "tensor")
@@ -51,37 +51,15 @@ def absmax_quantize(x: Tensor, bits: int, granularity: str = "row") -> Tensor:
 
 
 def quantized_kernel(bits: int, granularity: str = "row"):
-    """An ``eager``-equivalent kernel (same signature, maps available) that quantises the
-    scaled logits with :func:`absmax_quantize` before the softmax."""
+    """The ``eager`` kernel (same signature, maps available) with the scaled, masked logits
+    quantised by :func:`absmax_quantize` before the softmax: a logits hook on eager's own
+    computation, so the two cannot drift apart."""
     _check(bits, granularity)
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask, scale: float,
                return_maps: bool = False):
-        # the eager kernel's arrangement by kv group (see difftx.attention.kernels)
-        C = 1 if lam is None else 2
-        B, T, HC, d = q.shape
-        S, Hkv = k.shape[1], v.shape[2]
-        R = HC // (C * Hkv)
-        qg = q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 3, 1, 5)  # (B, Hkv, C, R, T, d)
-        kg = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4)  # (B, Hkv, C, S, d)
-        vg = v.transpose(1, 2)  # (B, Hkv, S, dv)
-        scores = torch.matmul(qg.reshape(B, Hkv, C, R * T, d), kg.transpose(-1, -2))  # (B, Hkv, C, R*T, S)
-        logits = scores.view(B, Hkv, C, R, T, S).to(torch.promote_types(scores.dtype, torch.float32)) * scale
-        allowed = mask.dense(T, S, q.device)  # (B|1, T, S) or None
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
-        logits = absmax_quantize(logits, bits, granularity)
-        probs = torch.softmax(logits, dim=-1)
-        eff = probs[:, :, 0] if lam is None else probs[:, :, 0] - lam * probs[:, :, 1]  # (B, Hkv, R, T, S)
-        out = torch.matmul(eff.to(vg.dtype).reshape(B, Hkv, R * T, S), vg)  # (B, Hkv, R*T, dv)
-        out = out.view(B, Hkv, R, T, -1).permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, -1)  # (B, T, H, dv)
-        if not return_maps:
-            return out
-
-        def to_proj(x: Tensor) -> Tensor:  # (B, Hkv, C, R, T, S) -> (B, Hkv*R*C, T, S), projection order
-            return x.permute(0, 1, 3, 2, 4, 5).reshape(B, Hkv * R * C, T, S)
-
-        return out, AttentionMaps(to_proj(logits), to_proj(probs), eff.reshape(B, Hkv * R, T, S))
+        return eager(q, k, v, lam, mask, scale, return_maps,
+                     logits_fn=lambda x: absmax_quantize(x, bits, granularity))
 
     kernel.__name__ = f"absmax{bits}_{granularity}"
     kernel.__doc__ = f"eager attention with logits absmax-quantised to {bits} bits per {granularity}"
