@@ -81,8 +81,7 @@ def test_outputs_and_schema(smoke):
         assert (c["gated"] is None) or (c["better"] is None and "not compared" in c["verdict"])
     assert {c["family"] for c in res["comparison"].values()} == {"primary", "exploratory"}
     assert "paper" in report
-    best = max(res["comparison"]["needle_1_1"]["diff_mean"], res["comparison"]["needle_1_1"]["baseline_mean"])
-    assert ("Neither model has learned the retrieval task" in report) == (best < 0.5)
+    assert ("Neither model has learned retrieval" in report) == (res["comparison"]["needle_1_1"]["gated"] is not None)
     assert "## In-context learning order robustness" in report
     assert "## Training" in report and "needle_probe.png" in pngs
     probes = res["runs"]["1"]["baseline"]["train"]["probes"]

@@ -47,7 +47,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
     "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
-    "eval": "run one evaluation task (needle, lm, attention, outliers, quant, icl, diagnostics, training) on a checkpoint",
+    "eval": "run one evaluation task (needle, lm, attention, outliers, quant, icl, diagnostics, training)",
 }
 
 # subcommand -> module name, where they differ (``import`` is a Python keyword)

@@ -19,8 +19,9 @@ def register(sub) -> None:
     p.add_argument("--nll", action="store_true",
                    help="also score each run's latest checkpoint on held-out text (`difftx eval lm`): mean NLL with "
                         "its 95%% interval over windows")
-    p.add_argument("--data", metavar="FILE", help="with --nll: score every token of this file (default: each run's "
-                                                  "own validation split; give one file to compare runs on the same text)")
+    p.add_argument("--data", metavar="FILE",
+                   help="with --nll: score every token of this file (default: each run's own validation split; give "
+                        "one file to compare runs on the same text)")
     p.add_argument("--windows", type=int, default=None,
                    help="with --nll: windows spread over the held-out split (default 512; with --data every token)")
     p.set_defaults(func=run)

@@ -198,7 +198,7 @@ PRESETS: dict[str, ComparePreset] = {
                "quant": {"bits": (8, 3), "cells": ((1, 1), (2, 2)), "needle_samples": 1, "lm_windows": 2,
                          "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
-    # the make-demo default (3 seeds): 10-15 minutes on 2 CPU cores (measured 14:17 on 2026-11-23), 2 models side by side
+    # the make-demo default (3 seeds): 10-15 minutes on 2 CPU cores (14:17 measured), two models side by side
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
                                 "3-5 min per seed on 2 CPU cores",

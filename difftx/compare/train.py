@@ -60,7 +60,7 @@ class TaskSpace:
 
 def task_space(preset: ComparePreset) -> TaskSpace:
     task = NeedleTask(n_keys=preset.n_keys, n_filler=preset.n_filler, context_len=preset.context_len,
-                      max_needles=preset.max_needles, max_query=max(r for _, r in preset.grid))
+                      max_needles=preset.max_needles, max_query=preset.max_query)
     lm = preset.lm_every > 0
     icl = preset.icl_task(task.vocab_size + (BYTE_VOCAB if lm else 0)) if preset.icl_every else None
     return TaskSpace(task, lm, icl)

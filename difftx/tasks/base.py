@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,13 +202,3 @@ class Task:
         """What ``difftx eval NAME`` prints (default: the metrics)."""
         print(json.dumps(result.get("summary", {}), indent=1))
 
-
-def finite_or_none(v: Any) -> Optional[float]:
-    """``float(v)`` if it is a finite number, else ``None``."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 ARMS = ("baseline", "diff")  # report order
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
@@ -102,11 +102,3 @@ def call(c: dict) -> str:
         return "no detectable difference"
     return "DIFF better" if c["better"] == "diff" else "DIFF worse"
 
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def per_arm(ctx: ReportContext, get: Any) -> dict[str, Any]:
-    """``{arm display name: get(arm)}`` in report order."""
-    return {SHORT[a] if SHORT[a] != "baseline" else "baseline": get(a) for a in ctx.arms}
