@@ -150,21 +150,27 @@ def test_ctrl_c_anywhere_is_exit_130_and_one_line(capsys, monkeypatch):
 
 
 def test_ctrl_c_during_start_up_in_a_real_process():
-    """SIGINT while `python -m difftx` is still importing: 130 and one line, never a traceback."""
+    """SIGINT while `python -m difftx` is still importing (at several moments: Python's, torch's,
+    triton's imports, the command itself): 130 and one line, never a traceback or a death by signal."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    # the command line imports nothing heavy before its error boundary is in place
-    light = subprocess.run([sys.executable, "-c", "import sys, difftx.cli; print('torch' in sys.modules)"],
-                           capture_output=True, text=True, env=env, check=True)
+    # the command line, its parser included, imports nothing heavy before its error boundary is in place
+    light = subprocess.run([sys.executable, "-c", "import sys, difftx.cli; difftx.cli.build_parser(); "
+                            "print('torch' in sys.modules)"], capture_output=True, text=True, env=env, check=True)
     assert light.stdout.strip() == "False"
-    proc = subprocess.Popen([sys.executable, "-m", "difftx", "info", "tiny"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    if proc.returncode == 0:  # pragma: no cover - a very fast machine finished first
-        pytest.skip("the command finished before the signal")
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and err.strip() == "difftx: interrupted"
+    interrupted = 0
+    for delay in (0.1, 0.3, 0.5, 0.8, 1.2):
+        proc = subprocess.Popen([sys.executable, "-m", "difftx", "info", "tiny"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        if proc.returncode in (0, -signal.SIGINT) and "parameters" in out:
+            continue  # the command had finished (the signal came during interpreter shutdown, or after)
+        interrupted += 1
+        assert proc.returncode == 130, (delay, err)
+        assert "Traceback" not in err and err.strip() in ("difftx: interrupted", "difftx info: interrupted"), err
+    if not interrupted:  # pragma: no cover - a very fast machine finished first every time
+        pytest.skip("the command finished before every signal")
 
 
 def test_usage_errors_are_one_line_naming_the_flag(capsys, tmp_path):

@@ -87,6 +87,7 @@ def _unavailable(name: str, error: Exception) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     prog = "difftx"
+    interrupt = _InterruptWatch()
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, category, *a, **k: print(
             f"{prog}: warning: {message}", file=sys.stderr)
@@ -95,22 +96,82 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args = parser.parse_args(argv)
             if not getattr(args, "func", None):
                 parser.print_help()
-                return EXIT_OK
+                return interrupt.finish(EXIT_OK, prog)
             prog = f"difftx {args.command}"
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # a closed pipe is reported here, not at interpreter shutdown
         except KeyboardInterrupt:
             _debug_traceback()
-            print(f"{prog}: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
         except Exception as e:  # noqa: BLE001 - the boundary: every error becomes one line and an exit code
-            code = report_error(prog, e)
-    if "torch" in sys.modules:
-        from ..training.distributed import exit_worker, under_torchrun
-
-        if under_torchrun():  # a torchrun worker skips interpreter shutdown (see exit_worker)
-            exit_worker(code)
+            if interrupt.seen:  # a Ctrl-C that surfaced as another error (e.g. a half-done import)
+                _debug_traceback()
+                code = EXIT_INTERRUPTED
+            else:
+                code = report_error(prog, e)
+    code = interrupt.finish(code, prog)
+    distributed = sys.modules.get("difftx.training.distributed")  # loaded by any command that trains
+    if distributed is not None and distributed.under_torchrun():
+        distributed.exit_worker(code)  # a torchrun worker skips interpreter shutdown (see exit_worker)
     return code
+
+
+class _InterruptWatch:
+    """Ctrl-C, whenever it comes, ends the command with one line and exit code 130.
+
+    Python turns SIGINT into ``KeyboardInterrupt`` at the next bytecode, but C code (an
+    extension's import, for one) may swallow it or turn it into another error; the handler
+    installed here remembers that the signal came, so the boundary reports it either way. While
+    torch, numpy or triton is being imported the interrupt waits until that import is done: an
+    exception raised inside their native start-up can abort the process (seen with torch 2.13)."""
+
+    NATIVE = ("torch", "numpy", "triton")
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.seen, self._old = False, None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.seen = True
+        self._raise_when_safe()
+
+    def _raise_when_safe(self, *_) -> None:
+        import signal
+
+        if hasattr(signal, "setitimer") and self._native_import_running():
+            signal.signal(signal.SIGALRM, self._raise_when_safe)  # look again in 20 ms
+            signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
+        raise KeyboardInterrupt
+
+    @classmethod
+    def _native_import_running(cls) -> bool:
+        for name, module in list(sys.modules.items()):
+            if name.partition(".")[0] in cls.NATIVE and getattr(getattr(module, "__spec__", None),
+                                                                 "_initializing", False):
+                return True
+        return False
+
+    def finish(self, code: int, prog: str) -> int:
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+        if code == EXIT_INTERRUPTED or self.seen:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            # CPython remembers a KeyboardInterrupt that escaped any exec() of a string (dataclasses
+            # use one per generated method, so an import interrupted there sets it) and then kills
+            # the process with SIGINT at exit, whatever exit code we return. A completed exec
+            # clears that memory.
+            exec("")  # noqa: S102
+            return EXIT_INTERRUPTED
+        return code
 
 
 def _debug_traceback() -> None:

@@ -25,7 +25,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "PyTorch's memory profiler, one extra untimed call each; always measured on CUDA)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="wall time (default) or this process's CPU time (steadier on a shared CPU)")
@@ -36,11 +36,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
-
-
-def _cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def register(sub) -> None:
@@ -68,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import bench_attention, bench_decode, format_table, save_rows
 
     dtype = getattr(torch, args.dtype)
+    if args.device is None:  # resolved here, not at parse time: `difftx --help` need not import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cpu" and dtype != torch.float32:

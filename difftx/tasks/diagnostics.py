@@ -8,10 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from .base import Task, parse_cell, positive, setting
-from ..eval.lm import spread_windows
 from .needle import probe_prompts
 from .reporting import ReportContext, fmt, table
 
@@ -34,7 +31,10 @@ class DiagnosticsTask(Task):
     Settings = DiagnosticsSettings
 
     def run(self, subject, s: DiagnosticsSettings, *, progress: bool = False) -> dict:
+        import torch
+
         from ..eval.diagnostics import lambda_summary, model_head_redundancy
+        from ..eval.lm import spread_windows
 
         if subject.needle is not None:
             probes, info = probe_prompts(subject, s.cell, s.samples)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from ..eval.lm import spread_windows
 from .base import Metric, Task, positive, setting
 from .reporting import SHORT, ReportContext
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_WINDOWS = 512
 
@@ -43,6 +43,7 @@ class LMSettings:
 def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
                backend: Optional[str] = None) -> torch.Tensor:
     """Per-token NLL ``(N, T)`` of ``windows`` ``(N, T + 1)``, in batches."""
+    import torch
     from tqdm.auto import tqdm
 
     from ..eval.lm import token_nll
@@ -65,7 +66,9 @@ class LMTask(Task):
         return None if subject.has_text else "the model was trained without LM batches (lm_every = 0)"
 
     def run(self, subject, s: LMSettings, *, progress: bool = False) -> dict:
-        from ..eval.lm import ar_hit_mask, length_extrapolation, summarize_nll
+        import torch
+
+        from ..eval.lm import ar_hit_mask, length_extrapolation, spread_windows, summarize_nll
 
         held = subject.heldout()
         seq_len = s.seq_len or held.train_len

@@ -6,10 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .base import Metric, Task, positive, setting
-from ..eval.lm import spread_windows
 from .needle import probe_prompts
 from .reporting import NAMES, SHORT, ReportContext, fmt, table
 
@@ -35,6 +32,9 @@ class OutlierTask(Task):
     Settings = OutlierSettings
 
     def run(self, subject, s: OutlierSettings, *, progress: bool = False) -> dict:
+        import torch
+
+        from ..eval.lm import spread_windows
         from ..eval.outliers import activation_outliers
 
         if subject.has_text:

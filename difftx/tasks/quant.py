@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..eval.lm import spread_windows
 from .base import Metric, Task, parse_cells, positive, setting
 from .lm import window_nll
 from .needle import fitting_cells, run_needles
@@ -43,6 +42,7 @@ class QuantTask(Task):
         return None
 
     def run(self, subject, s: QuantSettings, *, progress: bool = False) -> dict:
+        from ..eval.lm import spread_windows
         from ..eval.quant import quantization_sweep
 
         out: dict = {"bits": list(s.bits), "records": {}}

@@ -20,9 +20,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` stays light
+    import torch
 
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 TRAIN_RECORD = "train.json"  # beside a compare model's folder: its training record
@@ -71,6 +72,8 @@ class Subject:
         return self._heldout
 
     def _load_heldout(self) -> HeldOut:
+        import torch
+
         from ..data import prepare_data
         from ..eval.lm import bytes_per_token
 
@@ -123,11 +126,12 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
                  device: str | torch.device = "cpu") -> Subject:
     """Load the checkpoint at ``path`` (a checkpoint folder, or a run folder whose latest
     checkpoint is used) with what the tasks need."""
+    import torch
+
     from ..checkpoint import load_model
     from ..eval.icl import ICLTask
     from ..eval.needle import NeedleTask
     from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint
-
     from ..training.distributed import resolve_device
 
     folder = resolve_checkpoint(path)
