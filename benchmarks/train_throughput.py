@@ -126,10 +126,9 @@ def size_config(name: str, attention: str) -> tuple[ModelConfig, int | None, int
     """``(DIFF config, default seq_len, default batch)`` of a size name (``None``: the CLI default)."""
     if name == "compare-cpu":
         from difftx.compare.presets import get_preset
-        from difftx.compare.train import model_configs, task_space
 
         p = get_preset("cpu")
-        return model_configs(p, task_space(p))["diff"].replace(attention=attention), p.context_len, p.batch_size
+        return p.resolve().arms["diff"].replace(attention=attention), p.context_len, p.batch_size
     if name == "cpu-30m":
         cfg = ModelConfig(vocab_size=256, dim=512, n_layers=9, n_heads=4, max_seq_len=256, attention=attention)
         return cfg, None, 4

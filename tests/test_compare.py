@@ -13,7 +13,7 @@ from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
 from difftx.compare.stream import CompareStream
-from difftx.compare.train import batch_for_step, lm_streams, task_space
+from difftx.compare.stream import batch_for_step, lm_streams
 from difftx.tasks.training import first_learned_step
 
 # the smoke preset trimmed further to keep the whole module well under a minute
@@ -141,13 +141,13 @@ def test_other_settings_in_the_same_folder_are_refused(smoke):
 
 
 def test_paired_data_order_depends_on_the_seed_only():
-    p = get_preset("smoke", **FAST)
-    space = task_space(p)
+    plan = get_preset("smoke", **FAST).resolve()
+    space, mix = plan.space, plan.mixture
     lm = lm_streams()[0]
 
     def batches(seed):
         rng = random.Random(f"difftx-compare-data:{seed}")
-        return [batch_for_step(s, p, space, rng, lm) for s in range(1, 7)]
+        return [batch_for_step(s, mix, space, rng, lm) for s in range(1, 7)]
 
     a, b, c = batches(0), batches(0), batches(1)
     assert [x[0] for x in a] == ["needle", "needle", "lm", "icl", "needle", "lm"]
@@ -155,7 +155,7 @@ def test_paired_data_order_depends_on_the_seed_only():
     assert not all(torch.equal(x[1], y[1]) for x, y in zip(a, c))
     # the trainer's batch source gives the same batches, the same for both arms of a seed (the
     # stream knows nothing of the model)
-    loader = CompareStream(p, space, 0, lm).make_loader(batch_size=p.batch_size)
+    loader = CompareStream(mix, space, 0, lm).make_loader(batch_size=mix.batch_size)
     for kind, tokens, mask in a:
         got = loader.next_batch()
         assert got.kind == kind and torch.equal(got.tokens, tokens)
@@ -185,7 +185,7 @@ def test_both_arms_of_a_seed_train_on_the_same_batches(tmp_path, monkeypatch):
     runs = {}
     for kind, seed in (("diff", 0), ("baseline", 0), ("diff", 1)):
         seen.clear()
-        train_model(kind, p, seed, tmp_path / f"{kind}{seed}", progress=False)
+        train_model(kind, p.resolve(), seed, tmp_path / f"{kind}{seed}", progress=False)
         runs[kind, seed] = list(seen)
     a, b, c = runs["diff", 0], runs["baseline", 0], runs["diff", 1]
     assert len(a) == len(b) == p.steps and [x[0] for x in a] == [x[0] for x in b]
@@ -203,7 +203,7 @@ def test_probing_during_training_changes_nothing(tmp_path):
     weights = []
     for every in (0, 2):
         p = get_preset("smoke", **{**FAST, "probe_every": every})
-        rec = train_model("diff", p, 0, tmp_path / str(every), progress=False)
+        rec = train_model("diff", p.resolve(), 0, tmp_path / str(every), progress=False)
         assert len(rec["probes"]) == (3 if every else 0)
         weights.append(load_model(tmp_path / str(every) / "model").state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
@@ -216,7 +216,7 @@ def test_an_interrupted_model_resumes_mid_training_exactly(tmp_path, monkeypatch
     from difftx.checkpoint import load_model
     from difftx.compare.train import TrainingInterrupted, train_model
 
-    p = get_preset("smoke", **{**FAST, "steps": 12, "log_every": 2, "probe_every": 4})
+    p = get_preset("smoke", **{**FAST, "steps": 12, "log_every": 2, "probe_every": 4}).resolve()
     full = train_model("diff", p, 0, tmp_path / "full", progress=False)
     real = difftx.training.train
     monkeypatch.setattr(difftx.training, "train", lambda *a, **k: real(*a, **k, stop_at=6))
@@ -244,16 +244,15 @@ def test_a_diverging_model_stops_with_a_clear_error(tmp_path, monkeypatch):
     real = trainer_mod.masked_lm_loss
     monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
     with pytest.raises(TrainingDivergedError, match=r"training baseline \(seed 3\) diverged: loss is nan at step 1"):
-        train_model("baseline", get_preset("smoke", **FAST), 3, tmp_path / "m", progress=False)
+        train_model("baseline", get_preset("smoke", **FAST).resolve(), 3, tmp_path / "m", progress=False)
     assert not (tmp_path / "m" / "train.json").exists()
 
 
 def test_the_stream_is_rank_sliced_and_resumable():
     """Two ranks' batches are the halves of one process's; a loader restored from a state dict
     continues the same stream."""
-    p = get_preset("smoke", **FAST)
-    space = task_space(p)
-    stream = CompareStream(p, space, 5)
+    plan = get_preset("smoke", **FAST).resolve()
+    stream = CompareStream(plan.mixture, plan.space, 5)
     one = stream.make_loader(batch_size=8)
     two = [stream.make_loader(batch_size=4, rank=r, world_size=2) for r in (0, 1)]
     for _ in range(5):
@@ -274,12 +273,11 @@ def test_the_stream_is_rank_sliced_and_resumable():
 
 
 def test_batch_shares_follow_the_schedule():
-    from difftx.compare.train import batch_shares, step_kind
-
-    assert batch_shares(get_preset("cpu")) == {"needle": 0.75, "lm": 0.125, "icl": 0.125}
-    assert batch_shares(get_preset("cpu", icl_every=0, lm_every=0)) == {"needle": 1.0, "lm": 0.0, "icl": 0.0}
-    p = get_preset("smoke", **FAST)
-    assert [step_kind(s, p) for s in range(1, 13)].count("icl") == 12 * batch_shares(p)["icl"] == 2
+    assert get_preset("cpu").resolve().mixture.shares() == {"needle": 0.75, "lm": 0.125, "icl": 0.125}
+    none = get_preset("cpu", icl_every=0, lm_every=0).resolve().mixture
+    assert none.shares() == {"needle": 1.0, "lm": 0.0, "icl": 0.0}
+    mix = get_preset("smoke", **FAST).resolve().mixture
+    assert [mix.step_kind(s) for s in range(1, 13)].count("icl") == 12 * mix.shares()["icl"] == 2
 
 
 def test_learned_step_is_compared_when_every_model_learned(smoke):
@@ -307,16 +305,15 @@ def test_first_learned_step():
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
     """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
-    from difftx.compare.train import batch_loss, model_configs
+    from difftx.compare.train import batch_loss
     from difftx.model import Transformer
 
-    p = get_preset("smoke", **FAST)
-    space = task_space(p)
+    plan = get_preset("smoke", **FAST).resolve()
     torch.manual_seed(0)
-    model = Transformer(model_configs(p, space)["diff"])
+    model = Transformer(plan.arms["diff"])
     rng = random.Random(3)
     for step in (1, 3, 4):  # needle, LM and ICL batches
-        kind, tokens, mask = batch_for_step(step, p, space, rng, lm_streams()[0])
+        kind, tokens, mask = batch_for_step(step, plan.mixture, plan.space, rng, lm_streams()[0])
         tgt = tokens[:, 1:] if mask is None else tokens[:, 1:].masked_fill(~mask, -100)
         full = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tgt.flatten(),
                                                  ignore_index=-100)

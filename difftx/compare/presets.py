@@ -146,6 +146,13 @@ class ComparePreset:
                        features_per_class=self.icl_features_per_class, input_len=self.icl_input_len,
                        n_labels=2 * self.icl_classes, n_demos=self.icl_demos, first_id=first_id)
 
+    def resolve(self):
+        """This preset as plain parts (:class:`difftx.compare.plan.ComparePlan`): model config per
+        arm, schedule, batch mixture, probes, task settings, execution."""
+        from .plan import resolve
+
+        return resolve(self)
+
     def replace(self, **changes) -> ComparePreset:
         return dataclasses.replace(self, **changes)
 

@@ -54,10 +54,7 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
 
 def _mix(results: dict) -> str:
     """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'."""
-    from .presets import ComparePreset
-    from .train import batch_shares
-
-    shares = batch_shares(ComparePreset.from_dict(results["preset"]))
+    shares = results["mixture"]["shares"]
     names = {"needle": "needle", "lm": "LM (Shakespeare bytes)", "icl": "ICL"}
     return "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
 

@@ -19,6 +19,7 @@ Layout of ``out_dir``::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -30,32 +31,32 @@ from pathlib import Path
 from ..checkpoint import atomic_write
 from ..training.distributed import broadcast_object, on_main
 from .evaluate import evaluate_model, evaluations
+from .plan import ComparePlan
 from .presets import ComparePreset, get_preset
 from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
-from .train import MODEL_KINDS, train_model
+from .train import train_model
 
 # preset fields that change how a comparison runs, not what it computes: a resume may change them
 EXECUTION_FIELDS = ("workers", "threads", "device", "description")
 
 
-def _job(preset_dict: dict, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
+def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
     """Train (unless finished) and evaluate (what is missing) one model; returns what was done.
     Under torchrun every rank calls it: every rank trains, rank 0 alone evaluates."""
-    preset = ComparePreset.from_dict(preset_dict)
-    if preset.threads:
+    if plan.execution.threads:
         import torch
 
-        torch.set_num_threads(preset.threads)
+        torch.set_num_threads(plan.execution.threads)
     f = Path(folder)
     done = {"trained": False, "evaluated": []}
     if broadcast_object(not (f / "train.json").is_file()):  # rank 0's view decides
-        train_model(kind, preset, seed, f, progress=progress, position=position)
+        train_model(kind, plan, seed, f, progress=progress, position=position)
         done["trained"] = True
     missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
     if missing:
-        settings = preset.task_settings()  # evaluation receives its part of the preset alone
-        on_main(lambda: evaluate_model(f, settings, device=preset.device, progress=progress, only=tuple(missing),
-                                       position=position))
+        # evaluation receives its part of the plan alone: the task settings (and the device)
+        on_main(lambda: evaluate_model(f, plan.tasks, device=plan.execution.device, progress=progress,
+                                       only=tuple(missing), position=position))
         done["evaluated"] = missing
     return done
 
@@ -118,32 +119,33 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
         raise ValueError(f"seeds: need a positive count or a non-empty list, got {seeds!r}")
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds: must be distinct, got {seed_list}")
-    n_workers = p.workers if workers is None else workers
+    plan = p.resolve()  # once: every later step receives its part of the plan
+    n_workers = plan.execution.workers if workers is None else workers
     if n_workers <= 0:
         raise ValueError(f"workers: must be positive, got {n_workers}")
     distributed = is_initialized()
     main = not distributed or _rank() == 0
     out = Path(out_dir)
     on_main(lambda: _check_folder(out, p))
-    if distributed and p.lm_every:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
+    if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
 
         on_main(lm_streams)
     t0 = time.time()
-    jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in MODEL_KINDS]
+    jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in plan.arms]
     done: dict[str, dict] = {}
     bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))",
                disable=not (progress and main), dynamic_ncols=True)
     if n_workers == 1 or len(jobs) == 1 or distributed:
         for s, k, f in jobs:
-            done[f"seed{s}/{k}"] = _job(p.to_dict(), s, k, f, progress, 1)
+            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1)
             bar.update()
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=min(n_workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_job, p.to_dict(), s, k, f, progress, 1 + i % n_workers): f"seed{s}/{k}"
+            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers): f"seed{s}/{k}"
                     for i, (s, k, f) in enumerate(jobs)}
             for fut in as_completed(futs):
                 done[futs[fut]] = fut.result()
@@ -153,7 +155,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     def finish() -> dict:
         from .report import write_outputs
 
-        results = collect_results(out, p, seed_list)
+        results = collect_results(out, p, plan, seed_list)
         results["wall_s"] = time.time() - t0
         results["this_run"] = done
         write_outputs(out, results, progress=progress)
@@ -189,20 +191,18 @@ def versions() -> dict:
             "python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count()}
 
 
-def collect_results(out: Path, preset: ComparePreset, seeds: Sequence[int]) -> dict:
+def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: Sequence[int]) -> dict:
     """Read every stored part back into one JSON-ready dict (the ``results.json`` schema, see
-    ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons."""
+    ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons.
+    ``preset`` is recorded as given; ``plan`` is what it resolved to."""
     from ..tasks import TASKS, settings_to_dict
     from .summary import paired_comparisons
-    from .train import model_configs, task_space
 
-    space = task_space(preset)
-    cfgs = model_configs(preset, space)
-    settings = preset.task_settings()
+    settings = plan.tasks
     runs: dict = {}
     for s in seeds:
         runs[str(s)] = {}
-        for k in MODEL_KINDS:
+        for k in plan.arms:
             f = out / f"seed{s}" / k
             train = _read(f / "train.json")
             runs[str(s)][k] = {"train": train, "tasks": {e: _read(f / "evals" / f"{e}.json") for e in settings}}
@@ -212,11 +212,13 @@ def collect_results(out: Path, preset: ComparePreset, seeds: Sequence[int]) -> d
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
-        "execution": execution(preset.device),
+        "execution": execution(plan.execution.device),
         "preset": preset.to_dict(),
         "seeds": list(seeds),
-        "needle_task": space.needle.to_dict(),
-        "arms": {k: {"config": cfgs[k].to_dict(), "parameters": first[k]["train"]["parameters"]} for k in MODEL_KINDS},
+        "needle_task": plan.space.needle.to_dict(),
+        "mixture": {**dataclasses.asdict(plan.mixture), "shares": plan.mixture.shares()},
+        "arms": {k: {"config": cfg.to_dict(), "parameters": first[k]["train"]["parameters"]}
+                 for k, cfg in plan.arms.items()},
         "tasks": {name: {"title": TASKS[name].title, "settings": settings_to_dict(st),
                          "metrics": [m.describe() for m in TASKS[name].metrics(st)]} for name, st in settings.items()},
         "runs": runs,

