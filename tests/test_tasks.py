@@ -172,3 +172,27 @@ def test_compare_and_train_share_one_set_grammar():
     p = get_preset("smoke", **parse_overrides(["tasks.needle.grid=1/1,2/2", "tasks.needle.depths=[0, 0.5]"]))
     assert p.task_settings()["needle"].grid == ((1, 1), (2, 2)) and p.task_settings()["needle"].depths == (0, 0.5)
     assert p.task_settings()["needle"].samples_per_cell == 2  # the smoke preset's other needle settings stay
+
+
+def test_gradient_spikes_count_steps_far_above_the_running_median():
+    from difftx.tasks.training import grad_spikes
+
+    norms = [1.0] * 50
+    norms[20], norms[30], norms[40] = 5.0, 3.9, 100.0  # two above 4x the median of the previous 10
+    assert grad_spikes(norms, 4.0, 10) == 2
+    assert grad_spikes(norms[:10], 4.0, 10) == 0  # no full window yet
+    assert grad_spikes([1.0, None, 9.0] + [1.0] * 3, 4.0, 1) == 1  # missing values are skipped
+
+
+def test_loss_at_equal_budget_reads_both_models_at_the_smaller_budget():
+    """The peer metric interpolates each model's curve where both have spent the smaller budget."""
+    from difftx.tasks.training import at_equal, flops_per_token, value_at
+
+    assert value_at([0, 10, 20], [4.0, 2.0, 1.0], 15) == 1.5
+    assert value_at([10, 20], [2.0, 1.0], 5) is None and value_at([10, 20], [2.0, 1.0], 20) == 1.0
+    fast = {"cost": {"time_s": 20.0}, "curve": {"time_s": [10.0, 20.0], "loss": [3.0, 2.0]}}
+    slow = {"cost": {"time_s": 40.0}, "curve": {"time_s": [20.0, 40.0], "loss": [3.0, 1.5]}}
+    get = at_equal("time_s")
+    assert get(fast, slow) == 2.0 and get(slow, fast) == 3.0  # the slow model is read at 20 s
+    cfg = {"vocab_size": 10, "dim": 4, "n_layers": 2, "max_seq_len": 8}
+    assert flops_per_token(cfg, 140) == 6 * 100 + 12 * 2 * 4 * 8

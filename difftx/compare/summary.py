@@ -54,7 +54,12 @@ def paired_comparisons(results: dict, settings: dict) -> dict:
     for name, s in settings.items():
         for m in TASKS[name].metrics(s):
             per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in ("diff", "baseline")}
-            vals = {arm: [_finite(_value(m.get, r)) for r in rs] for arm, rs in per.items()}
+            if m.peer:  # read against the other model of the same seed
+                peers = {"diff": per["baseline"], "baseline": per["diff"]}
+                vals = {arm: [_finite(_value(lambda r, q=q: m.get(r, q), r)) for r, q in zip(rs, peers[arm])]
+                        for arm, rs in per.items()}
+            else:
+                vals = {arm: [_finite(_value(m.get, r)) for r in rs] for arm, rs in per.items()}
             if any(v is None for arm in vals for v in vals[arm]):
                 continue
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}

@@ -102,12 +102,13 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
             history, probes, probe_s = [], [], 0.0
             for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
                 if "probe" in r:
-                    probes.append({"step": r["step"], "accuracy": r["probe"]})
+                    probes.append({"step": r["step"], **r["probe"]})
                     probe_s += r.get("probe_s", 0.0)
                 elif "loss" in r:
                     history.append({"step": r["step"], "lr": r["lr"],
                                     **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
-                                    "grad_norm": r["grad_norm"], "lambda": r.get("lambda")})
+                                    "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
+                                    "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda")})
             record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
                       "steps": plan.schedule.steps, "history": history, "probes": probes, "probe_s": probe_s,
                       "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0, "device": str(dist.device),
@@ -123,10 +124,14 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
             destroy_distributed()
 
 
-def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict[str, float]:
-    """Needle accuracy per grid cell (``{"N/R": acc}``) on ``probes.samples`` fixed prompts per cell
-    at depth 50%, greedy; the model is put back in its previous mode. Touches no random state."""
-    from ..eval.needle import evaluate_needles
+def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:
+    """What is probed during training, on fixed prompts at depth 50%: ``accuracy``, greedy needle
+    accuracy per grid cell (``{"N/R": acc}``, ``probes.samples`` prompts per cell), and
+    ``max_attention_logit``, the largest ``|scaled pre-softmax attention logit|`` of each layer on
+    the prompts of the grid's last (hardest) cell. The model is put back in its previous mode;
+    touches no random state."""
+    from ..eval.capture import max_abs_attention_logits
+    from ..eval.needle import evaluate_needles, needle_samples
 
     was = model.training
     model.eval()
@@ -134,6 +139,10 @@ def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> di
         with torch.no_grad():
             res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
                                    samples_per_cell=probes.samples, seed=PROBE_SEED)
+            n, r = probes.grid[-1]
+            prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
+                                                                     seed=PROBE_SEED)])
+            logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
     finally:
         model.train(was)
-    return res.accuracy_table()
+    return {"accuracy": res.accuracy_table(), "max_attention_logit": logits}

@@ -177,3 +177,18 @@ def layer_lambdas(model: torch.nn.Module) -> list[Optional[float]]:
     for m in attention_modules(model):
         out.append(float(m.lambda_full()) if isinstance(m, DiffAttention) else None)
     return out
+
+
+def max_abs_attention_logits(model: torch.nn.Module, tokens: Tensor) -> list[float]:
+    """The largest ``|scaled pre-softmax attention logit|`` of each layer over one forward of
+    ``tokens`` ``(B, T)`` (masked entries left out; for DIFF both maps of each head count)."""
+    out = [0.0] * len(attention_modules(model))
+
+    def keep(c: CapturedMaps) -> None:
+        finite = c.logits[torch.isfinite(c.logits)]
+        if finite.numel():
+            out[c.layer] = max(out[c.layer], float(finite.abs().max()))
+
+    with torch.no_grad(), AttentionCapture(model, store=False, callback=keep):
+        model(tokens)
+    return out

@@ -169,7 +169,7 @@ def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: 
 
 
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: PathLike, *,
-                     ylabel: str = "training loss (nats)", title: str = "Loss") -> Path:
+                     ylabel: str = "training loss (nats)", title: str = "Loss", xlabel: str = "step") -> Path:
     """``curves[name] = (steps, losses)``; several seeds of a model may be given as
     ``"DIFF seed 1"`` etc. (colour by the first word, line style by its seed's order)."""
     plt = _plt()
@@ -180,7 +180,7 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]
         style = ("-", "--", ":", "-.")[seen.get(model, 0) % 4]
         seen[model] = seen.get(model, 0) + 1
         ax.plot(list(steps), list(losses), color=_color(model, i), ls=style, lw=1.2, label=name)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(frameon=False, fontsize=8)

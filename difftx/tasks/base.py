@@ -55,10 +55,14 @@ class Metric:
     # the value a model scores without having learned the task (e.g. 1/N for copying a random needle of
     # N): compared only where some model's interval lies above it
     floor: Optional[float] = None
+    # ``get(result, peer)``: the value depends on the other model of the seed as well (e.g. a loss read
+    # at the smaller of the two models' training budgets)
+    peer: bool = False
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,
-                "primary": self.primary, "floor": self.floor}
+                "primary": self.primary, "floor": self.floor,
+                "digits": self.digits}
 
 
 def setting(default: Any, help: str, parse: Optional[Callable[[str], Any]] = None) -> Any:

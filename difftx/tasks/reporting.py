@@ -62,17 +62,19 @@ class ReportContext:
     def comparison(self, key: str) -> Optional[dict]:
         return self.results["comparison"].get(key)
 
-    def comparison_rows(self, keys: Sequence[str], digits: int = 3) -> list[list[str]]:
-        """``[label, baseline, DIFF, DIFF - baseline, verdict]`` for each compared metric."""
+    def comparison_rows(self, keys: Sequence[str], digits: Optional[int] = None) -> list[list[str]]:
+        """``[label, baseline, DIFF, DIFF - baseline, verdict]`` for each compared metric (with the
+        metric's own digits unless ``digits`` is given)."""
         rows = []
         for k in keys:
             c = self.comparison(k)
             if c is not None:
-                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], digits),
-                             ci(c["diff_mean"], c["diff_ci"], digits), pair(c, digits), call(c)])
+                d = digits if digits is not None else c.get("digits", 3)
+                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], d),
+                             ci(c["diff_mean"], c["diff_ci"], d), pair(c, d), call(c)])
         return rows
 
-    def comparison_table(self, keys: Sequence[str], digits: int = 3) -> str:
+    def comparison_table(self, keys: Sequence[str], digits: Optional[int] = None) -> str:
         rows = self.comparison_rows(keys, digits)
         return table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]) if rows else ""
 

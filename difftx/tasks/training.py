@@ -1,6 +1,7 @@
 """The training-side record of a compare model: loss per batch kind, gradient norm and lambda
 over training, the needle probes (retrieval accuracy during training) and when retrieval was
-learned, and the time it took."""
+learned; its cost (throughput, FLOPs, the loss at equal wall-clock and at equal FLOPs) and its
+stability (gradient-norm spikes, the largest attention logit over training, lambda per layer)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .base import Metric, Task, setting
+from .base import Metric, Task, positive, setting
 from .reporting import NAMES, SHORT, ReportContext, fmt, pair, call, table
 
 LOSSES = (("needle_loss", "needle answer loss (nats)"), ("lm_loss", "LM loss (nats)"), ("icl_loss", "ICL loss (nats)"))
@@ -17,10 +18,54 @@ LOSSES = (("needle_loss", "needle answer loss (nats)"), ("lm_loss", "LM loss (na
 @dataclass(frozen=True)
 class TrainingSettings:
     learned_at: float = setting(0.9, "probe accuracy at the first grid cell from which retrieval counts as learned")
+    spike_factor: float = setting(4.0, "a step's gradient norm is a spike above this multiple of the median of "
+                                       "the previous spike_window steps")
+    spike_window: int = setting(100, "steps of the running median that spikes are measured against")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.learned_at <= 1.0:
             raise ValueError(f"TrainingSettings.learned_at: must be in (0, 1], got {self.learned_at!r}")
+        if not self.spike_factor > 1.0:
+            raise ValueError(f"TrainingSettings.spike_factor: must be > 1, got {self.spike_factor!r}")
+        positive(self, "spike_window")
+
+
+def grad_spikes(norms: list[float], factor: float, window: int) -> int:
+    """Steps whose gradient norm exceeds ``factor`` times the median of the ``window`` steps
+    before it (counted from the step that has a full window)."""
+    import numpy as np
+
+    x = np.asarray([v for v in norms if v is not None], dtype=np.float64)
+    if x.size <= window:
+        return 0
+    past = np.lib.stride_tricks.sliding_window_view(x[:-1], window)  # past[i] = x[i : i + window]
+    return int((x[window:] > factor * np.median(past, axis=1)).sum())
+
+
+def flops_per_token(config: dict, parameters: int) -> float:
+    """Training FLOPs per token (forward + backward) of a model: ``6 N + 12 L D T`` with ``N`` the
+    parameters without the token embedding and ``T`` the training context (attention counted
+    over every key; PaLM's convention)."""
+    n = parameters - config["vocab_size"] * config["dim"]
+    return 6.0 * n + 12.0 * config["n_layers"] * config["dim"] * config["max_seq_len"]
+
+
+def value_at(xs: list, ys: list, x: float) -> Optional[float]:
+    """``ys`` linearly interpolated at ``x`` (``None`` outside ``xs``, or where a value is missing)."""
+    pts = [(a, b) for a, b in zip(xs, ys) if a is not None and b is not None]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1] if pts and pts[-1][0] == x else None
+
+
+def at_equal(axis: str):
+    """A peer metric: this model's training loss where both models of the seed have spent the
+    smaller of their two budgets of ``axis`` (``time_s`` or ``flops``)."""
+    def get(r: dict, peer: dict) -> Optional[float]:
+        budget = min(r["cost"][axis], peer["cost"][axis])
+        return value_at(r["curve"][axis], r["curve"]["loss"], budget)
+    return get
 
 
 def first_learned_step(probes: list[dict], cell: str, threshold: float) -> Optional[int]:
@@ -42,16 +87,44 @@ class TrainingTask(Task):
         probes = rec.get("probes") or []
         first = next(iter(probes[0]["accuracy"])) if probes else None
         step = first_learned_step(probes, first, s.learned_at) if first else None
-        return {"history": rec.get("history", []), "probes": probes, "probe_cell": first, "learned_step": step,
+        hist = rec.get("history", [])
+        last = hist[-1] if hist else {}
+        fpt = flops_per_token(rec["config"], rec["parameters"])
+        tokens, time_s = last.get("tokens"), last.get("time_s")
+        loss_key = "lm_loss" if any("lm_loss" in h for h in hist) else "needle_loss"
+        logits = [max(p["max_attention_logit"]) for p in probes if p.get("max_attention_logit")]
+        return {"history": hist, "probes": probes, "probe_cell": first, "learned_step": step,
                 "last_probe_step": probes[-1]["step"] if probes else None, "steps": rec.get("steps"),
                 "train_wall_s": rec.get("wall_s"), "train_cpu_s": rec.get("cpu_s"), "threads": rec.get("threads"),
+                "cost": {"tokens": tokens, "time_s": time_s, "flops_per_token": fpt,
+                         "flops": None if tokens is None else tokens * fpt,
+                         "tokens_per_s": tokens / time_s if tokens and time_s else None},
+                "stability": {"grad_spikes": grad_spikes([g for h in hist for g in h.get("grad_norms") or []],
+                                                         s.spike_factor, s.spike_window),
+                              "max_grad_norm": max((g for h in hist for g in h.get("grad_norms") or []), default=None),
+                              "max_attention_logit": max(logits, default=None),
+                              "final_lambda": last.get("lambda")},
+                "curve": {"loss_key": loss_key, "step": [h["step"] for h in hist],
+                          "time_s": [h.get("time_s") for h in hist],
+                          "flops": [None if h.get("tokens") is None else h["tokens"] * fpt for h in hist],
+                          "loss": [h.get(loss_key) for h in hist]},
                 "records": {"probe_step": [p["step"] for p in probes],
                             "probe_accuracy": [p["accuracy"].get(first) for p in probes]}}
 
     def metrics(self, s: TrainingSettings) -> list[Metric]:
         return [Metric("needle_learned_step", f"training steps until the first needle cell is learned (probe "
                        f"accuracy >= {s.learned_at}; compared when every model learned it)", True,
-                       lambda r: None if r["learned_step"] is None else float(r["learned_step"]), "steps", digits=0)]
+                       lambda r: None if r["learned_step"] is None else float(r["learned_step"]), "steps", digits=0),
+                Metric("train_tokens_per_s", "training throughput (tokens/s, measured in this run)", False,
+                       lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0),
+                Metric("loss_at_equal_time", "training loss at equal wall-clock (the smaller of the two training "
+                       "times)", True, at_equal("time_s"), "nats", peer=True),
+                Metric("loss_at_equal_flops", "training loss at equal FLOPs (the smaller of the two FLOP budgets)",
+                       True, at_equal("flops"), "nats", peer=True),
+                Metric("grad_spikes", f"gradient-norm spikes (steps above {s.spike_factor:g}x the running median)",
+                       True, lambda r: float(r["stability"]["grad_spikes"]), "steps", digits=1),
+                Metric("max_attention_logit", "largest absolute attention logit over training (probe prompts)", True,
+                       lambda r: r["stability"]["max_attention_logit"], "", digits=2)]
 
     def report(self, ctx: ReportContext) -> str:
         out = [f"## {self.title}\n"]
@@ -78,6 +151,37 @@ class TrainingTask(Task):
                  str(ctx.train(a, sd).get("threads", "-"))] for sd in ctx.seeds for a in ctx.arms]
         out.append("Training time:\n")
         out.append(table(rows, ["seed", "model", "wall s", "CPU s", "threads"]))
+        if ctx.ran(self.name):
+            out.append(self._cost_and_stability(ctx))
+        return "\n".join(out)
+
+    def _cost_and_stability(self, ctx: ReportContext) -> str:
+        st = ctx.settings(self.name)
+        r0 = ctx.result(self.name)
+        out = ["### Cost and stability\n",
+               f"Throughput is training tokens per second of training-step time, measured in this run (probes and "
+               f"checkpoints excluded; with two models side by side on a shared CPU both arms run under the same "
+               f"load). FLOPs per token = 6 N + 12 L D T (N: parameters without the token embedding, T: the "
+               f"training context). The loss at equal wall-clock (or FLOPs) is each model's training "
+               f"{r0['curve']['loss_key'].replace('_', ' ')} (mean over a log interval, interpolated) where both "
+               f"models of a seed have spent the smaller of their two budgets. A gradient-norm spike is a step above "
+               f"{st['spike_factor']:g}x the median of the previous {st['spike_window']} steps; the largest absolute "
+               f"attention logit (scaled, pre-softmax) is read on the probe prompts at every probe.\n"]
+        rows = []
+        for sd in ctx.seeds:
+            for a in ctx.arms:
+                r = ctx.result(self.name, a, sd)
+                c, sb = r["cost"], r["stability"]
+                lam = sb.get("final_lambda")
+                rows.append([sd, SHORT[a], fmt(c["tokens_per_s"], 0), fmt(c["time_s"], 1),
+                             fmt(None if c["flops"] is None else c["flops"] / 1e12, 2), str(sb["grad_spikes"]),
+                             fmt(sb["max_grad_norm"], 2), fmt(sb["max_attention_logit"], 2),
+                             ", ".join(f"{v:.2f}" for v in lam) if lam else "-"])
+        out.append(table(rows, ["seed", "model", "tokens/s", "train s", "TFLOPs", "grad spikes", "max grad norm",
+                                "max abs attn logit", "final λ per layer"]))
+        keys = ["train_tokens_per_s", "loss_at_equal_time", "loss_at_equal_flops", "grad_spikes",
+                "max_attention_logit"]
+        out.append(ctx.comparison_table(keys))
         return "\n".join(out)
 
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
@@ -91,6 +195,8 @@ class TrainingTask(Task):
             if curves:
                 made[f"training {key}"] = P.plot_loss_curves(curves, folder / f"{key}.png", ylabel=label,
                                                              title=f"Training: {label}")
+        if ctx.ran(self.name):
+            made.update(self._cost_plots(ctx, folder))
         if ctx.ran(self.name) and ctx.result(self.name)["probes"]:
             cell = ctx.result(self.name)["probe_cell"]
             curves = {f"{SHORT[a]} seed {sd}": (r["records"]["probe_step"], r["records"]["probe_accuracy"])
@@ -98,6 +204,34 @@ class TrainingTask(Task):
             made["needle accuracy during training"] = P.plot_loss_curves(
                 curves, folder / "needle_probe.png", ylabel=f"needle accuracy N/R={cell}",
                 title="Retrieval during training (probe prompts)")
+        return made
+
+    def _cost_plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
+        from ..eval import plots as P
+
+        made = {}
+        runs = [(a, sd, ctx.result(self.name, a, sd)) for sd in ctx.seeds for a in ctx.arms]
+        key = runs[0][2]["curve"]["loss_key"]
+        curves = {f"{SHORT[a]} seed {sd}": (r["curve"]["time_s"], r["curve"]["loss"]) for a, sd, r in runs
+                  if None not in r["curve"]["time_s"]}
+        if curves:
+            made["training loss against wall-clock"] = P.plot_loss_curves(
+                curves, folder / "loss_vs_time.png", ylabel=f"training {key.replace('_', ' ')}", xlabel="training s",
+                title="Equal wall-clock view")
+        lam = {f"{SHORT[a]} L{i} seed {sd}": (r["curve"]["step"], [h["lambda"][i] for h in r["history"]])
+               for a, sd, r in runs if r["history"] and r["history"][0].get("lambda")
+               for i in range(len(r["history"][0]["lambda"]))}
+        if lam:
+            made["lambda per layer during training"] = P.plot_loss_curves(
+                lam, folder / "lambda_during_training.png", ylabel="λ",
+                title="λ per layer (L0, L1, ...) during training")
+        logit = {f"{SHORT[a]} seed {sd}": ([p["step"] for p in r["probes"]],
+                                           [max(p["max_attention_logit"]) for p in r["probes"]])
+                 for a, sd, r in runs if r["probes"] and all(p.get("max_attention_logit") for p in r["probes"])}
+        if logit:
+            made["largest attention logit during training"] = P.plot_loss_curves(
+                logit, folder / "max_attention_logit.png", ylabel="max |attention logit|",
+                title="Largest attention logit during training (probe prompts)")
         return made
 
     def print(self, r: dict) -> None:
@@ -108,6 +242,10 @@ class TrainingTask(Task):
             at = r["learned_step"]
             print(f"needle probes at N/R {r['probe_cell']}: " + (f"learned at step {at}" if at is not None else
                                                                 f"not learned by step {r['last_probe_step']}"))
+        c, sb = r["cost"], r["stability"]
+        print(f"throughput {fmt(c['tokens_per_s'], 0)} tokens/s over {fmt(c['time_s'], 1)} s of training steps; "
+              f"gradient-norm spikes {sb['grad_spikes']}, max gradient norm {fmt(sb['max_grad_norm'], 2)}, "
+              f"max |attention logit| {fmt(sb['max_attention_logit'], 2)}")
 
 
 TASK = TrainingTask()

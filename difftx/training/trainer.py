@@ -367,6 +367,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                   f"{start}; writing to {out_dir}")
     t_log, tokens_at_log = time.perf_counter(), 0
     kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
+    step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last log record
     stop_signal = _StopSignal()
     model.train()
     try:
@@ -419,6 +420,7 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 scaler.unscale_(optimizer)
             max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
             grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+            step_norms.append(grad_norm)
             if not math.isfinite(grad_norm) and scaler is None:
                 raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, result.last_checkpoint))
             if scaler is not None:
@@ -439,9 +441,10 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 tok_s = tokens_at_log / max(now - t_log, 1e-9)
                 t_log, tokens_at_log = now, 0
                 logger.log({"step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm,
-                            "tokens_per_s": tok_s, "tokens": result.tokens_seen, "lambda": lambdas,
+                            "grad_norms": step_norms, "tokens_per_s": tok_s, "tokens": result.tokens_seen,
+                            "time_s": (train_time or 0.0) + result.train_time_s, "lambda": lambdas,
                             **{f"{k}_loss": v / n for k, (v, n) in kind_log.items() if n}})
-                kind_log = {}
+                kind_log, step_norms = {}, []
                 post = {"loss": f"{loss_val:.4f}", "tok/s": f"{tok_s:,.0f}"}
                 if lambdas:
                     post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
