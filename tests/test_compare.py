@@ -97,7 +97,7 @@ def test_outputs_and_schema(smoke):
     assert train["cost"]["tokens"] == last["tokens"] > 0 and train["cost"]["time_s"] == last["time_s"] > 0
     assert train["stability"]["final_lambda"] == last["lambda"]
     learned = [first_learned_step(r[k]["train"]["probes"], "1/1", 0.9) for r in res["runs"].values() for k in r]
-    assert ("needle_learned_step" in res["comparison"]) == all(x is not None for x in learned)
+    assert (res["comparison"]["needle_learned_step"]["gated"] is None) == any(x is not None for x in learned)
     icl = res["runs"]["0"]["diff"]["tasks"]["icl"]
     orders = FAST["tasks"]["icl"]["orders"]
     assert [len(a) for a in icl["random"]["accuracy"]] == [orders] * 2  # instances x orders
@@ -294,7 +294,9 @@ def test_batch_shares_follow_the_schedule():
     assert [mix.step_kind(s) for s in range(1, 13)].count("icl") == 12 * mix.shares()["icl"] == 2
 
 
-def test_learned_step_is_compared_when_every_model_learned(smoke):
+def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
+    """Steps until learned are compared whenever some model learned: a model that did not learn
+    counts as its last probe step (censored), and nothing is compared when no model learned."""
     from difftx.compare.summary import paired_comparisons
 
     res = json.loads((smoke / "results.json").read_text())
@@ -304,9 +306,16 @@ def test_learned_step_is_compared_when_every_model_learned(smoke):
         res["runs"][s][k]["tasks"]["training"]["learned_step"] = at
     c = paired_comparisons(res, settings)["needle_learned_step"]
     assert c["diff"] == [3.0, 3.0] and c["baseline"] == [6.0, 3.0] and c["paired"]["mean"] == -1.5
-    assert c["lower_is_better"] and "steps" in c["verdict"]
-    res["runs"]["1"]["baseline"]["tasks"]["training"]["learned_step"] = None  # one model never learned
-    assert "needle_learned_step" not in paired_comparisons(res, settings)
+    assert c["lower_is_better"] and "steps" in c["verdict"] and c["family"] == "primary"
+    train = res["runs"]["1"]["baseline"]["tasks"]["training"]
+    train["learned_step"], train["last_probe_step"] = None, 6  # one model never learned: counted as step 6
+    c = paired_comparisons(res, settings)["needle_learned_step"]
+    assert c["baseline"] == [6.0, 6.0] and c["gated"] is None
+    for r in res["runs"].values():
+        for k in r:
+            r[k]["tasks"]["training"]["learned_step"] = None
+    c = paired_comparisons(res, settings)["needle_learned_step"]
+    assert c["gated"] and "not learned" in c["verdict"] and c["better"] is None
 
 
 def test_first_learned_step():

@@ -63,17 +63,18 @@ def paired_comparisons(results: dict, settings: dict) -> dict:
             if any(v is None for arm in vals for v in vals[arm]):
                 continue
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
-            found.append((name, m, vals, ex if all(ex.values()) else None))
+            someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
+            found.append((name, m, vals, ex if all(ex.values()) else None, someone))
     # learning gates first: a metric with a floor is compared only where some arm's interval clears it
     learned = {"any": {}, "all": {}}
-    for _, m, vals, ex in found:
+    for _, m, vals, ex, _ in found:
         if m.floor is not None:
             lows = [mean_interval(vals[a], None if ex is None else ex[a][0])[1] for a in ("diff", "baseline")]
             above = [lo is not None and lo > m.floor for lo in lows]
             learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
-    for name, m, vals, ex in found:
-        gated = None if learned["any"].get(m.key, True) else NOT_LEARNED
+    for name, m, vals, ex, someone in found:
+        gated = None if learned["any"].get(m.key, True) and someone else NOT_LEARNED
         missing = NOT_LEARNED if m.gate == "any" else NOT_LEARNED_BY_BOTH
         if m.gated_by is not None and not learned[m.gate].get(m.gated_by, True):
             gated = missing

@@ -58,6 +58,9 @@ class Metric:
     # ``get(result, peer)``: the value depends on the other model of the seed as well (e.g. a loss read
     # at the smaller of the two models' training budgets)
     peer: bool = False
+    # a model "learned" what the metric measures when ``learned(result)`` is true: compared only where
+    # some model did (for a metric with no floor, e.g. steps until learned with censored runs)
+    learned: Optional[Callable[[dict], bool]] = None
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,
