@@ -483,3 +483,26 @@ def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
     assert C["attn_answer_2_2"]["gated"] == "not learned by both models at this budget: not compared"
     explore = [c for c in C.values() if c["family"] == "exploratory" and c["gated"] is None]
     assert all(c["p_adjusted"] >= c["paired"]["p_value"] - 1e-12 for c in explore)
+
+
+def test_a_learning_rate_sweep_runs_one_compare_per_value_and_tabulates_them(tmp_path, capsys):
+    """`--sweep lr=a,b`: a whole comparison per value (min_lr scaled with lr), then sweep.md with
+    every primary metric per value and each arm at its own best value."""
+    out = tmp_path / "sweep"
+    args = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1", "--no-progress",
+            "--sweep", "lr=0.001,0.004", *as_sets(FAST)]
+    assert main(args) == 0
+    assert "best lr by LM NLL" in capsys.readouterr().out
+    for v, min_lr in ((0.001, 0.0001), (0.004, 0.0004)):
+        meta = json.loads((out / f"lr={v:g}" / "compare.json").read_text())["preset"]
+        assert meta["lr"] == v and abs(meta["min_lr"] - min_lr) < 1e-12
+    s = json.loads((out / "sweep.json").read_text())
+    assert [p["value"] for p in s["points"]] == [0.001, 0.004] and s["best"]["metric"] == "lm_nll"
+    lm = {p["value"]: p["metrics"]["lm_nll"] for p in s["points"]}
+    for arm in ("baseline", "diff"):
+        assert s["best"]["mean"][arm] == min(lm[v][arm][0] for v in lm)
+    md = (out / "sweep.md").read_text()
+    assert "| 0.001 |" in md and "Each arm at its own best `lr`" in md
+    assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--sweep", "lr=0.001",
+                 "--set", "lr=0.002"]) == 2
+    assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--sweep", "tasks=1,2"]) == 2

@@ -24,6 +24,10 @@ def register(sub) -> None:
                    help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
                         "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
+    p.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
+                   help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
+                        "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
+                        "and --out/sweep.md: every arm's primary metrics per value and at its own best value")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -63,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--set: unknown preset field(s) {bad}; known: {sorted(known)} (task settings: "
                          "tasks.TASK.SETTING, see `difftx eval TASK --help`)")
     out = args.out or f"runs/compare-{args.preset}"
+    if args.sweep:
+        return _sweep(args, out, overrides)
     res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, **overrides)
     import os
 
@@ -74,4 +80,24 @@ def run(args: argparse.Namespace) -> int:
     for c in C.values():  # the primary metrics' verdicts (every other one is in the report)
         if c["primary"]:
             print("  " + c["verdict"])
+    return 0
+
+
+def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
+    import dataclasses
+
+    from ..compare import ComparePreset
+    from ..compare.sweep import run_sweep
+    from ..training.config import parse_value, split_override
+
+    field, text = split_override(args.sweep)
+    if field not in {f.name for f in dataclasses.fields(ComparePreset)} or field in ("tasks", "extra", "name"):
+        raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept")
+    values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]
+    summary = run_sweep(args.preset, field, values, args.seeds, out, progress=not args.no_progress,
+                        workers=args.workers, **overrides)
+    print(f"\nwrote {out}/sweep.md and {out}/sweep.json ({len(values)} comparisons in {out}/{field}=...)")
+    b = summary["best"]
+    if b:
+        print(f"  best {field} by {b['label']}: baseline {b['value']['baseline']}, DIFF {b['value']['diff']}")
     return 0

@@ -1,0 +1,128 @@
+"""A budget check of a comparison: the same compare at several values of one preset field (the
+learning rate first of all), each in its own folder, and one table that says how much the verdict
+depends on that choice.
+
+``run_sweep(preset, "lr", [1e-3, 3e-3, 6e-3], seeds, out)`` runs ``run_compare`` into
+``out/lr=0.001`` etc. (each resumable on its own) and writes ``out/sweep.md`` and
+``out/sweep.json``: per value, each arm's primary metrics (mean over seeds with its interval) and
+the paired DIFF - baseline difference; then each arm at its own best value (by the first primary
+metric, held-out LM NLL where it exists) and the paired difference between those two. Choosing the
+best value on the same evaluation makes that last difference optimistic for both arms alike; it
+is a sensitivity check, not a tuned result.
+
+Sweeping ``lr`` scales ``min_lr`` with it (the preset's ratio), so the schedule keeps its shape.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from ..checkpoint import atomic_write
+from ..eval.stats import paired_estimate
+from .presets import get_preset
+from .schema import dumps_strict
+
+ARMS = ("baseline", "diff")
+
+
+def _label(field: str, value) -> str:
+    return f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
+
+
+def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
+    """The overrides of one point of the sweep (``lr`` brings ``min_lr`` along, in proportion)."""
+    out = {**overrides, field: value}
+    if field == "lr" and "min_lr" not in overrides:
+        base = get_preset(preset, **overrides)
+        out["min_lr"] = value * base.min_lr / base.lr
+    return out
+
+
+def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[int], out_dir: str | os.PathLike, *,
+              progress: bool = True, workers: int | None = None, **overrides) -> dict:
+    """Run the comparison at every value of ``field`` and summarise (see the module doc)."""
+    from .run import run_compare
+
+    if not values or len(set(values)) != len(values):
+        raise ValueError(f"--sweep {field}: need distinct values, got {list(values)}")
+    if field in overrides:
+        raise ValueError(f"--sweep {field}: also given with --set; give it in one place")
+    points = [(v, sweep_overrides(preset, field, v, overrides)) for v in values]
+    for _, o in points:  # every point's preset is validated before the first is trained
+        get_preset(preset, **o)
+    out = Path(out_dir)
+    results = {}
+    for v, o in points:
+        results[v] = run_compare(preset, seeds, out / _label(field, v), progress=progress, workers=workers, **o)
+    summary = summarise(field, results)
+    atomic_write(out / "sweep.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
+    atomic_write(out / "sweep.md", lambda p: Path(p).write_text(render_sweep(summary)))
+    return summary
+
+
+def summarise(field: str, results: dict) -> dict:
+    """``{field, points: [{value, metrics: {key: {label, lower_is_better, baseline, diff, paired}}}], best}``."""
+    points = []
+    for v, res in results.items():
+        metrics = {}
+        for key, c in res["comparison"].items():
+            if c["primary"]:
+                metrics[key] = {"label": c["label"], "lower_is_better": c["lower_is_better"], "gated": c["gated"],
+                                "baseline": [c["baseline_mean"], *c["baseline_ci"]],
+                                "diff": [c["diff_mean"], *c["diff_ci"]], "paired": c["paired"],
+                                "per_seed": {"baseline": c["baseline"], "diff": c["diff"]}}
+        points.append({"value": v, "metrics": metrics})
+    keys = [k for k in ("lm_nll", "needle_mean", "needle_learned_step")
+            if all(k in p["metrics"] and not p["metrics"][k]["gated"] for p in points)]
+    best = None
+    if keys:
+        key = keys[0]
+        sign = 1 if points[0]["metrics"][key]["lower_is_better"] else -1
+        pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in ARMS}
+        d, b = (pick[a]["metrics"][key]["per_seed"][a] for a in ("diff", "baseline"))
+        est = paired_estimate(d, b) if len(d) == len(b) else None
+        best = {"metric": key, "label": points[0]["metrics"][key]["label"],
+                "value": {a: pick[a]["value"] for a in ARMS},
+                "mean": {a: pick[a]["metrics"][key][a][0] for a in ARMS},
+                "paired": None if est is None else est.to_dict()}
+    return {"field": field, "points": points, "best": best}
+
+
+def _ci(triple) -> str:
+    m, lo, hi = triple
+    if m is None:
+        return "-"
+    return f"{m:.3f}" if lo is None else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def render_sweep(s: dict) -> str:
+    field = s["field"]
+    out = [f"# Sensitivity of the comparison to `{field}`\n",
+           f"Each row is a whole `difftx compare` (its folder `{field}=VALUE/` has the full report). Means over "
+           "seeds with 95% intervals; DIFF - baseline paired by seed.\n"]
+    for key in dict.fromkeys(k for p in s["points"] for k in p["metrics"]):
+        rows = []
+        for p in s["points"]:
+            m = p["metrics"].get(key)
+            if m is None:
+                continue
+            pr = m["paired"]
+            diff = ("not learned: not compared" if m["gated"] else
+                    f"{pr['mean']:+.3f}" + ("" if pr["low"] is None else f" [{pr['low']:+.3f}, {pr['high']:+.3f}]"))
+            rows.append(f"| {p['value']:g} | {_ci(m['baseline'])} | {_ci(m['diff'])} | {diff} |"
+                        if isinstance(p["value"], float) else
+                        f"| {p['value']} | {_ci(m['baseline'])} | {_ci(m['diff'])} | {diff} |")
+        label = next(p["metrics"][key]["label"] for p in s["points"] if key in p["metrics"])
+        out += [f"## {label}\n", f"| {field} | baseline | DIFF | DIFF - baseline |", "|---|---|---|---|", *rows, ""]
+    b = s["best"]
+    if b:
+        pr = b["paired"]
+        gap = "-" if pr is None else (f"{pr['mean']:+.3f}" + ("" if pr["low"] is None else
+                                                             f" [{pr['low']:+.3f}, {pr['high']:+.3f}]"))
+        out.append(f"**Each arm at its own best `{field}`** (by {b['label']}): baseline at {b['value']['baseline']} "
+                   f"({b['mean']['baseline']:.3f}), DIFF at {b['value']['diff']} ({b['mean']['diff']:.3f}); "
+                   f"DIFF - baseline {gap} (paired by seed). The best value was chosen on the same evaluation, "
+                   "for both arms alike: a sensitivity check, not a tuned result.\n")
+    return "\n".join(out)
