@@ -470,3 +470,18 @@ def test_info_shows_each_arm_against_its_baseline(capsys):
                          (["--arm", "nope"], "unknown arm"), (["--arms", "nope"], "unknown arm set")]:
         assert main(["info", "tiny", *bad]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_train_baseline_flag_drops_the_new_options(capsys):
+    """`difftx train --baseline` of a control / gated model trains the plain baseline; for a model
+    without the options the saved overrides are what they were (resuming older runs compares them)."""
+    for sets, extra in [(["model_overrides.subtract=false"], {"subtract": True}),
+                        (["model_overrides.attention=gated", "model_overrides.gate=headwise"], {"gate": None}),
+                        ([], {})]:
+        argv = ["train", "--preset", "tiny", "--baseline", "--print-config"]
+        for s in sets:
+            argv += ["--set", s]
+        assert main(argv) == 0
+        overrides = json.loads(capsys.readouterr().out)["model_overrides"]
+        assert overrides["attention"] == "standard"
+        assert {k: overrides[k] for k in ("gate", "head_norm", "subtract") if k in overrides} == extra
