@@ -101,7 +101,8 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.head_norm is not None and not isinstance(self.head_norm, bool):
-            raise _err("head_norm", f"must be true, false or null (the attention kind's default), got {self.head_norm!r}")
+            raise _err("head_norm", f"must be true, false or null (the attention kind's default), "
+                                    f"got {self.head_norm!r}")
         if self.lambda_init is not None:
             if isinstance(self.lambda_init, bool) or not isinstance(self.lambda_init, (int, float)) \
                     or not math.isfinite(self.lambda_init):
@@ -254,7 +255,8 @@ ARMS: dict[str, str] = {
     "diff_lambda_0.5": "DIFF with a constant lambda_init = 0.5 (paper Table 6)",
     "baseline_head_norm": "the baseline (2H heads of width d) with a per-head RMSNorm",
     "baseline_wide": "standard attention, H heads of width 2d (paper Table 6: Transformer 8 x 256)",
-    "baseline_wide_head_norm": "standard attention, H heads of width 2d, with a per-head RMSNorm (Table 6: + GroupNorm)",
+    "baseline_wide_head_norm": "standard attention, H heads of width 2d, with a per-head RMSNorm "
+                               "(paper Table 6: + GroupNorm)",
 }
 
 ARM_SETS: dict[str, tuple[str, ...]] = {

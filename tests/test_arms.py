@@ -370,7 +370,8 @@ TINY_COUNTS = {
     "diff_v2": (148_288, 2 * (64 * 4 * 16 + 64 * 4)), "gated": (147_776, 2 * 64 * 4 * 16),
     "gated_headwise": (140_096, 2 * 64 * 4), "no_subtraction": (139_648, 2 * 2 * 16),
     "diff_no_head_norm": (139_712, 2 * 4 * 16), "diff_lambda_0.8": (139_776, 192), "diff_lambda_0.5": (139_776, 192),
-    "baseline_head_norm": (139_616, 2 * 16), "baseline_wide": (139_584, 0), "baseline_wide_head_norm": (139_648, 2 * 32),
+    "baseline_head_norm": (139_616, 2 * 16), "baseline_wide": (139_584, 0),
+    "baseline_wide_head_norm": (139_648, 2 * 32),
 }
 
 
