@@ -35,7 +35,7 @@ class ModelConfig:
     for ``standard`` and ``gated`` it is the number of ordinary heads. ``n_kv_heads`` defaults
     to ``n_heads``.
 
-    Options of the attention kinds (docs/design.md, "Arms"), each validated here:
+    Options of the attention kinds (docs/design.md §5b), each validated here:
 
     - ``gate`` (``gated`` only): ``"elementwise"`` (the default when ``None``; ``W_g: D -> H*d``)
       or ``"headwise"`` (``W_g: D -> H``), the output gate ``sigmoid(x W_g)`` of Qiu et al. 2025.

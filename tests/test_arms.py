@@ -1,4 +1,4 @@
-"""The arms beyond DIFF and its baseline (SPEC section 5b, docs/design.md "Arms"): output-gated
+"""The arms beyond DIFF and its baseline (SPEC section 5b, docs/design.md §5b): output-gated
 attention, DIFF's no-subtraction control and the baseline with a per-head norm, against the
 float64 references of tests/reference.py (written from the equations, no shared code); every
 backend each option runs on; KV-cache decoding; paired initialisation; config validation and
