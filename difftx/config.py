@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import Optional
 
 from .attention.kernels import backend_names
+from .attention.modules import GATES  # ModelConfig.gate, for attention="gated"
 
-ATTENTION_KINDS = ("diff", "diff_v2", "standard")
+ATTENTION_KINDS = ("diff", "diff_v2", "standard", "gated")
+HEAD_NORM_KINDS = ("diff", "standard")  # attention kinds that can have a per-head RMSNorm (ModelConfig.head_norm)
+
+# Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
+# defaults, so a config that does not use them serialises exactly as before (resuming an older run
+# compares these dicts) and stays readable by an older difftx.
+_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True}
 
 
 def _err(field: str, rule: str) -> ValueError:
@@ -25,7 +32,21 @@ class ModelConfig:
     Head counts mean what each attention kind makes of them: for ``diff`` and ``diff_v2``,
     ``n_heads`` is the number of *differential* heads (``diff``: component width
     ``dim / (2 n_heads)``; ``diff_v2``: ``2 n_heads`` query heads of width ``dim / n_heads``);
-    for ``standard`` it is the number of ordinary heads. ``n_kv_heads`` defaults to ``n_heads``.
+    for ``standard`` and ``gated`` it is the number of ordinary heads. ``n_kv_heads`` defaults
+    to ``n_heads``.
+
+    Options of the attention kinds (docs/design.md §5b), each validated here:
+
+    - ``gate`` (``gated`` only): ``"elementwise"`` (the default when ``None``; ``W_g: D -> H*d``)
+      or ``"headwise"`` (``W_g: D -> H``), the output gate ``sigmoid(x W_g)`` of Qiu et al. 2025.
+    - ``subtract`` (``diff`` only): ``False`` is the no-subtraction control, lambda fixed at 0
+      (``O_h = (1 - lambda_init) RMSNorm(A1 V)``; the lambda vectors are not created).
+    - ``head_norm``: the per-head RMSNorm. ``None`` means the kind's default: on for ``diff``,
+      off for the others; ``True`` is allowed for ``diff`` and ``standard`` only (Table 6's
+      "Transformer + per-head norm"), ``False`` for every kind. ``use_subln`` is the older,
+      ``diff``-only name of the same switch, kept so that older configs load unchanged
+      (``use_subln=False`` means ``head_norm=False``); see :attr:`uses_head_norm`.
+    - ``lambda_init`` (``diff`` only): a constant instead of the depth schedule.
     """
 
     vocab_size: int = 256
@@ -42,7 +63,10 @@ class ModelConfig:
     init_std: float = 0.02
     backend: str = "auto"
     lambda_init: Optional[float] = None  # diff only: a constant instead of the depth schedule (ablations)
-    use_subln: bool = True  # diff only: the per-head RMSNorm (turning it off is an ablation)
+    use_subln: bool = True  # diff only: older name of head_norm (False turns the norm off; kept for old configs)
+    gate: Optional[str] = None  # gated only: "elementwise" (default) or "headwise"
+    head_norm: Optional[bool] = None  # per-head RMSNorm; None: the attention kind's default (on for diff only)
+    subtract: bool = True  # diff only: False is the no-subtraction control (lambda fixed at 0)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -69,8 +93,38 @@ class ModelConfig:
             raise _err("dim", f"{D} must be divisible by n_heads={H}")
         if self.head_dim % 2:
             raise _err("dim", f"the {self.attention} head width {self.head_dim} (see head_dim) must be even for RoPE")
-        if self.attention != "diff" and (self.lambda_init is not None or not self.use_subln):
-            raise _err("lambda_init/use_subln", "apply only to attention='diff'")
+        self._check_options()
+
+    def _check_options(self) -> None:
+        kind = self.attention
+        for name in ("use_subln", "subtract"):
+            if not isinstance(getattr(self, name), bool):
+                raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.head_norm is not None and not isinstance(self.head_norm, bool):
+            raise _err("head_norm", f"must be true, false or null (the attention kind's default), "
+                                    f"got {self.head_norm!r}")
+        if self.lambda_init is not None:
+            if isinstance(self.lambda_init, bool) or not isinstance(self.lambda_init, (int, float)) \
+                    or not math.isfinite(self.lambda_init):
+                raise _err("lambda_init", f"must be a finite number or null, got {self.lambda_init!r}")
+            if kind != "diff":
+                raise _err("lambda_init", f"applies only to attention='diff', not {kind!r}")
+        if not self.use_subln and kind != "diff":
+            raise _err("use_subln", f"applies only to attention='diff' (use head_norm), not {kind!r}")
+        if not self.subtract and kind != "diff":
+            raise _err("subtract", f"applies only to attention='diff' (false is DIFF's no-subtraction control), "
+                                   f"not {kind!r}")
+        if self.gate is not None:
+            if kind != "gated":
+                raise _err("gate", f"applies only to attention='gated', not {kind!r}")
+            if self.gate not in GATES:
+                raise _err("gate", f"must be one of {GATES} (or null: 'elementwise'), got {self.gate!r}")
+        if self.head_norm:
+            if kind not in HEAD_NORM_KINDS:
+                raise _err("head_norm", f"true applies only to attention in {HEAD_NORM_KINDS}, not {kind!r}")
+            if not self.use_subln:
+                raise _err("head_norm", "true contradicts use_subln=false (the older name of the same switch); "
+                                        "set head_norm alone")
 
     # -- derived quantities -------------------------------------------------------------------
     @property
@@ -86,6 +140,22 @@ class ModelConfig:
         return self.dim // (2 * self.n_heads) if self.attention == "diff" else self.dim // self.n_heads
 
     @property
+    def uses_head_norm(self) -> bool:
+        """Whether each head's output goes through the per-head RMSNorm: ``head_norm`` if given,
+        else the kind's default (``diff``: ``use_subln``, i.e. on unless turned off the old way;
+        every other kind: off)."""
+        if self.head_norm is not None:
+            return self.head_norm
+        return self.attention == "diff" and self.use_subln
+
+    @property
+    def gate_kind(self) -> Optional[str]:
+        """The output gate of ``gated`` attention (``gate``, default ``"elementwise"``); ``None`` otherwise."""
+        if self.attention != "gated":
+            return None
+        return self.gate or "elementwise"
+
+    @property
     def hidden_dim(self) -> int:
         if self.ffn_hidden is not None:
             return self.ffn_hidden
@@ -93,7 +163,13 @@ class ModelConfig:
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return asdict(self)
+        """All fields, except those added later (``gate``, ``head_norm``, ``subtract``) while they
+        hold their defaults: a config that does not use them serialises exactly as before."""
+        data = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if data[name] is default:
+                del data[name]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -116,20 +192,117 @@ class ModelConfig:
 
 
 def baseline_config(config: ModelConfig) -> ModelConfig:
-    """The parameter-matched baseline of a DIFF config (SPEC section 1).
+    """The parameter-matched baseline of a config (SPEC section 1; docs/design.md).
 
     ``diff``: standard attention with ``2H`` heads of width ``d`` and ``2Hkv`` kv heads, the
     same projections and RoPE; parameters equal up to the lambda vectors and ``subln`` gains.
+    The DIFF options (``lambda_init``, ``head_norm``/``use_subln``, ``subtract``) are dropped.
     ``diff_v2``: standard attention with ``H`` heads of width ``d`` and ``Hkv`` kv heads (the V2
     paper's comparison; V2 has ``dim*dim + dim*H`` more attention parameters).
-    ``standard``: returned unchanged.
+    ``gated``: the same heads without the gate (the gate's ``W_g`` is all it adds).
+    ``standard``: returned unchanged, or without its per-head norm if it has one.
+    :func:`attention_parameter_delta` lists what each kind adds to its baseline.
     """
     if config.attention == "standard":
-        return config
-    common = dict(attention="standard", lambda_init=None, use_subln=True)
+        return config if config.head_norm is None else config.replace(head_norm=None)
+    common = dict(attention="standard", **_PLAIN)
     if config.attention == "diff":
         return config.replace(n_heads=2 * config.n_heads, n_kv_heads=2 * config.kv_groups, **common)
+    if config.attention == "gated":
+        return config.replace(**common)
     return config.replace(n_heads=config.n_heads, n_kv_heads=config.kv_groups, **common)
+
+
+# the option fields at their defaults: what a config without any ablation or gate holds
+_PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True)
+
+
+def attention_parameter_delta(config: ModelConfig) -> list[tuple[str, int, str]]:
+    """What one layer of ``config`` holds beyond its :func:`baseline_config`, as
+    ``(parameters, count, formula)`` rows (``D`` width, ``H`` the config's ``n_heads``, ``d`` its
+    ``head_dim``). The model's difference is ``n_layers`` times the sum (tests check it)."""
+    c, D, H, d = config, config.dim, config.n_heads, config.head_dim
+    rows: list[tuple[str, int, str]] = []
+    if c.attention == "diff":
+        if c.subtract:
+            rows.append(("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d"))
+        if c.uses_head_norm:
+            rows.append(("subln.weight (per-head RMSNorm gain over the 2d-wide head)", 2 * d, "2·d"))
+    elif c.attention == "diff_v2":
+        rows.append(("q_proj rows of the second query head of each pair", D * H * d, "D·H·d"))
+        rows.append(("lambda_proj (W_lambda: D -> H)", D * H, "D·H"))
+    elif c.attention == "gated":
+        if c.gate_kind == "elementwise":
+            rows.append(("gate_proj (elementwise W_g: D -> H·d)", D * H * d, "D·H·d"))
+        else:
+            rows.append(("gate_proj (head-wise W_g: D -> H)", D * H, "D·H"))
+    elif c.uses_head_norm:
+        rows.append(("subln.weight (per-head RMSNorm gain over the d-wide head)", d, "d"))
+    return rows
+
+
+# -- arms: the configurations a paired comparison can hold ------------------------------------------------
+
+ARMS: dict[str, str] = {
+    "baseline": "standard attention, 2H heads of width d (baseline_config): the parameter-matched baseline",
+    "diff": "DIFF V1 as configured (paper defaults: depth-schedule lambda_init, per-head norm)",
+    "diff_v2": "DIFF V2 with 2H output heads of width d (4H query heads, 2Hkv kv heads): its baseline is 'baseline'",
+    "gated": "the baseline's heads with an elementwise output gate sigmoid(x W_g), W_g: D -> 2H·d (Qiu et al. 2025)",
+    "gated_headwise": "the baseline's heads with a head-wise output gate, W_g: D -> 2H",
+    "no_subtraction": "DIFF with lambda fixed at 0: the second map is not subtracted (no lambda parameters)",
+    "diff_no_head_norm": "DIFF without the per-head RMSNorm (paper Table 6)",
+    "diff_lambda_0.8": "DIFF with a constant lambda_init = 0.8 (paper Table 6)",
+    "diff_lambda_0.5": "DIFF with a constant lambda_init = 0.5 (paper Table 6)",
+    "baseline_head_norm": "the baseline (2H heads of width d) with a per-head RMSNorm",
+    "baseline_wide": "standard attention, H heads of width 2d (paper Table 6: Transformer 8 x 256)",
+    "baseline_wide_head_norm": "standard attention, H heads of width 2d, with a per-head RMSNorm "
+                               "(paper Table 6: + GroupNorm)",
+}
+
+ARM_SETS: dict[str, tuple[str, ...]] = {
+    "default": ("baseline", "diff"),
+    # paper Table 6, in its order, and the baseline with the per-head norm at DIFF's head count
+    "paper-ablations": ("baseline", "baseline_wide", "baseline_wide_head_norm", "diff", "diff_no_head_norm",
+                        "diff_lambda_0.8", "diff_lambda_0.5", "baseline_head_norm"),
+    # other ways to remove attention noise, and the control that removes DIFF's subtraction
+    "alternatives": ("baseline", "diff", "diff_v2", "gated", "gated_headwise", "no_subtraction"),
+    "all": tuple(ARMS),
+}
+
+
+def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
+    """The config of ``arm`` (a name of :data:`ARMS`) derived from the DIFF V1 config ``base``.
+
+    Every arm keeps ``base``'s width, depth, vocabulary, MLP, RoPE and backend, so its
+    same-named parameters start from the same values as the other arms' (paired initialisation).
+    ``diff`` is ``base`` itself; arms named ``diff_*``/``no_subtraction`` change one option of
+    it; ``baseline*``, ``gated*`` and ``diff_v2`` start from the plain options. ``diff_v2``
+    uses ``n_heads = 2H`` (its ``2H`` output heads have DIFF's component width ``d`` and its kv
+    heads the baseline's), so that its own ``baseline_config`` is the ``baseline`` arm.
+    """
+    if not isinstance(base, ModelConfig) or base.attention != "diff":
+        got = base.attention if isinstance(base, ModelConfig) else type(base).__name__
+        raise ValueError(f"arm_config: base must be a DIFF V1 ModelConfig (attention='diff'), got {got!r}")
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; choose one of {list(ARMS)}")
+    baseline = baseline_config(base)
+    H, Hkv = base.n_heads, base.kv_groups
+    wide = base.replace(attention="standard", n_heads=H, n_kv_heads=Hkv, **_PLAIN)
+    derived = {
+        "baseline": lambda: baseline,
+        "diff": lambda: base,
+        "diff_v2": lambda: base.replace(attention="diff_v2", n_heads=2 * H, n_kv_heads=2 * Hkv, **_PLAIN),
+        "gated": lambda: baseline.replace(attention="gated", gate="elementwise"),
+        "gated_headwise": lambda: baseline.replace(attention="gated", gate="headwise"),
+        "no_subtraction": lambda: base.replace(subtract=False),
+        "diff_no_head_norm": lambda: base.replace(head_norm=False),
+        "diff_lambda_0.8": lambda: base.replace(lambda_init=0.8),
+        "diff_lambda_0.5": lambda: base.replace(lambda_init=0.5),
+        "baseline_head_norm": lambda: baseline.replace(head_norm=True),
+        "baseline_wide": lambda: wide,
+        "baseline_wide_head_norm": lambda: wide.replace(head_norm=True),
+    }
+    return derived[arm]()
 
 
 PRESETS: dict[str, ModelConfig] = {

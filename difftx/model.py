@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import AttentionMask, DiffAttention, DiffAttentionV2, LayerKV, StandardAttention
+from .attention import AttentionMask, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV, StandardAttention
 from .config import ModelConfig
 
 
@@ -23,10 +23,14 @@ def make_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
     c = config
     if c.attention == "diff":
         return DiffAttention(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend,
-                             norm_eps=c.norm_eps, lambda_init=c.lambda_init, use_subln=c.use_subln)
+                             norm_eps=c.norm_eps, lambda_init=c.lambda_init, use_subln=c.uses_head_norm,
+                             subtract=c.subtract)
     if c.attention == "diff_v2":
         return DiffAttentionV2(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
-    return StandardAttention(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
+    if c.attention == "gated":
+        return GatedAttention(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind)
+    return StandardAttention(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend,
+                             use_subln=c.uses_head_norm, norm_eps=c.norm_eps)
 
 
 class SwiGLU(nn.Module):

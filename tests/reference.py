@@ -106,3 +106,71 @@ def naive_diff_v2(m, x, positions=None, allowed=None):
         att.append(a @ v[..., g * d:(g + 1) * d])
     heads = [att[2 * j] - lam[..., j:j + 1] * att[2 * j + 1] for j in range(H)]
     return torch.cat(heads, dim=-1) @ m.out_proj.weight.T
+
+
+def _naive_rms(o, gain, eps):
+    """RMSNorm over the last dimension, written out: o / sqrt(mean(o^2) + eps) * gain."""
+    return o / torch.sqrt((o * o).mean(-1, keepdim=True) + eps) * gain
+
+
+def naive_standard_heads(m, x, positions=None, allowed=None):
+    """The per-head outputs softmax(Q_h K_g^T / sqrt(d)) V_g of standard (GQA) attention, a list of
+    H tensors (B, T, d), before anything is applied to them and before the output projection."""
+    B, T, D = x.shape
+    H, Hkv, d = m.n_heads, m.n_kv_heads, m.head_dim
+    n_rep = H // Hkv
+    pos = torch.arange(T)[None].expand(B, T) if positions is None else positions
+    allowed = naive_allowed(B, T) if allowed is None else allowed
+    q, k, v = x @ m.q_proj.weight.T, x @ m.k_proj.weight.T, x @ m.v_proj.weight.T
+    heads = []
+    for h in range(H):
+        g = h // n_rep
+        qh = naive_rope(q[..., h * d:(h + 1) * d], pos, m.rope_theta)
+        kh = naive_rope(k[..., g * d:(g + 1) * d], pos, m.rope_theta)
+        a = _softmax_rows(qh @ kh.transpose(-1, -2) / math.sqrt(d), allowed)
+        heads.append(a @ v[..., g * d:(g + 1) * d])
+    return heads
+
+
+def naive_gated_attention(m, x, positions=None, allowed=None):
+    """Output-gated attention (Qiu et al. 2025): Y_h * sigmoid(x W_g), per head, then the output
+    projection. ``m.gate == "elementwise"``: W_g (H*d, D), gate channels h*d..(h+1)*d of head h;
+    ``"headwise"``: W_g (H, D), gate h of head h, the same for all d channels."""
+    d = m.head_dim
+    gates = torch.sigmoid(x @ m.gate_proj.weight.T)  # (B, T, H*d) or (B, T, H)
+    out = []
+    for h, y in enumerate(naive_standard_heads(m, x, positions, allowed)):
+        g = gates[..., h * d:(h + 1) * d] if m.gate == "elementwise" else gates[..., h:h + 1]
+        out.append(y * g)
+    return torch.cat(out, dim=-1) @ m.out_proj.weight.T
+
+
+def naive_standard_head_norm(m, x, positions=None, allowed=None):
+    """Standard attention with a per-head RMSNorm over each d-wide head (gain ``subln.weight``,
+    shared by heads), then the output projection (paper Table 6, "Transformer + per-head norm")."""
+    heads = [_naive_rms(y, m.subln.weight, m.norm_eps) for y in naive_standard_heads(m, x, positions, allowed)]
+    return torch.cat(heads, dim=-1) @ m.out_proj.weight.T
+
+
+def naive_no_subtraction(m, x, positions=None, allowed=None, lambda_init=None):
+    """DIFF V1's no-subtraction control: lambda = 0, so per head h only the first map counts,
+    O_h = (1 - lambda_init) * RMSNorm_2d(A1 V_g) (or without the norm when ``m.subln`` is None).
+    The second components Q2, K2 are never formed. ``lambda_init``: the depth schedule by default."""
+    B, T, D = x.shape
+    H, Hkv, d = m.n_heads, m.n_kv_heads, m.head_dim
+    n_rep = H // Hkv
+    pos = torch.arange(T)[None].expand(B, T) if positions is None else positions
+    allowed = naive_allowed(B, T) if allowed is None else allowed
+    q, k, v = x @ m.q_proj.weight.T, x @ m.k_proj.weight.T, x @ m.v_proj.weight.T
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * m.layer_idx) if lambda_init is None else lambda_init
+    heads = []
+    for h in range(H):
+        g = h // n_rep
+        q1 = naive_rope(q[..., (2 * h) * d:(2 * h + 1) * d], pos, m.rope_theta)
+        k1 = naive_rope(k[..., (2 * g) * d:(2 * g + 1) * d], pos, m.rope_theta)
+        a1 = _softmax_rows(q1 @ k1.transpose(-1, -2) / math.sqrt(d), allowed)
+        o = a1 @ v[..., g * 2 * d:(g + 1) * 2 * d]  # (B, T, 2d)
+        if m.subln is not None:
+            o = _naive_rms(o, m.subln.weight, m.norm_eps)
+        heads.append((1 - lam_init) * o)
+    return torch.cat(heads, dim=-1) @ m.out_proj.weight.T

@@ -105,6 +105,23 @@ class _HeadNorm(torch.autograd.Function):
         return do, dw, None
 
 
+def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float) -> Tensor:
+    """``scale * RMSNorm(o) * weight`` over the last dimension of ``o`` ``(B, T, H, w)``, computed in
+    float32 (float64 for float64 inputs) and returned in ``o``'s dtype. ``weight=None``: no norm,
+    just ``scale * o``."""
+    if weight is None:
+        return o * scale if scale != 1.0 else o
+    acc = _at_least_fp32(o.dtype)
+    of = o if o.dtype == acc else o.to(acc)
+    w = weight * scale if scale != 1.0 else weight  # (w,): the gain with the scale folded in
+    w = w if w.dtype == acc else w.to(acc)
+    if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
+        out = _HeadNorm.apply(of, w, eps)
+    else:  # inference: PyTorch's fused forward
+        out = torch.rms_norm(of, (of.shape[-1],), w, eps)
+    return out if out.dtype == o.dtype else out.to(o.dtype)
+
+
 class LayerKV:
     """One layer's KV cache: preallocated buffers, filled left to right.
 
@@ -192,19 +209,64 @@ class _AttentionBase(nn.Module):
 
 
 class StandardAttention(_AttentionBase):
-    """Multi-head (GQA) softmax attention: the parameter-matched baseline of SPEC section 1."""
+    """Multi-head (GQA) softmax attention: the parameter-matched baseline of SPEC section 1.
+
+    ``use_subln=True`` adds a per-head RMSNorm over each ``d``-wide head output before
+    ``out_proj`` (one learnable gain ``subln.weight`` of width ``d`` shared by the heads, eps
+    ``norm_eps``, computed in float32): paper Table 6's "Transformer + per-head norm". There is
+    no ``(1 - lambda_init)`` factor (that belongs to DIFF's lambda).
+    """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
-                 backend: str = "auto"):
+                 backend: str = "auto", use_subln: bool = False, norm_eps: float = 1e-5):
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
         super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
-        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.n_heads, self.n_kv_heads, self.norm_eps = n_heads, n_kv_heads, norm_eps
+        self.subln = nn.RMSNorm(d, eps=norm_eps, elementwise_affine=True) if use_subln else None
+
+    def head_output(self, x: Tensor, out: Tensor) -> Tensor:
+        """Per-head output ``(B, T, H, d)`` before ``out_proj``: the kernel's, normalised if ``subln``."""
+        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
-        out, maps = res if return_maps else (res, None)
-        out = self.out_proj(out.flatten(2))  # (B, T, D)
+        out, maps = res if return_maps else (res, None)  # (B, T, H, d)
+        out = self.head_output(x, out).flatten(2)  # (B, T, H*d)
+        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))  # (B, T, D)
         return (out, maps) if return_maps else out
+
+
+GATES = ("elementwise", "headwise")
+
+
+class GatedAttention(StandardAttention):
+    """Output-gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models").
+
+    Standard multi-head (GQA) attention whose per-head output ``Y`` (before ``out_proj``) is
+    multiplied by ``sigmoid(x W_g)``, ``x`` the block's normalised input (what the q/k/v
+    projections read). ``gate="elementwise"``: ``W_g: D -> H*d``, one gate per head and channel;
+    ``gate="headwise"``: ``W_g: D -> H``, one scalar per head. ``W_g`` is ``gate_proj.weight``
+    (no bias), initialised like the other projections; the sigmoid and the product run in float32.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
+                 backend: str = "auto", gate: str = "elementwise"):
+        if gate not in GATES:
+            raise ValueError(f"gate: must be one of {GATES}, got {gate!r}")
+        super().__init__(dim, n_heads, n_kv_heads, rope_theta, backend=backend)
+        self.gate = gate
+        self.gate_proj = nn.Linear(dim, n_heads * self.head_dim if gate == "elementwise" else n_heads, bias=False)
+
+    def gate_values(self, x: Tensor) -> Tensor:
+        """``sigmoid(x W_g)`` in float32 (float64 for float64 inputs): ``(B, T, H, d)`` elementwise,
+        ``(B, T, H, 1)`` head-wise."""
+        g = self.gate_proj(x)
+        g = torch.sigmoid(g.to(_at_least_fp32(g.dtype)))
+        return g.unflatten(-1, (self.n_heads, -1))
+
+    def head_output(self, x: Tensor, out: Tensor) -> Tensor:
+        g = self.gate_values(x)
+        return (out.to(g.dtype) * g).to(out.dtype)
 
 
 class DiffAttention(_AttentionBase):
@@ -212,34 +274,54 @@ class DiffAttention(_AttentionBase):
 
     ``n_heads`` differential heads of two ``d``-wide components each (``d = dim / (2 n_heads)``),
     ``n_kv_heads`` kv groups; ``lambda_init`` defaults to the depth schedule of ``layer_idx``.
+
+    ``use_subln=False``: no per-head RMSNorm (an ablation). ``subtract=False``: the
+    no-subtraction control, lambda fixed at 0, so ``O_h = (1 - lambda_init) RMSNorm(A1 V)``; the
+    lambda vectors are not created, and the kernels receive ``lam = 0`` (every backend computes
+    the second map and multiplies it by zero: DIFF's cost and maps, exactly zero gradient into the
+    second components' q/k projection rows).
     """
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
-                 lambda_init: Optional[float] = None, use_subln: bool = True):
+                 lambda_init: Optional[float] = None, use_subln: bool = True, subtract: bool = True):
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 2)
         super().__init__(dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, 2 * d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
         self.lambda_init = lambda_init_for_layer(layer_idx) if lambda_init is None else float(lambda_init)
-        self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
-        self.lambda_k1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
-        self.lambda_q2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
-        self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.subtract = bool(subtract)
+        if self.subtract:
+            self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+            self.lambda_k1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+            self.lambda_q2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+            self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
         self.subln = nn.RMSNorm(2 * d, eps=norm_eps, elementwise_affine=True) if use_subln else None
         self.reset_lambda()
 
+    def lambda_parameters(self) -> tuple[Tensor, ...]:
+        """``(lambda_q1, lambda_k1, lambda_q2, lambda_k2)``; empty for the no-subtraction control."""
+        return (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2) if self.subtract else ()
+
     def reset_lambda(self, std: float = 0.1) -> None:
-        for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+        for p in self.lambda_parameters():
             nn.init.normal_(p, mean=0.0, std=std)
 
     def lambda_full(self) -> Tensor:
         """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters).
 
         Without gradients (decoding) the value is cached until a lambda parameter changes (in-place
-        updates bump its version counter; ``.to()`` and loading give it new storage)."""
-        params = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
+        updates bump its version counter; ``.to()`` and loading give it new storage). The
+        no-subtraction control (``subtract=False``) returns a constant zero that needs no gradient."""
+        if not self.subtract:
+            w = self.q_proj.weight
+            acc = _at_least_fp32(w.dtype)
+            zero = self.__dict__.get("_lambda_zero")
+            if zero is None or zero.dtype != acc or zero.device != w.device:
+                zero = self.__dict__["_lambda_zero"] = torch.zeros((), dtype=acc, device=w.device)
+            return zero
+        params = self.lambda_parameters()
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             return _Lambda.apply(*params, self.lambda_init)
         key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
@@ -251,17 +333,8 @@ class DiffAttention(_AttentionBase):
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
-        if self.subln is None:
-            return o * (1.0 - self.lambda_init)
-        acc = _at_least_fp32(o.dtype)
-        of = o if o.dtype == acc else o.to(acc)
-        w = self.subln.weight * (1.0 - self.lambda_init)  # (2d,): the gain with the (1 - lambda_init) factor
-        w = w if w.dtype == acc else w.to(acc)
-        if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
-            out = _HeadNorm.apply(of, w, self.norm_eps)
-        else:  # inference: PyTorch's fused forward
-            out = torch.rms_norm(of, (of.shape[-1],), w, self.norm_eps)
-        return out if out.dtype == o.dtype else out.to(o.dtype)
+        return _rms_head_norm(o, None if self.subln is None else self.subln.weight, 1.0 - self.lambda_init,
+                              self.norm_eps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)

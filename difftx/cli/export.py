@@ -13,7 +13,9 @@ def register(sub) -> None:
         description="Convert a difftx model or checkpoint folder (config.json + model.safetensors) into a "
                     "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads without "
                     "custom code: 'diff' -> DiffLlamaForCausalLM, 'standard' -> LlamaForCausalLM. "
-                    "'diff_v2' has no transformers equivalent. The tokenizer (tokenizer.json, or difftx's byte "
+                    "'diff_v2', 'gated', DIFF's ablations (no per-head norm, a constant lambda_init, the "
+                    "no-subtraction control) and 'standard' with a per-head norm have no transformers equivalent "
+                    "and are refused before anything is written. The tokenizer (tokenizer.json, or difftx's byte "
                     "tokenizer converted to one) is written beside the model. See docs/interop.md.")
     p.add_argument("checkpoint", help="difftx model or checkpoint folder, or a training run folder (its latest "
                                        "checkpoint)")

@@ -1,4 +1,5 @@
-"""``difftx info``: a config, its parameter counts and its parameter-matched baseline."""
+"""``difftx info``: a config, its parameter counts and its parameter-matched baseline; or the
+parameter counts of every comparison arm (``--arms``)."""
 
 from __future__ import annotations
 
@@ -8,40 +9,136 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser("info", help="show a model config, its parameter counts and its matched baseline",
                        description="Print a preset (or a config.json), its parameter count, and the same for "
-                                   "its parameter-matched baseline.")
+                                   "its parameter-matched baseline, with what the model's attention adds per layer "
+                                   "(e.g. an output gate: D*H*d elementwise, D*H head-wise). --arms lists the "
+                                   "comparison arms derived from a DIFF config instead.")
     p.add_argument("config", nargs="?", default="tiny",
                    help="preset name or path to a config.json / checkpoint folder (default: tiny)")
-    p.add_argument("--attention", choices=["diff", "diff_v2", "standard"], help="override the attention kind")
+    p.add_argument("--attention", choices=["diff", "diff_v2", "standard", "gated"],
+                   help="override the attention kind")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a ModelConfig field (e.g. --set gate=headwise, --set head_norm=true, "
+                        "--set subtract=false); repeatable, applied after --attention")
+    p.add_argument("--arm", metavar="NAME",
+                   help="show the arm NAME derived from the (DIFF) config, e.g. gated, gated_headwise, "
+                        "no_subtraction, baseline_head_norm (--arms lists them all)")
+    p.add_argument("--arms", nargs="?", const="all", metavar="SET",
+                   help="list the arms of SET (default: all; also default, paper-ablations, alternatives) "
+                        "derived from the (DIFF) config: parameters, and what each adds to its baseline")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _load(spec: str):
     from pathlib import Path
 
     from ..checkpoint import CheckpointError, read_json
-    from ..config import PRESETS, ModelConfig, baseline_config, preset
-    from ..model import Transformer
+    from ..config import PRESETS, ModelConfig, preset
     from ..training.checkpointing import resolve_checkpoint
 
-    if args.config in PRESETS:
-        cfg = preset(args.config)
-    else:
-        path = Path(args.config)
-        if not path.exists():
-            raise ValueError(f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a path")
-        if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
-            path = resolve_checkpoint(path) / "config.json"
-        data = read_json(path, "not found", "not a model config: not valid JSON")
-        try:
-            cfg = ModelConfig.from_dict(data)
-        except (TypeError, ValueError, AttributeError) as e:
-            raise CheckpointError(f"{path}: not a valid model config ({e})") from None
+    if spec in PRESETS:
+        return preset(spec)
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a path")
+    if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
+        path = resolve_checkpoint(path) / "config.json"
+    data = read_json(path, "not found", "not a model config: not valid JSON")
+    try:
+        return ModelConfig.from_dict(data)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a valid model config ({e})") from None
+
+
+def _apply_overrides(cfg, overrides: list[str]):
+    from dataclasses import fields
+
+    from ..config import ModelConfig
+    from ..training.config import parse_value, split_override
+
+    known = {f.name for f in fields(ModelConfig)}
+    changes = {}
+    for text in overrides:
+        key, value = split_override(text)
+        if key not in known:
+            raise ValueError(f"--set {text}: unknown ModelConfig field {key!r}; known fields are {sorted(known)}")
+        changes[key] = parse_value(value)
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _options(c) -> str:
+    """The non-default options of a config, as ``name=value`` words."""
+    out = []
+    if c.gate_kind is not None:
+        out.append(f"gate={c.gate_kind}")
+    if c.uses_head_norm != (c.attention == "diff"):
+        out.append(f"head_norm={'on' if c.uses_head_norm else 'off'}")
+    if not c.subtract:
+        out.append("subtract=off")
+    if c.lambda_init is not None:
+        out.append(f"lambda_init={c.lambda_init:g}")
+    return " ".join(out)
+
+
+def _delta_text(c) -> str:
+    """What one layer of ``c`` adds to its baseline, with the formulas evaluated: ``4·d + 2·d = 96``."""
+    from ..config import attention_parameter_delta
+
+    rows = attention_parameter_delta(c)
+    if not rows:
+        return "nothing"
+    values = {"D": c.dim, "H": c.n_heads, "d": c.head_dim}
+    formulas = " + ".join(f for _, _, f in rows)
+    numbers = " + ".join("·".join(str(values.get(t, t)) for t in f.split("·")) for _, _, f in rows)
+    parts = dict.fromkeys([formulas, numbers, f"{sum(n for _, n, _ in rows):,}"])  # in order, repeats dropped
+    return f"{' = '.join(parts)} (D={c.dim}, H={c.n_heads}, d={c.head_dim})"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import ARM_SETS, arm_config, attention_parameter_delta, baseline_config
+    from ..model import Transformer
+
+    cfg = _load(args.config)
     if args.attention:
         cfg = cfg.replace(attention=args.attention)
+    cfg = _apply_overrides(cfg, args.overrides)
+    if args.arms is not None:
+        if args.arms not in ARM_SETS:
+            raise ValueError(f"--arms {args.arms}: unknown arm set; choose one of {sorted(ARM_SETS)}")
+        return _print_arms(cfg, ARM_SETS[args.arms])
+    if args.arm:
+        cfg = arm_config(cfg, args.arm)
     base = baseline_config(cfg)
     print(cfg.to_json())
+    counts = {}
     for name, c in (("model", cfg), ("baseline", base)):
-        n = Transformer(c).num_parameters()
+        n = counts[name] = Transformer(c).num_parameters()
+        opts = _options(c)
         print(f"{name:9s} attention={c.attention:8s} heads={c.n_heads} kv_groups={c.kv_groups} "
-              f"head_dim={c.head_dim} parameters={n:,}")
+              f"head_dim={c.head_dim} parameters={n:,}{' ' + opts if opts else ''}")
+    delta = counts["model"] - counts["baseline"]
+    print(f"model - baseline = {delta:+,} = {cfg.n_layers} layers x ({_delta_text(cfg)})")
+    for what, n, formula in attention_parameter_delta(cfg):
+        print(f"  per layer: {what}: {formula} = {n:,}")
+    return 0
+
+
+def _print_arms(cfg, arms) -> int:
+    from ..config import arm_config, baseline_config
+    from ..model import Transformer
+
+    print(f"arms derived from: dim={cfg.dim} n_layers={cfg.n_layers} n_heads={cfg.n_heads} "
+          f"kv_groups={cfg.kv_groups} (DIFF component width d={cfg.head_dim}) vocab_size={cfg.vocab_size}")
+    head = f"{'arm':24s} {'attention':9s} {'heads x width':>13s} {'kv':>3s} {'parameters':>12s} {'vs baseline':>12s}"
+    print(f"{head}  added per layer")
+    for arm in arms:
+        c = arm_config(cfg, arm)
+        n = Transformer(c).num_parameters()
+        delta = n - Transformer(baseline_config(c)).num_parameters()
+        opts = _options(c)
+        kind = c.attention
+        print(f"{arm:24s} {kind:9s} {f'{c.n_heads} x {c.head_dim}':>13s} {c.kv_groups:>3d} {n:>12,} {delta:>+12,}  "
+              f"{_delta_text(c)}{'  [' + opts + ']' if opts else ''}")
+    print("vs baseline: the arm's parameters minus those of its own baseline_config (standard attention without "
+          "the arm's additions: the 'baseline' arm for diff*, no_subtraction, diff_v2, gated* and baseline_head_norm; "
+          "'baseline_wide' for baseline_wide_head_norm)")
     return 0

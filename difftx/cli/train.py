@@ -43,7 +43,7 @@ def register(sub) -> None:
                    help="continue the run in --out from its latest checkpoint, with its saved train_config.json "
                         "(flags may change only execution settings and raise steps)")
     p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
-    p.add_argument("--attention", choices=["diff", "diff_v2", "standard"],
+    p.add_argument("--attention", choices=["diff", "diff_v2", "standard", "gated"],
                    help="attention kind of the model (same n_heads; --baseline gives the parameter-matched one)")
     p.add_argument("--baseline", action="store_true",
                    help="train the parameter-matched baseline of the configured DIFF model")
@@ -107,9 +107,13 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         if args.attention:
             overrides["attention"] = args.attention
         if args.baseline:
-            base = baseline_config(cfg.replace(model_overrides=overrides).model_config())
+            model = cfg.replace(model_overrides=overrides).model_config()
+            base = baseline_config(model)
             overrides.update(attention=base.attention, n_heads=base.n_heads, n_kv_heads=base.n_kv_heads,
                              lambda_init=None, use_subln=True)
+            for name in ("gate", "head_norm", "subtract"):  # only where used: older runs' overrides stay as they were
+                if name in overrides or getattr(model, name) != getattr(base, name):
+                    overrides[name] = getattr(base, name)
         changes["model_overrides"] = overrides
     cfg = cfg.replace(**changes) if changes else cfg
     if saved is not None:

@@ -1,7 +1,9 @@
 """Hugging Face ``transformers`` folders <-> difftx model folders (SPEC section 4).
 
 ``diff`` models map to ``DiffLlamaForCausalLM`` (model_type ``diffllama``), ``standard``
-models to ``LlamaForCausalLM`` (model_type ``llama``); ``diff_v2`` has no equivalent. The
+models to ``LlamaForCausalLM`` (model_type ``llama``); ``diff_v2``, ``gated`` and the options
+that change what a head computes (no per-head norm or a constant ``lambda_init`` for ``diff``,
+the no-subtraction control, a per-head norm for ``standard``) have no equivalent. The
 converters only move tensors between safetensors files, so this module does not import
 ``transformers``; the tests prove each conversion by comparing logits with transformers'
 own implementation.
@@ -99,12 +101,31 @@ def check_exportable(config: ModelConfig) -> None:
             "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
             "d-wide query heads with a token-dependent sigmoid(lambda_proj(x)) and has no norm; no "
             "permutation of weights turns one into the other. Export a 'diff' (V1) or 'standard' model instead.")
+    if config.attention == "gated":
+        raise ConversionError(
+            f"attention='gated' (gate={config.gate_kind!r}) cannot be exported: Llama has no output gate on its "
+            "attention heads (sigmoid(x W_g) multiplying each head before o_proj), and no transformers Llama or "
+            "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
+            "RoPE, so it is no exact equivalent either.")
+    if config.attention == "standard":
+        if config.uses_head_norm:
+            raise ConversionError(
+                "attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
+                "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
+                "into the weights.")
+        return
     if config.attention != "diff":
         return
-    if not config.use_subln:
+    if not config.subtract:
         raise ConversionError(
-            "use_subln=False cannot be exported exactly: DiffLlama always applies its per-head RMSNorm "
-            "to (A1 - lambda A2) V, and a model trained without that norm computes a different function.")
+            "subtract=False (the no-subtraction control, lambda fixed at 0) cannot be exported faithfully: DiffLlama "
+            "always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
+            "exp(lambda_q2.lambda_k2) + lambda_init; its vectors could make lambda 0 only up to rounding, and the "
+            "result would train as DIFF, not as the control.")
+    if not config.uses_head_norm:
+        raise ConversionError(
+            "head_norm=False (use_subln=False) cannot be exported exactly: DiffLlama always applies its per-head "
+            "RMSNorm to (A1 - lambda A2) V, and a model trained without that norm computes a different function.")
     if config.lambda_init is not None:
         bad = [i for i in range(config.n_layers)
                if not math.isclose(config.lambda_init, lambda_init_for_layer(i), rel_tol=0, abs_tol=1e-12)]

@@ -27,7 +27,10 @@ def lambda_per_layer(model: nn.Module) -> Optional[list[float]]:
         return None
     out = []
     for m in mods:
-        q1, k1, q2, k2 = (full_tensor(p).float() for p in (m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2))
+        if not m.subtract:  # the no-subtraction control: lambda is fixed at 0
+            out.append(0.0)
+            continue
+        q1, k1, q2, k2 = (full_tensor(p).float() for p in m.lambda_parameters())
         out.append(float(torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + m.lambda_init))
     return out
 
