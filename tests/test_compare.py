@@ -506,3 +506,41 @@ def test_a_learning_rate_sweep_runs_one_compare_per_value_and_tabulates_them(tmp
     assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--sweep", "lr=0.001",
                  "--set", "lr=0.002"]) == 2
     assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--sweep", "tasks=1,2"]) == 2
+
+
+def test_more_arms_in_one_paired_compare(tmp_path, capsys):
+    """`--arms gated,no_subtraction`: every arm trained per seed; DIFF vs baseline, every arm vs the
+    baseline and DIFF vs every arm compared, with Holm over all of them; the report has a column per
+    arm; a later run with fewer arms reuses the folder."""
+    from difftx.eval.stats import holm
+
+    out = tmp_path / "arms"
+    args = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1", "--no-progress",
+            "--arms", "gated,no_subtraction", *as_sets(FAST)]
+    assert main(args) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["arms"]) == ["baseline", "diff", "gated", "no_subtraction"]
+    assert res["arms"]["gated"]["config"]["attention"] == "gated"
+    assert res["arms"]["no_subtraction"]["config"]["subtract"] is False
+    assert res["arms"]["gated"]["parameters"] > res["arms"]["baseline"]["parameters"]
+    assert sorted(res["arm_comparisons"]) == ["diff vs gated", "diff vs no_subtraction", "gated vs baseline",
+                                              "no_subtraction vs baseline"]
+    c = res["arm_comparisons"]["gated vs baseline"]["lm_nll"]
+    assert c["arms"] == ["gated", "baseline"] and len(c["values"]["gated"]) == 2
+    assert abs(c["paired"]["mean"] - (sum(c["values"]["gated"]) - sum(c["values"]["baseline"])) / 2) < 1e-9
+    assert c["verdict"].startswith("LM NLL (held-out): gated - baseline")
+    everything = [*res["comparison"].values(), *(x for comps in res["arm_comparisons"].values()
+                                                  for x in comps.values())]
+    primary = [x for x in everything if x["family"] == "primary" and x["p_adjusted"] is not None]
+    assert len(primary) >= 5  # LM NLL of five pairs at least
+    assert [x["p_adjusted"] for x in primary] == pytest.approx(holm([x["paired"]["p_value"] for x in primary]))
+    report = (out / "report.md").read_text()
+    assert "## Arms" in report and "| metric | baseline | diff | gated | no_subtraction |" in report
+    assert "**gated vs baseline**" in report
+    capsys.readouterr()
+    again = main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+                  "--no-progress", "--arms", "gated", *as_sets(FAST)])
+    assert again == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["arms"]) == ["baseline", "diff", "gated"]
+    assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())

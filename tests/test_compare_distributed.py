@@ -57,7 +57,10 @@ def test_torchrun_compare_matches_a_single_process(tmp_path):
                     assert hg[key] == pytest.approx(hw[key], rel=LOSS_RTOL), (arm, hw["step"], key)
         assert [p["step"] for p in g["probes"]] == [p["step"] for p in w["probes"]]
     assert set(got["comparison"]) == set(want["comparison"])
+    timed = {"train_tokens_per_s", "loss_at_equal_time"}  # measured wall-clock: differs from run to run
     for key, c in want["comparison"].items():
+        if key in timed:
+            continue
         for arm in ("diff", "baseline"):
             assert got["comparison"][key][arm] == pytest.approx(c[arm], rel=METRIC_RTOL, abs=METRIC_ATOL), (key, arm)
     # every model was trained (not only rank 0's share) and its checkpoints cleaned up

@@ -24,6 +24,11 @@ def register(sub) -> None:
                    help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
                         "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
+    p.add_argument("--arms", default=None, metavar="ARMS",
+                   help="the arms trained for every seed: comma-separated names (baseline and diff always "
+                        "included) or a named set: default (baseline,diff), paper-ablations (paper Table 6), "
+                        "alternatives (diff_v2, gated, gated_headwise, no_subtraction), all; see `difftx info "
+                        "--arms`")
     p.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
@@ -53,6 +58,18 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def parse_arms(text: str) -> tuple[str, ...]:
+    """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, baseline and diff first."""
+    from ..config import ARM_SETS, ARMS
+
+    names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a not in ARMS]
+    if unknown or not names:
+        raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {list(ARMS)} or a set "
+                         f"{list(ARM_SETS)}")
+    return tuple(dict.fromkeys(["baseline", "diff", *names]))
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -66,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--set: unknown preset field(s) {bad}; known: {sorted(known)} (task settings: "
                          "tasks.TASK.SETTING, see `difftx eval TASK --help`)")
+    if args.arms is not None:
+        if "arms" in overrides:
+            raise ValueError("--arms and --set arms=...: give the arms in one place")
+        overrides["arms"] = parse_arms(args.arms)
     out = args.out or f"runs/compare-{args.preset}"
     if args.sweep:
         return _sweep(args, out, overrides)

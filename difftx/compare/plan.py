@@ -2,7 +2,8 @@
 :class:`ComparePlan` once, and each later step receives only its part:
 
 - ``space`` (:class:`TaskSpace`): the shared vocabulary of the needle, LM and ICL tasks;
-- ``arms``: the model config of every arm (``{"diff": ..., "baseline": ...}``);
+- ``arms``: the model config of every arm (``{"baseline": ..., "diff": ..., ...}``, see
+  :data:`difftx.config.ARMS`);
 - ``schedule`` (:class:`Schedule`): optimizer and learning-rate schedule, read by the trainer;
 - ``mixture`` (:class:`Mixture`): which kind of batch each optimizer step draws, read by the
   batch source (:class:`difftx.compare.stream.CompareStream`);
@@ -19,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from ..config import ModelConfig, baseline_config
+from ..config import ModelConfig, arm_config
 from ..eval.icl import ICLTask
 from ..eval.needle import NeedleTask
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
 BATCH_KINDS = ("needle", "lm", "icl")
-ARMS = ("diff", "baseline")  # the trained models of every seed
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def resolve(preset: ComparePreset) -> ComparePlan:
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest)
     return ComparePlan(
-        name=preset.name, space=space, arms={"diff": diff, "baseline": baseline_config(diff)},
+        name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
         schedule=Schedule(steps=preset.steps, lr=preset.lr, min_lr=preset.min_lr, warmup_steps=preset.warmup_steps,
                           weight_decay=preset.weight_decay, grad_clip=preset.grad_clip, log_every=preset.log_every),
         mixture=Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,

@@ -26,6 +26,8 @@ class ComparePreset:
     name: str = "custom"
     description: str = ""
     # -- model (DIFF; the baseline is difftx.config.baseline_config of it) -------------------------
+    # the arms trained for every seed (names of difftx.config.ARMS; baseline and diff always among them)
+    arms: tuple = ("baseline", "diff")
     dim: int = 64
     n_layers: int = 2
     n_heads: int = 2  # differential heads (the baseline: 2x as many standard heads of the same width d)
@@ -81,6 +83,13 @@ class ComparePreset:
             raise _err("threads", f"must be a positive integer or None, got {self.threads!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise _err("device", f"must be auto, cpu or cuda, got {self.device!r}")
+        from ..config import ARMS
+
+        arms = self.arms
+        if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) != len(arms) or \
+                not {"baseline", "diff"} <= set(arms) or not set(arms) <= set(ARMS):
+            raise _err("arms", f"need distinct names of {list(ARMS)} including baseline and diff, got {arms!r}")
+        object.__setattr__(self, "arms", tuple(arms))
         settings = self.task_settings()  # validates every task's settings
         for n, r in self.grid:
             if not 1 <= r <= n <= self.max_needles:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..checkpoint import atomic_write
 from ..tasks import TASKS
-from ..tasks.reporting import ReportContext
+from ..tasks.reporting import ReportContext, fmt, table
 from .schema import dumps_strict, validate_results
 
 
@@ -18,8 +18,8 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     p, arms = results["preset"], results["arms"]
     out = [f"# DIFF vs parameter-matched Transformer: `{p['name']}` preset\n",
            f"{p['description']}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order "
-           f"for both models). DIFF: {arms['diff']['parameters']:,} parameters; baseline: "
-           f"{arms['baseline']['parameters']:,}. {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. "
+           f"for every model). " + "; ".join(f"{a}: {v['parameters']:,} parameters" for a, v in arms.items())
+           + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. "
            f"{_execution(results)}Wall time of this invocation: {results['wall_s']:.0f} s (parts already stored are "
            "not redone).\n",
            "**Scale.** The paper's numbers below come from 3B-parameter models; these models are orders of magnitude "
@@ -40,6 +40,8 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
                + (" (listed above)." if found else ".")
                + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "") + "\n")
+    if results.get("arm_comparisons"):
+        out.append(render_arms(results))
     for name, task in TASKS.items():
         if name in results["tasks"]:
             out.append(task.report(ctx))
@@ -49,6 +51,33 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     v = results["versions"]
     out.append(f"\n---\ndifftx {v['difftx']}, torch {v['torch']}, Python {v['python']}, {v['platform']}. "
                "Every number is in `results.json`.\n")
+    return "\n".join(out)
+
+
+def render_arms(results: dict) -> str:
+    """Every arm side by side (one column each, means over seeds), then each pair's verdicts: the
+    primary ones and those that survive Holm adjustment over all pairs."""
+    from ..config import ARMS
+
+    arms = list(results["arms"])
+    out = ["## Arms\n", "Every arm trains on the same batches from the same initial values of its same-named "
+           "parameters. Holm adjustment runs over the comparisons of every pair below and DIFF vs baseline.\n",
+           table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a, "")] for a in arms],
+                 ["arm", "parameters", "what it is"])]
+    rows = []
+    for key, c in results["comparison"].items():
+        if c.get("peer"):  # read against the other arm of a pair: no single value per arm
+            continue
+        means = dict(c["means"])
+        for comps in results["arm_comparisons"].values():
+            means.update(comps[key]["means"] if key in comps else {})
+        rows.append([c["label"]] + [fmt(means.get(a), c.get("digits", 3)) for a in arms])
+    out.append("Means over seeds (intervals, per-seed values and every paired difference are in `results.json`):\n")
+    out.append(table(rows, ["metric", *arms]))
+    for pair, comps in results["arm_comparisons"].items():
+        lines = [c["verdict"] + (" (primary)" if c["primary"] else "") for c in comps.values()
+                 if c["primary"] or c.get("better")]
+        out.append(f"**{pair}**\n\n" + "\n".join(f"- {v}" for v in lines) + "\n")
     return "\n".join(out)
 
 

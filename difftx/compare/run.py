@@ -36,8 +36,9 @@ from .presets import ComparePreset, get_preset
 from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
 from .train import train_model
 
-# preset fields that change how a comparison runs, not what it computes: a resume may change them
-EXECUTION_FIELDS = ("workers", "threads", "device", "description")
+# preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
+# trains (each arm's models live in their own folders)
+EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms")
 
 
 def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
@@ -196,7 +197,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons.
     ``preset`` is recorded as given; ``plan`` is what it resolved to."""
     from ..tasks import TASKS, settings_to_dict
-    from .summary import paired_comparisons
+    from .summary import all_comparisons, pair_key
 
     settings = plan.tasks
     runs: dict = {}
@@ -224,7 +225,9 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         "runs": runs,
         "null_reasons": {},
     }
-    results["comparison"] = paired_comparisons(results, settings)
+    comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
+    results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
+    results["arm_comparisons"] = comparisons
     return results
 
 

@@ -96,6 +96,13 @@ def validate_results(results: dict) -> None:
                     raise ValueError(f"results.json: runs.{s}.{arm}.tasks lacks {name!r}")
     if not results["comparison"]:
         raise ValueError("results.json: comparison is empty")
+    for pair, comps in results.get("arm_comparisons", {}).items():
+        for key, c in comps.items():
+            where = f"arm_comparisons.{pair}.{key}"
+            if "paired" not in c or "verdict" not in c or len(c.get("arms", ())) != 2:
+                raise ValueError(f"results.json: {where} lacks its arms, paired estimate or verdict")
+            if any(len(c["values"][a]) != len(results["seeds"]) for a in c["arms"]):
+                raise ValueError(f"results.json: {where} needs one value per seed and arm")
     for key, c in results["comparison"].items():
         _check(c, COMPARISON_KEYS, f"comparison.{key}")
         if len(c["diff"]) != len(results["seeds"]) or len(c["baseline"]) != len(results["seeds"]):

@@ -43,19 +43,62 @@ def _examples(metric, results: list[dict]) -> Optional[tuple[np.ndarray, list[st
     return np.asarray(rows, dtype=np.float64), (groups or [metric.key] * len(rows[0]))
 
 
+def pairs(arms) -> list[tuple[str, str]]:
+    """The comparisons of a set of arms: DIFF vs the baseline first, then every other arm vs the
+    baseline, then DIFF vs every other arm (``(a, b)``: the difference is ``a - b``)."""
+    others = [a for a in arms if a not in ("diff", "baseline")]
+    return [("diff", "baseline")] + [(a, "baseline") for a in others] + [("diff", a) for a in others]
+
+
+def pair_key(a: str, b: str) -> str:
+    return f"{a} vs {b}"
+
+
 def paired_comparisons(results: dict, settings: dict) -> dict:
-    """``{metric key: comparison}`` over the tasks in ``settings`` (``{task: Settings}``): per-seed
-    ``diff`` and ``baseline`` values, each arm's mean with its interval, the paired estimate
-    (``paired``), the learning gate (``gated``: ``None`` or why it was not compared), the
-    Holm-adjusted p-value within its family (``family``: primary or exploratory) and the verdict.
+    """``{metric key: comparison}`` of DIFF vs the baseline over the tasks in ``settings``
+    (``{task: Settings}``); see :func:`all_comparisons`."""
+    return all_comparisons(results, settings)[pair_key("diff", "baseline")]
+
+
+def all_comparisons(results: dict, settings: dict) -> dict:
+    """``{"A vs B": {metric key: comparison}}`` for every pair of :func:`pairs` of the arms in
+    ``results``: per-seed values of both arms (``values``), each arm's mean with its interval
+    (``means``, ``cis``), the paired estimate of A - B (``paired``), the learning gate (``gated``:
+    ``None`` or why it was not compared), the Holm-adjusted p-value within its family over *every*
+    pair (``family``: primary or exploratory) and the verdict. DIFF vs baseline also carries the flat
+    fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
     A metric missing for any model (not measured, not meaningful) is left out."""
+    out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
+    everything = [c for comps in out.values() for c in comps.values()]
+    for family in ("primary", "exploratory"):
+        chosen = [c for c in everything if c["family"] == family and c["gated"] is None
+                  and c["paired"]["p_value"] is not None]
+        for c, p in zip(chosen, holm([c["paired"]["p_value"] for c in chosen])):
+            c["p_adjusted"] = p
+    for c in everything:
+        m, est = c.pop("_metric"), c.pop("_est")
+        a, b = c["arms"]
+        names = (ARM_NAMES.get(a, a), ARM_NAMES.get(b, b))
+        c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
+                        verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
+                                alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names))
+        c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
+                       (a if (est.mean < 0) == m.lower_is_better else b))
+    return out
+
+
+ARM_NAMES = {"diff": "DIFF", "baseline": "baseline"}
+
+
+def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
+    """The comparisons of arm ``a`` against arm ``b`` before the Holm adjustment."""
     seeds = [str(s) for s in results["seeds"]]
     found: list = []
     for name, s in settings.items():
         for m in TASKS[name].metrics(s):
-            per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in ("diff", "baseline")}
+            per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in (a, b)}
             if m.peer:  # read against the other model of the same seed
-                peers = {"diff": per["baseline"], "baseline": per["diff"]}
+                peers = {a: per[b], b: per[a]}
                 vals = {arm: [_finite(_value(lambda r, q=q: m.get(r, q), r)) for r, q in zip(rs, peers[arm])]
                         for arm, rs in per.items()}
             else:
@@ -69,7 +112,7 @@ def paired_comparisons(results: dict, settings: dict) -> dict:
     learned = {"any": {}, "all": {}}
     for _, m, vals, ex, _ in found:
         if m.floor is not None:
-            lows = [mean_interval(vals[a], None if ex is None else ex[a][0])[1] for a in ("diff", "baseline")]
+            lows = [mean_interval(vals[x], None if ex is None else ex[x][0])[1] for x in (a, b)]
             above = [lo is not None and lo > m.floor for lo in lows]
             learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
@@ -79,31 +122,21 @@ def paired_comparisons(results: dict, settings: dict) -> dict:
         if m.gated_by is not None and not learned[m.gate].get(m.gated_by, True):
             gated = missing
         if ex is not None and gated is None:
-            keep = [learned[m.gate].get(g, True) for g in ex["diff"][1]]
+            keep = [learned[m.gate].get(g, True) for g in ex[a][1]]
             if not any(keep):
                 gated = missing
             elif not all(keep):  # leave out the examples of cells no model learned; re-derive the seed values
-                ex = {a: (ex[a][0][:, keep], [g for g, k in zip(ex[a][1], keep) if k]) for a in ex}
-                vals = {a: ex[a][0].mean(1).tolist() for a in ex}
-        arrays = {a: None if ex is None else ex[a][0] for a in ("diff", "baseline")}
-        est = paired_estimate(vals["diff"], vals["baseline"], diff_examples=arrays["diff"],
-                              baseline_examples=arrays["baseline"])
-        arm_ci = {a: mean_interval(vals[a], arrays[a]) for a in ("diff", "baseline")}
-        out[m.key] = {"task": name, **m.describe(), "diff": vals["diff"], "baseline": vals["baseline"],
-                      "diff_mean": arm_ci["diff"][0], "diff_ci": list(arm_ci["diff"][1:]),
-                      "baseline_mean": arm_ci["baseline"][0], "baseline_ci": list(arm_ci["baseline"][1:]),
-                      "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",
-                      "examples_used": est.n_examples, "p_adjusted": None, "_est": est, "_metric": m}
-    for family in ("primary", "exploratory"):
-        keys = [k for k, c in out.items() if c["family"] == family and c["gated"] is None
-                and c["paired"]["p_value"] is not None]
-        for k, p in zip(keys, holm([out[k]["paired"]["p_value"] for k in keys])):
-            out[k]["p_adjusted"] = p
-    for c in out.values():
-        m, est = c.pop("_metric"), c.pop("_est")
-        c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
-                        verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
-                                alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1)))
-        c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
-                       ("diff" if (est.mean < 0) == m.lower_is_better else "baseline"))
+                ex = {x: (ex[x][0][:, keep], [g for g, k in zip(ex[x][1], keep) if k]) for x in ex}
+                vals = {x: ex[x][0].mean(1).tolist() for x in ex}
+        arrays = {x: None if ex is None else ex[x][0] for x in (a, b)}
+        est = paired_estimate(vals[a], vals[b], diff_examples=arrays[a], baseline_examples=arrays[b])
+        arm_ci = {x: mean_interval(vals[x], arrays[x]) for x in (a, b)}
+        c = {"task": name, **m.describe(), "arms": [a, b], "values": vals,
+             "means": {x: arm_ci[x][0] for x in (a, b)}, "cis": {x: list(arm_ci[x][1:]) for x in (a, b)},
+             "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",
+             "examples_used": est.n_examples, "p_adjusted": None, "_est": est, "_metric": m}
+        if (a, b) == ("diff", "baseline"):
+            c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": arm_ci[a][0], "diff_ci": list(arm_ci[a][1:]),
+                      "baseline_mean": arm_ci[b][0], "baseline_ci": list(arm_ci[b][1:])})
+        out[m.key] = c
     return out

@@ -258,13 +258,13 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 
 
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
-            alpha: float = 0.05, unit: str = "", digits: int = 3) -> str:
-    """A plain sentence: "DIFF better/worse" only where the (adjusted) test rejects at ``alpha``,
-    otherwise "no detectable difference" with the range of differences the interval allows;
-    always "at this scale and budget"."""
+            alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline")) -> str:
+    """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (adjusted)
+    test rejects at ``alpha``, otherwise "no detectable difference" with the range of differences
+    the interval allows; always "at this scale and budget"."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
-    head = f"{metric}: DIFF - baseline = {f.format(est.mean)}{u}"
+    head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
     if est.low is None:
         return head + " (one seed: no interval, so no conclusion)"
     p = est.p_value if adjusted_p is None else adjusted_p
@@ -273,6 +273,6 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
           f"{' adjusted' if adjusted_p is not None else ''})")
     if p < alpha:
         better = "better" if (est.mean < 0) == lower_is_better else "worse"
-        return head + ci + f": DIFF is {better} at this scale and budget"
+        return head + ci + f": {names[0]} is {better} at this scale and budget"
     return (head + ci + f": no detectable difference at this scale and budget; the interval allows anything from "
             f"{f.format(est.low)} to {f.format(est.high)}{u}")

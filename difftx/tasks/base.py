@@ -65,7 +65,7 @@ class Metric:
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,
                 "primary": self.primary, "floor": self.floor,
-                "digits": self.digits}
+                "digits": self.digits, "peer": self.peer}
 
 
 def setting(default: Any, help: str, parse: Optional[Callable[[str], Any]] = None) -> Any:
