@@ -24,10 +24,10 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-# `difftx compare --preset cpu --seeds 3`: DIFF vs its matched baseline over 3 paired seeds, all evaluations,
-# report in runs/demo/ (10-15 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
+# `difftx compare --preset cpu --seeds 5`: DIFF vs its matched baseline over 5 paired seeds, all evaluations,
+# report in runs/demo/ (under 20 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
 demo: $(STAMP)
-	$(VENV)/bin/difftx compare --preset cpu --seeds 3 --out runs/demo
+	$(VENV)/bin/difftx compare --preset cpu --seeds 5 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"
 
 test: $(STAMP)

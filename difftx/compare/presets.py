@@ -214,12 +214,12 @@ PRESETS: dict[str, ComparePreset] = {
                "quant": {"bits": (8, 3), "cells": ((1, 1), (2, 2)), "needle_samples": 1, "lm_windows": 2,
                          "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
-    # the make-demo default (3 seeds): 10-15 minutes on 2 CPU cores (14:17 measured), two models side by side
+    # the make-demo default (5 seeds, two models side by side on 2 CPU cores; see docs/compare.md "Measured")
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
-                                "3-5 min per seed on 2 CPU cores",
-        dim=64, n_layers=2, n_heads=2, context_len=64, steps=7500, batch_size=16, lr=3e-3, min_lr=3e-4,
-        warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=500, probe_samples=10,
+                                "about 4 min per seed on 2 CPU cores",
+        dim=64, n_layers=2, n_heads=2, context_len=64, steps=5500, batch_size=16, lr=3e-3, min_lr=3e-4,
+        warmup_steps=300, lm_every=8, lm_seq_len=128, icl_every=4, probe_every=250, probe_samples=10,
         threads=1, workers=2,
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 10},
                "lm": {"windows": 512, "extrapolation_windows": 32}, "outliers": {"tokens": 4096},
