@@ -1,6 +1,7 @@
-"""Paired DIFF - baseline comparisons of every metric the registered tasks declare: intervals
-over seeds (and examples, where a metric has per-example values), learning gates, and Holm
-adjustment within the primary and the exploratory family (``docs/compare.md``, "Statistics")."""
+"""Paired comparisons of every metric the registered tasks declare, for DIFF vs the baseline and
+for every other arm (vs the baseline, and DIFF vs it): intervals over seeds (and examples, where a
+metric has per-example values), learning gates, and Holm adjustment over all pairs within the
+primary and the exploratory family (``docs/compare.md``, "Statistics")."""
 
 from __future__ import annotations
 
