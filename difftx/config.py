@@ -249,6 +249,8 @@ ARMS: dict[str, str] = {
     "diff_v2": "DIFF V2 with 2H output heads of width d (4H query heads, 2Hkv kv heads): its baseline is 'baseline'",
     "gated": "the baseline's heads with an elementwise output gate sigmoid(x W_g), W_g: D -> 2H·d (Qiu et al. 2025)",
     "gated_headwise": "the baseline's heads with a head-wise output gate, W_g: D -> 2H",
+    "gated_matched": "the elementwise-gated arm with a narrower SwiGLU (hidden width less D·2H·d / 3D), so that "
+                     "its parameter count matches the baseline's to within one hidden unit per layer",
     "no_subtraction": "DIFF with lambda fixed at 0: the second map is not subtracted (no lambda parameters)",
     "diff_no_head_norm": "DIFF without the per-head RMSNorm (paper Table 6)",
     "diff_lambda_0.8": "DIFF with a constant lambda_init = 0.8 (paper Table 6)",
@@ -265,7 +267,7 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
     "paper-ablations": ("baseline", "baseline_wide", "baseline_wide_head_norm", "diff", "diff_no_head_norm",
                         "diff_lambda_0.8", "diff_lambda_0.5", "baseline_head_norm"),
     # other ways to remove attention noise, and the control that removes DIFF's subtraction
-    "alternatives": ("baseline", "diff", "diff_v2", "gated", "gated_headwise", "no_subtraction"),
+    "alternatives": ("baseline", "diff", "diff_v2", "gated", "gated_matched", "gated_headwise", "no_subtraction"),
     "all": tuple(ARMS),
 }
 
@@ -294,6 +296,9 @@ def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
         "diff_v2": lambda: base.replace(attention="diff_v2", n_heads=2 * H, n_kv_heads=2 * Hkv, **_PLAIN),
         "gated": lambda: baseline.replace(attention="gated", gate="elementwise"),
         "gated_headwise": lambda: baseline.replace(attention="gated", gate="headwise"),
+        # the gate's D x 2H*d weights paid for by round(2H*d / 3) fewer SwiGLU hidden units (3 D each)
+        "gated_matched": lambda: baseline.replace(attention="gated", gate="elementwise",
+                                                  ffn_hidden=base.hidden_dim - round(2 * H * base.head_dim / 3)),
         "no_subtraction": lambda: base.replace(subtract=False),
         "diff_no_head_norm": lambda: base.replace(head_norm=False),
         "diff_lambda_0.8": lambda: base.replace(lambda_init=0.8),

@@ -372,6 +372,7 @@ TINY_COUNTS = {
     "diff_no_head_norm": (139_712, 2 * 4 * 16), "diff_lambda_0.8": (139_776, 192), "diff_lambda_0.5": (139_776, 192),
     "baseline_head_norm": (139_616, 2 * 16), "baseline_wide": (139_584, 0),
     "baseline_wide_head_norm": (139_648, 2 * 32),
+    "gated_matched": (139_712, 2 * 64 * 4 * 16),  # gate +8,192, SwiGLU 192 -> 171 hidden units: -8,064
 }
 
 
@@ -388,6 +389,7 @@ def test_every_arm_builds_with_the_documented_parameter_count(base):
         "baseline": 0, "diff": 6 * d, "diff_v2": D * 2 * H * d + D * 2 * H, "gated": D * 2 * H * d,
         "gated_headwise": D * 2 * H, "no_subtraction": 2 * d, "diff_no_head_norm": 4 * d, "diff_lambda_0.8": 6 * d,
         "diff_lambda_0.5": 6 * d, "baseline_head_norm": d, "baseline_wide": 0, "baseline_wide_head_norm": 2 * d,
+        "gated_matched": D * 2 * H * d,
     }
     n_baseline = Transformer(baseline_config(base)).num_parameters()
     for arm in ARMS:
@@ -396,7 +398,9 @@ def test_every_arm_builds_with_the_documented_parameter_count(base):
         n = model.num_parameters()
         delta = n - Transformer(baseline_config(cfg)).num_parameters()
         assert delta == L * expected_delta[arm] == L * sum(r[1] for r in attention_parameter_delta(cfg)), arm
-        if arm not in ("baseline_wide", "baseline_wide_head_norm"):
+        if arm == "gated_matched":  # its narrower MLP pays for the gate: within one hidden unit (3 D) per layer
+            assert abs(n - n_baseline) <= L * 3 * D and cfg.hidden_dim < base.hidden_dim
+        elif arm not in ("baseline_wide", "baseline_wide_head_norm"):
             assert baseline_config(cfg) == baseline_config(base), arm  # one shared baseline
         else:
             assert n - n_baseline == L * expected_delta[arm], arm  # H heads of 2d: the baseline's count

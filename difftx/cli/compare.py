@@ -27,8 +27,8 @@ def register(sub) -> None:
     p.add_argument("--arms", default=None, metavar="ARMS",
                    help="the arms trained for every seed: comma-separated names (baseline and diff always "
                         "included) or a named set: default (baseline,diff), paper-ablations (paper Table 6), "
-                        "alternatives (diff_v2, gated, gated_headwise, no_subtraction), all; see `difftx info "
-                        "--arms`")
+                        "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), all; see "
+                        "`difftx info --arms`")
     p.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
