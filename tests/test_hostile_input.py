@@ -159,8 +159,10 @@ def test_ctrl_c_during_start_up_in_a_real_process():
     assert light.stdout.strip() == "False"
     interrupted = 0
     for delay in (0.1, 0.3, 0.5, 0.8, 1.2):
+        # a job started in the background inherits SIGINT ignored: give the child the default disposition
         proc = subprocess.Popen([sys.executable, "-m", "difftx", "info", "tiny"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
