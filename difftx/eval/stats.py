@@ -7,12 +7,15 @@ and every model is scored on the same evaluation examples. A metric's paired dif
 (windows, prompts, episodes), and the estimate is its grand mean. Two sources of noise enter
 it: which seeds were drawn (training noise) and which examples were drawn (evaluation-set noise,
 shared by every seed because the examples are the same). With the two-way decomposition
-``D = mu + a_s + b_i + e_si`` (mean squares ``MS_seed``, ``MS_example``, ``MS_residual``), the
-variance of the mean is ``sigma_a^2/n + sigma_b^2/m + sigma_e^2/(n m)``, estimated component
-by component; the interval's half-width scales each component by the t quantile of its own
-degrees of freedom (``n-1``, ``m-1``, ``(n-1)(m-1)``), a conservative rule (Banerjee's) that
-keeps its nominal coverage when one component has very few degrees of freedom, as the seed
-component does at 3 seeds (the usual Satterthwaite interval covers about 0.92 there).
+``D = mu + a_s + b_i + e_si``, the variance of the mean is ``sigma_a^2/n + sigma_b^2/m +
+sigma_e^2/(n m)``. It is estimated in two parts: the seed part, the variance of the seeds' row
+means over ``n`` (which holds ``sigma_a^2/n + sigma_e^2/(n m)``, ``n-1`` degrees of freedom), and
+the example part, ``(MS_example - MS_residual)/(n m)`` (``m-1``). The interval's half-width
+scales each part by the t quantile of its own degrees of freedom, a conservative rule
+(Banerjee's) that keeps its nominal coverage when one part has very few degrees of freedom, as
+the seed part does at 2-3 seeds. (An earlier version split the residual off the seed part; when
+a few seeds agreed by chance, the seed part collapsed to 0 and a large-sample quantile was left
+on a small-sample estimate: two seeds at a ceiling read as p = 5e-6.)
 Metrics without per-example values (extremes, a training step) get the paired t-interval over
 seeds (``n-1`` degrees of freedom). The p-value is the level at which the interval just reaches
 0. An exact sign-flip (randomisation) p-value over the seeds' differences is reported beside
@@ -137,16 +140,23 @@ class PairedEstimate:
 
 
 def _components(D: np.ndarray) -> list[tuple[float, float]]:
-    """``[(variance contribution to the mean, degrees of freedom)]`` of an ``(n, m)`` table."""
+    """``[(variance contribution to the mean, degrees of freedom)]`` of an ``(n, m)`` table.
+
+    The seed part is the variance of the seeds' row means over ``n`` (it holds the seed effect and
+    the seed-by-example noise averaged over the row), with ``n - 1`` degrees of freedom; the example
+    part is the example effect shared by every seed (the same examples for all), from the two-way
+    mean squares, with ``m - 1``. Not splitting the seed part further keeps it from collapsing to 0
+    when a few seeds happen to agree (two seeds at a ceiling), which would leave a large-sample
+    quantile on what is a small-sample estimate."""
     n, m = D.shape
+    rows = D.mean(1)
+    seed = (float(rows.var(ddof=1)) / n, n - 1)
     if m == 1:
-        return [(float(D[:, 0].var(ddof=1)) / n, n - 1)]
-    gm, rows, cols = D.mean(), D.mean(1), D.mean(0)
-    ms_s = m * float(((rows - gm) ** 2).sum()) / (n - 1)
+        return [seed]
+    gm, cols = D.mean(), D.mean(0)
     ms_e = n * float(((cols - gm) ** 2).sum()) / (m - 1)
     ms_r = float(((D - rows[:, None] - cols[None, :] + gm) ** 2).sum()) / ((n - 1) * (m - 1))
-    nm = n * m
-    return [(max(ms_s - ms_r, 0.0) / nm, n - 1), (max(ms_e - ms_r, 0.0) / nm, m - 1), (ms_r / nm, (n - 1) * (m - 1))]
+    return [seed, (max(ms_e - ms_r, 0.0) / (n * m), m - 1)]
 
 
 def _half_width(parts: list[tuple[float, float]], alpha: float) -> float:
