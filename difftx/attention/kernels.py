@@ -100,7 +100,7 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
         logits = logits_fn(logits)
     probs = torch.softmax(logits, dim=-1)
     # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
-    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)
+    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], lam, value=-1)
     effv = (eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s)
     if vg.dim() == 4:
         out = torch.matmul(effv, vg).view(B, Hkv, R, t, -1)
