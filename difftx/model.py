@@ -70,7 +70,8 @@ class KVCache:
         self.layers: list[LayerKV] = []
         for block in model.layers:
             k_shape, v_shape = block.attn.cache_shapes()
-            self.layers.append(LayerKV.empty(batch_size, max_len, k_shape, v_shape, device=device, dtype=dtype))
+            self.layers.append(LayerKV.empty(batch_size, max_len, k_shape, v_shape, device=device, dtype=dtype,
+                                             v_parts=block.attn.cache_value_parts(device)))
 
 
 class Transformer(nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftx import KVCache, Transformer
-from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, StandardAttention, kernels
+from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, kernels
 from difftx.attention.modules import _HeadNorm, _Lambda
 from difftx.config import ModelConfig, baseline_config
 
@@ -206,3 +206,91 @@ def test_inference_lambda_is_cached_until_a_parameter_changes():
     torch.testing.assert_close(third, m.lambda_full().detach())
     assert not torch.equal(third, second)
     assert m.lambda_full().requires_grad  # training still differentiates through lambda
+
+
+# --- issue 16, decode: DIFF V1's value cache kept as two contiguous d-wide halves per group on CPU ---
+
+
+@pytest.mark.parametrize("R", [1, 2])
+def test_eager_reads_split_values_like_whole_rows(R):
+    """``eager`` on split values ``(B, S, Hkv, 2, d)`` (strided, as the cache hands them over) equals
+    ``eager`` on the joined ``(B, S, Hkv, 2d)`` values: decode and multi-row calls, maps included."""
+    torch.manual_seed(0)
+    B, S, Hkv, d = 3, 9, 2, 4
+    for T in (1, 3):
+        q = torch.randn(B, T, 2 * Hkv * R, d, dtype=torch.float64)
+        k = torch.randn(B, S, 2 * Hkv, d, dtype=torch.float64)
+        store = torch.randn(B, 2 * Hkv, S + 2, d, dtype=torch.float64)[:, :, :S]  # a cache buffer's prefix
+        v_split = store.unflatten(1, (Hkv, 2)).permute(0, 3, 1, 2, 4)  # (B, S, Hkv, 2, d), a view
+        v_joined = v_split.flatten(3)  # (B, S, Hkv, 2d), a copy
+        key_valid = torch.ones(B, S, dtype=torch.bool)
+        key_valid[1, :2] = False
+        mask = AttentionMask(key_valid=key_valid, q_offset=S - T)
+        lam = torch.tensor(0.37, dtype=torch.float64)
+        out, maps = kernels.eager(q, k, v_split, lam, mask, d ** -0.5, return_maps=True)
+        ref, ref_maps = kernels.eager(q, k, v_joined, lam, mask, d ** -0.5, return_maps=True)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(maps.effective, ref_maps.effective, rtol=0, atol=0)
+        assert kernels.eager.split_values and not getattr(kernels.chunked, "split_values", False)
+
+
+def test_diff_cache_stores_value_halves_on_cpu_and_baseline_layout_is_unchanged():
+    cfg = ModelConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, max_seq_len=32)
+    diff, base = Transformer(cfg).eval(), Transformer(baseline_config(cfg)).eval()
+    d = cfg.head_dim
+    tokens = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        cache = KVCache(diff, 2, 8)
+        diff(tokens, cache=cache)
+        lay, attn = cache.layers[0], diff.layers[0].attn
+        assert lay.v_parts == 2 and lay.v.shape == (2, 2, 8, d)  # (B, 2*Hkv, S_max, d)
+        assert lay.v.numel() == 2 * 1 * 8 * 2 * d  # the same bytes as the whole-row layout
+        x = diff.layers[0].attn_norm(diff.tok_embeddings(tokens))
+        v = attn.v_proj(x).view(2, 5, 1, 2 * d)  # (B, T, Hkv, 2d)
+        torch.testing.assert_close(lay.v[:, 0, :5], v[:, :, 0, :d])
+        torch.testing.assert_close(lay.v[:, 1, :5], v[:, :, 0, d:])
+        bcache = KVCache(base, 2, 8)
+        assert bcache.layers[0].v_parts == 1 and bcache.layers[0].v.shape == (2, 2, 8, d)
+    assert attn.cache_value_parts(torch.device("cpu")) == 2
+    assert attn.cache_value_parts(torch.device("meta")) == 1  # GPU kernels read whole rows
+    with pytest.raises(ValueError, match="v_parts"):
+        LayerKV.empty(1, 4, (2, 4), (1, 6), v_parts=4)
+
+
+_DECODE_VARIANTS = {
+    "diff": {},
+    "diff_nosub": dict(subtract=False),
+    "diff_nonorm": dict(head_norm=False),
+    "diff_v2": dict(attention="diff_v2"),
+    "standard": dict(attention="standard"),
+}
+
+
+@pytest.mark.parametrize("variant", list(_DECODE_VARIANTS))
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("n_kv", [2, 1])
+@pytest.mark.parametrize("backend", [None, "chunked", "sdpa"])
+def test_cached_decoding_with_split_value_cache_matches_eager_full_forward(variant, batch, n_kv, backend):
+    """Prefill, a 3-token continuation and single-token steps through the cache (its split values
+    read in place by ``eager``, joined for the other kernels) equal the uncached ``eager`` forward,
+    with left padding of different lengths per row, with and without GQA."""
+    torch.manual_seed(batch + 10 * n_kv)
+    cfg = ModelConfig(**{**dict(vocab_size=50, dim=32, n_layers=2, n_heads=2, n_kv_heads=n_kv, max_seq_len=32),
+                         **_DECODE_VARIANTS[variant]})
+    model = Transformer(cfg).double().eval()
+    L = 14
+    tokens = torch.randint(1, 50, (batch, L))
+    pad = torch.arange(batch) % 4  # left padding: 0..3 tokens per row
+    mask = (torch.arange(L)[None] >= pad[:, None]).long()  # (B, L)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = model(tokens, positions=positions, attention_mask=mask, backend="eager")
+        cache = KVCache(model, batch, 16)
+        pieces, t = [], 0
+        for n in (6, 3, 1, 1, 1, 1, 1):
+            pieces.append(model(tokens[:, t:t + n], positions=positions[:, t:t + n], attention_mask=mask[:, :t + n],
+                                cache=cache, backend=backend))
+            t += n
+    assert t == L and cache.length == L
+    valid = mask.bool()
+    torch.testing.assert_close(torch.cat(pieces, 1)[valid], full[valid], rtol=1e-10, atol=1e-11)

@@ -16,6 +16,11 @@ groups, ``R = H // Hkv`` heads per group, ``d`` query/key width, ``C`` maps per 
   value ``g`` with ``g = h // R``. Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)``; the
   per-head norm is the module's job.
 
+Split values: a KV cache may hold each value row as ``P`` contiguous pieces (``LayerKV`` with
+``v_parts``) and hand over ``v (B, S, Hkv, P, dv / P)``; a kernel whose ``split_values``
+attribute is true (``eager``) reads that form directly, every other kernel gets the joined
+``(B, S, Hkv, dv)`` values from the module.
+
 Softmax and ``lam`` are applied in float32 (float64 for float64 inputs) whatever the input dtype. ``eager`` is the
 oracle every other kernel is tested against; with ``return_maps=True`` it also returns an
 :class:`AttentionMaps` (pre-softmax logits and maps) for analysis.
@@ -59,7 +64,7 @@ class AttentionMaps:
 
 def _group_views(q: Tensor, k: Tensor, v: Tensor, diff: bool):
     """Arrange inputs by kv group: q -> (B, Hkv, C, R, T, d), k -> (B, Hkv, C, S, d),
-    v -> (B, Hkv, S, dv). Views only (no copies)."""
+    v -> (B, Hkv, S, dv), or split values ``(B, S, Hkv, P, e)`` -> (B, Hkv, P, S, e). Views only (no copies)."""
     C = 2 if diff else 1
     B, T, HC, d = q.shape
     S = k.shape[1]
@@ -67,7 +72,7 @@ def _group_views(q: Tensor, k: Tensor, v: Tensor, diff: bool):
     R = HC // (C * Hkv)
     qg = q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 3, 1, 5)  # (B, Hkv, C, R, T, d)
     kg = k.view(B, S, Hkv, C, d).permute(0, 2, 3, 1, 4)  # (B, Hkv, C, S, d)
-    vg = v.transpose(1, 2)  # (B, Hkv, S, dv)
+    vg = v.transpose(1, 2) if v.dim() == 4 else v.permute(0, 2, 3, 1, 4)  # (B, Hkv, S, dv) / (B, Hkv, P, S, e)
     return qg, kg, vg
 
 
@@ -75,11 +80,12 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
           logits_fn: Optional[Callable[[Tensor], Tensor]] = None):
     """Materialised attention for one block of query rows.
 
-    qg (B, Hkv, C, R, t, d), kg (B, Hkv, C, s, d), vg (B, Hkv, s, dv), allowed (B|1, t, s).
+    qg (B, Hkv, C, R, t, d), kg (B, Hkv, C, s, d), vg (B, Hkv, s, dv) or split (B, Hkv, P, s, dv / P),
+    allowed (B|1, t, s).
     ``logits_fn``: applied to the scaled, masked float32 logits before the softmax (an analysis
     hook, e.g. low-bit quantisation; it sees the (B, Hkv, C, R, t, s) layout).
-    Returns out (B, Hkv, R, t, dv) and the float32 logits, probs (B, Hkv, C, R, t, s) and
-    effective map (B, Hkv, R, t, s).
+    Returns out (B, Hkv, R, t, dv) (split values: a (B, Hkv, R, t, P, dv / P) view) and the float32
+    logits, probs (B, Hkv, C, R, t, s) and effective map (B, Hkv, R, t, s).
     """
     B, Hkv, C, R, t, d = qg.shape
     s = kg.shape[-2]
@@ -94,15 +100,21 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
         logits = logits_fn(logits)
     probs = torch.softmax(logits, dim=-1)
     # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
-    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], -lam)
-    out = torch.matmul((eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s), vg)
-    return out.view(B, Hkv, R, t, -1), logits, probs, eff
+    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], lam, value=-1)
+    effv = (eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s)
+    if vg.dim() == 4:
+        out = torch.matmul(effv, vg).view(B, Hkv, R, t, -1)
+    else:  # split values: one e-wide product per piece over contiguous rows, the pieces side by side
+        P, e = vg.shape[2], vg.shape[-1]
+        out = torch.matmul(effv[:, :, None], vg)  # (B, Hkv, P, R*t, e)
+        out = out.view(B, Hkv, P, R, t, e).permute(0, 1, 3, 4, 2, 5)  # (B, Hkv, R, t, P, e), a view
+    return out, logits, probs, eff
 
 
 def _merge_heads(out: Tensor) -> Tensor:
-    """(B, Hkv, R, T, dv) -> (B, T, H, dv)."""
-    B, Hkv, R, T, dv = out.shape
-    return out.permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, dv)
+    """(B, Hkv, R, T, dv) -> (B, T, H, dv); split (B, Hkv, R, T, P, e) -> (B, T, H, P*e). One copy."""
+    B, Hkv, R, T = out.shape[:4]
+    return out.transpose(2, 3).transpose(1, 2).reshape(B, T, Hkv * R, -1)
 
 
 def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False,
@@ -119,6 +131,9 @@ def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = F
     # sub-head order of the projections: head h = g*R + r, component c -> index (h*C + c)
     to_proj = lambda x: x.permute(0, 1, 3, 2, 4, 5).reshape(B, Hkv * R * C, T, S)  # noqa: E731
     return out, AttentionMaps(to_proj(logits), to_proj(probs), eff.reshape(B, Hkv * R, T, S))
+
+
+eager.split_values = True  # reads a cache's split value rows in place (see the module doc)
 
 
 # Query rows per block in the chunked kernel (see ``chunked``); 128 measured best on CPU.

@@ -128,28 +128,46 @@ class LayerKV:
     Stored head-major, ``(B, heads, S_max, width)``, and handed to kernels as ``(B, S, heads, width)``
     views: each head's keys are then one strided matrix, so a kernel's batched matmul reads the
     cache in place instead of copying it on every decoding step.
+
+    ``v_parts > 1`` stores each value row as that many contiguous pieces of ``width / v_parts``:
+    the value buffer is ``(B, heads * v_parts, S_max, width / v_parts)`` and :meth:`update` hands
+    the values to kernels as a ``(B, S, heads, v_parts, width / v_parts)`` view. DIFF V1 uses
+    ``v_parts=2`` on CPU (its ``2d``-wide value as two ``d``-wide halves, the baseline's layout),
+    so that a decoding step's ``A V`` is ``d``-wide matrix-vector products over contiguous rows;
+    kernels that do not read this form get the joined ``(B, S, heads, width)`` values (a copy).
     """
 
-    def __init__(self, k: Tensor, v: Tensor):
-        self.k, self.v = k, v  # (B, heads, S_max, width)
+    def __init__(self, k: Tensor, v: Tensor, v_parts: int = 1):
+        self.k, self.v = k, v  # (B, heads, S_max, width); v: (B, heads * v_parts, S_max, width / v_parts)
+        self.v_parts = v_parts
 
     @classmethod
     def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,
-              dtype=None) -> "LayerKV":
-        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``."""
+              dtype=None, v_parts: int = 1) -> "LayerKV":
+        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``,
+        the values stored in ``v_parts`` contiguous pieces per row (see the class)."""
         (kh, kd), (vh, vd) = k_shape, v_shape
+        if v_parts < 1 or vd % v_parts:
+            raise ValueError(f"v_parts: {v_parts} does not divide the value width {vd}")
         return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
-                   torch.zeros(batch, vh, max_len, vd, device=device, dtype=dtype))
+                   torch.zeros(batch, vh * v_parts, max_len, vd // v_parts, device=device, dtype=dtype), v_parts)
 
     def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
-        as ``(B, S, heads, width)`` views."""
+        as ``(B, S, heads, width)`` views (values ``(B, S, heads, v_parts, width / v_parts)`` when
+        ``v_parts > 1``)."""
         end = pos + k.shape[1]
         if end > self.k.shape[2]:
             raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
         self.k[:, :, pos:end] = k.transpose(1, 2)
-        self.v[:, :, pos:end] = v.transpose(1, 2)
-        return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
+        P = self.v_parts
+        if P == 1:
+            self.v[:, :, pos:end] = v.transpose(1, 2)
+            return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
+        B, T, H, w = v.shape
+        self.v[:, :, pos:end] = v.reshape(B, T, H * P, w // P).transpose(1, 2)
+        vs = self.v[:, :, :end]  # (B, H*P, S, w/P)
+        return self.k[:, :, :end].transpose(1, 2), vs.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)
 
 
 class _AttentionBase(nn.Module):
@@ -169,6 +187,10 @@ class _AttentionBase(nn.Module):
     def cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(heads, width) of the cached keys and values."""
         return (self.kv_heads, self.head_dim), (self.v_groups, self.v_width)
+
+    def cache_value_parts(self, device=None) -> int:
+        """Contiguous pieces each cached value row is stored in on ``device`` (see :class:`LayerKV`)."""
+        return 1
 
     def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
         B, T, _ = x.shape
@@ -202,6 +224,8 @@ class _AttentionBase(nn.Module):
         mask.check(x.shape[0], x.shape[1], k.shape[1])
         kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device,
                                  q_len=x.shape[1])
+        if v.dim() == 5 and not getattr(kernel, "split_values", False):
+            v = v.flatten(3)  # a cache's split value rows, joined (a copy) for kernels that need whole rows
         return self._attend(x, q, k, v, mask, kernel, return_maps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):  # pragma: no cover - abstract
@@ -299,6 +323,12 @@ class DiffAttention(_AttentionBase):
             self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
         self.subln = nn.RMSNorm(2 * d, eps=norm_eps, elementwise_affine=True) if use_subln else None
         self.reset_lambda()
+
+    def cache_value_parts(self, device=None) -> int:
+        """2 on CPU: the cached ``2d``-wide values are kept as two contiguous ``d``-wide halves per group,
+        which a decoding step's ``A V`` reads faster there (docs/kernels.md, "Decode step"); 1 elsewhere
+        (the GPU kernels read whole rows)."""
+        return 2 if device is None or torch.device(device).type == "cpu" else 1
 
     def lambda_parameters(self) -> tuple[Tensor, ...]:
         """``(lambda_q1, lambda_k1, lambda_q2, lambda_k2)``; empty for the no-subtraction control."""
