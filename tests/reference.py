@@ -72,20 +72,7 @@ def naive_diff_attention(m, x, positions=None, allowed=None):
 
 
 def naive_standard_attention(m, x, positions=None, allowed=None):
-    B, T, D = x.shape
-    H, Hkv, d = m.n_heads, m.n_kv_heads, m.head_dim
-    n_rep = H // Hkv
-    pos = torch.arange(T)[None].expand(B, T) if positions is None else positions
-    allowed = naive_allowed(B, T) if allowed is None else allowed
-    q, k, v = x @ m.q_proj.weight.T, x @ m.k_proj.weight.T, x @ m.v_proj.weight.T
-    heads = []
-    for h in range(H):
-        g = h // n_rep
-        qh = naive_rope(q[..., h * d:(h + 1) * d], pos, m.rope_theta)
-        kh = naive_rope(k[..., g * d:(g + 1) * d], pos, m.rope_theta)
-        a = _softmax_rows(qh @ kh.transpose(-1, -2) / math.sqrt(d), allowed)
-        heads.append(a @ v[..., g * d:(g + 1) * d])
-    return torch.cat(heads, dim=-1) @ m.out_proj.weight.T
+    return torch.cat(naive_standard_heads(m, x, positions, allowed), dim=-1) @ m.out_proj.weight.T
 
 
 def naive_diff_v2(m, x, positions=None, allowed=None):

@@ -60,8 +60,9 @@ def render_arms(results: dict) -> str:
     from ..config import ARMS
 
     arms = list(results["arms"])
-    out = ["## Arms\n", "Every arm trains on the same batches from the same initial values of its same-named "
-           "parameters. Holm adjustment runs over the comparisons of every pair below and DIFF vs baseline.\n",
+    out = ["## Arms\n", "Every arm trains on the same batches, and a parameter it shares by name and shape with "
+           "another arm starts from the same values. Holm adjustment runs over the comparisons of every "
+           "pair below and DIFF vs baseline.\n",
            table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a, "")] for a in arms],
                  ["arm", "parameters", "what it is"])]
     rows = []

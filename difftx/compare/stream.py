@@ -29,7 +29,7 @@ from ..eval import icl as icl_task
 from ..eval.needle import training_batch as needle_batch
 from ..training.batches import Batch
 
-from .plan import BATCH_KINDS, Mixture  # noqa: F401 - BATCH_KINDS re-exported
+from .plan import Mixture
 
 if TYPE_CHECKING:
     from .plan import TaskSpace

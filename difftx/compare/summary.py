@@ -12,6 +12,7 @@ import numpy as np
 
 from ..eval.stats import holm, mean_interval, paired_estimate, verdict
 from ..tasks import TASKS
+from ..tasks.reporting import SHORT
 
 ALPHA = 0.05
 NOT_LEARNED = "not learned by either model at this budget: not compared"
@@ -79,16 +80,13 @@ def all_comparisons(results: dict, settings: dict) -> dict:
     for c in everything:
         m, est = c.pop("_metric"), c.pop("_est")
         a, b = c["arms"]
-        names = (ARM_NAMES.get(a, a), ARM_NAMES.get(b, b))
+        names = (SHORT.get(a, a), SHORT.get(b, b))
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out
-
-
-ARM_NAMES = {"diff": "DIFF", "baseline": "baseline"}
 
 
 def _pair(results: dict, settings: dict, a: str, b: str) -> dict:

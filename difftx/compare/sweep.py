@@ -21,10 +21,9 @@ from typing import Sequence
 
 from ..checkpoint import atomic_write
 from ..eval.stats import paired_estimate
+from ..tasks.reporting import ARMS
 from .presets import get_preset
 from .schema import dumps_strict
-
-ARMS = ("baseline", "diff")
 
 
 def _label(field: str, value) -> str:

@@ -183,9 +183,9 @@ class TrainingTask(Task):
         r0 = ctx.result(self.name)
         out = ["### Cost and stability\n",
                f"Throughput is training tokens per second of training-step time, measured in this run (probes and "
-               f"checkpoints excluded; with two models side by side on a shared CPU both arms run under the same "
-               f"load). FLOPs per token = 6 N + 12 L D T (N: parameters without the token embedding, T: the "
-               f"training context). The loss at equal wall-clock (or FLOPs) is each model's training "
+               f"checkpoints excluded; models trained side by side share the CPU, so read it against the other "
+               f"arm of the same run only). FLOPs per token = 6 N + 12 L D T (N: parameters without the token "
+               f"embedding, T: the training context). The loss at equal wall-clock (or FLOPs) is each model's training "
                f"{r0['curve']['loss_key'].replace('_', ' ')} (mean over a log interval, interpolated) where both "
                f"models of a seed have spent the smaller of their two budgets. A gradient-norm spike is a step above "
                f"{st['spike_factor']:g}x the median of the previous {st['spike_window']} steps; the largest absolute "
