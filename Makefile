@@ -8,6 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.difftx-installed
+TEST_STAMP := $(VENV)/.difftx-test-installed
 
 .PHONY: demo test venv bench clean help
 
@@ -16,13 +17,18 @@ help:
 	@echo "make test   run the test suite on CPU (sets up .venv/ first)"
 	@echo "make bench  run the attention benchmark"
 
+# the package with what the main job needs (plots); the test tools (transformers, triton, ...) only for `make test`
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[eval]"
 	@touch $(STAMP)
 
-venv: $(STAMP)
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $(TEST_STAMP)
+
+venv: $(TEST_STAMP)
 
 # `difftx compare --preset cpu --seeds 5`: DIFF vs its matched baseline over 5 paired seeds, all evaluations,
 # report in runs/demo/ (under 20 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
@@ -30,7 +36,7 @@ demo: $(STAMP)
 	$(VENV)/bin/difftx compare --preset cpu --seeds 5 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -31,8 +31,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`, the multi-tensor (``foreach``) implementation: on the small
+    CPU models of ``difftx compare`` (31 tensors) a step takes 1.9 ms against 2.7 ms for the
+    per-tensor loop PyTorch picks on CPU. (PyTorch's ``fused`` CPU kernel, 0.4 ms, was not taken:
+    a run that saved checkpoints drifted from one that did not in the last float32 bit, which
+    breaks the bitwise resume guarantee.)"""
     return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
-                             betas=(config.beta1, config.beta2), eps=config.eps)
+                             betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
