@@ -17,11 +17,11 @@ help:
 	@echo "make test   run the test suite on CPU (sets up .venv/ first)"
 	@echo "make bench  run the attention benchmark"
 
-# the package with what the main job needs (plots); the test tools (transformers, triton, ...) only for `make test`
+# the package with what the main job and the README examples need (plots, BPE tokenizers); the test tools (transformers, triton, ...) only for `make test`
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e ".[eval]"
+	$(PY) -m pip install --quiet -e ".[eval,data]"
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)

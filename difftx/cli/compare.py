@@ -14,7 +14,7 @@ def register(sub) -> None:
                                    "and plots/ into --out. Re-running with the same --out resumes: finished "
                                    "trainings and evaluations are not redone.")
     p.add_argument("--preset", default="cpu",
-                   help="smoke | cpu | gpu-small (default cpu: about 4 min per seed on 2 CPU cores)")
+                   help="smoke | cpu | gpu-small (default cpu: about 3.5 min per seed on 2 CPU cores)")
     p.add_argument("--seeds", type=positive_int, default=1,
                    help="number of paired seeds 0..K-1 (default 1, which gives no CI; make demo uses 5; seeds already "
                         "in --out are reused)")

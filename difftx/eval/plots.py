@@ -168,6 +168,10 @@ def plot_quantization(curves: Mapping[str, Mapping], path: PathLike, *, metric: 
     return _save(fig, path)
 
 
+# line styles for the seeds of one model (8 distinct: `make demo` draws 5 seeds per model in one plot)
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1, 1, 1, 1, 1)))
+
+
 def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: PathLike, *,
                      ylabel: str = "training loss (nats)", title: str = "Loss", xlabel: str = "step") -> Path:
     """``curves[name] = (steps, losses)``; several seeds of a model may be given as
@@ -177,7 +181,7 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]
     seen: dict[str, int] = {}
     for i, (name, (steps, losses)) in enumerate(curves.items()):
         model = name.split()[0]
-        style = ("-", "--", ":", "-.")[seen.get(model, 0) % 4]
+        style = LINE_STYLES[seen.get(model, 0) % len(LINE_STYLES)]
         seen[model] = seen.get(model, 0) + 1
         ax.plot(list(steps), list(losses), color=_color(model, i), ls=style, lw=1.2, label=name)
     ax.set_xlabel(xlabel)
@@ -242,7 +246,7 @@ def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIF
                 continue
             T, ms, ratio = zip(*pts)
             color = _color(name.split("/")[0], i)
-            style = "-" if name.startswith("baseline") else ("-", "--", ":", "-.")[i % 4]
+            style = "-" if name.startswith("baseline") else LINE_STYLES[i % len(LINE_STYLES)]
             top.plot(T, ms, color=color, ls=style, marker="o", ms=3, lw=1.2, label=name)
             bottom.plot(T, ratio, color=color, ls=style, marker="o", ms=3, lw=1.2)
         top.set_xscale("log", base=2)
