@@ -12,6 +12,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
+from difftx.compare.summary import DIFFERENT_RUNS
 from difftx.compare.stream import CompareStream
 from difftx.compare.stream import batch_for_step, lm_streams
 from difftx.tasks.training import first_learned_step
@@ -511,7 +512,8 @@ def test_a_learning_rate_sweep_runs_one_compare_per_value_and_tabulates_them(tmp
 def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     """`--arms gated,no_subtraction`: every arm trained per seed; DIFF vs baseline, every arm vs the
     baseline and DIFF vs every arm compared, with Holm over all of them; the report has a column per
-    arm; a later run with fewer arms reuses the folder."""
+    arm; a later run with other arms reuses the finished models and trains only the new arm's, and
+    does not compare machine measurements across the two invocations."""
     from difftx.eval.stats import holm
 
     out = tmp_path / "arms"
@@ -537,10 +539,20 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "## Arms" in report and "| metric | baseline | diff | gated | no_subtraction |" in report
     assert "**gated vs baseline**" in report
+    assert res["arm_comparisons"]["gated vs baseline"]["train_tokens_per_s"]["gated"] is None  # one invocation
     capsys.readouterr()
+    # a later run with other arms: the finished ones are reused, the new one is trained; machine measurements
+    # (throughput, loss at equal wall-clock) are not compared across invocations
     again = main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
-                  "--no-progress", "--arms", "gated", *as_sets(FAST)])
+                  "--no-progress", "--arms", "gated,baseline_head_norm", *as_sets(FAST)])
     assert again == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["arms"]) == ["baseline", "diff", "gated"]
-    assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())
+    assert list(res["arms"]) == ["baseline", "diff", "gated", "baseline_head_norm"]
+    assert sorted(k for k, d in res["this_run"].items() if d["trained"]) == ["seed0/baseline_head_norm",
+                                                                             "seed1/baseline_head_norm"]
+    assert res["comparison"]["train_tokens_per_s"]["gated"] is None
+    new_vs_old = res["arm_comparisons"]["baseline_head_norm vs baseline"]
+    assert new_vs_old["train_tokens_per_s"]["gated"] == DIFFERENT_RUNS
+    assert new_vs_old["grad_spikes"]["gated"] is None  # not a machine measurement
+    # (the smoke preset's curves may be too short for a loss at equal wall-clock; where it is read, it is gated too)
+    assert new_vs_old.get("loss_at_equal_time", {"gated": DIFFERENT_RUNS})["gated"] == DIFFERENT_RUNS

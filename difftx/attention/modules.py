@@ -105,34 +105,20 @@ class _HeadNorm(torch.autograd.Function):
         return do, dw, None
 
 
-def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float,
-                   cache: Optional[dict] = None) -> Tensor:
+def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float) -> Tensor:
     """``scale * RMSNorm(o) * weight`` over the last dimension of ``o`` ``(B, T, H, w)``, computed in
     float32 (float64 for float64 inputs) and returned in ``o``'s dtype. ``weight=None``: no norm,
-    just ``scale * o``.
-
-    Without gradients (decoding, evaluation) it is ``o * rsqrt(sum(o^2) + w*eps) * gain`` with
-    ``gain = weight * scale * sqrt(w)``: five aten calls where ``torch.rms_norm`` is a composite of
-    about fifteen on CPU (a decoding step of a small model is mostly such calls). ``cache``: a
-    dict of the caller's in which ``gain`` is kept until ``weight`` changes (its version counter
-    or storage)."""
+    just ``scale * o``."""
     if weight is None:
         return o * scale if scale != 1.0 else o
     acc = _at_least_fp32(o.dtype)
     of = o if o.dtype == acc else o.to(acc)
-    n = of.shape[-1]
-    if torch.is_grad_enabled() and (of.requires_grad or weight.requires_grad):
-        w = weight * scale if scale != 1.0 else weight  # (w,): the gain with the scale folded in
-        out = _HeadNorm.apply(of, w if w.dtype == acc else w.to(acc), eps)
-    else:
-        key = (weight._version, weight.data_ptr(), weight.device, acc, scale, n)
-        gain = None if cache is None else cache.get("gain")
-        if gain is None or gain[0] != key:
-            gain = (key, weight.detach().to(acc) * (scale * math.sqrt(n)))
-            if cache is not None:
-                cache["gain"] = gain
-        ss = torch.linalg.vecdot(of, of)[..., None]  # (..., 1): sum of squares
-        out = (of * ss.add_(n * eps).rsqrt_()).mul_(gain[1])
+    w = weight * scale if scale != 1.0 else weight  # (w,): the gain with the scale folded in
+    w = w if w.dtype == acc else w.to(acc)
+    if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
+        out = _HeadNorm.apply(of, w, eps)
+    else:  # inference: PyTorch's fused forward
+        out = torch.rms_norm(of, (of.shape[-1],), w, eps)
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
@@ -264,8 +250,7 @@ class StandardAttention(_AttentionBase):
 
     def head_output(self, x: Tensor, out: Tensor) -> Tensor:
         """Per-head output ``(B, T, H, d)`` before ``out_proj``: the kernel's, normalised if ``subln``."""
-        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps,
-                                                             self.__dict__.setdefault("_norm_cache", {}))
+        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
@@ -379,7 +364,7 @@ class DiffAttention(_AttentionBase):
     def head_norm(self, o: Tensor) -> Tensor:
         """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
         return _rms_head_norm(o, None if self.subln is None else self.subln.weight, 1.0 - self.lambda_init,
-                              self.norm_eps, self.__dict__.setdefault("_norm_cache", {}))
+                              self.norm_eps)
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
         res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)

@@ -41,7 +41,8 @@ from .train import train_model
 EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms")
 
 
-def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int) -> dict:
+def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int,
+         invocation: str | None = None) -> dict:
     """Train (unless finished) and evaluate (what is missing) one model; returns what was done.
     Under torchrun every rank calls it: every rank trains, rank 0 alone evaluates."""
     if plan.execution.threads:
@@ -51,7 +52,7 @@ def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, p
     f = Path(folder)
     done = {"trained": False, "evaluated": []}
     if broadcast_object(not (f / "train.json").is_file()):  # rank 0's view decides
-        train_model(kind, plan, seed, f, progress=progress, position=position)
+        train_model(kind, plan, seed, f, progress=progress, position=position, invocation=invocation)
         done["trained"] = True
     missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
     if missing:
@@ -133,20 +134,22 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
 
         on_main(lm_streams)
     t0 = time.time()
+    # the id of this invocation, kept with every model it trains (rank 0's is the one written)
+    invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"
     jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in plan.arms]
     done: dict[str, dict] = {}
     bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))",
                disable=not (progress and main), dynamic_ncols=True)
     if n_workers == 1 or len(jobs) == 1 or distributed:
         for s, k, f in jobs:
-            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1)
+            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1, invocation)
             bar.update()
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=min(n_workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers): f"seed{s}/{k}"
+            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers, invocation): f"seed{s}/{k}"
                     for i, (s, k, f) in enumerate(jobs)}
             for fut in as_completed(futs):
                 done[futs[fut]] = fut.result()

@@ -17,6 +17,8 @@ from ..tasks.reporting import SHORT
 ALPHA = 0.05
 NOT_LEARNED = "not learned by either model at this budget: not compared"
 NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
+DIFFERENT_RUNS = ("trained by different invocations (a machine measurement is read within one run; the other arm's "
+                  "models were reused from an earlier one): not compared")
 
 
 def _value(get, result: dict):
@@ -106,16 +108,17 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
                 continue
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
             someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
-            found.append((name, m, vals, ex if all(ex.values()) else None, someone))
+            apart = m.same_run and any(ra.get("invocation") != rb.get("invocation") for ra, rb in zip(per[a], per[b]))
+            found.append((name, m, vals, ex if all(ex.values()) else None, someone, apart))
     # learning gates first: a metric with a floor is compared only where some arm's interval clears it
     learned = {"any": {}, "all": {}}
-    for _, m, vals, ex, _ in found:
+    for _, m, vals, ex, _, _ in found:
         if m.floor is not None:
             lows = [mean_interval(vals[x], None if ex is None else ex[x][0])[1] for x in (a, b)]
             above = [lo is not None and lo > m.floor for lo in lows]
             learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
-    for name, m, vals, ex, someone in found:
+    for name, m, vals, ex, someone, apart in found:
         gated = None if learned["any"].get(m.key, True) and someone else NOT_LEARNED
         missing = NOT_LEARNED if m.gate == "any" else NOT_LEARNED_BY_BOTH
         if m.gated_by is not None and not learned[m.gate].get(m.gated_by, True):
@@ -127,6 +130,8 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             elif not all(keep):  # leave out the examples of cells no model learned; re-derive the seed values
                 ex = {x: (ex[x][0][:, keep], [g for g, k in zip(ex[x][1], keep) if k]) for x in ex}
                 vals = {x: ex[x][0].mean(1).tolist() for x in ex}
+        if apart:
+            gated = DIFFERENT_RUNS
         arrays = {x: None if ex is None else ex[x][0] for x in (a, b)}
         est = paired_estimate(vals[a], vals[b], diff_examples=arrays[a], baseline_examples=arrays[b])
         arm_ci = {x: mean_interval(vals[x], arrays[x]) for x in (a, b)}

@@ -46,14 +46,15 @@ class TrainingInterrupted(RuntimeError):
 
 
 def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progress: bool = True,
-                position: int = 0) -> dict:
+                position: int = 0, invocation: str | None = None) -> dict:
     """Train the model of arm ``kind`` (a key of ``plan.arms``) with :func:`difftx.training.train`
     on ``plan``'s schedule, batch mixture and probes, and
     save it to ``folder/model`` (a difftx checkpoint, with its task vocabulary in
     ``compare_task.json``); ``folder/train.json`` (written last, atomically) marks it finished
     and holds the loss history (per batch kind, gradient norm, λ per layer, every ``log_every``
-    steps), the needle probes (every ``plan.probes.every`` steps, see :func:`needle_probe`) and
-    the wall / CPU time. Returns that record.
+    steps), the needle probes (every ``plan.probes.every`` steps, see :func:`needle_probe`), the
+    wall / CPU time and ``invocation`` (the id of the compare run that trained it: throughput is
+    compared only between models of one invocation). Returns that record.
 
     The trainer's run folder is ``folder/train``: an interrupted model continues there from its
     last checkpoint (every ~10% of the steps) on the next call, exactly as if uninterrupted. Its
@@ -113,7 +114,7 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
                       "steps": plan.schedule.steps, "history": history, "probes": probes, "probe_s": probe_s,
                       "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0, "device": str(dist.device),
                       "threads": torch.get_num_threads(), "world_size": dist.world_size,
-                      "resumed_from": result.resumed_from}
+                      "resumed_from": result.resumed_from, "invocation": invocation}
             atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
             return record

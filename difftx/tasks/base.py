@@ -61,6 +61,9 @@ class Metric:
     # a model "learned" what the metric measures when ``learned(result)`` is true: compared only where
     # some model did (for a metric with no floor, e.g. steps until learned with censored runs)
     learned: Optional[Callable[[dict], bool]] = None
+    # a measurement of the machine while the model trained (throughput, loss at equal wall-clock):
+    # compared only between models trained by the same invocation (result key "invocation")
+    same_run: bool = False
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,

@@ -103,7 +103,8 @@ class TrainingTask(Task):
         logits = [max(p["max_attention_logit"]) for p in probes if p.get("max_attention_logit")]
         return {"history": hist, "probes": probes, "probe_cell": first, "learned_step": step,
                 "last_probe_step": probes[-1]["step"] if probes else None, "steps": rec.get("steps"),
-                "train_wall_s": rec.get("wall_s"), "train_cpu_s": rec.get("cpu_s"), "threads": rec.get("threads"),
+                "invocation": rec.get("invocation"), "train_wall_s": rec.get("wall_s"),
+                "train_cpu_s": rec.get("cpu_s"), "threads": rec.get("threads"),
                 "cost": {"tokens": tokens, "time_s": time_s, "flops_per_token": fpt,
                          "flops": None if tokens is None else tokens * fpt,
                          "tokens_per_s": tokens / time_s if tokens and time_s else None},
@@ -125,9 +126,9 @@ class TrainingTask(Task):
                        True, learning_steps, "steps", primary=True, digits=0,
                        learned=lambda r: r["learned_step"] is not None),
                 Metric("train_tokens_per_s", "training throughput (tokens/s, measured in this run)", False,
-                       lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0),
+                       lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0, same_run=True),
                 Metric("loss_at_equal_time", "training loss at equal wall-clock (the smaller of the two training "
-                       "times)", True, at_equal("time_s"), "nats", peer=True),
+                       "times)", True, at_equal("time_s"), "nats", peer=True, same_run=True),
                 Metric("loss_at_equal_flops", "training loss at equal FLOPs (the smaller of the two FLOP budgets)",
                        True, at_equal("flops"), "nats", peer=True),
                 Metric("grad_spikes", f"gradient-norm spikes (steps above {s.spike_factor:g}x the running median)",
