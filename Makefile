@@ -17,7 +17,8 @@ help:
 	@echo "make test   run the test suite on CPU (sets up .venv/ first)"
 	@echo "make bench  run the attention benchmark"
 
-# the package with what the main job and the README examples need (plots, BPE tokenizers); the test tools (transformers, triton, ...) only for `make test`
+# the package with what the main job and the README examples need (plots, BPE tokenizers);
+# the test tools (pytest, transformers, triton) only for `make test`
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)

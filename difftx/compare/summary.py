@@ -17,8 +17,8 @@ from ..tasks.reporting import SHORT
 ALPHA = 0.05
 NOT_LEARNED = "not learned by either model at this budget: not compared"
 NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
-DIFFERENT_RUNS = ("trained by different invocations (a machine measurement is read within one run; the other arm's "
-                  "models were reused from an earlier one): not compared")
+# models of one arm reused from an earlier invocation (or finished by a later one) against the other's
+DIFFERENT_RUNS = "trained by different invocations (the machine is measured within one run): not compared"
 
 
 def _value(get, result: dict):
