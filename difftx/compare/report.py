@@ -62,7 +62,9 @@ def render_arms(results: dict) -> str:
     arms = list(results["arms"])
     out = ["## Arms\n", "Every arm trains on the same batches, and a parameter it shares by name and shape with "
            "another arm starts from the same values. Holm adjustment runs over the comparisons of every "
-           "pair below and DIFF vs baseline.\n",
+           "pair below and DIFF vs baseline. Throughput and the loss at equal wall-clock measure the machine "
+           "as well: they are compared only between models trained by the same invocation (arms reused from "
+           "an earlier run are not).\n",
            table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a, "")] for a in arms],
                  ["arm", "parameters", "what it is"])]
     rows = []

@@ -125,7 +125,7 @@ class TrainingTask(Task):
                        f"accuracy >= {s.learned_at}; a model that did not learn it counts as its last probe step)",
                        True, learning_steps, "steps", primary=True, digits=0,
                        learned=lambda r: r["learned_step"] is not None),
-                Metric("train_tokens_per_s", "training throughput (tokens/s, measured in this run)", False,
+                Metric("train_tokens_per_s", "training throughput (tokens/s, measured while the model trained)", False,
                        lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0, same_run=True),
                 Metric("loss_at_equal_time", "training loss at equal wall-clock (the smaller of the two training "
                        "times)", True, at_equal("time_s"), "nats", peer=True, same_run=True),
@@ -183,10 +183,11 @@ class TrainingTask(Task):
         st = ctx.settings(self.name)
         r0 = ctx.result(self.name)
         out = ["### Cost and stability\n",
-               f"Throughput is training tokens per second of training-step time, measured in this run (probes and "
-               f"checkpoints excluded; models trained side by side share the CPU, so read it against the other "
-               f"arm of the same run only). FLOPs per token = 6 N + 12 L D T (N: parameters without the token "
-               f"embedding, T: the training context). The loss at equal wall-clock (or FLOPs) is each model's training "
+               f"Throughput is training tokens per second of training-step time, measured while each model trained "
+               f"(probes and checkpoints excluded; models trained side by side share the CPU, so it is compared "
+               f"only between models trained by the same invocation). FLOPs per token = 6 N + 12 L D T (N: "
+               f"parameters without the token embedding, T: the training context). The loss at equal wall-clock "
+               f"(or FLOPs) is each model's training "
                f"{r0['curve']['loss_key'].replace('_', ' ')} (mean over a log interval, interpolated) where both "
                f"models of a seed have spent the smaller of their two budgets. A gradient-norm spike is a step above "
                f"{st['spike_factor']:g}x the median of the previous {st['spike_window']} steps; the largest absolute "
