@@ -12,6 +12,9 @@ baseline, DIFF, ...), so a neighbour that slows the machine down slows both equa
 ratio is the number to read. With several ``--backends`` the one DIFF model takes one step
 per backend in each round. A step is forward + backward + gradient clipping + AdamW on
 random tokens (data loading is not measured). Tokens/s is the median over the timed steps.
+The ``paired`` columns pair each DIFF step with the baseline step of the same round: the median of
+those per-round ratios with its distribution-free 95% interval (order statistics; from 6 rounds on),
+which a machine whose speed drifts between rounds does not bias.
 ``--baselines`` times the baseline with several backends (the first is the ratios' reference).
 
 Sizes are the model presets of ``difftx.config`` plus ``compare-cpu`` (the model of the ``cpu``
@@ -52,6 +55,7 @@ import torch
 
 from difftx import Transformer, baseline_config, lm_loss, preset
 from difftx.config import ModelConfig
+from difftx.eval.stats import median_interval
 from difftx.training.config import TrainConfig
 from difftx.training.optim import build_optimizer
 
@@ -198,14 +202,26 @@ def bench_size(name: str, args, device: torch.device, dtype: torch.dtype) -> dic
             res["max_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30  # of the whole run so far
     base_tps = out["candidates"]["baseline"]["tokens_per_s"]
     base_flops = out["candidates"]["baseline"]["step_flops"]
+    ref = times[cands[0][0]]
     for label, key, _ in cands:
         c = out["candidates"][label]
         c["ratio_to_baseline"] = c["tokens_per_s"] / base_tps
         c["flop_ratio"] = base_flops / c["step_flops"] if base_flops and c["step_flops"] else None
         c["quotient"] = c["ratio_to_baseline"] / c["flop_ratio"] if c["flop_ratio"] else None
+        # tokens/s ratio round by round (the baseline's step time / this one's, same ABBA round): the
+        # median with its distribution-free 95% interval, robust to a machine whose speed drifts
+        med, lo, hi = median_interval([r / t for r, t in zip(ref, times[label])])
+        c["paired_ratio"] = {"median": med, "low": lo, "high": hi, "rounds": len(ref)}
     first = out["candidates"][cands[nb][0]]  # the first DIFF backend, under the keys of one-backend runs
     out.update(diff=first, baseline=out["candidates"]["baseline"], ratio_diff_over_baseline=first["ratio_to_baseline"])
     return out
+
+
+def _interval(paired: dict, flop_ratio) -> str:
+    """``median [low, high]`` of a paired ratio divided by ``flop_ratio`` ("-" without one)."""
+    if not flop_ratio or paired["low"] is None:
+        return "-"
+    return f"{paired['median'] / flop_ratio:.3f} [{paired['low'] / flop_ratio:.3f}, {paired['high'] / flop_ratio:.3f}]"
 
 
 def main(argv=None) -> int:
@@ -253,8 +269,9 @@ def main(argv=None) -> int:
     print(f"# training throughput, {where}, {dtype}, {args.clock} clock, {args.steps} timed steps per model, "
           f"alternating; baseline backend {args.baselines[0]}")
     print("| size | DIFF backend | batch x T | DIFF params | baseline params | DIFF tok/s | baseline tok/s | "
-          "FLOP ratio | DIFF/baseline | quotient |" + (" DIFF MFU | baseline MFU |" if cuda else ""))
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---|---|" if cuda else ""))
+          "FLOP ratio | DIFF/baseline | quotient | paired DIFF/baseline [95%] | paired quotient [95%] |"
+          + (" DIFF MFU | baseline MFU |" if cuda else ""))
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|" + ("---|---|" if cuda else ""))
     results = []
     for name in sizes:
         r = bench_size(name.strip(), args, device, dtype)
@@ -267,7 +284,8 @@ def main(argv=None) -> int:
             shown = label.split("/", 1)[1] if label.startswith("diff/") else label
             row = (f"| {name} | {shown} | {r['batch_size']} x {r['seq_len']} | {d['params']:,} | {b['params']:,} | "
                    f"{d['tokens_per_s']:,.0f} | {b['tokens_per_s']:,.0f} | {fmt(d['flop_ratio'])} | "
-                   f"{d['ratio_to_baseline']:.3f} | {fmt(d['quotient'])} |")
+                   f"{d['ratio_to_baseline']:.3f} | {fmt(d['quotient'])} | {_interval(d['paired_ratio'], 1.0)} | "
+                   f"{_interval(d['paired_ratio'], d['flop_ratio'])} |")
             if cuda:
                 row += f" {d.get('mfu', float('nan')):.1%} | {b.get('mfu', float('nan')):.1%} |"
             print(row, flush=True)

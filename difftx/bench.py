@@ -31,6 +31,11 @@ class BenchRow:
     ms: float  # median over repeats
     ratio: float  # ms / baseline ms of the same seq_len and mode
     mem_mib: Optional[float] = None  # decode: the KV cache; CUDA attention: peak allocated memory
+    # median over rounds of (this call's time / the baseline's time in the same round), with its
+    # distribution-free 95% interval (difftx.eval.stats.median_interval; None below 6 rounds)
+    paired: Optional[float] = None
+    paired_low: Optional[float] = None
+    paired_high: Optional[float] = None
 
 
 def peak_memory_mib(fn, device: torch.device) -> float:
@@ -139,13 +144,18 @@ def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int,
             if rep >= warmup:
                 times[name].append(timer() - t0)
         order.reverse()  # ABBA: no candidate always runs first
-    base_ms = statistics.median(times[next(iter(calls))]) * 1e3
+    from .eval.stats import median_interval
+
+    ref = times[next(iter(calls))]
+    base_ms = statistics.median(ref) * 1e3
     rows = []
     for name in calls:
         ms = statistics.median(times[name]) * 1e3
-        rows.append(BenchRow(T, mode, name, ms, ms / base_ms, mem_mib.get(name)))
+        paired = median_interval([t / r for t, r in zip(times[name], ref)]) if ref else (None, None, None)
+        rows.append(BenchRow(T, mode, name, ms, ms / base_ms, mem_mib.get(name), *paired))
         if progress:
-            print(f"  T={T:6d} {mode:8s} {name:16s} {ms:9.3f} ms  x{ms / base_ms:.2f}", flush=True)
+            ci = "" if paired[1] is None else f"  paired x{paired[0]:.3f} [{paired[1]:.3f}, {paired[2]:.3f}]"
+            print(f"  T={T:6d} {mode:8s} {name:16s} {ms:9.3f} ms  x{ms / base_ms:.2f}{ci}", flush=True)
     return rows
 
 
@@ -206,7 +216,7 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
 
         calls = {name: (lambda kind=kind, backend=backend: step(kind, backend)) for name, kind, backend in candidates}
         rows += _time_alternating(calls, T, "decode", repeats, warmup, dev, timer, progress, mem)
-        del caches
+        caches.clear()  # free this length's caches before the next prefill
     return rows
 
 
@@ -237,8 +247,9 @@ def _setup(clock: str, device: str, backends: Optional[Sequence[str]]):
 
 def format_table(rows: Sequence[BenchRow]) -> str:
     mem = any(r.mem_mib is not None for r in rows)
-    lines = ["| T | mode | candidate | ms | / baseline |" + (" MiB | MiB / baseline |" if mem else ""),
-             "|---:|---|---|---:|---:|" + ("---:|---:|" if mem else "")]
+    lines = ["| T | mode | candidate | ms | / baseline | paired / baseline [95%] |"
+             + (" MiB | MiB / baseline |" if mem else ""),
+             "|---:|---|---|---:|---:|---|" + ("---:|---:|" if mem else "")]
     first: dict = {}
     for r in rows:
         ref = first.setdefault((r.seq_len, r.mode), r)  # the first row of a length and mode is the reference
@@ -247,7 +258,8 @@ def format_table(rows: Sequence[BenchRow]) -> str:
             rel = r.mem_mib / ref.mem_mib if r.mem_mib is not None and ref.mem_mib else None
             tail = (f" {r.mem_mib:.3g} |" if r.mem_mib is not None else " - |") + \
                 (f" {rel:.2f} |" if rel is not None else " - |")
-        lines.append(f"| {r.seq_len} | {r.mode} | {r.name} | {r.ms:.3f} | {r.ratio:.2f} |" + tail)
+        paired = "-" if r.paired_low is None else f"{r.paired:.3f} [{r.paired_low:.3f}, {r.paired_high:.3f}]"
+        lines.append(f"| {r.seq_len} | {r.mode} | {r.name} | {r.ms:.3f} | {r.ratio:.2f} | {paired} |" + tail)
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import difftx
+from difftx.bench import BenchRow, format_table
 from difftx.cli import SUBCOMMANDS, main
 
 
@@ -65,18 +66,24 @@ def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     path, png = tmp_path / "decode.json", tmp_path / "decode.png"
     assert main(["bench", "--decode", "--seq-lens", "8", "24", "--dim", "32", "--heads", "2", "--layers", "1",
-                 "--repeats", "1", "--backends", "eager", "--json", str(path), "--plot", str(png)]) == 0
+                 "--repeats", "6", "--backends", "eager", "--json", str(path), "--plot", str(png)]) == 0
     rows = json.loads(path.read_text())["rows"]
     assert [(r["seq_len"], r["name"]) for r in rows] == [(8, "baseline/sdpa"), (8, "diff/eager"),
                                                          (24, "baseline/sdpa"), (24, "diff/eager")]
     assert all(r["mode"] == "decode" and r["ms"] > 0 for r in rows)
     assert [r["ratio"] for r in rows if r["name"] == "baseline/sdpa"] == [1.0, 1.0]
+    # round-by-round ratios: the reference's are all 1; 6 rounds give a distribution-free 95% interval
+    assert all((r["paired"], r["paired_low"], r["paired_high"]) == (1.0, 1.0, 1.0)
+               for r in rows if r["name"] == "baseline/sdpa")
+    assert all(r["paired_low"] <= r["paired"] <= r["paired_high"] for r in rows)
     # the KV cache of T+1 tokens, 1 layer, float32: DIFF k 2Hkv=4 sub-heads of d=8, v Hkv=2 of 2d=16; the
     # baseline k and v 4 heads of 8 each: the same bytes
     for r in rows:
         assert r["mem_mib"] == pytest.approx((r["seq_len"] + 1) * (4 * 8 + 2 * 16) * 4 / 2 ** 20)
     assert png.stat().st_size > 1000
     assert "| 24 | decode | diff/eager |" in capsys.readouterr().out
+    assert "| 24 | decode | baseline/sdpa | " in format_table([BenchRow(**r) for r in rows])
+    assert "| 1.000 [1.000, 1.000] |" in format_table([BenchRow(**r) for r in rows])
     assert main(["bench", "--decode", "--layers", "0", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
 
 

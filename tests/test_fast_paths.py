@@ -191,6 +191,28 @@ def test_flop_model_of_the_throughput_benchmark():
     assert bench.step_flops(diff, 1, 64, "sdpa") > bench.step_flops(base, 1, 64, "sdpa")
 
 
+def test_decode_breakdown_benchmark_runs_and_restores_the_library(capsys):
+    from difftx.attention import modules
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_breakdown.py"
+    spec = importlib.util.spec_from_file_location("decode_breakdown", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    norm, lam = modules._rms_head_norm, modules.DiffAttention.lambda_full
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--seq-len", "8", "--rounds", "6"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for row in ("| baseline/sdpa |", "| diff |", "| ... and a constant lambda |"):
+        assert row in out
+    assert "| baseline/sdpa | " in out and "1.000 [1.000, 1.000]" in out  # 6 rounds: an interval exists
+    # the cost probes patched the library only inside each call
+    assert modules._rms_head_norm is norm and modules.DiffAttention.lambda_full is lam
+    assert bench.PROBE not in kernels.BACKENDS
+
+
 def test_inference_lambda_is_cached_until_a_parameter_changes():
     m = DiffAttention(32, 2, 1)
     with torch.no_grad():

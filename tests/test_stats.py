@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from difftx.eval.stats import (benjamini_hochberg, half_width, holm, mean_interval, paired_estimate, sign_flip_p,
+from difftx.eval.stats import (benjamini_hochberg, half_width, holm, mean_interval, median_interval, paired_estimate,
+                               sign_flip_p,
                                t_cdf, t_quantile, verdict)
 
 REPLICATES = 1000  # per scenario; fixed seeds, so the test is deterministic (about 2 s in all)
@@ -138,3 +139,29 @@ def test_verdict_wording():
     assert "no detectable difference at this scale and budget; the interval allows anything from" in text
     assert "adjusted" in text
     assert "no conclusion" in verdict(paired_estimate([0.5], [0.4]), "acc", lower_is_better=False)
+
+
+@pytest.mark.parametrize("n", [6, 10, 30, 100])
+def test_median_interval_covers_skewed_ratios(n):
+    """Benchmarks' paired time ratios are skewed (a slow round is far slower, a fast one barely
+    faster): log-normal and shifted exponential draws, the true median known in closed form."""
+    rng = np.random.default_rng(n)
+    for draw, true_median in ((lambda: rng.lognormal(0.0, 0.3, n), 1.0),
+                              (lambda: 0.9 + rng.exponential(0.1, n), 0.9 + 0.1 * np.log(2))):
+        hits = 0
+        for _ in range(REPLICATES):
+            _, lo, hi = median_interval(draw())
+            hits += lo <= true_median <= hi
+        cover = hits / REPLICATES
+        # exact binomial coverage is at least 0.95 (0.969 at n = 6); 3 simulation SEs below it fails
+        assert cover >= 0.95 - 3 * np.sqrt(0.95 * 0.05 / REPLICATES), (n, cover)
+
+
+def test_median_interval_ranks():
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, None, None)  # 5 values: no 95% interval exists
+    med, lo, hi = median_interval(np.arange(30.0))
+    assert (med, lo, hi) == (14.5, 9.0, 20.0)  # ranks 10 and 21 of 30, the textbook table
+    assert median_interval(np.arange(6.0)) == (2.5, 0.0, 5.0)  # coverage 1 - 2/64
+    assert median_interval(np.arange(2000.0))[1:] == (955.0, 1044.0)  # 2^n beyond float range
+    with pytest.raises(ValueError, match="no values"):
+        median_interval([])

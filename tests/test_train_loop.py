@@ -278,10 +278,13 @@ def test_throughput_benchmark_runs(tmp_path, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
-    assert bench.main(["--device", "cpu", "--sizes", "test", "--steps", "2", "--warmup", "0", "--batch-size", "2",
+    assert bench.main(["--device", "cpu", "--sizes", "test", "--steps", "6", "--warmup", "0", "--batch-size", "2",
                        "--seq-len", "16", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert row["diff"]["tokens_per_s"] > 0 and row["baseline"]["tokens_per_s"] > 0
+    paired = row["diff"]["paired_ratio"]  # 6 rounds: the smallest count with a 95% interval
+    assert paired["rounds"] == 6 and paired["low"] <= paired["median"] <= paired["high"]
+    assert row["baseline"]["paired_ratio"] == {"median": 1.0, "low": 1.0, "high": 1.0, "rounds": 6}
     ratio = row["diff"]["tokens_per_s"] / row["baseline"]["tokens_per_s"]
     assert row["ratio_diff_over_baseline"] == pytest.approx(ratio)
     assert row["diff"]["params"] >= row["baseline"]["params"]  # DIFF adds only the lambda vectors and subln gains

@@ -23,6 +23,9 @@ it; it needs no distributional assumption but cannot fall below ``2 / 2^n`` (0.2
 
 Multiplicity: :func:`holm` adjusts a family of p-values (and :func:`benjamini_hochberg` is
 there for false-discovery control).
+
+Benchmarks: :func:`median_interval` is the distribution-free (order-statistic) interval of a
+median, used on the round-by-round time ratios of ``difftx bench`` and the training benchmark.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import numpy as np
@@ -235,6 +239,34 @@ def mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None
     z = None if examples is None else np.zeros_like(np.asarray(examples, dtype=np.float64))
     e = paired_estimate(v, np.zeros_like(v), diff_examples=examples, baseline_examples=z, confidence=confidence)
     return e.mean, e.low, e.high
+
+
+def median_interval(values: Sequence[float],
+                    confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+    """Median of ``values`` with a distribution-free interval: the order statistics ``x_(l)``,
+    ``x_(n+1-l)`` with the largest rank ``l`` for which ``P(Binomial(n, 1/2) < l) <= (1 - confidence) / 2``
+    (exact binomial tails, integer arithmetic). For independent draws of any continuous distribution
+    it covers the population median with probability at least ``confidence``; benchmarks use it on
+    per-round paired time ratios. Bounds are ``None`` when ``n`` is too small for any such interval
+    (fewer than 6 values at 95%)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = x.size
+    if n == 0:
+        raise ValueError("median_interval: no values")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence: must be in (0, 1), got {confidence!r}")
+    med = float(np.median(x))
+    # tail(k) = P(Bin(n, 1/2) <= k - 1) * 2^n, compared with alpha/2 * 2^n exactly
+    limit = Fraction(1 - confidence) / 2 * 2 ** n
+    below, rank = 0, 0
+    for k in range(n // 2 + 1):
+        below += math.comb(n, k)  # P(Bin <= k) * 2^n
+        if below > limit:
+            break
+        rank = k + 1  # P(Bin < rank) = P(Bin <= k) <= alpha/2
+    if rank == 0:
+        return med, None, None
+    return med, float(x[rank - 1]), float(x[n - rank])
 
 
 # -- multiplicity -----------------------------------------------------------------------------
