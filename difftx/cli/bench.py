@@ -24,7 +24,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure each candidate's peak memory above the call's start (MiB; on CPU with "
                         "PyTorch's memory profiler, one extra untimed call each; always measured on CUDA)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=10,
+                   help="timed rounds per length and mode, every candidate once per round (default 10); from 6 "
+                        "on, each row also gives the median per-round ratio to the reference with its 95%% "
+                        "interval (distribution-free)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],

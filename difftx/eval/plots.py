@@ -233,7 +233,9 @@ def plot_lambda_per_layer(lambdas: Mapping[str, Sequence[float]], path: PathLike
 def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIFF vs baseline") -> Path:
     """Benchmark rows (dicts with ``seq_len``, ``mode``, ``name``, ``ms``, ``ratio``, as written by
     ``difftx bench --json`` and ``benchmarks/gpu_attention.py``): one column per mode, time
-    against length on top (log-log) and the ratio to the baseline below."""
+    against length on top (log-log) and the ratio to the baseline below: the paired per-round
+    median with its 95% interval as a band where the rows have one (``paired``, ``paired_low``,
+    ``paired_high``), else the ratio of medians."""
     plt = _plt()
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     names = list(dict.fromkeys(r["name"] for r in rows))
@@ -241,20 +243,24 @@ def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIF
     for j, mode in enumerate(modes):
         top, bottom = axes[0][j], axes[1][j]
         for i, name in enumerate(names):
-            pts = sorted((r["seq_len"], r["ms"], r["ratio"]) for r in rows if r["mode"] == mode and r["name"] == name)
+            pts = sorted((r["seq_len"], r["ms"], r["ratio"], r.get("paired"), r.get("paired_low"), r.get("paired_high"))
+                         for r in rows if r["mode"] == mode and r["name"] == name)
             if not pts:
                 continue
-            T, ms, ratio = zip(*pts)
+            T, ms, ratio, paired, low, high = zip(*pts)
             color = _color(name.split("/")[0], i)
-            style = "-" if name.startswith("baseline") else LINE_STYLES[i % len(LINE_STYLES)]
+            style = "-" if i == 0 else LINE_STYLES[i % len(LINE_STYLES)]  # the reference solid, the others apart
             top.plot(T, ms, color=color, ls=style, marker="o", ms=3, lw=1.2, label=name)
-            bottom.plot(T, ratio, color=color, ls=style, marker="o", ms=3, lw=1.2)
+            banded = all(v is not None for v in low)
+            bottom.plot(T, paired if banded else ratio, color=color, ls=style, marker="o", ms=3, lw=1.2)
+            if banded:
+                bottom.fill_between(T, low, high, color=color, alpha=0.15, lw=0)
         top.set_xscale("log", base=2)
         top.set_yscale("log")
         top.set_title(mode)
         top.set_ylabel("ms (median)")
         bottom.axhline(1.0, color="gray", lw=0.8)
-        bottom.set_ylabel("time / baseline")
+        bottom.set_ylabel("time / baseline (band: 95%)")
         bottom.set_xlabel("sequence length T")
         top.legend(frameon=False, fontsize=8)
     fig.suptitle(title)
