@@ -246,6 +246,8 @@ def main(argv=None) -> int:
                    help="wall time (default) or this process's CPU time (steadier on a shared CPU)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps must be at least 1 and --warmup at least 0, got {args.steps} and {args.warmup}")
     from difftx.attention.kernels import check_backend_name
 
     for b in [*args.backends, *args.baselines]:

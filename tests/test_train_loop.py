@@ -298,6 +298,9 @@ def test_throughput_benchmark_runs(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| test | eager |" in printed and "| test | chunked |" in printed
     assert "skipped diff/flex: ValueError" in printed
+    with pytest.raises(SystemExit):  # nothing to time: a readable refusal, not a StatisticsError
+        bench.main(["--device", "cpu", "--sizes", "test", "--steps", "0"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("attention", ["diff_v2", "standard"])
