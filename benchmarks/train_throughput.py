@@ -210,7 +210,7 @@ def bench_size(name: str, args, device: torch.device, dtype: torch.dtype) -> dic
         c["quotient"] = c["ratio_to_baseline"] / c["flop_ratio"] if c["flop_ratio"] else None
         # tokens/s ratio round by round (the baseline's step time / this one's, same ABBA round): the
         # median with its distribution-free 95% interval, robust to a machine whose speed drifts
-        med, lo, hi = median_interval([r / t for r, t in zip(ref, times[label])])
+        med, lo, hi = median_interval([r / t for r, t in zip(ref, times[label]) if t > 0])
         c["paired_ratio"] = {"median": med, "low": lo, "high": hi, "rounds": len(ref)}
     first = out["candidates"][cands[nb][0]]  # the first DIFF backend, under the keys of one-backend runs
     out.update(diff=first, baseline=out["candidates"]["baseline"], ratio_diff_over_baseline=first["ratio_to_baseline"])

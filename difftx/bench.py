@@ -151,7 +151,7 @@ def _time_alternating(calls: dict, T: int, mode: str, repeats: int, warmup: int,
     rows = []
     for name in calls:
         ms = statistics.median(times[name]) * 1e3
-        paired = median_interval([t / r for t, r in zip(times[name], ref)]) if ref else (None, None, None)
+        paired = median_interval([t / r for t, r in zip(times[name], ref) if r > 0])  # a 0 s reading has no ratio
         rows.append(BenchRow(T, mode, name, ms, ms / base_ms, mem_mib.get(name), *paired))
         if progress:
             ci = "" if paired[1] is None else f"  paired x{paired[0]:.3f} [{paired[1]:.3f}, {paired[2]:.3f}]"
