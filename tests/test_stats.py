@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from difftx.eval.stats import (benjamini_hochberg, half_width, holm, mean_interval, median_interval, paired_estimate,
-                               sign_flip_p,
-                               t_cdf, t_quantile, verdict)
+from difftx.eval.stats import (benjamini_hochberg, betting_interval, half_width, holm, mean_interval, median_interval,
+                               paired_estimate, seeds_for_verdict, sign_flip_interval, sign_flip_p, t_cdf,
+                               t_mean_interval, t_quantile, verdict)
 
 REPLICATES = 1000  # per scenario; fixed seeds, so the test is deterministic (about 2 s in all)
 # (seed-level SD, example-level SD): seed-dominated, both, example-dominated, examples only
@@ -58,15 +58,17 @@ def test_interval_covers_and_false_positives_stay_at_nominal(kind, n):
 
 def test_two_seeds_that_agree_do_not_shrink_the_interval():
     """Two seeds at a ceiling (DIFF 1.0 in both, the baseline 0.956 and 0.948 on 250 prompts) agree
-    by chance: the interval keeps the seed-level t quantile of 1 degree of freedom and contains 0,
-    as the paired t over the two seeds' means does (measured: a sweep point once read this as 'DIFF
-    better, p = 5e-6')."""
+    by chance: the t part keeps the seed-level quantile of 1 degree of freedom, and two seeds support
+    no interval or verdict at all (a sweep point once read this as 'DIFF better, p = 5e-6')."""
     rng = np.random.default_rng(3)
     base = np.stack([(rng.random(250) < p).astype(float) for p in (0.956, 0.948)])
-    est = paired_estimate([1.0, 1.0], base.mean(1).tolist(), diff_examples=np.ones((2, 250)),
-                          baseline_examples=base)
+    D = np.ones((2, 250)) - base
     seed_t = t_quantile(0.975, 1) * np.std(1 - base.mean(1), ddof=1) / np.sqrt(2)
-    assert est.high - est.mean >= seed_t - 1e-12 and est.low < 0 < est.high and est.p_value > 0.05
+    assert half_width(D) >= seed_t - 1e-12
+    est = paired_estimate([1.0, 1.0], base.mean(1).tolist(), diff_examples=np.ones((2, 250)),
+                          baseline_examples=base, bounds=(0.0, 1.0))
+    assert est.low is None and est.high is None and est.p_value >= 0.5
+    assert "needs at least 6 paired seeds" in est.note
 
 
 def test_seed_level_interval_covers():
@@ -112,22 +114,86 @@ def test_multiplicity_adjustment():
     assert holm([0.3]) == [0.3]
 
 
-def test_p_value_is_where_the_interval_reaches_zero():
+def test_p_value_is_the_larger_of_t_and_sign_flip():
     rng = np.random.default_rng(0)
-    da, db = rng.normal(0.3, 1, (5, 30)), rng.normal(0, 1, (5, 30))
+    da, db = rng.normal(0.3, 1, (8, 30)), rng.normal(0, 1, (8, 30))
     e = paired_estimate(da.mean(1), db.mean(1), diff_examples=da, baseline_examples=db)
     assert e.method.startswith("paired t, seeds x examples") and e.n_examples == 30
-    at_p = paired_estimate(da.mean(1), db.mean(1), diff_examples=da, baseline_examples=db, confidence=1 - e.p_value)
-    assert min(abs(at_p.low), abs(at_p.high)) == pytest.approx(0.0, abs=1e-6)
+    assert e.p_value == max(e.p_t, e.sign_flip_p)
+    # p_t is the level at which the t part just reaches 0
+    assert half_width(da - db, confidence=1 - e.p_t) == pytest.approx(abs(e.mean), rel=1e-5)
     assert e.excludes_zero == (e.p_value < 0.05)
     seeds_only = paired_estimate([1.0, 1.2, 0.9], [0.5, 0.6, 0.7])
     assert seeds_only.n_examples == 1 and seeds_only.sign_flip_p == pytest.approx(0.25)
+    assert seeds_only.low is None and seeds_only.p_value >= 0.25  # 3 seeds: no interval, no verdict
     one = paired_estimate([1.0], [0.5])
     assert one.low is None and one.p_value is None
-    m, lo, hi = mean_interval([1.0, 2.0, 3.0])
-    assert m == 2.0 and lo < 2.0 < hi and hi - 2.0 == pytest.approx(t_quantile(0.975, 2) / np.sqrt(3))
+    m, lo, hi = t_mean_interval([1.0, 2.0, 3.0])
+    assert m == 2.0 and hi - 2.0 == pytest.approx(t_quantile(0.975, 2) / np.sqrt(3))
+    assert mean_interval([1.0, 2.0, 3.0]) == (2.0, None, None)  # unbounded metric, 3 seeds
+    m, lo, hi = mean_interval(list(range(8)))
+    assert lo <= 3.5 - t_quantile(0.975, 7) * np.std(range(8), ddof=1) / np.sqrt(8) and hi >= 3.5 and lo < 3.5
     with pytest.raises(ValueError, match="equal-length"):
         paired_estimate([1, 2], [1])
+
+
+def test_constant_differences_never_give_p_zero():
+    """Five seeds whose learned-step differences are all -250 have no spread: the t test alone would
+    say p = 0. The sign-flip p (2/2^5) decides, and 5 seeds support no verdict."""
+    e = paired_estimate([1000.0, 1250, 1500, 1750, 2000], [1250.0, 1500, 1750, 2000, 2250])
+    assert e.p_t == 0.0 and e.p_value == pytest.approx(2 / 32) and e.low is None
+    assert "no conclusion" in verdict(e, "steps", lower_is_better=True)
+    e8 = paired_estimate([-250.0] * 8, [0.0] * 8)
+    assert e8.p_value == pytest.approx(2 / 256) and e8.low == e8.high == -250.0
+    near = paired_estimate([-250.0 + 1e-9 * i for i in range(8)], [0.0] * 8)
+    assert near.p_value == pytest.approx(2 / 256)
+
+
+def test_bounded_metric_intervals_stay_in_range():
+    """Accuracies at 0 and at 1 (every seed, every prompt): intervals inside [0, 1]; differences
+    inside [-1, 1]. Measured before: "0.60 [0.14, 1.07]", a hallucination rate "[-0.072, 1.121]"."""
+    for value in (0.0, 1.0):
+        X = np.full((8, 50), value)
+        m, lo, hi = mean_interval(X.mean(1), X, bounds=(0.0, 1.0))
+        assert 0.0 <= lo <= value <= hi <= 1.0
+    spread = np.array([0.05, 0.97, 0.9, 0.1, 0.99, 0.95, 0.02, 0.98])
+    m, lo, hi = mean_interval(spread, bounds=(0.0, 1.0))
+    assert 0.0 <= lo < m < hi <= 1.0
+    t_m, t_lo, t_hi = t_mean_interval(spread)
+    assert t_hi > 1.0 or t_lo < 0.0 or (lo <= t_lo and hi >= t_hi)
+    e = paired_estimate(np.ones(8), np.zeros(8), bounds=(0.0, 1.0))
+    assert -1.0 <= e.low <= e.mean <= e.high <= 1.0
+    e = paired_estimate(spread, spread[::-1], bounds=(0.0, 1.0))
+    assert -1.0 <= e.low and e.high <= 1.0
+
+
+@pytest.mark.parametrize("n", [5, 10])
+def test_betting_interval_covers_skewed_bounded_means(n):
+    """The betting interval holds for any distribution inside the bounds: two-point 'learned or
+    not' values (0.95 with probability p, else 0.1), where the t interval covers 40-70%."""
+    rng = np.random.default_rng(n)
+    for p in (0.2, 0.8, 0.95):
+        truth = 0.1 + 0.85 * p
+        hits = 0
+        for _ in range(400):
+            x = np.where(rng.random(n) < p, 0.95, 0.1)
+            lo, hi, _ = betting_interval(x, 0.0, 1.0)
+            hits += lo <= truth <= hi
+        assert hits / 400 >= 0.95, (p, hits / 400)
+
+
+def test_sign_flip_interval_and_seeds_for_verdict():
+    assert sign_flip_interval([0.1, 0.2, 0.3, 0.4, 0.5]) == (-np.inf, np.inf)  # 2/32 > 0.05
+    d = [0.1, 0.3, -0.2, 0.4, 0.5, 0.2, 0.15, 0.25]
+    lo, hi = sign_flip_interval(d)
+    assert lo < np.mean(d) < hi and lo > min(d) - 1e-9 and hi < max(d) + 1e-9
+    # the ends are the farthest values the test accepts: just beyond them it rejects
+    assert sign_flip_p(np.array(d) - lo) > 0.05 and sign_flip_p(np.array(d) - (lo - 1e-6)) <= 0.05
+    assert sign_flip_p(np.array(d) - hi) > 0.05 and sign_flip_p(np.array(d) - (hi + 1e-6)) <= 0.05
+    assert [seeds_for_verdict(k) for k in (1, 3, 36, 40)] == [6, 7, 11, 11]
+    rng = np.random.default_rng(5)  # symmetric noise: the interval covers the centre
+    hits = sum(lo <= 0.0 <= hi for lo, hi in (sign_flip_interval(rng.standard_t(3, 8)) for _ in range(500)))
+    assert hits / 500 >= 0.93
 
 
 def test_verdict_wording():
@@ -135,10 +201,20 @@ def test_verdict_wording():
     clear = paired_estimate(rng.normal(-0.5, 0.01, 6), np.zeros(6))
     assert "DIFF is better at this scale and budget" in verdict(clear, "NLL", lower_is_better=True, unit="nats")
     assert "DIFF is worse" in verdict(clear, "accuracy", lower_is_better=False)
-    text = verdict(clear, "NLL", lower_is_better=True, adjusted_p=0.2)
-    assert "no detectable difference at this scale and budget; the interval allows anything from" in text
-    assert "adjusted" in text
+    assert "unadjusted 95% interval" in verdict(clear, "NLL", lower_is_better=True)
+    # significant before the adjustment, not after: the sentence says so instead of "allows anything from"
+    clear8 = paired_estimate(rng.normal(-0.5, 0.01, 8), np.zeros(8))
+    text = verdict(clear8, "NLL", lower_is_better=True, adjusted_p=0.2, family_size=2)
+    assert "no detectable difference" in text and "does not survive the Holm adjustment" in text
+    assert "Holm-adjusted p = 0.2 over 2 comparisons" in text and "allows anything" not in text
+    # a family too large for 6 seeds to reach p < 0.05 after Holm
+    assert "needs at least 7 seeds" in verdict(clear, "NLL", lower_is_better=True, adjusted_p=0.09, family_size=3)
+    wide = paired_estimate(rng.normal(0.0, 1.0, 8), np.zeros(8))
+    assert "the unadjusted interval allows anything from" in verdict(wide, "NLL", lower_is_better=True,
+                                                                     adjusted_p=0.9, family_size=1)
     assert "no conclusion" in verdict(paired_estimate([0.5], [0.4]), "acc", lower_is_better=False)
+    assert "no conclusion" in verdict(paired_estimate([0.5, 0.6, 0.7], [0.4, 0.4, 0.4]), "acc",
+                                      lower_is_better=False)
 
 
 @pytest.mark.parametrize("n", [6, 10, 30, 100])

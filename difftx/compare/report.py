@@ -24,12 +24,13 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
            "not redone).\n",
            "**Scale.** The paper's numbers below come from 3B-parameter models; these models are orders of magnitude "
            "smaller and trained for minutes. Compare the *direction* of differences, not the values.\n",
-           "**Statistics.** Every difference is DIFF - baseline over paired seeds: its mean and a 95% interval that "
-           "includes evaluation-set noise where the metric has per-example values (seeds x examples, "
-           "`docs/compare.md`). Primary metrics are declared up front; every other metric is exploratory, and "
-           "p-values are Holm-adjusted within each family. 'DIFF better / worse' is said only where the adjusted "
-           "test rejects at 0.05; a comparison of a task neither model learned is not made. "
-           + ("With one seed there is no interval and no conclusion. " if len(ctx.seeds) == 1 else "") + "\n",
+           "**Statistics.** Every difference is DIFF - baseline over paired seeds: its mean and an unadjusted 95% "
+           "interval, the hull of a t interval (with evaluation-set noise where the metric has per-example "
+           "values) and the exact sign-flip interval, kept inside the metric's range (`docs/compare.md`). Its "
+           "p-value is the larger of the two tests'. Primary metrics are declared up front; every other metric is "
+           "exploratory, and p-values are Holm-adjusted within each family. 'DIFF better / worse' is said only "
+           "where the adjusted test rejects at 0.05; a comparison of a task neither model learned is not made. "
+           + _seeds_rule(results, len(ctx.seeds)) + "\n",
            "## Verdicts\n"]
     C = results["comparison"]
     primary = [k for k, c in C.items() if c["primary"]]
@@ -82,6 +83,22 @@ def render_arms(results: dict) -> str:
                  if c["primary"] or c.get("better")]
         out.append(f"**{pair}**\n\n" + "\n".join(f"- {v}" for v in lines) + "\n")
     return "\n".join(out)
+
+
+def _seeds_rule(results: dict, n: int) -> str:
+    """How many seeds a verdict needs here, and whether this run has them."""
+    if n == 1:
+        return "With one seed there is no interval and no conclusion. "
+    need = {}
+    for c in results["comparison"].values():
+        if c.get("seeds_for_verdict") is not None:
+            need.setdefault(c["family"], (c["seeds_for_verdict"], c["family_size"]))
+    parts = [f"{k} ({size} comparisons): {s} seeds" for k, (s, size) in sorted(need.items(), key=lambda x: x[0] != "primary")]
+    text = ("The sign-flip test cannot reach p < 0.05 below 6 paired seeds, and after Holm's adjustment a verdict "
+            "needs more: " + "; ".join(parts) + f". This run has {n} seeds") if parts else ""
+    if parts and n < min(s for s, _ in need.values()):
+        text += ", too few for any verdict: run more seeds (`--seeds`) to get one"
+    return text + ". " if text else ""
 
 
 def _mix(results: dict) -> str:

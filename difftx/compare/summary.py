@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import holm, mean_interval, paired_estimate, verdict
+from ..eval.stats import holm, mean_interval, paired_estimate, seeds_for_verdict, t_mean_interval, verdict
 from ..tasks import TASKS
 from ..tasks.reporting import SHORT
 
@@ -74,18 +74,23 @@ def all_comparisons(results: dict, settings: dict) -> dict:
     A metric missing for any model (not measured, not meaningful) is left out."""
     out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
     everything = [c for comps in out.values() for c in comps.values()]
+    sizes = {}
     for family in ("primary", "exploratory"):
         chosen = [c for c in everything if c["family"] == family and c["gated"] is None
                   and c["paired"]["p_value"] is not None]
+        sizes[family] = len(chosen)
         for c, p in zip(chosen, holm([c["paired"]["p_value"] for c in chosen])):
             c["p_adjusted"] = p
     for c in everything:
         m, est = c.pop("_metric"), c.pop("_est")
         a, b = c["arms"]
         names = (SHORT.get(a, a), SHORT.get(b, b))
+        c["family_size"] = sizes[c["family"]]
+        c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]], ALPHA)
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
-                                alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names))
+                                alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,
+                                family_size=sizes[c["family"]]))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out
@@ -110,11 +115,12 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
             apart = m.same_run and any(ra.get("invocation") != rb.get("invocation") for ra, rb in zip(per[a], per[b]))
             found.append((name, m, vals, ex if all(ex.values()) else None, someone, apart))
-    # learning gates first: a metric with a floor is compared only where some arm's interval clears it
+    # learning gates first: a metric with a floor is compared only where some arm's mean clears it by its
+    # t interval (about 2 SE: a screen for "learned", not a printed interval)
     learned = {"any": {}, "all": {}}
     for _, m, vals, ex, _, _ in found:
         if m.floor is not None:
-            lows = [mean_interval(vals[x], None if ex is None else ex[x][0])[1] for x in (a, b)]
+            lows = [t_mean_interval(vals[x], None if ex is None else ex[x][0])[1] for x in (a, b)]
             above = [lo is not None and lo > m.floor for lo in lows]
             learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
@@ -133,8 +139,9 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
         if apart:
             gated = DIFFERENT_RUNS
         arrays = {x: None if ex is None else ex[x][0] for x in (a, b)}
-        est = paired_estimate(vals[a], vals[b], diff_examples=arrays[a], baseline_examples=arrays[b])
-        arm_ci = {x: mean_interval(vals[x], arrays[x]) for x in (a, b)}
+        est = paired_estimate(vals[a], vals[b], diff_examples=arrays[a], baseline_examples=arrays[b],
+                              bounds=m.bounds)
+        arm_ci = {x: mean_interval(vals[x], arrays[x], bounds=m.bounds) for x in (a, b)}
         c = {"task": name, **m.describe(), "arms": [a, b], "values": vals,
              "means": {x: arm_ci[x][0] for x in (a, b)}, "cis": {x: list(arm_ci[x][1:]) for x in (a, b)},
              "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",

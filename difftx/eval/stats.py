@@ -17,9 +17,26 @@ the seed part does at 2-3 seeds. (An earlier version split the residual off the 
 a few seeds agreed by chance, the seed part collapsed to 0 and a large-sample quantile was left
 on a small-sample estimate: two seeds at a ceiling read as p = 5e-6.)
 Metrics without per-example values (extremes, a training step) get the paired t-interval over
-seeds (``n-1`` degrees of freedom). The p-value is the level at which the interval just reaches
-0. An exact sign-flip (randomisation) p-value over the seeds' differences is reported beside
-it; it needs no distributional assumption but cannot fall below ``2 / 2^n`` (0.25 at 3 seeds).
+seeds (``n-1`` degrees of freedom).
+
+Few seeds, and seeds that learn a task or not. The t interval assumes roughly normal seed
+effects. When each seed of each arm either learns a task or does not (retrieval in the demo), the
+seeds' values sit in a few modes, and at 2-5 seeds the t interval's coverage falls to 0.6-0.85
+(tests/test_stats.py simulates it). So every difference is also backed by the exact sign-flip
+(randomisation) test over the seeds' differences, which assumes no distribution: under the null
+the two arms of a seed are exchangeable, so each difference is as likely positive as negative. Its
+smallest p-value is ``2 / 2^n``, 0.0625 at 5 seeds: no verdict is possible below 6 seeds, and
+:func:`seeds_for_verdict` says how many a Holm family needs. The p-value is the larger of the t
+and the sign-flip p-values (never 0: a constant difference gets the sign-flip p). The interval is
+the hull of the t interval and the sign-flip interval (:func:`sign_flip_interval`), clipped to the
+metric's range; it is ``None`` where it is unbounded (below 6 seeds), with the reason in
+``PairedEstimate.note``. These intervals are unadjusted: verdicts use the Holm-adjusted p-value.
+
+One arm's mean (:func:`mean_interval`) has no symmetry to lean on: the lottery makes it skewed. For
+a metric with known bounds (accuracies, rates) its interval is the hull of the t interval and a
+betting interval (:func:`betting_interval`, Waudby-Smith and Ramdas' hedged capital process),
+which holds for any distribution inside the bounds at any number of seeds, and is wide at few
+seeds because it must be. An unbounded metric gets the hull with the sign-flip interval.
 
 Multiplicity: :func:`holm` adjusts a family of p-values (and :func:`benjamini_hochberg` is
 there for false-discovery control).
@@ -33,6 +50,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Optional, Sequence
@@ -103,15 +121,8 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def _normal_quantile(p: float) -> float:
-    """Standard normal quantile (bisection on erf; used only as a starting point)."""
-    lo, hi = -40.0, 40.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if 0.5 * math.erfc(-mid / math.sqrt(2)) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    """Standard normal quantile (the standard library's; used only as a starting point)."""
+    return statistics.NormalDist().inv_cdf(p)
 
 
 # -- the paired estimate ----------------------------------------------------------------------
@@ -119,9 +130,10 @@ def _normal_quantile(p: float) -> float:
 
 @dataclass
 class PairedEstimate:
-    """DIFF - baseline: ``mean`` with its two-sided interval ``[low, high]`` at ``confidence``
-    (``None`` with one seed), ``p_value`` (the level at which the interval just reaches 0),
-    ``sign_flip_p`` (exact, over seeds), and what the interval covers (``method``)."""
+    """DIFF - baseline: ``mean`` with its two-sided, unadjusted interval ``[low, high]`` at
+    ``confidence`` (``None`` with one seed, or where no distribution-free test can back one: ``note``
+    says why), ``p_value`` (the larger of ``p_t`` and ``sign_flip_p``: the level at which the
+    interval just reaches 0) and what the interval covers (``method``)."""
 
     mean: float
     low: Optional[float]
@@ -134,6 +146,8 @@ class PairedEstimate:
     method: str
     diff_mean: float
     baseline_mean: float
+    p_t: Optional[float] = None  # the two-level t test alone
+    note: Optional[str] = None  # why there is no interval, when there is none
 
     @property
     def excludes_zero(self) -> bool:
@@ -176,10 +190,13 @@ def half_width(D: np.ndarray, confidence: float = 0.95) -> float:
 def _p_value(mean: float, parts: list[tuple[float, float]]) -> float:
     if not any(v > 0 for v, _ in parts):
         return 1.0 if mean == 0 else 0.0
+    live = [(v, df) for v, df in parts if v > 0]
+    if len(live) == 1:  # one part: the t test's own p-value
+        return 2.0 * (1.0 - t_cdf(abs(mean) / math.sqrt(live[0][0]), live[0][1]))
     lo, hi = 1e-12, 1.0  # the half-width falls as alpha grows: find alpha where it equals |mean|
     if _half_width(parts, lo) <= abs(mean):
         return lo
-    for _ in range(60):
+    for _ in range(40):
         mid = math.sqrt(lo * hi)
         if _half_width(parts, mid) > abs(mean):
             lo = mid
@@ -188,25 +205,127 @@ def _p_value(mean: float, parts: list[tuple[float, float]]) -> float:
     return hi
 
 
-def sign_flip_p(d: Sequence[float], max_exact: int = 16, draws: int = 100_000, seed: int = 0) -> float:
+def sign_flip_p(d: Sequence[float], max_exact: int = 16, draws: int = 20_000, seed: int = 0) -> float:
     """Two-sided randomisation p-value of ``mean(d) = 0`` by flipping the signs of the paired
     differences ``d``: exact over all ``2^n`` flips up to ``max_exact`` seeds, else ``draws``
-    random flips."""
+    random flips (then never below ``1 / (draws + 1)``)."""
     x = np.asarray(d, dtype=np.float64)
-    obs = abs(x.mean())
-    if x.size <= max_exact:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=x.size)))
-    else:
-        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, x.size))
-    return float((np.abs((signs * x).mean(1)) >= obs - 1e-12).mean())
+    return float(_flip_p(x, _signs(x.size, max_exact, draws, seed), np.zeros(1))[0])
+
+
+def _signs(n: int, max_exact: int = 16, draws: int = 20_000, seed: int = 0) -> np.ndarray:
+    """``(flips, n)`` sign patterns: all ``2^n`` up to ``max_exact``, else random draws."""
+    if n <= max_exact:
+        return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    return np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, n))
+
+
+def _flip_p(x: np.ndarray, signs: np.ndarray, mu: np.ndarray) -> np.ndarray:
+    """Sign-flip p-values of ``mean(x) = mu`` for each candidate ``mu`` ``(G,)``."""
+    c = x[None, :] - mu[:, None]  # (G, n)
+    obs = np.abs(c.sum(1))  # (G,)
+    tol = 1e-12 * (1.0 + np.abs(c).sum(1))
+    flipped = np.abs(c @ signs.T)  # (G, flips)
+    p = (flipped >= (obs - tol)[:, None]).mean(1)
+    if signs.shape[0] < 2 ** x.size:  # random flips: count the observed pattern as one of them
+        p = (p * signs.shape[0] + 1) / (signs.shape[0] + 1)
+    return p
+
+
+def sign_flip_interval(d: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """The values ``mu`` that the exact sign-flip test of ``mean(d) = mu`` does not reject at
+    ``1 - confidence`` (valid when the seeds' differences are symmetric about ``mu``). Unbounded,
+    ``(-inf, inf)``, while ``2 / 2^n`` exceeds ``1 - confidence`` (fewer than 6 values at 95%)."""
+    x = np.asarray(d, dtype=np.float64)
+    alpha = 1 - confidence
+    if x.size < 2 or (x.size <= 16 and 2.0 / 2 ** x.size > alpha):
+        return -math.inf, math.inf
+    signs = _signs(x.size)
+    mean = float(x.mean())
+    if float(x.max() - x.min()) == 0.0:
+        return mean, mean
+    # the p-value changes only where a flipped sum ties the observed one, i.e. at the mean of a
+    # subset of the values; the interval's ends are such subset means (at most 2^16 of them)
+    members = (signs[1:] < 0) if x.size <= 16 else (signs < 0)
+    sizes = members.sum(1)
+    means = np.unique((members @ x)[sizes > 0] / sizes[sizes > 0])
+    ends = []
+    for side in (means[means < mean], means[means > mean][::-1]):  # each ordered from far to near
+        lo, hi = 0, side.size  # find the first (farthest) breakpoint the test accepts
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _flip_p(x, signs, side[mid:mid + 1])[0] > alpha:
+                hi = mid
+            else:
+                lo = mid + 1
+        ends.append(float(side[lo]) if lo < side.size else mean)
+    return ends[0], ends[1]
+
+
+def betting_capital(x: Sequence[float], candidates: Sequence[float], alpha: float = 0.05) -> np.ndarray:
+    """The largest hedged capital, over the sequence, of a bettor against ``mean = m`` for each
+    candidate ``m`` in ``[0, 1]``, on values ``x`` in ``[0, 1]`` taken in order (Waudby-Smith and
+    Ramdas 2024, "Estimating means of bounded random variables by betting", the hedged capital
+    process with predictable plug-in bets). Under ``mean = m`` the capital is a nonnegative
+    supermartingale that starts at 1, so ``P(max capital >= 1 / alpha) <= alpha`` (Ville's
+    inequality) for *any* distribution on ``[0, 1]``: the test and the interval assume nothing else."""
+    v = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
+    m = np.asarray(candidates, dtype=np.float64)
+    n = v.size
+    t = np.arange(1, n + 1)
+    mu = (0.5 + np.cumsum(v)) / (t + 1)  # running mean after t values, shrunk toward 1/2
+    var = (0.25 + np.cumsum((v - mu) ** 2)) / (t + 1)
+    bet = np.sqrt(2 * math.log(2 / alpha) / (n * np.concatenate([[0.25], var[:-1]])))  # (n,) uses values before t
+    c = 0.75  # bets stay below c / m (and c / (1 - m)): the capital never loses more than 75% in a step
+    up = np.minimum(bet[None], c / np.maximum(m[:, None], 1e-12))  # (G, n)
+    down = np.minimum(bet[None], c / np.maximum(1 - m[:, None], 1e-12))
+    gap = v[None] - m[:, None]
+    capital = np.maximum(0.5 * np.cumprod(1 + up * gap, 1), 0.5 * np.cumprod(1 - down * gap, 1))
+    return capital.max(1)
+
+
+def betting_interval(x: Sequence[float], low: float, high: float, confidence: float = 0.95,
+                     point: Optional[float] = None, grid: int = 2001) -> tuple[float, float, Optional[float]]:
+    """The betting interval of the mean of values ``x`` known to lie in ``[low, high]``
+    (:func:`betting_capital`): the candidates not rejected at ``1 - confidence``, on a grid of
+    ``grid`` points plus ``point``, and the betting p-value of ``mean = point`` (``1 / max capital``,
+    at most 1; ``None`` without ``point``). Valid at any number of values, for any distribution."""
+    if not high > low:
+        raise ValueError(f"betting_interval: need low < high, got [{low}, {high}]")
+    alpha = 1 - confidence
+    scale = high - low
+    v = (np.asarray(x, dtype=np.float64) - low) / scale
+    m = np.linspace(0.0, 1.0, grid)
+    if point is not None:
+        m = np.sort(np.append(m, min(max((point - low) / scale, 0.0), 1.0)))
+    capital = betting_capital(v, m, alpha)
+    kept = m[capital < 1 / alpha]
+    lo, hi = (float(kept.min()), float(kept.max())) if kept.size else (float(v.mean()),) * 2
+    p = None
+    if point is not None:
+        p = float(min(1.0, 1.0 / betting_capital(v, [min(max((point - low) / scale, 0.0), 1.0)], alpha)[0]))
+    return low + scale * lo, low + scale * hi, p
+
+
+def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
+    """The fewest paired seeds at which the exact sign-flip test (smallest p ``2 / 2^n``) can reject
+    at ``alpha`` after Holm's adjustment over ``comparisons`` tests (whose first step multiplies
+    the smallest p-value by their number): 6 for one comparison, 7 for 3, 11 for 40."""
+    n = 1
+    while 2.0 / 2 ** n * max(comparisons, 1) >= alpha:
+        n += 1
+    return n
 
 
 def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
                     diff_examples: Optional[np.ndarray] = None, baseline_examples: Optional[np.ndarray] = None,
-                    confidence: float = 0.95) -> PairedEstimate:
+                    confidence: float = 0.95, bounds: Optional[tuple[float, float]] = None) -> PairedEstimate:
     """The paired difference of per-seed values ``diff`` and ``baseline`` (length n). With
     ``*_examples`` ``(n, m)`` (the same m examples, in the same order, for every seed and both
-    arms; a seed's value is the mean of its row) the interval includes evaluation-set noise."""
+    arms; a seed's value is the mean of its row) the t part includes evaluation-set noise. With
+    ``bounds`` ``(low, high)`` (the metric's range, e.g. ``(0, 1)`` for an accuracy) the interval
+    stays inside ``[low - high, high - low]``. See the module docstring for how the t and the
+    sign-flip parts are combined."""
     a, b = np.asarray(diff, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
         raise ValueError(f"diff and baseline must be equal-length, non-empty 1-D sequences (got {a.shape} and "
@@ -222,23 +341,62 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
         D, method = da - db, "paired t, seeds x examples (two-level)"
     else:
         D, method = (a - b)[:, None], "paired t over seeds"
-    mean = float((a - b).mean())
+    d = a - b
+    mean = float(d.mean())
     if n == 1:
         return PairedEstimate(mean, None, None, None, None, 1, D.shape[1], confidence, "one seed: no interval",
-                              float(a[0]), float(b[0]))
+                              float(a[0]), float(b[0]), note="one seed: no interval")
+    span = None if bounds is None else float(bounds[1] - bounds[0])
     parts = _components(D)
     h = _half_width(parts, 1 - confidence)
-    return PairedEstimate(mean, mean - h, mean + h, _p_value(mean, parts), sign_flip_p(a - b), n, D.shape[1],
-                          confidence, method, float(a.mean()), float(b.mean()))
+    p_t, p_sf = _p_value(mean, parts), sign_flip_p(d)
+    s_lo, s_hi = sign_flip_interval(d, confidence)
+    low, high, note = min(mean - h, s_lo), max(mean + h, s_hi), None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        low = high = None
+        note = (f"{n} seeds: no interval or verdict; the exact sign-flip test needs at least "
+                f"{seeds_for_verdict(1, 1 - confidence)} paired seeds")
+    elif span is not None:
+        low, high = max(low, -span), min(high, span)
+    return PairedEstimate(mean, low, high, max(p_t, p_sf), p_sf, n, D.shape[1], confidence,
+                          method + " and exact sign-flip", float(a.mean()), float(b.mean()), p_t=p_t, note=note)
 
 
-def mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None,
-                  confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
-    """One arm's mean over seeds with its interval (the same construction, against 0)."""
+def t_mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None,
+                    confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+    """One arm's mean over seeds with its two-level t interval alone (the learning gate's screen:
+    "above the floor by about 2 SE"); ``None`` bounds with one seed."""
     v = np.asarray(values, dtype=np.float64)
-    z = None if examples is None else np.zeros_like(np.asarray(examples, dtype=np.float64))
-    e = paired_estimate(v, np.zeros_like(v), diff_examples=examples, baseline_examples=z, confidence=confidence)
-    return e.mean, e.low, e.high
+    if v.size < 2:
+        return float(v.mean()), None, None
+    D = v[:, None] if examples is None else np.asarray(examples, dtype=np.float64)
+    h = half_width(D, confidence)
+    m = float(v.mean())
+    return m, m - h, m + h
+
+
+def mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None, confidence: float = 0.95,
+                  bounds: Optional[tuple[float, float]] = None) -> tuple[float, Optional[float], Optional[float]]:
+    """One arm's mean over seeds with an interval that holds whatever the seeds' distribution: the
+    hull of the t interval and, with ``bounds``, the betting interval (valid at any n), clipped to
+    the bounds; without bounds, the sign-flip interval (symmetric seeds; unbounded below 6 seeds,
+    then ``None``)."""
+    v = np.asarray(values, dtype=np.float64)
+    m, lo, hi = t_mean_interval(v, examples, confidence)
+    if lo is None:
+        return m, None, None
+    if bounds is not None:
+        b_lo, b_hi, _ = betting_interval(v, bounds[0], bounds[1], confidence)
+        return m, max(min(lo, b_lo), bounds[0]), min(max(hi, b_hi), bounds[1])
+    s_lo, s_hi = sign_flip_interval(v, confidence)
+    if not (math.isfinite(s_lo) and math.isfinite(s_hi)):
+        return m, None, None
+    return m, min(lo, s_lo), max(hi, s_hi)
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+    """Mean with its one-level t interval over independent units (disjoint held-out windows)."""
+    return t_mean_interval(values, None, confidence)
 
 
 def median_interval(values: Sequence[float],
@@ -300,21 +458,35 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 
 
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
-            alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline")) -> str:
-    """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (adjusted)
-    test rejects at ``alpha``, otherwise "no detectable difference" with the range of differences
-    the interval allows; always "at this scale and budget"."""
+            alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
+            family_size: Optional[int] = None) -> str:
+    """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
+    over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
+    difference", and why: too few seeds for any verdict, a difference that does not survive the
+    adjustment, or the range the unadjusted interval allows. Always "at this scale and budget"."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
-    if est.low is None:
+    if est.n == 1:
         return head + " (one seed: no interval, so no conclusion)"
-    p = est.p_value if adjusted_p is None else adjusted_p
-    ci = (f" ({round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over {est.n} paired "
-          f"seeds{'' if est.n_examples == 1 else f' x {est.n_examples} examples'}; p = {p:.3g}"
-          f"{' adjusted' if adjusted_p is not None else ''})")
+    adjusted = adjusted_p is not None
+    p = est.p_value if not adjusted else adjusted_p
+    over = f"{est.n} paired seeds{'' if est.n_examples == 1 else f' x {est.n_examples} examples'}"
+    holm_p = f"; Holm-adjusted p = {adjusted_p:.3g}" + (f" over {family_size} comparisons" if family_size else "") \
+        if adjusted else ""
+    needed = seeds_for_verdict(family_size or 1, alpha)
+    if est.low is None:
+        return head + f" ({est.note}{f' ({needed} in a family of {family_size})' if family_size else ''}): no " \
+                      "conclusion at this scale and budget"
+    ci = (f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
+          f"{over}; p = {est.p_value:.3g}{holm_p})")
     if p < alpha:
         better = "better" if (est.mean < 0) == lower_is_better else "worse"
         return head + ci + f": {names[0]} is {better} at this scale and budget"
-    return (head + ci + f": no detectable difference at this scale and budget; the interval allows anything from "
-            f"{f.format(est.low)} to {f.format(est.high)}{u}")
+    if est.n < needed:
+        why = f"a verdict among {family_size} comparisons needs at least {needed} seeds"
+    elif adjusted and est.p_value < alpha:
+        why = "the unadjusted interval excludes 0, but the difference does not survive the Holm adjustment"
+    else:
+        why = f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}"
+    return head + ci + f": no detectable difference at this scale and budget; {why}"

@@ -99,10 +99,10 @@ class AttentionTask(Task):
                                   per_example=lambda res, c=c, p=part: res["cells"][c]["records"][p]["absolute"],
                                   groups=lambda res, c=c, g=gate: [g] * len(res["cells"][c]["records"]["answer"]
                                                                             ["absolute"]),
-                                  gate="all"))
+                                  gate="all", bounds=(0.0, 1.0)))
                 out.append(Metric(f"attn_{part}_correct_{_key(c)}", f"{what} at N/R={c}, correctly answered prompts "
                                   "only (absolute)", lower, lambda res, c=c, p=part: _correct_only(res, c, p),
-                                  gated_by=gate, gate="all"))
+                                  gated_by=gate, gate="all", bounds=(0.0, 1.0)))
         return out
 
     def headline_cell(self, ctx: ReportContext) -> tuple[str, bool]:

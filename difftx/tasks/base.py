@@ -64,11 +64,15 @@ class Metric:
     # a measurement of the machine while the model trained (throughput, loss at equal wall-clock):
     # compared only between models trained by the same invocation (result key "invocation")
     same_run: bool = False
+    # the range every value lies in (accuracies and rates: (0, 1)); intervals stay inside it, and one
+    # arm's interval holds for any distribution of its seeds (difftx.eval.stats.mean_interval)
+    bounds: Optional[tuple[float, float]] = None
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,
                 "primary": self.primary, "floor": self.floor,
-                "digits": self.digits, "peer": self.peer}
+                "digits": self.digits, "peer": self.peer,
+                "bounds": None if self.bounds is None else list(self.bounds)}
 
 
 def setting(default: Any, help: str, parse: Optional[Callable[[str], Any]] = None) -> Any:

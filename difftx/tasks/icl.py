@@ -53,12 +53,12 @@ class ICLTask(Task):
         for kind in ORDER_KINDS:
             out.append(Metric(f"icl_{kind}_accuracy", f"ICL accuracy, {kind} orders (mean over orders)", False,
                               lambda r, k=kind: r[k]["mean"],
-                              per_example=lambda r, k=kind: r["records"][k]["instance_accuracy"]))
+                              per_example=lambda r, k=kind: r["records"][k]["instance_accuracy"], bounds=(0.0, 1.0)))
             # best - worst of a model at chance is sampling noise, not robustness: not compared then
             out.append(Metric(f"icl_{kind}_best_minus_worst", f"ICL best - worst accuracy over {kind} orders of one "
                               "instance", True,
                               lambda r, k=kind: r[k]["best_minus_worst"] if r[k]["above_chance"] else None,
-                              per_example=lambda r, k=kind: r["records"][k]["instance_spread"]))
+                              per_example=lambda r, k=kind: r["records"][k]["instance_spread"], bounds=(0.0, 1.0)))
         return out
 
     def report(self, ctx: ReportContext) -> str:

@@ -131,14 +131,15 @@ class NeedleTask(Task):
     def metrics(self, s: NeedleSettings) -> list[Metric]:
         out = [Metric(f"needle_{n}_{r}", f"needle accuracy N={n}/R={r}", False,
                       lambda res, k=f"{n}/{r}": res["grid"]["accuracy"].get(k),
-                      per_example=lambda res, k=f"{n}/{r}": _cell_records(res, k), floor=floor(n))
+                      per_example=lambda res, k=f"{n}/{r}": _cell_records(res, k), floor=floor(n),
+                      bounds=(0.0, 1.0))
                for n, r in s.grid]
         out.append(Metric("needle_mean", "needle accuracy, mean over the cells learned", False,
                           lambda res: sum(res["grid"]["accuracy"].values()) / len(res["grid"]["accuracy"]),
-                          primary=True, per_example=lambda res: res["records"]["correct_fraction"],
+                          primary=True, per_example=lambda res: res["records"]["correct_fraction"], bounds=(0.0, 1.0),
                           groups=lambda res: [f"needle_{c.replace('/', '_')}" for c in res["records"]["cell"]]))
         out += [Metric(f"needle_{o}_rate", f"needle {o} rate (share of queried keys)", True,
-                       lambda res, o=o: res["grid"]["outcome_rates"][o]) for o in OUTCOME_KINDS]
+                       lambda res, o=o: res["grid"]["outcome_rates"][o], bounds=(0.0, 1.0)) for o in OUTCOME_KINDS]
         return out
 
     def report(self, ctx: ReportContext) -> str:

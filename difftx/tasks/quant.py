@@ -86,7 +86,7 @@ class QuantTask(Task):
                         False, _change(lambda r, c=c: r.get("needle_accuracy", {}).get(c), g, str(b)),
                         per_example=_example_change(lambda r, c=c: r["records"]["needle_correct"][c], g, b),
                         groups=lambda r, c=c, k=f"needle_{n}_{q}": [k] * len(
-                            r["records"]["needle_correct"][c]["eager"]), gate="all"))
+                            r["records"]["needle_correct"][c]["eager"]), gate="all", bounds=(-1.0, 1.0)))
         return out
 
     def report(self, ctx: ReportContext) -> str:

@@ -10,6 +10,7 @@ from typing import Optional
 ARMS = ("baseline", "diff")  # report order
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 SHORT = {"diff": "DIFF", "baseline": "baseline"}
+DIFF_HEADER = "DIFF - baseline [unadjusted 95%], Holm p"
 
 
 def fmt(v: Optional[float], digits: int = 3) -> str:
@@ -76,7 +77,7 @@ class ReportContext:
 
     def comparison_table(self, keys: Sequence[str], digits: Optional[int] = None) -> str:
         rows = self.comparison_rows(keys, digits)
-        return table(rows, ["metric", "baseline", "DIFF", "DIFF - baseline", "verdict"]) if rows else ""
+        return table(rows, ["metric", "baseline", "DIFF", DIFF_HEADER, "verdict"]) if rows else ""
 
 
 def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3) -> str:
@@ -86,10 +87,10 @@ def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3
 
 
 def pair(c: dict, digits: int = 3) -> str:
-    """``mean [low, high]`` of DIFF - baseline, with the adjusted p-value."""
+    """``mean [low, high]`` of DIFF - baseline (the unadjusted interval), with the Holm-adjusted p-value."""
     p = c["paired"]
     if p["low"] is None:
-        return f"{p['mean']:+.{digits}f} (1 seed)"
+        return f"{p['mean']:+.{digits}f} (" + ("1 seed" if p["n"] == 1 else f"{p['n']} seeds: no interval") + ")"
     adj = "" if c.get("p_adjusted") is None else f", p_adj {c['p_adjusted']:.2g}"
     return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]{adj}"
 
@@ -99,7 +100,8 @@ def call(c: dict) -> str:
     if c.get("gated"):
         return "not learned: not compared"
     if c["paired"]["low"] is None:
-        return "no interval (1 seed)"
+        return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
+            f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
     if c.get("better") is None:
         return "no detectable difference"
     return "DIFF better" if c["better"] == "diff" else "DIFF worse"

@@ -75,8 +75,10 @@ def first_learned_step(probes: list[dict], cell: str, threshold: float) -> Optio
 
 def learning_steps(r: dict) -> Optional[float]:
     """Steps until retrieval was learned; a model that had not learned it by its last probe
-    counts as that step (censored: the paired difference shrinks toward 0, and the sign-flip
-    p-value stays exact under exchangeable arms). ``None`` without probes."""
+    counts as that step (censored: each seed's paired difference moves toward 0, though the mean over
+    seeds can move either way, e.g. +1000 and -3000 with the second censored to -500 give +250
+    instead of -1000; the sign-flip p-value stays exact under exchangeable arms). ``None`` without
+    probes."""
     at = r["learned_step"] if r["learned_step"] is not None else r["last_probe_step"]
     return None if at is None else float(at)
 
@@ -176,7 +178,8 @@ class TrainingTask(Task):
         return (f"Learning speed (primary): DIFF learned first in {first['diff']} of {len(c['diff'])} seeds, the "
                 f"baseline in {first['baseline']}, {first['tie']} tied (same probe, or neither learned). Steps until "
                 f"learned, DIFF - baseline (paired; a model that did not learn counts as its last probe step, which "
-                f"shrinks the difference toward 0): {pair(c, 0)}, sign-flip p = {c['paired']['sign_flip_p']:.2g}; "
+                f"moves that seed's difference toward 0 but can move the mean either way): {pair(c, 0)}, sign-flip "
+                f"p = {c['paired']['sign_flip_p']:.2g}; "
                 f"{call(c)}.\n")
 
     def _cost_and_stability(self, ctx: ReportContext) -> str:
