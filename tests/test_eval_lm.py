@@ -6,17 +6,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-from difftx import Transformer, preset
+from difftx import ModelConfig, Transformer, preset
 from difftx.eval.lm import (
     ar_hit_mask,
     binned,
     bits_per_byte,
     bytes_per_token,
+    distinct_predictions,
     evaluate_lm,
     length_extrapolation,
     spread_windows,
     summarize_nll,
     token_nll,
+    window_starts,
     windows_from_stream,
 )
 
@@ -127,3 +129,59 @@ def test_spread_windows_cover_the_whole_stream():
     assert w.shape == (2, 11) and tail.tolist() == [[20, 21, 22, 23, 24]]  # 4 more predictions
     with pytest.raises(ValueError, match="shorter than one window"):
         spread_windows(torch.arange(5), 10, 2)
+
+
+def test_spread_windows_never_score_a_token_twice_unless_asked():
+    """512 windows of 64 asked of a 3,673-token split: only 57 fit side by side (the old spread
+    overlapped about 9x and counted 32,768 'tokens'); with overlap allowed, the distinct count says
+    how much text was really scored."""
+    s = torch.arange(3673)
+    w, _ = spread_windows(s, 64, 512)
+    assert w.shape == (57, 65)
+    predicted = w[:, 1:].flatten()
+    assert predicted.unique().numel() == predicted.numel() == 57 * 64  # disjoint predictions
+    assert w[0, 0] == 0 and w[-1, -1] == 3672  # still spread over the whole stream
+    starts = window_starts(3673, 64, 512, overlap=True)
+    assert len(starts) == 512 and distinct_predictions(starts, 64) == 3672
+    assert distinct_predictions([0, 10, 100], 20) == 20 + 10 + 20
+
+
+def test_lm_task_counts_distinct_tokens(tmp_path):
+    """The LM task on a short held-out stream: the windows it scores are disjoint, and the token
+    count it reports is the number of distinct tokens scored."""
+    from difftx.tasks.lm import TASK, LMSettings
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, dim=16, n_layers=1, n_heads=1, max_seq_len=64))
+
+    class Held:
+        tokens = torch.randint(0, 50, (300,))
+        source, bytes_per_token, train_len = "a short stream", 1.0, 16
+
+    class Subject:
+        data = None
+
+        def heldout(self):
+            return Held()
+
+    Subject.model = model
+    res = TASK.run(Subject(), LMSettings(windows=512, extrapolation_factors=(1,)))
+    assert res["windows"] == 299 // 16 and res["tokens"] == res["distinct_tokens"] == 18 * 16
+    over = TASK.run(Subject(), LMSettings(windows=40, overlap=True, extrapolation_factors=(1,)))
+    assert over["windows"] == 40 and over["tokens"] == 40 * 16 and over["distinct_tokens"] == 299
+
+
+def test_runs_pairs_windows_only_on_the_same_text():
+    """``difftx runs --nll``'s paired column: per window on the same text (a t interval over the
+    windows, no per-window sign-flip matrix: 50,000 windows take no memory to speak of); runs
+    scored on other text are not paired."""
+    from difftx.cli.runs import paired_nll
+
+    rng = torch.Generator().manual_seed(0)
+    base = (3 + torch.randn(50_000, generator=rng)).tolist()
+    other = [b + 0.01 + 0.05 * float(e) for b, e in zip(base, torch.randn(50_000, generator=rng))]
+    ref = {"text_id": "a", "records": {"window_nll": base, "window_tokens": [64] * 50_000}}
+    res = {"text_id": "a", "records": {"window_nll": other, "window_tokens": [64] * 50_000}}
+    mean, lo, hi = paired_nll(res, ref)
+    assert mean == pytest.approx(0.01, abs=1e-3) and lo < 0 < hi and hi - lo < 2e-3
+    assert paired_nll({**res, "text_id": "b"}, ref).startswith("not paired")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import stat
 import sys
 from pathlib import Path
@@ -81,18 +82,23 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     tok = load_tokenizer("tok")
     ids = [tok.eos_id] + tok.encode(held.read_text(encoding="utf-8"))
     assert res["tokens"] == len(ids) - 1 and res["window"] == 32
-    assert f"scored all of heldout.txt: {res['tokens']:,} tokens" in printed
+    assert f"scored all of heldout.txt: {res['tokens']:,} distinct tokens" in printed
     assert res["heldout"]["nll"] == pytest.approx(_independent_nll(ckpt.latest_checkpoint("runs/diff"), ids, 32),
                                                   rel=1e-5)
 
     assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png", "--nll", "--data", "heldout.txt"]) == 0
-    table = "\n".join(ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("held-out NLL of"))
+    table = capsys.readouterr().out
     print(table)
     assert "held-out NLL [95% CI]" in table.splitlines()[0]
     header, _rule, diff_row, base_row = table.splitlines()[:4]
     assert header.split()[:3] == ["run", "attention", "params"]
     assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
     assert " 6/6 " in diff_row and " 4/4 " in base_row
+    # every run against the first, window by window on the same text: base - diff, with its interval
+    assert "- first run [95% CI]" in header and "(reference)" in diff_row
+    diff_nll = float(re.findall(r"\d+\.\d{4}", diff_row)[-3])  # NLL [lo, hi] (reference)
+    base_nll, _, _, paired, lo, hi = (float(x) for x in re.findall(r"[-+]?\d+\.\d{4}", base_row)[-6:])
+    assert lo < paired < hi and paired == pytest.approx(base_nll - diff_nll, abs=2e-4)
     assert Path("curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # colleagues can read what was written (umask 022): files 0644, folders 0755

@@ -18,12 +18,14 @@ def register(sub) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="also write the training and validation curves (matplotlib)")
     p.add_argument("--nll", action="store_true",
                    help="also score each run's latest checkpoint on held-out text (`difftx eval lm`): mean NLL with "
-                        "its 95%% interval over windows")
+                        "its 95%% interval over disjoint windows, and each run minus the first, window by window on "
+                        "the same text, with its 95%% interval")
     p.add_argument("--data", metavar="FILE",
                    help="with --nll: score every token of this file (default: each run's own validation split; give "
                         "one file to compare runs on the same text)")
     p.add_argument("--windows", type=int, default=None,
-                   help="with --nll: windows spread over the held-out split (default 512; with --data every token)")
+                   help="with --nll: disjoint windows spread over the held-out split (default 512, or as many as "
+                        "fit; with --data every token)")
     p.set_defaults(func=run)
     strict_unknown_flags(p)
 
@@ -32,8 +34,11 @@ def run(args: argparse.Namespace) -> int:
     from ..training.summary import LEGEND, comparability_notes, format_table, plot_runs, summarize_run
 
     summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
-    print(format_table(summaries, extra=extra_columns(args, summaries)))
+    columns, notes = extra_columns(args, summaries)
+    print(format_table(summaries, extra=columns))
     print(f"({LEGEND})")
+    for note in notes:
+        print(note)
     for note in comparability_notes(summaries):
         print(f"note: {note}")
     if args.plot:
@@ -46,35 +51,69 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def extra_columns(args: argparse.Namespace, summaries: list) -> list:
+def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list[str]]:
     """Columns measured beyond what the run folders record, appended to the table: with
     ``--nll``, the held-out NLL of each run's latest checkpoint (the ``lm`` task of
-    ``difftx.tasks``, as ``difftx eval lm`` computes it) with its 95% t-interval over windows."""
+    ``difftx.tasks``, as ``difftx eval lm`` computes it) with its 95% t-interval over disjoint
+    windows, and every run's paired difference from the first, window by window on the same text.
+    Returns the columns and the lines that explain them."""
     if not args.nll:
         if args.data or args.windows is not None:
             raise ValueError("--data and --windows apply with --nll")
-        return []
-    from ..eval.stats import mean_interval
-    from ..tasks.lm import LMSettings
+        return [], []
+    from ..tasks.lm import LMSettings, scored_tokens
     from ..tasks.runner import evaluate_checkpoint
     from ..training.summary import Column
 
     if args.windows is not None and args.windows < 0:
         raise ValueError(f"--windows: must be >= 0, got {args.windows}")
     settings = LMSettings(windows=args.windows, extrapolation_factors=(1,))
-    scored = {}
-    for s in summaries:
-        res = evaluate_checkpoint("lm", s.path, settings=settings, data=args.data, progress=False)
-        m, lo, hi = mean_interval(res["records"]["window_nll"])  # a t-interval over the windows
-        nll = res["heldout"]["nll"]  # token-weighted (a shorter last window counts by its tokens)
-        scored[s.path] = (nll, None if lo is None else nll - (m - lo), None if hi is None else nll + (hi - m),
-                          res["tokens"], res["source"])
-    for s in summaries:
-        m, lo, hi, n, src = scored[s.path]
-        print(f"held-out NLL of {s.path}: {n:,} tokens of {src}")
+    results = {s.path: evaluate_checkpoint("lm", s.path, settings=settings, data=args.data, progress=False)
+               for s in summaries}
+    notes = [f"held-out NLL of {s.path}: {scored_tokens(results[s.path])} of {results[s.path]['source']}"
+             for s in summaries]
+    first = summaries[0].path
+    paired = {s.path: paired_nll(results[s.path], results[first]) for s in summaries[1:]}
+    if paired:
+        notes.append(f"- first run: each run's NLL minus {first}'s, window by window on the same text; a t interval "
+                     "over disjoint windows (text noise only: one trained model per run, so seed noise is not in it)")
 
     def cell(s) -> str:
-        m, lo, hi, _, _ = scored[s.path]
-        return f"{m:.4f}" if lo is None else f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
+        return _with_interval(results[s.path]["heldout"]["nll"], *_window_interval(results[s.path]), "{:.4f}")
 
-    return [Column("held-out NLL [95% CI]", cell)]
+    def vs_first(s) -> str:
+        if s.path == first:
+            return "(reference)"
+        p = paired[s.path]
+        return p if isinstance(p, str) else _with_interval(*p, "{:+.4f}")
+
+    return [Column("held-out NLL [95% CI]", cell), Column("- first run [95% CI]", vs_first)], notes
+
+
+def _window_interval(res: dict) -> tuple:
+    """The t interval of a run's per-window NLL, shifted to its token-weighted mean."""
+    from ..eval.stats import t_interval
+
+    m, lo, hi = t_interval(res["records"]["window_nll"])
+    return (None, None) if lo is None else (lo - m, hi - m)
+
+
+def _with_interval(value: float, lo, hi, fmt: str) -> str:
+    return fmt.format(value) if lo is None else f"{fmt.format(value)} [{fmt.format(value + lo)}, {fmt.format(value + hi)}]"
+
+
+def paired_nll(res: dict, ref: dict):
+    """``(mean, low offset, high offset)`` of ``res`` minus ``ref`` over the same windows
+    (token-weighted mean; t interval over the windows), or why they cannot be paired."""
+    import numpy as np
+
+    from ..eval.stats import t_interval
+
+    same = res.get("text_id") == ref.get("text_id") and res["records"]["window_tokens"] == ref["records"]["window_tokens"]
+    if not same:
+        return "not paired: another held-out text (pass --data FILE to score every run on one text)"
+    d = np.asarray(res["records"]["window_nll"]) - np.asarray(ref["records"]["window_nll"])
+    w = np.asarray(res["records"]["window_tokens"], dtype=np.float64)
+    mean = float((d * w).sum() / w.sum())
+    m, lo, hi = t_interval(d)
+    return (mean, None, None) if lo is None else (mean, lo - m, hi - m)

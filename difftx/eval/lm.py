@@ -105,26 +105,42 @@ def windows_from_stream(tokens: Sequence[int] | Tensor, window: int, max_windows
     return t[idx]
 
 
-def spread_windows(stream: torch.Tensor, seq_len: int, n: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def spread_windows(stream: torch.Tensor, seq_len: int, n: int,
+                   overlap: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Windows of ``seq_len`` predictions (``seq_len + 1`` tokens) from a 1-D stream.
 
-    ``n > 0``: ``n`` windows (fewer if the stream is short) with starts spread evenly over the
-    whole stream, no tail. ``n == 0``: consecutive windows sharing their boundary token, so every
-    token after the first is predicted exactly once, and the shorter ``tail`` window that is left
-    (``None`` if nothing is). Returns ``(windows (N, seq_len + 1), tail (1, m + 1) or None)``."""
+    ``n > 0``: ``n`` windows with starts spread evenly over the whole stream, no tail. They never
+    predict a token twice: when ``n`` disjoint windows do not fit, there are only as many as fit
+    (``(len - 1) // seq_len``), unless ``overlap`` allows windows that share predicted tokens.
+    ``n == 0``: consecutive windows sharing their boundary token, so every token after the first is
+    predicted exactly once, and the shorter ``tail`` window that is left (``None`` if nothing is).
+    Returns ``(windows (N, seq_len + 1), tail (1, m + 1) or None)``."""
     L = stream.numel()
     if n > 0:
-        if L < seq_len + 1:
-            raise ValueError(f"the held-out stream ({L} tokens) is shorter than one window of {seq_len + 1}")
-        last = L - seq_len - 1
-        count = min(n, last + 1)
-        starts = [round(i * last / max(count - 1, 1)) for i in range(count)] if count > 1 else [0]
-        return torch.stack([stream[s:s + seq_len + 1] for s in starts]), None
+        return torch.stack([stream[s:s + seq_len + 1] for s in window_starts(L, seq_len, n, overlap)]), None
     full = (L - 1) // seq_len
     windows = stream[:full * seq_len + 1].unfold(0, seq_len + 1, seq_len) if full else \
         stream.new_zeros((0, seq_len + 1))
     rest = stream[full * seq_len:]
     return windows, (rest[None] if rest.numel() >= 2 else None)
+
+
+def window_starts(length: int, seq_len: int, n: int, overlap: bool = False) -> list[int]:
+    """Starts of :func:`spread_windows`' ``n > 0`` windows in a stream of ``length`` tokens."""
+    if length < seq_len + 1:
+        raise ValueError(f"the held-out stream ({length} tokens) is shorter than one window of {seq_len + 1}")
+    last = length - seq_len - 1
+    count = min(n, last + 1 if overlap else (length - 1) // seq_len)
+    return [round(i * last / max(count - 1, 1)) for i in range(count)] if count > 1 else [0]
+
+
+def distinct_predictions(starts: Sequence[int], seq_len: int) -> int:
+    """How many distinct tokens windows starting at ``starts`` predict (``start + 1 .. start + seq_len``)."""
+    covered, end = 0, -1
+    for s in sorted(starts):
+        covered += max(0, s + seq_len - max(s, end))
+        end = max(end, s + seq_len)
+    return covered
 
 
 def summarize_nll(nll: Tensor, hits: Tensor, bytes_per_token_: float = 1.0) -> LMResult:

@@ -19,9 +19,12 @@ DEFAULT_WINDOWS = 512
 
 @dataclass(frozen=True)
 class LMSettings:
-    windows: Optional[int] = setting(None, "held-out windows, spread evenly over the whole held-out stream (0: every "
-                                           "token once, in consecutive windows; default: every token of --data FILE, "
-                                           f"else {DEFAULT_WINDOWS} windows of the held-out split)")
+    windows: Optional[int] = setting(None, "held-out windows, spread evenly over the whole held-out stream, never "
+                                           "scoring a token twice (fewer when that many do not fit; 0: every token "
+                                           "once, in consecutive windows; default: every token of --data FILE, else "
+                                           f"{DEFAULT_WINDOWS} windows of the held-out split)")
+    overlap: bool = setting(False, "allow windows that score the same token more than once when more windows are asked "
+                                   "for than fit side by side (they are then not independent examples)")
     seq_len: Optional[int] = setting(None, "predictions per window (default: the training length)")
     extrapolation_factors: tuple = setting((1, 2, 4), "context lengths, as multiples of the window, for the "
                                                        "length-extrapolation curve")
@@ -68,12 +71,13 @@ class LMTask(Task):
     def run(self, subject, s: LMSettings, *, progress: bool = False) -> dict:
         import torch
 
-        from ..eval.lm import ar_hit_mask, length_extrapolation, spread_windows, summarize_nll
+        from ..eval.lm import (ar_hit_mask, distinct_predictions, length_extrapolation, spread_windows, summarize_nll,
+                               window_starts)
 
         held = subject.heldout()
         seq_len = s.seq_len or held.train_len
         n = s.windows if s.windows is not None else (0 if subject.data is not None else DEFAULT_WINDOWS)
-        windows, tail = spread_windows(held.tokens, seq_len, n)
+        windows, tail = spread_windows(held.tokens, seq_len, n, overlap=s.overlap)
         nll, hits = window_nll(subject.model, windows, s.batch_size, progress), ar_hit_mask(windows)
         per_window = [(float(r.mean()), r.numel()) for r in nll]
         flat_nll, flat_hits = nll.flatten(), hits.flatten()
@@ -84,8 +88,14 @@ class LMTask(Task):
         heldout = summarize_nll(flat_nll[None], flat_hits[None], held.bytes_per_token).to_dict()
         heldout["window"] = seq_len
         heldout["nll_by_position"] = nll.mean(0).tolist() if nll.shape[0] else []
-        out: dict = {"source": held.source, "train_len": held.train_len, "window": seq_len,
-                     "windows": len(per_window), "tokens": int(flat_nll.numel()), "heldout": heldout,
+        distinct = int(flat_nll.numel()) if not (s.overlap and n > 0) else distinct_predictions(
+            window_starts(held.tokens.numel(), seq_len, n, overlap=True), seq_len)
+        import hashlib
+
+        text_id = hashlib.sha256(held.tokens.numpy().astype("<i8").tobytes()).hexdigest()[:16]
+        out: dict = {"source": held.source, "text_id": text_id, "train_len": held.train_len, "window": seq_len,
+                     "windows": len(per_window), "windows_asked": n, "tokens": int(flat_nll.numel()),
+                     "distinct_tokens": distinct, "stream_tokens": int(held.tokens.numel()), "heldout": heldout,
                      "records": {"window_nll": [w for w, _ in per_window], "window_tokens": [n for _, n in per_window]}}
         try:
             ext = length_extrapolation(subject.model, held.tokens, seq_len, factors=s.extrapolation_factors,
@@ -138,8 +148,12 @@ class LMTask(Task):
 
     def print(self, res: dict) -> None:
         h = res["heldout"]
-        print(f"scored {res['source']}: {res['tokens']:,} tokens in {res['windows']} windows of {res['window']} "
+        print(f"scored {res['source']}: {scored_tokens(res)} in {res['windows']} windows of {res['window']} "
               f"predictions (training length {res['train_len']})")
+        asked = res.get("windows_asked") or 0
+        if asked > res["windows"] and res.get("distinct_tokens", res["tokens"]) == res["tokens"]:
+            print(f"  ({asked} windows asked for; {res['windows']} fit without scoring a token twice: "
+                  "--overlap true allows more, as examples that are not independent)")
         ar = "-" if h["ar_hit_nll"] is None else f"{h['ar_hit_nll']:.4f}"
         other = "-" if h["other_nll"] is None else f"{h['other_nll']:.4f}"
         print(f"NLL {h['nll']:.4f} nats  bits/byte {h['bpb']:.4f}  AR-hit NLL {ar} ({h['ar_hit_fraction']:.1%} of "
@@ -150,6 +164,13 @@ class LMTask(Task):
             print(f"  x{f} window: NLL {r['nll']:.4f}{tail}")
         if "extrapolation_skipped" in res:
             print(f"  skipped: {res['extrapolation_skipped']}")
+
+
+def scored_tokens(res: dict) -> str:
+    """"3,584 distinct tokens" (and how many predictions, when windows overlap)."""
+    distinct = res.get("distinct_tokens", res["tokens"])
+    text = f"{distinct:,} distinct tokens"
+    return text if distinct == res["tokens"] else text + f" ({res['tokens']:,} predictions: windows overlap)"
 
 
 def _beyond(r: dict) -> Optional[float]:
