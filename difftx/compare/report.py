@@ -93,7 +93,8 @@ def _seeds_rule(results: dict, n: int) -> str:
     for c in results["comparison"].values():
         if c.get("seeds_for_verdict") is not None:
             need.setdefault(c["family"], (c["seeds_for_verdict"], c["family_size"]))
-    parts = [f"{k} ({size} comparisons): {s} seeds" for k, (s, size) in sorted(need.items(), key=lambda x: x[0] != "primary")]
+    order = sorted(need.items(), key=lambda x: x[0] != "primary")
+    parts = [f"{k} ({size} comparisons): {s} seeds" for k, (s, size) in order]
     text = ("The sign-flip test cannot reach p < 0.05 below 6 paired seeds, and after Holm's adjustment a verdict "
             "needs more: " + "; ".join(parts) + f". This run has {n} seeds") if parts else ""
     if parts and n < min(s for s, _ in need.values()):
