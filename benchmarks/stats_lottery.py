@@ -42,7 +42,8 @@ def main() -> None:
             for k in truth:
                 printed = [c[k]["paired"] for c in alt if c[k]["gated"] is None and c[k]["paired"]["low"] is not None]
                 shown = max(shown, len(printed))
-                cov.append("-" if not printed else f"{np.mean([p['low'] <= truth[k] <= p['high'] for p in printed]):.3f}")
+                hits = [p["low"] <= truth[k] <= p["high"] for p in printed]
+                cov.append(f"{np.mean(hits):.3f}" if printed else "-")
             for p in (0.5, 0.8):
                 null = sim._run(rng, args.runs, n=n, p_diff=p, p_base=p, prompts=prompts)
                 rule = np.mean([any(c["better"] is not None for c in comps.values()) for comps in null])

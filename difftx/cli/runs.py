@@ -99,7 +99,9 @@ def _window_interval(res: dict) -> tuple:
 
 
 def _with_interval(value: float, lo, hi, fmt: str) -> str:
-    return fmt.format(value) if lo is None else f"{fmt.format(value)} [{fmt.format(value + lo)}, {fmt.format(value + hi)}]"
+    if lo is None:
+        return fmt.format(value)
+    return f"{fmt.format(value)} [{fmt.format(value + lo)}, {fmt.format(value + hi)}]"
 
 
 def paired_nll(res: dict, ref: dict):
@@ -109,11 +111,11 @@ def paired_nll(res: dict, ref: dict):
 
     from ..eval.stats import t_interval
 
-    same = res.get("text_id") == ref.get("text_id") and res["records"]["window_tokens"] == ref["records"]["window_tokens"]
-    if not same:
+    tokens = res["records"]["window_tokens"]
+    if res.get("text_id") != ref.get("text_id") or tokens != ref["records"]["window_tokens"]:
         return "not paired: another held-out text (pass --data FILE to score every run on one text)"
     d = np.asarray(res["records"]["window_nll"]) - np.asarray(ref["records"]["window_nll"])
-    w = np.asarray(res["records"]["window_tokens"], dtype=np.float64)
+    w = np.asarray(tokens, dtype=np.float64)
     mean = float((d * w).sum() / w.sum())
     m, lo, hi = t_interval(d)
     return (mean, None, None) if lo is None else (mean, lo - m, hi - m)
