@@ -69,6 +69,7 @@ def summarise(field: str, results: dict) -> dict:
         for key, c in res["comparison"].items():
             if c["primary"]:
                 metrics[key] = {"label": c["label"], "lower_is_better": c["lower_is_better"], "gated": c["gated"],
+                                "bounds": c.get("bounds"),
                                 "baseline": [c["baseline_mean"], *c["baseline_ci"]],
                                 "diff": [c["diff_mean"], *c["diff_ci"]], "paired": c["paired"],
                                 "per_seed": {"baseline": c["baseline"], "diff": c["diff"]}}
@@ -81,7 +82,8 @@ def summarise(field: str, results: dict) -> dict:
         sign = 1 if points[0]["metrics"][key]["lower_is_better"] else -1
         pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in ARMS}
         d, b = (pick[a]["metrics"][key]["per_seed"][a] for a in ("diff", "baseline"))
-        est = paired_estimate(d, b) if len(d) == len(b) else None
+        bounds = points[0]["metrics"][key].get("bounds")
+        est = paired_estimate(d, b, bounds=None if bounds is None else tuple(bounds)) if len(d) == len(b) else None
         best = {"metric": key, "label": points[0]["metrics"][key]["label"],
                 "value": {a: pick[a]["value"] for a in ARMS},
                 "mean": {a: pick[a]["metrics"][key][a][0] for a in ARMS},
@@ -100,7 +102,8 @@ def render_sweep(s: dict) -> str:
     field = s["field"]
     out = [f"# Sensitivity of the comparison to `{field}`\n",
            f"Each row is a whole `difftx compare` (its folder `{field}=VALUE/` has the full report). Means over "
-           "seeds with 95% intervals; DIFF - baseline paired by seed.\n"]
+           "seeds with 95% intervals where the seeds support one; DIFF - baseline paired by seed, with its "
+           "unadjusted 95% interval from 6 seeds on (`docs/compare.md`, Statistics).\n"]
     for key in dict.fromkeys(k for p in s["points"] for k in p["metrics"]):
         rows = []
         for p in s["points"]:
