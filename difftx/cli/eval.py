@@ -31,7 +31,7 @@ def register(sub) -> None:
                                    "same code on its models.")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for name, task in TASKS.items():
-        t = tasks.add_parser(name, help=task.help, description=(task.description or task.help) + ".")
+        t = tasks.add_parser(name, help=task.help, description=(task.description or task.help).rstrip(".") + ".")
         t.add_argument("checkpoint", help="checkpoint or run folder")
         t.add_argument("--tokenizer", help="tokenizer of a text model (default: the one saved with it, else byte)")
         t.add_argument("--data", help="held-out text for a text model: every token of this file is scored (default: "
