@@ -33,6 +33,11 @@ def register(sub) -> None:
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
                         "and --out/sweep.md: every arm's primary metrics per value and at its own best value")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="on a cluster: invocation K of N trains and evaluates only its share of the models (every "
+                        "N-th, from the K-th) into the shared --out and writes no report; each model is locked, so "
+                        "nothing is done twice. Run once more without --shard to assemble the report (see "
+                        "docs/compare.md for a Slurm job array)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -74,9 +79,13 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..compare import ComparePreset, run_compare
+    from ..compare.run import parse_shard
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")
+    shard = None if args.shard is None else parse_shard(args.shard)
+    if shard is not None and args.sweep:
+        raise ValueError("--shard and --sweep: shard each point's folder on its own (--out DIR/FIELD=VALUE --set ...)")
     overrides = parse_overrides(args.overrides)
     known = {f.name for f in dataclasses.fields(ComparePreset)}
     bad = sorted(set(overrides) - known)
@@ -90,10 +99,19 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or f"runs/compare-{args.preset}"
     if args.sweep:
         return _sweep(args, out, overrides)
-    res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, **overrides)
+    res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, shard=shard,
+                      **overrides)
     import os
 
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
+        return 0
+    if shard is not None:
+        ran = res["this_run"]
+        skipped = sum(1 for d in ran.values() if d.get("skipped"))
+        print(f"\nshard {shard[0]}/{shard[1]}: {len(ran) - skipped} of its {len(ran)} model(s) done here"
+              + (f", {skipped} held by another invocation" if skipped else "")
+              + f" ({res['wall_s']:.0f} s). When every shard has finished, run the same command without --shard "
+                "to assemble the report.")
         return 0
     C = res["comparison"]
     print(f"\nwrote {out}/report.md, {out}/results.json and {len(res.get('plots', {}))} plots "

@@ -7,6 +7,12 @@ Under ``torchrun`` (more than one process) the models are trained one at a time,
 process (data parallel, :func:`difftx.training.train`); rank 0 alone evaluates and writes the
 outputs while the others wait.
 
+On a cluster, ``shard=(K, N)`` makes invocation K of N train and evaluate only its share of the
+models (every N-th, from the K-th) into the shared folder and write no report; an invocation
+without ``shard`` then assembles the results (training whatever is still missing). Each model is
+done under an OS lock on ``seed{S}/{arm}/.job.lock``, so no two invocations ever do the same model:
+a shard skips a model another process holds; an assembling run waits for it.
+
 Layout of ``out_dir``::
 
     compare.json                      the preset and seeds of this folder (a re-run must match)
@@ -14,6 +20,7 @@ Layout of ``out_dir``::
     seed{S}/{diff,baseline}/train/    the trainer's run folder (metrics.jsonl; checkpoints until trained)
     seed{S}/{diff,baseline}/train.json   loss history, lambda over training, wall/CPU time
     seed{S}/{diff,baseline}/evals/{task}.json  one file per registered task (difftx.tasks.TASKS)
+    seed{S}/{diff,baseline}/.job.lock   held while one invocation trains or evaluates that model
     results.json  report.md  plots/*.png
 """
 
@@ -25,7 +32,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..checkpoint import atomic_write
@@ -41,10 +49,48 @@ from .train import train_model
 EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms")
 
 
+@contextmanager
+def job_lock(folder: Path, wait: bool) -> Iterator[bool]:
+    """Hold an OS lock on ``folder/.job.lock`` (rank 0 alone, under torchrun) while one model is
+    trained and evaluated. Yields False, without the lock, when another process holds it and
+    ``wait`` is False; with ``wait`` it blocks until the other is done. The OS releases the lock
+    of a process that dies."""
+    from ..training.distributed import is_initialized
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock on this platform: no cross-process guard
+        yield True
+        return
+    if is_initialized() and _rank() != 0:
+        yield True
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".job.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int,
-         invocation: str | None = None) -> dict:
-    """Train (unless finished) and evaluate (what is missing) one model; returns what was done.
-    Under torchrun every rank calls it: every rank trains, rank 0 alone evaluates."""
+         invocation: str | None = None, wait: bool = True) -> dict:
+    """Train (unless finished) and evaluate (what is missing) one model under its job lock
+    (:func:`job_lock`); returns what was done. Under torchrun every rank calls it: every rank
+    trains, rank 0 alone evaluates."""
+    with job_lock(Path(folder), wait) as mine:
+        if not broadcast_object(mine):
+            return {"trained": False, "evaluated": [], "skipped": "another invocation holds this model"}
+        return _job_locked(plan, seed, kind, folder, progress, position, invocation)
+
+
+def _job_locked(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int,
+                invocation: str | None) -> dict:
     if plan.execution.threads:
         import torch
 
@@ -82,9 +128,30 @@ def _check_folder(out: Path, preset: ComparePreset) -> None:
     atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> ``(2, 4)``: invocation 2 of 4 (1 <= K <= N)."""
+    try:
+        k, n = (int(x) for x in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard: expected K/N such as 1/4, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard {text}: need 1 <= K <= N (invocation K of N)")
+    return k, n
+
+
+def shard_jobs(jobs: list, shard: tuple[int, int] | None, offset: int = 0) -> list:
+    """The jobs of invocation K of N: every N-th of the whole job list, from the K-th (``offset``:
+    where ``jobs`` starts in a longer list, such as one size of a scale run)."""
+    if shard is None:
+        return jobs
+    k, n = shard
+    return [j for i, j in enumerate(jobs) if (offset + i) % n == k - 1]
+
+
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
                 out_dir: str | os.PathLike = "runs/compare", *, progress: bool = True,
-                workers: int | None = None, **overrides) -> dict:
+                workers: int | None = None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
+                **overrides) -> dict:
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
     ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
 
@@ -92,6 +159,8 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     seeds      K (seeds 0..K-1) or an explicit list of seeds
     workers    models trained side by side in separate processes (default: the preset's; 1 under
                torchrun, where every process trains each model in turn)
+    shard      ``(K, N)``: train and evaluate only this invocation's share of the models and write
+               no report; returns ``{"shard": [K, N], "this_run": ...}`` (see the module doc)
     overrides  :class:`ComparePreset` fields applied on top of the preset
     """
     from datetime import timedelta
@@ -104,14 +173,15 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     if owns_group:
         init_distributed(p.device, timeout=timedelta(hours=12))
     try:
-        return _run_compare(p, seeds, out_dir, progress=progress, workers=workers)
+        return _run_compare(p, seeds, out_dir, progress=progress, workers=workers, shard=shard,
+                            shard_offset=shard_offset)
     finally:
         if owns_group:
             destroy_distributed()
 
 
 def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike, *, progress: bool,
-                 workers: int | None) -> dict:
+                 workers: int | None, shard: tuple[int, int] | None = None, shard_offset: int = 0) -> dict:
     from tqdm.auto import tqdm
 
     from ..training.distributed import is_initialized
@@ -136,25 +206,29 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     t0 = time.time()
     # the id of this invocation, kept with every model it trains (rank 0's is the one written)
     invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"
-    jobs = [(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in plan.arms]
+    jobs = shard_jobs([(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in plan.arms], shard, shard_offset)
+    wait = shard is None  # a shard skips a model another invocation holds; an assembling run waits for it
     done: dict[str, dict] = {}
-    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s))",
+    what = "" if shard is None else f", shard {shard[0]}/{shard[1]}"
+    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s){what})",
                disable=not (progress and main), dynamic_ncols=True)
-    if n_workers == 1 or len(jobs) == 1 or distributed:
+    if n_workers == 1 or len(jobs) <= 1 or distributed:
         for s, k, f in jobs:
-            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1, invocation)
+            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1, invocation, wait)
             bar.update()
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=min(n_workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers, invocation): f"seed{s}/{k}"
+            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers, invocation, wait): f"seed{s}/{k}"
                     for i, (s, k, f) in enumerate(jobs)}
             for fut in as_completed(futs):
                 done[futs[fut]] = fut.result()
                 bar.update()
     bar.close()
+    if shard is not None:  # the report is assembled by an invocation without --shard
+        return {"shard": list(shard), "this_run": done, "wall_s": time.time() - t0}
 
     def finish() -> dict:
         from .report import write_outputs
