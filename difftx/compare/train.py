@@ -81,9 +81,12 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
                                         device=device, world_size=dist.world_size, progress=progress)
         stream = CompareStream(plan.mixture, space, seed)
         t0, c0 = time.time(), time.process_time()
+        has_checkpoints = (run_dir / "checkpoints").is_dir()
+        if not has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
+            on_main(lambda: (run_dir / "metrics.jsonl").unlink(missing_ok=True))
         try:
             # resume=True continues an interrupted run (without a checkpoint folder: a quiet fresh start)
-            result = train(tc, resume=(run_dir / "checkpoints").is_dir(), data=stream, model_config=cfg,
+            result = train(tc, resume=has_checkpoints, data=stream, model_config=cfg,
                            probes=(plan.probes.every, lambda m: needle_probe(m, plan.probes, space)),
                            progress_bar={"desc": f"train {kind} seed {seed}", "position": position, "leave": False})
         except TrainingDivergedError as e:

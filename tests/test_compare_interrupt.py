@@ -1,0 +1,73 @@
+"""``difftx compare`` interrupted before a model's first checkpoint (Ctrl-C or a kill), then run
+again: it starts that model over and ends with the results of an uninterrupted run. Before the
+fix every re-run was refused ("... holds the metrics.jsonl of an earlier run that wrote no
+checkpoint"), and compare has no --resume to get past it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from difftx.cli import main
+from test_compare import FAST, as_sets
+
+# 40 steps, a checkpoint every 4 (10% of the steps, in whole log intervals of 2): the child is
+# stopped when the first model logs step 2, before any checkpoint exists
+SETTINGS = {**FAST, "steps": 40, "log_every": 2, "probe_every": 0}
+
+CHILD = """
+import os, signal, sys
+from difftx.training import metrics
+from difftx.cli import main
+original = metrics.MetricsLogger.log
+def log(self, record):
+    original(self, record)
+    if record.get("step") == 2 and "loss" in str(record) and not os.environ.get("DIFFTX_TEST_FIRED"):
+        os.environ["DIFFTX_TEST_FIRED"] = "1"
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+metrics.MetricsLogger.log = log
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _cmd(out: Path) -> list[str]:
+    return ["compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1", "--no-progress",
+            *as_sets(SETTINGS)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("clean") / "run"
+    assert main(_cmd(out)) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_compare_resumes_after_an_interrupt_before_the_first_checkpoint(tmp_path, uninterrupted, sig):
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", CHILD, sig, *_cmd(out)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(root), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    train_dirs = [p.parent for p in out.glob("seed0/*/train/metrics.jsonl")]
+    assert train_dirs and not any((d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir())
+                                  for d in train_dirs), "the child was to stop before any checkpoint"
+    assert main(_cmd(out)) == 0  # the same command again: no refusal
+    got = json.loads((out / "results.json").read_text())
+    for arm in ("diff", "baseline"):
+        g, w = got["runs"]["0"][arm]["train"]["history"], uninterrupted["runs"]["0"][arm]["train"]["history"]
+        assert [h["step"] for h in g] == [h["step"] for h in w]
+        losses = sorted(k for k in w[-1] if k.endswith("_loss"))
+        assert losses and [[h.get(k) for k in losses] for h in g] == [[h.get(k) for k in losses] for h in w]
+    timed = {"train_tokens_per_s", "loss_at_equal_time"}
+    for key, c in uninterrupted["comparison"].items():
+        if key not in timed:
+            for arm, vals in c["values"].items():
+                assert got["comparison"][key]["values"][arm] == pytest.approx(vals, rel=1e-5, abs=1e-7), key
