@@ -329,3 +329,53 @@ def test_imported_model_fine_tunes_with_init_from(tmp_path):
     x = torch.tensor([ids])
     with torch.no_grad():
         assert_logits_close(tuned(x), hf_load(tmp_path / "hf_tuned")(x).logits)
+
+
+def test_tied_flag_with_its_own_head_imports_as_transformers_loads_it(tmp_path):
+    """config.json says tie_word_embeddings, yet the weights hold an lm_head that differs from the
+    embedding: transformers keeps that head (it does not tie them), so the import does too, and the
+    logits match. (Before: the head was dropped, logits off by 0.67.)"""
+    from transformers import AutoModelForCausalLM
+
+    theirs = _transformers_model("diffllama", True)
+    theirs.save_pretrained(tmp_path / "hf")
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    weights["lm_head.weight"] = 0.08 * torch.randn_like(weights["model.embed_tokens.weight"])
+    from safetensors.torch import save_file
+
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ours = load_model(import_hf(tmp_path / "hf", tmp_path / "difftx"))
+    assert not ours.config.tie_embeddings
+    x = tokens(7)
+    with torch.no_grad():
+        assert_logits_close(ours(x, backend="eager"), loaded(x).logits)
+
+
+def test_missing_norm_eps_takes_transformers_default(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    export_hf(Transformer(tiny(n_heads=4, n_kv_heads=2)), tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del cfg["rms_norm_eps"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    ours = load_model(import_hf(tmp_path / "hf", tmp_path / "out"))
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert ours.config.norm_eps == theirs.config.rms_norm_eps == 1e-5
+    with torch.no_grad():
+        assert_logits_close(ours(tokens(5), backend="eager"), theirs(tokens(5)).logits)
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(sliding_window=16), "sliding_window=16"),
+    (dict(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config"),
+    (dict(num_key_value_heads=0), "num_key_value_heads must be an integer >= 1, got 0"),
+    (dict(hidden_size="64"), "hidden_size must be an integer >= 1, got '64'"),
+    (dict(rope_parameters="default"), "rope_parameters must be an object"),
+])
+def test_import_refuses_what_it_cannot_map(changes, match, tmp_path):
+    export_hf(Transformer(tiny(n_heads=4, n_kv_heads=2)), tmp_path / "hf")
+    _edit_config(tmp_path / "hf", **changes)
+    with pytest.raises(ConversionError, match=match):
+        import_hf(tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -189,7 +189,12 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     def need(key: str):
         if key not in hf:
             raise ConversionError(f"{source}: missing field {key!r}")
-        return hf[key]
+        return whole(key, hf[key])
+
+    def whole(key: str, value, minimum: int = 1):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ConversionError(f"{source}: {key} must be an integer >= {minimum}, got {value!r}")
+        return value
 
     def refuse(rule: str) -> ConversionError:
         return ConversionError(f"{source}: {rule}")
@@ -201,14 +206,21 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     diff = model_type == "diffllama"
     D, L, V = need("hidden_size"), need("num_hidden_layers"), need("vocab_size")
     n_heads = need("num_attention_heads")
-    n_kv = hf.get("num_key_value_heads") or n_heads
-    head_dim = hf.get("head_dim") or D // n_heads
+    n_kv = n_heads if hf.get("num_key_value_heads") is None else whole("num_key_value_heads",
+                                                                        hf["num_key_value_heads"])
+    head_dim = D // n_heads if hf.get("head_dim") is None else whole("head_dim", hf["head_dim"])
+    for key in ("sliding_window", "quantization_config"):
+        if hf.get(key):
+            raise refuse(f"{key}={hf[key]!r}: difftx attends to the whole context with unquantised weights; "
+                         "it cannot represent this model exactly")
     if hf.get("hidden_act", "silu") != "silu":
         raise refuse(f"hidden_act={hf['hidden_act']!r}: difftx's MLP is SwiGLU (silu) only")
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
             raise refuse(f"{key}=true: difftx's projections have no bias")
     rope = hf.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise refuse(f"rope_parameters must be an object, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default" or hf.get("rope_scaling"):
         raise refuse(f"RoPE scaling ({rope_type!r} / rope_scaling={hf.get('rope_scaling')!r}) is not supported; "
@@ -232,7 +244,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
             vocab_size=V, dim=D, n_layers=L, n_heads=n_heads, n_kv_heads=None if n_kv == n_heads else n_kv,
             attention="diff" if diff else "standard", ffn_hidden=ffn,
             max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=float(theta),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama 1e-6
+            norm_eps=float(hf.get("rms_norm_eps", 1e-5 if diff else 1e-6)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             init_std=float(hf.get("initializer_range", 0.02)))
     except (TypeError, ValueError) as e:
         raise refuse(f"no valid difftx config: {e}") from e
@@ -583,9 +597,14 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False
     _output_dir(out_folder, [src], overwrite)  # before reading the weights
     hf_cfg, hf_state = load_hf_folder(src)
     config = config_from_hf(hf_cfg, str(src / "config.json"))
+    head, embedding = hf_state.get("lm_head.weight"), hf_state.get("model.embed_tokens.weight")
+    if config.tie_embeddings and head is not None:
+        if embedding is not None and head.shape == embedding.shape and not torch.equal(head, embedding):
+            # transformers keeps a stored head that differs from the embedding (it does not tie them): so do we
+            config = config.replace(tie_embeddings=False)
+        else:  # a stored copy of the embedding: tied
+            hf_state.pop("lm_head.weight")
     expected_hf = to_hf_state(config, _expected_state(config))
-    if config.tie_embeddings:  # transformers ties lm_head to the embedding and ignores a stored copy
-        hf_state.pop("lm_head.weight", None)
     _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
     state = to_difftx_state(config, hf_state)
     out = _output_dir(out_folder, [src], overwrite)
