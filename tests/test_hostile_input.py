@@ -505,3 +505,32 @@ def test_binary_run_files_are_named(capsys, tmp_path, run_dir, victim):
                             "--set", "progress=false")
     assert code == 2 and str(bad) in err
     assert not (out / ckpt.LOCK_NAME).exists()
+
+
+def test_no_command_writes_over_a_file_of_a_run_without_overwrite(capsys, tmp_path, run_dir, model_dir):
+    """`eval --json`, `bench --json` and `tokenizer train --out` onto a run's, a checkpoint's or a
+    tokenizer's own file: refused with the owner named, the file byte-identical; --overwrite allows
+    it; a new file beside them is fine."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = snapshot(run)
+    latest = ckpt.latest_checkpoint(run)
+    for target in (run / "train_config.json", latest / "model.safetensors", run / "metrics.jsonl"):
+        code, err = run_cli(capsys, "eval", "lm", run, "--json", target, "--no-progress")
+        assert code == 2 and "belongs to" in err and "--overwrite" in err, err
+    code, err = run_cli(capsys, "bench", "--json", run / "metrics.jsonl", "--seq-lens", "8")
+    assert code == 2 and "belongs to the training run" in err
+    assert snapshot(run) == before
+    tok = tmp_path / "tok"
+    text = tmp_path / "t.txt"
+    text.write_text("a small text to train a tokenizer on, repeated. " * 200)
+    assert run_cli(capsys, "tokenizer", "train", "--input", text, "--vocab-size", "280", "--out", tok)[0] == 0
+    first = snapshot(tok)
+    code, err = run_cli(capsys, "tokenizer", "train", "--input", text, "--vocab-size", "300", "--out", tok)
+    assert code == 2 and "belongs to the tokenizer" in err and snapshot(tok) == first
+    assert run_cli(capsys, "tokenizer", "train", "--input", text, "--vocab-size", "300", "--out", tok,
+                   "--overwrite")[0] == 0
+    assert run_cli(capsys, "eval", "lm", run, "--json", run / "lm.json", "--no-progress")[0] == 0  # a new file
+    assert json.loads((run / "lm.json").read_text())["tokens"] > 0

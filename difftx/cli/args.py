@@ -86,6 +86,35 @@ def output_file(text: str) -> str:
     return text
 
 
+# files difftx keeps in its folders: a run, a checkpoint, a tokenizer, a comparison
+OWN_FILES = ("train_config.json", "metrics.jsonl", "model.safetensors", "config.json", "optimizer.pt",
+             "trainer_state.json", "tokenizer.json", "results.json", "compare.json", "train.json", "report.md",
+             "compare_task.json")
+
+
+def owner_of(path: Path) -> str | None:
+    """What an existing file at ``path`` belongs to (a training run, a checkpoint, a tokenizer, a
+    comparison), so that writing over it would damage that folder; ``None`` for any other file."""
+    if not path.is_file():
+        return None
+    folder = path.absolute().parent
+    for marker, what in (("train_config.json", "the training run"), ("checkpoints", "the training run"),
+                         ("model.safetensors", "the checkpoint"), ("compare.json", "the comparison"),
+                         ("train.json", "the compare model"), ("tokenizer.json", "the tokenizer")):
+        if (folder / marker).exists():
+            return f"{what} in {folder}"
+    return f"a difftx folder ({path.name} is one of its files)" if path.name in OWN_FILES else None
+
+
+def check_not_owned(path, flag: str, overwrite: bool = False) -> None:
+    """Refuse (ValueError naming ``flag``) to write over a file of a run, checkpoint, tokenizer or
+    comparison unless ``overwrite``; a new file, or any other existing file, is fine."""
+    owner = None if path is None or overwrite else owner_of(Path(path))
+    if owner:
+        raise ValueError(f"{flag} {path}: that file belongs to {owner}, and writing over it would damage it; "
+                         "choose another path, or pass --overwrite to replace it")
+
+
 def check_output_file(path, flag: str) -> None:
     """:func:`output_file` for a value already parsed (``None``: not given): a ValueError naming
     ``flag`` when ``path`` cannot be written."""

@@ -39,6 +39,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --json / --plot replace a file of a run, checkpoint or tokenizer (refused otherwise)")
 
 
 def register(sub) -> None:
@@ -53,10 +55,11 @@ def register(sub) -> None:
 def run_checked(args: argparse.Namespace) -> int:
     """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
     the timing, not after it)."""
-    from .args import check_output_file
+    from .args import check_not_owned, check_output_file
 
     for flag in ("json", "plot"):
         check_output_file(getattr(args, flag, None), f"--{flag}")
+        check_not_owned(getattr(args, flag, None), f"--{flag}", getattr(args, "overwrite", False))
     return run(args)
 
 

@@ -38,7 +38,9 @@ def register(sub) -> None:
                                       "the run's own validation split)")
         t.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
         t.add_argument("--json", dest="json_out", type=output_file,
-                       help="also write the full result to this JSON file (checked before the evaluation)")
+                       help="also write the full result to this JSON file (checked before the evaluation; a file "
+                            "of a run, checkpoint or tokenizer is refused without --overwrite)")
+        t.add_argument("--overwrite", action="store_true", help="let --json replace a file of a run or checkpoint")
         t.add_argument("--no-progress", action="store_true", help="hide progress bars")
         group = t.add_argument_group(f"{name} settings (compare: --set tasks.{name}.SETTING=VALUE)")
         for f in dataclasses.fields(task.Settings):
@@ -68,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from ..tasks import get_task
     from ..tasks.runner import evaluate_checkpoint
 
+    from .args import check_not_owned
+
+    check_not_owned(args.json_out, "--json", args.overwrite)
     settings = settings_from_args(args.task, args)
     try:
         res = evaluate_checkpoint(args.task, args.checkpoint, settings=settings, tokenizer=args.tokenizer,

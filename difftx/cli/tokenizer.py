@@ -21,6 +21,9 @@ def register(sub) -> None:
     t.add_argument("--out", required=True, type=output_dir, metavar="DIR", help="folder to write tokenizer.json into")
     t.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     t.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default 2)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace an existing DIR/tokenizer.json (refused otherwise: runs and checkpoints trained "
+                        "with it would decode with another vocabulary)")
     t.set_defaults(func=run_train)
 
 
@@ -28,7 +31,9 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.tokenizer import TOKENIZER_FILE, train_bpe
+    from .args import check_not_owned
 
+    check_not_owned(Path(args.out) / TOKENIZER_FILE, "--out", args.overwrite)
     tok = train_bpe(args.input, vocab_size=args.vocab_size, out_dir=args.out, text_field=args.text_field,
                     min_frequency=args.min_frequency)
     print(f"wrote {Path(args.out) / TOKENIZER_FILE}: vocab_size={tok.vocab_size} eos_id={tok.eos_id} name={tok.name}")
