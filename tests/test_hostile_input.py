@@ -534,3 +534,28 @@ def test_no_command_writes_over_a_file_of_a_run_without_overwrite(capsys, tmp_pa
                    "--overwrite")[0] == 0
     assert run_cli(capsys, "eval", "lm", run, "--json", run / "lm.json", "--no-progress")[0] == 0  # a new file
     assert json.loads((run / "lm.json").read_text())["tokens"] > 0
+
+
+def test_export_overwrite_names_what_it_replaces_and_never_a_run(capsys, tmp_path, model_dir, run_dir):
+    """--overwrite says what it replaced; a training run (checkpoints and all) is never replaced; a
+    staging folder left by a killed export is removed by the next one."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = snapshot(run)
+    code, err = run_cli(capsys, "export", model_dir, run, "--overwrite")
+    assert code == 2 and "holds a training run" in err and snapshot(run) == before
+    old = tmp_path / "old_export"
+    assert main(["export", str(model_dir), str(old)]) == 0
+    capsys.readouterr()
+    stale = tmp_path / ".old_export.tmp-killed"  # what SIGKILL during an export leaves
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"x" * 1000)
+    (stale / ".difftx-staging-pid").write_text("999999999\n")  # no such process
+    assert main(["export", str(model_dir), str(old), "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert f"replaced {old}: 2 file(s)" in out and "config.json" in out
+    assert not stale.exists()
+    assert main(["export", str(run), str(tmp_path / "from_run")]) == 0
+    assert f"(checkpoint {ckpt.latest_checkpoint(run).name})" in capsys.readouterr().out

@@ -30,8 +30,15 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop.hf import export_hf
+    from pathlib import Path
 
+    from ..interop.hf import export_hf, replaced, resolve_model_folder
+
+    src = resolve_model_folder(args.checkpoint)
+    gone = replaced(Path(args.out_dir)) if args.overwrite else None
     out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite)
-    print(f"exported {args.checkpoint} -> {out} (Hugging Face transformers)")
+    if gone:
+        print(f"replaced {gone}")
+    what = f" (checkpoint {src.name})" if Path(args.checkpoint).resolve() != src.resolve() else ""
+    print(f"exported {args.checkpoint}{what} -> {out} (Hugging Face transformers)")
     return 0

@@ -24,8 +24,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..interop.hf import import_hf
+    from pathlib import Path
 
+    from ..interop.hf import import_hf, replaced
+
+    gone = replaced(Path(args.out_checkpoint)) if args.overwrite else None
     out = import_hf(args.hf_dir, args.out_checkpoint, overwrite=args.overwrite)
+    if gone:
+        print(f"replaced {gone}")
     print(f"imported {args.hf_dir} -> {out} (difftx model folder)")
     return 0

@@ -444,7 +444,52 @@ def _output_dir(out_dir: PathLike, sources: list[Path], overwrite: bool = False)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConversionError(f"{out}: not empty; refusing to write into it (its files would be replaced). Choose a "
                               f"new or empty folder, or pass --overwrite (overwrite=True) to replace the folder")
+    if out.is_dir() and overwrite:
+        for marker, what in (("train_config.json", "a training run"), ("checkpoints", "a training run"),
+                             ("compare.json", "a comparison")):
+            if (out / marker).exists():
+                raise ConversionError(f"{out}: holds {what} ({marker}); --overwrite replaces model folders only, "
+                                      "never a run with its checkpoints. Choose another folder")
     return out
+
+
+def replaced(out: Path) -> str | None:
+    """What writing ``out`` replaces, in words (``None``: nothing), for the --overwrite note."""
+    if not out.is_dir():
+        return None
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    if not files:
+        return None
+    names = ", ".join(str(p.relative_to(out)) for p in files[:4]) + (", ..." if len(files) > 4 else "")
+    return f"{out}: {len(files)} file(s), {sum(p.stat().st_size for p in files):,} bytes ({names})"
+
+
+STAGING_PID = ".difftx-staging-pid"
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Remove the staging folders beside ``out`` that a killed export or import left (their
+    process is gone)."""
+    for stale in out.parent.glob(f".{out.name}.*-*"):
+        if not stale.is_dir() or not (stale.name.startswith(f".{out.name}.tmp-")
+                                      or stale.name.startswith(f".{out.name}.old-")):
+            continue
+        try:
+            pid = int((stale / STAGING_PID).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
+        if pid is None or not _alive(pid):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -453,15 +498,19 @@ def _staged(out: Path):
     without error (replacing ``out``, which :func:`_output_dir` allowed), removed otherwise: a
     crash or Ctrl-C never leaves a half-written ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    (tmp / STAGING_PID).write_text(f"{os.getpid()}\n")  # a later run removes the folder if this process dies
     old = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # a plain folder, not mkdtemp's private one
         yield tmp
+        (tmp / STAGING_PID).unlink()
         if out.exists():  # an empty folder, or one --overwrite replaces: moved aside, then removed
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            (old / STAGING_PID).write_text(f"{os.getpid()}\n")
             os.rename(out, old / out.name)
         try:
             os.rename(tmp, out)
