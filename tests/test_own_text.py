@@ -82,7 +82,12 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     tok = load_tokenizer("tok")
     ids = [tok.eos_id] + tok.encode(held.read_text(encoding="utf-8"))
     assert res["tokens"] == len(ids) - 1 and res["window"] == 32
-    assert f"scored all of heldout.txt: {res['tokens']:,} distinct tokens" in printed
+    assert f"scored heldout.txt: {res['tokens']:,} distinct tokens (all of it)" in printed
+    # a part of the file: said so, with the file's own count
+    assert main(["eval", "lm", "runs/diff", "--data", "heldout.txt", "--windows", "4", "--no-progress"]) == 0
+    part = capsys.readouterr().out
+    assert f"scored heldout.txt: 128 distinct tokens (of its {res['tokens']:,} predictable tokens) in 4 windows" in part
+    assert "length extrapolation, on its own sample of" in part
     assert res["heldout"]["nll"] == pytest.approx(_independent_nll(ckpt.latest_checkpoint("runs/diff"), ids, 32),
                                                   rel=1e-5)
 

@@ -150,7 +150,7 @@ def test_eval_lm_data_scores_every_token_of_the_file_once(text_model, seq_len, t
     assert res["heldout"]["nll"] == pytest.approx(expected, rel=1e-5)
     assert sum(res["records"]["window_tokens"]) == count
     printed = capsys.readouterr().out
-    assert f"scored all of {path}: {count} tokens" in printed
+    assert f"scored {path}: {count} distinct tokens (all of it)" in printed
     if seq_len is None:  # the file is shorter than 4 windows: extrapolation is skipped, not fatal
         assert "skipped: length extrapolation" in printed
 

@@ -19,6 +19,12 @@ def _shown(field) -> str:
     return "none" if field.default in ((), None) else format_setting(field, field.default)
 
 
+def _with_default(field) -> str:
+    """The setting's help, with its default unless the help already says what the default is."""
+    text = field.metadata.get("help", "")
+    return text if "default" in text else f"{text} (default {_shown(field)})"
+
+
 def register(sub) -> None:
     from ..tasks import TASKS
 
@@ -45,7 +51,7 @@ def register(sub) -> None:
         group = t.add_argument_group(f"{name} settings (compare: --set tasks.{name}.SETTING=VALUE)")
         for f in dataclasses.fields(task.Settings):
             group.add_argument(_flag(f.name), dest=f"set_{f.name}", metavar=f.name.upper(),
-                               help=f"{f.metadata.get('help', '')} (default {_shown(f)})")
+                               help=_with_default(f))
         t.set_defaults(func=run)
 
 

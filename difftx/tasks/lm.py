@@ -148,8 +148,13 @@ class LMTask(Task):
 
     def print(self, res: dict) -> None:
         h = res["heldout"]
-        print(f"scored {res['source']}: {scored_tokens(res)} in {res['windows']} windows of {res['window']} "
-              f"predictions (training length {res['train_len']})")
+        last = res["records"]["window_tokens"][-1] if res["records"]["window_tokens"] else res["window"]
+        shape = f"{res['windows']} windows of {res['window']} predictions" + (
+            f" (the last {last})" if last != res["window"] else "")
+        stream = res.get("stream_tokens")
+        share = "" if not stream else (" (all of it)" if res.get("distinct_tokens") == stream - 1 else
+                                       f" (of its {stream - 1:,} predictable tokens)")
+        print(f"scored {res['source']}: {scored_tokens(res)}{share} in {shape} (training length {res['train_len']})")
         asked = res.get("windows_asked") or 0
         if asked > res["windows"] and res.get("distinct_tokens", res["tokens"]) == res["tokens"]:
             print(f"  ({asked} windows asked for; {res['windows']} fit without scoring a token twice: "
@@ -158,7 +163,13 @@ class LMTask(Task):
         other = "-" if h["other_nll"] is None else f"{h['other_nll']:.4f}"
         print(f"NLL {h['nll']:.4f} nats  bits/byte {h['bpb']:.4f}  AR-hit NLL {ar} ({h['ar_hit_fraction']:.1%} of "
               f"tokens)  other NLL {other}")
-        for f, r in res.get("extrapolation", {}).items():
+        ext = res.get("extrapolation", {})
+        if ext:
+            longest = max(ext, key=int)
+            count = ext[longest]["n_tokens"] // (int(longest) * res["window"])
+            print(f"length extrapolation, on its own sample of {count} windows of {longest}x the length (so its x1 "
+                  "NLL differs from the one above):")
+        for f, r in ext.items():
             beyond = r["extra"].get("nll_beyond_train_len")
             tail = "" if beyond is None else f"  beyond the window {beyond:.4f}"
             print(f"  x{f} window: NLL {r['nll']:.4f}{tail}")

@@ -87,7 +87,7 @@ class Subject:
         train_len = int(tc.get("seq_len") or self.model.config.max_seq_len)
         if self.data is not None:
             data = prepare_data(self.data, self.tokenizer, val_fraction=0.0, progress=False)
-            store, what = data.train, f"all of {self.data}"
+            store, what = data.train, str(self.data)
         else:
             data = prepare_data(tc.get("data_source"), self.tokenizer, val_fraction=tc.get("val_fraction"),
                                 text_field=tc.get("text_field", "text"), progress=False)
