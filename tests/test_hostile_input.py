@@ -559,3 +559,11 @@ def test_export_overwrite_names_what_it_replaces_and_never_a_run(capsys, tmp_pat
     assert not stale.exists()
     assert main(["export", str(run), str(tmp_path / "from_run")]) == 0
     assert f"(checkpoint {ckpt.latest_checkpoint(run).name})" in capsys.readouterr().out
+
+
+def test_runs_plot_without_a_suffix_says_the_file_it_wrote(capsys, tmp_path, run_dir):
+    pytest.importorskip("matplotlib")
+    assert main(["runs", str(run_dir), "--plot", str(tmp_path / "curves")]) == 0
+    assert f"wrote {tmp_path / 'curves.png'}" in capsys.readouterr().out and (tmp_path / "curves.png").is_file()
+    code, err = run_cli(capsys, "runs", run_dir, "--plot", run_dir / "train_config.json")
+    assert code == 2 and "belongs to the training run" in err

@@ -196,3 +196,13 @@ def test_loss_at_equal_budget_reads_both_models_at_the_smaller_budget():
     assert get(fast, slow) == 2.0 and get(slow, fast) == 3.0  # the slow model is read at 20 s
     cfg = {"vocab_size": 10, "dim": 4, "n_layers": 2, "max_seq_len": 8}
     assert flops_per_token(cfg, 140) == 6 * 100 + 12 * 2 * 4 * 8
+
+
+def test_a_single_value_of_a_list_setting_is_a_list_of_one():
+    """`--set tasks.needle.depths=0.5` and `tasks.quant.bits=8` arrive as numbers (the --set grammar
+    reads JSON/YAML scalars): before, "'float' object is not iterable"."""
+    from difftx.tasks import TASKS, settings_from_dict
+
+    assert settings_from_dict(TASKS["needle"].Settings, {"depths": 0.5}, "needle").depths == (0.5,)
+    assert settings_from_dict(TASKS["quant"].Settings, {"bits": 8}, "quant").bits == (8,)
+    assert settings_from_dict(TASKS["quant"].Settings, {"bits": "8,4"}, "quant").bits == (8, 4)

@@ -33,6 +33,14 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..training.summary import LEGEND, comparability_notes, format_table, plot_runs, summarize_run
 
+    from pathlib import Path
+
+    from .args import check_not_owned, check_output_file
+
+    if args.plot and not Path(args.plot).suffix:
+        args.plot += ".png"  # what matplotlib writes for a name without a suffix: say so, and check that file
+    check_output_file(args.plot, "--plot")
+    check_not_owned(args.plot, "--plot")
     summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
     columns, notes = extra_columns(args, summaries)
     print(format_table(summaries, extra=columns))

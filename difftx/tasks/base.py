@@ -171,7 +171,12 @@ def settings_from_dict(cls: type, data: dict, where: str) -> Any:
     values = {}
     for k, v in data.items():
         try:
-            values[k] = parse_setting(known[k], v) if isinstance(v, str) else _tupled(v)
+            if isinstance(v, str):
+                values[k] = parse_setting(known[k], v)
+            elif isinstance(known[k].default, tuple) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                values[k] = (v,)  # one value of a list setting: --set tasks.quant.bits=8
+            else:
+                values[k] = _tupled(v)
         except ValueError as e:
             raise ValueError(f"{where}.{k}: {e}") from None
     return cls(**values)
