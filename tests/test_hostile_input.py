@@ -567,3 +567,10 @@ def test_runs_plot_without_a_suffix_says_the_file_it_wrote(capsys, tmp_path, run
     assert f"wrote {tmp_path / 'curves.png'}" in capsys.readouterr().out and (tmp_path / "curves.png").is_file()
     code, err = run_cli(capsys, "runs", run_dir, "--plot", run_dir / "train_config.json")
     assert code == 2 and "belongs to the training run" in err
+
+
+def test_a_needle_cell_that_cannot_fit_the_context_is_refused(capsys, run_dir):
+    """`eval attention RUN --cells 50/40`: the needles alone overflow the 256-token context; before,
+    the prompt grew past it and the evaluation took 8.5 GB on a 49k-parameter model."""
+    code, err = run_cli(capsys, "eval", "attention", run_dir, "--cells", "50/40", "--no-progress")
+    assert code == 2 and "needle cell 50/40" in err and "more than the context of 256" in err

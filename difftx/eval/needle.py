@@ -562,6 +562,10 @@ def make_text_needle_sample(n_needles: int, n_query: int, depth: float, context_
             numbers.append(v)
     needles = [needle_sentence(c, v) for c, v in zip(cities, numbers)]
     budget = context_len - sum(count(s + " ") for s in needles)
+    if budget < 0:  # the needles alone overflow the context: the prompt would grow without bound
+        raise ValueError(f"needle cell {n_needles}/{n_query}: its {n_needles} needle sentences take "
+                         f"{context_len - budget} tokens, more than the context of {context_len}; choose fewer needles "
+                         "or a longer context_len (--context-len)")
     sentences: list[str] = []
     used = 0
     while used < budget:
