@@ -143,7 +143,7 @@ def test_attention_and_diagnostics_on_a_text_model(tmp_path, capsys):
     folder = save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=32)),
                         tmp_path / "text")
     args = ["--tokenizer", "byte", "--no-progress"]
-    assert main(["eval", "attention", str(folder), *args, "--samples", "2", "--context-len", "120", "--cells", "4/2",
+    assert main(["eval", "attention", str(folder), *args, "--samples", "2", "--context-len", "400", "--cells", "4/2",
                  "--depths", "0.5", "--json", str(tmp_path / "a.json")]) == 0
     a = json.loads((tmp_path / "a.json").read_text())
     assert a["form"] == "text" and a["cells"]["4/2"]["n_samples"] == 2 and a["cells"]["4/2"]["accuracy"] is None
