@@ -153,9 +153,18 @@ class Transformer(nn.Module):
         length). ``doc_ids`` ``(B, T)``: packed documents attend only within themselves (not
         with a cache). ``cache``: a :class:`KVCache`; its ``length`` advances by ``T``.
         """
+        if not isinstance(tokens, Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of token ids (batch, time), got {type(tokens).__name__}; "
+                            "wrap it: torch.tensor(ids, dtype=torch.long)")
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
         B, T = tokens.shape
+        if T == 0:
+            raise ValueError("tokens: a sequence needs at least one token, got shape (batch, 0)")
+        weight = self.tok_embeddings.weight
+        if tokens.device != weight.device and weight.device.type != "meta":
+            raise ValueError(f"tokens are on {tokens.device} but the model is on {weight.device}; "
+                             f"move one of them (tokens.to({str(weight.device)!r}))")
         _check_token_ids(tokens, self.config.vocab_size)
         offset = cache.length if cache is not None else 0
         S = offset + T

@@ -574,3 +574,18 @@ def test_a_needle_cell_that_cannot_fit_the_context_is_refused(capsys, run_dir):
     the prompt grew past it and the evaluation took 8.5 GB on a 49k-parameter model."""
     code, err = run_cli(capsys, "eval", "attention", run_dir, "--cells", "50/40", "--no-progress")
     assert code == 2 and "needle cell 50/40" in err and "more than the context of 256" in err
+
+
+def test_python_api_names_bad_token_input():
+    model = Transformer(model_config())
+    with pytest.raises(TypeError, match="must be a torch.Tensor of token ids"):
+        model([[1, 2, 3]])
+    with pytest.raises(ValueError, match="at least one token"):
+        model(torch.zeros((2, 0), dtype=torch.long))
+    with pytest.raises(ValueError, match=r"must be \(batch, time\)"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros((1, 3)))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="model is on cpu"):
+            model(torch.zeros((1, 3), dtype=torch.long, device="cuda"))
