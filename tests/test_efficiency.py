@@ -21,8 +21,13 @@ def test_tokens_to_reach_interpolates_in_log_tokens_and_never_extrapolates():
     t = [100.0, 1000.0, 10000.0]
     v = [4.0, 3.0, 2.5]
     assert tokens_to_reach(t, v, 3.0) == pytest.approx(1000.0)
-    assert tokens_to_reach(t, v, 3.5) == pytest.approx(math.sqrt(100.0 * 1000.0))  # halfway in log tokens
+    assert 100.0 < tokens_to_reach(t, v, 3.5) < 1000.0
+    assert tokens_to_reach(t, [4.0, 3.0, 2.0], 3.5) == pytest.approx(math.sqrt(100.0 * 1000.0))  # a line in log t
     assert tokens_to_reach(t, v, 2.4) is None and tokens_to_reach(t, v, 4.5) is None
+    # a curved loss curve sampled at 3 points per decade: the monotone cubic finds the tokens within 0.5%
+    grid = np.geomspace(1e4, 1e7, 10)
+    for true in (3e4, 2e5, 1.3e6):
+        assert tokens_to_reach(grid, _loss(grid), float(_loss(true))) == pytest.approx(true, rel=5e-3)
     # a bump: the curve made monotone (the best loss so far)
     assert tokens_to_reach([1, 2, 3, 4], [4.0, 3.0, 3.5, 2.0], 3.0) == pytest.approx(2.0)
 
@@ -124,3 +129,16 @@ def test_parallel_lines_have_a_constant_ratio_and_no_crossover():
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_plots_like_figure_3(tmp_path):
+    pytest.importorskip("matplotlib")
+    from difftx.eval.plots import plot_parameter_efficiency, plot_token_efficiency
+
+    t = np.geomspace(1e4, 1e7, 6)
+    a = plot_token_efficiency({"DIFF": [(t, _loss(t / 0.6))], "baseline": [(t, _loss(t))]},
+                              [(t[0], t[0] / 0.6, float(_loss(t[0] / 0.6))), (t[-1], None, 2.0)], tmp_path / "b.png")
+    rows = _power_law_seeds(np.random.default_rng(0), 2, 0.65)
+    b = plot_parameter_efficiency({"DIFF": (SIZES, rows["arm"]), "baseline": (SIZES, rows["ref"])},
+                                  {"DIFF": (3.4, -0.12), "baseline": (3.3, -0.12)}, tmp_path / "a.png", crossover=5e5)
+    assert a.read_bytes()[:4] == b.read_bytes()[:4] == b"\x89PNG"

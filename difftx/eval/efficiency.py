@@ -55,9 +55,27 @@ def _checked_curve(tokens: Sequence[float], losses: Sequence[float], what: str) 
     return t, v
 
 
+def _pchip_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Fritsch-Carlson slopes of the monotone cubic (PCHIP) through ``(x, y)``: the interpolant
+    never overshoots, so a monotone curve stays monotone between its points."""
+    h, d = np.diff(x), np.diff(y) / np.diff(x)
+    m = np.zeros_like(y)
+    for k in range(1, x.size - 1):
+        if d[k - 1] * d[k] > 0:
+            w1, w2 = 2 * h[k] + h[k - 1], h[k] + 2 * h[k - 1]
+            m[k] = (w1 + w2) / (w1 / d[k - 1] + w2 / d[k])
+    m[0], m[-1] = d[0], d[-1]
+    for end, dd in ((0, d[0]), (-1, d[-1])):  # the ends: no overshoot either
+        if m[end] * dd <= 0:
+            m[end] = 0.0
+    return m
+
+
 def tokens_to_reach(tokens: Sequence[float], losses: Sequence[float], target: float) -> Optional[float]:
     """Where a loss curve first reaches ``target``: the curve made monotone (its running minimum)
-    and interpolated linearly in log tokens. ``None`` when the curve never gets that low, or when
+    and interpolated by a monotone cubic (PCHIP) in log tokens, which follows a curved loss curve
+    between its points (linear interpolation sits above a convex curve and biased the ratio by
+    about 1.5% at 3 points per decade). ``None`` when the curve never gets that low, or when
     ``target`` lies above its first point (the curve does not cover it)."""
     t, v = _checked_curve(tokens, losses, "curve")
     best = np.minimum.accumulate(v)
@@ -66,9 +84,20 @@ def tokens_to_reach(tokens: Sequence[float], losses: Sequence[float], target: fl
     i = int(np.argmax(best <= target))  # the first point at or below the target
     if i == 0:
         return float(t[0])
-    hi, lo = best[i - 1], best[i]  # hi > target >= lo
-    frac = (hi - target) / (hi - lo)
-    return float(math.exp(math.log(t[i - 1]) + frac * (math.log(t[i]) - math.log(t[i - 1]))))
+    x = np.log(t)
+    m = _pchip_slopes(x, best)
+    x0, x1, y0, y1, m0, m1 = x[i - 1], x[i], best[i - 1], best[i], m[i - 1], m[i]
+    h = x1 - x0
+
+    def value(u: float) -> float:  # the Hermite cubic on [x0, x1] at fraction u
+        return ((2 * u ** 3 - 3 * u ** 2 + 1) * y0 + (u ** 3 - 2 * u ** 2 + u) * h * m0
+                + (-2 * u ** 3 + 3 * u ** 2) * y1 + (u ** 3 - u ** 2) * h * m1)
+
+    lo, hi = 0.0, 1.0  # value(lo) >= target >= value(hi), non-increasing in between
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if value(mid) > target else (lo, mid)
+    return float(math.exp(x0 + hi * h))
 
 
 @dataclass

@@ -265,3 +265,68 @@ def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIF
         top.legend(frameon=False, fontsize=8)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[float]]]],
+                          matched: Sequence[tuple[float, Optional[float], float]], path: PathLike, *,
+                          title: str = "held-out loss along training (paper Fig. 3b)") -> Path:
+    """Loss against training tokens (log axis), every seed faint and the seed mean bold per arm
+    (``curves[name] = [(tokens, losses) per seed]``); each matched point ``(t_DIFF, t_baseline,
+    loss)`` drawn as a horizontal segment from DIFF's tokens to the baseline tokens of that loss
+    (``None``: not reached, no segment)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (name, seeds) in enumerate(curves.items()):
+        color = _color(name, i)
+        for t, v in seeds:
+            ax.plot(t, v, color=color, alpha=0.25, linewidth=0.8)
+        t0 = seeds[0][0]
+        ax.plot(t0, [sum(s[1][j] for s in seeds) / len(seeds) for j in range(len(t0))], color=color,
+                linewidth=2, marker="o", markersize=3, label=f"{name} (mean of {len(seeds)} seeds)")
+    for k, (td, tb, loss) in enumerate(matched):
+        if tb is not None:
+            ax.plot([td, tb], [loss, loss], color="black", linewidth=0.8, linestyle=":",
+                    label="same loss: DIFF tokens -> baseline tokens" if k == 0 else None)
+            ax.plot([tb], [loss], marker="|", color="black", markersize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_parameter_efficiency(points: Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]],
+                              fits: Mapping[str, tuple[float, float]], path: PathLike, *,
+                              crossover: Optional[float] = None,
+                              title: str = "held-out loss against model size (paper Fig. 3a)") -> Path:
+    """Loss against non-embedding parameters, log-log: per arm (``points[name] = (params,
+    losses per seed)``) the seeds' points and the fitted line ``log L = a + b log N`` from
+    ``fits[name] = (a, b)`` (the seeds' mean fit); the crossover size, if given, as a vertical line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    lo = min(min(p) for p, _ in points.values())
+    hi = max(max(p) for p, _ in points.values())
+    grid = [lo * (hi / lo) ** (k / 50) for k in range(51)]
+    for i, (name, (params, seeds)) in enumerate(points.items()):
+        color = _color(name, i)
+        for row in seeds:
+            ax.scatter(params, row, color=color, alpha=0.5, s=14)
+        a, b = fits[name]
+        ax.plot(grid, [math.exp(a + b * math.log(n)) for n in grid], color=color, linewidth=2,
+                label=f"{name}: L = {math.exp(a):.3g} N^{b:.3f}")
+    if crossover is not None and lo / 10 <= crossover <= hi * 10:
+        ax.axvline(crossover, color="gray", linestyle="--", linewidth=1, label=f"lines cross at N = {crossover:.3g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
+    ax.set_xlabel("non-embedding parameters")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
