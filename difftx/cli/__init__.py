@@ -47,6 +47,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
     "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
+    "scale": "the comparison at several model sizes; DIFF's parameter efficiency (paper Fig. 3a)",
     "eval": "run one evaluation task (needle, lm, attention, outliers, quant, icl, diagnostics, training)",
 }
 

@@ -1,0 +1,74 @@
+"""``difftx scale``: the comparison at several model sizes and DIFF's parameter efficiency."""
+
+from __future__ import annotations
+
+import argparse
+
+from .args import output_dir, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("scale", help="the comparison at several model sizes; DIFF's parameter efficiency (Fig. 3a)",
+                       description="Run `difftx compare` at each model size (into --out/size=NAME/, reused when "
+                                   "present, resumable), fit log L = a + b log N per arm and seed to the held-out LM "
+                                   "loss against the non-embedding parameters, and write --out/scale.md, scale.json "
+                                   "and scale.png: for each DIFF size, the baseline size with the same loss and the "
+                                   "ratio, with a 95%% interval over seeds; where the lines cross. See "
+                                   "docs/efficiency.md.")
+    p.add_argument("--preset", default="scale-cpu",
+                   help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
+                        "cpu, gpu-small) with --sizes (default scale-cpu)")
+    p.add_argument("--sizes", default=None, metavar="S1,S2,...",
+                   help="model sizes from small to large: names (xs, s, m, l, xl, 20m, 50m, 120m, 350m) or "
+                        "DIMxLAYERSxHEADS (default: the scale preset's)")
+    p.add_argument("--seeds", type=positive_int, default=None, help="paired seeds per size (default: the scale "
+                                                                       "preset's, else 3)")
+    p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/scale-PRESET)")
+    p.add_argument("--tokens-per-param", type=float, default=None, metavar="X",
+                   help="train each size on X tokens per non-embedding parameter of its baseline (default: the "
+                        "preset's steps at every size, the paper's setting)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a compare preset field at every size (as `difftx compare --set`)")
+    p.add_argument("--arms", default=None, metavar="ARMS", help="more arms at every size (as `difftx compare --arms`)")
+    p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="on a cluster: invocation K of N trains its share of every size's models; run once more "
+                        "without --shard to assemble (see `difftx compare --shard`)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compare.run import parse_shard
+    from ..compare.scale import SCALE_PRESETS, run_scale
+    from .compare import parse_arms, parse_overrides
+
+    shard = None if args.shard is None else parse_shard(args.shard)
+    scale = SCALE_PRESETS.get(args.preset)
+    overrides = {**(scale.overrides if scale else {}), **parse_overrides(args.overrides)}
+    if args.arms is not None:
+        overrides["arms"] = parse_arms(args.arms)
+    sizes = args.sizes.split(",") if args.sizes else (list(scale.sizes) if scale else None)
+    if not sizes:
+        raise ValueError(f"--sizes: needed with the compare preset {args.preset!r} (e.g. --sizes xs,s,m,l)")
+    seeds = args.seeds or (scale.seeds if scale else 3)
+    out = args.out or f"runs/scale-{args.preset}"
+    tpp = args.tokens_per_param if args.tokens_per_param is not None else (scale.tokens_per_param if scale else None)
+    res = run_scale(scale.compare if scale else args.preset, [s.strip() for s in sizes if s.strip()], seeds, out,
+                    tokens_per_param=tpp, progress=not args.no_progress, workers=args.workers, shard=shard,
+                    **overrides)
+    if shard is not None:
+        print(f"\nshard {shard[0]}/{shard[1]} done for sizes {', '.join(res['sizes'])}; when every shard has "
+              "finished, run the same command without --shard to assemble")
+        return 0
+    print(f"\nwrote {out}/scale.md and {out}/scale.json" + (f" and {out}/{res['plot']}" if res.get("plot") else ""))
+    for arm, eff in res["efficiency"].items():
+        if "skipped" in eff:
+            print(f"  {arm}: {eff['skipped']}")
+            continue
+        for sz, r in zip(res["sizes"], eff["ratios"]):
+            value = "-" if r["value"] is None else f"{r['value']:.3f}"
+            ci = "" if r["low"] is None else f" [{r['low']:.3f}, {r['high']:.3f}]"
+            note = f" ({r['note']})" if r["note"] else ""
+            print(f"  {arm} at {sz['name']}: N_{arm} / N_baseline = {value}{ci}{note}")
+    return 0

@@ -1,0 +1,67 @@
+"""``difftx scale``: a whole compare per size, the parameter-efficiency fit over them, scale.md /
+scale.json / scale.png; bad input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from difftx.cli import main
+from difftx.compare.scale import plan_sizes, shape
+from test_compare import FAST, as_sets
+
+LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
+
+
+def _cmd(out, sizes="16x1x1,32x1x1,48x2x1", seeds=2) -> list[str]:
+    return ["scale", "--preset", "smoke", "--sizes", sizes, "--seeds", str(seeds), "--out", str(out), "--workers",
+            "1", "--no-progress", *as_sets(LM)]
+
+
+def test_scale_end_to_end(tmp_path, capsys):
+    out = tmp_path / "scale"
+    assert main(_cmd(out)) == 0
+    printed = capsys.readouterr().out
+    assert "N_diff / N_baseline" in printed
+    s = json.loads((out / "scale.json").read_text())
+    assert [z["name"] for z in s["sizes"]] == ["16x1x1", "32x1x1", "48x2x1"]
+    assert all(z["params"]["baseline"] > 0 for z in s["sizes"])
+    eff = s["efficiency"]["diff"]
+    assert len(eff["ratios"]) == 3 and all(r["value"] is None or r["value"] > 0 for r in eff["ratios"])
+    assert len(s["heldout_nll"]["diff"]) == 2 and len(s["heldout_nll"]["diff"][0]) == 3
+    md = (out / "scale.md").read_text()
+    assert "ratio [95%]" in md and "62.2%" in md
+    for size in ("16x1x1", "32x1x1", "48x2x1"):
+        assert (out / f"size={size}" / "results.json").is_file()
+    # a second run reuses every size: nothing is trained again
+    assert main(_cmd(out)) == 0
+    again = json.loads((out / "size=16x1x1" / "results.json").read_text())
+    assert all(not d["trained"] for d in again["this_run"].values())
+
+
+@pytest.mark.parametrize("sizes,match", [
+    ("16x1x1", "at least 2 sizes"),
+    ("32x1x1,16x1x1", "from small to large"),
+    ("16x1x1,16x1x1", "each size once"),
+    ("30x1x4,32x1x1", "size 30x1x4"),
+    ("tiny,32x1x1", "unknown size 'tiny'"),
+])
+def test_bad_sizes_are_one_line_and_write_nothing(tmp_path, capsys, sizes, match):
+    out = tmp_path / "scale"
+    assert main(_cmd(out, sizes)) == 2
+    err = capsys.readouterr().err
+    assert match in err and len([ln for ln in err.splitlines() if "error" in ln]) == 1, err
+    assert not out.exists()
+
+
+def test_shard_out_of_range_is_refused(tmp_path, capsys):
+    assert main(_cmd(tmp_path / "s") + ["--shard", "3/2"]) == 2
+    assert "need 1 <= K <= N" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_named_shapes_and_tokens_per_param():
+    assert shape("m") == (64, 3, 2) and shape("64x3x2") == (64, 3, 2)
+    plans = plan_sizes("smoke", ["16x1x1", "32x1x1"], tokens_per_param=20.0)
+    assert plans[1].preset.steps > plans[0].preset.steps  # proportional budgets
+    assert plans[0].params["baseline"] < plans[1].params["baseline"]
