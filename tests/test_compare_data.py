@@ -233,3 +233,22 @@ def test_a_bpe_tokenizer_and_the_validation_split(texts, tmp_path, capsys, monke
         "smoke").on_text(corpus).task_settings()["lm"].__class__(windows=0, extrapolation_factors=(1,)), progress=False)
     assert again["heldout"]["nll"] == lm["heldout"]["nll"]
     _refused(capsys, ["--data", corpus, "--seeds", "1"], out, "this folder holds a comparison on")
+
+
+def test_a_folder_from_before_the_new_fields_still_resumes(tmp_path):
+    """compare.json written before `--data` and the curve existed (no such preset fields, no text)
+    is the same comparison: a re-run trains nothing."""
+    from difftx.compare import run_compare
+
+    fast = {"steps": 4, "warmup_steps": 1, "log_every": 2, "probe_every": 2, "probe_samples": 1,
+            "tasks": {"needle": {"samples_per_cell": 1, "grid": ((1, 1),), "depths": (0.0,)}, "lm": {"windows": 2},
+                      "attention": {"samples": 1, "cells": ((1, 1),), "depths": (0.0,)}, "outliers": {"tokens": 64},
+                      "quant": {"bits": (4,), "needle_samples": 1, "cells": ((1, 1),), "depths": (0.0,)},
+                      "icl": {"instances": 2, "queries": 2, "orders": 2}, "diagnostics": {"cell": (1, 1)}}}
+    run_compare("smoke", 1, tmp_path, progress=False, workers=1, **fast)
+    meta = json.loads((tmp_path / "compare.json").read_text())
+    for key in ("data", "tokenizer", "heldout", "curve_points", "curve_windows"):
+        del meta["preset"][key]
+    (tmp_path / "compare.json").write_text(json.dumps(meta))
+    res = run_compare("smoke", 1, tmp_path, progress=False, workers=1, **fast)
+    assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())
