@@ -21,6 +21,9 @@ class ComparePreset:
     ``icl_every``-th step that is not an LM step is a batch of the synthetic in-context
     classification task (:mod:`difftx.eval.icl`, label maps drawn per sequence, loss on every
     label token); ``icl_every = 0`` trains none and skips the ICL order-robustness evaluation.
+    ``data`` (with ``tokenizer`` and ``heldout``) puts your text in place of the Shakespeare bytes;
+    :meth:`on_text` also makes every step an LM batch (``difftx compare --data``). Every model
+    records its held-out loss at ``curve_points`` log-spaced steps on ``curve_windows`` windows.
     """
 
     name: str = "custom"

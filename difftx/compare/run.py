@@ -209,7 +209,8 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
     ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
 
-    preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset`
+    preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset` (on your
+               text: ``get_preset("cpu").on_text("my.txt", heldout="held.txt")``)
     seeds      K (seeds 0..K-1) or an explicit list of seeds
     workers    models trained side by side in separate processes (default: the preset's; 1 under
                torchrun, where every process trains each model in turn)
