@@ -149,7 +149,7 @@ def _check_text(meta: Path, old: dict | None, new: dict | None) -> None:
                          "--out (or the same --data, --tokenizer and --heldout to continue it)")
 
 
-def text_identity(plan: ComparePlan) -> dict | None:
+def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
     """Your text as a comparison uses it, checked before anything is written: its source, tokenizer,
     held-out text and their token counts and hashes (recorded in ``compare.json``, so a resume on other
     text is refused). Raises ``ValueError`` (one line) for a corpus smaller than one batch of LM
@@ -161,7 +161,7 @@ def text_identity(plan: ComparePlan) -> dict | None:
     t = plan.text
     if t is None:
         return None
-    data = t.prepare()
+    data = t.prepare(progress)  # tokenized once into the cache (a progress bar with progress)
     T, B = plan.mixture.lm_seq_len, plan.mixture.batch_size
     if len(data.train) < (B + 1) * T:  # the data package's rule (PackedLoader): one batch of windows must fit
         raise ValueError(f"--data {t.source}: its training split has {len(data.train):,} tokens, fewer than one batch "
@@ -171,6 +171,7 @@ def text_identity(plan: ComparePlan) -> dict | None:
         where = f"--heldout {t.heldout}" if t.heldout else f"--data {t.source}: its validation split"
         raise ValueError(f"{where} has {len(held):,} tokens, shorter than one window of {T + 1} (the training length "
                          f"{T} + 1); give {'a longer file' if t.heldout else 'more text or --heldout FILE'}")
+
     def sha(tokens) -> str:  # in chunks: a corpus may be larger than memory
         h = hashlib.sha256()
         for i in range(0, len(tokens), 1 << 22):
@@ -254,7 +255,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     main = not distributed or _rank() == 0
     out = Path(out_dir)
     # your text is tokenized (rank 0, into the cache) and checked before anything is written
-    text = on_main(lambda: text_identity(plan), share=True)
+    text = on_main(lambda: text_identity(plan, progress and main), share=True)
     on_main(lambda: _check_folder(out, p, text))
     if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
