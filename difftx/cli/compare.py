@@ -38,6 +38,18 @@ def register(sub) -> None:
                         "N-th, from the K-th) into the shared --out and writes no report; each model is locked, so "
                         "nothing is done twice. Run once more without --shard to assemble the report (see "
                         "docs/compare.md for a Slurm job array)")
+    p.add_argument("--data", metavar="PATH",
+                   help="does DIFF help on my text? train every arm on this text instead of the synthetic tasks and "
+                        "Shakespeare: what `difftx train --data` takes (a text file, a folder of them, a JSONL file); "
+                        "LM only unless --synthetic (default --out runs/compare-PRESET-NAME)")
+    p.add_argument("--tokenizer", metavar="DIR|byte", help="with --data: 'byte' (default) or a tokenizer.json / folder "
+                                                           "from `difftx tokenizer train`")
+    p.add_argument("--heldout", metavar="FILE",
+                   help="with --data: the held-out text, every token scored once (default: the corpus's validation "
+                        "split, every token once)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="with --data: also train and evaluate the preset's synthetic needle and ICL tasks (its "
+                        "mixture, your text in place of Shakespeare; --set lm_every=... changes it)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -96,7 +108,13 @@ def run(args: argparse.Namespace) -> int:
         if "arms" in overrides:
             raise ValueError("--arms and --set arms=...: give the arms in one place")
         overrides["arms"] = parse_arms(args.arms)
-    out = args.out or f"runs/compare-{args.preset}"
+    if args.data is not None:
+        from ..compare.presets import text_overrides
+
+        overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout, synthetic=args.synthetic)
+    elif args.tokenizer is not None or args.heldout is not None or args.synthetic:
+        raise ValueError("--tokenizer, --heldout and --synthetic go with --data (your own text)")
+    out = args.out or f"runs/compare-{args.preset}" + (f"-{_stem(args.data)}" if args.data is not None else "")
     if args.sweep:
         return _sweep(args, out, overrides)
     res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, shard=shard,
@@ -116,10 +134,22 @@ def run(args: argparse.Namespace) -> int:
     C = res["comparison"]
     print(f"\nwrote {out}/report.md, {out}/results.json and {len(res.get('plots', {}))} plots "
           f"({res['wall_s']:.0f} s)")
+    if res.get("text"):
+        lm = res["runs"][str(res["seeds"][0])]["diff"]["tasks"]["lm"]
+        print(f"  held-out: {lm['source']}: {lm['distinct_tokens']:,} distinct tokens, each scored once, in windows of "
+              f"{lm['window']}")
     for c in C.values():  # the primary metrics' verdicts (every other one is in the report)
         if c["primary"]:
             print("  " + c["verdict"])
     return 0
+
+
+def _stem(path: str) -> str:
+    """``runs/compare-cpu-mybook`` for ``--data path/to/mybook.txt``."""
+    from pathlib import Path
+
+    name = Path(path).name
+    return name.split(".")[0] or "data"
 
 
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:

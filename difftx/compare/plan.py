@@ -8,6 +8,8 @@
 - ``mixture`` (:class:`Mixture`): which kind of batch each optimizer step draws, read by the
   batch source (:class:`difftx.compare.stream.CompareStream`);
 - ``probes`` (:class:`Probes`): the needle probes taken during training;
+- ``curve`` (:class:`Curve`): the held-out loss measured along training;
+- ``text`` (:class:`TextData` or None): your own corpus, tokenizer and held-out text (``--data``);
 - ``tasks``: every registered evaluation task's validated settings;
 - ``execution`` (:class:`Execution`): threads, parallel workers and device (how it runs, not
   what it computes).
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -34,21 +37,77 @@ BATCH_KINDS = ("needle", "lm", "icl")
 
 @dataclass(frozen=True)
 class TaskSpace:
-    """The shared vocabulary: needle-task ids first, then (with LM batches) UTF-8 bytes and the
-    byte tokenizer's end-of-text shifted by ``lm_offset``, then (with ICL batches) the ICL task's
-    ids, which start at ``icl.first_id``."""
+    """The shared vocabulary: needle-task ids first (none without needle batches), then (with LM
+    batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte tokenizer's end-of-text, or your
+    tokenizer's) shifted by ``lm_offset``, then (with ICL batches) the ICL task's ids, which start
+    at ``icl.first_id``."""
 
-    needle: NeedleTask
+    needle: Optional[NeedleTask]
     lm: bool
     icl: Optional[ICLTask] = None
+    lm_vocab: int = BYTE_VOCAB
 
     @property
     def lm_offset(self) -> int:
-        return self.needle.vocab_size
+        return self.needle.vocab_size if self.needle is not None else 0
 
     @property
     def vocab_size(self) -> int:
-        return self.icl.vocab_size if self.icl else self.lm_offset + (BYTE_VOCAB if self.lm else 0)
+        return self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
+
+
+@dataclass(frozen=True)
+class TextData:
+    """Your own text (``difftx compare --data``): ``source`` as ``difftx train --data`` takes it, its
+    ``tokenizer`` ("byte" or a path) and ``heldout``, a file scored whole (None: the corpus's
+    validation split). Paths are absolute."""
+
+    source: str
+    tokenizer: str
+    heldout: Optional[str] = None
+
+    def prepare(self, progress: bool = False):
+        """The corpus's token stores (:func:`difftx.data.prepare_data`, cached)."""
+        from ..data import prepare_data
+
+        return prepare_data(self.source, self.tokenizer, progress=progress)
+
+    def heldout_tokens(self, progress: bool = False):
+        """The held-out stream (uint ids, 1-D) and what it is: every token of ``heldout``, else the
+        corpus's validation split."""
+        from ..data import prepare_data
+
+        if self.heldout is not None:
+            return prepare_data(self.heldout, self.tokenizer, val_fraction=0.0, progress=progress).train.tokens, \
+                f"all of {self.heldout}"
+        val = self.prepare(progress).val
+        if val is None:
+            raise ValueError(f"--data {self.source}: no validation split; give --heldout FILE")
+        return val.tokens, f"the validation split of {self.source}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Held-out loss along training: at ``steps`` (log-spaced, the last step included), the mean
+    NLL of ``windows`` fixed held-out windows of the LM training length (none: no curve)."""
+
+    steps: tuple
+    windows: int
+
+
+def curve_steps(total: int, points: int) -> tuple:
+    """``points`` steps spaced geometrically from ~1% of ``total`` to ``total`` (rounded,
+    duplicates dropped: fewer for a short run; ``()`` for ``points = 0``)."""
+    if points <= 0:
+        return ()
+    first = max(1, round(total / 100))
+    if points == 1 or first >= total:
+        return (total,)
+    ratio = (total / first) ** (1 / (points - 1))
+    return tuple(sorted({min(total, round(first * ratio ** i)) for i in range(points - 1)} | {total}))
 
 
 @dataclass(frozen=True)
@@ -140,18 +199,34 @@ class ComparePlan:
     probes: Probes
     tasks: dict
     execution: Execution
+    curve: Curve = Curve((), 0)
+    text: Optional[TextData] = None
 
 
 def resolve(preset: ComparePreset) -> ComparePlan:
     """The parts of ``preset`` (already validated at its construction)."""
+    from pathlib import Path
+
+    from ..data import load_tokenizer
+
     tasks = preset.task_settings()
     grid = tasks["needle"].grid
     needle = NeedleTask(n_keys=preset.n_keys, n_filler=preset.n_filler, context_len=preset.context_len,
-                        max_needles=preset.max_needles, max_query=max(r for _, r in grid))
+                        max_needles=preset.max_needles, max_query=max(r for _, r in grid)) \
+        if preset.needle_batches else None
     lm = preset.lm_every > 0
-    icl = preset.icl_task(needle.vocab_size + (BYTE_VOCAB if lm else 0)) if preset.icl_every else None
-    space = TaskSpace(needle, lm, icl)
-    longest = max(needle.max_seq_len, preset.lm_seq_len if lm else 0, icl.prompt_len + 1 if icl else 0)
+    text, lm_vocab = None, BYTE_VOCAB
+    if preset.data is not None:
+        tok = preset.tokenizer or "byte"
+        text = TextData(str(Path(preset.data).expanduser().resolve()),
+                        tok if tok == "byte" else str(Path(tok).expanduser().resolve()),
+                        None if preset.heldout is None else str(Path(preset.heldout).expanduser().resolve()))
+        lm_vocab = load_tokenizer(text.tokenizer).vocab_size
+    first_icl = (needle.vocab_size if needle else 0) + (lm_vocab if lm else 0)
+    icl = preset.icl_task(first_icl) if preset.icl_every else None
+    space = TaskSpace(needle, lm, icl, lm_vocab)
+    longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
+                  icl.prompt_len + 1 if icl else 0)
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest)
     return ComparePlan(
@@ -160,5 +235,6 @@ def resolve(preset: ComparePreset) -> ComparePlan:
                           weight_decay=preset.weight_decay, grad_clip=preset.grad_clip, log_every=preset.log_every),
         mixture=Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
                         lm_seq_len=preset.lm_seq_len),
-        probes=Probes(every=preset.probe_every, samples=preset.probe_samples, grid=grid),
-        tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device))
+        probes=Probes(every=preset.probe_every if needle else 0, samples=preset.probe_samples, grid=grid),
+        tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device),
+        curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)

@@ -21,6 +21,9 @@ class ComparePreset:
     ``icl_every``-th step that is not an LM step is a batch of the synthetic in-context
     classification task (:mod:`difftx.eval.icl`, label maps drawn per sequence, loss on every
     label token); ``icl_every = 0`` trains none and skips the ICL order-robustness evaluation.
+    ``data`` (with ``tokenizer`` and ``heldout``) puts your text in place of the Shakespeare bytes;
+    :meth:`on_text` also makes every step an LM batch (``difftx compare --data``). Every model
+    records its held-out loss at ``curve_points`` log-spaced steps on ``curve_windows`` windows.
     """
 
     name: str = "custom"
@@ -60,6 +63,13 @@ class ComparePreset:
     icl_features_per_class: int = 1  # 1: each class is one feature token (recall of the label map)
     icl_input_len: int = 1
     icl_demos: int = 8  # demonstrations per prompt (a multiple of icl_classes)
+    # -- your own text (difftx compare --data): LM batches of this corpus instead of Shakespeare bytes --
+    data: str | None = None  # what `difftx train --data` takes: a text file, a folder, a JSONL file
+    tokenizer: str | None = None  # "byte" (None: byte) or a tokenizer.json / folder
+    heldout: str | None = None  # a held-out text file scored whole (None: the corpus's validation split)
+    # -- held-out loss along training: at curve_points log-spaced steps, on curve_windows fixed windows --
+    curve_points: int = 10  # 0: no curve
+    curve_windows: int = 8
     # -- evaluation: per-task settings overrides ({task name: {field: value}}, see difftx.tasks) -----
     tasks: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
@@ -67,11 +77,11 @@ class ComparePreset:
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
                      "batch_size", "lm_seq_len", "log_every", "workers", "icl_classes", "icl_features_per_class",
-                     "icl_input_len", "icl_demos", "probe_samples"):
+                     "icl_input_len", "icl_demos", "probe_samples", "curve_windows"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every"):
+        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
@@ -81,6 +91,12 @@ class ComparePreset:
             raise _err("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
             raise _err("threads", f"must be a positive integer or None, got {self.threads!r}")
+        for name in ("data", "tokenizer", "heldout"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise _err(name, f"must be a path (text), got {v!r}")
+        if self.data is None and (self.tokenizer not in (None, "byte") or self.heldout is not None):
+            raise _err("tokenizer/heldout", "apply to your own text only (--data)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise _err("device", f"must be auto, cpu or cuda, got {self.device!r}")
         from ..config import ARMS
@@ -116,6 +132,16 @@ class ComparePreset:
                 self.icl_task(0)
             except ValueError as e:
                 raise _err("icl_*", str(e)) from None
+
+    @property
+    def needle_batches(self) -> bool:
+        """Whether any training step is a needle batch (not with ``lm_every = 1``: LM only)."""
+        return self.lm_every != 1
+
+    def on_text(self, data: str, tokenizer: str | None = None, heldout: str | None = None, *,
+                synthetic: bool = False) -> ComparePreset:
+        """This preset on your own text (:func:`text_overrides`)."""
+        return self.with_overrides(**text_overrides({}, data, tokenizer, heldout, synthetic=synthetic))
 
     def task_settings(self) -> dict:
         """``{task name: its Settings}``: each registered task's defaults with this preset's
@@ -197,6 +223,29 @@ class ComparePreset:
         if unknown:
             raise ValueError(f"ComparePreset: unknown field(s) {unknown}")
         return cls(**data)
+
+
+MIXTURE_FIELDS = ("lm_every", "icl_every", "probe_every")
+
+
+def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, heldout: str | None = None, *,
+                   synthetic: bool = False) -> dict:
+    """``overrides`` (preset fields) for a comparison on your own text: LM batches of ``data`` (what
+    ``difftx train --data`` takes) with ``tokenizer``, scored on every token of ``heldout`` (a file)
+    or of the corpus's validation split (``tasks.lm.windows = 0`` unless given). LM only (every
+    step an LM batch: no needle or ICL batches, no needle probes), unless ``synthetic``: then the
+    preset's mixture is kept (and may be overridden), the text in place of Shakespeare bytes."""
+    if not synthetic:
+        given = sorted(set(MIXTURE_FIELDS) & set(overrides))
+        if given:
+            raise ValueError(f"--set {', '.join(given)}: --data trains on the text alone; add --synthetic to mix in "
+                             "the needle and ICL tasks")
+    out = {**overrides, "data": data, "tokenizer": tokenizer, "heldout": heldout}
+    if not synthetic:
+        out.update(lm_every=1, icl_every=0, probe_every=0)
+    tasks = dict(overrides.get("tasks", {}))
+    tasks["lm"] = {"windows": 0, **tasks.get("lm", {})}  # every held-out token once, in windows of the training length
+    return {**out, "tasks": tasks}
 
 
 PRESETS: dict[str, ComparePreset] = {

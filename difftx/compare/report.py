@@ -44,8 +44,9 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
     for name, task in TASKS.items():
-        if name in results["tasks"]:
-            out.append(task.report(ctx))
+        if name in results["tasks"]:  # a task skipped on every model: its section gives the reason
+            out.append(task.report(ctx) if not _skipped(ctx, name) else
+                       f"## {task.title}\n\nNot measured: {ctx.skipped(name)}.\n")
     if plots:
         out.append("## Plots\n")
         out += [f"![{name}]({path})\n" for name, path in plots.items()]
@@ -85,6 +86,11 @@ def render_arms(results: dict) -> str:
     return "\n".join(out)
 
 
+def _skipped(ctx: ReportContext, task: str) -> bool:
+    """Whether ``task`` was skipped on every model (it did not apply: e.g. the needle task without needle batches)."""
+    return all("skipped" in ctx.result(task, a, s) for s in ctx.seeds for a in ctx.arms)
+
+
 def _seeds_rule(results: dict, n: int) -> str:
     """How many seeds a verdict needs here, and whether this run has them."""
     if n == 1:
@@ -105,8 +111,13 @@ def _seeds_rule(results: dict, n: int) -> str:
 def _mix(results: dict) -> str:
     """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'."""
     shares = results["mixture"]["shares"]
-    names = {"needle": "needle", "lm": "LM (Shakespeare bytes)", "icl": "ICL"}
-    return "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
+    text = results.get("text")
+    lm = "LM (Shakespeare bytes)" if not text else f"LM ({text['source']}, tokenizer {text['tokenizer']})"
+    names = {"needle": "needle", "lm": lm, "icl": "ICL"}
+    out = "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
+    if not shares["needle"]:
+        out += "; no needle probes during training (no needle batches)"
+    return out
 
 
 def _execution(results: dict) -> str:
@@ -123,7 +134,7 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
     ctx = ReportContext(results)
     made: dict[str, str] = {}
     for name, task in TASKS.items():
-        if name in results["tasks"]:
+        if name in results["tasks"] and not _skipped(ctx, name):
             for label, path in task.plots(ctx, out / "plots").items():
                 made[label] = str(Path(path).relative_to(out))
     return made

@@ -47,6 +47,9 @@ from .train import train_model
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
 EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms")
+# what a resume may change besides: what is recorded along training (the held-out curve; models trained
+# before keep theirs), and the paths of your text, which is checked by its content instead (text_identity)
+RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")
 
 
 @contextmanager
@@ -109,7 +112,7 @@ def _job_locked(plan: ComparePlan, seed: int, kind: str, folder: str, progress: 
     return done
 
 
-def _check_folder(out: Path, preset: ComparePreset) -> None:
+def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
     meta = out / "compare.json"
     if meta.is_file():
         try:
@@ -118,14 +121,66 @@ def _check_folder(out: Path, preset: ComparePreset) -> None:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
+        _check_text(meta, data.get("text"), text)
         new = preset.to_dict()
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS)
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
+                         and k not in RECORDING_FIELDS)
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
     out.mkdir(parents=True, exist_ok=True)
-    text = dumps_strict({"schema_version": SCHEMA_VERSION, "preset": preset.to_dict()}, indent=1)
+    record = {"schema_version": SCHEMA_VERSION, "preset": preset.to_dict()}
+    text = dumps_strict({**record, "text": text} if text is not None else record, indent=1)
     atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
+
+
+def _check_text(meta: Path, old: dict | None, new: dict | None) -> None:
+    """Refuse a folder trained on other text (or on the bundled corpus, or on text where now there is
+    none): the training and held-out tokens and the tokenizer must be the same."""
+    def what(t: dict | None) -> str:
+        if t is None:
+            return "the bundled Shakespeare"
+        held = f"--heldout {t['heldout']}" if t["heldout"] else "its validation split held out"
+        return f"--data {t['source']} ({held}, tokenizer {t['tokenizer']}, {t['train_tokens']:,} training tokens)"
+
+    keys = ("tokenizer", "train_sha256", "heldout_sha256")
+    if (old is None) != (new is None) or (old and any(old.get(k) != new.get(k) for k in keys)):
+        raise ValueError(f"{meta}: this folder holds a comparison on {what(old)}, not on {what(new)}; use another "
+                         "--out (or the same --data, --tokenizer and --heldout to continue it)")
+
+
+def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
+    """Your text as a comparison uses it, checked before anything is written: its source, tokenizer,
+    held-out text and their token counts and hashes (recorded in ``compare.json``, so a resume on other
+    text is refused). Raises ``ValueError`` (one line) for a corpus smaller than one batch of LM
+    windows or a held-out text shorter than one window; None without ``--data``."""
+    import hashlib
+
+    import numpy as np
+
+    t = plan.text
+    if t is None:
+        return None
+    data = t.prepare(progress)  # tokenized once into the cache (a progress bar with progress)
+    T, B = plan.mixture.lm_seq_len, plan.mixture.batch_size
+    if len(data.train) < (B + 1) * T:  # the data package's rule (PackedLoader): one batch of windows must fit
+        raise ValueError(f"--data {t.source}: its training split has {len(data.train):,} tokens, fewer than one batch "
+                         f"needs: (batch {B} + 1) x lm_seq_len {T} = {(B + 1) * T:,} tokens; give more text")
+    held, source = t.heldout_tokens()
+    if len(held) < T + 1:
+        where = f"--heldout {t.heldout}" if t.heldout else f"--data {t.source}: its validation split"
+        raise ValueError(f"{where} has {len(held):,} tokens, shorter than one window of {T + 1} (the training length "
+                         f"{T} + 1); give {'a longer file' if t.heldout else 'more text or --heldout FILE'}")
+
+    def sha(tokens) -> str:  # in chunks: a corpus may be larger than memory
+        h = hashlib.sha256()
+        for i in range(0, len(tokens), 1 << 22):
+            h.update(np.asarray(tokens[i:i + (1 << 22)]).astype("<u4").tobytes())
+        return h.hexdigest()
+
+    return {**t.to_dict(), "tokenizer": data.tokenizer.name, "heldout_source": source,
+            "train_tokens": len(data.train), "heldout_tokens": len(held), "train_sha256": sha(data.train.tokens),
+            "heldout_sha256": sha(held)}
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -155,7 +210,8 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
     ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
 
-    preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset`
+    preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset` (on your
+               text: ``get_preset("cpu").on_text("my.txt", heldout="held.txt")``)
     seeds      K (seeds 0..K-1) or an explicit list of seeds
     workers    models trained side by side in separate processes (default: the preset's; 1 under
                torchrun, where every process trains each model in turn)
@@ -198,11 +254,13 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     distributed = is_initialized()
     main = not distributed or _rank() == 0
     out = Path(out_dir)
-    on_main(lambda: _check_folder(out, p))
+    # your text is tokenized (rank 0, into the cache) and checked before anything is written
+    text = on_main(lambda: text_identity(plan, progress and main), share=True)
+    on_main(lambda: _check_folder(out, p, text))
     if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
 
-        on_main(lm_streams)
+        on_main(lambda: lm_streams(text=plan.text))
     t0 = time.time()
     # the id of this invocation, kept with every model it trains (rank 0's is the one written)
     invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"
@@ -293,7 +351,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         "execution": execution(plan.execution.device),
         "preset": preset.to_dict(),
         "seeds": list(seeds),
-        "needle_task": plan.space.needle.to_dict(),
+        "needle_task": plan.space.needle.to_dict() if plan.space.needle else None,
         "mixture": {**dataclasses.asdict(plan.mixture), "shares": plan.mixture.shares()},
         "arms": {k: {"config": cfg.to_dict(), "parameters": first[k]["train"]["parameters"]}
                  for k, cfg in plan.arms.items()},
@@ -302,6 +360,8 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         "runs": runs,
         "null_reasons": {},
     }
+    if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
+        results["text"] = _read(out / "compare.json").get("text")
     comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
     results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
     results["arm_comparisons"] = comparisons

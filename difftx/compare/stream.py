@@ -4,7 +4,7 @@
 Optimizer step ``s`` (from 1) draws one global batch of ``mixture.step_kind(s)``: the synthetic
 multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
 answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
-bytes (loss on every token), and every ``icl_every``-th other step an in-context classification
+bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context classification
 batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
 :class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
 vocabulary (:class:`difftx.compare.plan.TaskSpace`).
@@ -32,7 +32,7 @@ from ..training.batches import Batch
 from .plan import Mixture
 
 if TYPE_CHECKING:
-    from .plan import TaskSpace
+    from .plan import TaskSpace, TextData
 
 STATE_VERSION = 1
 
@@ -42,13 +42,14 @@ def data_rng(seed: int) -> random.Random:
     return random.Random(f"difftx-compare-data:{seed}")
 
 
-def lm_streams(progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation byte streams of the bundled corpus (cached by ``prepare_data``)."""
+def lm_streams(progress: bool = False, text: Optional[TextData] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation token streams of the bundled corpus as bytes, or of ``text`` (your
+    corpus with its tokenizer; cached by ``prepare_data``)."""
     from ..data import prepare_data
 
-    data = prepare_data(None, "byte", progress=progress)
+    data = prepare_data(None, "byte", progress=progress) if text is None else text.prepare(progress)
     if data.val is None:
-        raise ValueError("the bundled corpus has no validation split")
+        raise ValueError(f"{'the bundled corpus' if text is None else text.source} has no validation split")
     return np.asarray(data.train.tokens), np.asarray(data.val.tokens)
 
 
@@ -99,7 +100,8 @@ class CompareStream:
             rank, world_size = dist.rank, dist.world_size
         b = batch_size if batch_size is not None else (config.batch_size if config is not None else
                                                        self.mixture.batch_size // world_size)
-        return CompareLoader(self, b, rank, world_size)
+        self.loader = CompareLoader(self, b, rank, world_size)  # its step is the trainer's step (one batch a step)
+        return self.loader
 
 
 class CompareLoader:

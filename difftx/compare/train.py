@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..checkpoint import atomic_write, load_model, save_model
+from ..data import load_tokenizer
+from ..tasks.needle import NO_NEEDLES
 from ..tasks.subject import TASK_FILE
-from .plan import BATCH_KINDS, ComparePlan, Probes, TaskSpace
-from .stream import CompareStream
+from ..training.checkpointing import TOKENIZER_DIR
+from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes, TaskSpace
+from .stream import CompareStream, lm_streams
 
 PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
 
@@ -79,7 +84,9 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
     try:
         tc = plan.schedule.train_config(model=cfg, batch_size=plan.mixture.batch_size, seed=seed, out_dir=run_dir,
                                         device=device, world_size=dist.world_size, progress=progress)
-        stream = CompareStream(plan.mixture, space, seed)
+        stream = CompareStream(plan.mixture, space, seed,
+                               lm_streams(text=plan.text)[0] if plan.text is not None and space.lm else None)
+        probes_info = training_probes(plan, stream)
         t0, c0 = time.time(), time.process_time()
         has_checkpoints = (run_dir / "checkpoints").is_dir()
         if not has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
@@ -87,7 +94,7 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
         try:
             # resume=True continues an interrupted run (without a checkpoint folder: a quiet fresh start)
             result = train(tc, resume=has_checkpoints, data=stream, model_config=cfg,
-                           probes=(plan.probes.every, lambda m: needle_probe(m, plan.probes, space)),
+                           probes=probes_info.probes,
                            progress_bar={"desc": f"train {kind} seed {seed}", "position": position, "leave": False})
         except TrainingDivergedError as e:
             raise TrainingDivergedError(f"training {kind} (seed {seed}) diverged: {e}") from e
@@ -99,15 +106,24 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
         def finish() -> dict:
             model = load_model(result.last_checkpoint)
             save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": plan.name})
-            task_info = {"needle_task": space.needle.to_dict(), "lm": space.lm, "lm_offset": space.lm_offset,
-                         "lm_seq_len": plan.mixture.lm_seq_len, "icl_task": space.icl.to_dict() if space.icl else None}
+            task_info = {"needle_task": space.needle.to_dict() if space.needle else None, "lm": space.lm,
+                         "lm_offset": space.lm_offset, "lm_seq_len": plan.mixture.lm_seq_len,
+                         "icl_task": space.icl.to_dict() if space.icl else None}
+            if plan.text is not None:  # your own text: its source, tokenizer (saved beside) and held-out file
+                task_info.update(lm_vocab=space.lm_vocab, text=plan.text.to_dict())
+                load_tokenizer(plan.text.tokenizer).save(folder / "model" / TOKENIZER_DIR)
             atomic_write(folder / "model" / TASK_FILE,
                          lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
-            history, probes, probe_s = [], [], 0.0
+            history, probes, probe_s, curve = [], [], 0.0, []
             for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
                 if "probe" in r:
-                    probes.append({"step": r["step"], **r["probe"]})
-                    probe_s += r.get("probe_s", 0.0)
+                    got = dict(r["probe"])
+                    loss, curve_s = got.pop("heldout_loss", None), got.pop("heldout_s", 0.0)
+                    if loss is not None:
+                        curve.append((r["step"], loss, curve_s))
+                    if got:
+                        probes.append({"step": r["step"], **got})
+                        probe_s += r.get("probe_s", 0.0) - curve_s
                 elif "loss" in r:
                     history.append({"step": r["step"], "lr": r["lr"],
                                     **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
@@ -118,6 +134,12 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
                       "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0, "device": str(dist.device),
                       "threads": torch.get_num_threads(), "world_size": dist.world_size,
                       "resumed_from": result.resumed_from, "invocation": invocation}
+            if space.needle is None:
+                record["probes_skipped"] = NO_NEEDLES
+            if plan.curve.steps:
+                record["heldout_curve"] = {**probes_info.curve, "steps": [c[0] for c in curve],
+                                           "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
+                                           "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)}
             atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
             return record
@@ -126,6 +148,68 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
     finally:
         if owns_group:
             destroy_distributed()
+
+
+@dataclass
+class TrainingProbes:
+    """What the trainer runs during training: ``probes`` (its ``(every or steps, fn)``) and
+    ``curve``, the description of the held-out windows of the loss curve (empty without one)."""
+
+    probes: tuple
+    curve: dict
+
+
+def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
+    """The needle probes (every ``plan.probes.every`` steps and the last) and the held-out loss
+    curve (at ``plan.curve.steps``, :func:`heldout_loss`) as one trainer probe. Both leave training
+    as it was: eval mode, no gradients, no random state. The curve's windows are fixed:
+    ``plan.curve.windows`` disjoint windows of the LM training length spread evenly over the held-out
+    stream (:func:`difftx.eval.lm.spread_windows`; the file given, the corpus's validation split, or
+    the bundled Shakespeare's)."""
+    space = plan.space
+    needle = lambda m: needle_probe(m, plan.probes, space)  # noqa: E731
+    if not plan.curve.steps:
+        return TrainingProbes((plan.probes.every, needle), {})
+    from ..eval.lm import spread_windows
+
+    if plan.text is not None:
+        held, source = plan.text.heldout_tokens()
+    else:
+        held, source = lm_streams()[1], "held-out bundled Shakespeare (bytes)"
+    stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.lm_offset
+    windows, _ = spread_windows(stream_ids, plan.mixture.lm_seq_len, plan.curve.windows)  # (N, T+1)
+    every, last = plan.probes.every, plan.schedule.steps
+    needle_steps = set(range(every, last + 1, every)) | {last} if every else set()
+    curve_steps = set(plan.curve.steps)
+
+    def probe(model: torch.nn.Module) -> dict:
+        step = stream.loader.step  # one batch per optimizer step: the step just taken
+        out = needle(model) if step in needle_steps else {}
+        if step in curve_steps:
+            t = time.perf_counter()
+            out["heldout_loss"] = heldout_loss(model, windows)
+            out["heldout_s"] = time.perf_counter() - t
+        return out
+
+    info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.lm_seq_len,
+            "distinct_tokens": int(windows.shape[0]) * plan.mixture.lm_seq_len}
+    return TrainingProbes((tuple(sorted(needle_steps | curve_steps)), probe), info)
+
+
+def heldout_loss(model: torch.nn.Module, windows: torch.Tensor) -> float:
+    """Mean next-token NLL (nats) of ``windows`` ``(N, T+1)``: every prediction of every window,
+    in eval mode, without gradients (the model's mode is restored)."""
+    from ..eval.lm import token_nll
+
+    device = next(model.parameters()).device
+    return float(token_nll(model, windows.to(device)).double().mean())
+
+
+def lm_tokens(mixture: Mixture, step: int) -> int:
+    """Text tokens trained on by the end of optimizer step ``step`` (LM batches only: needle and
+    ICL batches are not counted)."""
+    lm_steps = sum(1 for s in range(1, step + 1) if mixture.step_kind(s) == "lm")
+    return lm_steps * mixture.batch_size * mixture.lm_seq_len
 
 
 def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:

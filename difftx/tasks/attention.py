@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .base import EVAL_SEED, Metric, Task, parse_cells, positive, setting
-from .needle import fitting_cells
+from .needle import NO_NEEDLES, fitting_cells
 from .reporting import NAMES, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
@@ -65,6 +66,9 @@ class AttentionTask(Task):
     title = "Attention to the answer and attention noise"
     help = "attention mass on the answer needle and on filler at the first answer position, per cell and layer"
     Settings = AttentionSettings
+
+    def applies(self, subject, settings) -> Optional[str]:
+        return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
 
     def run(self, subject, s: AttentionSettings, *, progress: bool = False) -> dict:
         from ..eval.attention_noise import attention_report

@@ -33,6 +33,9 @@ class ICLTask(Task):
     def applies(self, subject, settings) -> Optional[str]:
         if subject.icl is not None:
             return None
+        if subject.text is not None and subject.needle is None:
+            return ("the model was trained without ICL batches (compare --data trains on the text alone; --synthetic "
+                    "adds the ICL task)")
         if subject.needle is None:
             return "a text model has no synthetic ICL task (train one with `difftx compare --set icl_every=4`)"
         return "the model was trained without ICL batches (icl_every = 0; `--set icl_every=4` adds them)"

@@ -18,6 +18,8 @@ PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1
 OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
 DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped to what the task has
 PROBE_DEPTH = 0.5
+NO_NEEDLES = ("the model was trained without needle batches (compare --data trains on the text alone; --synthetic "
+              "adds the needle task)")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,9 @@ class NeedleTask(Task):
     title = "Multi-needle retrieval"
     help = "multi-needle retrieval: accuracy per N/R cell and depth, error classes, heatmap"
     Settings = NeedleSettings
+
+    def applies(self, subject, settings) -> Optional[str]:
+        return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
 
     def run(self, subject, s: NeedleSettings, *, progress: bool = False) -> dict:
         grid = fitting_cells(subject, s.grid)

@@ -4,7 +4,8 @@ Two kinds of checkpoint are understood, and both ``difftx compare`` and ``difftx
 them through :func:`load_subject`, so they score a model with the very same code:
 
 - a model trained by ``difftx compare`` (its folder holds ``compare_task.json``): the synthetic
-  needle task with its own token ids, held-out Shakespeare bytes shifted past them (when it was
+  needle task with its own token ids (when it was trained on needle batches), held-out
+  Shakespeare bytes or your held-out text (``compare --data``) shifted past them (when it was
   trained on LM batches) and the synthetic ICL task (when it was trained on ICL batches);
 - a text model trained by ``difftx train`` (a tokenizer saved with it, or given): held-out text
   and the natural-language needle form.
@@ -54,11 +55,13 @@ class Subject:
     tokenizer: Any = None  # text model
     data: Any = None  # text model: the held-out source given by the user (None: the run's own split)
     train_config: dict = field(default_factory=dict)  # text model: its train_config.json, if saved
+    text: Optional[dict] = None  # compare model on your own text (compare --data): source, tokenizer, heldout
+    compare: bool = False  # a compare model (with or without a needle task)
     _heldout: Optional[HeldOut] = None
 
     @property
     def is_compare_model(self) -> bool:
-        return self.needle is not None
+        return self.compare or self.needle is not None
 
     @property
     def has_text(self) -> bool:
@@ -80,6 +83,8 @@ class Subject:
         if self.is_compare_model:
             if self.lm_offset is None:
                 raise ValueError(f"{self.folder}: this compare model was trained without LM batches")
+            if self.text is not None:
+                return self._text_heldout()
             val = prepare_data(None, "byte", progress=False).val
             ids = torch.from_numpy(val.tokens[:].astype("int64")) + self.lm_offset
             return HeldOut(ids, "held-out bundled Shakespeare (bytes)", 1.0, int(self.lm_seq_len))
@@ -98,6 +103,26 @@ class Subject:
         bpt = 1.0 if getattr(self.tokenizer, "name", "") == "byte" else \
             bytes_per_token(self.tokenizer.decode(ids.tolist()), ids.numel())
         return HeldOut(ids, what, bpt, train_len)
+
+    def _text_heldout(self) -> HeldOut:
+        """A compare model trained on your own text: every token of its held-out file, else its
+        corpus's validation split, in the model's ids."""
+        import dataclasses
+
+        import torch
+
+        from ..compare.plan import TextData
+        from ..data import load_tokenizer
+        from ..eval.lm import bytes_per_token
+
+        text = TextData(**self.text)
+        if (self.folder / "tokenizer").is_dir():  # the copy saved with the model
+            text = dataclasses.replace(text, tokenizer=str(self.folder / "tokenizer"))
+        tokens, what = text.heldout_tokens()
+        ids = torch.from_numpy(tokens[:].astype("int64"))
+        tok = load_tokenizer(text.tokenizer)
+        bpt = 1.0 if tok.name == "byte" else bytes_per_token(tok.decode(ids.tolist()), ids.numel())
+        return HeldOut(ids + self.lm_offset, what, bpt, int(self.lm_seq_len))
 
     def history(self) -> Optional[dict]:
         """The training record (``train.json`` of a compare model), or ``None``."""
@@ -142,16 +167,18 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
             raise ValueError(f"{folder}: a compare model has its own task vocabulary; --tokenizer and --data "
                              "apply to text models only")
         try:
-            needle = NeedleTask(**info["needle_task"])
+            needle = NeedleTask(**info["needle_task"]) if info.get("needle_task") else None
             icl = ICLTask(**info["icl_task"]) if info.get("icl_task") else None
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{folder / TASK_FILE}: does not describe a compare task ({e})") from None
-        for need, what in ((needle.vocab_size, "needle task"), (icl.vocab_size if icl else 0, "ICL task")):
+        for need, what in ((needle.vocab_size if needle else 0, "needle task"),
+                           (icl.vocab_size if icl else 0, "ICL task"),
+                           (info.get("lm_offset", 0) + info.get("lm_vocab", 0), "text")):
             if need > model.config.vocab_size:
                 raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "
                                  f"{model.config.vocab_size}")
         return Subject(model, folder, needle=needle, icl=icl, lm_offset=info["lm_offset"] if info.get("lm") else None,
-                       lm_seq_len=info.get("lm_seq_len"))
+                       lm_seq_len=info.get("lm_seq_len"), text=info.get("text"), compare=True)
     from ..data import load_tokenizer
 
     tc = _read_json(folder / TRAIN_CONFIG_NAME) if (folder / TRAIN_CONFIG_NAME).is_file() else {}

@@ -178,7 +178,7 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     ``probes``: ``(every, fn)``: ``fn(model) -> dict`` runs every ``every`` steps and at the last
     step (``config.steps``), model in eval mode, without gradients, on every rank (FSDP2 needs
     them all); logged to ``metrics.jsonl`` as ``{"step", "probe", "probe_s"}`` and kept in
-    ``TrainResult.probes``. ``every`` = 0 disables it.
+    ``TrainResult.probes``. ``every`` = 0 disables it; a set of steps runs it at those steps only.
     ``progress_bar``: extra ``tqdm`` arguments for the progress bar (e.g. ``desc``, ``position``).
 
     Under ``torchrun`` every process calls this; the process group is created (and destroyed at
@@ -230,8 +230,12 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
         raise ValueError("TrainConfig.eval_interval: validation passes run on prepared text data; a batch source "
                          "has no validation split (set eval_interval=0)")
     probe_every, probe_fn = probes if probes is not None else (0, None)
-    if not isinstance(probe_every, int) or probe_every < 0 or (probe_every and not callable(probe_fn)):
-        raise ValueError(f"probes: expected (every >= 0, fn(model) -> dict), got {probes!r}")
+    if isinstance(probe_every, (tuple, list, set, frozenset)):  # at these steps only
+        probe_every = frozenset(probe_every)
+    elif not isinstance(probe_every, int) or probe_every < 0:
+        raise ValueError(f"probes: expected (every >= 0 or a set of steps, fn(model) -> dict), got {probes!r}")
+    if probe_every and not callable(probe_fn):
+        raise ValueError(f"probes: expected (every >= 0 or a set of steps, fn(model) -> dict), got {probes!r}")
     if data is None:
         data = _prepare_data(config, tokenizer_spec, dist)
     tokenizer = getattr(data, "tokenizer", None)
@@ -449,7 +453,9 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
                 if lambdas:
                     post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
                 bar.set_postfix(post, refresh=False)
-            if probe_every and (step % probe_every == 0 or step == config.steps):  # before a checkpoint of this step
+            at = step in probe_every if isinstance(probe_every, frozenset) else \
+                probe_every and (step % probe_every == 0 or step == config.steps)
+            if at:  # before a checkpoint of this step
                 result.probes[step] = _probe(probe_fn, model if is_sharded(bare) else bare, step, logger)
             if config.eval_interval and val_store is not None and (step % config.eval_interval == 0
                                                                    or step == config.steps):
