@@ -55,7 +55,7 @@ SCALE_PRESETS: dict[str, ScalePreset] = {
     "scale-cpu": ScalePreset(
         "scale-cpu", "4 sizes over a 14x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
         "3 seeds, 2 arms (not yet timed on the 2-core machine)", "cpu", ("xs", "s", "m", "l"), 3,
-        {**LM_ONLY, "steps": 1500, "warmup_steps": 100, "curve_points": 8}),
+        {**LM_ONLY, "steps": 2000, "warmup_steps": 100, "curve_points": 8}),
     "scale-gpu": ScalePreset(
         "scale-gpu", "4 sizes from about 20M to 350M parameters for one GPU (untested: written for users with "
         "hardware, never run here)", "gpu-small", ("20m", "50m", "120m", "350m"), 3,
