@@ -556,3 +556,16 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     assert new_vs_old["grad_spikes"]["gated"] is None  # not a machine measurement
     # (the smoke preset's curves may be too short for a loss at equal wall-clock; where it is read, it is gated too)
     assert new_vs_old.get("loss_at_equal_time", {"gated": DIFFERENT_RUNS})["gated"] == DIFFERENT_RUNS
+
+
+def test_token_efficiency_from_the_held_out_curves(smoke):
+    """Every compare turns the models' held-out loss curves into the token ratio of the paper's
+    Fig. 3b: per curve point and overall, in results.json, report.md and a plot."""
+    res = json.loads((smoke / "results.json").read_text())
+    e = res["token_efficiency"]["diff"]
+    curve = res["runs"]["0"]["diff"]["train"]["heldout_curve"]
+    assert e["tokens"] == sorted({t for t in curve["tokens"] if t > 0}) and len(e["ratios"]) == len(e["tokens"])
+    assert all(r["value"] is None or r["value"] > 0 for r in e["ratios"])
+    assert len(e["per_seed"]) == 2 and e["overall"]["n"] in (0, 2)
+    assert "## Token efficiency (paper Fig. 3b)" in (smoke / "report.md").read_text()
+    assert (smoke / "plots" / "token_efficiency.png").is_file()

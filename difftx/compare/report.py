@@ -43,6 +43,8 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
                + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "") + "\n")
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
+    if results.get("token_efficiency"):
+        out.append(render_token_efficiency(results))
     for name, task in TASKS.items():
         if name in results["tasks"]:  # a task skipped on every model: its section gives the reason
             out.append(task.report(ctx) if not _skipped(ctx, name) else
@@ -108,6 +110,36 @@ def _seeds_rule(results: dict, n: int) -> str:
     return text + ". " if text else ""
 
 
+def render_token_efficiency(results: dict) -> str:
+    """The token efficiency section (paper Fig. 3b): per point of the held-out loss curve, the
+    baseline tokens that reach DIFF's loss and the ratio, with the overall ratio."""
+    out = ["## Token efficiency (paper Fig. 3b)\n",
+           "Held-out loss along training, on the same fixed windows for every model. For each point of an arm's "
+           "curve, the tokens at which the same seed's baseline reaches that loss (its curve made monotone and "
+           "interpolated in log tokens); the ratio arm tokens / baseline tokens (< 1: the arm needs fewer tokens), "
+           "a geometric mean over seeds with a 95% t interval. Outside the range both curves cover: not reached, "
+           "never extrapolated (`docs/efficiency.md`). For scale: the paper's 3B DIFF at 160B tokens matches the "
+           "Transformer at 251B (63.7%).\n"]
+    for arm, e in results["token_efficiency"].items():
+        if "skipped" in e:
+            out.append(f"**{arm} vs baseline**: not measured ({e['skipped']}).\n")
+            continue
+        rows = []
+        for t, r, la, lb in zip(e["tokens"], e["ratios"], e["loss"][arm], e["loss"]["baseline"]):
+            rows.append([f"{t:,.0f}", fmt(lb, 4), fmt(la, 4), _ratio_text(r)])
+        o = e["overall"]
+        out.append(f"**{arm} vs baseline** (overall: {_ratio_text(o)}{'; ' + o['note'] if o.get('note') else ''})\n")
+        out.append(table(rows, ["tokens", "baseline loss", f"{arm} loss", "tokens ratio [95%]"]))
+    return "\n".join(out)
+
+
+def _ratio_text(r: dict) -> str:
+    if r["value"] is None:
+        return r.get("note") or "-"
+    text = f"{r['value']:.3f}" if r["low"] is None else f"{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+    return text + (f" ({r['note']})" if r.get("note") and "reached in" in r["note"] else "")
+
+
 def _mix(results: dict) -> str:
     """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'."""
     shares = results["mixture"]["shares"]
@@ -137,6 +169,18 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
         if name in results["tasks"] and not _skipped(ctx, name):
             for label, path in task.plots(ctx, out / "plots").items():
                 made[label] = str(Path(path).relative_to(out))
+    e = (results.get("token_efficiency") or {}).get("diff")
+    if e and "skipped" not in e:
+        from ..eval.plots import plot_token_efficiency
+
+        seeds = [str(s) for s in results["seeds"]]
+        curves = {name: [(results["runs"][s][arm]["train"]["heldout_curve"]["tokens"],
+                          results["runs"][s][arm]["train"]["heldout_curve"]["loss"]) for s in seeds]
+                  for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
+        matched = [(t, None if r["value"] is None else t / r["value"], loss)
+                   for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"]["diff"])]
+        path = plot_token_efficiency(curves, matched, out / "plots" / "token_efficiency.png")
+        made["token efficiency (paper Fig. 3b)"] = str(path.relative_to(out))
     return made
 
 

@@ -332,7 +332,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons.
     ``preset`` is recorded as given; ``plan`` is what it resolved to."""
     from ..tasks import TASKS, settings_to_dict
-    from .summary import all_comparisons, pair_key
+    from .summary import all_comparisons, pair_key, token_ratios
 
     settings = plan.tasks
     runs: dict = {}
@@ -365,6 +365,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
     results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
     results["arm_comparisons"] = comparisons
+    results["token_efficiency"] = token_ratios(results)
     return results
 
 

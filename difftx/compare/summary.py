@@ -151,3 +151,39 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
                       "baseline_mean": arm_ci[b][0], "baseline_ci": list(arm_ci[b][1:])})
         out[m.key] = c
     return out
+
+
+def token_ratios(results: dict) -> dict:
+    """The token efficiency (paper Fig. 3b) of every arm against the baseline, from each model's
+    held-out loss along training (``train.heldout_curve``), paired by seed:
+    ``{arm: TokenEfficiency.to_dict() with the curves' tokens and mean losses}``, or ``{arm:
+    {"skipped": why}}`` when a model has no curve (no LM batches, or ``curve_points = 0``)."""
+    from ..eval.efficiency import token_efficiency
+
+    seeds = [str(s) for s in results["seeds"]]
+    curves = {arm: [results["runs"][s][arm]["train"].get("heldout_curve") for s in seeds] for arm in results["arms"]}
+    out: dict = {}
+    for arm in (a for a in results["arms"] if a != "baseline"):
+        if any(c is None or len(c.get("tokens") or []) < 2 for c in curves[arm] + curves["baseline"]):
+            out[arm] = {"skipped": "no held-out loss curve (it needs LM batches and curve_points > 0)"}
+            continue
+        try:
+            eff = token_efficiency([_by_tokens(c) for c in curves[arm]], [_by_tokens(c) for c in curves["baseline"]])
+        except ValueError as e:  # curves not sampled alike (e.g. models of different runs)
+            out[arm] = {"skipped": f"curves cannot be paired: {e}"}
+            continue
+        out[arm] = {**eff.to_dict(), "loss": {a: np.mean([_by_tokens(c)[1] for c in curves[a]], 0).tolist()
+                                               for a in (arm, "baseline")}}
+    return out
+
+
+def _by_tokens(curve: dict) -> tuple[list, list]:
+    """A curve as ``(tokens, losses)`` with one point per token count: with needle or ICL batches
+    mixed in, the LM tokens stay put for some steps, and the last point of each count is kept (no
+    point before the first LM batch)."""
+    last: dict = {}
+    for t, v in zip(curve["tokens"], curve["loss"]):
+        if t and t > 0:
+            last[t] = v
+    tokens = sorted(last)
+    return tokens, [last[t] for t in tokens]
