@@ -243,6 +243,8 @@ def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, hel
     out = {**overrides, "data": data, "tokenizer": tokenizer, "heldout": heldout}
     if not synthetic:
         out.update(lm_every=1, icl_every=0, probe_every=0)
+        out.setdefault("description", "language modelling on your text alone (compare --data): the preset's model "
+                                      "and schedule, every step an LM batch")
     tasks = dict(overrides.get("tasks", {}))
     tasks["lm"] = {"windows": 0, **tasks.get("lm", {})}  # every held-out token once, in windows of the training length
     return {**out, "tasks": tasks}
