@@ -65,3 +65,21 @@ def test_named_shapes_and_tokens_per_param():
     plans = plan_sizes("smoke", ["16x1x1", "32x1x1"], tokens_per_param=20.0)
     assert plans[1].preset.steps > plans[0].preset.steps  # proportional budgets
     assert plans[0].params["baseline"] < plans[1].params["baseline"]
+
+
+def test_scale_on_your_own_text(tmp_path, capsys):
+    """`difftx scale --data FILE`: every size trains on the text the test writes, LM only."""
+    text = tmp_path / "t.txt"
+    words = "the river turned slowly past the old mill while seven herons waited on the stones".split()
+    text.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(40)) for i in range(300)))
+    out = tmp_path / "scale"
+    sets = as_sets({k: v for k, v in FAST.items() if k not in ("probe_every", "probe_samples")})
+    cmd = ["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--seeds", "2", "--out", str(out), "--workers",
+           "1", "--no-progress", "--data", str(text), *sets]
+    assert main(cmd) == 0
+    s = json.loads((out / "scale.json").read_text())
+    r = json.loads((out / "size=16x1x1" / "results.json").read_text())
+    assert r["text"]["source"].endswith("t.txt") and "ratios" in s["efficiency"]["diff"]
+    assert main(["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--out", str(tmp_path / "x"),
+                 "--heldout", str(text)]) == 2
+    assert "apply with --data" in capsys.readouterr().err

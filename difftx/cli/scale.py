@@ -30,6 +30,12 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a compare preset field at every size (as `difftx compare --set`)")
     p.add_argument("--arms", default=None, metavar="ARMS", help="more arms at every size (as `difftx compare --arms`)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="your own text at every size, LM only (as `difftx compare --data`: a text file, a folder or "
+                        "a JSONL file)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR|byte", help="with --data: its tokenizer (default byte)")
+    p.add_argument("--heldout", default=None, metavar="FILE",
+                   help="with --data: score every token of this file (default: the corpus's validation split)")
     p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="on a cluster: invocation K of N trains its share of every size's models; run once more "
@@ -39,13 +45,22 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..compare.presets import MIXTURE_FIELDS, text_overrides
     from ..compare.run import parse_shard
     from ..compare.scale import SCALE_PRESETS, run_scale
     from .compare import parse_arms, parse_overrides
 
     shard = None if args.shard is None else parse_shard(args.shard)
     scale = SCALE_PRESETS.get(args.preset)
-    overrides = {**(scale.overrides if scale else {}), **parse_overrides(args.overrides)}
+    overrides = parse_overrides(args.overrides)
+    if args.data is not None:  # LM on your text (text_overrides sets the mixture)
+        overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)
+        base = {k: v for k, v in (scale.overrides if scale else {}).items() if k not in MIXTURE_FIELDS}
+    elif args.tokenizer is not None or args.heldout is not None:
+        raise ValueError("--tokenizer and --heldout apply with --data")
+    else:
+        base = scale.overrides if scale else {}
+    overrides = {**base, **overrides}
     if args.arms is not None:
         overrides["arms"] = parse_arms(args.arms)
     sizes = args.sizes.split(",") if args.sizes else (list(scale.sizes) if scale else None)
