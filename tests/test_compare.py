@@ -79,7 +79,8 @@ def test_outputs_and_schema(smoke):
     assert "0.85" in report and "**Scale.**" in report  # the paper's numbers, labelled as another scale
     assert "no detectable difference" in report or "DIFF is" in report or "not compared" in report
     for c in res["comparison"].values():  # gated comparisons carry no verdict of direction
-        assert (c["gated"] is None) or (c["better"] is None and "not compared" in c["verdict"])
+        assert (c["gated"] is None) or (c["better"] is None and ("not compared" in c["verdict"]
+                                                                 or "not measured" in c["verdict"]))
     assert {c["family"] for c in res["comparison"].values()} == {"primary", "exploratory"}
     assert "paper" in report
     assert ("Neither model has learned retrieval" in report) == (res["comparison"]["needle_1_1"]["gated"] is not None)
@@ -569,3 +570,31 @@ def test_token_efficiency_from_the_held_out_curves(smoke):
     assert len(e["per_seed"]) == 2 and e["overall"]["n"] in (0, 2)
     assert "## Token efficiency (paper Fig. 3b)" in (smoke / "report.md").read_text()
     assert (smoke / "plots" / "token_efficiency.png").is_file()
+
+
+def test_a_machine_measurement_is_present_whatever_the_timing(smoke):
+    """The loss at equal wall-clock exists only when both models logged a loss within the shorter
+    training time, which depends on the machine's load. A slowed model must not drop the metric:
+    it stays in the comparison, with null values and why (before: the key set of a busy run
+    differed from an idle one's, and the torchrun test failed under load)."""
+    from difftx.compare.report import render_report
+    from difftx.compare.schema import dumps_strict, validate_results
+    from difftx.compare.summary import all_comparisons, pair_key
+    from difftx.tasks import TASKS, settings_from_dict
+
+    res = json.loads((smoke / "results.json").read_text())
+    settings = {name: settings_from_dict(TASKS[name].Settings, t["settings"], name) for name, t in res["tasks"].items()}
+    fast = all_comparisons(res, settings)[pair_key("diff", "baseline")]
+    slowed = json.loads(json.dumps(res))
+    for arm, scale in (("diff", 1000.0), ("baseline", 0.001)):  # the diff model ran 10^6 times slower
+        t = slowed["runs"]["0"][arm]["tasks"]["training"]
+        t["curve"]["time_s"] = [None if x is None else x * scale for x in t["curve"]["time_s"]]
+        t["cost"]["time_s"] *= scale
+    slow = all_comparisons(slowed, settings)[pair_key("diff", "baseline")]
+    assert set(slow) == set(fast)
+    c = slow["loss_at_equal_time"]
+    assert c["gated"].startswith("not measured in this run") and c["paired"]["mean"] is None and c["better"] is None
+    slowed["comparison"] = slow
+    slowed["arm_comparisons"] = {}
+    validate_results(json.loads(dumps_strict(slowed)))
+    assert "Not measured in this run: training loss at equal wall-clock" in render_report(slowed, {})

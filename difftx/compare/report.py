@@ -37,10 +37,13 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
     out += [f"- {C[k]['verdict']} (primary)" for k in primary] + [f"- {C[k]['verdict']}" for k in found]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
-    gated = [c["label"] for c in C.values() if c["gated"]]
+    gated = [c["label"] for c in C.values() if c["gated"] and c["paired"]["mean"] is not None]
+    unmeasured = [c["gated"].replace("not measured in this run ", f"{c['label']} ") for c in C.values()
+                  if c["gated"] and c["paired"]["mean"] is None]
     out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
                + (" (listed above)." if found else ".")
-               + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "") + "\n")
+               + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "")
+               + (f" Not measured in this run: {'; '.join(unmeasured)}." if unmeasured else "") + "\n")
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
     if results.get("token_efficiency"):

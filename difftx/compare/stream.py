@@ -4,8 +4,8 @@
 Optimizer step ``s`` (from 1) draws one global batch of ``mixture.step_kind(s)``: the synthetic
 multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
 answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
-bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context classification
-batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
+bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context
+classification batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
 :class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
 vocabulary (:class:`difftx.compare.plan.TaskSpace`).
 

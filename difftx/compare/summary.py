@@ -100,6 +100,7 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
     """The comparisons of arm ``a`` against arm ``b`` before the Holm adjustment."""
     seeds = [str(s) for s in results["seeds"]]
     found: list = []
+    unmeasured: dict = {}
     for name, s in settings.items():
         for m in TASKS[name].metrics(s):
             per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in (a, b)}
@@ -110,6 +111,8 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             else:
                 vals = {arm: [_finite(_value(m.get, r)) for r in rs] for arm, rs in per.items()}
             if any(v is None for arm in vals for v in vals[arm]):
+                if m.same_run:  # a measurement of the machine: present, with why it has no value here
+                    unmeasured[m.key] = _unmeasured(name, m, vals, seeds, a, b)
                 continue
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
             someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
@@ -150,7 +153,25 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": arm_ci[a][0], "diff_ci": list(arm_ci[a][1:]),
                       "baseline_mean": arm_ci[b][0], "baseline_ci": list(arm_ci[b][1:])})
         out[m.key] = c
-    return out
+    return {**out, **unmeasured}
+
+
+def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str) -> dict:
+    """The comparison entry of a machine measurement some model has no value for in this run
+    (e.g. the loss at equal wall-clock when the shorter training time ends before the other
+    model's first logged loss): every number null, ``gated`` saying why. Whether the key exists
+    then never depends on the machine's speed."""
+    missing = [f"{arm} seed {s}" for arm in (a, b) for s, v in zip(seeds, vals[arm]) if v is None]
+    why = f"not measured in this run (no value for {', '.join(missing)}: this measures the machine's timing)"
+    c = {"task": task, **m.describe(), "arms": [a, b], "values": vals, "means": {a: None, b: None},
+         "cis": {a: [None, None], b: [None, None]}, "gated": why, "family": "primary" if m.primary else "exploratory",
+         "examples_used": 0, "p_adjusted": None, "_est": None, "_metric": m,
+         "paired": {"mean": None, "low": None, "high": None, "p_value": None, "sign_flip_p": None, "n": len(seeds),
+                    "n_examples": 1, "confidence": 0.95, "method": "not measured", "excludes_zero": False, "note": why}}
+    if (a, b) == ("diff", "baseline"):
+        c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": None, "diff_ci": [None, None],
+                  "baseline_mean": None, "baseline_ci": [None, None]})
+    return c
 
 
 def token_ratios(results: dict) -> dict:

@@ -89,6 +89,8 @@ def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3
 def pair(c: dict, digits: int = 3) -> str:
     """``mean [low, high]`` of DIFF - baseline (the unadjusted interval), with the Holm-adjusted p-value."""
     p = c["paired"]
+    if p["mean"] is None:
+        return "-"
     if p["low"] is None:
         return f"{p['mean']:+.{digits}f} (" + ("1 seed" if p["n"] == 1 else f"{p['n']} seeds: no interval") + ")"
     adj = "" if c.get("p_adjusted") is None else f", p_adj {c['p_adjusted']:.2g}"
@@ -98,7 +100,7 @@ def pair(c: dict, digits: int = 3) -> str:
 def call(c: dict) -> str:
     """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects."""
     if c.get("gated"):
-        return "not learned: not compared"
+        return "not measured in this run" if c["paired"]["mean"] is None else "not learned: not compared"
     if c["paired"]["low"] is None:
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
