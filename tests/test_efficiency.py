@@ -137,8 +137,26 @@ def test_plots_like_figure_3(tmp_path):
 
     t = np.geomspace(1e4, 1e7, 6)
     a = plot_token_efficiency({"DIFF": [(t, _loss(t / 0.6))], "baseline": [(t, _loss(t))]},
-                              [(t[0], t[0] / 0.6, float(_loss(t[0] / 0.6))), (t[-1], None, 2.0)], tmp_path / "b.png")
+                              [(t[0], t[0] / 0.6, float(_loss(t[0] / 0.6))), (t[-1], None, 2.0)], tmp_path / "b.png",
+                              overall={"value": 0.6, "low": 0.58, "high": 0.62})
     rows = _power_law_seeds(np.random.default_rng(0), 2, 0.65)
     b = plot_parameter_efficiency({"DIFF": (SIZES, rows["arm"]), "baseline": (SIZES, rows["ref"])},
-                                  {"DIFF": (3.4, -0.12), "baseline": (3.3, -0.12)}, tmp_path / "a.png", crossover=5e5)
+                                  {"DIFF": (3.4, -0.12), "baseline": (3.3, -0.12)}, tmp_path / "a.png", crossover=5e5,
+                                  ratios={SIZES[2]: {"value": 0.65, "low": 0.6, "high": 0.7}})
     assert a.read_bytes()[:4] == b.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_point_only_some_seeds_reach_is_not_summarised_and_one_seed_says_so():
+    """Seed 1's baseline stops earlier, so DIFF's late points are reached by seed 0 only: those points
+    carry no ratio (a subset of seeds would be a biased average) and say how many seeds reached them."""
+    t = np.geomspace(1e4, 1e7, 10)
+    arm = [(t, _loss(t / 0.6)), (t, _loss(t / 0.6))]
+    ref = [(t, _loss(t)), (t[:6], _loss(t[:6]))]
+    eff = token_efficiency(arm, ref)
+    partial = [r for r in eff.ratios if r.note and r.note.startswith("reached in 1 of 2")]
+    assert partial and all(r.value is None and r.n == 1 for r in partial)
+    assert any(eff.per_seed[0][i] is not None and eff.per_seed[1][i] is None for i in range(t.size))
+    one = token_efficiency(arm[:1], ref[:1])
+    assert one.overall.low is None and "one seed" in one.overall.note
+    assert one.overall.value == pytest.approx(0.6, rel=5e-3)
+    json.dumps(eff.to_dict(), allow_nan=False)

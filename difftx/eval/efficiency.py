@@ -6,7 +6,10 @@ Token efficiency (Fig. 3b), from held-out loss curves along training, per seed:
 - for each point ``(t, L_D(t))`` of DIFF's curve, ``t_B`` is where the *same seed's* baseline curve
   reaches ``L_D(t)``, and the ratio is ``t / t_B``;
 - the baseline curve is first made monotone (its running minimum: the best loss reached by then),
-  then interpolated linearly in log tokens;
+  then interpolated in log tokens by a monotone cubic (PCHIP: no overshoot, and no bias from
+  straight segments on a curved loss curve);
+- a point is summarised over seeds only where every seed reached it: an average over the seeds
+  that happened to reach a loss would favour them; otherwise its note says how many did;
 - a loss the baseline curve never reaches, or one above its first point, is "not reached": nothing
   is extrapolated.
 
@@ -166,15 +169,18 @@ def token_efficiency(arm: Sequence[tuple[Sequence[float], Sequence[float]]],
     ratios = []
     for i in range(points.size):
         got = [math.log(r[i]) for r in per_seed if r[i] is not None]
-        ratio = ratio_over_seeds(got, confidence)
-        if 0 < len(got) < len(per_seed):
-            ratio.note = f"reached in {len(got)} of {len(per_seed)} seeds"
+        if 0 < len(got) < len(per_seed):  # a subset of seeds is not summarised (see the module doc)
+            ratio = Ratio(None, None, None, len(got), f"reached in {len(got)} of {len(per_seed)} seeds: "
+                                                      "not summarised (every seed must reach it)")
+        else:
+            ratio = ratio_over_seeds(got, confidence)
         ratios.append(ratio)
     common = [i for i in range(points.size) if all(r[i] is not None for r in per_seed)]
     overall = ratio_over_seeds([float(np.mean([math.log(r[i]) for i in common])) for r in per_seed]
                                if common else [], confidence)
     if common:
-        overall.note = f"mean over the {len(common)} points every seed reached"
+        where = f"mean over the {len(common)} points every seed reached"
+        overall.note = where if overall.note is None else f"{overall.note}; {where}"
     return TokenEfficiency([float(x) for x in points], ratios, overall, per_seed)
 
 

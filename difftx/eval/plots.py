@@ -269,11 +269,13 @@ def plot_benchmark(rows: Sequence[Mapping], path: PathLike, *, title: str = "DIF
 
 def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[float]]]],
                           matched: Sequence[tuple[float, Optional[float], float]], path: PathLike, *,
-                          title: str = "held-out loss along training (paper Fig. 3b)") -> Path:
+                          title: str = "held-out loss along training (paper Fig. 3b)",
+                          overall: Optional[Mapping] = None) -> Path:
     """Loss against training tokens (log axis), every seed faint and the seed mean bold per arm
     (``curves[name] = [(tokens, losses) per seed]``); each matched point ``(t_DIFF, t_baseline,
     loss)`` drawn as a horizontal segment from DIFF's tokens to the baseline tokens of that loss
-    (``None``: not reached, no segment)."""
+    (``None``: not reached, no segment). ``overall`` (a ``Ratio.to_dict()``) adds the overall tokens
+    ratio and its interval to the title."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (name, seeds) in enumerate(curves.items()):
@@ -291,6 +293,10 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("held-out loss (nats/token)")
+    if overall is not None and overall.get("value") is not None:
+        title += f"\nDIFF tokens / baseline tokens = {overall['value']:.3f}"
+        title += (f" [{overall['low']:.3f}, {overall['high']:.3f}] (95%)" if overall.get("low") is not None
+                  else " (no interval)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -300,10 +306,13 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
 def plot_parameter_efficiency(points: Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]],
                               fits: Mapping[str, tuple[float, float]], path: PathLike, *,
                               crossover: Optional[float] = None,
-                              title: str = "held-out loss against model size (paper Fig. 3a)") -> Path:
+                              title: str = "held-out loss against model size (paper Fig. 3a)",
+                              ratios: Optional[Mapping[float, Mapping]] = None) -> Path:
     """Loss against non-embedding parameters, log-log: per arm (``points[name] = (params,
     losses per seed)``) the seeds' points and the fitted line ``log L = a + b log N`` from
-    ``fits[name] = (a, b)`` (the seeds' mean fit); the crossover size, if given, as a vertical line."""
+    ``fits[name] = (a, b)`` (the seeds' mean fit); the crossover size, if given, as a vertical line.
+    ``ratios`` (``{DIFF size: Ratio.to_dict()}``) writes each size's parameters ratio beside the
+    first arm's line."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     lo = min(min(p) for p, _ in points.values())
@@ -316,7 +325,15 @@ def plot_parameter_efficiency(points: Mapping[str, tuple[Sequence[float], Sequen
         a, b = fits[name]
         ax.plot(grid, [math.exp(a + b * math.log(n)) for n in grid], color=color, linewidth=2,
                 label=f"{name}: L = {math.exp(a):.3g} N^{b:.3f}")
-    if crossover is not None and lo / 10 <= crossover <= hi * 10:
+    if ratios:
+        a, b = fits[next(iter(points))]
+        for n, r in ratios.items():
+            if r.get("value") is not None:
+                text = f"{r['value']:.2f}" + (f" [{r['low']:.2f}, {r['high']:.2f}]" if r.get("low") is not None else "")
+                text += " (extrapolated)" if "extrapolated" in (r.get("note") or "") else ""
+                ax.annotate(text, (n, math.exp(a + b * math.log(n))), textcoords="offset points", xytext=(4, 6),
+                            fontsize=7)
+    if crossover is not None and lo <= crossover <= hi:
         ax.axvline(crossover, color="gray", linestyle="--", linewidth=1, label=f"lines cross at N = {crossover:.3g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
