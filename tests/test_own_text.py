@@ -306,3 +306,32 @@ def test_runs_says_when_runs_were_trained_on_different_data(tmp_path, capsys):
     assert comparability_notes([a, a]) == []
     notes = comparability_notes([a, b])
     assert len(notes) == 1 and "differ in data" in notes[0]
+
+
+def test_resume_prints_what_changes_in_the_schedule(tmp_path, capsys, monkeypatch):
+    """Raising steps on resume moves the schedule: the command says so, with the learning rate of
+    the next step under the old and the new schedule (computed here independently) and the new
+    warmup and decay; a resume that keeps the schedule says nothing about it."""
+    import math
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = ["train", "--preset", "test", "--set", "batch_size=2", "--set", "ckpt_interval=4", "--out", str(out),
+            "--no-progress"]
+    assert main([*args, "--set", "steps=4"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--set", "steps=4", "--no-progress"]) == 0
+    assert "schedule" not in capsys.readouterr().out
+    assert main(["train", "--out", str(out), "--resume", "--set", "steps=8", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    note = [line for line in printed.splitlines() if "changes the schedule" in line]
+    assert len(note) == 1, printed
+    cfg = train_preset("test")  # lr 1e-3, min_lr 1e-4, warmup 2, cosine
+
+    def lr(step, steps):
+        frac = min(1.0, (step - cfg.warmup_steps) / (steps - cfg.warmup_steps))  # past the end: min_lr
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    assert lr(5, 4) == pytest.approx(cfg.min_lr)
+    assert (f"steps 4 -> 8" in note[0] and f"at step 5 goes from {lr(5, 4):.3g} to {lr(5, 8):.3g}" in note[0]
+            and "no warmup (it ended at step 2)" in note[0] and "cosine decay to 0.0001 at step 8" in note[0]), note
