@@ -335,3 +335,21 @@ def test_resume_prints_what_changes_in_the_schedule(tmp_path, capsys, monkeypatc
     assert lr(5, 4) == pytest.approx(cfg.min_lr)
     assert (f"steps 4 -> 8" in note[0] and f"at step 5 goes from {lr(5, 4):.3g} to {lr(5, 8):.3g}" in note[0]
             and "no warmup (it ended at step 2)" in note[0] and "cosine decay to 0.0001 at step 8" in note[0]), note
+
+
+def test_eval_with_another_tokenizer_than_the_runs_is_refused(tmp_path, capsys, monkeypatch):
+    """A BPE run scored with --tokenizer byte (same vocabulary size or smaller) used to give a
+    wrong bits/byte without a word; now it is one line naming both tokenizers. Naming the run's own
+    tokenizer again is fine."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    _write_text(tmp_path / "mytext.txt")
+    assert main(["tokenizer", "train", "--input", "mytext.txt", "--vocab-size", "300", "--out", "tok"]) == 0
+    assert main(["train", *FAST, "--data", "mytext.txt", "--tokenizer", "tok", "--out", "run", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "lm", "run", "--tokenizer", "byte", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--tokenizer byte" in err and "not the tokenizer this model was trained" \
+        in err and "leave --tokenizer out" in err, err
+    for own in (["--tokenizer", "tok"], []):
+        assert main(["eval", "lm", "run", *own, "--no-progress"]) == 0
