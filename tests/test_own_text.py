@@ -353,3 +353,36 @@ def test_eval_with_another_tokenizer_than_the_runs_is_refused(tmp_path, capsys, 
         in err and "leave --tokenizer out" in err, err
     for own in (["--tokenizer", "tok"], []):
         assert main(["eval", "lm", "run", *own, "--no-progress"]) == 0
+
+
+def _file_size_limit(limit: int):
+    def apply():  # in the child: writes beyond `limit` bytes fail with EFBIG instead of killing it
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_checkpoint_write_failure_names_the_file_the_cause_and_the_last_good_checkpoint(tmp_path):
+    """A resume under a file-size limit that the optimizer state (about 420 KB) exceeds but the
+    weights (about 200 KB) do not: one line naming optimizer.pt, the errno text and the intact
+    checkpoint of step 2, which stays the latest."""
+    import subprocess
+
+    _write_text(tmp_path / "mytext.txt")
+    env = {**os.environ, "DIFFTX_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", "import sys; from difftx.cli import main; sys.exit(main())", "train", *FAST, "--data", "mytext.txt", "--out", "run",
+           "--no-progress", "--set", "ckpt_interval=2"]
+    first = subprocess.run([*cmd[:-2], "--set", "steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    got = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         preexec_fn=_file_size_limit(300_000), timeout=300)
+    err = got.stderr.strip()
+    assert got.returncode == 1 and len(err.splitlines()) == 1, got.stderr
+    assert f"{os.path.join('run', 'checkpoints', 'step_00000004', 'optimizer.pt')}: {os.strerror(27)}" in err, err
+    assert "the last good checkpoint is " + os.path.join("run", "checkpoints", "step_00000002") in err, err
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run" / "checkpoints").iterdir())
