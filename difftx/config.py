@@ -46,7 +46,7 @@ class ModelConfig:
       "Transformer + per-head norm"), ``False`` for every kind. ``use_subln`` is the older,
       ``diff``-only name of the same switch, kept so that older configs load unchanged
       (``use_subln=False`` means ``head_norm=False``); see :attr:`uses_head_norm`.
-    - ``lambda_init`` (``diff`` only): a constant instead of the depth schedule.
+    - ``lambda_init`` (``diff`` only): a constant in (0, 1) instead of the depth schedule.
     """
 
     vocab_size: int = 256
@@ -107,6 +107,9 @@ class ModelConfig:
             if isinstance(self.lambda_init, bool) or not isinstance(self.lambda_init, (int, float)) \
                     or not math.isfinite(self.lambda_init):
                 raise _err("lambda_init", f"must be a finite number or null, got {self.lambda_init!r}")
+            if not 0 < self.lambda_init < 1:  # the output is scaled by (1 - lambda_init): 0 at 1, sign flipped above
+                raise _err("lambda_init", f"must be in (0, 1) (each DIFF head's output is scaled by 1 - lambda_init, "
+                                          f"which is 0 at 1 and negative above), got {self.lambda_init!r}")
             if kind != "diff":
                 raise _err("lambda_init", f"applies only to attention='diff', not {kind!r}")
         if not self.use_subln and kind != "diff":

@@ -313,6 +313,10 @@ def test_arm_trains(arm):
     (dict(head_norm="yes"), "head_norm", "true, false or null"),
     (dict(subtract="no"), "subtract", "true or false"),
     (dict(lambda_init=float("nan")), "lambda_init", "finite number"),
+    (dict(lambda_init=1.0), "lambda_init", r"in \(0, 1\).*got 1.0"),
+    (dict(lambda_init=2.0), "lambda_init", r"in \(0, 1\)"),
+    (dict(lambda_init=-0.5), "lambda_init", r"in \(0, 1\)"),
+    (dict(lambda_init=0), "lambda_init", r"in \(0, 1\)"),
     (dict(attention="gated", dim=30, n_heads=4), "dim", "divisible by n_heads"),
 ])
 def test_invalid_combinations_name_the_field(kwargs, field, rule):

@@ -73,6 +73,37 @@ def test_layer_mass_mean_and_best_heads():
     assert two.answer_heads["signed"] == pytest.approx(m.answer_heads["signed"])
 
 
+def test_attention_to_answer_keeps_no_whole_map(monkeypatch):
+    """Only the last-position row of each prompt's map is kept: once the loop is done, every
+    captured (H, S, S) map but the last prompt's (still held by the capture) has been freed."""
+    import gc
+    import weakref
+
+    from difftx.eval import attention_noise
+
+    task = NeedleTask(n_keys=16, n_filler=20, context_len=48)
+    torch.manual_seed(0)
+    model = Transformer(preset("test", vocab_size=task.vocab_size)).eval()
+    samples = needle_samples(task, 2, 1, 0.5, 4, seed=0)
+    refs: list[list] = []  # per prompt: weak references to its captured maps
+
+    class Recording(AttentionCapture):
+        def __exit__(self, *exc):
+            refs.append([weakref.ref(c.effective) for calls in self.maps for c in calls])
+            return super().__exit__(*exc)
+
+    def check(*args, **kw):  # called after the loop, while the kept rows are alive
+        gc.collect()
+        alive = [i for i, rs in enumerate(refs[:-1]) if any(r() is not None for r in rs)]
+        assert alive == [], f"prompts {alive} still hold their whole attention map"
+        return layer_mass(*args, **kw)
+
+    monkeypatch.setattr(attention_noise, "AttentionCapture", Recording)
+    monkeypatch.setattr(attention_noise, "layer_mass", check)
+    attention_to_answer(model, samples, keep_rows=1)
+    assert len(refs) == 4 and all(refs)
+
+
 def test_attention_to_answer_on_tiny_model():
     task = NeedleTask(n_keys=16, n_filler=20, context_len=48)
     torch.manual_seed(0)

@@ -306,3 +306,83 @@ def test_runs_says_when_runs_were_trained_on_different_data(tmp_path, capsys):
     assert comparability_notes([a, a]) == []
     notes = comparability_notes([a, b])
     assert len(notes) == 1 and "differ in data" in notes[0]
+
+
+def test_resume_prints_what_changes_in_the_schedule(tmp_path, capsys, monkeypatch):
+    """Raising steps on resume moves the schedule: the command says so, with the learning rate of
+    the next step under the old and the new schedule (computed here independently) and the new
+    warmup and decay; a resume that keeps the schedule says nothing about it."""
+    import math
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = ["train", "--preset", "test", "--set", "batch_size=2", "--set", "ckpt_interval=4", "--out", str(out),
+            "--no-progress"]
+    assert main([*args, "--set", "steps=4"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--set", "steps=4", "--no-progress"]) == 0
+    assert "schedule" not in capsys.readouterr().out
+    assert main(["train", "--out", str(out), "--resume", "--set", "steps=8", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    note = [line for line in printed.splitlines() if "changes the schedule" in line]
+    assert len(note) == 1, printed
+    cfg = train_preset("test")  # lr 1e-3, min_lr 1e-4, warmup 2, cosine
+
+    def lr(step, steps):
+        frac = min(1.0, (step - cfg.warmup_steps) / (steps - cfg.warmup_steps))  # past the end: min_lr
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    assert lr(5, 4) == pytest.approx(cfg.min_lr)
+    assert (f"steps 4 -> 8" in note[0] and f"at step 5 goes from {lr(5, 4):.3g} to {lr(5, 8):.3g}" in note[0]
+            and "no warmup (it ended at step 2)" in note[0] and "cosine decay to 0.0001 at step 8" in note[0]), note
+
+
+def test_eval_with_another_tokenizer_than_the_runs_is_refused(tmp_path, capsys, monkeypatch):
+    """A BPE run scored with --tokenizer byte (same vocabulary size or smaller) used to give a
+    wrong bits/byte without a word; now it is one line naming both tokenizers. Naming the run's own
+    tokenizer again is fine."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    _write_text(tmp_path / "mytext.txt")
+    assert main(["tokenizer", "train", "--input", "mytext.txt", "--vocab-size", "300", "--out", "tok"]) == 0
+    assert main(["train", *FAST, "--data", "mytext.txt", "--tokenizer", "tok", "--out", "run", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "lm", "run", "--tokenizer", "byte", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--tokenizer byte" in err and "not the tokenizer this model was trained" \
+        in err and "leave --tokenizer out" in err, err
+    for own in (["--tokenizer", "tok"], []):
+        assert main(["eval", "lm", "run", *own, "--no-progress"]) == 0
+
+
+def _file_size_limit(limit: int):
+    def apply():  # in the child: writes beyond `limit` bytes fail with EFBIG instead of killing it
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_a_checkpoint_write_failure_names_the_file_the_cause_and_the_last_good_checkpoint(tmp_path):
+    """A resume under a file-size limit that the optimizer state (about 420 KB) exceeds but the
+    weights (about 200 KB) do not: one line naming optimizer.pt, the errno text and the intact
+    checkpoint of step 2, which stays the latest."""
+    import subprocess
+
+    _write_text(tmp_path / "mytext.txt")
+    env = {**os.environ, "DIFFTX_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", "import sys; from difftx.cli import main; sys.exit(main())", "train", *FAST, "--data", "mytext.txt", "--out", "run",
+           "--no-progress", "--set", "ckpt_interval=2"]
+    first = subprocess.run([*cmd[:-2], "--set", "steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    got = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         preexec_fn=_file_size_limit(300_000), timeout=300)
+    err = got.stderr.strip()
+    assert got.returncode == 1 and len(err.splitlines()) == 1, got.stderr
+    assert f"{os.path.join('run', 'checkpoints', 'step_00000004', 'optimizer.pt')}: {os.strerror(27)}" in err, err
+    assert "the last good checkpoint is " + os.path.join("run", "checkpoints", "step_00000002") in err, err
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
+    assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run" / "checkpoints").iterdir())

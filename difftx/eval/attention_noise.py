@@ -112,7 +112,8 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample |
                 model(torch.tensor([s.prompt], device=device))
             rows = rows or [[] for _ in cap.maps]
             for layer, calls in enumerate(cap.maps):
-                rows[layer].append(calls[-1].effective[0, :, -1])  # (H, S): last query position, every head
+                # (H, S): last query position, every head; a copy, so the (H, S, S) map is freed
+                rows[layer].append(calls[-1].effective[0, :, -1].clone())
             if si < keep_rows:
                 kept.append({"roles": list(s.roles), "layers": [r[-1].mean(0).tolist() for r in rows],
                              "heads": [r[-1].tolist() for r in rows]})

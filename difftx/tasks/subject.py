@@ -184,6 +184,12 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     tc = _read_json(folder / TRAIN_CONFIG_NAME) if (folder / TRAIN_CONFIG_NAME).is_file() else {}
     spec = tokenizer or (folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else "byte")
     tok = load_tokenizer(spec)
+    if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it
+        own = load_tokenizer(folder / TOKENIZER_DIR)
+        if own.name != tok.name:
+            raise ValueError(f"{folder}: --tokenizer {tokenizer} ({tok.name}, {tok.vocab_size} tokens) is not the "
+                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
+                             f"{folder / TOKENIZER_DIR}); leave --tokenizer out to use that one")
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"{folder}: tokenizer {spec} has {tok.vocab_size} tokens, the model only "
                          f"{model.config.vocab_size}")

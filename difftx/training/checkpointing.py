@@ -259,6 +259,52 @@ def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
     save_model(shell, folder)
 
 
+def _likely_write_errno(path: Path) -> Optional[int]:
+    """Why a write under ``path`` failed when the error does not say: a (nearly) full disk, else a
+    file-size limit on this process, else ``None``."""
+    import errno
+
+    folder = next((p for p in Path(path).parents if p.is_dir()), Path("."))
+    try:
+        fs = os.statvfs(folder)
+        if fs.f_bavail * fs.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    except (OSError, AttributeError):
+        pass
+    try:
+        import resource
+
+        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+            return errno.EFBIG
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
+
+
+def write_failure(e: BaseException, path: Path, previous: Optional[Path]) -> Optional[OSError]:
+    """``e`` as an :class:`OSError` naming ``path``, the cause and the last good checkpoint, if it is
+    a failed write: an ``OSError`` (full disk, file too large, read-only, no permission), or the
+    ``RuntimeError`` that ``torch.save`` / safetensors wrap one in (``unexpected pos``, ``Os { code:
+    N``); else ``None``."""
+    if isinstance(e, OSError):
+        code, cause = e.errno, e.strerror or str(e)
+    elif isinstance(e, RuntimeError) or type(e).__name__ == "SafetensorError":
+        text = str(e)
+        found = re.search(r"Os \{ code: (\d+)", text)
+        if found:
+            code = int(found.group(1))
+            cause = os.strerror(code)
+        elif "unexpected pos" in text or "inline_container" in text:  # torch.save hides the errno: look for it
+            code = _likely_write_errno(path)
+            cause = (os.strerror(code) if code else "the write failed") + " (torch.save: unexpected pos)"
+        else:
+            return None
+    else:
+        return None
+    good = f"the last good checkpoint is {previous}" if previous is not None else "no checkpoint was written before"
+    return OSError(code, f"{cause}; nothing of this checkpoint was kept, {good}", str(path))
+
+
 def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_config: ModelConfig,
                     optim_state: dict, trainer_state: dict, train_config: dict, tokenizer: Any = None,
                     keep_last: int = 3) -> Path:
@@ -269,19 +315,30 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
     final = root / step_dir_name(step)
     if final.exists():
         raise CheckpointError(f"{final}: a checkpoint for step {step} already exists; refusing to overwrite it")
+    previous = latest_checkpoint(run_dir) if list_checkpoints(run_dir) else None
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    writing = tmp
     try:
         os.chmod(tmp, umask_mode(folder=True))  # mkdtemp makes it owner-only
+        writing = tmp / WEIGHTS_NAME
         _save_weights(model_state, model_config, tmp)
-        atomic_write(tmp / OPTIM_NAME, lambda p: torch.save(optim_state, p))
-        _write_json(tmp / STATE_NAME, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
-        _write_json(tmp / TRAIN_CONFIG_NAME, train_config)
+        writing = tmp / OPTIM_NAME
+        atomic_write(writing, lambda p: torch.save(optim_state, p))
+        writing = tmp / STATE_NAME
+        _write_json(writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
+        writing = tmp / TRAIN_CONFIG_NAME
+        _write_json(writing, train_config)
         if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER_DIR)
+            writing = tmp / TOKENIZER_DIR
+            tokenizer.save(writing)
+        writing = tmp
         _fsync_dir(tmp)
         os.rename(tmp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        failed = write_failure(e, final / writing.relative_to(tmp), previous)
+        if failed is not None:
+            raise failed from e
         raise
     _fsync_dir(root)
     atomic_write(root / LATEST, lambda p: Path(p).write_text(final.name + "\n"))

@@ -307,6 +307,10 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
             raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {start_step} of the checkpoint "
                              f"{resume_dir}; resume with steps >= {start_step}, or start a new run from it "
                              f"(--init-from) for another schedule")
+        if dist.is_main:
+            note = _schedule_change_note(resume_dir, config, start_step)
+            if note:
+                print(note)
 
     loader = source.make_loader(config, dist) if source is not None else _make_loader(data.train, config, dist)
     if loader_states is not None:
@@ -507,6 +511,33 @@ def _probe(fn: Callable, model: nn.Module, step: int, logger: MetricsLogger) -> 
         model.train(was)
     logger.log({"step": step, "probe": got, "probe_s": time.perf_counter() - t})
     return got
+
+
+SCHEDULE_FIELDS = ("steps", "warmup_steps", "decay", "lr", "min_lr")
+
+
+def _schedule_change_note(resume_dir: Path, config: TrainConfig, start_step: int) -> Optional[str]:
+    """What a resume changes in the learning-rate schedule of the checkpoint it continues (``None``
+    if nothing): the changed fields, the LR of the next step under the old and the new schedule,
+    and the new warmup and decay."""
+    import json
+
+    try:
+        saved = TrainConfig.from_dict(json.loads((resume_dir / ckpt.TRAIN_CONFIG_NAME).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None  # check_compatible has read this file already; nothing to compare with
+    changed = [f"{k} {getattr(saved, k)} -> {getattr(config, k)}" for k in SCHEDULE_FIELDS
+               if getattr(saved, k) != getattr(config, k)]
+    if not changed:
+        return None
+    step = start_step + 1
+    before, after = lr_at(step, saved), lr_at(step, config)
+    warmup = f"warmup to {config.lr:.3g} until step {config.warmup_steps}" if config.warmup_steps > start_step \
+        else f"no warmup (it ended at step {config.warmup_steps})"
+    decay = f"then constant {config.lr:.3g}" if config.decay == "constant" else \
+        f"{config.decay} decay to {config.min_lr:.3g} at step {config.steps}"
+    return (f"difftx train: the resume changes the schedule ({', '.join(changed)}): the learning rate at step "
+            f"{step} goes from {before:.3g} to {after:.3g}; from here: {warmup}, {decay}")
 
 
 def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
