@@ -182,7 +182,7 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
                   for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
         matched = [(t, None if r["value"] is None else t / r["value"], loss)
                    for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"]["diff"])]
-        path = plot_token_efficiency(curves, matched, out / "plots" / "token_efficiency.png")
+        path = plot_token_efficiency(curves, matched, out / "plots" / "token_efficiency.png", overall=e["overall"])
         made["token efficiency (paper Fig. 3b)"] = str(path.relative_to(out))
     return made
 

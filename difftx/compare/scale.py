@@ -239,7 +239,8 @@ def _plot(path: Path, s: dict) -> Optional[str]:
         points = {name: ([sz["params"][arm] for sz in s["sizes"]], s["heldout_nll"][arm])
                   for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
         fits = {"DIFF": tuple(np.mean(eff["fits"]["arm"], 0)), "baseline": tuple(np.mean(eff["fits"]["reference"], 0))}
-        plot_parameter_efficiency(points, fits, path, crossover=eff["crossover"]["params"])
+        plot_parameter_efficiency(points, fits, path, crossover=eff["crossover"]["params"],
+                                  ratios=dict(zip(eff["params"], eff["ratios"])))
     except ImportError:
         return None
     return path.name
