@@ -589,3 +589,11 @@ def test_python_api_names_bad_token_input():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="model is on cpu"):
             model(torch.zeros((1, 3), dtype=torch.long, device="cuda"))
+
+
+def test_a_non_number_learning_rate_is_named(capsys, tmp_path):
+    """`--sweep lr=abc,0.003` and `--set lr=abc` were "unexpected error: TypeError"."""
+    for args in (["--sweep", "lr=abc,0.003"], ["--set", "lr=abc"]):
+        code, err = run_cli(capsys, "compare", "--preset", "smoke", "--out", tmp_path / "x", *args)
+        assert code == 2 and "lr" in err and "'abc'" in err and "unexpected" not in err, err
+    assert not (tmp_path / "x").exists()

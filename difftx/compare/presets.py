@@ -87,6 +87,10 @@ class ComparePreset:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
         if self.warmup_steps > self.steps:
             raise _err("warmup_steps", f"{self.warmup_steps} must not exceed steps={self.steps}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+                raise _err(name, f"must be a number, got {v!r}")
         if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise _err("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):

@@ -33,6 +33,8 @@ def _label(field: str, value) -> str:
 def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
     """The overrides of one point of the sweep (``lr`` brings ``min_lr`` along, in proportion)."""
     out = {**overrides, field: value}
+    if field == "lr" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        raise ValueError(f"--sweep lr: every value must be a number, got {value!r}")
     if field == "lr" and "min_lr" not in overrides:
         base = get_preset(preset, **overrides)
         out["min_lr"] = value * base.min_lr / base.lr
