@@ -597,3 +597,18 @@ def test_a_non_number_learning_rate_is_named(capsys, tmp_path):
         code, err = run_cli(capsys, "compare", "--preset", "smoke", "--out", tmp_path / "x", *args)
         assert code == 2 and "lr" in err and "'abc'" in err and "unexpected" not in err, err
     assert not (tmp_path / "x").exists()
+
+
+def test_resume_of_nothing_and_an_empty_out_are_refused(capsys, tmp_path):
+    """`train --out NON_RUN --resume` alone started a full default run; `--out ''` meant the default
+    folder; a compare folder was taken for a run."""
+    missing = tmp_path / "nothing"
+    code, err = run_cli(capsys, "train", "--out", missing, "--resume")
+    assert code == 2 and "holds no training run" in err and not missing.exists()
+    code, err = run_cli(capsys, "train", "--preset", "test", "--out", "", "--set", "steps=1")
+    assert code == 2 and "--out: an empty path" in err
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    (cmp / "compare.json").write_text("{}")
+    code, err = run_cli(capsys, "train", "--out", cmp, "--resume")
+    assert code == 2 and "a `difftx compare` folder" in err

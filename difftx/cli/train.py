@@ -82,9 +82,20 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     from ..training.config import check_resume_changes, load_train_config
 
     saved, saved_path = None, None
+    if args.out is not None and not str(args.out).strip():
+        raise ValueError("--out: an empty path; give a folder for the run (or leave --out out for the default)")
     if getattr(args, "resume", False):
         out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
         saved, saved_path = saved_run_config(out_dir)
+        from pathlib import Path
+
+        if (Path(out_dir) / "compare.json").is_file():
+            raise ValueError(f"--out {out_dir}: a `difftx compare` folder, not a training run; re-run the compare "
+                             "command to continue it")
+        if saved is None and not (args.preset or args.config):  # `--resume` alone, with nothing to resume
+            raise ValueError(f"--resume: {out_dir} holds no training run (no train_config.json or checkpoints/) to "
+                             "continue; give the command that starts it (--preset / --config ...), which --resume "
+                             "then continues when re-run, or leave --resume out")
     if saved is None or args.preset or args.config:
         # a new run; or a resume whose command names its preset / file (a preemptible job re-running
         # the command that started the run): built as a new run, then checked against the saved config
