@@ -111,7 +111,9 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
     for name in sizes:
         dim, layers, heads = shape(name)
         try:
-            p = base.with_overrides(dim=dim, n_layers=layers, n_heads=heads)
+            p = base.with_overrides(dim=dim, n_layers=layers, n_heads=heads,
+                                    description=f"size {name} of a scale sweep: dim {dim}, {layers} layers, {heads} "
+                                                f"DIFF heads; the {base.name} preset's other settings")
             plan = p.resolve()
         except ValueError as e:
             raise ValueError(f"size {name} ({dim}x{layers}x{heads}): {e}") from None

@@ -18,8 +18,8 @@ PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1
 OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
 DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped to what the task has
 PROBE_DEPTH = 0.5
-NO_NEEDLES = ("the model was trained without needle batches (compare --data trains on the text alone; --synthetic "
-              "adds the needle task)")
+NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
+              "--data and difftx scale train; compare --data --synthetic adds the needle task)")
 
 
 @dataclass(frozen=True)
