@@ -13,7 +13,7 @@ def register(sub) -> None:
                                    "present, resumable), fit log L = a + b log N per arm and seed to the held-out LM "
                                    "loss against the non-embedding parameters, and write --out/scale.md, scale.json "
                                    "and scale.png: for each DIFF size, the baseline size with the same loss and the "
-                                   "ratio, with a 95%% interval over seeds; where the lines cross. See "
+                                   "ratio, with a 95% interval over seeds; where the lines cross. See "
                                    "docs/efficiency.md.")
     p.add_argument("--preset", default="scale-cpu",
                    help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
