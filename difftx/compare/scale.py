@@ -238,9 +238,12 @@ def _plot(path: Path, s: dict) -> Optional[str]:
     import numpy as np
 
     try:
-        points = {name: ([sz["params"][arm] for sz in s["sizes"]], s["heldout_nll"][arm])
-                  for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
-        fits = {"DIFF": tuple(np.mean(eff["fits"]["arm"], 0)), "baseline": tuple(np.mean(eff["fits"]["reference"], 0))}
+        fitted = {a: e for a, e in s["efficiency"].items() if "skipped" not in e}  # every arm with its line
+        names = {a: ("DIFF" if a == "diff" else a) for a in fitted}
+        points = {names[a]: ([sz["params"][a] for sz in s["sizes"]], s["heldout_nll"][a]) for a in fitted}
+        points["baseline"] = ([sz["params"]["baseline"] for sz in s["sizes"]], s["heldout_nll"]["baseline"])
+        fits = {names[a]: tuple(np.mean(e["fits"]["arm"], 0)) for a, e in fitted.items()}
+        fits["baseline"] = tuple(np.mean(eff["fits"]["reference"], 0))
         plot_parameter_efficiency(points, fits, path, crossover=eff["crossover"]["params"],
                                   ratios=dict(zip(eff["params"], eff["ratios"])))
     except ImportError:
