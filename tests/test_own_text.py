@@ -82,6 +82,8 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     tok = load_tokenizer("tok")
     ids = [tok.eos_id] + tok.encode(held.read_text(encoding="utf-8"))
     assert res["tokens"] == len(ids) - 1 and res["window"] == 32
+    # bits per byte over the text's own bytes: the <|endoftext|> separator is no 13 bytes of text
+    assert res["heldout"]["bytes_per_token"] == pytest.approx(len(held.read_bytes()) / len(ids))
     assert f"scored heldout.txt: {res['tokens']:,} distinct tokens (all of it)" in printed
     # a part of the file: said so, with the file's own count
     assert main(["eval", "lm", "runs/diff", "--data", "heldout.txt", "--windows", "4", "--no-progress"]) == 0

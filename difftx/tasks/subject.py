@@ -100,8 +100,9 @@ class Subject:
             store, what = (data.val, f"the validation split of {name}") if data.val is not None else \
                 (data.train, f"{name} (it has no validation split)")
         ids = torch.from_numpy(store.tokens[:].astype("int64"))
+        eos = getattr(self.tokenizer, "eos_id", None)  # a document separator is no text: it has no bytes
         bpt = 1.0 if getattr(self.tokenizer, "name", "") == "byte" else \
-            bytes_per_token(self.tokenizer.decode(ids.tolist()), ids.numel())
+            bytes_per_token(self.tokenizer.decode([i for i in ids.tolist() if i != eos]), ids.numel())
         return HeldOut(ids, what, bpt, train_len)
 
     def _text_heldout(self) -> HeldOut:
