@@ -612,3 +612,14 @@ def test_resume_of_nothing_and_an_empty_out_are_refused(capsys, tmp_path):
     (cmp / "compare.json").write_text("{}")
     code, err = run_cli(capsys, "train", "--out", cmp, "--resume")
     assert code == 2 and "a `difftx compare` folder" in err
+
+
+def test_tokenizer_train_prints_no_blank_lines(tmp_path):
+    """The tokenizers library's progress bar wrote three blank lines to a stdout that is a pipe."""
+    pytest.importorskip("tokenizers")
+    text = tmp_path / "t.txt"
+    text.write_text("a small text to train a tokenizer on, repeated. " * 200)
+    out = subprocess.run([sys.executable, "-m", "difftx", "tokenizer", "train", "--input", str(text), "--vocab-size",
+                          "280", "--out", str(tmp_path / "tok")], capture_output=True, text=True, timeout=120,
+                         cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert out.startswith("wrote ") and "\n\n" not in out, repr(out)

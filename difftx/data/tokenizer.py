@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -308,7 +309,8 @@ def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[None, 
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOS_TOKEN],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=show_progress)
+                                  # the library's bar writes blank lines to a stdout that is not a terminal
+                                  show_progress=show_progress and sys.stdout.isatty())
     n_texts = 0
 
     def counted() -> Iterator[str]:
