@@ -22,8 +22,9 @@ seeds (``n-1`` degrees of freedom).
 Few seeds, and seeds that learn a task or not. The t interval assumes roughly normal seed
 effects. When each seed of each arm either learns a task or does not (retrieval in the demo), the
 seeds' values sit in a few modes, and at 2-5 seeds the t interval's coverage falls to 0.6-0.85
-(tests/test_stats_lottery.py and benchmarks/stats_lottery.py simulate it). So every difference is also backed by the exact sign-flip
-(randomisation) test over the seeds' differences, which assumes no distribution: under the null
+(tests/test_stats_lottery.py and benchmarks/stats_lottery.py simulate it). So every difference
+is also backed by the exact sign-flip (randomisation) test over the seeds' differences, which
+assumes no distribution: under the null
 the two arms of a seed are exchangeable, so each difference is as likely positive as negative. Its
 smallest p-value is ``2 / 2^n``, 0.0625 at 5 seeds: no verdict is possible below 6 seeds, and
 :func:`seeds_for_verdict` says how many a Holm family needs. The p-value is the larger of the t
