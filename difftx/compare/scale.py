@@ -217,8 +217,8 @@ def render_scale(s: dict) -> str:
         if c["params"] is None:
             out.append(f"Crossover: none ({c['note']}).\n")
         else:
-            ci = "unbounded" if c["low"] is None or c["high"] is None else f"[{c['low']:,.0f}, {c['high']:,.0f}]"
-            out.append(f"Crossover (the lines meet): N = {c['params']:,.0f}, 95% interval {ci}"
+            ci = "unbounded" if c["low"] is None or c["high"] is None else f"[{c['low']:.3g}, {c['high']:.3g}]"
+            out.append(f"Crossover (the lines meet): N = {c['params']:.3g}, 95% interval {ci}"
                        + (f"; {c['note']}" if c["note"] else "") + ".\n")
     out.append(f"For scale, {s['paper']}. These models are orders of magnitude smaller.\n")
     if s.get("plot"):
