@@ -78,7 +78,6 @@ class Subject:
         import torch
 
         from ..data import prepare_data
-        from ..eval.lm import bytes_per_token
 
         if self.is_compare_model:
             if self.lm_offset is None:
@@ -100,10 +99,7 @@ class Subject:
             store, what = (data.val, f"the validation split of {name}") if data.val is not None else \
                 (data.train, f"{name} (it has no validation split)")
         ids = torch.from_numpy(store.tokens[:].astype("int64"))
-        eos = getattr(self.tokenizer, "eos_id", None)  # a document separator is no text: it has no bytes
-        bpt = 1.0 if getattr(self.tokenizer, "name", "") == "byte" else \
-            bytes_per_token(self.tokenizer.decode([i for i in ids.tolist() if i != eos]), ids.numel())
-        return HeldOut(ids, what, bpt, train_len)
+        return HeldOut(ids, what, _text_bytes_per_token(self.tokenizer, ids), train_len)
 
     def _text_heldout(self) -> HeldOut:
         """A compare model trained on your own text: every token of its held-out file, else its
@@ -114,15 +110,13 @@ class Subject:
 
         from ..compare.plan import TextData
         from ..data import load_tokenizer
-        from ..eval.lm import bytes_per_token
 
         text = TextData(**self.text)
         if (self.folder / "tokenizer").is_dir():  # the copy saved with the model
             text = dataclasses.replace(text, tokenizer=str(self.folder / "tokenizer"))
         tokens, what = text.heldout_tokens()
         ids = torch.from_numpy(tokens[:].astype("int64"))
-        tok = load_tokenizer(text.tokenizer)
-        bpt = 1.0 if tok.name == "byte" else bytes_per_token(tok.decode(ids.tolist()), ids.numel())
+        bpt = _text_bytes_per_token(load_tokenizer(text.tokenizer), ids)
         return HeldOut(ids + self.lm_offset, what, bpt, int(self.lm_seq_len))
 
     def history(self) -> Optional[dict]:
@@ -146,6 +140,17 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _text_bytes_per_token(tokenizer: Any, ids) -> float:
+    """UTF-8 bytes of the text per token of ``ids`` (1 for the byte tokenizer). A document separator
+    (``eos_id``) is no text and has no bytes: decoded, ``<|endoftext|>`` would count as 13."""
+    from ..eval.lm import bytes_per_token
+
+    if getattr(tokenizer, "name", "") == "byte":
+        return 1.0
+    eos = getattr(tokenizer, "eos_id", None)
+    return bytes_per_token(tokenizer.decode([i for i in ids.tolist() if i != eos]), ids.numel())
 
 
 def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, data: Any = None,
