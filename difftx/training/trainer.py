@@ -26,7 +26,7 @@ from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
 from ..model import Transformer, lm_loss
 from . import checkpointing as ckpt
-from .batches import as_batch, is_batch_source
+from .batches import Batch, as_batch, is_batch_source
 from .config import TrainConfig
 from .distributed import (
     DistInfo,
@@ -204,154 +204,431 @@ def _group_exists() -> bool:
 
 def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int],
            given_model: Optional[ModelConfig], probes: Optional[tuple[int, Callable]], bar_kw: dict) -> TrainResult:
-    t_start = time.perf_counter()
-    device = dist.device
-    dtype = resolve_dtype(config, device)
-    if config.parallel == "fsdp" and dist.distributed and dtype == torch.float16:
-        raise ValueError("TrainConfig.dtype: float16 (loss scaling) is not supported with parallel=fsdp; use bfloat16")
-    out_dir = Path(config.out_dir)
-    if device.type == "cuda":  # TF32 for the float32 matmuls that autocast leaves (and float32 runs)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    run = _Run(config, dist, stop_at, _check_probes(probes))
+    run.start(resume)
+    run.load_data(data)
+    run.build_model(given_model)
+    run.restore()
+    run.open_output()
+    return run.loop(bar_kw)
 
-    # -- where we start from (decided on rank 0, so every rank agrees) ---------------------------
-    plan = _plan_start(config, out_dir, resume) if dist.is_main else None
-    plan = broadcast_object(plan)
-    if plan.get("error"):  # raised on every rank, so none waits in a collective
-        kind, msg = plan["error"]
-        raise (CheckpointError if kind == "checkpoint" else ValueError)(msg)
-    if plan.get("note") and dist.is_main:
-        print(plan["note"])
-    resume_dir, init_dir, tokenizer_spec = plan["resume_dir"], plan["init_dir"], plan["tokenizer"]
 
-    # -- data ----------------------------------------------------------------------------------
-    source = data if is_batch_source(data) else None
-    if source is not None and config.eval_interval:
-        raise ValueError("TrainConfig.eval_interval: validation passes run on prepared text data; a batch source "
-                         "has no validation split (set eval_interval=0)")
-    probe_every, probe_fn = probes if probes is not None else (0, None)
-    if isinstance(probe_every, (tuple, list, set, frozenset)):  # at these steps only
-        probe_every = frozenset(probe_every)
-    elif not isinstance(probe_every, int) or probe_every < 0:
+def _check_probes(probes: Optional[tuple[int, Callable]]) -> tuple[int | frozenset, Optional[Callable]]:
+    """``(every, fn)`` with ``every`` an int >= 0 or a frozenset of steps."""
+    every, fn = probes if probes is not None else (0, None)
+    if isinstance(every, (tuple, list, set, frozenset)):  # at these steps only
+        every = frozenset(every)
+    elif not isinstance(every, int) or every < 0:
         raise ValueError(f"probes: expected (every >= 0 or a set of steps, fn(model) -> dict), got {probes!r}")
-    if probe_every and not callable(probe_fn):
+    if every and not callable(fn):
         raise ValueError(f"probes: expected (every >= 0 or a set of steps, fn(model) -> dict), got {probes!r}")
-    if data is None:
-        data = _prepare_data(config, tokenizer_spec, dist)
-    tokenizer = getattr(data, "tokenizer", None)
-    val_store = getattr(data, "val", None)
-    if val_store is not None and config.eval_interval and len(val_store) <= config.seq_len:
-        if dist.is_main:  # rather than failing at the first validation pass
-            print(f"difftx train: note: no validation: the held-out split has {len(val_store)} tokens, fewer than "
-                  f"one window of seq_len+1={config.seq_len + 1}; give more text or a larger val_fraction",
-                  file=sys.stderr)
-        val_store = None
+    return every, fn
 
-    # -- model ----------------------------------------------------------------------------------
-    _seed_everything(config.seed)  # identical initial weights on every rank (FSDP2 shards them as they are)
-    if given_model is not None:
-        model_config = given_model
-    elif init_dir is not None:
-        model_config = ModelConfig.from_dict(plan["init_config"])
-        if config.model_overrides:
-            model_config = model_config.replace(**config.model_overrides)
-    elif resume_dir is not None:
-        model_config = config.model_config(vocab_size=None if config.explicit_vocab() else plan["resume_vocab"])
-    else:
-        model_config = config.model_config(vocab_size=tokenizer.vocab_size)
-    if config.seq_len > model_config.max_seq_len:
-        raise ValueError(f"TrainConfig.seq_len: {config.seq_len} exceeds the model's max_seq_len="
-                         f"{model_config.max_seq_len}")
-    if tokenizer is not None and model_config.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
-                         f"{tokenizer.vocab_size} ({_tokenizer_name(tokenizer)})")
-    model = Transformer(model_config)
-    if init_dir is not None:
-        model.load_state_dict(ckpt.load_model_state(init_dir, model_config))
-    model.to(device)
-    model = parallelize(model, config.parallel, device, compile=config.compile) if dist.distributed else \
-        (torch.compile(model) if config.compile else model)
-    bare = unwrap(model)
-    optimizer = build_optimizer(bare, config)
-    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
 
-    # -- resume ---------------------------------------------------------------------------------
-    start_step, tokens_seen, loader_states, rng_states, train_time = 0, 0, None, None, 0.0
-    train_dict = config.to_dict()
-    if resume_dir is not None:
+@dataclass
+class _StepOutcome:
+    """What one optimizer step measured: losses are means over the global batch."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    kind_losses: dict[str, float]
+    stop_now: bool
+
+
+class _Run:
+    """One call of :func:`train`, in named steps: :meth:`start` (where from), :meth:`load_data`,
+    :meth:`build_model`, :meth:`restore`, :meth:`open_output`, then :meth:`loop`, which runs
+    :meth:`step`, :meth:`log`, :meth:`probe`, :meth:`validate` and :meth:`save`. The steps run in
+    this order, which fixes the order of random draws (the weights are drawn after the data is
+    prepared), so a resumed run repeats the uninterrupted one bitwise."""
+
+    def __init__(self, config: TrainConfig, dist: DistInfo, stop_at: Optional[int],
+                 probes: tuple[int | frozenset, Optional[Callable]]) -> None:
+        self.t_start = time.perf_counter()
+        self.config, self.dist, self.device = config, dist, dist.device
+        self.dtype = resolve_dtype(config, self.device)
+        if config.parallel == "fsdp" and dist.distributed and self.dtype == torch.float16:
+            raise ValueError("TrainConfig.dtype: float16 (loss scaling) is not supported with parallel=fsdp; "
+                             "use bfloat16")
+        self.out_dir = Path(config.out_dir)
+        self.end_step = config.steps if stop_at is None else min(config.steps, stop_at)
+        self.probe_every, self.probe_fn = probes
+        self.train_dict = config.to_dict()
+        if self.device.type == "cuda":  # TF32 for the float32 matmuls that autocast leaves (and float32 runs)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        # what restore() sets when it continues a checkpoint
+        self.start_step, self.tokens_seen, self.train_time = 0, 0, 0.0
+        self.loader_states: Optional[list] = None
+        self.rng_states: Optional[list] = None
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def start(self, resume: bool) -> None:
+        """Where the run starts (rank 0 decides, every rank agrees): a checkpoint to resume, one to
+        initialise from (``init_from``), or nothing; and which tokenizer."""
+        plan = _plan_start(self.config, self.out_dir, resume) if self.dist.is_main else None
+        plan = broadcast_object(plan)
+        if plan.get("error"):  # raised on every rank, so none waits in a collective
+            kind, msg = plan["error"]
+            raise (CheckpointError if kind == "checkpoint" else ValueError)(msg)
+        if plan.get("note") and self.dist.is_main:
+            print(plan["note"])
+        self.plan = plan
+        self.resume_dir, self.init_dir = plan["resume_dir"], plan["init_dir"]
+
+    def load_data(self, data: Any) -> None:
+        """Text data prepared here (or given), or a batch source; the validation split if usable."""
+        config = self.config
+        self.source = data if is_batch_source(data) else None
+        if self.source is not None and config.eval_interval:
+            raise ValueError("TrainConfig.eval_interval: validation passes run on prepared text data; a batch "
+                             "source has no validation split (set eval_interval=0)")
+        if data is None:
+            data = _prepare_data(config, self.plan["tokenizer"], self.dist)
+        self.data = data
+        self.tokenizer = getattr(data, "tokenizer", None)
+        self.val_store = getattr(data, "val", None)
+        if self.val_store is not None and config.eval_interval and len(self.val_store) <= config.seq_len:
+            if self.dist.is_main:  # rather than failing at the first validation pass
+                print(f"difftx train: note: no validation: the held-out split has {len(self.val_store)} tokens, "
+                      f"fewer than one window of seq_len+1={config.seq_len + 1}; give more text or a larger "
+                      f"val_fraction", file=sys.stderr)
+            self.val_store = None
+
+    def _model_config(self, given: Optional[ModelConfig]) -> ModelConfig:
+        config = self.config
+        if given is not None:
+            model_config = given
+        elif self.init_dir is not None:
+            model_config = ModelConfig.from_dict(self.plan["init_config"])
+            if config.model_overrides:
+                model_config = model_config.replace(**config.model_overrides)
+        elif self.resume_dir is not None:
+            model_config = config.model_config(vocab_size=None if config.explicit_vocab() else
+                                               self.plan["resume_vocab"])
+        else:
+            model_config = config.model_config(vocab_size=self.tokenizer.vocab_size)
+        if config.seq_len > model_config.max_seq_len:
+            raise ValueError(f"TrainConfig.seq_len: {config.seq_len} exceeds the model's max_seq_len="
+                             f"{model_config.max_seq_len}")
+        tok = self.tokenizer
+        if tok is not None and model_config.vocab_size < tok.vocab_size:
+            raise ValueError(f"model vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+                             f"{tok.vocab_size} ({_tokenizer_name(tok)})")
+        return model_config
+
+    def build_model(self, given: Optional[ModelConfig]) -> None:
+        """The model (seeded: identical initial weights on every rank; FSDP2 shards them as they
+        are), wrapped for DDP / FSDP2 / compile, its optimizer and, for float16, a loss scaler."""
+        config = self.config
+        _seed_everything(config.seed)
+        self.model_config = self._model_config(given)
+        model = Transformer(self.model_config)
+        if self.init_dir is not None:
+            model.load_state_dict(ckpt.load_model_state(self.init_dir, self.model_config))
+        model.to(self.device)
+        if self.dist.distributed:
+            model = parallelize(model, config.parallel, self.device, compile=config.compile)
+        elif config.compile:
+            model = torch.compile(model)
+        self.model, self.bare = model, unwrap(model)
+        self.optimizer = build_optimizer(self.bare, config)
+        self.scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+
+    def _read_checkpoint(self) -> tuple[dict, dict, dict]:
+        """Rank 0 reads and checks the checkpoint to resume; every rank gets its trainer state
+        (and, under DDP, the full model and optimizer states)."""
+        dist, resume_dir = self.dist, self.resume_dir
         state, model_sd, optim_sd, failure = None, {}, {}, None
         if dist.is_main:
             try:
                 state = ckpt.read_trainer_state(resume_dir)
-                ckpt.check_compatible(resume_dir, model_config, train_dict, dist.world_size,
-                                      _tokenizer_name(tokenizer), state)
-                model_sd = ckpt.load_model_state(resume_dir, model_config)
+                ckpt.check_compatible(resume_dir, self.model_config, self.train_dict, dist.world_size,
+                                      _tokenizer_name(self.tokenizer), state)
+                model_sd = ckpt.load_model_state(resume_dir, self.model_config)
                 optim_sd = ckpt.read_optimizer_state(resume_dir)
             except CheckpointError as e:
                 failure = str(e)
         state, failure = broadcast_object((state, failure))
         if failure:  # on every rank, so none is left waiting
             raise CheckpointError(failure)
-        if dist.distributed and not is_sharded(bare):  # DDP: every rank needs the full copy
+        if dist.distributed and not is_sharded(self.bare):  # DDP: every rank needs the full copy
             model_sd, optim_sd = broadcast_object((model_sd, optim_sd))
-        try:  # FSDP2: rank 0's copy is broadcast shard by shard inside
-            load_full_state_dicts(model, optimizer, model_sd, optim_sd)
-        except (KeyError, ValueError) as e:
-            raise CheckpointError(f"{resume_dir / ckpt.OPTIM_NAME}: does not fit this model/optimizer ({e})") from e
-        start_step, tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
-        train_time = state.get("train_time_s")  # None: written by a difftx that did not record it
-        loader_states, rng_states = state["loaders"], state["rng"]
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        if start_step > config.steps:  # before anything in the run folder is rewritten
-            raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {start_step} of the checkpoint "
-                             f"{resume_dir}; resume with steps >= {start_step}, or start a new run from it "
-                             f"(--init-from) for another schedule")
-        if dist.is_main:
-            note = _schedule_change_note(resume_dir, config, start_step)
-            if note:
-                print(note)
+        return state, model_sd, optim_sd
 
-    loader = source.make_loader(config, dist) if source is not None else _make_loader(data.train, config, dist)
-    if loader_states is not None:
+    def restore(self) -> None:
+        """Continue the checkpoint :meth:`start` chose: weights, optimizer, step, tokens, loss
+        scaler; then the data loader's position and the RNG state (a fresh loader otherwise)."""
+        config, resume_dir = self.config, self.resume_dir
+        if resume_dir is not None:
+            state, model_sd, optim_sd = self._read_checkpoint()
+            try:  # FSDP2: rank 0's copy is broadcast shard by shard inside
+                load_full_state_dicts(self.model, self.optimizer, model_sd, optim_sd)
+            except (KeyError, ValueError) as e:
+                raise CheckpointError(f"{resume_dir / ckpt.OPTIM_NAME}: does not fit this model/optimizer "
+                                      f"({e})") from e
+            self.start_step, self.tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
+            self.train_time = state.get("train_time_s")  # None: written by a difftx that did not record it
+            self.loader_states, self.rng_states = state["loaders"], state["rng"]
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            if self.start_step > config.steps:  # before anything in the run folder is rewritten
+                raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {self.start_step} of the "
+                                 f"checkpoint {resume_dir}; resume with steps >= {self.start_step}, or start a new "
+                                 f"run from it (--init-from) for another schedule")
+            if self.dist.is_main:
+                note = _schedule_change_note(resume_dir, config, self.start_step)
+                if note:
+                    print(note)
+        self._open_loader()
+
+    def _open_loader(self) -> None:
+        dist = self.dist
+        self.loader = self.source.make_loader(self.config, dist) if self.source is not None else \
+            _make_loader(self.data.train, self.config, dist)
+        if self.loader_states is None:
+            return
         try:
             # same world size: each rank's own state; another one (same global batch): the loader's
             # position is global, so rank 0's serves every rank
-            own = dist.rank if len(loader_states) == dist.world_size else 0
-            loader.load_state_dict(loader_states[own])
-            ckpt.set_rng_state(rng_states[own])
+            own = dist.rank if len(self.loader_states) == dist.world_size else 0
+            self.loader.load_state_dict(self.loader_states[own])
+            ckpt.set_rng_state(self.rng_states[own])
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{resume_dir / ckpt.STATE_NAME}: the saved data-loader / RNG state does not fit "
-                                  f"this run's data ({type(e).__name__}: {e})") from e
+            raise CheckpointError(f"{self.resume_dir / ckpt.STATE_NAME}: the saved data-loader / RNG state does "
+                                  f"not fit this run's data ({type(e).__name__}: {e})") from e
 
-    # -- output ---------------------------------------------------------------------------------
-    if dist.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_write(out_dir / ckpt.TRAIN_CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
-    logger = MetricsLogger(out_dir / "metrics.jsonl", out_dir / "tensorboard" if config.tensorboard else None,
-                           enabled=dist.is_main, resume_step=start_step if resume_dir is not None else None)
-    result = TrainResult(out_dir=out_dir, step=start_step, model_config=model_config, tokens_seen=tokens_seen,
-                         last_checkpoint=resume_dir, resumed_from=start_step if resume_dir is not None else None)
-    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * dist.world_size
-    end_step = config.steps if stop_at is None else min(config.steps, stop_at)
+    def open_output(self) -> None:
+        """The run folder's ``train_config.json``, the metrics log and the result."""
+        config, dist, resumed = self.config, self.dist, self.resume_dir is not None
+        if dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.atomic_write(self.out_dir / ckpt.TRAIN_CONFIG_NAME,
+                              lambda p: Path(p).write_text(config.to_json() + "\n"))
+        self.logger = MetricsLogger(self.out_dir / "metrics.jsonl",
+                                    self.out_dir / "tensorboard" if config.tensorboard else None,
+                                    enabled=dist.is_main, resume_step=self.start_step if resumed else None)
+        self.result = TrainResult(out_dir=self.out_dir, step=self.start_step, model_config=self.model_config,
+                                  tokens_seen=self.tokens_seen, last_checkpoint=self.resume_dir,
+                                  resumed_from=self.start_step if resumed else None)
 
-    def save(step: int) -> None:
+    # -- the loop -------------------------------------------------------------------------------
+
+    def loop(self, bar_kw: dict) -> TrainResult:
+        """Steps from the start step to the end step; each is logged, probed, validated and saved
+        as its intervals ask. SIGTERM / SIGUSR1 end it after the current step, with a checkpoint."""
+        from tqdm.auto import tqdm
+
+        config, dist, result = self.config, self.dist, self.result
+        bar = tqdm(total=config.steps, initial=self.start_step, disable=not (dist.is_main and config.progress),
+                   **{"desc": "train", "unit": "step", "dynamic_ncols": True, **bar_kw})
+        if dist.is_main and config.progress:
+            bar.write(self._banner())
+        self.t_log, self.tokens_at_log = time.perf_counter(), 0
+        self.kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
+        self.step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last record
+        stop_signal = _StopSignal()
+        self.model.train()
+        try:
+            for step in range(self.start_step + 1, self.end_step + 1):
+                outcome = self.step(step, stop_signal)
+                self.log(step, outcome, bar)
+                self.probe(step)
+                self.validate(step, bar)
+                if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == self.end_step \
+                        or outcome.stop_now:
+                    self.save(step)
+                bar.update(1)
+                if outcome.stop_now:
+                    result.stopped_by = stop_signal.name or "a signal on another rank"
+                    if dist.is_main:
+                        bar.write(f"difftx train: stopped by {result.stopped_by} after step {step}; checkpoint "
+                                  f"{result.last_checkpoint}; continue with --resume")
+                    break
+        finally:
+            stop_signal.restore()
+            bar.close()
+            self.logger.close()
+        result.elapsed_s = time.perf_counter() - self.t_start
+        if self.train_time is not None:
+            result.train_time_s += self.train_time
+        return result
+
+    def _banner(self) -> str:
+        config, dist = self.config, self.dist
+        start = f"resuming at step {self.start_step}" if self.resume_dir is not None else (
+            f"from {self.init_dir}" if self.init_dir is not None else "from scratch")
+        rows = config.batch_size * config.grad_accum * dist.world_size
+        per_step = f"{rows * config.seq_len:,} tokens/step" if self.source is None else f"{rows} sequences/step"
+        return (f"difftx train: {self.model_config.attention} model, {self.bare.num_parameters():,} parameters, "
+                f"{per_step} on {dist.world_size} x {self.device} ({str(self.dtype)[6:]}); {start}; "
+                f"writing to {self.out_dir}")
+
+    def _micro_loss(self, batch: Batch) -> torch.Tensor:
+        """One micro-batch's loss, divided by ``grad_accum`` (its share of the step's gradient)."""
+        config, device = self.config, self.device
+        tokens, doc_ids = batch.tokens, batch.doc_ids  # (B, T+1) each
+        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
+        d = doc_ids[:, :-1].to(device) if config.doc_mask and doc_ids is not None else None
+        with _autocast(device, self.dtype):
+            if batch.loss_mask is None:
+                return lm_loss(self.model(x, doc_ids=d), y) / config.grad_accum
+            m = batch.loss_mask.to(device)  # (B, T): the LM head runs at its True positions only
+            loss = masked_lm_loss(self.model(x, doc_ids=d, logits_at=m), y[m], batch.mask_total,
+                                  self.dist.world_size)
+            return loss / config.grad_accum
+
+    def _accumulate(self) -> tuple[torch.Tensor, dict[str, list], int]:
+        """Forward and backward over the step's ``grad_accum`` micro-batches; gradients are reduced
+        across ranks on the last micro-batch only. Returns the summed loss, each batch kind's
+        micro-batch losses and this rank's token count."""
+        model, config = self.model, self.config
+        loss_sum = torch.zeros((), device=self.device)
+        step_tokens, kinds = 0, {}
+        for micro in range(config.grad_accum):
+            batch = as_batch(self.loader.next_batch())
+            step_tokens += batch.tokens[:, :-1].numel()
+            last = micro == config.grad_accum - 1
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+                model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                loss = self._micro_loss(batch)
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss_sum += loss.detach().float()
+            if batch.kind is not None:
+                kinds.setdefault(batch.kind, []).append(loss.detach().float())
+        return loss_sum, kinds, step_tokens
+
+    def _reduce(self, loss_sum: torch.Tensor, kinds: dict[str, list], signal: "_StopSignal"
+                ) -> tuple[float, dict, bool]:
+        """The step's loss and each kind's mean micro-batch loss over every rank, and whether any
+        rank was asked to stop (one all-reduce carries them all)."""
+        if self.dist.distributed:
+            flags = torch.stack([loss_sum, *(torch.stack(v).sum() for v in kinds.values()),
+                                 torch.tensor(float(signal.requested), device=self.device)])
+            values = all_reduce_mean(flags).tolist()
+            stop = values.pop() > 0
+        else:  # no collective, no extra tensors
+            values = [loss_sum.item(), *(sum(t.item() for t in v) for v in kinds.values())]
+            stop = signal.requested
+        kind_losses = {kind: v * self.config.grad_accum / len(micro)  # the mean of this kind's micro-batch losses
+                       for (kind, micro), v in zip(kinds.items(), values[1:])}
+        return values[0], kind_losses, stop
+
+    def _apply(self, step: int, loss: float) -> float:
+        """Clip the gradient and update the weights; returns the gradient norm before clipping.
+        A non-finite loss or gradient stops the run before the update."""
+        optimizer, scaler, last = self.optimizer, self.scaler, self.result.last_checkpoint
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(_diverged("loss", loss, step, last))
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
+        if not math.isfinite(grad_norm) and scaler is None:
+            raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, last))
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def step(self, step: int, signal: "_StopSignal") -> _StepOutcome:
+        """One optimizer step at the schedule's learning rate; the result's counters move on."""
+        t_step = time.perf_counter()
+        lr = lr_at(step, self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum, kinds, step_tokens = self._accumulate()
+        loss, kind_losses, stop_now = self._reduce(loss_sum, kinds, signal)
+        for kind, v in kind_losses.items():
+            acc = self.kind_log.setdefault(kind, [0.0, 0])
+            acc[0] += v
+            acc[1] += 1
+        grad_norm = self._apply(step, loss)
+        self.step_norms.append(grad_norm)
+        step_tokens *= self.dist.world_size  # = tokens per step for packed text
+        result = self.result
+        result.step, result.tokens_seen = step, result.tokens_seen + step_tokens
+        result.losses[step] = loss
+        self.tokens_at_log += step_tokens
+        result.train_time_s += time.perf_counter() - t_step
+        return _StepOutcome(loss, grad_norm, lr, step_tokens, kind_losses, stop_now)
+
+    # -- after a step ---------------------------------------------------------------------------
+
+    def log(self, step: int, outcome: _StepOutcome, bar) -> None:
+        """A metrics record every ``log_interval`` steps and at the end step: the step's loss, LR
+        and gradient norm, every gradient norm since the last record, throughput, λ per layer, and
+        each batch kind's mean loss since the last record."""
+        if not (step % self.config.log_interval == 0 or step == self.end_step):
+            return
+        lambdas = lambda_per_layer(self.bare)  # collective under FSDP2
+        now = time.perf_counter()
+        tok_s = self.tokens_at_log / max(now - self.t_log, 1e-9)
+        self.t_log, self.tokens_at_log = now, 0
+        time_s = (self.train_time or 0.0) + self.result.train_time_s
+        self.logger.log({"step": step, "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
+                         "grad_norms": self.step_norms, "tokens_per_s": tok_s, "tokens": self.result.tokens_seen,
+                         "time_s": time_s, "lambda": lambdas,
+                         **{f"{k}_loss": v / n for k, (v, n) in self.kind_log.items() if n}})
+        self.kind_log, self.step_norms = {}, []
+        post = {"loss": f"{outcome.loss:.4f}", "tok/s": f"{tok_s:,.0f}"}
+        if lambdas:
+            post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
+        bar.set_postfix(post, refresh=False)
+
+    def _eval_model(self) -> nn.Module:
+        """The model for probes and validation: the wrapper under FSDP2 (its forward gathers the
+        shards), the bare module otherwise."""
+        return self.model if is_sharded(self.bare) else self.bare
+
+    def probe(self, step: int) -> None:
+        """The probe hook at its steps and at the last step of the schedule (before a checkpoint
+        of this step)."""
+        every = self.probe_every
+        at = step in every if isinstance(every, frozenset) else \
+            every and (step % every == 0 or step == self.config.steps)
+        if at:
+            self.result.probes[step] = _probe(self.probe_fn, self._eval_model(), step, self.logger)
+
+    def validate(self, step: int, bar) -> None:
+        """A validation pass every ``eval_interval`` steps and at the last step of the schedule."""
+        config, val_store = self.config, self.val_store
+        if not (config.eval_interval and val_store is not None
+                and (step % config.eval_interval == 0 or step == config.steps)):
+            return
+        ws = self.dist.world_size
+        val = evaluate(self._eval_model(), val_store, config, self.device, self.dtype, ws)
+        if val is None:
+            return
+        self.result.val_losses[step] = val
+        self.logger.log({"step": step, "val_loss": val, "val_tokens": val_tokens(val_store, config, ws)})
+        if self.dist.is_main and config.progress:
+            bar.write(f"step {step}: val_loss {val:.4f}")
+
+    def save(self, step: int) -> None:
+        """A checkpoint of this step, written by rank 0 (the full states are gathered first under
+        FSDP2). A failed write stops every rank; the previous checkpoint is intact."""
+        dist, result = self.dist, self.result
         model_sd, optim_sd = {}, {}
-        if dist.is_main or is_sharded(bare):  # collective under FSDP2; replicated (DDP) state: rank 0's copy
-            model_sd, optim_sd = full_state_dicts(model, optimizer)
-        loaders = all_gather_object(loader.state_dict())
+        if dist.is_main or is_sharded(self.bare):  # collective under FSDP2; replicated (DDP) state: rank 0's copy
+            model_sd, optim_sd = full_state_dicts(self.model, self.optimizer)
+        loaders = all_gather_object(self.loader.state_dict())
         rngs = all_gather_object(ckpt.rng_state())
         failure: Optional[BaseException] = None
         if dist.is_main:
-            state = {"step": step, "tokens_seen": result.tokens_seen, "world_size": dist.world_size,
-                     "train_time_s": None if train_time is None else train_time + result.train_time_s,
-                     "val_split_tokens": len(val_store) if val_store is not None else 0,
-                     "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(tokenizer),
-                     "scaler": scaler.state_dict() if scaler is not None else None}
             try:
                 result.last_checkpoint = ckpt.save_checkpoint(
-                    out_dir, step, model_state=model_sd, model_config=model_config, optim_state=optim_sd,
-                    trainer_state=state, train_config=train_dict, tokenizer=tokenizer, keep_last=config.keep_last)
+                    self.out_dir, step, model_state=model_sd, model_config=self.model_config, optim_state=optim_sd,
+                    trainer_state=self._trainer_state(step, loaders, rngs), train_config=self.train_dict,
+                    tokenizer=self.tokenizer, keep_last=self.config.keep_last)
             except Exception as e:  # the previous checkpoint is intact; stop every rank
                 failure = e
         last, message = broadcast_object((result.last_checkpoint, None if failure is None else repr(failure)))
@@ -361,132 +638,14 @@ def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at
             raise RuntimeError(f"rank 0 failed to write the checkpoint of step {step}: {message}")
         result.last_checkpoint = last
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=config.steps, initial=start_step, disable=not (dist.is_main and config.progress),
-               **{"desc": "train", "unit": "step", "dynamic_ncols": True, **bar_kw})
-    if dist.is_main and config.progress:
-        start = f"resuming at step {start_step}" if resume_dir is not None else (
-            f"from {init_dir}" if init_dir is not None else "from scratch")
-        per_step = f"{tokens_per_step:,} tokens/step" if source is None else \
-            f"{config.batch_size * config.grad_accum * dist.world_size} sequences/step"
-        bar.write(f"difftx train: {model_config.attention} model, {bare.num_parameters():,} parameters, "
-                  f"{per_step} on {dist.world_size} x {device} ({str(dtype)[6:]}); "
-                  f"{start}; writing to {out_dir}")
-    t_log, tokens_at_log = time.perf_counter(), 0
-    kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
-    step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last log record
-    stop_signal = _StopSignal()
-    model.train()
-    try:
-        for step in range(start_step + 1, end_step + 1):
-            t_step = time.perf_counter()
-            lr = lr_at(step, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            step_tokens, kinds = 0, {}  # kinds: batch kind -> its micro-batch losses of this step
-            for micro in range(config.grad_accum):
-                batch = as_batch(loader.next_batch())
-                tokens, doc_ids = batch.tokens, batch.doc_ids  # (B, T+1) each
-                x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
-                d = doc_ids[:, :-1].to(device) if config.doc_mask and doc_ids is not None else None
-                step_tokens += x.numel()
-                last = micro == config.grad_accum - 1
-                # gradients are reduced across ranks on the last micro-step only
-                if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-                    model.set_requires_gradient_sync(last)
-                sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-                with sync:
-                    with _autocast(device, dtype):
-                        if batch.loss_mask is None:
-                            loss = lm_loss(model(x, doc_ids=d), y) / config.grad_accum
-                        else:
-                            m = batch.loss_mask.to(device)  # (B, T): the LM head runs at its True positions only
-                            loss = masked_lm_loss(model(x, doc_ids=d, logits_at=m), y[m], batch.mask_total,
-                                                  dist.world_size) / config.grad_accum
-                    (scaler.scale(loss) if scaler is not None else loss).backward()
-                loss_sum += loss.detach().float()
-                if batch.kind is not None:
-                    kinds.setdefault(batch.kind, []).append(loss.detach().float())
-            if dist.distributed:  # one all-reduce carries the losses and "a rank was asked to stop"
-                flags = torch.stack([loss_sum, *(torch.stack(v).sum() for v in kinds.values()),
-                                     torch.tensor(float(stop_signal.requested), device=device)])
-                values = all_reduce_mean(flags).tolist()
-                stop_now = values.pop() > 0
-            else:  # no collective, no extra tensors
-                values = [loss_sum.item(), *(sum(t.item() for t in v) for v in kinds.values())]
-                stop_now = stop_signal.requested
-            loss_val = values[0]
-            for (kind, micro_losses), v in zip(kinds.items(), values[1:]):
-                acc = kind_log.setdefault(kind, [0.0, 0])
-                acc[0] += v * config.grad_accum / len(micro_losses)  # the mean of this kind's micro-batch losses
-                acc[1] += 1
-            if not math.isfinite(loss_val):
-                raise TrainingDivergedError(_diverged("loss", loss_val, step, result.last_checkpoint))
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
-            grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
-            step_norms.append(grad_norm)
-            if not math.isfinite(grad_norm) and scaler is None:
-                raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, result.last_checkpoint))
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step_tokens *= dist.world_size  # = tokens_per_step for packed text
-            result.step, result.tokens_seen = step, result.tokens_seen + step_tokens
-            result.losses[step] = loss_val
-            tokens_at_log += step_tokens
-            result.train_time_s += time.perf_counter() - t_step
-
-            if step % config.log_interval == 0 or step == end_step:
-                lambdas = lambda_per_layer(bare)  # collective under FSDP2
-                now = time.perf_counter()
-                tok_s = tokens_at_log / max(now - t_log, 1e-9)
-                t_log, tokens_at_log = now, 0
-                logger.log({"step": step, "loss": loss_val, "lr": lr, "grad_norm": grad_norm,
-                            "grad_norms": step_norms, "tokens_per_s": tok_s, "tokens": result.tokens_seen,
-                            "time_s": (train_time or 0.0) + result.train_time_s, "lambda": lambdas,
-                            **{f"{k}_loss": v / n for k, (v, n) in kind_log.items() if n}})
-                kind_log, step_norms = {}, []
-                post = {"loss": f"{loss_val:.4f}", "tok/s": f"{tok_s:,.0f}"}
-                if lambdas:
-                    post["λ"] = ",".join(f"{v:.2f}" for v in lambdas[:8]) + ("…" if len(lambdas) > 8 else "")
-                bar.set_postfix(post, refresh=False)
-            at = step in probe_every if isinstance(probe_every, frozenset) else \
-                probe_every and (step % probe_every == 0 or step == config.steps)
-            if at:  # before a checkpoint of this step
-                result.probes[step] = _probe(probe_fn, model if is_sharded(bare) else bare, step, logger)
-            if config.eval_interval and val_store is not None and (step % config.eval_interval == 0
-                                                                   or step == config.steps):
-                val = evaluate(model if is_sharded(bare) else bare, val_store, config, device, dtype, dist.world_size)
-                if val is not None:
-                    result.val_losses[step] = val
-                    logger.log({"step": step, "val_loss": val,
-                                "val_tokens": val_tokens(val_store, config, dist.world_size)})
-                    if dist.is_main and config.progress:
-                        bar.write(f"step {step}: val_loss {val:.4f}")
-            if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == end_step or stop_now:
-                save(step)
-            bar.update(1)
-            if stop_now:
-                result.stopped_by = stop_signal.name or "a signal on another rank"
-                if dist.is_main:
-                    bar.write(f"difftx train: stopped by {result.stopped_by} after step {step}; checkpoint "
-                              f"{result.last_checkpoint}; continue with --resume")
-                break
-    finally:
-        stop_signal.restore()
-        bar.close()
-        logger.close()
-    result.elapsed_s = time.perf_counter() - t_start
-    if train_time is not None:
-        result.train_time_s += train_time
-    return result
+    def _trainer_state(self, step: int, loaders: list, rngs: list) -> dict:
+        """``trainer_state.json``: what a resume needs besides the weights and optimizer."""
+        result, train_time = self.result, self.train_time
+        return {"step": step, "tokens_seen": result.tokens_seen, "world_size": self.dist.world_size,
+                "train_time_s": None if train_time is None else train_time + result.train_time_s,
+                "val_split_tokens": len(self.val_store) if self.val_store is not None else 0,
+                "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(self.tokenizer),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
 
 def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[int], world_size: int = 1
