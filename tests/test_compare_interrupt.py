@@ -71,3 +71,56 @@ def test_compare_resumes_after_an_interrupt_before_the_first_checkpoint(tmp_path
         if key not in timed:
             for arm, vals in c["values"].items():
                 assert got["comparison"][key]["values"][arm] == pytest.approx(vals, rel=1e-5, abs=1e-7), key
+
+
+def _wait_for_training(out: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until both models of seed 0 logged a training step (each in its own worker process)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        logs = list(out.glob("seed0/*/train/metrics.jsonl"))
+        if len(logs) == 2 and all('"loss"' in p.read_text() for p in logs):
+            return
+        assert proc.poll() is None, "compare ended before it was signalled"
+        time.sleep(0.1)
+    raise AssertionError("no training step logged in time")
+
+
+@pytest.mark.parametrize("sig, group", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, group):
+    """With --workers 2, SIGTERM to compare alone (a scheduler) or SIGINT to its process group (Ctrl-C
+    in a terminal): the models in training stop after a step with a checkpoint, the queued ones do not
+    start, no worker outlives compare, the exit code is 130 and the same command continues. Before,
+    the pool waited for every model (SIGINT) or compare died and left its workers training (SIGTERM)."""
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = tmp_path / "run"
+    cmd = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress",
+           *as_sets({**FAST, "steps": 3000, "log_every": 1, "probe_every": 0})]
+    entry = "import sys; from difftx.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", entry, *cmd], env=env, cwd=str(root), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _wait_for_training(out, proc)
+        if group:
+            os.killpg(proc.pid, getattr(signal, sig))
+        else:
+            proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"stopped by {sig}" in err and "run the same command again to continue" in err, err[-2000:]
+    for arm in ("diff", "baseline"):
+        run = out / "seed0" / arm / "train"
+        last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r][-1]
+        assert (run / "checkpoints" / f"step_{last['step']:08d}").is_dir(), "stopped after a step, with its checkpoint"
+        assert last["step"] < 3000
+    assert not list(out.glob("seed1/*/train/metrics.jsonl")), "the queued models did not start"
+    sizes = {p: p.stat().st_size for p in out.glob("seed0/*/train/metrics.jsonl")}
+    time.sleep(1.5)
+    assert sizes == {p: p.stat().st_size for p in sizes}, "a worker outlived compare and went on training"

@@ -110,6 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 code = EXIT_INTERRUPTED
             else:
                 code = report_error(prog, e)
+                interrupt.said = code == EXIT_INTERRUPTED  # the error's line said it
     code = interrupt.finish(code, prog)
     distributed = sys.modules.get("difftx.training.distributed")  # loaded by any command that trains
     if distributed is not None and distributed.under_torchrun():
@@ -132,7 +133,7 @@ class _InterruptWatch:
         import signal
         import threading
 
-        self.seen, self._old = False, None
+        self.seen, self.said, self._old = False, False, None
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._old = signal.signal(signal.SIGINT, self._handle)
@@ -165,7 +166,8 @@ class _InterruptWatch:
             signal.signal(signal.SIGINT, self._old)
             self._old = None
         if code == EXIT_INTERRUPTED or self.seen:
-            print(f"{prog}: interrupted", file=sys.stderr)
+            if not self.said:
+                print(f"{prog}: interrupted", file=sys.stderr)
             # CPython remembers a KeyboardInterrupt that escaped any exec() of a string (dataclasses
             # use one per generated method, so an import interrupted there sets it) and then kills
             # the process with SIGINT at exit, whatever exit code we return. A completed exec
@@ -208,6 +210,8 @@ def classify_error(e: BaseException) -> tuple[int, str]:
                              f"length or number of tokens)"
     if _is(e, "difftx.training.trainer", "TrainingDivergedError"):
         return EXIT_FAILURE, text
+    if _is(e, "difftx.compare.train", "TrainingInterrupted"):  # a signal stopped it after a checkpoint
+        return EXIT_INTERRUPTED, text
     if isinstance(e, ValueError) or _is(e, "difftx.checkpoint", "CheckpointError"):
         return EXIT_USAGE, text
     if isinstance(e, ModuleNotFoundError):
@@ -234,7 +238,7 @@ def report_error(prog: str, e: BaseException) -> int:
         except OSError:
             pass
         return code
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: {'' if code == EXIT_INTERRUPTED else 'error: '}{message}", file=sys.stderr)
     return code
 
 

@@ -275,15 +275,9 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
             done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1, invocation, wait)
             bar.update()
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(max_workers=min(n_workers, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_job, plan, s, k, f, progress, 1 + i % n_workers, invocation, wait): f"seed{s}/{k}"
-                    for i, (s, k, f) in enumerate(jobs)}
-            for fut in as_completed(futs):
-                done[futs[fut]] = fut.result()
-                bar.update()
+        calls = {f"seed{s}/{k}": (plan, s, k, f, progress, 1 + i % n_workers, invocation, wait)
+                 for i, (s, k, f) in enumerate(jobs)}
+        _run_pool(calls, n_workers, done, bar)
     bar.close()
     if shard is not None:  # the report is assembled by an invocation without --shard
         return {"shard": list(shard), "this_run": done, "wall_s": time.time() - t0}
@@ -298,6 +292,97 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
         return results
 
     return on_main(finish, share=True)
+
+
+class JobStopped(RuntimeError):
+    """A worker process was asked to stop (SIGTERM) outside training; what it wrote is complete."""
+
+
+_STOPPING: list[str] = []  # in a worker process: the signal that stopped it (it starts no further job)
+
+
+def _worker_signals() -> None:
+    """In each worker process: Ctrl-C is the parent's to handle (it reaches the whole process group),
+    and SIGTERM outside training stops the job at once (every file is written atomically); inside
+    training the trainer's own handler finishes the step and writes a checkpoint first."""
+    import signal
+
+    def stop(signum, frame):
+        _STOPPING.append(signal.Signals(signum).name)
+        raise JobStopped(f"stopped by {_STOPPING[0]}")
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _pool_job(*args) -> dict:
+    """:func:`_job` in a worker process; once a signal stopped one job, the worker starts no other
+    (the pool hands each worker a job ahead, which the parent can no longer cancel)."""
+    from .train import TrainingInterrupted
+
+    if _STOPPING:
+        raise JobStopped(f"not started: stopped by {_STOPPING[0]}")
+    try:
+        return _job(*args)
+    except TrainingInterrupted:
+        _STOPPING.append("SIGTERM")
+        raise
+
+
+def _run_pool(calls: dict[str, tuple], n_workers: int, done: dict, bar) -> None:
+    """Run ``_job(*args)`` for each ``{name: args}`` in ``n_workers`` spawned processes, filling
+    ``done``. A first SIGINT / SIGTERM to this process cancels the jobs not started and passes
+    SIGTERM on to the workers: a model in training stops after its current step with a checkpoint,
+    an evaluation stops at once; then :class:`TrainingInterrupted` says what to run to continue. A
+    second signal kills the workers."""
+    import multiprocessing as mp
+    import signal
+    import threading
+    from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
+
+    from .train import TrainingInterrupted
+
+    stopped: list[str] = []
+
+    def handle(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if stopped:  # the second signal: no more waiting
+            for child in mp.active_children():
+                child.kill()
+            raise KeyboardInterrupt
+        stopped.append(name)
+        for fut in futs:
+            fut.cancel()
+        for child in mp.active_children():
+            os.kill(child.pid, signal.SIGTERM)
+
+    ctx = mp.get_context("spawn")
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with ProcessPoolExecutor(max_workers=min(n_workers, len(calls)), mp_context=ctx,
+                             initializer=_worker_signals) as ex:
+        futs = {ex.submit(_pool_job, *args): name for name, args in calls.items()}
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            for sig in old:
+                signal.signal(sig, handle)
+        try:
+            for fut in as_completed(futs):
+                try:
+                    done[futs[fut]] = fut.result()
+                except (CancelledError, TrainingInterrupted, JobStopped):
+                    if not stopped:
+                        raise
+                    continue
+                bar.update()
+        finally:
+            if main_thread:
+                for sig, h in old.items():
+                    signal.signal(sig, h)
+    if stopped:
+        unfinished = sorted(set(futs.values()) - set(done))
+        raise TrainingInterrupted(f"stopped by {stopped[0]}: {len(done)} model(s) done in this run, {len(unfinished)} "
+                                  f"not finished ({', '.join(unfinished)}); the models in training wrote a checkpoint; "
+                                  f"run the same command again to continue")
 
 
 def _rank() -> int:
