@@ -53,7 +53,7 @@ class ScalePreset:
 LM_ONLY = {"lm_every": 1, "icl_every": 0, "probe_every": 0}
 SCALE_PRESETS: dict[str, ScalePreset] = {
     "scale-cpu": ScalePreset(
-        "scale-cpu", "4 sizes over a 14x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
+        "scale-cpu", "4 sizes over a 10x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
         "3 seeds, 2 arms (55 min on 2 CPU cores, measured with other work beside it)", "cpu", ("xs", "s", "m", "l"), 3,
         {**LM_ONLY, "steps": 2000, "warmup_steps": 100, "curve_points": 8}),
     "scale-gpu": ScalePreset(
