@@ -110,40 +110,50 @@ def _causal_bias(t: int, R: int, device, dtype) -> Tensor:
     return bias
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE (``difftx.attention.rope.apply_rope``'s arithmetic) on ``x`` ``(..., T, [R,] d)``,
-    ``cos``/``sin`` broadcastable to ``(..., T, [R,] d/2)``; contiguous result."""
-    xf = x.unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+def _as_complex(x: Tensor) -> Tensor:
+    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention), a view
+    where the strides allow it."""
+    pairs = x.unflatten(-1, (-1, 2))
+    if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    return torch.view_as_complex(pairs)
 
 
-def _unrotate(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The gradient of :func:`_rotate`: the rotation by the opposite angle."""
-    gf = g.unflatten(-1, (-1, 2))
-    g0, g1 = gf[..., 0], gf[..., 1]
-    return torch.stack((g0 * cos + g1 * sin, g1 * cos - g0 * sin), dim=-1).flatten(-2)
+def _rotate_into(out: Tensor, x: Tensor, rot: Tensor) -> None:
+    """``out = RoPE(x)``: the complex product ``x * rot`` of each pair (``(x0 cos - x1 sin, x0 sin + x1 cos)``,
+    ``apply_rope``'s arithmetic); ``out``, ``x`` complex views of one shape, ``rot`` broadcastable."""
+    torch.mul(x, rot, out=out)
 
 
 class _Attention:
     """One call's tensors in the blocked kernel's 3-D form: ``q3 (KB*Hkv*C, T*R, d)`` (rotated),
     ``k3 (KB*Hkv*C, T, d)`` (rotated), ``v3 (KB*Hkv, T, dv)``; ``neg_lam`` ``(K, 1, 1, 1)``."""
 
-    def __init__(self, qkv: Tensor, lam: Optional[Tensor], cos: Tensor, sin: Tensor, geo: _Geometry,
-                 doc_ids: Optional[Tensor]):
+    def __init__(self, qkv: Tensor, lam: Optional[Tensor], rot: Tensor, geo: _Geometry, doc_ids: Optional[Tensor]):
         g = geo
         KB, T = qkv.shape[:2]
-        self.geo, self.KB, self.T = g, KB, T
-        q = qkv[..., :g.q_cols].view(KB, T, g.Hkv, g.R, g.C, g.d).permute(0, 2, 4, 1, 3, 5)  # (KB, Hkv, C, T, R, d)
-        k = qkv[..., g.q_cols:g.q_cols + g.k_cols].view(KB, T, g.Hkv, g.C, g.d).permute(0, 2, 3, 1, 4)
+        self.geo, self.KB, self.T, self.rot = g, KB, T, rot  # rot: (T, d/2) complex
+        h = g.d // 2
+        self.q3 = qkv.new_empty(KB * g.Hkv * g.C, T * g.R, g.d)
+        self.k3 = qkv.new_empty(KB * g.Hkv * g.C, T, g.d)
+        _rotate_into(self.q_pairs(self.q3), _as_complex(qkv[..., :g.q_cols]).view(KB, T, g.Hkv, g.R, g.C, h),
+                     rot.view(T, 1, 1, 1, h))
+        _rotate_into(self.k_pairs(self.k3), _as_complex(qkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, g.C, h),
+                     rot.view(T, 1, 1, h))
         v = qkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).transpose(1, 2)  # (KB, Hkv, T, dv)
-        self.cos_q, self.sin_q = cos[:, None], sin[:, None]  # (T, 1, d/2): broadcast over R
-        self.cos, self.sin = cos, sin  # (T, d/2)
-        self.q3 = _rotate(q, self.cos_q, self.sin_q).view(KB * g.Hkv * g.C, T * g.R, g.d)
-        self.k3 = _rotate(k, cos, sin).view(KB * g.Hkv * g.C, T, g.d)
         self.v3 = v.reshape(KB * g.Hkv, T, g.dv)
         self.neg_lam = None if lam is None else (-lam.detach()).view(g.K, 1, 1, 1)
         self.mask = None if doc_ids is None else AttentionMask(doc_ids=doc_ids)
+
+    def q_pairs(self, q3: Tensor) -> Tensor:
+        """``q3``'s complex pairs in the projection's order ``(KB, T, Hkv, R, C, d/2)`` (a view)."""
+        g = self.geo
+        return torch.view_as_complex(q3.view(self.KB, g.Hkv, g.C, self.T, g.R, g.d // 2, 2)).permute(0, 3, 1, 4, 2, 5)
+
+    def k_pairs(self, k3: Tensor) -> Tensor:
+        """``k3``'s complex pairs in the projection's order ``(KB, T, Hkv, C, d/2)`` (a view)."""
+        g = self.geo
+        return torch.view_as_complex(k3.view(self.KB, g.Hkv, g.C, self.T, g.d // 2, 2)).permute(0, 3, 1, 2, 4)
 
     def probs(self, r0: int, r1: int) -> Tensor:
         """Softmax maps ``(KB*Hkv*C, t*R, r1)`` of query rows ``r0:r1`` (causal: keys ``0..r1-1``)."""
@@ -175,8 +185,8 @@ class _StackedAttention(torch.autograd.Function):
     ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys."""
 
     @staticmethod
-    def forward(ctx, qkv, lam, cos, sin, geo, doc_ids):
-        at = _Attention(qkv, lam, cos, sin, geo, doc_ids)
+    def forward(ctx, qkv, lam, rot, geo, doc_ids):
+        at = _Attention(qkv, lam, rot, geo, doc_ids)
         g, T = geo, at.T
         out = at.v3.new_empty(at.KB * g.Hkv, T * g.R, g.dv)
         blocks = []
@@ -222,12 +232,14 @@ class _StackedAttention(torch.autograd.Function):
             dq3[:, rows].baddbmm_(ds, at.k3[:, :s], beta=0.0, alpha=g.scale)
             dk3[:, :s].baddbmm_(ds.transpose(1, 2), at.q3[:, rows], beta=beta, alpha=g.scale)
         dqkv = dout.new_empty(KB, T, g.q_cols + g.k_cols + g.v_cols)
-        q_view = dqkv[..., :g.q_cols].view(KB, T, g.Hkv, R, C, g.d).permute(0, 2, 4, 1, 3, 5)
-        q_view.copy_(_unrotate(dq3.view(KB, g.Hkv, C, T, R, g.d), at.cos_q, at.sin_q))
-        k_view = dqkv[..., g.q_cols:g.q_cols + g.k_cols].view(KB, T, g.Hkv, C, g.d).permute(0, 2, 3, 1, 4)
-        k_view.copy_(_unrotate(dk3.view(KB, g.Hkv, C, T, g.d), at.cos, at.sin))
+        back = at.rot.conj().resolve_conj()  # the rotation by the opposite angle
+        h = g.d // 2
+        _rotate_into(_as_complex(dqkv[..., :g.q_cols]).view(KB, T, g.Hkv, R, C, h), at.q_pairs(dq3),
+                     back.view(T, 1, 1, 1, h))
+        _rotate_into(_as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, C, h), at.k_pairs(dk3),
+                     back.view(T, 1, 1, h))
         dqkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).copy_(dv3.view(KB, g.Hkv, T, g.dv).transpose(1, 2))
-        return dqkv, dlam, None, None, None, None
+        return dqkv, dlam, None, None, None
 
 
 # -- small fused pieces ----------------------------------------------------------------------------------------------
@@ -291,8 +303,54 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b, sa = ctx.saved_tensors
-        da = torch.ops.aten.silu_backward(g * b, a)
-        return torch.cat((da, g * sa), dim=-1)
+        dgu = g.new_empty(*g.shape[:-1], 2 * g.shape[-1])
+        da, db = dgu.chunk(2, dim=-1)
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)
+        torch.mul(g, sa, out=db)
+        return dgu
+
+
+# The LM head's width is padded to a multiple of this (zero rows, their logits -inf): a 623-wide head (the
+# compare vocabulary) runs at half the speed of a 640-wide one in MKL on this project's CPU.
+HEAD_PAD = 64
+
+
+class _HeadLoss(torch.autograd.Function):
+    """Each model's next-token cross-entropy from hidden states ``h`` ``(K, N, D)`` and its LM head ``w``
+    ``(K, V, D)``: ``sum_n nll_n * mult_k / div_k`` over the rows with ``valid`` (all rows when None), so
+    ``mult = 1, div = N`` is ``lm_loss``'s mean and ``mult = 1 / total`` the masked sum. One node: the
+    head's product, ``log_softmax`` (as ``F.cross_entropy``) and the closed-form backward
+    ``(softmax - onehot) * weight`` into both products."""
+
+    @staticmethod
+    def forward(ctx, h, w, targets, valid, mult, div):
+        K, V = w.shape[:2]
+        Vp = -(-V // HEAD_PAD) * HEAD_PAD
+        wp = w if Vp == V else F.pad(w, (0, 0, 0, Vp - V))
+        logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
+        if Vp != V:
+            logits[..., V:] = float("-inf")
+        logp = torch.log_softmax(logits, dim=-1)
+        nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
+        if valid is not None:
+            nll = nll.masked_fill_(~valid, 0.0)
+        ctx.save_for_backward(h, wp, logp, targets, valid, mult, div)
+        ctx.V = V
+        return nll.sum(1) * mult / div
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        h, wp, logp, targets, valid, mult, div = ctx.saved_tensors
+        K, N = targets.shape
+        row = (g * mult / div)[:, None].expand(K, N)  # dL/dnll_n
+        if valid is not None:
+            row = row * valid
+        dlogits = logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
+        dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
+        dh = torch.bmm(dlogits, wp) if ctx.needs_input_grad[0] else None
+        dw = torch.bmm(dlogits.transpose(1, 2), h)[:, :ctx.V] if ctx.needs_input_grad[1] else None
+        return dh, dw, None, None, None, None
 
 
 def _linear(x: Tensor, w: Tensor) -> Tensor:
@@ -458,18 +516,17 @@ class StackedTransformer(nn.Module):
         x = F.embedding((tokens + offsets).view(K, B * T), emb.view(K * V, D))  # (K, N, D)
         cos, sin = rope_angles(torch.arange(T, device=tokens.device)[None], g.d, c.rope_theta,
                                torch.promote_types(x.dtype, torch.float32))
-        cos, sin = cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype)  # (T, d/2)
+        rot = torch.complex(cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype))  # (T, d/2): cos + i sin
         docs = None if doc_ids is None else doc_ids.reshape(K * B, T)
         for layer in self._layers:
             x = x + self._attention(layer, _RMSNorm.apply(x, self._p(layer.attn_norm), c.norm_eps, True),
-                                    B, T, cos, sin, docs)
+                                    B, T, rot, docs)
             h = _RMSNorm.apply(x, self._p(layer.mlp_norm), c.norm_eps, True)
             gu = _linear(h, torch.cat([self._p(j) for j in layer.gate_up], dim=1))
             x = x + _linear(_SwiGLU.apply(gu), self._p(layer.down))
         return _RMSNorm.apply(x, self._p(self._index["norm.weight"]), c.norm_eps, True)
 
-    def _attention(self, layer: _Layer, h: Tensor, B: int, T: int, cos: Tensor, sin: Tensor,
-                   docs: Optional[Tensor]) -> Tensor:
+    def _attention(self, layer: _Layer, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]) -> Tensor:
         g, K = self._geo, self.k
         w = torch.cat([self._p(j) for j in layer.in_proj], dim=1)  # (K, q+k+v[+extra], D)
         proj = _linear(h, w).view(K * B, T, -1)
@@ -477,7 +534,7 @@ class StackedTransformer(nn.Module):
         lam = _Lambda.apply(*(self._p(j) for j in layer.lambdas), layer.lambda_init) if layer.lambdas else None
         if layer.kind == "diff" and lam is None:  # the no-subtraction control: lambda fixed at 0
             lam = h.new_zeros(K)
-        out = _StackedAttention.apply(qkv, lam, cos, sin, g, docs)  # (KB, T, H, dv)
+        out = _StackedAttention.apply(qkv, lam, rot, g, docs)  # (KB, T, H, dv)
         if layer.kind == "gated":
             gate = torch.sigmoid(proj[..., -layer.extra_cols:]).unflatten(-1, (layer.gate_heads, -1))
             out = out * gate
@@ -509,14 +566,14 @@ class StackedTransformer(nn.Module):
         h = self.hidden(x, doc_ids)  # (K, N, D)
         w = self._head_weight()
         if loss_mask is None:
-            logits = _linear(h, w)  # (K, N, V)
-            ce = F.cross_entropy(logits.flatten(0, 1), y.reshape(K * B * T), reduction="none")
-            return ce.view(K, B * T).sum(1) / (B * T)
+            one = h.new_ones(K)
+            return _HeadLoss.apply(h, w, y.reshape(K, B * T), None, one, one * (B * T))
         return self._masked_losses(h, w, y.reshape(K, B * T), loss_mask.reshape(K, B * T), mask_total)
 
     @staticmethod
     def _masked_losses(h: Tensor, w: Tensor, y: Tensor, mask: Tensor, totals: Optional[Sequence]) -> Tensor:
-        """The LM head on each model's loss positions only, padded to the largest count (rows of weight 0)."""
+        """The LM head on each model's loss positions only, padded to the largest count (rows of weight 0):
+        ``masked_lm_loss`` of each model (its sum over ``total`` positions, or its mean when None)."""
         K = h.shape[0]
         counts = mask.sum(1)  # (K,)
         n_max = max(int(counts.max()), 1)
@@ -524,13 +581,10 @@ class StackedTransformer(nn.Module):
         order = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :n_max]  # (K, n_max)
         valid = torch.arange(n_max, device=h.device)[None] < counts[:, None]  # (K, n_max)
         hs = torch.gather(h, 1, order[..., None].expand(K, n_max, h.shape[-1]))  # (K, n_max, D)
-        logits = _linear(hs, w)
-        ce = F.cross_entropy(logits.flatten(0, 1), torch.gather(y, 1, order).flatten(), reduction="none")
-        ce = torch.where(valid.flatten(), ce, 0.0).view(K, n_max).sum(1)
         totals = [None] * K if totals is None else list(totals)
-        den = torch.tensor([float(max(t, 1)) if t is not None else float(max(int(c), 1))
-                            for t, c in zip(totals, counts.tolist())], dtype=ce.dtype, device=ce.device)
-        return ce / den
+        mult = [1.0 if t is None else 1.0 / max(t, 1) for t in totals]  # masked_lm_loss: sum * (1 / total)
+        div = [float(max(c, 1)) if t is None else 1.0 for t, c in zip(totals, counts.tolist())]  # or the mean
+        return _HeadLoss.apply(hs, w, torch.gather(y, 1, order), valid, h.new_tensor(mult), h.new_tensor(div))
 
     def forward(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
                 doc_ids: Optional[Tensor] = None) -> Tensor:
