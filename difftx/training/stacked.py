@@ -1,0 +1,756 @@
+"""K models of one :class:`~difftx.config.ModelConfig` trained together as one *stacked* model (issue #24).
+
+Every weight of the stack carries a leading ``K`` dimension: model ``i`` of the stack is
+``{name: p[i]}``, an ordinary :class:`~difftx.model.Transformer` state dict. One forward pass runs
+all ``K`` models on their own batches (tokens ``(K, B, T+1)``) with batched matrix products
+(``torch.bmm`` over the ``K`` weight sets; the attention core runs the ``K * B`` sequences as one
+batch), so the many small calls of a small model's step are paid once per step instead of ``K``
+times. The arithmetic is the one model's, reorganised: the same products, softmax, norms and
+AdamW update per model; a stacked step matches ``K`` separate steps to float32 rounding.
+
+What the trainer calls (one process, float32; see :func:`train_step` for one whole step)::
+
+    models = [Transformer(config) for each seed]          # seeded as the trainer seeds them
+    stack = StackedTransformer.from_models(models)        # or from_state_dicts(config, dicts)
+    opt = build_stacked_optimizer(stack, train_config)   # = build_optimizer per model
+    for step ...:
+        batches = [as_batch(loader.next_batch()) for loader in loaders]    # one loader per model
+        out = train_step(stack, opt, [batches], lr_at(step, tc), tc.grad_clip)
+        out.losses[i], out.grad_norms[i], out.kind_losses[i]          # per model
+    stack.state_dict_of(i), optimizer_state_of(opt, stack, i)         # today's checkpoint format
+    load_optimizer_states(opt, stack, [state_0, ...])                 # exact resume
+
+Pieces, each equal to what the one-model trainer does:
+
+- :meth:`StackedTransformer.losses`: per-model loss ``(K,)``: :func:`difftx.model.lm_loss` without a
+  loss mask, ``masked_lm_loss`` with one (the LM head runs on each model's mask positions, padded to
+  the largest count with weight 0, so the loss equals ``model(x, logits_at=mask)``'s).
+- :func:`clip_grad_norms_`: ``torch.nn.utils.clip_grad_norm_`` per model (its norm over its own
+  gradients, its own clip coefficient); returns the ``K`` norms before clipping.
+- :func:`build_stacked_optimizer`: AdamW with :func:`difftx.training.optim.build_optimizer`'s groups
+  (decided on each parameter's per-model shape), betas, eps and ``foreach=True``. AdamW is
+  elementwise and the step count is shared, so one optimizer over the stacked tensors is ``K``
+  optimizers.
+- :meth:`StackedTransformer.state_dict_of` / :meth:`~StackedTransformer.load_state_dicts`,
+  :func:`optimizer_state_of` / :func:`load_optimizer_states`: one model's weights and AdamW state in
+  the trainer's checkpoint format (parameter names as keys), and back.
+
+Supported: every attention kind and option of :data:`difftx.config.ARMS` (``diff`` with or without
+subtraction, head norm, constant lambda; ``standard`` with or without head norm; ``gated`` both gates;
+``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation. Not supported:
+KV caches, autocast / float16 / bfloat16 (float32 and float64 only), DDP / FSDP (one process holds the
+stack). The attention core is the blocked materialised kernel (``chunked``'s algorithm, with one lambda
+per model) on every device: on a GPU it works but is not the flash kernel the one-model trainer uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..attention.kernels import CHUNK_ROWS, STORE_MAX_KEYS
+from ..attention.masks import AttentionMask
+from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention
+from ..attention.rope import rope_angles
+from ..config import ModelConfig
+from ..model import Transformer
+from .batches import Batch
+from .optim import no_decay
+
+__all__ = ["StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_", "load_optimizer_states",
+           "optimizer_state_of", "stack_batches", "train_step"]
+
+
+# -- the attention core: K*B sequences at once, one lambda per model -------------------------------------------------
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Head layout of one attention layer (the same in every layer of a config)."""
+
+    K: int  # models
+    Hkv: int  # key/value groups
+    R: int  # query heads per group
+    C: int  # maps per head: 2 for DIFF V1, else 1
+    d: int  # query/key width
+    dv: int  # value width
+    scale: float
+
+    @property
+    def q_cols(self) -> int:
+        return self.Hkv * self.R * self.C * self.d
+
+    @property
+    def k_cols(self) -> int:
+        return self.Hkv * self.C * self.d
+
+    @property
+    def v_cols(self) -> int:
+        return self.Hkv * self.dv
+
+
+_bias_cache: dict = {}
+
+
+def _causal_bias(t: int, R: int, device, dtype) -> Tensor:
+    """``(t*R, t)`` additive mask of a diagonal block, rows in ``(t, R)`` order: ``-inf`` above the diagonal."""
+    key = (t, R, str(device), dtype)
+    bias = _bias_cache.get(key)
+    if bias is None:
+        if len(_bias_cache) > 32:
+            _bias_cache.clear()
+        upper = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+        bias = torch.zeros(t, t, dtype=dtype, device=device).masked_fill_(upper, float("-inf"))
+        bias = _bias_cache[key] = bias.repeat_interleave(R, dim=0)
+    return bias
+
+
+def _as_complex(x: Tensor) -> Tensor:
+    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention), a view
+    where the strides allow it."""
+    pairs = x.unflatten(-1, (-1, 2))
+    if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
+        pairs = pairs.contiguous()
+    return torch.view_as_complex(pairs)
+
+
+def _rotate_into(out: Tensor, x: Tensor, rot: Tensor) -> None:
+    """``out = RoPE(x)``: the complex product ``x * rot`` of each pair (``(x0 cos - x1 sin, x0 sin + x1 cos)``,
+    ``apply_rope``'s arithmetic); ``out``, ``x`` complex views of one shape, ``rot`` broadcastable."""
+    torch.mul(x, rot, out=out)
+
+
+class _Attention:
+    """One call's tensors in the blocked kernel's 3-D form: ``q3 (KB*Hkv*C, T*R, d)`` (rotated),
+    ``k3 (KB*Hkv*C, T, d)`` (rotated), ``v3 (KB*Hkv, T, dv)``; ``neg_lam`` ``(K, 1, 1, 1)``."""
+
+    def __init__(self, qkv: Tensor, lam: Optional[Tensor], rot: Tensor, geo: _Geometry, doc_ids: Optional[Tensor]):
+        g = geo
+        KB, T = qkv.shape[:2]
+        self.geo, self.KB, self.T, self.rot = g, KB, T, rot  # rot: (T, d/2) complex
+        h = g.d // 2
+        self.q3 = qkv.new_empty(KB * g.Hkv * g.C, T * g.R, g.d)
+        self.k3 = qkv.new_empty(KB * g.Hkv * g.C, T, g.d)
+        _rotate_into(self.q_pairs(self.q3), _as_complex(qkv[..., :g.q_cols]).view(KB, T, g.Hkv, g.R, g.C, h),
+                     rot.view(T, 1, 1, 1, h))
+        _rotate_into(self.k_pairs(self.k3), _as_complex(qkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, g.C, h),
+                     rot.view(T, 1, 1, h))
+        v = qkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).transpose(1, 2)  # (KB, Hkv, T, dv)
+        self.v3 = v.reshape(KB * g.Hkv, T, g.dv)
+        self.neg_lam = None if lam is None else (-lam.detach()).view(g.K, 1, 1, 1)
+        self.mask = None if doc_ids is None else AttentionMask(doc_ids=doc_ids)
+
+    def q_pairs(self, q3: Tensor) -> Tensor:
+        """``q3``'s complex pairs in the projection's order ``(KB, T, Hkv, R, C, d/2)`` (a view)."""
+        g = self.geo
+        return torch.view_as_complex(q3.view(self.KB, g.Hkv, g.C, self.T, g.R, g.d // 2, 2)).permute(0, 3, 1, 4, 2, 5)
+
+    def k_pairs(self, k3: Tensor) -> Tensor:
+        """``k3``'s complex pairs in the projection's order ``(KB, T, Hkv, C, d/2)`` (a view)."""
+        g = self.geo
+        return torch.view_as_complex(k3.view(self.KB, g.Hkv, g.C, self.T, g.d // 2, 2)).permute(0, 3, 1, 2, 4)
+
+    def probs(self, r0: int, r1: int) -> Tensor:
+        """Softmax maps ``(KB*Hkv*C, t*R, r1)`` of query rows ``r0:r1`` (causal: keys ``0..r1-1``)."""
+        R, t, s = self.geo.R, r1 - r0, r1
+        qb, kb = self.q3[:, r0 * R:r1 * R], self.k3[:, :s].transpose(1, 2)
+        bias = _causal_bias(t, R, qb.device, qb.dtype)
+        if s == t:
+            logits = torch.baddbmm(bias, qb, kb, alpha=self.geo.scale)
+        else:
+            logits = qb.new_empty(qb.shape[0], qb.shape[1], s).baddbmm_(qb, kb, beta=0.0, alpha=self.geo.scale)
+            logits[:, :, r0:s].add_(bias)
+        if self.mask is not None:
+            allowed = self.mask.dense(self.T, self.T, logits.device, rows=slice(r0, r1), keys=s)  # (KB, t, s)
+            logits.view(self.KB, -1, t, R, s).masked_fill_(~allowed[:, None, :, None, :], float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    def effective(self, probs: Tensor) -> Tensor:
+        """``(KB*Hkv, t*R, s)``: ``A1 - lam_k A2`` (each model its own lambda), or the map itself."""
+        if self.neg_lam is None:
+            return probs
+        p = probs.view(self.geo.K, -1, 2, *probs.shape[1:])  # (K, B*Hkv, 2, t*R, s)
+        return torch.addcmul(p[:, :, 0], p[:, :, 1], self.neg_lam).view(-1, *probs.shape[1:])
+
+
+class _StackedAttention(torch.autograd.Function):
+    """RoPE + causal (A1 - lambda A2) V for K*B sequences, from the fused projection output ``qkv``
+    ``(KB, T, q|k|v columns)``: returns ``(KB, T, H, dv)``; the backward returns the gradient of
+    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``CHUNK_ROWS`` query rows as in the
+    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys."""
+
+    @staticmethod
+    def forward(ctx, qkv, lam, rot, geo, doc_ids):
+        at = _Attention(qkv, lam, rot, geo, doc_ids)
+        g, T = geo, at.T
+        out = at.v3.new_empty(at.KB * g.Hkv, T * g.R, g.dv)
+        blocks = []
+        for r0 in range(0, T, CHUNK_ROWS):
+            r1 = min(T, r0 + CHUNK_ROWS)
+            probs = at.probs(r0, r1)
+            eff = at.effective(probs)
+            torch.bmm(eff, at.v3[:, :r1], out=out[:, r0 * g.R:r1 * g.R])
+            blocks.append((r0, r1, (probs, eff) if r1 <= STORE_MAX_KEYS else None))
+        ctx.at, ctx.blocks, ctx.qkv_dtype = at, blocks, qkv.dtype
+        out = out.view(at.KB, g.Hkv, T, g.R, g.dv).transpose(1, 2)
+        return out.reshape(at.KB, T, g.Hkv * g.R, g.dv).contiguous()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        at, g = ctx.at, ctx.at.geo
+        KB, T, R, C = at.KB, at.T, g.R, g.C
+        do3 = dout.view(KB, T, g.Hkv, R, g.dv).transpose(1, 2).reshape(KB * g.Hkv, T * R, g.dv)
+        dq3, dk3, dv3 = torch.empty_like(at.q3), torch.empty_like(at.k3), torch.empty_like(at.v3)
+        dlam = at.v3.new_zeros(g.K) if at.neg_lam is not None else None
+        first = True
+        for r0, r1, stored in reversed(ctx.blocks):  # the last block sees every key: it initialises dk, dv
+            t, s = r1 - r0, r1
+            rows = slice(r0 * R, r1 * R)
+            beta = 0.0 if first else 1.0
+            first = False
+            probs, eff = stored if stored is not None else (None, None)
+            if probs is None:
+                probs = at.probs(r0, r1)
+                eff = at.effective(probs)
+            dob = do3[:, rows]
+            dv3[:, :s].baddbmm_(eff.transpose(1, 2), dob, beta=beta)
+            deff = torch.bmm(dob, at.v3[:, :s].transpose(1, 2))  # (KB*Hkv, t*R, s)
+            p = probs.view(KB * g.Hkv, C, t * R, s)
+            ds = p * deff[:, None]
+            rsum = ds.sum(-1, keepdim=True)
+            ds.addcmul_(p, rsum, value=-1.0)  # softmax backward, linear in dP (dP2 = -lambda dP1)
+            if at.neg_lam is not None:
+                ds.view(g.K, -1, C, t * R, s)[:, :, 1].mul_(at.neg_lam)
+                dlam -= rsum.view(g.K, -1, C, t * R)[:, :, 1].sum((1, 2))  # dL/dlambda = -sum(deff * A2)
+            ds = ds.view(KB * g.Hkv * C, t * R, s)
+            dq3[:, rows].baddbmm_(ds, at.k3[:, :s], beta=0.0, alpha=g.scale)
+            dk3[:, :s].baddbmm_(ds.transpose(1, 2), at.q3[:, rows], beta=beta, alpha=g.scale)
+        dqkv = dout.new_empty(KB, T, g.q_cols + g.k_cols + g.v_cols)
+        back = at.rot.conj().resolve_conj()  # the rotation by the opposite angle
+        h = g.d // 2
+        _rotate_into(_as_complex(dqkv[..., :g.q_cols]).view(KB, T, g.Hkv, R, C, h), at.q_pairs(dq3),
+                     back.view(T, 1, 1, 1, h))
+        _rotate_into(_as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, C, h), at.k_pairs(dk3),
+                     back.view(T, 1, 1, h))
+        dqkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).copy_(dv3.view(KB, g.Hkv, T, g.dv).transpose(1, 2))
+        return dqkv, dlam, None, None, None
+
+
+# -- small fused pieces ----------------------------------------------------------------------------------------------
+
+class _Lambda(torch.autograd.Function):
+    """``exp(q1.k1) - exp(q2.k2) + lambda_init`` per model, ``(K,)`` from ``(K, d)`` vectors (the dot
+    products one model at a time, as the one-model ``torch.dot``)."""
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, lambda_init):
+        e1 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q1, k1)]))
+        e2 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q2, k2)]))
+        ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
+        return e1 - e2 + lambda_init
+
+    @staticmethod
+    def backward(ctx, g):
+        q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
+        g1, g2 = (g * e1)[:, None], (-g * e2)[:, None]
+        return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``RMSNorm(x) * w_k`` over the last dimension of ``x`` ``(K, ..., n)``, ``w`` ``(K, n)``, with the
+    closed-form backward. ``mean_square``: ``torch.rms_norm``'s ``mean(x^2)`` (the block norms);
+    else the per-head norm's ``||x||^2 / n`` (``difftx.attention.modules._HeadNorm``)."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, mean_square):
+        n = x.shape[-1]
+        if mean_square:
+            rstd = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+        else:
+            rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()
+        xhat = x * rstd
+        wb = w.view(w.shape[0], *([1] * (x.dim() - 2)), n)
+        ctx.save_for_backward(xhat, rstd, wb)
+        return xhat * wb
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, rstd, wb = ctx.saved_tensors
+        gw = g * wb
+        mean = (gw * xhat).mean(-1, keepdim=True)
+        dx = torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
+        dw = (g * xhat).flatten(1, -2).sum(1) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None
+
+
+class _SwiGLU(torch.autograd.Function):
+    """``silu(a) * b`` of ``gu = [a | b]`` (the fused gate/up projection); the backward returns the
+    gradient of ``gu`` in one tensor."""
+
+    @staticmethod
+    def forward(ctx, gu):
+        a, b = gu.chunk(2, dim=-1)
+        sa = F.silu(a)
+        ctx.save_for_backward(a, b, sa)
+        return sa * b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, sa = ctx.saved_tensors
+        dgu = g.new_empty(*g.shape[:-1], 2 * g.shape[-1])
+        da, db = dgu.chunk(2, dim=-1)
+        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)
+        torch.mul(g, sa, out=db)
+        return dgu
+
+
+# The LM head's width is padded to a multiple of this (zero rows, their logits -inf): a 623-wide head (the
+# compare vocabulary) runs at half the speed of a 640-wide one in MKL on this project's CPU.
+HEAD_PAD = 64
+
+
+class _HeadLoss(torch.autograd.Function):
+    """Each model's next-token cross-entropy from hidden states ``h`` ``(K, N, D)`` and its LM head ``w``
+    ``(K, V, D)``: ``sum_n nll_n * mult_k / div_k`` over the rows with ``valid`` (all rows when None), so
+    ``mult = 1, div = N`` is ``lm_loss``'s mean and ``mult = 1 / total`` the masked sum. One node: the
+    head's product, ``log_softmax`` (as ``F.cross_entropy``) and the closed-form backward
+    ``(softmax - onehot) * weight`` into both products."""
+
+    @staticmethod
+    def forward(ctx, h, w, targets, valid, mult, div):
+        K, V = w.shape[:2]
+        Vp = -(-V // HEAD_PAD) * HEAD_PAD
+        wp = w if Vp == V else F.pad(w, (0, 0, 0, Vp - V))
+        logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
+        if Vp != V:
+            logits[..., V:] = float("-inf")
+        logp = torch.log_softmax(logits, dim=-1)
+        nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
+        if valid is not None:
+            nll = nll.masked_fill_(~valid, 0.0)
+        ctx.save_for_backward(h, wp, logp, targets, valid, mult, div)
+        ctx.V = V
+        return nll.sum(1) * mult / div
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        h, wp, logp, targets, valid, mult, div = ctx.saved_tensors
+        K, N = targets.shape
+        row = (g * mult / div)[:, None].expand(K, N)  # dL/dnll_n
+        if valid is not None:
+            row = row * valid
+        dlogits = logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
+        dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
+        dh = torch.bmm(dlogits, wp) if ctx.needs_input_grad[0] else None
+        dw = torch.bmm(dlogits.transpose(1, 2), h)[:, :ctx.V] if ctx.needs_input_grad[1] else None
+        return dh, dw, None, None, None, None
+
+
+def _linear(x: Tensor, w: Tensor) -> Tensor:
+    """``x (K, N, in) @ w (K, out, in)^T``: each model's ``F.linear``."""
+    return torch.bmm(x, w.transpose(1, 2))
+
+
+# -- the stacked model -----------------------------------------------------------------------------------------------
+
+def _reference(config: ModelConfig) -> Transformer:
+    """A weightless (meta) model of ``config``: names, shapes, module attributes. The global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        return Transformer(config)
+
+
+@dataclass
+class _Layer:
+    """Where one block's weights are in the stack's parameter list, and its attention's geometry."""
+
+    attn_norm: int
+    mlp_norm: int
+    in_proj: list[int]  # q, k, v[, gate or lambda_proj]: read by one fused product
+    out_proj: int
+    gate_up: list[int]
+    down: int
+    kind: str  # "diff", "diff_v2", "gated", "standard"
+    lambdas: list[int] = field(default_factory=list)
+    head_norm: Optional[int] = None
+    head_scale: float = 1.0
+    lambda_init: float = 0.0
+    extra_cols: int = 0  # gate / lambda_proj columns after q, k, v
+    gate_heads: int = 0
+
+
+class StackedTransformer(nn.Module):
+    """``K`` :class:`~difftx.model.Transformer` models of one config as one model whose parameters
+    have a leading ``K`` dimension. ``names`` lists the parameters in the one model's
+    ``named_parameters()`` order (a tied LM head is the embedding); ``stacked[j]`` holds them, and
+    :meth:`named_stacked` pairs them up. Build it with :meth:`from_models` or :meth:`from_state_dicts`."""
+
+    def __init__(self, config: ModelConfig, k: int, *, device=None, dtype=torch.float32):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"StackedTransformer expects a ModelConfig, got {type(config).__name__}")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"StackedTransformer: k must be a positive integer, got {k!r}")
+        ref = _reference(config)
+        self.config, self.k = config, k
+        self.names = [n for n, _ in ref.named_parameters()]
+        self.shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
+        self.state_keys = list(ref.state_dict())
+        self.stacked = nn.ParameterList(nn.Parameter(torch.zeros(k, *self.shapes[n], device=device, dtype=dtype))
+                                        for n in self.names)
+        idx = {n: j for j, n in enumerate(self.names)}
+        self._index = idx
+        self._layers = [self._layer_plan(ref, i, idx) for i in range(config.n_layers)]
+        a = ref.layers[0].attn
+        C = 2 if isinstance(a, DiffAttention) else 1
+        self._geo = _Geometry(K=k, Hkv=a.v_groups, R=a.q_heads // (C * a.v_groups), C=C, d=a.head_dim, dv=a.v_width,
+                              scale=1.0 / math.sqrt(a.head_dim))
+
+    @staticmethod
+    def _layer_plan(ref: Transformer, i: int, idx: dict) -> _Layer:
+        p = f"layers.{i}."
+        a = ref.layers[i].attn
+        proj = [idx[p + f"attn.{n}_proj.weight"] for n in ("q", "k", "v")]
+        kind, extra = "standard", 0
+        if isinstance(a, GatedAttention):
+            kind, extra = "gated", a.gate_proj.weight.shape[0]
+            proj.append(idx[p + "attn.gate_proj.weight"])
+        elif isinstance(a, DiffAttentionV2):
+            kind, extra = "diff_v2", a.lambda_proj.weight.shape[0]
+            proj.append(idx[p + "attn.lambda_proj.weight"])
+        elif isinstance(a, DiffAttention):
+            kind = "diff"
+        layer = _Layer(attn_norm=idx[p + "attn_norm.weight"], mlp_norm=idx[p + "mlp_norm.weight"], in_proj=proj,
+                       out_proj=idx[p + "attn.out_proj.weight"], kind=kind, extra_cols=extra,
+                       gate_up=[idx[p + "mlp.gate_proj.weight"], idx[p + "mlp.up_proj.weight"]],
+                       down=idx[p + "mlp.down_proj.weight"])
+        if kind == "gated":
+            layer.gate_heads = a.n_heads
+        if kind == "diff":
+            layer.lambda_init = a.lambda_init
+            layer.head_scale = 1.0 - a.lambda_init
+            if a.subtract:
+                layer.lambdas = [idx[p + f"attn.lambda_{n}"] for n in ("q1", "k1", "q2", "k2")]
+        if kind in ("diff", "standard", "gated") and getattr(a, "subln", None) is not None:
+            layer.head_norm = idx[p + "attn.subln.weight"]
+        return layer
+
+    # -- building and reading back --------------------------------------------------------------------------------
+    @classmethod
+    def from_state_dicts(cls, config: ModelConfig, state_dicts: Sequence[dict], *, device=None
+                         ) -> "StackedTransformer":
+        """The stack of ``K`` ordinary ``Transformer`` state dicts (checkpoints, or ``model.state_dict()``)."""
+        if not state_dicts:
+            raise ValueError("StackedTransformer.from_state_dicts: need at least one state dict")
+        first = next(iter(state_dicts[0].values()))
+        stack = cls(config, len(state_dicts), device=device if device is not None else first.device,
+                    dtype=first.dtype)
+        stack.load_state_dicts(state_dicts)
+        return stack
+
+    @classmethod
+    def from_models(cls, models: Sequence[Transformer]) -> "StackedTransformer":
+        """The stack of ``K`` models of one config (their weights are copied)."""
+        configs = {m.config for m in models}
+        if len(configs) != 1:
+            raise ValueError(f"StackedTransformer.from_models: the models must share one ModelConfig, got "
+                             f"{len(configs)} different ones")
+        return cls.from_state_dicts(models[0].config, [m.state_dict() for m in models])
+
+    @torch.no_grad()
+    def load_state_dicts(self, state_dicts: Sequence[dict]) -> None:
+        """Copy ``K`` ordinary state dicts into the stack (exact)."""
+        if len(state_dicts) != self.k:
+            raise ValueError(f"load_state_dicts: expected {self.k} state dicts, got {len(state_dicts)}")
+        for i, sd in enumerate(state_dicts):
+            missing = sorted(set(self.state_keys) - set(sd))
+            unexpected = sorted(set(sd) - set(self.state_keys))
+            if missing or unexpected:
+                raise KeyError(f"state dict {i} does not fit {self.config.attention} model: missing {missing}, "
+                               f"unexpected {unexpected}")
+            for name, p in zip(self.names, self.stacked):
+                t = sd[name]
+                if tuple(t.shape) != self.shapes[name]:
+                    raise ValueError(f"state dict {i}: {name} has shape {tuple(t.shape)}, expected {self.shapes[name]}")
+                p[i].copy_(t)
+
+    def named_stacked(self):
+        """``(name, stacked parameter (K, *shape))`` in the one model's ``named_parameters()`` order."""
+        return zip(self.names, self.stacked)
+
+    def state_dict_of(self, i: int) -> dict[str, Tensor]:
+        """Model ``i``'s ordinary ``Transformer`` state dict (copies on CPU; a tied head under both keys)."""
+        sd = {n: p[i].detach().cpu().clone() for n, p in self.named_stacked()}
+        return {key: sd[key] if key in sd else sd["tok_embeddings.weight"] for key in self.state_keys}
+
+    def model(self, i: int) -> Transformer:
+        """Model ``i`` as an ordinary ``Transformer`` (a copy, on the stack's device; the global RNG is left as it was)."""
+        with torch.random.fork_rng(devices=[]):
+            m = Transformer(self.config)
+        m.load_state_dict(self.state_dict_of(i))
+        return m.to(self.stacked[0].device)
+
+    # -- forward --------------------------------------------------------------------------------------------------
+    def _p(self, j: int) -> Tensor:
+        return self.stacked[j]
+
+    def hidden(self, tokens: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
+        """Final-normed hidden states ``(K, B*T, D)`` of each model on its tokens ``(K, B, T)``
+        (``doc_ids`` ``(K, B, T)``: packed documents attend within themselves)."""
+        if tokens.dim() != 3 or tokens.shape[0] != self.k:
+            raise ValueError(f"tokens must be (K={self.k}, batch, time), got shape {tuple(tokens.shape)}")
+        c, g = self.config, self._geo
+        K, B, T = tokens.shape
+        V, D = c.vocab_size, c.dim
+        lo, hi = (int(v) for v in torch.aminmax(tokens))
+        if lo < 0 or hi >= V:
+            raise ValueError(f"tokens: ids must be in [0, vocab_size={V}), got min {lo} and max {hi}")
+        emb = self._p(self._index["tok_embeddings.weight"])
+        offsets = torch.arange(K, device=tokens.device).mul_(V).view(K, 1, 1)
+        x = F.embedding((tokens + offsets).view(K, B * T), emb.view(K * V, D))  # (K, N, D)
+        cos, sin = rope_angles(torch.arange(T, device=tokens.device)[None], g.d, c.rope_theta,
+                               torch.promote_types(x.dtype, torch.float32))
+        rot = torch.complex(cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype))  # (T, d/2): cos + i sin
+        docs = None if doc_ids is None else doc_ids.reshape(K * B, T)
+        for layer in self._layers:
+            x = x + self._attention(layer, _RMSNorm.apply(x, self._p(layer.attn_norm), c.norm_eps, True),
+                                    B, T, rot, docs)
+            h = _RMSNorm.apply(x, self._p(layer.mlp_norm), c.norm_eps, True)
+            gu = _linear(h, torch.cat([self._p(j) for j in layer.gate_up], dim=1))
+            x = x + _linear(_SwiGLU.apply(gu), self._p(layer.down))
+        return _RMSNorm.apply(x, self._p(self._index["norm.weight"]), c.norm_eps, True)
+
+    def _attention(self, layer: _Layer, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]) -> Tensor:
+        g, K = self._geo, self.k
+        w = torch.cat([self._p(j) for j in layer.in_proj], dim=1)  # (K, q+k+v[+extra], D)
+        proj = _linear(h, w).view(K * B, T, -1)
+        qkv = proj if not layer.extra_cols else proj[..., :-layer.extra_cols]
+        lam = _Lambda.apply(*(self._p(j) for j in layer.lambdas), layer.lambda_init) if layer.lambdas else None
+        if layer.kind == "diff" and lam is None:  # the no-subtraction control: lambda fixed at 0
+            lam = h.new_zeros(K)
+        out = _StackedAttention.apply(qkv, lam, rot, g, docs)  # (KB, T, H, dv)
+        if layer.kind == "gated":
+            gate = torch.sigmoid(proj[..., -layer.extra_cols:]).unflatten(-1, (layer.gate_heads, -1))
+            out = out * gate
+        elif layer.kind == "diff_v2":
+            lam2 = torch.sigmoid(proj[..., -layer.extra_cols:])[..., None]  # (KB, T, H, 1)
+            out = out[:, :, 0::2] - lam2 * out[:, :, 1::2]
+        if layer.head_norm is not None:
+            w_norm = self._p(layer.head_norm)
+            if layer.head_scale != 1.0:
+                w_norm = w_norm * layer.head_scale
+            out = _RMSNorm.apply(out.view(K, B * T, -1, out.shape[-1]), w_norm, self.config.norm_eps, False)
+        elif layer.head_scale != 1.0:
+            out = out * layer.head_scale
+        return _linear(out.reshape(K, B * T, -1), self._p(layer.out_proj))
+
+    def _head_weight(self) -> Tensor:
+        name = "tok_embeddings.weight" if self.config.tie_embeddings else "lm_head.weight"
+        return self._p(self._index[name])
+
+    def losses(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
+               doc_ids: Optional[Tensor] = None) -> Tensor:
+        """Each model's training loss ``(K,)`` on its batch: ``tokens`` ``(K, B, T+1)`` (inputs and
+        next-token targets), ``loss_mask`` ``(K, B, T)`` bool or None, ``mask_total``: each model's
+        global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
+        ``(K, B, T)`` of the inputs or None. Equal to the trainer's ``lm_loss`` / ``masked_lm_loss``
+        of each model in one process."""
+        x, y = tokens[..., :-1], tokens[..., 1:]
+        K, B, T = x.shape
+        h = self.hidden(x, doc_ids)  # (K, N, D)
+        w = self._head_weight()
+        if loss_mask is None:
+            one = h.new_ones(K)
+            return _HeadLoss.apply(h, w, y.reshape(K, B * T), None, one, one * (B * T))
+        return self._masked_losses(h, w, y.reshape(K, B * T), loss_mask.reshape(K, B * T), mask_total)
+
+    @staticmethod
+    def _masked_losses(h: Tensor, w: Tensor, y: Tensor, mask: Tensor, totals: Optional[Sequence]) -> Tensor:
+        """The LM head on each model's loss positions only, padded to the largest count (rows of weight 0):
+        ``masked_lm_loss`` of each model (its sum over ``total`` positions, or its mean when None)."""
+        K = h.shape[0]
+        counts = mask.sum(1)  # (K,)
+        n_max = max(int(counts.max()), 1)
+        # each model's positions in row-major order first (as h[mask]), then its padding
+        order = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :n_max]  # (K, n_max)
+        valid = torch.arange(n_max, device=h.device)[None] < counts[:, None]  # (K, n_max)
+        hs = torch.gather(h, 1, order[..., None].expand(K, n_max, h.shape[-1]))  # (K, n_max, D)
+        totals = [None] * K if totals is None else list(totals)
+        mult = [1.0 if t is None else 1.0 / max(t, 1) for t in totals]  # masked_lm_loss: sum * (1 / total)
+        div = [float(max(c, 1)) if t is None else 1.0 for t, c in zip(totals, counts.tolist())]  # or the mean
+        return _HeadLoss.apply(hs, w, torch.gather(y, 1, order), valid, h.new_tensor(mult), h.new_tensor(div))
+
+    def forward(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
+                doc_ids: Optional[Tensor] = None) -> Tensor:
+        """:meth:`losses`."""
+        return self.losses(tokens, loss_mask, mask_total, doc_ids)
+
+
+# -- batches ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class StackedBatch:
+    """``K`` models' batches of one step: ``tokens (K, B, T+1)``; ``loss_mask (K, B, T)`` or None;
+    ``mask_total`` per model; ``kind`` (the same for every model, or None); ``doc_ids (K, B, T+1)`` or None."""
+
+    tokens: Tensor
+    loss_mask: Optional[Tensor] = None
+    mask_total: Optional[list] = None
+    kind: Optional[str] = None
+    doc_ids: Optional[Tensor] = None
+
+
+def stack_batches(batches: Sequence[Batch], device=None) -> StackedBatch:
+    """One step's :class:`~difftx.training.batches.Batch` of each model, stacked. Every model's batch
+    must have the same shape and kind, and either all or none a loss mask."""
+    if not batches:
+        raise ValueError("stack_batches: need one batch per model")
+    shapes = {tuple(b.tokens.shape) for b in batches}
+    kinds = {b.kind for b in batches}
+    masked = {b.loss_mask is not None for b in batches}
+    if len(shapes) != 1 or len(kinds) != 1 or len(masked) != 1:
+        raise ValueError(f"stack_batches: the models' batches of one step differ (shapes {sorted(shapes)}, kinds "
+                         f"{sorted(map(str, kinds))}, loss masks {sorted(masked)}); a stack needs one shape and kind")
+    tokens = torch.stack([b.tokens for b in batches]).to(device)
+    mask = totals = None
+    if masked.pop():
+        mask = torch.stack([b.loss_mask for b in batches]).to(device)
+        totals = [b.mask_total for b in batches]
+    docs = None
+    if all(b.doc_ids is not None for b in batches):
+        docs = torch.stack([b.doc_ids for b in batches]).to(device)
+    return StackedBatch(tokens, mask, totals, kinds.pop(), docs)
+
+
+# -- optimizer and clipping ------------------------------------------------------------------------------------------
+
+def build_stacked_optimizer(stack: StackedTransformer, config) -> torch.optim.AdamW:
+    """AdamW over the stack, equal to :func:`difftx.training.optim.build_optimizer` on each model:
+    the same two groups (weight decay decided on each parameter's per-model shape and name, in
+    ``named_parameters()`` order), ``lr``, betas, eps, ``foreach=True``. ``config``: a ``TrainConfig``."""
+    decay, keep = [], []
+    for name, p in stack.named_stacked():
+        if p.requires_grad:
+            (keep if no_decay(name, p[0]) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
+
+
+@torch.no_grad()
+def clip_grad_norms_(stack: StackedTransformer, max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` for each model of the stack:
+    each model's 2-norm over its own gradients, its gradients scaled by ``min(1, max_norm / (norm +
+    1e-6))``. Returns the ``K`` norms before clipping (``max_norm = inf``: no clipping)."""
+    grads = [p.grad for p in stack.stacked if p.grad is not None]
+    if not grads:
+        return torch.zeros(stack.k)
+    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (P, K)
+    norms = torch.linalg.vector_norm(per_tensor, dim=0)  # (K,)
+    coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+    return norms
+
+
+# -- optimizer state per model: the trainer's checkpoint format ------------------------------------------------------
+
+def _param_names(optimizer: torch.optim.Optimizer, stack: StackedTransformer) -> list[str]:
+    name_of = {id(p): n for n, p in stack.named_stacked()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def optimizer_state_of(optimizer: torch.optim.Optimizer, stack: StackedTransformer, i: int) -> dict:
+    """Model ``i``'s AdamW state as the one-model trainer writes it (``full_state_dicts``): ``{"state":
+    {name: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [{..., "params": [names]}]}``, CPU copies."""
+    sd = optimizer.state_dict()
+    order = _param_names(optimizer, stack)
+    state = {}
+    for j, st in sd["state"].items():
+        state[order[j]] = {k: (v.detach().cpu().clone() if k == "step" else v[i].detach().cpu().clone())
+                           if isinstance(v, Tensor) else v for k, v in st.items()}
+    groups = [{**g, "params": [order[j] for j in g["params"]]} for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def load_optimizer_states(optimizer: torch.optim.Optimizer, stack: StackedTransformer, states: Sequence[dict]
+                          ) -> None:
+    """Load ``K`` one-model AdamW states (:func:`optimizer_state_of`'s format, as in a checkpoint) into the
+    stack's optimizer. The models must be at the same step with the same group settings."""
+    if len(states) != stack.k:
+        raise ValueError(f"load_optimizer_states: expected {stack.k} states, got {len(states)}")
+    order = _param_names(optimizer, stack)
+    groups0 = states[0]["param_groups"]
+    for i, st in enumerate(states):
+        if st["param_groups"] != groups0:
+            raise ValueError(f"load_optimizer_states: model {i}'s param_groups differ from model 0's")
+    index = {n: j for j, n in enumerate(order)}
+    state = {}
+    for name in order:
+        per = [st["state"].get(name) for st in states]
+        if all(p is None for p in per):
+            continue
+        if any(p is None for p in per):
+            raise ValueError(f"load_optimizer_states: {name} has optimizer state in some models only")
+        entry = {}
+        for key, v0 in per[0].items():
+            if key == "step":
+                steps = {float(p[key]) for p in per}
+                if len(steps) != 1:
+                    raise ValueError(f"load_optimizer_states: {name}: the models are at different steps {steps}")
+                entry[key] = v0.clone() if isinstance(v0, Tensor) else v0
+            elif isinstance(v0, Tensor):
+                entry[key] = torch.stack([p[key] for p in per])
+            else:
+                entry[key] = v0
+        state[index[name]] = entry
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in groups0]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# -- one training step -----------------------------------------------------------------------------------------------
+
+@dataclass
+class StepResult:
+    """One stacked step: per model, the loss (the mean over the micro-batches, as the trainer logs it),
+    the gradient norm before clipping, and ``{kind: mean loss of this step's micro-batches of that kind}``."""
+
+    losses: list[float]
+    grad_norms: list[float]
+    kind_losses: list[dict[str, float]]
+
+
+def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Sequence[Batch]],
+               lr: float, grad_clip: float, *, doc_mask: bool = False) -> StepResult:
+    """One optimizer step of every model, as :func:`difftx.training.train` takes it in one process:
+    ``micro_batches[m][i]`` is model ``i``'s ``m``-th micro-batch (``grad_accum`` of them); the loss of
+    each is divided by ``grad_accum``; then per-model clipping (``grad_clip`` <= 0: none), AdamW at
+    ``lr`` and ``zero_grad``. ``doc_mask``: packed documents attend within themselves (``TrainConfig.doc_mask``).
+    Raises nothing on a non-finite loss: the caller checks ``losses`` / ``grad_norms`` (before it
+    would have applied the update, the trainer raises; here the update is applied, so check
+    :func:`step_losses` first if that matters)."""
+    device = stack.stacked[0].device
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    accum = len(micro_batches)
+    total = torch.zeros(stack.k, device=device)
+    kinds: dict[str, list] = {}
+    for batches in micro_batches:
+        sb = stack_batches(batches, device)
+        docs = sb.doc_ids[..., :-1] if doc_mask and sb.doc_ids is not None else None
+        loss = stack.losses(sb.tokens, sb.loss_mask, sb.mask_total, docs) / accum  # (K,)
+        loss.sum().backward()
+        total += loss.detach()
+        if sb.kind is not None:
+            kinds.setdefault(sb.kind, []).append(loss.detach())
+    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    per_kind = {kind: (torch.stack(v).sum(0) * accum / len(v)).tolist() for kind, v in kinds.items()}
+    return StepResult(total.tolist(), norms.tolist(),
+                      [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])

@@ -1,0 +1,210 @@
+"""Stacked training (difftx.training.stacked): K seeds of one arm as one stacked model match the same
+seeds trained one by one by the trainer, and the stack's own resume is bitwise."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from difftx import Transformer
+from difftx.config import ARMS, ModelConfig, arm_config
+from difftx.model import lm_loss
+from difftx.training import Batch, TrainConfig, train
+from difftx.training.metrics import read_metrics
+from difftx.training.optim import build_optimizer, lr_at
+from difftx.training.stacked import (
+    StackedTransformer,
+    build_stacked_optimizer,
+    load_optimizer_states,
+    optimizer_state_of,
+    train_step,
+)
+from difftx.training.trainer import masked_lm_loss
+
+# the cpu compare preset's model shape (D = 64, 2 layers, 2 DIFF heads) on a smaller vocabulary and batch
+BASE = ModelConfig(vocab_size=96, dim=64, n_layers=2, n_heads=2, max_seq_len=24)
+SEEDS = (11, 12, 13)
+STEPS, HALF, BATCH, SEQ = 50, 25, 4, 24
+
+
+class Source:
+    """A batch source whose loaders record what they serve. Each seed its own stream: every 4th step an
+    LM batch (loss on every position), the others "needle" batches with loss masks of a different
+    number of positions per row and per model (the stack pads them)."""
+
+    def __init__(self):
+        self.served: dict[int, list] = {}
+
+    def make_loader(self, config, dist=None):
+        return Loader(config.seed, config.batch_size, self.served.setdefault(config.seed, []))
+
+
+class Loader:
+    def __init__(self, seed: int, batch: int, log: list):
+        self.seed, self.batch, self.log, self.step = seed, batch, log, 0
+
+    def next_batch(self) -> Batch:
+        self.step += 1
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.step)
+        tokens = torch.randint(0, BASE.vocab_size, (self.batch, SEQ + 1), generator=g)
+        self.log.append((self.step, tokens))
+        if self.step % 4 == 0:
+            return Batch(tokens, kind="lm")
+        mask = torch.rand(self.batch, SEQ, generator=g) < 0.1 + 0.02 * (self.seed % 5)
+        mask[:, -1] = True  # never empty
+        return Batch(tokens, loss_mask=mask, kind="needle", mask_total=int(mask.sum()))
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+def _train_config(cfg: ModelConfig, seed: int, out) -> TrainConfig:
+    return TrainConfig(model=cfg.to_dict(), out_dir=str(out), steps=STEPS, batch_size=BATCH, seq_len=SEQ, lr=3e-3,
+                       min_lr=3e-4, warmup_steps=10, weight_decay=0.1, grad_clip=1.0, eval_interval=0, log_interval=10,
+                       ckpt_interval=0, progress=False, tensorboard=False, device="cpu", seed=seed)
+
+
+def _initial_stack(cfg: ModelConfig) -> StackedTransformer:
+    models = []
+    for seed in SEEDS:
+        torch.manual_seed(seed)  # what the trainer does before it builds the model
+        models.append(Transformer(cfg))
+    return StackedTransformer.from_models(models)
+
+
+def _run_stack(stack, opt, loaders, tc, first: int, last: int) -> tuple[dict, dict]:
+    losses, norms = {}, {}
+    for step in range(first, last + 1):
+        out = train_step(stack, opt, [[loader.next_batch() for loader in loaders]], lr_at(step, tc), tc.grad_clip)
+        losses[step], norms[step] = out.losses, out.grad_norms
+    return losses, norms
+
+
+def _roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("arm", ["diff", "baseline"])
+def test_stack_matches_separate_training_and_resumes_bitwise(arm, tmp_path):
+    cfg = arm_config(BASE, arm)
+    # the reference: each seed trained by the trainer on its own
+    ref_source, ref = Source(), {}
+    for seed in SEEDS:
+        tc = _train_config(cfg, seed, tmp_path / f"{arm}-{seed}")
+        result = train(tc, data=ref_source, model_config=cfg)
+        logged = [r for r in read_metrics(tmp_path / f"{arm}-{seed}" / "metrics.jsonl") if "grad_norms" in r]
+        norms = dict(enumerate((n for r in logged for n in r["grad_norms"]), start=1))  # every step's
+        ref[seed] = (result.losses, norms)
+
+    tcs = [_train_config(cfg, seed, tmp_path / "unused") for seed in SEEDS]
+    source = Source()
+    stack = _initial_stack(cfg)
+    opt = build_stacked_optimizer(stack, tcs[0])
+    loaders = [source.make_loader(tc) for tc in tcs]
+    losses, norms = _run_stack(stack, opt, loaders, tcs[0], 1, HALF)
+    # a checkpoint at step HALF, per model in the trainer's format (through torch.save / torch.load)
+    saved = _roundtrip({"models": [stack.state_dict_of(i) for i in range(len(SEEDS))],
+                        "optim": [optimizer_state_of(opt, stack, i) for i in range(len(SEEDS))],
+                        "loaders": [loader.state_dict() for loader in loaders]})
+    more_losses, more_norms = _run_stack(stack, opt, loaders, tcs[0], HALF + 1, STEPS)
+    losses, norms = {**losses, **more_losses}, {**norms, **more_norms}
+
+    # exactly the same batches, every loss within 1e-5 (relative), and the clipping at work
+    for seed in SEEDS:
+        assert len(source.served[seed]) == len(ref_source.served[seed]) == STEPS
+        for (s1, t1), (s2, t2) in zip(source.served[seed], ref_source.served[seed]):
+            assert s1 == s2 and torch.equal(t1, t2)
+    worst = 0.0
+    for i, seed in enumerate(SEEDS):
+        ref_losses, ref_norms = ref[seed]
+        assert sorted(ref_losses) == list(range(1, STEPS + 1))
+        for step in range(1, STEPS + 1):
+            worst = max(worst, abs(losses[step][i] - ref_losses[step]) / abs(ref_losses[step]))
+            assert norms[step][i] == pytest.approx(ref_norms[step], rel=1e-4)
+    assert worst < 1e-5, f"largest relative loss difference {worst:.2e}"
+    assert max(max(n) for n in norms.values()) > tcs[0].grad_clip  # some steps were clipped
+
+    # the stack's own resume from that checkpoint: bitwise the same losses and weights to the end
+    stack3 = StackedTransformer.from_state_dicts(cfg, saved["models"])
+    opt3 = build_stacked_optimizer(stack3, tcs[0])
+    load_optimizer_states(opt3, stack3, saved["optim"])
+    loaders3 = [Source().make_loader(tc) for tc in tcs]
+    for loader, state in zip(loaders3, saved["loaders"]):
+        loader.load_state_dict(state)
+    second, _ = _run_stack(stack3, opt3, loaders3, tcs[0], HALF + 1, STEPS)
+    assert second == more_losses  # bitwise: floats compared exactly
+    for name, p in stack.named_stacked():
+        assert torch.equal(dict(stack3.named_stacked())[name], p), name
+
+
+def test_checkpoint_format_is_the_trainers():
+    """state_dict_of / optimizer_state_of give what the one-model trainer saves: a model loads it, and an
+    optimizer built by build_optimizer takes the state under the same names and groups."""
+    cfg = arm_config(BASE, "diff").replace(tie_embeddings=True)
+    stack = _initial_stack(cfg)
+    tc = _train_config(cfg, 0, "unused")
+    opt = build_stacked_optimizer(stack, tc)
+    source = Source()
+    loaders = [source.make_loader(_train_config(cfg, s, "unused")) for s in SEEDS]
+    _run_stack(stack, opt, loaders, tc, 1, 2)
+    for i in range(len(SEEDS)):
+        sd = stack.state_dict_of(i)
+        model = Transformer(cfg)
+        model.load_state_dict(sd)  # strict: every key, a tied head under both names
+        assert model.lm_head.weight is model.tok_embeddings.weight
+        ref = build_optimizer(model, tc)
+        names = {id(p): n for n, p in model.named_parameters()}
+        ours = optimizer_state_of(opt, stack, i)
+        assert [[names[id(p)] for p in g["params"]] for g in ref.param_groups] == \
+            [g["params"] for g in ours["param_groups"]]
+        for g_ref, g_ours in zip(ref.param_groups, ours["param_groups"]):
+            assert {k: v for k, v in g_ref.items() if k not in ("params", "lr")} == \
+                {k: v for k, v in g_ours.items() if k not in ("params", "lr")}
+        for name, st in ours["state"].items():
+            p = dict(model.named_parameters())[name]
+            assert st["exp_avg"].shape == p.shape and float(st["step"]) == 2.0
+
+
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_every_arm_one_step_matches(arm):
+    """Every arm's stacked loss and gradients equal each model's own, on LM and masked batches."""
+    cfg = arm_config(BASE.replace(dim=32, vocab_size=40), arm)
+    stack = _initial_stack(cfg)
+    models = [Transformer(cfg) for _ in SEEDS]
+    for i, m in enumerate(models):
+        m.load_state_dict(stack.state_dict_of(i))
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 2, 17), generator=g)
+    mask = torch.rand(len(SEEDS), 2, 16, generator=g) < 0.3
+    mask[:, :, 0] = True
+    for masked in (False, True):
+        stack.zero_grad()
+        got = stack.losses(tokens, mask if masked else None, [int(m.sum()) for m in mask] if masked else None)
+        got.sum().backward()
+        for i, m in enumerate(models):
+            m.zero_grad()
+            x, y = tokens[i, :, :-1], tokens[i, :, 1:]
+            loss = masked_lm_loss(m(x, logits_at=mask[i]), y[mask[i]], int(mask[i].sum())) if masked else \
+                lm_loss(m(x), y)
+            loss.backward()
+            assert float(got[i].detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
+            for name, p in stack.named_stacked():
+                ref = dict(m.named_parameters())[name].grad
+                torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-6 * float(ref.abs().max()) + 1e-9)
+
+
+def test_refuses_mixed_batches():
+    stack = _initial_stack(BASE)
+    opt = build_stacked_optimizer(stack, _train_config(BASE, 0, "unused"))
+    t = torch.zeros(2, 9, dtype=torch.long)
+    mixed = [Batch(t, kind="lm"), Batch(t, kind="needle", loss_mask=torch.ones(2, 8, dtype=torch.bool)), Batch(t)]
+    with pytest.raises(ValueError, match="differ"):
+        train_step(stack, opt, [mixed], 1e-3, 1.0)
