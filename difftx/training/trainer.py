@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -420,42 +420,85 @@ class _Run:
     def loop(self, bar_kw: dict) -> TrainResult:
         """Steps from the start step to the end step; each is logged, probed, validated and saved
         as its intervals ask. SIGTERM / SIGUSR1 end it after the current step, with a checkpoint."""
-        from tqdm.auto import tqdm
-
-        config, dist, result = self.config, self.dist, self.result
-        bar = tqdm(total=config.steps, initial=self.start_step, disable=not (dist.is_main and config.progress),
-                   **{"desc": "train", "unit": "step", "dynamic_ncols": True, **bar_kw})
-        if dist.is_main and config.progress:
-            bar.write(self._banner())
-        self.t_log, self.tokens_at_log = time.perf_counter(), 0
-        self.kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
-        self.step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last record
+        bar = self.begin(bar_kw)
         stop_signal = _StopSignal()
         self.model.train()
         try:
             for step in range(self.start_step + 1, self.end_step + 1):
                 outcome = self.step(step, stop_signal)
-                self.log(step, outcome, bar)
-                self.probe(step)
-                self.validate(step, bar)
-                if (config.ckpt_interval and step % config.ckpt_interval == 0) or step == self.end_step \
-                        or outcome.stop_now:
-                    self.save(step)
+                self.after_step(step, outcome, bar)
                 bar.update(1)
                 if outcome.stop_now:
-                    result.stopped_by = stop_signal.name or "a signal on another rank"
-                    if dist.is_main:
-                        bar.write(f"difftx train: stopped by {result.stopped_by} after step {step}; checkpoint "
-                                  f"{result.last_checkpoint}; continue with --resume")
+                    self.stopped(step, stop_signal, bar)
                     break
         finally:
             stop_signal.restore()
             bar.close()
             self.logger.close()
+        return self.finish()
+
+    def begin(self, bar_kw: dict, banner: bool = True):
+        """The progress bar (and the banner line above it); the metrics record's sums start empty."""
+        from tqdm.auto import tqdm
+
+        config, dist = self.config, self.dist
+        bar = tqdm(total=config.steps, initial=self.start_step, disable=not (dist.is_main and config.progress),
+                   **{"desc": "train", "unit": "step", "dynamic_ncols": True, **bar_kw})
+        if banner and dist.is_main and config.progress:
+            bar.write(self._banner())
+        self.start_sums()
+        return bar
+
+    def start_sums(self) -> None:
+        self.t_log, self.tokens_at_log = time.perf_counter(), 0
+        self.kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
+        self.step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last record
+
+    def after_step(self, step: int, outcome: _StepOutcome, bar) -> None:
+        """Log, probe, validate and save as this step asks (:meth:`due`)."""
+        self.log(step, outcome, bar)
+        self.probe(step)
+        self.validate(step, bar)
+        if self.saves_at(step, outcome.stop_now):
+            self.save(step)
+
+    def stopped(self, step: int, signal: "_StopSignal", bar) -> None:
+        self.result.stopped_by = signal.name or "a signal on another rank"
+        if self.dist.is_main:
+            bar.write(f"difftx train: stopped by {self.result.stopped_by} after step {step}; checkpoint "
+                      f"{self.result.last_checkpoint}; continue with --resume")
+
+    def finish(self) -> TrainResult:
+        result = self.result
         result.elapsed_s = time.perf_counter() - self.t_start
         if self.train_time is not None:
             result.train_time_s += self.train_time
         return result
+
+    # what a step asks for after it
+
+    def logs_at(self, step: int) -> bool:
+        return step % self.config.log_interval == 0 or step == self.end_step
+
+    def probes_at(self, step: int) -> bool:
+        every = self.probe_every
+        if isinstance(every, frozenset):
+            return step in every
+        return bool(every) and (step % every == 0 or step == self.config.steps)
+
+    def validates_at(self, step: int) -> bool:
+        config = self.config
+        return bool(config.eval_interval) and self.val_store is not None and (
+            step % config.eval_interval == 0 or step == config.steps)
+
+    def saves_at(self, step: int, stop: bool) -> bool:
+        interval = self.config.ckpt_interval
+        return bool(interval and step % interval == 0) or step == self.end_step or stop
+
+    def due(self, step: int, stop: bool) -> bool:
+        """Whether anything after this step reads the weights (a log record's λ, a probe, a
+        validation pass, a checkpoint)."""
+        return self.logs_at(step) or self.probes_at(step) or self.validates_at(step) or self.saves_at(step, stop)
 
     def _banner(self) -> str:
         config, dist = self.config, self.dist
@@ -547,19 +590,24 @@ class _Run:
             group["lr"] = lr
         loss_sum, kinds, step_tokens = self._accumulate()
         loss, kind_losses, stop_now = self._reduce(loss_sum, kinds, signal)
-        for kind, v in kind_losses.items():
+        grad_norm = self._apply(step, loss)
+        outcome = _StepOutcome(loss, grad_norm, lr, step_tokens * self.dist.world_size, kind_losses, stop_now)
+        self.record(step, outcome, time.perf_counter() - t_step)
+        return outcome
+
+    def record(self, step: int, outcome: _StepOutcome, seconds: float) -> None:
+        """Count a step taken: the result's step, tokens, loss and training time, and what the next
+        metrics record sums (each kind's loss, every gradient norm, tokens since the last record)."""
+        for kind, v in outcome.kind_losses.items():
             acc = self.kind_log.setdefault(kind, [0.0, 0])
             acc[0] += v
             acc[1] += 1
-        grad_norm = self._apply(step, loss)
-        self.step_norms.append(grad_norm)
-        step_tokens *= self.dist.world_size  # = tokens per step for packed text
+        self.step_norms.append(outcome.grad_norm)
         result = self.result
-        result.step, result.tokens_seen = step, result.tokens_seen + step_tokens
-        result.losses[step] = loss
-        self.tokens_at_log += step_tokens
-        result.train_time_s += time.perf_counter() - t_step
-        return _StepOutcome(loss, grad_norm, lr, step_tokens, kind_losses, stop_now)
+        result.step, result.tokens_seen = step, result.tokens_seen + outcome.tokens
+        result.losses[step] = outcome.loss
+        self.tokens_at_log += outcome.tokens
+        result.train_time_s += seconds
 
     # -- after a step ---------------------------------------------------------------------------
 
@@ -567,7 +615,7 @@ class _Run:
         """A metrics record every ``log_interval`` steps and at the end step: the step's loss, LR
         and gradient norm, every gradient norm since the last record, throughput, λ per layer, and
         each batch kind's mean loss since the last record."""
-        if not (step % self.config.log_interval == 0 or step == self.end_step):
+        if not self.logs_at(step):
             return
         lambdas = lambda_per_layer(self.bare)  # collective under FSDP2
         now = time.perf_counter()
@@ -592,18 +640,14 @@ class _Run:
     def probe(self, step: int) -> None:
         """The probe hook at its steps and at the last step of the schedule (before a checkpoint
         of this step)."""
-        every = self.probe_every
-        at = step in every if isinstance(every, frozenset) else \
-            every and (step % every == 0 or step == self.config.steps)
-        if at:
+        if self.probes_at(step):
             self.result.probes[step] = _probe(self.probe_fn, self._eval_model(), step, self.logger)
 
     def validate(self, step: int, bar) -> None:
         """A validation pass every ``eval_interval`` steps and at the last step of the schedule."""
-        config, val_store = self.config, self.val_store
-        if not (config.eval_interval and val_store is not None
-                and (step % config.eval_interval == 0 or step == config.steps)):
+        if not self.validates_at(step):
             return
+        config, val_store = self.config, self.val_store
         ws = self.dist.world_size
         val = evaluate(self._eval_model(), val_store, config, self.device, self.dtype, ws)
         if val is None:
@@ -616,10 +660,15 @@ class _Run:
     def save(self, step: int) -> None:
         """A checkpoint of this step, written by rank 0 (the full states are gathered first under
         FSDP2). A failed write stops every rank; the previous checkpoint is intact."""
-        dist, result = self.dist, self.result
         model_sd, optim_sd = {}, {}
-        if dist.is_main or is_sharded(self.bare):  # collective under FSDP2; replicated (DDP) state: rank 0's copy
+        if self.dist.is_main or is_sharded(self.bare):  # collective under FSDP2; replicated (DDP) state: rank 0's
             model_sd, optim_sd = full_state_dicts(self.model, self.optimizer)
+        self.write_checkpoint(step, model_sd, optim_sd)
+
+    def write_checkpoint(self, step: int, model_sd: dict, optim_sd: dict) -> None:
+        """Rank 0 writes the checkpoint of ``step`` from these full states, with every rank's data
+        loader position and RNG state."""
+        dist, result = self.dist, self.result
         loaders = all_gather_object(self.loader.state_dict())
         rngs = all_gather_object(ckpt.rng_state())
         failure: Optional[BaseException] = None
@@ -646,6 +695,191 @@ class _Run:
                 "val_split_tokens": len(self.val_store) if self.val_store is not None else 0,
                 "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(self.tokenizer),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+
+# -- stacked seeds ---------------------------------------------------------------------------------
+
+STACK_FREE_FIELDS = ("seed", "out_dir", "progress")  # what the models of one stack may differ in
+
+
+def train_stacked(configs: Sequence[TrainConfig], *, data: Sequence[Any], model_config: ModelConfig,
+                  resume: bool = False, probes: Optional[Sequence[Optional[tuple[int, Callable]]]] = None,
+                  stop_at: Optional[int] = None, progress_bar: Optional[dict] = None) -> list[TrainResult]:
+    """Train ``K`` models of one ``model_config`` together as one *stacked* model
+    (:mod:`difftx.training.stacked`): one forward and backward pass runs all of them, which
+    divides the cost of a small model's many small calls by ``K``. Each model is what
+    :func:`train` would make of ``(configs[i], data[i])``: its seed's initial weights, its own
+    batches, gradient clipping, AdamW state, loss history, metrics log, probes (``probes[i]``),
+    validation and checkpoints in its own ``out_dir``, in the ordinary format (load_model, eval,
+    export and a later :func:`train` resume read them). Its losses equal separate training's to
+    float32 rounding. ``resume``: every model continues its latest checkpoint; all must be at one
+    step. The configs may differ only in ``seed``, ``out_dir`` and ``progress`` (the first's
+    ``progress`` rules the one progress bar).
+
+    One process, float32 (no DDP / FSDP, autocast or compile). ``TrainResult.train_time_s`` of
+    each model is its share of the stack's time (the stack's time / ``K``)."""
+    configs = list(configs)
+    if not configs or any(not isinstance(c, TrainConfig) for c in configs):
+        raise TypeError("train_stacked expects a non-empty list of TrainConfig")
+    data = list(data)
+    probes = [None] * len(configs) if probes is None else list(probes)
+    if len(data) != len(configs) or len(probes) != len(configs):
+        raise ValueError(f"train_stacked: {len(configs)} configs need as many data sources and probes, got "
+                         f"{len(data)} and {len(probes)}")
+    _check_stackable(configs)
+    owns_group = not _group_exists()
+    dist = init_distributed(configs[0].device)
+    try:
+        if dist.distributed:
+            raise ValueError("train_stacked: a stack trains in one process; under torchrun train each model with "
+                             "train() (data parallel)")
+        runs = [_Run(c, dist, stop_at, _check_probes(p)) for c, p in zip(configs, probes)]
+        for run, d in zip(runs, data):
+            run.start(resume)
+            run.load_data(d)
+            run.build_model(model_config)
+            run.restore()
+        _check_stack_start(runs)  # before any run folder is written
+        for run in runs:
+            run.open_output()
+        return _StackedRun(runs).loop(progress_bar or {})
+    finally:
+        for c in configs:
+            ckpt.unlock_run(c.out_dir)
+        if owns_group:
+            destroy_distributed()
+
+
+def _check_stackable(configs: list[TrainConfig]) -> None:
+    first = configs[0].to_dict()
+    for c in configs[1:]:
+        other = c.to_dict()
+        differ = sorted(k for k in first if k not in STACK_FREE_FIELDS and first[k] != other.get(k))
+        if differ:
+            raise ValueError(f"train_stacked: the models of a stack may differ only in {list(STACK_FREE_FIELDS)}; "
+                             f"{c.out_dir} differs from {configs[0].out_dir} in {differ}")
+    outs = [str(Path(c.out_dir).resolve()) for c in configs]
+    if len(set(outs)) != len(outs):
+        raise ValueError("train_stacked: each model needs its own out_dir")
+    c = configs[0]
+    if c.compile or c.dtype not in ("float32", "auto"):
+        raise ValueError(f"train_stacked: a stack trains in float32 without compile (dtype={c.dtype}, "
+                         f"compile={c.compile})")
+
+
+def _check_stack_start(runs: list[_Run]) -> None:
+    if len({r.start_step for r in runs}) != 1:
+        raise ValueError("train_stacked: the models resume from different steps ("
+                         + ", ".join(f"{r.out_dir}: {r.start_step}" for r in runs) + "); a stack moves in step")
+    if runs[0].dtype != torch.float32:
+        raise ValueError(f"train_stacked: a stack trains in float32 (this device resolves dtype to {runs[0].dtype}); "
+                         f"set dtype=float32")
+
+
+class _StackedRun:
+    """``K`` :class:`_Run` objects (set up as :func:`train` sets one up: their own seed's weights,
+    checkpoint, loader, metrics log) stepped as one stacked model. Each run's own module holds a
+    copy of its weights, refreshed from the stack before anything reads them (a log record's λ, a
+    probe, a validation pass); its checkpoints are written from the stack."""
+
+    def __init__(self, runs: list[_Run]) -> None:
+        from .stacked import StackedTransformer, build_stacked_optimizer, load_optimizer_states
+
+        self.runs, first = runs, runs[0]
+        self.config, self.k = first.config, len(runs)
+        self.stack = StackedTransformer.from_models([r.bare for r in runs])
+        self.optimizer = build_stacked_optimizer(self.stack, self.config)
+        if first.resume_dir is not None:
+            load_optimizer_states(self.optimizer, self.stack, [full_state_dicts(r.model, r.optimizer)[1] for r in runs])
+        for r in runs:  # the stack holds the optimizer state now
+            r.optimizer = None
+
+    def loop(self, bar_kw: dict) -> list[TrainResult]:
+        first = self.runs[0]
+        bar = first.begin({"desc": f"train x{self.k}", **bar_kw}, banner=False)
+        for r in self.runs[1:]:
+            r.start_sums()
+        if first.config.progress:
+            bar.write(first._banner().replace(" model, ", f" model x {self.k} stacked (seeds "
+                                              f"{', '.join(str(r.config.seed) for r in self.runs)}), "))
+        stop_signal = _StopSignal()
+        try:
+            for step in range(first.start_step + 1, first.end_step + 1):
+                t = time.perf_counter()
+                outcomes = self.step(step, stop_signal)
+                share = (time.perf_counter() - t) / self.k
+                for r, o in zip(self.runs, outcomes):
+                    r.record(step, o, share)
+                self.after_step(step, outcomes, bar)
+                bar.update(1)
+                if outcomes[0].stop_now:  # each model saved this step
+                    for r in self.runs:
+                        r.stopped(step, stop_signal, bar)
+                    break
+        finally:
+            stop_signal.restore()
+            bar.close()
+            for r in self.runs:
+                r.logger.close()
+        return [r.finish() for r in self.runs]
+
+    def _micro_losses(self, device: torch.device) -> tuple[torch.Tensor, Optional[str], int]:
+        """Each model's next micro-batch: its loss ``(K,)`` divided by ``grad_accum``, backward done."""
+        from .stacked import stack_batches
+
+        config = self.config
+        batches = [as_batch(r.loader.next_batch()) for r in self.runs]
+        sb = stack_batches(batches, device)
+        docs = sb.doc_ids[..., :-1] if config.doc_mask and sb.doc_ids is not None else None
+        loss = self.stack.losses(sb.tokens, sb.loss_mask, sb.mask_total, docs) / config.grad_accum  # (K,)
+        loss.sum().backward()
+        return loss.detach(), sb.kind, batches[0].tokens[:, :-1].numel()
+
+    def step(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
+        """One optimizer step of every model (what :meth:`_Run.step` does for one); a model whose
+        loss or gradient is not finite stops the stack before the update."""
+        from .stacked import clip_grad_norms_
+
+        config, device = self.config, self.runs[0].device
+        lr = lr_at(step, config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total, kinds, tokens = torch.zeros(self.k, device=device), {}, 0
+        for _ in range(config.grad_accum):
+            loss, kind, n = self._micro_losses(device)
+            total += loss
+            tokens += n
+            if kind is not None:
+                kinds.setdefault(kind, []).append(loss)
+        losses = total.tolist()
+        self._check_finite("loss", losses, step)
+        norms = clip_grad_norms_(self.stack, config.grad_clip if config.grad_clip > 0 else float("inf")).tolist()
+        self._check_finite("gradient norm", norms, step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        per_kind = {kind: (torch.stack(v).sum(0) * config.grad_accum / len(v)).tolist() for kind, v in kinds.items()}
+        return [_StepOutcome(losses[i], norms[i], lr, tokens, {k: v[i] for k, v in per_kind.items()},
+                             signal.requested) for i in range(self.k)]
+
+    def _check_finite(self, what: str, values: list[float], step: int) -> None:
+        for r, v in zip(self.runs, values):
+            if not math.isfinite(v):
+                raise TrainingDivergedError(f"{r.out_dir}: " + _diverged(what, v, step, r.result.last_checkpoint))
+
+    def after_step(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
+        from .stacked import optimizer_state_of
+
+        for i, (r, o) in enumerate(zip(self.runs, outcomes)):
+            if not r.due(step, o.stop_now):
+                continue
+            state = self.stack.state_dict_of(i)
+            r.bare.load_state_dict(state)
+            r.log(step, o, bar)
+            r.probe(step)
+            r.validate(step, bar)
+            if r.saves_at(step, o.stop_now):
+                r.write_checkpoint(step, {k: v.detach().cpu() for k, v in state.items()},
+                                   optimizer_state_of(self.optimizer, self.stack, i))
 
 
 def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[int], world_size: int = 1

@@ -1,0 +1,150 @@
+"""``train_stacked``: K seeds of one config trained as one stacked model through the one trainer.
+Each model's logged losses equal separate ``train()``'s to rel 1e-5 over 50 steps, on exactly
+the same batches; probes and validation see each model's own weights; checkpoints are ordinary
+(``load_model`` reads them, ``train`` resumes them); the stack's own resume is bitwise."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.checkpoint import load_model
+from difftx.config import ModelConfig
+from difftx.training import TrainConfig, train, train_preset
+from difftx.training import checkpointing as ckpt
+from difftx.training.metrics import read_metrics
+from difftx.training.trainer import train_stacked
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train_batches import VOCAB, ToySource  # noqa: E402
+
+SEEDS = (0, 1, 2)
+
+
+class Recording(ToySource):
+    """The toy copy task, remembering a hash of every batch its loader hands out."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def make_loader(self, config, dist):
+        loader, seen = super().make_loader(config, dist), self.seen
+        original = loader.next_batch
+
+        def next_batch():
+            b = original()
+            seen.append(hashlib.sha256(b.tokens.numpy().tobytes()).hexdigest()[:12])
+            return b
+
+        loader.next_batch = next_batch
+        return loader
+
+
+def _probe(model) -> dict:
+    return {"logit_sum": float(model(torch.arange(1, 13).remainder(VOCAB).unsqueeze(0)).float().sum())}
+
+
+def _config(root: Path, name: str, seed: int, **kw) -> TrainConfig:
+    base = dict(out_dir=str(root / f"{name}{seed}"), steps=50, warmup_steps=5, batch_size=4, seq_len=12,
+                eval_interval=0, log_interval=5, ckpt_interval=25, progress=False, lr=3e-3, seed=seed, grad_accum=2)
+    return TrainConfig(**{**base, **kw})
+
+
+def _logged(out: Path) -> list[dict]:
+    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
+
+
+@pytest.mark.parametrize("attention", ["diff", "standard"])
+def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention):
+    torch.set_num_threads(1)
+    model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2 if attention == "diff" else 4,
+                        max_seq_len=16, attention=attention)
+    alone, together = [Recording() for _ in SEEDS], [Recording() for _ in SEEDS]
+    sep = [train(_config(tmp_path, "sep", s), data=src, model_config=model, probes=(10, _probe))
+           for s, src in zip(SEEDS, alone)]
+    st = train_stacked([_config(tmp_path, "st", s) for s in SEEDS], data=together, model_config=model,
+                       probes=[(10, _probe)] * len(SEEDS))
+    for s, a, b, sa, sb in zip(SEEDS, sep, st, alone, together):
+        assert sb.seen == sa.seen and len(sa.seen) == 100  # 50 steps x 2 micro-batches, the same batches
+        assert sorted(b.losses) == list(range(1, 51))
+        assert all(_close(a.losses[k], b.losses[k]) for k in a.losses), s
+        la, lb = _logged(tmp_path / f"sep{s}"), _logged(tmp_path / f"st{s}")
+        assert [r["step"] for r in la] == [r["step"] for r in lb]
+        for ra, rb in zip(la, lb):  # every logged loss: the step's, each kind's, gradient norms, lambda
+            for key in ("loss", "copy_loss", "lm_loss", "grad_norm"):
+                assert _close(ra[key], rb[key]), (s, ra["step"], key)
+            assert all(_close(x, y) for x, y in zip(ra["grad_norms"] + (ra["lambda"] or []),
+                                                     rb["grad_norms"] + (rb["lambda"] or [])))
+        assert sorted(a.probes) == sorted(b.probes) == [10, 20, 30, 40, 50]
+        assert all(math.isclose(a.probes[k]["logit_sum"], b.probes[k]["logit_sum"], rel_tol=1e-4, abs_tol=1e-4)
+                   for k in a.probes)
+        # an ordinary checkpoint: load_model reads it; its weights are the separate run's to rounding
+        wa = load_model(a.last_checkpoint).state_dict()
+        wb = load_model(b.last_checkpoint).state_dict()
+        assert all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5) for k in wa)
+    assert len({round(r.losses[50], 6) for r in st}) == len(SEEDS)  # three different models
+
+
+def test_stack_resume_is_bitwise_and_train_continues_its_checkpoints(tmp_path):
+    torch.set_num_threads(1)
+    model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, max_seq_len=16)
+    configs = [_config(tmp_path, "full", s) for s in SEEDS]
+    full = train_stacked(configs, data=[ToySource() for _ in SEEDS], model_config=model)
+    half = [_config(tmp_path, "half", s) for s in SEEDS]
+    first = train_stacked(half, data=[ToySource() for _ in SEEDS], model_config=model, stop_at=20)
+    assert [r.step for r in first] == [20] * 3
+    rest = train_stacked(half, data=[ToySource() for _ in SEEDS], model_config=model, resume=True)
+    for f, a, b in zip(full, first, rest):
+        assert b.resumed_from == 20 and {**a.losses, **b.losses} == f.losses  # bitwise
+        wf, wb = load_model(f.last_checkpoint).state_dict(), load_model(b.last_checkpoint).state_dict()
+        assert all(torch.equal(wf[k], wb[k]) for k in wf)
+    # one model of the stack continued alone by the ordinary trainer: the same trajectory to rounding
+    solo = train(_config(tmp_path, "half", 1, steps=60), data=ToySource(), model_config=model, resume=True)
+    assert solo.resumed_from == 50 and sorted(solo.losses) == list(range(51, 61))
+
+
+def test_text_data_with_validation(tmp_path):
+    torch.set_num_threads(1)
+    src = tmp_path / "text.txt"
+    src.write_text(" ".join(f"word{i % 37} and {i % 11}" for i in range(3000)))
+    kw = dict(data_source=str(src), cache_dir=str(tmp_path / "cache"), val_fraction=0.1, steps=8, warmup_steps=2,
+              batch_size=4, seq_len=32, eval_interval=4, eval_batches=2, log_interval=2, ckpt_interval=0,
+              progress=False)
+    sep = [train(train_preset("test", out_dir=str(tmp_path / f"sep{s}"), seed=s, **kw)) for s in SEEDS[:2]]
+    model = sep[0].model_config
+    st = train_stacked([train_preset("test", out_dir=str(tmp_path / f"st{s}"), seed=s, **kw) for s in SEEDS[:2]],
+                       data=[None, None], model_config=model)
+    for a, b in zip(sep, st):
+        assert sorted(a.val_losses) == sorted(b.val_losses) == [4, 8]
+        assert all(_close(a.losses[k], b.losses[k]) for k in a.losses)
+        assert all(_close(a.val_losses[k], b.val_losses[k]) for k in a.val_losses)
+
+
+def test_what_a_stack_refuses(tmp_path):
+    model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=16)
+    with pytest.raises(ValueError, match=r"may differ only in .*differs from .* in \['lr'\]"):
+        train_stacked([_config(tmp_path, "a", 0), _config(tmp_path, "a", 1, lr=1e-3)], data=[ToySource()] * 2,
+                      model_config=model)
+    with pytest.raises(ValueError, match="its own out_dir"):
+        train_stacked([_config(tmp_path, "b", 0), _config(tmp_path, "b", 0)], data=[ToySource()] * 2,
+                      model_config=model)
+    with pytest.raises(ValueError, match="as many data sources"):
+        train_stacked([_config(tmp_path, "c", 0)], data=[], model_config=model)
+    train(_config(tmp_path, "d", 0, steps=10, ckpt_interval=5), data=ToySource(), model_config=model, stop_at=5)
+    with pytest.raises(ValueError, match="resume from different steps"):
+        train_stacked([_config(tmp_path, "d", 0), _config(tmp_path, "d", 1)], data=[ToySource()] * 2,
+                      model_config=model, resume=True)
+    # the refusal wrote nothing: d0 resumes as it was saved (10 steps); d1 was never started
+    assert '"steps": 10' in (tmp_path / "d0" / ckpt.TRAIN_CONFIG_NAME).read_text()
+    assert not (tmp_path / "d1" / "metrics.jsonl").exists()
+    done = train_stacked([_config(tmp_path, "d", 0, steps=10)], data=[ToySource()], model_config=model, resume=True)
+    assert done[0].resumed_from == 5 and done[0].step == 10
