@@ -598,3 +598,27 @@ def test_a_machine_measurement_is_present_whatever_the_timing(smoke):
     slowed["arm_comparisons"] = {}
     validate_results(json.loads(dumps_strict(slowed)))
     assert "Not measured in this run: training loss at equal wall-clock" in render_report(slowed, {})
+
+
+def test_stacked_seeds_give_the_results_of_separate_training(smoke, tmp_path):
+    """The smoke fixture trains each arm's two seeds as one stack (the default on a CPU); with
+    ``stack=1`` every model trains alone. Every training loss and every comparison agree to float32
+    rounding (the wall-clock ones aside)."""
+    out = tmp_path / "alone"
+    assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+                 "--no-progress", *as_sets({**FAST, "stack": 1})]) == 0
+    got, want = (json.loads((d / "results.json").read_text()) for d in (smoke, out))
+    for s in ("0", "1"):
+        for arm in ("diff", "baseline"):
+            g, w = got["runs"][s][arm]["train"], want["runs"][s][arm]["train"]
+            assert g["stacked"] == 2 and "stacked" not in w
+            for key in ("needle_loss", "lm_loss", "icl_loss", "grad_norm"):
+                a, b = ([h.get(key) for h in r["history"]] for r in (g, w))
+                assert [x is None for x in a] == [x is None for x in b], (s, arm, key)
+                assert [x for x in a if x is not None] == pytest.approx([x for x in b if x is not None], rel=1e-5)
+    timed = {"train_tokens_per_s", "loss_at_equal_time"}
+    assert set(got["comparison"]) == set(want["comparison"])
+    for key, c in want["comparison"].items():
+        if key not in timed:
+            for arm, vals in c["values"].items():
+                assert got["comparison"][key]["values"][arm] == pytest.approx(vals, rel=1e-4, abs=1e-6), key

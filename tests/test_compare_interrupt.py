@@ -87,19 +87,21 @@ def _wait_for_training(out: Path, proc: subprocess.Popen, timeout: float = 120.0
     raise AssertionError("no training step logged in time")
 
 
-@pytest.mark.parametrize("sig, group", [("SIGTERM", False), ("SIGINT", True)])
-def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, group):
+@pytest.mark.parametrize("sig, group, stack", [("SIGTERM", False, 1), ("SIGINT", True, 0)])
+def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, group, stack):
     """With --workers 2, SIGTERM to compare alone (a scheduler) or SIGINT to its process group (Ctrl-C
     in a terminal): the models in training stop after a step with a checkpoint, the queued ones do not
     start, no worker outlives compare, the exit code is 130 and the same command continues. Before,
-    the pool waited for every model (SIGINT) or compare died and left its workers training (SIGTERM)."""
+    the pool waited for every model (SIGINT) or compare died and left its workers training (SIGTERM).
+    ``stack=1``: one model per job, so seed 1's are queued; ``stack=0``: each worker trains one arm's
+    two seeds as a stack, and all four stop with a checkpoint."""
     import time
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = tmp_path / "run"
     cmd = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress",
-           *as_sets({**FAST, "steps": 3000, "log_every": 1, "probe_every": 0})]
+           *as_sets({**FAST, "steps": 3000, "log_every": 1, "probe_every": 0, "stack": stack})]
     entry = "import sys; from difftx.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", entry, *cmd], env=env, cwd=str(root), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -115,12 +117,14 @@ def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, gro
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert f"stopped by {sig}" in err and "run the same command again to continue" in err, err[-2000:]
-    for arm in ("diff", "baseline"):
-        run = out / "seed0" / arm / "train"
-        last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r][-1]
-        assert (run / "checkpoints" / f"step_{last['step']:08d}").is_dir(), "stopped after a step, with its checkpoint"
-        assert last["step"] < 3000
-    assert not list(out.glob("seed1/*/train/metrics.jsonl")), "the queued models did not start"
-    sizes = {p: p.stat().st_size for p in out.glob("seed0/*/train/metrics.jsonl")}
+    for seed in (0, 1) if stack != 1 else (0,):
+        for arm in ("diff", "baseline"):
+            run = out / f"seed{seed}" / arm / "train"
+            last = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r][-1]
+            assert (run / "checkpoints" / f"step_{last['step']:08d}").is_dir(), "stopped after a step, checkpointed"
+            assert last["step"] < 3000
+    if stack == 1:
+        assert not list(out.glob("seed1/*/train/metrics.jsonl")), "the queued models did not start"
+    sizes = {p: p.stat().st_size for p in out.glob("seed*/*/train/metrics.jsonl")}
     time.sleep(1.5)
     assert sizes == {p: p.stat().st_size for p in sizes}, "a worker outlived compare and went on training"

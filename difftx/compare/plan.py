@@ -180,11 +180,13 @@ class Probes:
 @dataclass(frozen=True)
 class Execution:
     """How models are run: torch threads per process (None: as is), models trained side by side
-    in separate processes, device."""
+    in separate processes, device, and the largest stack of one arm's seeds trained as one model
+    (0: chosen by :func:`difftx.compare.run.stack_size`; 1: none)."""
 
     threads: Optional[int]
     workers: int
     device: str
+    stack: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,5 +238,6 @@ def resolve(preset: ComparePreset) -> ComparePlan:
         mixture=Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
                         lm_seq_len=preset.lm_seq_len),
         probes=Probes(every=preset.probe_every if needle else 0, samples=preset.probe_samples, grid=grid),
-        tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device),
+        tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
+                                                stack=preset.stack),
         curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)

@@ -56,6 +56,8 @@ class ComparePreset:
     probe_samples: int = 10
     threads: int | None = None  # torch threads per process (None: leave as is)
     workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
+    # seeds of one arm trained together as one stacked model in a process (0: auto, 1: never, K: at most K)
+    stack: int = 0
     device: str = "auto"
     # -- in-context learning (ICL) order robustness ------------------------------------------------
     icl_every: int = 0  # every k-th step (not an LM step) is an ICL batch (0: no ICL training or evaluation)
@@ -81,7 +83,7 @@ class ComparePreset:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points"):
+        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")

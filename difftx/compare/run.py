@@ -42,11 +42,11 @@ from .evaluate import evaluate_model, evaluations
 from .plan import ComparePlan
 from .presets import ComparePreset, get_preset
 from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
-from .train import train_model
+from .train import train_models
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
-EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms")
+EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stack")
 # what a resume may change besides: what is recorded along training (the held-out curve; models trained
 # before keep theirs), and the paths of your text, which is checked by its content instead (text_identity)
 RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")
@@ -81,35 +81,84 @@ def job_lock(folder: Path, wait: bool) -> Iterator[bool]:
         os.close(fd)  # closing releases the lock
 
 
-def _job(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int,
-         invocation: str | None = None, wait: bool = True) -> dict:
-    """Train (unless finished) and evaluate (what is missing) one model under its job lock
-    (:func:`job_lock`); returns what was done. Under torchrun every rank calls it: every rank
-    trains, rank 0 alone evaluates."""
-    with job_lock(Path(folder), wait) as mine:
-        if not broadcast_object(mine):
-            return {"trained": False, "evaluated": [], "skipped": "another invocation holds this model"}
-        return _job_locked(plan, seed, kind, folder, progress, position, invocation)
+def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: bool, position: int,
+         invocation: str | None = None, wait: bool = True) -> dict[str, dict]:
+    """Train (unless finished) and evaluate (what is missing) the models of arm ``kind`` for
+    ``seeds`` (in ``folders``), each under its job lock (:func:`job_lock`); the unfinished ones are
+    trained as one stack (:func:`difftx.compare.train.train_models`; one stack per checkpoint step).
+    Returns ``{"seed{S}/{kind}": what was done}``. Under torchrun (one seed per job) every rank
+    calls it: every rank trains, rank 0 alone evaluates."""
+    from contextlib import ExitStack
+
+    names = [f"seed{s}/{kind}" for s in seeds]
+    done: dict[str, dict] = {}
+    with ExitStack() as locks:
+        mine = [broadcast_object(locks.enter_context(job_lock(Path(f), wait))) for f in folders]
+        for name, held in zip(names, mine):
+            if not held:
+                done[name] = {"trained": False, "evaluated": [], "skipped": "another invocation holds this model"}
+        todo = [(s, Path(f), n) for s, f, n, held in zip(seeds, folders, names, mine) if held]
+        if plan.execution.threads:
+            import torch
+
+            torch.set_num_threads(plan.execution.threads)
+        untrained = broadcast_object([i for i, (_, f, _) in enumerate(todo) if not (f / "train.json").is_file()])
+        for group in _by_checkpoint_step([todo[i] for i in untrained]):
+            train_models(kind, plan, [s for s, _, _ in group], [f for _, f, _ in group], progress=progress,
+                         position=position, invocation=invocation)
+        for i, (_, f, name) in enumerate(todo):
+            done[name] = {"trained": i in untrained, "evaluated": _evaluate_missing(plan, f, progress, position)}
+    return done
 
 
-def _job_locked(plan: ComparePlan, seed: int, kind: str, folder: str, progress: bool, position: int,
-                invocation: str | None) -> dict:
-    if plan.execution.threads:
-        import torch
+def _by_checkpoint_step(models: list[tuple]) -> list[list[tuple]]:
+    """``(seed, folder, name)`` grouped by the step of the latest checkpoint of ``folder/train`` (a
+    stack moves in step): in a fresh run, one group."""
+    from ..training import checkpointing as ckpt
 
-        torch.set_num_threads(plan.execution.threads)
-    f = Path(folder)
-    done = {"trained": False, "evaluated": []}
-    if broadcast_object(not (f / "train.json").is_file()):  # rank 0's view decides
-        train_model(kind, plan, seed, f, progress=progress, position=position, invocation=invocation)
-        done["trained"] = True
+    groups: dict = {}
+    for m in models:
+        run = m[1] / "train"
+        latest = ckpt.latest_checkpoint(run) if ckpt.checkpoints_dir(run).is_dir() else None
+        groups.setdefault(None if latest is None else latest.name, []).append(m)
+    return list(groups.values())
+
+
+def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int) -> list[str]:
     missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
     if missing:
         # evaluation receives its part of the plan alone: the task settings (and the device)
         on_main(lambda: evaluate_model(f, plan.tasks, device=plan.execution.device, progress=progress,
                                        only=tuple(missing), position=position))
-        done["evaluated"] = missing
-    return done
+    return missing
+
+
+MAX_STACK = 16  # the largest automatic stack (see stack_size)
+
+
+def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -> int:
+    """How many seeds of one arm train as one stacked model. ``plan.execution.stack``: 1 none, K at
+    most K, 0 automatic: on a CPU, each worker process holds one stack (an arm's seeds spread evenly
+    over ``workers // arms`` processes), at most :data:`MAX_STACK`; on a GPU none (its presets train in
+    bfloat16, which a stack does not). Never under torchrun (data parallel, one model at a time)."""
+    from ..training.distributed import resolve_device
+
+    asked = plan.execution.stack
+    if distributed or asked == 1 or seeds <= 1:
+        return 1
+    if asked > 1:
+        return asked
+    if resolve_device(plan.execution.device).type != "cpu":
+        return 1
+    per_arm = max(1, workers // len(plan.arms))
+    return min(MAX_STACK, -(-seeds // per_arm))
+
+
+def plan_jobs(plan: ComparePlan, seeds: list[int], out: Path, k: int) -> list[tuple]:
+    """``(arm, seeds, folders)`` per job: each arm's seeds in stacks of at most ``k``, the arms
+    interleaved (so that parallel workers train the two arms of a comparison side by side)."""
+    chunks = [seeds[i:i + k] for i in range(0, len(seeds), k)]
+    return [(kind, tuple(c), tuple(str(out / f"seed{s}" / kind) for s in c)) for c in chunks for kind in plan.arms]
 
 
 def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
@@ -264,19 +313,21 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     t0 = time.time()
     # the id of this invocation, kept with every model it trains (rank 0's is the one written)
     invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"
-    jobs = shard_jobs([(s, k, str(out / f"seed{s}" / k)) for s in seed_list for k in plan.arms], shard, shard_offset)
+    k = stack_size(plan, len(seed_list), n_workers, distributed)
+    jobs = shard_jobs(plan_jobs(plan, seed_list, out, k), shard, shard_offset)
     wait = shard is None  # a shard skips a model another invocation holds; an assembling run waits for it
     done: dict[str, dict] = {}
     what = "" if shard is None else f", shard {shard[0]}/{shard[1]}"
-    bar = tqdm(total=len(jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s){what})",
-               disable=not (progress and main), dynamic_ncols=True)
+    stacked = f", stacks of up to {k} seeds" if k > 1 else ""
+    bar = tqdm(total=sum(len(j[1]) for j in jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s){what}{stacked})",
+               disable=not (progress and main), dynamic_ncols=True, unit="model")
     if n_workers == 1 or len(jobs) <= 1 or distributed:
-        for s, k, f in jobs:
-            done[f"seed{s}/{k}"] = _job(plan, s, k, f, progress, 1, invocation, wait)
-            bar.update()
+        for kind, seeds_, folders in jobs:
+            done.update(_job(plan, kind, seeds_, folders, progress, 1, invocation, wait))
+            bar.update(len(seeds_))
     else:
-        calls = {f"seed{s}/{k}": (plan, s, k, f, progress, 1 + i % n_workers, invocation, wait)
-                 for i, (s, k, f) in enumerate(jobs)}
+        calls = [(plan, kind, seeds_, folders, progress, 1 + i % n_workers, invocation, wait)
+                 for i, (kind, seeds_, folders) in enumerate(jobs)]
         _run_pool(calls, n_workers, done, bar)
     bar.close()
     if shard is not None:  # the report is assembled by an invocation without --shard
@@ -329,8 +380,8 @@ def _pool_job(*args) -> dict:
         raise
 
 
-def _run_pool(calls: dict[str, tuple], n_workers: int, done: dict, bar) -> None:
-    """Run ``_job(*args)`` for each ``{name: args}`` in ``n_workers`` spawned processes, filling
+def _run_pool(calls: list[tuple], n_workers: int, done: dict, bar) -> None:
+    """Run ``_job(*args)`` for each of ``calls`` in ``n_workers`` spawned processes, filling
     ``done``. A first SIGINT / SIGTERM to this process cancels the jobs not started and passes
     SIGTERM on to the workers: a model in training stops after its current step with a checkpoint,
     an evaluation stops at once; then :class:`TrainingInterrupted` says what to run to continue. A
@@ -360,7 +411,7 @@ def _run_pool(calls: dict[str, tuple], n_workers: int, done: dict, bar) -> None:
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with ProcessPoolExecutor(max_workers=min(n_workers, len(calls)), mp_context=ctx,
                              initializer=_worker_signals) as ex:
-        futs = {ex.submit(_pool_job, *args): name for name, args in calls.items()}
+        futs = {ex.submit(_pool_job, *args): [f"seed{seed}/{args[1]}" for seed in args[2]] for args in calls}
         main_thread = threading.current_thread() is threading.main_thread()
         if main_thread:
             for sig in old:
@@ -368,18 +419,18 @@ def _run_pool(calls: dict[str, tuple], n_workers: int, done: dict, bar) -> None:
         try:
             for fut in as_completed(futs):
                 try:
-                    done[futs[fut]] = fut.result()
+                    done.update(fut.result())
                 except (CancelledError, TrainingInterrupted, JobStopped):
                     if not stopped:
                         raise
                     continue
-                bar.update()
+                bar.update(len(futs[fut]))
         finally:
             if main_thread:
                 for sig, h in old.items():
                     signal.signal(sig, h)
     if stopped:
-        unfinished = sorted(set(futs.values()) - set(done))
+        unfinished = sorted({name for names in futs.values() for name in names} - set(done))
         raise TrainingInterrupted(f"stopped by {stopped[0]}: {len(done)} model(s) done in this run, {len(unfinished)} "
                                   f"not finished ({', '.join(unfinished)}); the models in training wrote a checkpoint; "
                                   f"run the same command again to continue")

@@ -67,87 +67,139 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
 
     Under torchrun every process calls this (each trains on its share of every batch); rank 0
     writes the files, and the function returns the record on every rank."""
-    from ..training import train
+    return train_models(kind, plan, [seed], [folder], progress=progress, position=position,
+                        invocation=invocation)[0]
+
+
+def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[Path], *, progress: bool = True,
+                 position: int = 0, invocation: str | None = None) -> list[dict]:
+    """:func:`train_model` for several seeds of arm ``kind`` (``folders[i]`` for ``seeds[i]``): more
+    than one are trained together as one stacked model (:func:`difftx.training.train_stacked`; one
+    process, and all at the same checkpoint step), each with its own batches, probes, checkpoints and
+    record, as separate training would make them to float32 rounding. A stacked model's ``wall_s`` /
+    ``cpu_s`` are its share (the stack's / K) and its record says ``stacked``: K."""
+    from ..training import train, train_stacked
     from ..training.distributed import destroy_distributed, init_distributed, is_initialized, on_main
-    from ..training.metrics import read_metrics
     from ..training.trainer import TrainingDivergedError
 
     if kind not in plan.arms:
         raise ValueError(f"kind: must be one of {tuple(plan.arms)}, got {kind!r}")
     if plan.execution.threads:
         torch.set_num_threads(plan.execution.threads)
-    space, cfg, device = plan.space, plan.arms[kind], plan.execution.device
-    folder = Path(folder)
-    run_dir = folder / "train"
+    cfg, device = plan.arms[kind], plan.execution.device
+    folders = [Path(f) for f in folders]
     owns_group = not is_initialized()
     dist = init_distributed(device)
     try:
-        tc = plan.schedule.train_config(model=cfg, batch_size=plan.mixture.batch_size, seed=seed, out_dir=run_dir,
-                                        device=device, world_size=dist.world_size, progress=progress)
-        stream = CompareStream(plan.mixture, space, seed,
-                               lm_streams(text=plan.text)[0] if plan.text is not None and space.lm else None)
-        probes_info = training_probes(plan, stream)
+        if len(seeds) > 1 and dist.distributed:
+            raise ValueError("train_models: a stack of seeds trains in one process, not under torchrun")
+        setups = [_Setup.make(kind, plan, seed, folder, dist.world_size, progress)
+                  for seed, folder in zip(seeds, folders)]
+        resume = setups[0].has_checkpoints
+        if any(s.has_checkpoints != resume for s in setups):
+            raise ValueError(f"train_models: the seeds {seeds} of a stack must all have checkpoints or none")
+        for s in setups:
+            if not s.has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
+                on_main(lambda s=s: (s.run_dir / "metrics.jsonl").unlink(missing_ok=True))
         t0, c0 = time.time(), time.process_time()
-        has_checkpoints = (run_dir / "checkpoints").is_dir()
-        if not has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
-            on_main(lambda: (run_dir / "metrics.jsonl").unlink(missing_ok=True))
+        what = f"{kind} seed {seeds[0]}" if len(seeds) == 1 else f"{kind} seeds {', '.join(map(str, seeds))}"
+        bar = {"desc": f"train {what}", "position": position, "leave": False}
+        what = f"{kind} ({what[len(kind) + 1:]})"
         try:
             # resume=True continues an interrupted run (without a checkpoint folder: a quiet fresh start)
-            result = train(tc, resume=has_checkpoints, data=stream, model_config=cfg,
-                           probes=probes_info.probes,
-                           progress_bar={"desc": f"train {kind} seed {seed}", "position": position, "leave": False})
+            if len(setups) == 1:
+                s = setups[0]
+                results = [train(s.config, resume=resume, data=s.stream, model_config=cfg, probes=s.probes.probes,
+                                 progress_bar=bar)]
+            else:
+                results = train_stacked([s.config for s in setups], data=[s.stream for s in setups],
+                                        model_config=cfg, resume=resume, probes=[s.probes.probes for s in setups],
+                                        progress_bar=bar)
         except TrainingDivergedError as e:
-            raise TrainingDivergedError(f"training {kind} (seed {seed}) diverged: {e}") from e
-        if result.step < tc.steps:  # a signal (or stop_at) ended it early, after writing a checkpoint
-            raise TrainingInterrupted(f"training {kind} (seed {seed}) stopped by {result.stopped_by or 'request'} "
-                                      f"after step {result.step} (checkpoint {result.last_checkpoint}); run the same "
-                                      "command again to continue it")
-
-        def finish() -> dict:
-            model = load_model(result.last_checkpoint)
-            save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": plan.name})
-            task_info = {"needle_task": space.needle.to_dict() if space.needle else None, "lm": space.lm,
-                         "lm_offset": space.lm_offset, "lm_seq_len": plan.mixture.lm_seq_len,
-                         "icl_task": space.icl.to_dict() if space.icl else None}
-            if plan.text is not None:  # your own text: its source, tokenizer (saved beside) and held-out file
-                task_info.update(lm_vocab=space.lm_vocab, text=plan.text.to_dict())
-                load_tokenizer(plan.text.tokenizer).save(folder / "model" / TOKENIZER_DIR)
-            atomic_write(folder / "model" / TASK_FILE,
-                         lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
-            history, probes, probe_s, curve = [], [], 0.0, []
-            for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
-                if "probe" in r:
-                    got = dict(r["probe"])
-                    loss, curve_s = got.pop("heldout_loss", None), got.pop("heldout_s", 0.0)
-                    if loss is not None:
-                        curve.append((r["step"], loss, curve_s))
-                    if got:
-                        probes.append({"step": r["step"], **got})
-                        probe_s += r.get("probe_s", 0.0) - curve_s
-                elif "loss" in r:
-                    history.append({"step": r["step"], "lr": r["lr"],
-                                    **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
-                                    "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
-                                    "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda")})
-            record = {"kind": kind, "seed": seed, "config": cfg.to_dict(), "parameters": model.num_parameters(),
-                      "steps": plan.schedule.steps, "history": history, "probes": probes, "probe_s": probe_s,
-                      "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0, "device": str(dist.device),
-                      "threads": torch.get_num_threads(), "world_size": dist.world_size,
-                      "resumed_from": result.resumed_from, "invocation": invocation}
-            if space.needle is None:
-                record["probes_skipped"] = NO_NEEDLES
-            if plan.curve.steps:
-                record["heldout_curve"] = {**probes_info.curve, "steps": [c[0] for c in curve],
-                                           "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
-                                           "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)}
-            atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
-            return record
-
-        return on_main(finish, share=True)
+            raise TrainingDivergedError(f"training {what} diverged: {e}") from e
+        for s, result in zip(setups, results):
+            if result.step < s.config.steps:  # a signal (or stop_at) ended it early, after writing a checkpoint
+                raise TrainingInterrupted(f"training {what} stopped by {result.stopped_by or 'request'} after step "
+                                          f"{result.step} (checkpoint {result.last_checkpoint}); run the same command "
+                                          "again to continue it")
+        share = {"wall_s": (time.time() - t0) / len(seeds), "cpu_s": (time.process_time() - c0) / len(seeds),
+                 "device": str(dist.device), "threads": torch.get_num_threads(), "world_size": dist.world_size,
+                 "invocation": invocation, **({"stacked": len(seeds)} if len(seeds) > 1 else {})}
+        return [on_main(lambda s=s, r=r: _finish(kind, plan, s, r, share), share=True)
+                for s, r in zip(setups, results)]
     finally:
         if owns_group:
             destroy_distributed()
+
+
+@dataclass
+class _Setup:
+    """One model's trainer config, batch stream and probes."""
+
+    seed: int
+    folder: Path
+    run_dir: Path
+    config: object
+    stream: CompareStream
+    probes: "TrainingProbes"
+    has_checkpoints: bool
+
+    @classmethod
+    def make(cls, kind: str, plan: ComparePlan, seed: int, folder: Path, world_size: int, progress: bool) -> "_Setup":
+        space, run_dir = plan.space, folder / "train"
+        tc = plan.schedule.train_config(model=plan.arms[kind], batch_size=plan.mixture.batch_size, seed=seed,
+                                        out_dir=run_dir, device=plan.execution.device, world_size=world_size,
+                                        progress=progress)
+        stream = CompareStream(plan.mixture, space, seed,
+                               lm_streams(text=plan.text)[0] if plan.text is not None and space.lm else None)
+        return cls(seed, folder, run_dir, tc, stream, training_probes(plan, stream),
+                   (run_dir / "checkpoints").is_dir())
+
+
+def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict) -> dict:
+    """Save the trained model with its task vocabulary, write ``train.json`` (last, atomically) and
+    delete the checkpoints; returns the record."""
+    from ..training.metrics import read_metrics
+
+    space, folder, run_dir, seed = plan.space, setup.folder, setup.run_dir, setup.seed
+    model = load_model(result.last_checkpoint)
+    save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": plan.name})
+    task_info = {"needle_task": space.needle.to_dict() if space.needle else None, "lm": space.lm,
+                 "lm_offset": space.lm_offset, "lm_seq_len": plan.mixture.lm_seq_len,
+                 "icl_task": space.icl.to_dict() if space.icl else None}
+    if plan.text is not None:  # your own text: its source, tokenizer (saved beside) and held-out file
+        task_info.update(lm_vocab=space.lm_vocab, text=plan.text.to_dict())
+        load_tokenizer(plan.text.tokenizer).save(folder / "model" / TOKENIZER_DIR)
+    atomic_write(folder / "model" / TASK_FILE, lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
+    history, probes, probe_s, curve = [], [], 0.0, []
+    for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
+        if "probe" in r:
+            got = dict(r["probe"])
+            loss, curve_s = got.pop("heldout_loss", None), got.pop("heldout_s", 0.0)
+            if loss is not None:
+                curve.append((r["step"], loss, curve_s))
+            if got:
+                probes.append({"step": r["step"], **got})
+                probe_s += r.get("probe_s", 0.0) - curve_s
+        elif "loss" in r:
+            history.append({"step": r["step"], "lr": r["lr"],
+                            **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
+                            "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
+                            "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda")})
+    record = {"kind": kind, "seed": seed, "config": plan.arms[kind].to_dict(), "parameters": model.num_parameters(),
+              "steps": plan.schedule.steps, "history": history, "probes": probes, "probe_s": probe_s,
+              "wall_s": share["wall_s"], "cpu_s": share["cpu_s"], "device": share["device"],
+              "threads": share["threads"], "world_size": share["world_size"], "resumed_from": result.resumed_from,
+              "invocation": share["invocation"], **({"stacked": share["stacked"]} if "stacked" in share else {})}
+    if space.needle is None:
+        record["probes_skipped"] = NO_NEEDLES
+    if plan.curve.steps:
+        record["heldout_curve"] = {**setup.probes.curve, "steps": [c[0] for c in curve],
+                                   "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
+                                   "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)}
+    atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
+    return record
 
 
 @dataclass
