@@ -22,7 +22,7 @@ import torch
 
 from ..checkpoint import atomic_write, load_model, save_model
 from ..data import load_tokenizer
-from ..tasks.needle import NO_NEEDLES
+from ..tasks.common import NO_NEEDLES
 from ..tasks.subject import TASK_FILE
 from ..training.checkpointing import TOKENIZER_DIR
 from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes, TaskSpace
