@@ -116,7 +116,7 @@ def _job_locked(plan: ComparePlan, seed: int, kind: str, folder: str, progress: 
 
 
 def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
-    meta = out / COMPARE_FILE
+    meta, new = out / COMPARE_FILE, preset.to_dict()
     if meta.is_file():
         data = read_json(meta, "the settings of a comparison")
         try:
@@ -125,7 +125,6 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
         _check_text(meta, data.get("text"), text)
-        new = preset.to_dict()
         old = {k: v for k, v in old.items() if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
                          and k not in RECORDING_FIELDS)
@@ -133,7 +132,7 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
     out.mkdir(parents=True, exist_ok=True)
-    record = {"schema_version": SCHEMA_VERSION, "preset": preset.to_dict()}
+    record = {"schema_version": SCHEMA_VERSION, "preset": new}
     text = dumps_strict({**record, "text": text} if text is not None else record, indent=1)
     atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
 
