@@ -6,9 +6,7 @@ it). A missing, corrupt or mismatched file raises :class:`CheckpointError` with 
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -17,6 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .io import atomic_write, read_json
 from .model import Transformer
 
 CONFIG_NAME = "config.json"
@@ -26,33 +25,6 @@ PathLike = Union[str, os.PathLike]
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
-
-
-def umask_mode(folder: bool = False) -> int:
-    """The mode a plain ``open`` / ``mkdir`` would give under the process's umask (``0o666`` /
-    ``0o777`` less the umask). ``tempfile`` creates owner-only files and folders; the atomic
-    writers chmod their results to this so colleagues can read checkpoints as the umask allows."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return (0o777 if folder else 0o666) & ~mask
-
-
-def atomic_write(path: PathLike, write) -> None:
-    """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file. The
-    file gets the permissions the umask allows (:func:`umask_mode`), not ``tempfile``'s 0600."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, umask_mode())
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _weights(model: Transformer) -> dict[str, torch.Tensor]:
@@ -72,19 +44,9 @@ def save_model(model: Transformer, folder: PathLike, metadata: dict | None = Non
     return folder
 
 
-def read_json(path: Path, missing: str, corrupt: str):
-    """Parsed JSON of ``path``; :class:`CheckpointError` with ``missing`` / ``corrupt`` otherwise."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: {missing}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: {corrupt} ({e})") from e
-
-
 def load_config(folder: PathLike) -> ModelConfig:
     path = Path(folder) / CONFIG_NAME
-    data = read_json(path, f"no model config here (is {folder} a difftx checkpoint folder?)", "not valid JSON")
+    data = read_json(path, "the model config of a difftx checkpoint", error=CheckpointError)
     try:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as e:

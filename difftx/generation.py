@@ -15,6 +15,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .io import eval_mode
 from .model import KVCache, Transformer
 
 
@@ -168,15 +169,13 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
     stops = set(int(t) for t in stop_tokens)
-    was_training = model.training
-    model.eval()
     check_cache_fits(model, B, P + max_new_tokens,
                      f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
     cache = KVCache(model, B, P + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): RoPE positions from each first real token
     out: list[list[int]] = [[] for _ in range(B)]
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    try:
+    with eval_mode(model):
         logits = model(tokens, positions=positions, attention_mask=mask, cache=cache, backend=backend)
         next_pos = positions[:, -1:] + 1  # (B, 1)
         for step in range(max_new_tokens):
@@ -191,6 +190,4 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], dim=1)
             logits = model(nxt[:, None], positions=next_pos, attention_mask=mask, cache=cache, backend=backend)
             next_pos = next_pos + 1
-    finally:
-        model.train(was_training)
     return out

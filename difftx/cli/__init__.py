@@ -48,7 +48,7 @@ SUBCOMMANDS: dict[str, str] = {
     "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
     "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
     "scale": "the comparison at several model sizes; DIFF's parameter efficiency (paper Fig. 3a)",
-    "eval": "run one evaluation task (needle, lm, attention, outliers, quant, icl, diagnostics, training)",
+    "eval": "run one evaluation task on a checkpoint",  # its parser lists the tasks of difftx.tasks.TASKS
 }
 
 # subcommand -> module name, where they differ (``import`` is a Python keyword)

@@ -12,6 +12,8 @@ import math
 import os
 from pathlib import Path
 
+from ..tasks.subject import TASK_FILE, TRAIN_RECORD
+
 
 def _int(text: str) -> int:
     try:
@@ -88,8 +90,8 @@ def output_file(text: str) -> str:
 
 # files difftx keeps in its folders: a run, a checkpoint, a tokenizer, a comparison
 OWN_FILES = ("train_config.json", "metrics.jsonl", "model.safetensors", "config.json", "optimizer.pt",
-             "trainer_state.json", "tokenizer.json", "results.json", "compare.json", "train.json", "report.md",
-             "compare_task.json")
+             "trainer_state.json", "tokenizer.json", "results.json", "compare.json", TRAIN_RECORD, "report.md",
+             TASK_FILE)
 
 
 def owner_of(path: Path) -> str | None:
@@ -100,7 +102,7 @@ def owner_of(path: Path) -> str | None:
     folder = path.absolute().parent
     for marker, what in (("train_config.json", "the training run"), ("checkpoints", "the training run"),
                          ("model.safetensors", "the checkpoint"), ("compare.json", "the comparison"),
-                         ("train.json", "the compare model"), ("tokenizer.json", "the tokenizer")):
+                         (TRAIN_RECORD, "the compare model"), ("tokenizer.json", "the tokenizer")):
         if (folder / marker).exists():
             return f"{what} in {folder}"
     return f"a difftx folder ({path.name} is one of its files)" if path.name in OWN_FILES else None

@@ -160,7 +160,7 @@ def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..training.config import parse_value, split_override
 
     field, text = split_override(args.sweep)
-    if field not in {f.name for f in dataclasses.fields(ComparePreset)} or field in ("tasks", "extra", "name"):
+    if field not in {f.name for f in dataclasses.fields(ComparePreset)} or field in ("tasks", "name"):
         raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept")
     values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]
     summary = run_sweep(args.preset, field, values, args.seeds, out, progress=not args.no_progress,

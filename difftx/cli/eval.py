@@ -71,8 +71,7 @@ def settings_from_args(name: str, args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..checkpoint import CheckpointError, atomic_write
-    from ..compare.schema import dumps_strict
+    from ..io import atomic_write, dumps_strict
     from ..tasks import get_task
     from ..tasks.runner import evaluate_checkpoint
 
@@ -80,11 +79,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_not_owned(args.json_out, "--json", args.overwrite)
     settings = settings_from_args(args.task, args)
-    try:
-        res = evaluate_checkpoint(args.task, args.checkpoint, settings=settings, tokenizer=args.tokenizer,
-                                  data=args.data, device=args.device, progress=not args.no_progress)
-    except CheckpointError as e:  # a missing / corrupt checkpoint: a clear message, exit code 2
-        raise ValueError(str(e)) from None
+    # a missing or corrupt checkpoint is a CheckpointError: the boundary (difftx.cli.main) makes it exit code 2
+    res = evaluate_checkpoint(args.task, args.checkpoint, settings=settings, tokenizer=args.tokenizer,
+                              data=args.data, device=args.device, progress=not args.no_progress)
     print(f"{res['checkpoint']} ({res['kind']}, {res['attention']}, {res['parameters']:,} parameters)")
     get_task(args.task).print(res)
     if args.json_out:

@@ -31,8 +31,9 @@ def register(sub) -> None:
 def _load(spec: str):
     from pathlib import Path
 
-    from ..checkpoint import CheckpointError, read_json
+    from ..checkpoint import CONFIG_NAME, CheckpointError
     from ..config import PRESETS, ModelConfig, preset
+    from ..io import read_json
     from ..training.checkpointing import resolve_checkpoint
 
     if spec in PRESETS:
@@ -41,8 +42,8 @@ def _load(spec: str):
     if not path.exists():
         raise ValueError(f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a path")
     if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
-        path = resolve_checkpoint(path) / "config.json"
-    data = read_json(path, "not found", "not a model config: not valid JSON")
+        path = resolve_checkpoint(path) / CONFIG_NAME
+    data = read_json(path, "a model config", error=CheckpointError)
     try:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError, AttributeError) as e:

@@ -10,16 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write, dumps_strict
 from ..tasks import TASKS, load_subject
 from ..tasks.runner import run_task
 from ..training.distributed import resolve_device
-from .schema import dumps_strict
 
-
-def evaluations() -> tuple[str, ...]:
-    """The names of the tasks run on every model (registry order)."""
-    return tuple(TASKS)
+EVALS_DIR = "evals"  # beside a compare model's folder: one NAME.json per task
 
 
 def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progress: bool = True,
@@ -30,7 +26,7 @@ def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progre
     model is stored as ``{"skipped": reason}``; each result carries ``wall_s``."""
     from tqdm.auto import tqdm
 
-    out_dir = folder / "evals"
+    out_dir = folder / EVALS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     subject = None
     results = {}

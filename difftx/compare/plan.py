@@ -1,7 +1,9 @@
-"""A comparison resolved into plain parts: :func:`resolve` turns a :class:`ComparePreset` into a
-:class:`ComparePlan` once, and each later step receives only its part:
+"""A comparison resolved into plain parts: :func:`resolve` checks a
+:class:`~difftx.compare.presets.ComparePreset` (the rules that tie its fields together) and turns
+it into a :class:`ComparePlan`, and each later step receives only its part:
 
-- ``space`` (:class:`TaskSpace`): the shared vocabulary of the needle, LM and ICL tasks;
+- ``space`` (:class:`~difftx.tasks.subject.TaskSpace`): the shared vocabulary of the needle, LM
+  and ICL tasks;
 - ``arms``: the model config of every arm (``{"baseline": ..., "diff": ..., ...}``, see
   :data:`difftx.config.ARMS`);
 - ``schedule`` (:class:`Schedule`): optimizer and learning-rate schedule, read by the trainer;
@@ -9,7 +11,8 @@
   batch source (:class:`difftx.compare.stream.CompareStream`);
 - ``probes`` (:class:`Probes`): the needle probes taken during training;
 - ``curve`` (:class:`Curve`): the held-out loss measured along training;
-- ``text`` (:class:`TextData` or None): your own corpus, tokenizer and held-out text (``--data``);
+- ``text`` (:class:`~difftx.tasks.subject.TextData` or None): your own corpus, tokenizer and
+  held-out text (``--data``);
 - ``tasks``: every registered evaluation task's validated settings;
 - ``execution`` (:class:`Execution`): threads, parallel workers and device (how it runs, not
   what it computes).
@@ -21,72 +24,18 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import ModelConfig, arm_config
 from ..eval.icl import ICLTask
 from ..eval.needle import NeedleTask
+from ..tasks import TASKS, settings_from_dict
+from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
 
 if TYPE_CHECKING:
     from ..training.config import TrainConfig
-    from .presets import ComparePreset
 
-BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
 BATCH_KINDS = ("needle", "lm", "icl")
-
-
-@dataclass(frozen=True)
-class TaskSpace:
-    """The shared vocabulary: needle-task ids first (none without needle batches), then (with LM
-    batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte tokenizer's end-of-text, or your
-    tokenizer's) shifted by ``lm_offset``, then (with ICL batches) the ICL task's ids, which start
-    at ``icl.first_id``."""
-
-    needle: Optional[NeedleTask]
-    lm: bool
-    icl: Optional[ICLTask] = None
-    lm_vocab: int = BYTE_VOCAB
-
-    @property
-    def lm_offset(self) -> int:
-        return self.needle.vocab_size if self.needle is not None else 0
-
-    @property
-    def vocab_size(self) -> int:
-        return self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
-
-
-@dataclass(frozen=True)
-class TextData:
-    """Your own text (``difftx compare --data``): ``source`` as ``difftx train --data`` takes it, its
-    ``tokenizer`` ("byte" or a path) and ``heldout``, a file scored whole (None: the corpus's
-    validation split). Paths are absolute."""
-
-    source: str
-    tokenizer: str
-    heldout: Optional[str] = None
-
-    def prepare(self, progress: bool = False):
-        """The corpus's token stores (:func:`difftx.data.prepare_data`, cached)."""
-        from ..data import prepare_data
-
-        return prepare_data(self.source, self.tokenizer, progress=progress)
-
-    def heldout_tokens(self, progress: bool = False):
-        """The held-out stream (uint ids, 1-D) and what it is: every token of ``heldout``, else the
-        corpus's validation split."""
-        from ..data import prepare_data
-
-        if self.heldout is not None:
-            return prepare_data(self.heldout, self.tokenizer, val_fraction=0.0, progress=progress).train.tokens, \
-                f"all of {self.heldout}"
-        val = self.prepare(progress).val
-        if val is None:
-            raise ValueError(f"--data {self.source}: no validation split; give --heldout FILE")
-        return val.tokens, f"the validation split of {self.source}"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -205,17 +154,76 @@ class ComparePlan:
     text: Optional[TextData] = None
 
 
-def resolve(preset: ComparePreset) -> ComparePlan:
-    """The parts of ``preset`` (already validated at its construction)."""
+def preset_error(name: str, rule: str) -> ValueError:
+    """The error of a preset field (or fields) that breaks ``rule``."""
+    return ValueError(f"ComparePreset.{name}: {rule}")
+
+
+def task_settings(tasks: dict) -> dict:
+    """``{task name: its Settings}``: each registered task's defaults with a preset's ``tasks``
+    overrides (validated; unknown tasks or fields are named)."""
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        raise preset_error("tasks", f"unknown task(s) {unknown}; known: {list(TASKS)}")
+    out = {}
+    for name, task in TASKS.items():
+        given = tasks.get(name, {})
+        if not isinstance(given, dict):
+            raise preset_error(f"tasks.{name}", f"must be a mapping of settings, got {given!r}")
+        try:
+            out[name] = settings_from_dict(task.Settings, given, f"ComparePreset.tasks.{name}")
+        except (TypeError, ValueError) as e:
+            raise ValueError(str(e)) from None
+    return out
+
+
+def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
+    """Raise ``ValueError`` naming the fields when ``preset``'s fields do not fit together (each
+    field alone was checked when it was made). Returns what the checks build: the task settings,
+    the needle task and the ICL task (None without ICL batches; its ids from 0)."""
+    p = preset
+    if p.warmup_steps > p.steps:
+        raise preset_error("warmup_steps", f"{p.warmup_steps} must not exceed steps={p.steps}")
+    if not (p.lr > 0 and 0 <= p.min_lr <= p.lr):
+        raise preset_error("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {p.lr}, {p.min_lr}")
+    if p.data is None and (p.tokenizer not in (None, "byte") or p.heldout is not None):
+        raise preset_error("tokenizer/heldout", "apply to your own text only (--data)")
+    tasks = task_settings(p.tasks)
+    grid = tasks["needle"].grid
+    for n, r in grid:
+        if not 1 <= r <= n <= p.max_needles:
+            raise preset_error("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={p.max_needles}")
+    try:
+        needle = NeedleTask(n_keys=p.n_keys, n_filler=p.n_filler, context_len=p.context_len,
+                            max_needles=p.max_needles, max_query=max(r for _, r in grid))
+    except ValueError as e:
+        raise preset_error("context_len", str(e)) from None
+    if not p.icl_every:
+        return tasks, needle, None
+    if p.icl_every == 1:
+        raise preset_error("icl_every", "1 would leave no needle steps")
+    if p.lm_every and p.icl_every % p.lm_every == 0:
+        raise preset_error("icl_every", f"{p.icl_every} is a multiple of lm_every={p.lm_every}: every ICL step "
+                                        "would be an LM step")
+    try:
+        return tasks, needle, ICLTask(n_classes=p.icl_classes, features_per_class=p.icl_features_per_class,
+                                      n_features=max(4 * p.icl_classes * p.icl_features_per_class, 2 * p.icl_classes),
+                                      input_len=p.icl_input_len, n_labels=2 * p.icl_classes, n_demos=p.icl_demos)
+    except ValueError as e:
+        raise preset_error("icl_*", str(e)) from None
+
+
+def resolve(preset: Any) -> ComparePlan:
+    """The parts of ``preset`` (a :class:`~difftx.compare.presets.ComparePreset`), after
+    :func:`check`; a ``ValueError`` naming the fields when they do not fit together."""
     from pathlib import Path
 
     from ..data import load_tokenizer
 
-    tasks = preset.task_settings()
+    tasks, needle, icl = check(preset)
     grid = tasks["needle"].grid
-    needle = NeedleTask(n_keys=preset.n_keys, n_filler=preset.n_filler, context_len=preset.context_len,
-                        max_needles=preset.max_needles, max_query=max(r for _, r in grid)) \
-        if preset.needle_batches else None
+    if preset.lm_every == 1:  # every step an LM batch: no needle batches, no needle ids
+        needle = None
     lm = preset.lm_every > 0
     text, lm_vocab = None, BYTE_VOCAB
     if preset.data is not None:
@@ -224,8 +232,8 @@ def resolve(preset: ComparePreset) -> ComparePlan:
                         tok if tok == "byte" else str(Path(tok).expanduser().resolve()),
                         None if preset.heldout is None else str(Path(preset.heldout).expanduser().resolve()))
         lm_vocab = load_tokenizer(text.tokenizer).vocab_size
-    first_icl = (needle.vocab_size if needle else 0) + (lm_vocab if lm else 0)
-    icl = preset.icl_task(first_icl) if preset.icl_every else None
+    if icl is not None:  # its ids after the needle's and the text's
+        icl = dataclasses.replace(icl, first_id=(needle.vocab_size if needle else 0) + (lm_vocab if lm else 0))
     space = TaskSpace(needle, lm, icl, lm_vocab)
     longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
                   icl.prompt_len + 1 if icl else 0)

@@ -1,13 +1,16 @@
-"""Named settings of ``difftx compare``: model shape, training budget and evaluation sizes."""
+"""Named settings of ``difftx compare``: model shape, training budget and evaluation sizes.
+
+A :class:`ComparePreset` is plain data: constructing one checks each field on its own. What
+follows from several fields (the task space, each arm's model, the schedule) and the rules that
+tie fields together are :func:`difftx.compare.plan.resolve`'s, which :func:`get_preset` and
+:meth:`ComparePreset.with_overrides` call to validate a preset."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
-
-def _err(name: str, rule: str) -> ValueError:
-    return ValueError(f"ComparePreset.{name}: {rule}")
+from .plan import ComparePlan, preset_error, resolve, task_settings
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class ComparePreset:
     ``data`` (with ``tokenizer`` and ``heldout``) puts your text in place of the Shakespeare bytes;
     :meth:`on_text` also makes every step an LM batch (``difftx compare --data``). Every model
     records its held-out loss at ``curve_points`` log-spaced steps on ``curve_windows`` windows.
+
+    Construction checks each field on its own; :func:`difftx.compare.plan.resolve` checks the rest
+    (:func:`get_preset` and :meth:`with_overrides` return validated presets).
     """
 
     name: str = "custom"
@@ -74,7 +80,6 @@ class ComparePreset:
     curve_windows: int = 8
     # -- evaluation: per-task settings overrides ({task name: {field: value}}, see difftx.tasks) -----
     tasks: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
@@ -82,67 +87,32 @@ class ComparePreset:
                      "icl_input_len", "icl_demos", "probe_samples", "curve_windows"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise _err(name, f"must be a positive integer, got {v!r}")
+                raise preset_error(name, f"must be a positive integer, got {v!r}")
         for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise _err(name, f"must be a non-negative integer, got {v!r}")
-        if self.warmup_steps > self.steps:
-            raise _err("warmup_steps", f"{self.warmup_steps} must not exceed steps={self.steps}")
+                raise preset_error(name, f"must be a non-negative integer, got {v!r}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-                raise _err(name, f"must be a number, got {v!r}")
-        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
-            raise _err("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
+                raise preset_error(name, f"must be a number, got {v!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
-            raise _err("threads", f"must be a positive integer or None, got {self.threads!r}")
+            raise preset_error("threads", f"must be a positive integer or None, got {self.threads!r}")
         for name in ("data", "tokenizer", "heldout"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
-                raise _err(name, f"must be a path (text), got {v!r}")
-        if self.data is None and (self.tokenizer not in (None, "byte") or self.heldout is not None):
-            raise _err("tokenizer/heldout", "apply to your own text only (--data)")
+                raise preset_error(name, f"must be a path (text), got {v!r}")
         if self.device not in ("auto", "cpu", "cuda"):
-            raise _err("device", f"must be auto, cpu or cuda, got {self.device!r}")
+            raise preset_error("device", f"must be auto, cpu or cuda, got {self.device!r}")
         from ..config import ARMS
 
         arms = self.arms
         if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) != len(arms) or \
                 not {"baseline", "diff"} <= set(arms) or not set(arms) <= set(ARMS):
-            raise _err("arms", f"need distinct names of {list(ARMS)} including baseline and diff, got {arms!r}")
+            raise preset_error("arms", f"need distinct names of {list(ARMS)} including baseline and diff, got {arms!r}")
         object.__setattr__(self, "arms", tuple(arms))
-        settings = self.task_settings()  # validates every task's settings
-        for n, r in self.grid:
-            if not 1 <= r <= n <= self.max_needles:
-                raise _err("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={self.max_needles}")
-        for name in ("diagnostics",):
-            cell = settings[name].cell
-            if cell is not None and not (cell[1] <= cell[0] <= self.max_needles and cell[1] <= self.max_query):
-                raise _err(f"tasks.{name}.cell", f"{cell[0]}/{cell[1]} does not fit max_needles={self.max_needles} "
-                                                 f"and the grid's most queried keys {self.max_query}")
-        from ..eval.needle import NeedleTask
-
-        try:
-            NeedleTask(n_keys=self.n_keys, n_filler=self.n_filler, context_len=self.context_len,
-                       max_needles=self.max_needles, max_query=self.max_query)
-        except ValueError as e:
-            raise _err("context_len", str(e)) from None
-        if self.icl_every:
-            if self.icl_every == 1:
-                raise _err("icl_every", "1 would leave no needle steps")
-            if self.lm_every and self.icl_every % self.lm_every == 0:
-                raise _err("icl_every", f"{self.icl_every} is a multiple of lm_every={self.lm_every}: every ICL step "
-                                        "would be an LM step")
-            try:
-                self.icl_task(0)
-            except ValueError as e:
-                raise _err("icl_*", str(e)) from None
-
-    @property
-    def needle_batches(self) -> bool:
-        """Whether any training step is a needle batch (not with ``lm_every = 1``: LM only)."""
-        return self.lm_every != 1
+        if not isinstance(self.tasks, dict):
+            raise preset_error("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {self.tasks!r}")
 
     def on_text(self, data: str, tokenizer: str | None = None, heldout: str | None = None, *,
                 synthetic: bool = False) -> ComparePreset:
@@ -150,48 +120,11 @@ class ComparePreset:
         return self.with_overrides(**text_overrides({}, data, tokenizer, heldout, synthetic=synthetic))
 
     def task_settings(self) -> dict:
-        """``{task name: its Settings}``: each registered task's defaults with this preset's
-        ``tasks`` overrides (validated; unknown tasks or fields are named)."""
-        from ..tasks import TASKS, settings_from_dict
+        """``{task name: its Settings}`` (:func:`difftx.compare.plan.task_settings`)."""
+        return task_settings(self.tasks)
 
-        unknown = sorted(set(self.tasks) - set(TASKS))
-        if unknown:
-            raise _err("tasks", f"unknown task(s) {unknown}; known: {list(TASKS)}")
-        out = {}
-        for name, task in TASKS.items():
-            given = self.tasks.get(name, {})
-            if not isinstance(given, dict):
-                raise _err(f"tasks.{name}", f"must be a mapping of settings, got {given!r}")
-            try:
-                out[name] = settings_from_dict(task.Settings, given, f"ComparePreset.tasks.{name}")
-            except (TypeError, ValueError) as e:
-                raise ValueError(str(e)) from None
-        return out
-
-    @property
-    def grid(self) -> tuple:
-        """The needle task's N/R cells (also probed during training)."""
-        return self.task_settings()["needle"].grid
-
-    @property
-    def max_query(self) -> int:
-        """The most keys any needle prompt queries (the training task's answer length)."""
-        return max(r for _, r in self.grid)
-
-    def icl_task(self, first_id: int):
-        """The :class:`difftx.eval.icl.ICLTask` of this preset, its ids starting at ``first_id``."""
-        from ..eval.icl import ICLTask
-
-        return ICLTask(n_classes=self.icl_classes, n_features=max(4 * self.icl_classes * self.icl_features_per_class,
-                                                                  2 * self.icl_classes),
-                       features_per_class=self.icl_features_per_class, input_len=self.icl_input_len,
-                       n_labels=2 * self.icl_classes, n_demos=self.icl_demos, first_id=first_id)
-
-    def resolve(self):
-        """This preset as plain parts (:class:`difftx.compare.plan.ComparePlan`): model config per
-        arm, schedule, batch mixture, probes, task settings, execution."""
-        from .plan import resolve
-
+    def resolve(self) -> ComparePlan:
+        """This preset as plain parts (:func:`difftx.compare.plan.resolve`)."""
         return resolve(self)
 
     def replace(self, **changes) -> ComparePreset:
@@ -207,14 +140,16 @@ class ComparePreset:
         if "tasks" in overrides:
             given = overrides["tasks"]
             if not isinstance(given, dict):
-                raise _err("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
+                raise preset_error("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
             merged = {k: dict(v) for k, v in self.tasks.items()}
             for name, vals in given.items():
                 if not isinstance(vals, dict):
-                    raise _err(f"tasks.{name}", f"must be a mapping of settings, got {vals!r}")
+                    raise preset_error(f"tasks.{name}", f"must be a mapping of settings, got {vals!r}")
                 merged.setdefault(name, {}).update(vals)
             overrides = {**overrides, "tasks": merged}
-        return self.replace(**overrides)
+        preset = self.replace(**overrides)
+        resolve(preset)  # the rules that tie fields together
+        return preset
 
     def to_dict(self) -> dict:
         """JSON-ready (tuples become lists); :meth:`from_dict` reads it back."""
@@ -224,11 +159,14 @@ class ComparePreset:
 
     @classmethod
     def from_dict(cls, data: dict) -> ComparePreset:
+        """A preset from :meth:`to_dict`'s form, validated as :meth:`with_overrides` validates."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"ComparePreset: unknown field(s) {unknown}")
-        return cls(**data)
+        preset = cls(**data)
+        resolve(preset)
+        return preset
 
 
 MIXTURE_FIELDS = ("lm_every", "icl_every", "probe_every")
@@ -297,4 +235,4 @@ def get_preset(name: str, **overrides) -> ComparePreset:
     """A named preset with field overrides (validated)."""
     if name not in PRESETS:
         raise ValueError(f"unknown compare preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].with_overrides(**overrides) if overrides else PRESETS[name]
+    return PRESETS[name].with_overrides(**overrides)

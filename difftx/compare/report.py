@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
-from .schema import dumps_strict, validate_results
+from .schema import results_json
 
 
 def render_report(results: dict, plots: dict[str, str]) -> str:
@@ -191,9 +191,6 @@ def write_outputs(out: Path, results: dict, *, progress: bool = True) -> None:
     """Write ``plots/``, ``report.md`` and ``results.json`` (strict JSON, validated, atomically)."""
     results["plots"] = make_plots(out, results)
     text = render_report(results, results["plots"])
-    data = dumps_strict(results, indent=1)
-    import json
-
-    validate_results(json.loads(data))
+    data = results_json(results)
     atomic_write(out / "report.md", lambda p: Path(p).write_text(text))
     atomic_write(out / "results.json", lambda p: Path(p).write_text(data + "\n"))

@@ -18,7 +18,7 @@ Layout of ``out_dir``::
     compare.json                      the preset and seeds of this folder (a re-run must match)
     seed{S}/{diff,baseline}/model/    the trained model (difftx checkpoint: load_model reads it)
     seed{S}/{diff,baseline}/train/    the trainer's run folder (metrics.jsonl; checkpoints until trained)
-    seed{S}/{diff,baseline}/train.json   loss history, lambda over training, wall/CPU time
+    seed{S}/{diff,baseline}/train.json   the training record: loss history, lambda, wall/CPU time
     seed{S}/{diff,baseline}/evals/{task}.json  one file per registered task (difftx.tasks.TASKS)
     seed{S}/{diff,baseline}/.job.lock   held while one invocation trains or evaluates that model
     results.json  report.md  plots/*.png
@@ -27,7 +27,6 @@ Layout of ``out_dir``::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -36,12 +35,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write, dumps_strict, read_json
 from ..training.distributed import broadcast_object, on_main
-from .evaluate import evaluate_model, evaluations
-from .plan import ComparePlan
+from ..tasks.subject import TRAIN_RECORD, TrainRecord
+from .evaluate import EVALS_DIR, evaluate_model
+from .plan import ComparePlan, resolve
 from .presets import ComparePreset, get_preset
-from .schema import SCHEMA, SCHEMA_VERSION, check_version, dumps_strict
+from .schema import SCHEMA, SCHEMA_VERSION, check_version
 from .train import train_models
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
@@ -50,6 +50,9 @@ EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stac
 # what a resume may change besides: what is recorded along training (the held-out curve; models trained
 # before keep theirs), and the paths of your text, which is checked by its content instead (text_identity)
 RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")
+# preset fields an older difftx recorded in compare.json, with the one value they always had
+REMOVED_FIELDS = {"extra": {}}
+COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 
 @contextmanager
@@ -102,7 +105,7 @@ def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: b
             import torch
 
             torch.set_num_threads(plan.execution.threads)
-        untrained = broadcast_object([i for i, (_, f, _) in enumerate(todo) if not (f / "train.json").is_file()])
+        untrained = broadcast_object([i for i, (_, f, _) in enumerate(todo) if not (f / TRAIN_RECORD).is_file()])
         for group in _by_checkpoint_step([todo[i] for i in untrained]):
             train_models(kind, plan, [s for s, _, _ in group], [f for _, f, _ in group], progress=progress,
                          position=position, invocation=invocation)
@@ -125,7 +128,7 @@ def _by_checkpoint_step(models: list[tuple]) -> list[list[tuple]]:
 
 
 def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int) -> list[str]:
-    missing = broadcast_object([e for e in evaluations() if not (f / "evals" / f"{e}.json").is_file()])
+    missing = broadcast_object([e for e in plan.tasks if not (f / EVALS_DIR / f"{e}.json").is_file()])
     if missing:
         # evaluation receives its part of the plan alone: the task settings (and the device)
         on_main(lambda: evaluate_model(f, plan.tasks, device=plan.execution.device, progress=progress,
@@ -162,23 +165,23 @@ def plan_jobs(plan: ComparePlan, seeds: list[int], out: Path, k: int) -> list[tu
 
 
 def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
-    meta = out / "compare.json"
+    meta, new = out / COMPARE_FILE, preset.to_dict()
     if meta.is_file():
+        data = read_json(meta, "the settings of a comparison")
         try:
-            data = json.loads(meta.read_text())
             old = data["preset"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (KeyError, TypeError) as e:
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
         _check_text(meta, data.get("text"), text)
-        new = preset.to_dict()
+        old = {k: v for k, v in old.items() if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
                          and k not in RECORDING_FIELDS)
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
     out.mkdir(parents=True, exist_ok=True)
-    record = {"schema_version": SCHEMA_VERSION, "preset": preset.to_dict()}
+    record = {"schema_version": SCHEMA_VERSION, "preset": new}
     text = dumps_strict({**record, "text": text} if text is not None else record, indent=1)
     atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
 
@@ -296,7 +299,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
         raise ValueError(f"seeds: need a positive count or a non-empty list, got {seeds!r}")
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds: must be distinct, got {seed_list}")
-    plan = p.resolve()  # once: every later step receives its part of the plan
+    plan = resolve(p)  # once: every later step receives its part of the plan
     n_workers = plan.execution.workers if workers is None else workers
     if n_workers <= 0:
         raise ValueError(f"workers: must be positive, got {n_workers}")
@@ -476,8 +479,9 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         runs[str(s)] = {}
         for k in plan.arms:
             f = out / f"seed{s}" / k
-            train = _read(f / "train.json")
-            runs[str(s)][k] = {"train": train, "tasks": {e: _read(f / "evals" / f"{e}.json") for e in settings}}
+            evals = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model")
+                     for e in settings}
+            runs[str(s)][k] = {"train": TrainRecord.read(f).to_dict(), "tasks": evals}
     first = runs[str(seeds[0])]
     results = {
         "schema": SCHEMA,
@@ -497,16 +501,9 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         "null_reasons": {},
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
-        results["text"] = _read(out / "compare.json").get("text")
+        results["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
     comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
     results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
     results["arm_comparisons"] = comparisons
     results["token_efficiency"] = token_ratios(results)
     return results
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable ({e}); delete it to redo that part") from None

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write, dumps_strict
 from .presets import ComparePreset, get_preset
-from .schema import dumps_strict
 
 SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 1
 

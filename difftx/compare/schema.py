@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import json
-import math
-from typing import Any
+
+from ..io import dumps_strict
 
 SCHEMA = "difftx.compare.results"
 SCHEMA_VERSION = 2
@@ -25,30 +25,6 @@ COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": s
 PAIRED_KEYS = ("mean", "low", "high", "p_value", "sign_flip_p", "n", "n_examples", "confidence", "method",
                "excludes_zero")
 VERSION_KEYS = ("difftx", "torch", "python", "platform")
-
-
-def strict(obj: Any, reasons: dict | None = None, path: str = "") -> Any:
-    """A copy of ``obj`` with every non-finite float replaced by ``None`` (its path and value
-    added to ``reasons``) and tuples made lists."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        if reasons is not None:
-            reasons[path or "."] = f"not a finite number ({obj})"
-        return None
-    if isinstance(obj, dict):
-        return {str(k): strict(v, reasons, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict(v, reasons, f"{path}[{i}]") for i, v in enumerate(obj)]
-    return obj
-
-
-def dumps_strict(obj: Any, **kwargs) -> str:
-    """Strict JSON text of ``obj``: non-finite numbers become ``null``, with the reason under
-    ``null_reasons`` when ``obj`` is a dict."""
-    reasons: dict = {}
-    clean = strict(obj, reasons)
-    if reasons and isinstance(clean, dict):
-        clean["null_reasons"] = {**clean.get("null_reasons", {}), **reasons}
-    return json.dumps(clean, allow_nan=False, **kwargs)
 
 
 def _check(obj: dict, spec: dict, where: str) -> None:
@@ -114,3 +90,11 @@ def validate_results(results: dict) -> None:
             if k not in c["paired"]:
                 raise ValueError(f"results.json: comparison.{key}.paired lacks {k!r}")
     json.dumps(results, allow_nan=False)  # strict: raises on NaN / Infinity
+
+
+def results_json(results: dict) -> str:
+    """The text of ``results.json``: strict JSON of ``results`` (:func:`difftx.io.dumps_strict`),
+    validated (:func:`validate_results`) before anything is written."""
+    data = dumps_strict(results, indent=1)
+    validate_results(json.loads(data))
+    return data

@@ -7,7 +7,7 @@ answer tokens), every ``lm_every``-th step a language-modelling batch of bundled
 bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context
 classification batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
 :class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
-vocabulary (:class:`difftx.compare.plan.TaskSpace`).
+vocabulary (:class:`difftx.tasks.subject.TaskSpace`).
 
 Every batch comes from one ``random.Random`` seeded by the comparison seed alone
 (:func:`data_rng`), so DIFF and its baseline see exactly the same batches in the same order (a
@@ -32,7 +32,7 @@ from ..training.batches import Batch
 from .plan import Mixture
 
 if TYPE_CHECKING:
-    from .plan import TaskSpace, TextData
+    from ..tasks.subject import TaskSpace, TextData
 
 STATE_VERSION = 1
 

@@ -19,11 +19,10 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write, dumps_strict
 from ..eval.stats import paired_estimate
-from ..tasks.reporting import ARMS
+from ..tasks.reporting import REPORTED_ARMS
 from .presets import get_preset
-from .schema import dumps_strict
 
 
 def _label(field: str, value) -> str:
@@ -82,13 +81,13 @@ def summarise(field: str, results: dict) -> dict:
     if keys:
         key = keys[0]
         sign = 1 if points[0]["metrics"][key]["lower_is_better"] else -1
-        pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in ARMS}
+        pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in REPORTED_ARMS}
         d, b = (pick[a]["metrics"][key]["per_seed"][a] for a in ("diff", "baseline"))
         bounds = points[0]["metrics"][key].get("bounds")
         est = paired_estimate(d, b, bounds=None if bounds is None else tuple(bounds)) if len(d) == len(b) else None
         best = {"metric": key, "label": points[0]["metrics"][key]["label"],
-                "value": {a: pick[a]["value"] for a in ARMS},
-                "mean": {a: pick[a]["metrics"][key][a][0] for a in ARMS},
+                "value": {a: pick[a]["value"] for a in REPORTED_ARMS},
+                "mean": {a: pick[a]["metrics"][key][a][0] for a in REPORTED_ARMS},
                 "paired": None if est is None else est.to_dict()}
     return {"field": field, "points": points, "best": best}
 

@@ -11,7 +11,6 @@ order (a paired comparison).
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,12 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import atomic_write, load_model, save_model
+from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
-from ..tasks.needle import NO_NEEDLES
-from ..tasks.subject import TASK_FILE
+from ..io import eval_mode
+from ..tasks.common import NO_NEEDLES
+from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
-from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes, TaskSpace
+from ..training.summary import METRICS_NAME
+from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes
 from .stream import CompareStream, lm_streams
 
 PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
@@ -55,11 +56,12 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
     """Train the model of arm ``kind`` (a key of ``plan.arms``) with :func:`difftx.training.train`
     on ``plan``'s schedule, batch mixture and probes, and
     save it to ``folder/model`` (a difftx checkpoint, with its task vocabulary in
-    ``compare_task.json``); ``folder/train.json`` (written last, atomically) marks it finished
+    ``compare_task.json``, :class:`~difftx.tasks.subject.CompareTask`); ``folder/train.json``
+    (:class:`~difftx.tasks.subject.TrainRecord`, written last, atomically) marks it finished
     and holds the loss history (per batch kind, gradient norm, λ per layer, every ``log_every``
     steps), the needle probes (every ``plan.probes.every`` steps, see :func:`needle_probe`), the
     wall / CPU time and ``invocation`` (the id of the compare run that trained it: throughput is
-    compared only between models of one invocation). Returns that record.
+    compared only between models of one invocation). Returns that record (as a dict).
 
     The trainer's run folder is ``folder/train``: an interrupted model continues there from its
     last checkpoint (every ~10% of the steps) on the next call, exactly as if uninterrupted. Its
@@ -100,7 +102,7 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
             raise ValueError(f"train_models: the seeds {seeds} of a stack must all have checkpoints or none")
         for s in setups:
             if not s.has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
-                on_main(lambda s=s: (s.run_dir / "metrics.jsonl").unlink(missing_ok=True))
+                on_main(lambda s=s: (s.run_dir / METRICS_NAME).unlink(missing_ok=True))
         t0, c0 = time.time(), time.process_time()
         what = f"{kind} seed {seeds[0]}" if len(seeds) == 1 else f"{kind} seeds {', '.join(map(str, seeds))}"
         bar = {"desc": f"train {what}", "position": position, "leave": False}
@@ -124,7 +126,7 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
                                           "again to continue it")
         share = {"wall_s": (time.time() - t0) / len(seeds), "cpu_s": (time.process_time() - c0) / len(seeds),
                  "device": str(dist.device), "threads": torch.get_num_threads(), "world_size": dist.world_size,
-                 "invocation": invocation, **({"stacked": len(seeds)} if len(seeds) > 1 else {})}
+                 "invocation": invocation, "stacked": len(seeds) if len(seeds) > 1 else None}
         return [on_main(lambda s=s, r=r: _finish(kind, plan, s, r, share), share=True)
                 for s, r in zip(setups, results)]
     finally:
@@ -164,15 +166,11 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict) ->
     space, folder, run_dir, seed = plan.space, setup.folder, setup.run_dir, setup.seed
     model = load_model(result.last_checkpoint)
     save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": plan.name})
-    task_info = {"needle_task": space.needle.to_dict() if space.needle else None, "lm": space.lm,
-                 "lm_offset": space.lm_offset, "lm_seq_len": plan.mixture.lm_seq_len,
-                 "icl_task": space.icl.to_dict() if space.icl else None}
-    if plan.text is not None:  # your own text: its source, tokenizer (saved beside) and held-out file
-        task_info.update(lm_vocab=space.lm_vocab, text=plan.text.to_dict())
+    if plan.text is not None:  # your own text: its tokenizer saved beside the model
         load_tokenizer(plan.text.tokenizer).save(folder / "model" / TOKENIZER_DIR)
-    atomic_write(folder / "model" / TASK_FILE, lambda p: Path(p).write_text(json.dumps(task_info, indent=1) + "\n"))
+    CompareTask(space, plan.mixture.lm_seq_len, plan.text).write(folder / "model")
     history, probes, probe_s, curve = [], [], 0.0, []
-    for r in read_metrics(run_dir / "metrics.jsonl"):  # one trajectory, also across resumes
+    for r in read_metrics(run_dir / METRICS_NAME):  # one trajectory, also across resumes
         if "probe" in r:
             got = dict(r["probe"])
             loss, curve_s = got.pop("heldout_loss", None), got.pop("heldout_s", 0.0)
@@ -186,20 +184,16 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict) ->
                             **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
                             "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
                             "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda")})
-    record = {"kind": kind, "seed": seed, "config": plan.arms[kind].to_dict(), "parameters": model.num_parameters(),
-              "steps": plan.schedule.steps, "history": history, "probes": probes, "probe_s": probe_s,
-              "wall_s": share["wall_s"], "cpu_s": share["cpu_s"], "device": share["device"],
-              "threads": share["threads"], "world_size": share["world_size"], "resumed_from": result.resumed_from,
-              "invocation": share["invocation"], **({"stacked": share["stacked"]} if "stacked" in share else {})}
-    if space.needle is None:
-        record["probes_skipped"] = NO_NEEDLES
-    if plan.curve.steps:
-        record["heldout_curve"] = {**setup.probes.curve, "steps": [c[0] for c in curve],
-                                   "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
-                                   "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)}
-    atomic_write(folder / "train.json", lambda p: Path(p).write_text(json.dumps(record, indent=1) + "\n"))
+    heldout_curve = {**setup.probes.curve, "steps": [c[0] for c in curve],
+                     "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
+                     "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)} if plan.curve.steps else None
+    record = TrainRecord(
+        kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
+        steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
+        probes_skipped=NO_NEEDLES if space.needle is None else None, heldout_curve=heldout_curve, **share)
+    record.write(folder)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
-    return record
+    return record.to_dict()
 
 
 @dataclass
@@ -273,16 +267,11 @@ def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> di
     from ..eval.capture import max_abs_attention_logits
     from ..eval.needle import evaluate_needles, needle_samples
 
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
-                                   samples_per_cell=probes.samples, seed=PROBE_SEED)
-            n, r = probes.grid[-1]
-            prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
-                                                                     seed=PROBE_SEED)])
-            logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
-    finally:
-        model.train(was)
+    with eval_mode(model), torch.no_grad():
+        res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
+                               samples_per_cell=probes.samples, seed=PROBE_SEED)
+        n, r = probes.grid[-1]
+        prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
+                                                                 seed=PROBE_SEED)])
+        logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
     return {"accuracy": res.accuracy_table(), "max_attention_logit": logits}

@@ -19,9 +19,10 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Protocol, Sequence, Union, runtime_checkable
+
+from ..io import atomic_write
 
 EOS_TOKEN = "<|endoftext|>"
 # special-token spellings recognised as the document separator in a user tokenizer.json, in order
@@ -47,23 +48,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def save(self, folder: Union[str, os.PathLike]) -> Path: ...
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's file is owner-only: give what a plain open would
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class ByteTokenizer:
@@ -113,8 +97,8 @@ class ByteTokenizer:
     def save(self, folder: Union[str, os.PathLike]) -> Path:
         """Write ``difftx_tokenizer.json`` saying ``{"type": "byte"}``; ``load_tokenizer(folder)`` reads it."""
         path = Path(folder) / META_FILE
-        _atomic_write_text(path, json.dumps({"type": "byte", "vocab_size": self.vocab_size,
-                                             "eos_id": self.eos_id}, indent=2) + "\n")
+        text = json.dumps({"type": "byte", "vocab_size": self.vocab_size, "eos_id": self.eos_id}, indent=2) + "\n"
+        atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
         return path
 
     def __repr__(self) -> str:
@@ -200,7 +184,8 @@ class BPETokenizer:
     def save(self, folder: Union[str, os.PathLike]) -> Path:
         """Write ``tokenizer.json`` into ``folder`` (atomically) and return its path."""
         path = Path(folder) / TOKENIZER_FILE
-        _atomic_write_text(path, self._tok.to_str(pretty=True))
+        text = self._tok.to_str(pretty=True)
+        atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
         return path
 
     def __repr__(self) -> str:

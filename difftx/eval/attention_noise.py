@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..io import eval_mode
 from .capture import AttentionCapture
 from .needle import ROLE_ANSWER, ROLE_FILLER, ROLE_NAMES, NeedleSample, RolePrompt
 
@@ -99,11 +100,9 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample |
     if not samples:
         raise ValueError("attention_to_answer needs at least one needle sample")
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     rows: list[list[Tensor]] = []  # rows[layer][sample]: (H, S)
     answer, noise, kept = [], [], []
-    try:
+    with eval_mode(model):
         for si, s in enumerate(samples):
             roles = torch.tensor(s.roles)
             answer.append(roles == ROLE_ANSWER)
@@ -117,8 +116,6 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample |
             if si < keep_rows:
                 kept.append({"roles": list(s.roles), "layers": [r[-1].mean(0).tolist() for r in rows],
                              "heads": [r[-1].tolist() for r in rows]})
-    finally:
-        model.train(was_training)
     # prompts of different lengths: zero-pad keys to the longest (a zero adds to no L1 norm or mass)
     S = max(a.numel() for a in answer)
     A, N = _pad(answer, S), _pad(noise, S)  # (N, S)

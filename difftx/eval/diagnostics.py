@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..io import eval_mode
 from .capture import AttentionCapture, layer_lambdas
 
 __all__ = ["head_redundancy", "layer_lambdas", "model_head_redundancy"]
@@ -38,16 +39,12 @@ def model_head_redundancy(model: torch.nn.Module, tokens: Tensor, backend: str =
     """:func:`head_redundancy` per layer on ``tokens`` ``(B, T)``, in forwards of ``batch_size``
     sequences (default: all at once; a smaller one bounds the memory of the captured maps). The
     value is a mean over sequences, so it does not depend on ``batch_size``."""
-    was_training = model.training
-    model.eval()
     per_chunk = []  # (sequences, [value per layer])
-    try:
+    with eval_mode(model):
         for chunk in tokens.split(batch_size or len(tokens)):
             with AttentionCapture(model, backend=backend) as cap:
                 model(chunk.to(next(model.parameters()).device))
             per_chunk.append((len(chunk), [head_redundancy(calls[-1].effective) for calls in cap.maps]))
-    finally:
-        model.train(was_training)
     return [sum(n * v[layer] for n, v in per_chunk) / len(tokens) for layer in range(len(per_chunk[0][1]))]
 
 

@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..io import eval_mode
+
 ORDER_KINDS = ("random", "class_sorted", "alternating")
 
 
@@ -190,18 +192,14 @@ def classify(model: torch.nn.Module, task: ICLTask, prompts: Sequence[Sequence[i
              candidates: Sequence[Sequence[int]], *, batch_size: int = 32, backend: Optional[str] = None) -> list[int]:
     """For each prompt, the candidate token with the largest next-token logit."""
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     preds: list[int] = []
-    try:
+    with eval_mode(model):
         for i in range(0, len(prompts), batch_size):
             x = torch.tensor([list(p) for p in prompts[i:i + batch_size]], device=device)
             last = model(x, backend=backend)[:, -1].float().cpu()  # (b, V)
             for row, cand in zip(last, candidates[i:i + batch_size]):
                 c = torch.tensor(list(cand))
                 preds.append(int(c[row[c].argmax()]))
-    finally:
-        model.train(was_training)
     return preds
 
 

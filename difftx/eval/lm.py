@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..io import eval_mode
+
 
 def bits_per_byte(mean_nll: float, bytes_per_token: float) -> float:
     """Bits per byte from the mean token NLL (nats) and the text's bytes per token."""
@@ -44,12 +46,8 @@ def token_nll(model: torch.nn.Module, windows: Tensor, *, backend: Optional[str]
     ``windows[:, t+1]`` given ``windows[:, :t+1]``."""
     if windows.dim() != 2 or windows.shape[1] < 2:
         raise ValueError(f"windows must be (batch, time >= 2), got shape {tuple(windows.shape)}")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         logits = model(windows[:, :-1], backend=backend).float()  # (B, T, V)
-    finally:
-        model.train(was_training)
     nll = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(), reduction="none")
     return nll.view(windows.shape[0], -1)  # (B, T)
 

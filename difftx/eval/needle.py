@@ -31,6 +31,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..io import eval_mode
+
 # roles of prompt positions (for attention-to-answer / noise)
 ROLE_BOS, ROLE_FILLER, ROLE_NEEDLE, ROLE_ANSWER, ROLE_QUERY = 0, 1, 2, 3, 4
 ROLE_NAMES = {ROLE_BOS: "bos", ROLE_FILLER: "filler", ROLE_NEEDLE: "needle", ROLE_ANSWER: "answer",
@@ -397,13 +399,11 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_
     if len({len(p) for p in prompts}) != 1:
         raise ValueError("greedy_decode(use_cache=False) needs prompts of equal length")
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     seq = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
     stops = set(stop_tokens)
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
-    try:
+    with eval_mode(model):
         for _ in range(max_new_tokens):
             nxt = model(seq, backend=backend)[:, -1].argmax(-1)  # (B,)
             for i, t in enumerate(nxt.tolist()):
@@ -413,8 +413,6 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_
             if all(done):
                 break
             seq = torch.cat([seq, nxt[:, None]], dim=1)
-    finally:
-        model.train(was_training)
     return out
 
 

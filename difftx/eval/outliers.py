@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..io import eval_mode
 from .capture import AttentionCapture, CapturedMaps
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 10, 100)
@@ -91,14 +92,10 @@ def activation_outliers(model: torch.nn.Module, windows: Tensor, *, token_budget
         logit_stats.update(c.logits)  # -inf (masked) entries are dropped by update()
 
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         with AttentionCapture(model, store=False, callback=on_maps,
                               hidden_callback=lambda _layer, h: hidden_stats.update(h)):
             for i in tqdm(range(0, windows.shape[0], batch_size), desc="outliers", disable=not progress, leave=False):
                 model(windows[i:i + batch_size].to(device))
-    finally:
-        model.train(was_training)
     return {"attention_logits": logit_stats.result(), "hidden_states": hidden_stats.result(),
             "tokens": int(windows.numel())}

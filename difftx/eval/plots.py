@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
+
+from ..io import atomic_write
 
 PathLike = str | os.PathLike
 _COLORS = {"diff": "tab:red", "baseline": "tab:blue", "transformer": "tab:blue", "standard": "tab:blue"}
@@ -33,20 +34,12 @@ def _color(name: str, i: int) -> str:
 
 
 def _save(fig, path: PathLike) -> Path:
-    plt = _plt()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
+    """Write ``fig`` as a PNG at ``path`` (atomically) and close it."""
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomic_write(path, lambda p: fig.savefig(p, dpi=110, bbox_inches="tight", format="png"))
     finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        _plt().close(fig)
+    return Path(path)
 
 
 def plot_needle_accuracy(acc: Mapping[str, Mapping[str, float]], path: PathLike, *,

@@ -42,8 +42,9 @@ import torch
 from torch import Tensor
 
 from ..attention.modules import lambda_init_for_layer
-from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, load_config, load_state
+from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state
 from ..config import ModelConfig
+from ..io import atomic_write
 from ..model import Transformer
 
 PathLike = Union[str, os.PathLike]

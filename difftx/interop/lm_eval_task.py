@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from ..checkpoint import atomic_write
+from ..io import atomic_write
 
 TASK_NAME = "difftx_next_line"
 DATA_NAME = "next_line.jsonl"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 
-from .base import EVAL_SEED, Metric, Task, settings_from_dict, settings_to_dict
+from .base import Metric, Task, settings_from_dict, settings_to_dict
+from .common import EVAL_SEED
 from .subject import Subject, load_subject
 
 # built-in task modules, in report order

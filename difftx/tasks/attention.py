@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .base import EVAL_SEED, Metric, Task, parse_cells, positive, setting
-from .needle import NO_NEEDLES, fitting_cells
+from .base import Metric, Task, parse_cells, positive, setting
+from .common import EVAL_SEED, fitting_cells, no_needle_task
 from .reporting import NAMES, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
@@ -68,14 +68,12 @@ class AttentionTask(Task):
     Settings = AttentionSettings
 
     def applies(self, subject, settings) -> Optional[str]:
-        return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
+        return no_needle_task(subject)
 
     def run(self, subject, s: AttentionSettings, *, progress: bool = False) -> dict:
         from ..eval.attention_noise import attention_report
 
-        cells = fitting_cells(subject, s.cells)
-        if not cells:
-            raise ValueError(f"none of the cells {s.cells} fits the model's needle task")
+        cells = fitting_cells(subject, s.cells, at_least_one=True)
         out: dict = {"form": "synthetic" if subject.needle is not None else "text", "depths": list(s.depths),
                      "samples_per_depth": s.samples, "cells": {},
                      "dropped_cells": [f"{n}/{r}" for n, r in s.cells if (n, r) not in cells]}

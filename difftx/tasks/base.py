@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-EVAL_SEED = 1234  # prompts, windows and episodes of every evaluation: the same for every model and seed
-
 
 @dataclass(frozen=True)
 class Metric:

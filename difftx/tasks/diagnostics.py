@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Task, parse_cell, positive, setting
-from .needle import probe_prompts
+from .common import probe_prompts
 from .reporting import ReportContext, fmt, table
 
 
 @dataclass(frozen=True)
 class DiagnosticsSettings:
     samples: int = setting(8, "needle prompts (compare models) or held-out windows (text models)")
-    cell: Optional[tuple] = setting(None, "needle cell N/R of the prompts (default 4/2, or the most the model's "
-                                          "needle task has)", parse_cell)
+    cell: Optional[tuple] = setting(None, "needle cell N/R of the prompts (default 4/2), clipped to the most the "
+                                          "model's needle task has", parse_cell)
     batch_size: int = setting(4, "sequences per forward (bounds the memory of the captured maps)")
 
     def __post_init__(self) -> None:

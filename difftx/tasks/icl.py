@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import EVAL_SEED, Metric, Task, positive, setting
+from .base import Metric, Task, positive, setting
+from .common import EVAL_SEED
 from .reporting import NAMES, ReportContext
 
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from .base import Metric, Task, positive, setting
+from .common import window_nll
 from .reporting import SHORT, ReportContext
-
-if TYPE_CHECKING:
-    import torch
 
 DEFAULT_WINDOWS = 512
 
@@ -41,20 +39,6 @@ class LMSettings:
                                                  for f in self.extrapolation_factors):
             raise ValueError(f"LMSettings.extrapolation_factors: must be positive integers, got "
                              f"{self.extrapolation_factors!r}")
-
-
-def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
-               backend: Optional[str] = None) -> torch.Tensor:
-    """Per-token NLL ``(N, T)`` of ``windows`` ``(N, T + 1)``, in batches."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from ..eval.lm import token_nll
-
-    device = next(model.parameters()).device
-    parts = [token_nll(model, windows[i:i + batch_size].to(device), backend=backend).cpu()
-             for i in tqdm(range(0, windows.shape[0], batch_size), desc="lm eval", disable=not progress, leave=False)]
-    return torch.cat(parts) if parts else windows.new_zeros((0, windows.shape[1] - 1), dtype=torch.float32)
 
 
 class LMTask(Task):

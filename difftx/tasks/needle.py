@@ -1,8 +1,6 @@
 """Multi-needle retrieval (paper section 3.4): per-key exact match over N/R x depth cells, the
 error classes of wrong answers, accuracy by depth and a depth x length heatmap. A compare
-model runs the synthetic token-level form; a text model the natural-language (LWM) form.
-
-Also the probe prompts of one cell that the attention, quant and diagnostics tasks share."""
+model runs the synthetic token-level form; a text model the natural-language (LWM) form."""
 
 from __future__ import annotations
 
@@ -10,16 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .base import EVAL_SEED, Metric, Task, parse_cell, parse_cells, positive, setting
+from .base import Metric, Task, parse_cell, parse_cells, positive, setting
+from .common import DEFAULT_CELL, fitting_cells, no_needle_task, run_needles
+from .common import probe_prompts  # noqa: F401 - where tasks written before difftx.tasks.common import it from
 from .reporting import NAMES, SHORT, ReportContext, call, ci, fmt, pair, table
 
 PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1", "2/2", "4/2", "6/2"],
          "baseline": [1.00, 0.85, 0.62, 0.55], "diff": [1.00, 0.92, 0.84, 0.85]}
 OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
-DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped to what the task has
-PROBE_DEPTH = 0.5
-NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
-              "--data and difftx scale train; compare --data --synthetic adds the needle task)")
 
 
 @dataclass(frozen=True)
@@ -45,64 +41,6 @@ class NeedleSettings:
             raise ValueError(f"NeedleSettings.heatmap_lengths: must be positive integers, got {self.heatmap_lengths}")
 
 
-def fitting_cells(subject, cells) -> list[tuple[int, int]]:
-    """The cells the subject's needle task can pose (a compare model's task has a most needles
-    and a most queried keys; the natural-language form has a city list)."""
-    from ..eval.needle import CITIES
-
-    t = subject.needle
-    max_n, max_r = (t.max_needles, t.max_query) if t is not None else (len(CITIES), len(CITIES))
-    return [(n, r) for n, r in cells if n <= max_n and r <= max_r]
-
-
-def probe_cell(subject, cell: Optional[tuple[int, int]]) -> tuple[int, int]:
-    """``cell``, or 4/2 clipped to what the subject's needle task has (a clear error when the
-    requested cell does not fit)."""
-    if cell is None:
-        n, r = DEFAULT_CELL
-        t = subject.needle
-        if t is not None:
-            n = min(n, t.max_needles)
-            r = min(r, t.max_query, n)
-        return n, r
-    if not fitting_cells(subject, [cell]):
-        t = subject.needle
-        form = "the model's needle task" if t is not None else "the natural-language needle form"
-        most = f"{t.max_needles} needles and {t.max_query} queried keys" if t is not None else "fewer cities"
-        raise ValueError(f"cell {cell[0]}/{cell[1]}: {form} has at most {most}")
-    return tuple(cell)
-
-
-def probe_prompts(subject, cell: Optional[tuple[int, int]], samples: int, context_len: int = 256):
-    """``samples`` prompts of the probe cell at depth 0.5 with a role per position (synthetic for
-    a compare model, natural-language for a text model) and a description of them."""
-    from ..eval.needle import needle_samples, text_needle_probes
-
-    n, r = probe_cell(subject, cell)
-    if subject.needle is not None:
-        probes, form = needle_samples(subject.needle, n, r, PROBE_DEPTH, samples, seed=EVAL_SEED), "synthetic"
-    else:
-        tok = subject.tokenizer
-        probes = text_needle_probes(tok.encode, tok.decode, n, r, PROBE_DEPTH, samples, context_len, seed=EVAL_SEED)
-        form = "text"
-    return probes, {"form": form, "cell": f"{n}/{r}", "depth": PROBE_DEPTH, "n_samples": len(probes)}
-
-
-def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_len: int = 256,
-                backend: Optional[str] = None, use_cache: bool = True, batch_size: int = 50, progress: bool = False):
-    """:class:`difftx.eval.needle.NeedleResult` of the subject's form (same prompts for every model)."""
-    from ..eval.needle import evaluate_needles, evaluate_needles_text
-
-    if subject.needle is not None:
-        return evaluate_needles(subject.model, subject.needle, grid=grid, depths=depths, lengths=lengths,
-                                samples_per_cell=samples, seed=EVAL_SEED, backend=backend, use_cache=use_cache,
-                                batch_size=batch_size, progress=progress)
-    tok = subject.tokenizer
-    return evaluate_needles_text(subject.model, tok.encode, tok.decode, context_len=context_len, grid=grid,
-                                 depths=depths, lengths=lengths, samples_per_cell=samples, seed=EVAL_SEED,
-                                 stop_tokens=[tok.eos_id], backend=backend, progress=progress)
-
-
 class NeedleTask(Task):
     name = "needle"
     title = "Multi-needle retrieval"
@@ -110,12 +48,10 @@ class NeedleTask(Task):
     Settings = NeedleSettings
 
     def applies(self, subject, settings) -> Optional[str]:
-        return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
+        return no_needle_task(subject)
 
     def run(self, subject, s: NeedleSettings, *, progress: bool = False) -> dict:
-        grid = fitting_cells(subject, s.grid)
-        if not grid:
-            raise ValueError(f"none of the cells {s.grid} fits the model's needle task")
+        grid = fitting_cells(subject, s.grid, at_least_one=True)
         res = run_needles(subject, grid, s.depths, s.samples_per_cell, context_len=s.context_len,
                           batch_size=s.batch_size, progress=progress)
         out = {"grid": res.to_dict(), "dropped_cells": [f"{n}/{r}" for n, r in s.grid if (n, r) not in grid],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import Metric, Task, positive, setting
-from .needle import probe_prompts
+from .common import probe_prompts
 from .reporting import NAMES, SHORT, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 5)",

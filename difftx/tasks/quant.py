@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Metric, Task, parse_cells, positive, setting
-from .lm import window_nll
-from .needle import fitting_cells, run_needles
+from .common import fitting_cells, run_needles, window_nll
 from .reporting import NAMES, SHORT, ReportContext, fmt, table
 
 GRANULARITIES = ("row", "tensor")

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-ARMS = ("baseline", "diff")  # report order
+REPORTED_ARMS = ("baseline", "diff")  # the two arms a report section compares, in the order it shows them
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 SHORT = {"diff": "DIFF", "baseline": "baseline"}
 DIFF_HEADER = "DIFF - baseline [unadjusted 95%], Holm p"
@@ -32,12 +32,8 @@ class ReportContext:
     def __init__(self, results: dict) -> None:
         self.results = results
         self.seeds = [str(s) for s in results["seeds"]]
-        self.arms = [a for a in ARMS if a in results["arms"]]
+        self.arms = [a for a in REPORTED_ARMS if a in results["arms"]]
         self.first = self.seeds[0]
-
-    @property
-    def preset(self) -> dict:
-        return self.results["preset"]
 
     def settings(self, task: str) -> dict:
         return self.results["tasks"][task]["settings"]

@@ -13,21 +13,198 @@ them through :func:`load_subject`, so they score a model with the very same code
 Held-out text of a text model: with ``data=None`` the run's own validation split (read from the
 ``train_config.json`` saved with the checkpoint: its data source, tokenizer and split), else the
 whole of ``data`` (no split: every token of the file is scored once).
+
+What ``difftx compare`` hands to the tasks is typed here, each with JSON in and out:
+:class:`CompareTask` (``compare_task.json`` beside a compare model: its :class:`TaskSpace`,
+LM window length and :class:`TextData`) and :class:`TrainRecord` (``train.json``, its training
+record).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..io import atomic_write, read_json
+
 if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` stays light
     import torch
 
+    from ..eval.icl import ICLTask
+    from ..eval.needle import NeedleTask
+
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 TRAIN_RECORD = "train.json"  # beside a compare model's folder: its training record
+BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
+
+
+def _write_json(path: Path, data: dict) -> Path:
+    text = json.dumps(data, indent=1) + "\n"
+    atomic_write(path, lambda p: Path(p).write_text(text))
+    return path
+
+
+@dataclass(frozen=True)
+class TaskSpace:
+    """The shared vocabulary of a compare model: needle-task ids first (none without needle
+    batches), then (with LM batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte
+    tokenizer's end-of-text, or your tokenizer's) shifted by ``lm_offset``, then (with ICL batches)
+    the ICL task's ids, which start at ``icl.first_id``."""
+
+    needle: Optional[NeedleTask]
+    lm: bool
+    icl: Optional[ICLTask] = None
+    lm_vocab: int = BYTE_VOCAB
+
+    @property
+    def lm_offset(self) -> int:
+        return self.needle.vocab_size if self.needle is not None else 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
+
+    def to_dict(self) -> dict:
+        """JSON-ready (``lm_offset`` included for a reader's convenience); :meth:`from_dict` reads it back."""
+        return {"needle_task": self.needle.to_dict() if self.needle else None, "lm": self.lm,
+                "lm_offset": self.lm_offset, "icl_task": self.icl.to_dict() if self.icl else None,
+                "lm_vocab": self.lm_vocab}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TaskSpace:
+        from ..eval.icl import ICLTask
+        from ..eval.needle import NeedleTask
+
+        return cls(needle=NeedleTask(**data["needle_task"]) if data.get("needle_task") else None,
+                   lm=bool(data.get("lm")), icl=ICLTask(**data["icl_task"]) if data.get("icl_task") else None,
+                   lm_vocab=data.get("lm_vocab", BYTE_VOCAB))
+
+
+@dataclass(frozen=True)
+class TextData:
+    """Your own text (``difftx compare --data``): ``source`` as ``difftx train --data`` takes it, its
+    ``tokenizer`` ("byte" or a path) and ``heldout``, a file scored whole (None: the corpus's
+    validation split). Paths are absolute."""
+
+    source: str
+    tokenizer: str
+    heldout: Optional[str] = None
+
+    def prepare(self, progress: bool = False):
+        """The corpus's token stores (:func:`difftx.data.prepare_data`, cached)."""
+        from ..data import prepare_data
+
+        return prepare_data(self.source, self.tokenizer, progress=progress)
+
+    def heldout_tokens(self, progress: bool = False):
+        """The held-out stream (uint ids, 1-D) and what it is: every token of ``heldout``, else the
+        corpus's validation split."""
+        from ..data import prepare_data
+
+        if self.heldout is not None:
+            return prepare_data(self.heldout, self.tokenizer, val_fraction=0.0, progress=progress).train.tokens, \
+                f"all of {self.heldout}"
+        val = self.prepare(progress).val
+        if val is None:
+            raise ValueError(f"--data {self.source}: no validation split; give --heldout FILE")
+        return val.tokens, f"the validation split of {self.source}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class CompareTask:
+    """What a compare model was trained on, saved beside its ``config.json`` as ``compare_task.json``
+    (:data:`TASK_FILE`): its task vocabulary, the length of its LM windows, and your text
+    (``compare --data``; None: the bundled Shakespeare bytes)."""
+
+    space: TaskSpace
+    lm_seq_len: Optional[int] = None
+    text: Optional[TextData] = None
+
+    def to_dict(self) -> dict:
+        return {**self.space.to_dict(), "lm_seq_len": self.lm_seq_len,
+                "text": self.text.to_dict() if self.text is not None else None}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CompareTask:
+        return cls(TaskSpace.from_dict(data), data.get("lm_seq_len"),
+                   TextData(**data["text"]) if data.get("text") else None)
+
+    def write(self, folder: str | os.PathLike) -> Path:
+        return _write_json(Path(folder) / TASK_FILE, self.to_dict())
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> CompareTask:
+        """The task of the compare model in ``folder`` (``ValueError`` naming the file when it is
+        missing, not JSON or not a compare task)."""
+        path = Path(folder) / TASK_FILE
+        data = read_json(path, "the task vocabulary of a compare model")
+        try:
+            return cls.from_dict(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: does not describe a compare task ({e})") from None
+
+
+@dataclass
+class TrainRecord:
+    """A compare model's training record, ``train.json`` (:data:`TRAIN_RECORD`) beside its model
+    folder: written by ``difftx compare`` when the model is trained (its presence marks the training
+    finished), read by the training task and into ``results.json``. ``history`` holds a record every
+    ``log_every`` steps (step, lr, loss per batch kind, gradient norms, tokens, time, λ per layer),
+    ``probes`` the needle probes taken during training; ``probes_skipped`` (why there are none),
+    ``heldout_curve`` (the held-out loss along training) and ``stacked`` are written only when set."""
+
+    kind: str
+    seed: int
+    config: dict
+    parameters: int
+    steps: int
+    history: list
+    probes: list = field(default_factory=list)
+    probe_s: float = 0.0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    device: Optional[str] = None
+    threads: Optional[int] = None
+    world_size: Optional[int] = None
+    resumed_from: Optional[int] = None
+    invocation: Optional[str] = None  # the compare run that trained it (throughput is compared within one)
+    probes_skipped: Optional[str] = None
+    heldout_curve: Optional[dict] = None
+    stacked: Optional[int] = None  # trained in a stack of this many seeds (wall_s, cpu_s: its share)
+
+    REQUIRED = ("kind", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
+    WHEN_SET = ("probes_skipped", "heldout_curve", "stacked")
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None or k not in self.WHEN_SET}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "TrainRecord") -> TrainRecord:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a training record (not a JSON object)")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown, missing = sorted(set(data) - known), [k for k in cls.REQUIRED if k not in data]
+        if unknown or missing:
+            raise ValueError(f"{where}: not a training record (unknown field(s) {unknown}, missing {missing})")
+        return cls(**data)
+
+    def write(self, folder: str | os.PathLike) -> Path:
+        return _write_json(Path(folder) / TRAIN_RECORD, self.to_dict())
+
+    @classmethod
+    def read(cls, folder: str | os.PathLike) -> TrainRecord:
+        """The record in ``folder`` (``ValueError`` naming the file when it is missing, not JSON or
+        not a training record)."""
+        path = Path(folder) / TRAIN_RECORD
+        return cls.from_dict(read_json(path, "the training record of a compare model"), str(path))
 
 
 @dataclass
@@ -48,20 +225,39 @@ class Subject:
 
     model: Any
     folder: Path
-    needle: Any = None  # difftx.eval.needle.NeedleTask (compare model)
-    icl: Any = None  # difftx.eval.icl.ICLTask (compare model trained on ICL batches)
-    lm_offset: Optional[int] = None  # compare model trained on LM batches: byte ids start here
-    lm_seq_len: Optional[int] = None
+    compare: Optional[CompareTask] = None  # a compare model: what it was trained on
     tokenizer: Any = None  # text model
     data: Any = None  # text model: the held-out source given by the user (None: the run's own split)
     train_config: dict = field(default_factory=dict)  # text model: its train_config.json, if saved
-    text: Optional[dict] = None  # compare model on your own text (compare --data): source, tokenizer, heldout
-    compare: bool = False  # a compare model (with or without a needle task)
     _heldout: Optional[HeldOut] = None
 
     @property
     def is_compare_model(self) -> bool:
-        return self.compare or self.needle is not None
+        return self.compare is not None
+
+    @property
+    def needle(self) -> Optional[NeedleTask]:
+        """The synthetic needle task of a compare model trained on needle batches."""
+        return self.compare.space.needle if self.compare is not None else None
+
+    @property
+    def icl(self) -> Optional[ICLTask]:
+        """The synthetic ICL task of a compare model trained on ICL batches."""
+        return self.compare.space.icl if self.compare is not None else None
+
+    @property
+    def lm_offset(self) -> Optional[int]:
+        """Where the text ids of a compare model trained on LM batches start."""
+        return self.compare.space.lm_offset if self.compare is not None and self.compare.space.lm else None
+
+    @property
+    def lm_seq_len(self) -> Optional[int]:
+        return self.compare.lm_seq_len if self.compare is not None else None
+
+    @property
+    def text(self) -> Optional[TextData]:
+        """Your own text of a compare model trained on it (compare --data)."""
+        return self.compare.text if self.compare is not None else None
 
     @property
     def has_text(self) -> bool:
@@ -104,42 +300,27 @@ class Subject:
     def _text_heldout(self) -> HeldOut:
         """A compare model trained on your own text: every token of its held-out file, else its
         corpus's validation split, in the model's ids."""
-        import dataclasses
-
         import torch
 
-        from ..compare.plan import TextData
         from ..data import load_tokenizer
+        from ..training.checkpointing import TOKENIZER_DIR
 
-        text = TextData(**self.text)
-        if (self.folder / "tokenizer").is_dir():  # the copy saved with the model
-            text = dataclasses.replace(text, tokenizer=str(self.folder / "tokenizer"))
+        text = self.text
+        if (self.folder / TOKENIZER_DIR).is_dir():  # the copy saved with the model
+            text = dataclasses.replace(text, tokenizer=str(self.folder / TOKENIZER_DIR))
         tokens, what = text.heldout_tokens()
         ids = torch.from_numpy(tokens[:].astype("int64"))
         bpt = _text_bytes_per_token(load_tokenizer(text.tokenizer), ids)
         return HeldOut(ids + self.lm_offset, what, bpt, int(self.lm_seq_len))
 
-    def history(self) -> Optional[dict]:
+    def history(self) -> Optional[TrainRecord]:
         """The training record (``train.json`` of a compare model), or ``None``."""
-        path = self.folder.parent / TRAIN_RECORD
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return TrainRecord.read(self.folder.parent) if (self.folder.parent / TRAIN_RECORD).is_file() else None
 
     def describe(self) -> dict:
         m = self.model
         return {"checkpoint": str(self.folder), "attention": m.config.attention, "parameters": m.num_parameters(),
                 "kind": "compare model" if self.is_compare_model else "text model"}
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _text_bytes_per_token(tokenizer: Any, ids) -> float:
@@ -160,34 +341,28 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     import torch
 
     from ..checkpoint import load_model
-    from ..eval.icl import ICLTask
-    from ..eval.needle import NeedleTask
     from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint
     from ..training.distributed import resolve_device
 
     folder = resolve_checkpoint(path)
     model = load_model(folder, device=device if isinstance(device, torch.device) else resolve_device(device)).eval()
     if (folder / TASK_FILE).is_file():
-        info = _read_json(folder / TASK_FILE)
+        task = CompareTask.read(folder)
         if tokenizer is not None or data is not None:
             raise ValueError(f"{folder}: a compare model has its own task vocabulary; --tokenizer and --data "
                              "apply to text models only")
-        try:
-            needle = NeedleTask(**info["needle_task"]) if info.get("needle_task") else None
-            icl = ICLTask(**info["icl_task"]) if info.get("icl_task") else None
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{folder / TASK_FILE}: does not describe a compare task ({e})") from None
-        for need, what in ((needle.vocab_size if needle else 0, "needle task"),
-                           (icl.vocab_size if icl else 0, "ICL task"),
-                           (info.get("lm_offset", 0) + info.get("lm_vocab", 0), "text")):
+        space = task.space
+        for need, what in ((space.needle.vocab_size if space.needle else 0, "needle task"),
+                           (space.icl.vocab_size if space.icl else 0, "ICL task"),
+                           (space.lm_offset + space.lm_vocab if space.lm else 0, "text")):
             if need > model.config.vocab_size:
                 raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "
                                  f"{model.config.vocab_size}")
-        return Subject(model, folder, needle=needle, icl=icl, lm_offset=info["lm_offset"] if info.get("lm") else None,
-                       lm_seq_len=info.get("lm_seq_len"), text=info.get("text"), compare=True)
+        return Subject(model, folder, compare=task)
     from ..data import load_tokenizer
 
-    tc = _read_json(folder / TRAIN_CONFIG_NAME) if (folder / TRAIN_CONFIG_NAME).is_file() else {}
+    tc = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint") \
+        if (folder / TRAIN_CONFIG_NAME).is_file() else {}
     spec = tokenizer or (folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else "byte")
     tok = load_tokenizer(spec)
     if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it

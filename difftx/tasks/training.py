@@ -11,6 +11,7 @@ from typing import Optional
 
 from .base import Metric, Task, positive, setting
 from .reporting import NAMES, SHORT, ReportContext, fmt, pair, call, table
+from .subject import TRAIN_RECORD
 
 LOSSES = (("needle_loss", "needle answer loss (nats)"), ("lm_loss", "LM loss (nats)"), ("icl_loss", "ICL loss (nats)"))
 
@@ -90,23 +91,23 @@ class TrainingTask(Task):
     Settings = TrainingSettings
 
     def applies(self, subject, settings) -> Optional[str]:
-        return None if subject.history() is not None else "no training record (train.json) beside this checkpoint"
+        return None if subject.history() is not None else f"no training record ({TRAIN_RECORD}) beside this checkpoint"
 
     def run(self, subject, s: TrainingSettings, *, progress: bool = False) -> dict:
         rec = subject.history()
-        probes = rec.get("probes") or []
+        probes = rec.probes or []
         first = next(iter(probes[0]["accuracy"])) if probes else None
         step = first_learned_step(probes, first, s.learned_at) if first else None
-        hist = rec.get("history", [])
+        hist = rec.history
         last = hist[-1] if hist else {}
-        fpt = flops_per_token(rec["config"], rec["parameters"])
+        fpt = flops_per_token(rec.config, rec.parameters)
         tokens, time_s = last.get("tokens"), last.get("time_s")
         loss_key = "lm_loss" if any("lm_loss" in h for h in hist) else "needle_loss"
         logits = [max(p["max_attention_logit"]) for p in probes if p.get("max_attention_logit")]
         return {"history": hist, "probes": probes, "probe_cell": first, "learned_step": step,
-                "last_probe_step": probes[-1]["step"] if probes else None, "steps": rec.get("steps"),
-                "invocation": rec.get("invocation"), "train_wall_s": rec.get("wall_s"),
-                "train_cpu_s": rec.get("cpu_s"), "threads": rec.get("threads"),
+                "last_probe_step": probes[-1]["step"] if probes else None, "steps": rec.steps,
+                "invocation": rec.invocation, "train_wall_s": rec.wall_s,
+                "train_cpu_s": rec.cpu_s, "threads": rec.threads,
                 "cost": {"tokens": tokens, "time_s": time_s, "flops_per_token": fpt,
                          "flops": None if tokens is None else tokens * fpt,
                          "tokens_per_s": tokens / time_s if tokens and time_s else None},

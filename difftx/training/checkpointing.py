@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from ..checkpoint import (
-    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_weights_fit, load_config, load_state,
-    read_json, save_model, umask_mode,
+    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, save_model,
 )
 from ..config import ModelConfig
+from ..io import atomic_write, read_json, umask_mode
 from ..model import Transformer
 
 PathLike = Union[str, os.PathLike]
@@ -350,7 +350,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
 
 def read_trainer_state(folder: PathLike) -> dict:
     path = Path(folder) / STATE_NAME
-    state = read_json(path, f"missing (is {folder} a difftx training checkpoint?)", "corrupt trainer state")
+    state = read_json(path, "the trainer state of a difftx training checkpoint", error=CheckpointError)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
         raise CheckpointError(f"{path}: not a difftx training state (format {found!r})")
@@ -391,10 +391,7 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
         diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items() if getattr(model_config, k) != v}
         raise CheckpointError(f"{folder / CONFIG_NAME}: incompatible model (checkpoint vs this run: {diff})")
     path = folder / TRAIN_CONFIG_NAME
-    try:
-        saved_train = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read the saved training config ({e})") from e
+    saved_train = read_json(path, "the training config saved with the checkpoint", error=CheckpointError)
     diff = {k: (saved_train.get(k), train_config.get(k)) for k in RESUME_MUST_MATCH
             if saved_train.get(k) != train_config.get(k)}
     if diff:

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import DiffAttention
-from ..checkpoint import atomic_write
+from ..io import atomic_write
 from .distributed import full_tensor
 
 

@@ -235,8 +235,8 @@ def plot_runs(summaries: Sequence[RunSummary], path: PathLike, *, title: Optiona
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError(f"plotting needs matplotlib, which is not installed ({e}); "
-                          f"pip install matplotlib (or difftx[eval])") from None
+        raise ModuleNotFoundError(f"plotting needs matplotlib, which is not installed ({e}); "
+                                  f"pip install matplotlib (or difftx[eval])", name="matplotlib") from None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4))

@@ -1,0 +1,96 @@
+"""File helpers every layer uses, at the bottom of the package (it imports nothing from difftx):
+
+- :func:`atomic_write`: a file is written whole or not at all;
+- :func:`dumps_strict`: strict JSON out (no NaN or Infinity);
+- :func:`read_json`: JSON in, with one error wording for a missing or corrupt file;
+- :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Union
+
+PathLike = Union[str, os.PathLike]
+
+
+def umask_mode(folder: bool = False) -> int:
+    """The mode a plain ``open`` / ``mkdir`` would give under the process's umask (``0o666`` /
+    ``0o777`` less the umask). ``tempfile`` creates owner-only files and folders; the atomic
+    writers chmod their results to this so colleagues can read checkpoints as the umask allows."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
+def atomic_write(path: PathLike, write: Callable[[str], Any]) -> None:
+    """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file, and
+    when ``write`` raises, the file at ``path`` stays as it was. The file gets the permissions
+    the umask allows (:func:`umask_mode`), not ``tempfile``'s 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, umask_mode())
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _strict(obj: Any, reasons: dict, path: str = "") -> Any:
+    """A copy of ``obj`` with every non-finite float replaced by ``None`` (its path and value
+    added to ``reasons``) and tuples made lists."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        reasons[path or "."] = f"not a finite number ({obj})"
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _strict(v, reasons, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v, reasons, f"{path}[{i}]") for i, v in enumerate(obj)]
+    return obj
+
+
+def dumps_strict(obj: Any, **kwargs) -> str:
+    """Strict JSON text of ``obj``: non-finite numbers become ``null``, with the reason under
+    ``null_reasons`` when ``obj`` is a dict."""
+    reasons: dict = {}
+    clean = _strict(obj, reasons)
+    if reasons and isinstance(clean, dict):
+        clean["null_reasons"] = {**clean.get("null_reasons", {}), **reasons}
+    return json.dumps(clean, allow_nan=False, **kwargs)
+
+
+def read_json(path: PathLike, what: str, *, error: type[Exception] = ValueError) -> Any:
+    """The parsed JSON of ``path``, which should hold ``what`` ("the model config of a difftx
+    checkpoint"). A missing file or one that is not JSON raises ``error`` (``ValueError`` unless
+    given) naming the path and ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: not found; expected {what} here")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e}); expected {what}") from None
+
+
+@contextmanager
+def eval_mode(model: Any) -> Iterator[Any]:
+    """``model`` in eval mode inside the block (dropout off), then back in the mode it had,
+    whatever happens inside."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

@@ -1,0 +1,95 @@
+"""What several tasks share: the needle cells a model can pose, the probe prompts of one cell
+(attention, quant, diagnostics and outliers read the model on them), a needle evaluation in the
+subject's form, per-token NLL of held-out windows, and the seed of every evaluation's examples.
+Task modules import from here, never from one another; this module imports no other of the package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
+
+EVAL_SEED = 1234  # prompts, windows and episodes of every evaluation: the same for every model and seed
+DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped to what the task has
+PROBE_DEPTH = 0.5
+NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
+              "--data and difftx scale train; compare --data --synthetic adds the needle task)")
+
+
+def no_needle_task(subject) -> Optional[str]:
+    """Why a needle task does not apply to ``subject`` (a compare model trained without needle
+    batches), else ``None``."""
+    return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
+
+
+def _most(subject) -> tuple[int, int]:
+    """The most needles and queried keys the subject's needle task can pose (a compare model's task
+    has its own; the natural-language form is bounded by its city list)."""
+    from ..eval.needle import CITIES
+
+    t = subject.needle
+    return (t.max_needles, t.max_query) if t is not None else (len(CITIES), len(CITIES))
+
+
+def fitting_cells(subject, cells, *, at_least_one: bool = False) -> list[tuple[int, int]]:
+    """The cells of ``cells`` the subject's needle task can pose (the others are left out); with
+    ``at_least_one``, a ``ValueError`` when none can."""
+    max_n, max_r = _most(subject)
+    fit = [(n, r) for n, r in cells if n <= max_n and r <= max_r]
+    if at_least_one and not fit:
+        raise ValueError(f"none of the cells {cells} fits the model's needle task")
+    return fit
+
+
+def probe_cell(subject, cell: Optional[tuple[int, int]]) -> tuple[int, int]:
+    """``cell`` (default 4/2) clipped to what the subject's needle task can pose."""
+    n, r = DEFAULT_CELL if cell is None else cell
+    max_n, max_r = _most(subject)
+    n = min(n, max_n)
+    return n, min(r, max_r, n)
+
+
+def probe_prompts(subject, cell: Optional[tuple[int, int]], samples: int, context_len: int = 256):
+    """``samples`` prompts of the probe cell (:func:`probe_cell`) at depth 0.5 with a role per
+    position (synthetic for a compare model, natural-language for a text model) and a description
+    of them."""
+    from ..eval.needle import needle_samples, text_needle_probes
+
+    n, r = probe_cell(subject, cell)
+    if subject.needle is not None:
+        probes, form = needle_samples(subject.needle, n, r, PROBE_DEPTH, samples, seed=EVAL_SEED), "synthetic"
+    else:
+        tok = subject.tokenizer
+        probes = text_needle_probes(tok.encode, tok.decode, n, r, PROBE_DEPTH, samples, context_len, seed=EVAL_SEED)
+        form = "text"
+    return probes, {"form": form, "cell": f"{n}/{r}", "depth": PROBE_DEPTH, "n_samples": len(probes)}
+
+
+def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_len: int = 256,
+                backend: Optional[str] = None, use_cache: bool = True, batch_size: int = 50, progress: bool = False):
+    """:class:`difftx.eval.needle.NeedleResult` of the subject's form (same prompts for every model)."""
+    from ..eval.needle import evaluate_needles, evaluate_needles_text
+
+    if subject.needle is not None:
+        return evaluate_needles(subject.model, subject.needle, grid=grid, depths=depths, lengths=lengths,
+                                samples_per_cell=samples, seed=EVAL_SEED, backend=backend, use_cache=use_cache,
+                                batch_size=batch_size, progress=progress)
+    tok = subject.tokenizer
+    return evaluate_needles_text(subject.model, tok.encode, tok.decode, context_len=context_len, grid=grid,
+                                 depths=depths, lengths=lengths, samples_per_cell=samples, seed=EVAL_SEED,
+                                 stop_tokens=[tok.eos_id], backend=backend, progress=progress)
+
+
+def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
+               backend: Optional[str] = None) -> torch.Tensor:
+    """Per-token NLL ``(N, T)`` of ``windows`` ``(N, T + 1)``, in batches."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ..eval.lm import token_nll
+
+    device = next(model.parameters()).device
+    parts = [token_nll(model, windows[i:i + batch_size].to(device), backend=backend).cpu()
+             for i in tqdm(range(0, windows.shape[0], batch_size), desc="lm eval", disable=not progress, leave=False)]
+    return torch.cat(parts) if parts else windows.new_zeros((0, windows.shape[1] - 1), dtype=torch.float32)

@@ -1,0 +1,84 @@
+"""difftx.io, the bottom layer: atomic writes, strict JSON out, JSON in with one error wording,
+eval mode for a block."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from difftx.checkpoint import CheckpointError
+from difftx.io import atomic_write, dumps_strict, eval_mode, read_json
+
+
+def test_atomic_write_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "sub" / "f.json"  # the folder is made
+    atomic_write(path, lambda p: open(p, "w").write("new"))
+    assert path.read_text() == "new"
+    assert [p.name for p in path.parent.iterdir()] == ["f.json"]  # no temporary file left
+
+
+def test_atomic_write_leaves_the_old_file_when_the_writer_raises(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_text("old")
+
+    def half(p):
+        open(p, "w").write("half of the new")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        atomic_write(path, half)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_read_json_names_the_file_and_what_it_should_hold(tmp_path):
+    missing, corrupt, good = tmp_path / "missing.json", tmp_path / "corrupt.json", tmp_path / "good.json"
+    corrupt.write_text('{"a": 1')
+    good.write_text('{"a": [1, 2]}')
+    assert read_json(good, "a record") == {"a": [1, 2]}
+    with pytest.raises(ValueError) as e:
+        read_json(missing, "the training record of a compare model")
+    assert str(e.value) == f"{missing}: not found; expected the training record of a compare model here"
+    with pytest.raises(ValueError) as e:
+        read_json(corrupt, "the training record of a compare model")
+    assert str(e.value).startswith(f"{corrupt}: not valid JSON (")
+    assert str(e.value).endswith("); expected the training record of a compare model")
+    with pytest.raises(CheckpointError, match="not valid JSON"):  # the caller's error class, the same wording
+        read_json(corrupt, "a model config", error=CheckpointError)
+    (tmp_path / "bytes.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_json(tmp_path / "bytes.json", "a record")
+
+
+def test_dumps_strict_writes_null_for_what_is_not_finite_and_says_why():
+    data = json.loads(dumps_strict({"a": [1.0, math.nan], "b": {"c": math.inf}, "t": (1, 2)}))
+    assert data["a"] == [1.0, None] and data["b"] == {"c": None} and data["t"] == [1, 2]
+    assert set(data["null_reasons"]) == {"a[1]", "b.c"}
+    assert json.loads(dumps_strict([math.nan])) == [None]  # not a dict: nowhere to put the reasons
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_eval_mode_restores_the_mode_whatever_happens(training):
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5))
+    model.train(training)
+    with eval_mode(model) as m:
+        assert m is model and not model.training and not model[0].training
+    assert model.training is training and model[0].training is training
+    with pytest.raises(ValueError):
+        with eval_mode(model):
+            raise ValueError("inside")
+    assert model.training is training
+
+
+def test_io_imports_nothing_from_difftx():
+    import ast
+    from pathlib import Path
+
+    import difftx.io
+
+    tree = ast.parse(Path(difftx.io.__file__).read_text())
+    imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith("difftx") or m == ""], imported
+    assert all(n.level == 0 for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
