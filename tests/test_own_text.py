@@ -62,7 +62,11 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
         assert "(best " in done and " at step " in done and "tokens per pass" in done
         assert "tokens/s over the run's" in done
     saved = json.loads(Path("runs/diff/train_config.json").read_text())
-    assert saved["data_source"] == "mytext.txt" and saved["tokenizer"] == "tok" and saved["progress"] is False
+    # paths are saved absolute, with the path as given and relative to the run folder (a run folder that moves)
+    assert saved["data_source"] == str(tmp_path / "mytext.txt") and saved["tokenizer"] == str(tmp_path / "tok")
+    assert saved["saved_paths"]["data_source"] == {"as_given": "mytext.txt", "relative_to_run": "../../mytext.txt",
+                                                   "bytes": text.stat().st_size, "files": 1}
+    assert saved["saved_paths"]["tokenizer"]["relative_to_run"] == "../../tok" and saved["progress"] is False
 
     # `--resume` alone continues the run as it was: its own data, tokenizer and model
     assert main(["train", "--out", "runs/diff", "--resume", "--set", "steps=6"]) == 0
@@ -388,3 +392,79 @@ def test_a_checkpoint_write_failure_names_the_file_the_cause_and_the_last_good_c
     assert "the last good checkpoint is " + os.path.join("run", "checkpoints", "step_00000002") in err, err
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_a_moved_run_folder_resumes_and_evaluates_from_any_directory(tmp_path, capsys, monkeypatch):
+    """A run trained in A with relative paths, its project folder moved to B, then resumed,
+    evaluated and summarised from a third folder C (before: "tokenizer 'tok/' ... no such file",
+    and passing the right paths was refused as a change). A path that is gone is named with the
+    config it came from and the flag that points it elsewhere; a path given anew must hold the same
+    content; a copy of the same data is no change."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    a, c = tmp_path / "A", tmp_path / "C"
+    a.mkdir()
+    c.mkdir()
+    monkeypatch.chdir(a)
+    _write_text(a / "mytext.txt")
+    assert main(["tokenizer", "train", "--input", "mytext.txt", "--vocab-size", "300", "--out", "tok/"]) == 0
+    assert main(["train", *FAST, "--data", "mytext.txt", "--tokenizer", "tok/", "--out", "run", "--no-progress"]) == 0
+    b = a.rename(tmp_path / "B")
+    monkeypatch.chdir(c)
+    capsys.readouterr()
+
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=6", "--no-progress"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: step 6/6")
+    saved = json.loads((b / "run" / "train_config.json").read_text())
+    assert saved["data_source"] == str(b / "mytext.txt") and saved["tokenizer"] == str(b / "tok")
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 0
+    assert f"the validation split of {b / 'mytext.txt'}" in capsys.readouterr().out
+    assert main(["runs", "../B/run", "--nll"]) == 0
+    assert "held-out NLL [95% CI]" in capsys.readouterr().out
+
+    # the text moved away as well: named, with the config it came from and how to point at it
+    (b / "mytext.txt").rename(c / "moved.txt")
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"data_source '{b / 'mytext.txt'}', saved in ../B/run/train_config.json, does not exist" in err, err
+    assert "--data PATH (or --set data_source=PATH)" in err and "tokenizer" not in err, err
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "data_source" in err and "does not exist" in err and "--data FILE" in err, err
+    # another text in its place is refused, naming both sizes; the same text at its new place is taken
+    _write_text(c / "other.txt", paragraphs=5)
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress",
+                 "--data", "other.txt"]) == 2
+    err = capsys.readouterr().err
+    assert "--data other.txt is not the same data" in err and f"{(c / 'moved.txt').stat().st_size:,} bytes" in err
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress",
+                 "--data", "moved.txt"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: step 8/8")
+    assert json.loads((b / "run" / "train_config.json").read_text())["data_source"] == str(c / "moved.txt")
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 0
+    capsys.readouterr()
+    # a copy of the same text where the saved one still exists is the same data, not a change
+    (c / "copy.txt").write_bytes((c / "moved.txt").read_bytes())
+    assert main(["train", "--out", "../B/run", "--resume", "--print-config", "--data", "copy.txt"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_source"] == str(c / "moved.txt")
+
+
+def test_a_run_saved_with_relative_paths_still_resolves_after_a_move(tmp_path, capsys, monkeypatch):
+    """Runs written before paths were saved absolute hold them as typed; they are found relative
+    to the folder the run was started from (out_dir's depth above the run folder)."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    a = tmp_path / "A"
+    a.mkdir()
+    monkeypatch.chdir(a)
+    _write_text(a / "mytext.txt")
+    assert main(["train", *FAST, "--data", "mytext.txt", "--out", "runs/one", "--no-progress"]) == 0
+    for f in [a / "runs/one/train_config.json", *(a / "runs/one/checkpoints").glob("*/train_config.json")]:
+        old = json.loads(f.read_text())
+        old.pop("saved_paths")
+        f.write_text(json.dumps({**old, "data_source": "mytext.txt"}))
+    b = a.rename(tmp_path / "B")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", "lm", "B/runs/one", "--no-progress"]) == 0
+    assert f"the validation split of {b / 'mytext.txt'}" in capsys.readouterr().out
+    assert main(["train", "--out", "B/runs/one", "--resume", "--set", "steps=6", "--no-progress"]) == 0
+    assert json.loads((b / "runs/one/train_config.json").read_text())["data_source"] == str(b / "mytext.txt")

@@ -55,21 +55,27 @@ def register(sub) -> None:
 
 def saved_run_config(out_dir):
     """The TrainConfig a run folder was trained with (``OUT/train_config.json``, else its latest
-    checkpoint's copy), or ``None`` for a folder that holds no run yet."""
+    checkpoint's copy), its paths found where they are now (the run folder may have moved; see
+    ``difftx.training.config.resolve_saved_paths``); ``(None, None, {}, {})`` for a folder that
+    holds no run yet. Returns the config, the file read, the path fields found nowhere (why) and
+    the run's record of its paths."""
     from pathlib import Path
 
     from ..training import checkpointing as ckpt
-    from ..training.config import TrainConfig, read_config_file
+    from ..training.config import SAVED_PATHS, TrainConfig, read_config_file, resolve_saved_paths
 
     out = Path(out_dir)
     path = out / ckpt.TRAIN_CONFIG_NAME
     latest = ckpt.latest_checkpoint(out) if ckpt.checkpoints_dir(out).is_dir() else None  # a bad pointer: named
     if not path.is_file():
         if latest is None or not (latest / ckpt.TRAIN_CONFIG_NAME).is_file():
-            return None, None
+            return None, None, {}, {}
         path = latest / ckpt.TRAIN_CONFIG_NAME
     try:
-        return TrainConfig.from_dict(read_config_file(path)), path
+        data = read_config_file(path)
+        records = data.get(SAVED_PATHS) if isinstance(data.get(SAVED_PATHS), dict) else {}
+        data, missing = resolve_saved_paths(data, out, str(path))
+        return TrainConfig.from_dict(data), path, missing, records
     except ValueError as e:
         raise ValueError(f"{path}: cannot read the run's saved config ({e})") from e
 
@@ -81,12 +87,12 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     from ..config import baseline_config
     from ..training.config import check_resume_changes, load_train_config
 
-    saved, saved_path = None, None
+    saved, saved_path, missing, records = None, None, {}, {}
     if args.out is not None and not str(args.out).strip():
         raise ValueError("--out: an empty path; give a folder for the run (or leave --out out for the default)")
     if getattr(args, "resume", False):
         out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
-        saved, saved_path = saved_run_config(out_dir)
+        saved, saved_path, missing, records = saved_run_config(out_dir)
         from pathlib import Path
 
         if (Path(out_dir) / "compare.json").is_file():
@@ -128,7 +134,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["model_overrides"] = overrides
     cfg = cfg.replace(**changes) if changes else cfg
     if saved is not None:
-        cfg = check_resume_changes(saved, cfg, str(saved_path))
+        cfg = check_resume_changes(saved, cfg, str(saved_path), missing=missing, records=records)
     return cfg
 
 

@@ -45,6 +45,7 @@ from ..checkpoint import (
 )
 from ..config import ModelConfig
 from ..model import Transformer
+from .config import PATH_FIELDS, SAVED_PATHS, differs_from_record, resolve_saved_paths, same_content, saved_form
 
 PathLike = Union[str, os.PathLike]
 FORMAT = "difftx-train"
@@ -327,7 +328,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
         writing = tmp / STATE_NAME
         _write_json(writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
         writing = tmp / TRAIN_CONFIG_NAME
-        _write_json(writing, train_config)
+        _write_json(writing, saved_form(train_config, run_dir) if train_config else train_config)
         if tokenizer is not None:
             writing = tmp / TOKENIZER_DIR
             tokenizer.save(writing)
@@ -396,7 +397,7 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read the saved training config ({e})") from e
     diff = {k: (saved_train.get(k), train_config.get(k)) for k in RESUME_MUST_MATCH
-            if saved_train.get(k) != train_config.get(k)}
+            if not _same_setting(k, saved_train, train_config.get(k), folder)}
     if diff:
         raise CheckpointError(f"{path}: cannot resume exactly with a different {sorted(diff)} "
                               f"(checkpoint vs this run: {diff})")
@@ -409,6 +410,27 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
         raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
                               f"{tokenizer_name!r} in this run")
+
+
+def run_folder_of(checkpoint: PathLike) -> Optional[Path]:
+    """The run folder holding ``checkpoint`` (``RUN/checkpoints/step_N``), else ``None``."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None
+
+
+def _same_setting(key: str, saved: dict, value: Any, folder: Path) -> bool:
+    """Whether a checkpoint's saved ``key`` and this run's ``value`` are the same setting: a path
+    (:data:`~difftx.training.config.PATH_FIELDS`) is found where it is now (the run folder may have
+    moved) and compared as a path, or by content: a copy of the same data is the same, and so is a
+    path given anew whose content is the run's when the saved one is gone."""
+    if key not in PATH_FIELDS or not (isinstance(saved.get(key), str) and isinstance(value, str)):
+        return saved.get(key) == value
+    found, missing = resolve_saved_paths(saved, run_folder_of(folder))
+    here = os.path.abspath(os.path.expanduser(value))
+    if key in missing:
+        return differs_from_record(key, here, (saved.get(SAVED_PATHS) or {}).get(key)) is None
+    there = os.path.abspath(os.path.expanduser(found[key]))
+    return there == here or (os.path.exists(there) and os.path.exists(here) and same_content(key, there, here))
 
 
 def load_model_state(folder: PathLike, model_config: ModelConfig) -> dict:
