@@ -623,3 +623,65 @@ def test_tokenizer_train_prints_no_blank_lines(tmp_path):
                           "280", "--out", str(tmp_path / "tok")], capture_output=True, text=True, timeout=120,
                          cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert out.startswith("wrote ") and "\n\n" not in out, repr(out)
+
+
+# -- write failures outside a checkpoint name the file, the cause and the last good checkpoint ------------
+def _full_disk_on_fsync(monkeypatch):
+    """Every fsync fails as on a full disk (where delayed allocation reports it), with no file named."""
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_full_disk_writing_train_config_or_eval_results_names_the_file(capsys, tmp_path, corpus, run_dir,
+                                                                          monkeypatch):
+    """Before: "[Errno 28] No space left on device" with no file; now the file written, the cause, and
+    for a training run its last good checkpoint (none yet here); nothing of the run is lost."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _full_disk_on_fsync(m)
+        code, err = run_cli(capsys, *train_args(corpus, out))
+    assert code == 1, err
+    assert f"{out / 'train_config.json'}: No space left on device; no checkpoint was written yet" in err, err
+    assert "free some disk space" in err
+    assert not (out / "train_config.json").exists() and not (out / ckpt.LOCK_NAME).exists()
+
+    before = snapshot(run_dir)
+    target = tmp_path / "lm.json"
+    with monkeypatch.context() as m:
+        _full_disk_on_fsync(m)
+        code, err = run_cli(capsys, "eval", "lm", run_dir, "--windows", "2", "--json", target, "--no-progress")
+    assert code == 1 and f"{target}: No space left on device" in err, err
+    assert not target.exists() and not list(tmp_path.glob(".lm.json*")) and snapshot(run_dir) == before
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_metrics_log_over_a_file_size_limit_names_it_and_the_last_good_checkpoint(tmp_path, corpus):
+    """A resume whose metrics.jsonl reaches the file-size limit (the checkpoint files stay below it):
+    before, "[Errno 27] File too large" named nothing; now the log, the cause and the checkpoint that
+    --resume continues from, which stays the latest."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-c", "import sys; from difftx.cli import main; sys.exit(main())"]
+    first = subprocess.run([*cli, *map(str, train_args(corpus, out))], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    limit = 1_000_000
+    with open(out / "metrics.jsonl", "a") as f:  # a record kept by the resume that fills the log to the limit
+        f.write(json.dumps({"step": 0, "note": "x" * (limit - 200 - (out / "metrics.jsonl").stat().st_size)}) + "\n")
+    before = snapshot(out / "checkpoints")
+
+    def limited():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    got = subprocess.run([*cli, *map(str, train_args(corpus, out, 4, "--resume", "--set", "log_interval=1"))],
+                         env=env, capture_output=True, text=True, preexec_fn=limited, timeout=300)
+    err = got.stderr.strip()
+    assert got.returncode == 1 and len(err.splitlines()) == 1, got.stderr
+    assert f"{out / 'metrics.jsonl'}: {os.strerror(errno.EFBIG)}; the last good checkpoint is " \
+           f"{out / 'checkpoints' / 'step_00000002'}" in err, err
+    assert "ulimit -f" in err
+    assert snapshot(out / "checkpoints") == before

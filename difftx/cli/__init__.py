@@ -199,7 +199,9 @@ def classify_error(e: BaseException) -> tuple[int, str]:
     if isinstance(e, OSError):
         hint = {errno.ENOSPC: "free some disk space or write elsewhere, then run again",
                 errno.EDQUOT: "free some disk space or write elsewhere, then run again",
-                errno.EROFS: "write to another location"}.get(e.errno, "check the disk and the path, then run again")
+                errno.EROFS: "write to another location",
+                errno.EFBIG: "a file-size limit (ulimit -f) stopped the write: raise it or write less, then run again"
+                }.get(e.errno, "check the disk and the path, then run again")
         return EXIT_FAILURE, f"{_os_message(e)} ({hint})"
     text = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line
     if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError") or _is(e, "torch.cuda", "OutOfMemoryError") \

@@ -156,10 +156,38 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+    try:
+        result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+    except OSError as e:
+        raise with_last_checkpoint(e, cfg.out_dir) from e
     if main_rank:
         print(done_line(result))
     return 0
+
+
+WRITE_ERRNOS = ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")  # a write that failed for want of room or a disk
+
+
+def with_last_checkpoint(e: OSError, out_dir) -> OSError:
+    """A failed write during training (metrics.jsonl, train_config.json, ...), with the run's last
+    good checkpoint named, as a checkpoint's own write failure names it: what ``--resume``
+    continues from once there is room again. Other errors, and those that name it, unchanged."""
+    import errno
+
+    from ..checkpoint import CheckpointError
+    from ..training import checkpointing as ckpt
+
+    codes = {getattr(errno, n) for n in WRITE_ERRNOS if hasattr(errno, n)}
+    text = e.strerror or str(e)
+    if e.errno not in codes or "checkpoint" in text:
+        return e
+    try:
+        latest = ckpt.latest_checkpoint(out_dir)
+    except (CheckpointError, OSError):
+        latest = None
+    good = (f"the last good checkpoint is {latest} (--resume continues from it)" if latest is not None
+            else "no checkpoint was written yet")
+    return OSError(e.errno, f"{text}; {good}", e.filename)
 
 
 def done_line(result) -> str:

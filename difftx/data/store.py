@@ -438,7 +438,13 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
             mask = os.umask(0)
             os.umask(mask)
             os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's folder is owner-only: a shared cache should be readable
-            _build(tmp, sources, tok, rule, text_field, key, progress)
+            try:
+                _build(tmp, sources, tok, rule, text_field, key, progress)
+            except OSError as e:  # a full disk while writing the cache: name it (numpy's write error does not)
+                if e.filename is not None:
+                    raise
+                raise OSError(e.errno, f"{e.strerror or e} (writing the token cache; set cache_dir or "
+                                       f"DIFFTX_CACHE_DIR to put it elsewhere)", str(entry)) from e
             try:
                 os.replace(tmp, entry)  # atomic; fails if another process finished first
             except OSError:

@@ -60,9 +60,11 @@ def _atomic_write_text(path: Path, text: str) -> None:
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)  # mkstemp's file is owner-only: give what a plain open would
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename in (None, tmp):  # a full disk, ...: name the file written
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
 
 

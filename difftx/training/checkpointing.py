@@ -41,7 +41,7 @@ import torch
 
 from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, atomic_write, check_weights_fit, load_config, load_state,
-    read_json, save_model, umask_mode,
+    read_json, save_model, umask_mode, write_error,
 )
 from ..config import ModelConfig
 from ..model import Transformer
@@ -260,50 +260,14 @@ def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
     save_model(shell, folder)
 
 
-def _likely_write_errno(path: Path) -> Optional[int]:
-    """Why a write under ``path`` failed when the error does not say: a (nearly) full disk, else a
-    file-size limit on this process, else ``None``."""
-    import errno
-
-    folder = next((p for p in Path(path).parents if p.is_dir()), Path("."))
-    try:
-        fs = os.statvfs(folder)
-        if fs.f_bavail * fs.f_frsize < 1 << 20:
-            return errno.ENOSPC
-    except (OSError, AttributeError):
-        pass
-    try:
-        import resource
-
-        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
-            return errno.EFBIG
-    except (ImportError, OSError, ValueError):
-        pass
-    return None
-
-
 def write_failure(e: BaseException, path: Path, previous: Optional[Path]) -> Optional[OSError]:
     """``e`` as an :class:`OSError` naming ``path``, the cause and the last good checkpoint, if it is
-    a failed write: an ``OSError`` (full disk, file too large, read-only, no permission), or the
-    ``RuntimeError`` that ``torch.save`` / safetensors wrap one in (``unexpected pos``, ``Os { code:
-    N``); else ``None``."""
-    if isinstance(e, OSError):
-        code, cause = e.errno, e.strerror or str(e)
-    elif isinstance(e, RuntimeError) or type(e).__name__ == "SafetensorError":
-        text = str(e)
-        found = re.search(r"Os \{ code: (\d+)", text)
-        if found:
-            code = int(found.group(1))
-            cause = os.strerror(code)
-        elif "unexpected pos" in text or "inline_container" in text:  # torch.save hides the errno: look for it
-            code = _likely_write_errno(path)
-            cause = (os.strerror(code) if code else "the write failed") + " (torch.save: unexpected pos)"
-        else:
-            return None
-    else:
+    a failed write (:func:`difftx.checkpoint.write_error`); else ``None``."""
+    failed = write_error(e, path)
+    if failed is None:
         return None
     good = f"the last good checkpoint is {previous}" if previous is not None else "no checkpoint was written before"
-    return OSError(code, f"{cause}; nothing of this checkpoint was kept, {good}", str(path))
+    return OSError(failed.errno, f"{failed.strerror}; nothing of this checkpoint was kept, {good}", str(path))
 
 
 def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_config: ModelConfig,

@@ -90,8 +90,11 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk, a file-size limit: name the file (the write's own error does not)
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():
@@ -106,7 +109,10 @@ class MetricsLogger:
     def close(self) -> None:
         if not self.enabled:
             return
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
         if self._tb is not None:
             self._tb.close()
 
