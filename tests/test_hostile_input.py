@@ -685,3 +685,60 @@ def test_metrics_log_over_a_file_size_limit_names_it_and_the_last_good_checkpoin
            f"{out / 'checkpoints' / 'step_00000002'}" in err, err
     assert "ulimit -f" in err
     assert snapshot(out / "checkpoints") == before
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory, corpus) -> Path:
+    """A four-step run with checkpoints at steps 2 and 4, shared read-only."""
+    out = tmp_path_factory.mktemp("run2") / "run"
+    assert main([str(a) for a in train_args(corpus, out, 4)]) == 0
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000002", "step_00000004"]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["weights cut", "optimizer cut", "trainer state", "pointer"])
+def test_a_damaged_latest_checkpoint_names_the_older_intact_one(capsys, tmp_path, corpus, two_checkpoints, damage):
+    """Before: only the damaged file was named. Now the error also names the newest intact checkpoint
+    and how to resume from it (move the damaged one aside, point `latest` at it); nothing is changed
+    or deleted; doing what it says resumes."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    root = out / "checkpoints"
+    bad = root / "step_00000004"
+    if damage == "weights cut":
+        data = (bad / "model.safetensors").read_bytes()
+        (bad / "model.safetensors").write_bytes(data[:len(data) // 2])
+    elif damage == "optimizer cut":
+        data = (bad / "optimizer.pt").read_bytes()
+        (bad / "optimizer.pt").write_bytes(data[:len(data) // 2])
+    elif damage == "trainer state":
+        (bad / "trainer_state.json").write_text("{")
+    else:
+        (root / "latest").write_text("step_00000009\n")
+    before = snapshot(out)
+    code, err = run_cli(capsys, *train_args(corpus, out, 6, "--resume"))
+    assert code == 2, err
+    if damage == "pointer":
+        assert f"the newest intact checkpoint is {bad}: to resume from it, write step_00000004 into " \
+               f"{root / 'latest'}, then --resume" in err, err
+    else:
+        assert f"the older checkpoint {root / 'step_00000002'} is intact: to resume from it, move {bad} out of " \
+               f"{root}" in err and f"write step_00000002 into {root / 'latest'}, then --resume" in err, err
+        code, err = run_cli(capsys, "eval", "lm", out, "--windows", "2", "--no-progress")
+        assert (code == 0) if damage in ("optimizer cut", "trainer state") else \
+            (code == 2 and f"the older checkpoint {root / 'step_00000002'} is intact" in err), err
+    assert snapshot(out) == before  # nothing changed, nothing deleted
+    if damage != "pointer":
+        bad.rename(out / "damaged-step_00000004")
+        (root / "latest").write_text("step_00000002\n")
+    else:
+        (root / "latest").write_text("step_00000004\n")
+    assert run_cli(capsys, *train_args(corpus, out, 6, "--resume"))[0] == 0
+
+
+def test_an_intact_checkpoint_refused_for_another_reason_gets_no_recovery_hint(two_checkpoints):
+    latest = ckpt.latest_checkpoint(two_checkpoints)
+    assert ckpt.checkpoint_problem(latest) is None
+    assert ckpt.recovery_hint(f"{latest / 'config.json'}: incompatible model (checkpoint vs this run: ...)") is None

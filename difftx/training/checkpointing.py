@@ -115,6 +115,75 @@ def resolve_checkpoint(path: PathLike) -> Path:
     return latest
 
 
+# -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
+def checkpoint_problem(folder: PathLike) -> Optional[str]:
+    """Why ``folder`` is not a complete training checkpoint, from a quick look that reads no
+    tensor (``None`` when it looks complete): each file is there, the JSON files parse, the
+    weights file is as long as its header says, ``optimizer.pt`` is a whole zip archive."""
+    import zipfile
+
+    folder = Path(folder)
+    try:
+        load_config(folder)
+        read_trainer_state(folder)
+        if (folder / TRAIN_CONFIG_NAME).exists():
+            read_json(folder / TRAIN_CONFIG_NAME, "missing", "not valid JSON")
+    except CheckpointError as e:
+        return str(e)
+    weights = folder / WEIGHTS_NAME
+    try:
+        with open(weights, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if isinstance(
+            header, dict) else None
+        if not ends or weights.stat().st_size != 8 + n + max(ends):
+            return f"{weights}: incomplete or not a safetensors file"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"{weights}: cannot be read ({e})"
+    optim = folder / OPTIM_NAME
+    try:
+        with open(optim, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"
+        if is_zip:
+            zipfile.ZipFile(optim).close()  # reads the central directory at the end: a cut file has none
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"{optim}: incomplete ({e})"
+    return None
+
+
+def recovery_hint(message: str) -> Optional[str]:
+    """For an error ``message`` naming a file of a run's checkpoint (``RUN/checkpoints/step_N/...``)
+    or its ``latest`` pointer, when that checkpoint (or pointer) is damaged: a sentence naming the
+    newest older checkpoint that is intact and how to resume from it (nothing is deleted); else
+    ``None``."""
+    found = re.search(r"(\S*?)[/\\]?" + CHECKPOINTS + r"[/\\](" + _STEP_RE.pattern[1:-1] + "|" + LATEST + ")",
+                      message)
+    if found is None:
+        return None
+    run = Path(found.group(1) or ".")
+    root = checkpoints_dir(run)
+    if not root.is_dir():
+        return None
+    named = found.group(2)
+    pointer = root / LATEST
+    if named == LATEST:
+        damaged = None
+        older = list_checkpoints(run)
+    else:
+        damaged = root / named
+        if not damaged.is_dir() or checkpoint_problem(damaged) is None:
+            return None  # an intact checkpoint refused for another reason (another model, another data)
+        older = [p for p in list_checkpoints(run) if p.name < named]
+    intact = next((p for p in reversed(older) if checkpoint_problem(p) is None), None)
+    if intact is None:
+        return f"no older checkpoint of {run} is intact" if damaged is not None else None
+    which = "the older checkpoint" if damaged is not None else "the newest intact checkpoint is"
+    move = f"move {damaged} out of {root} (e.g. to {run / ('damaged-' + named)}) and " if damaged is not None else ""
+    return (f"{which} {intact}{' is intact' if damaged is not None else ''}: to resume from it, {move}write "
+            f"{intact.name} into {pointer}, then --resume; to evaluate, generate from or export it, give that folder")
+
+
 # -- the run-folder lock -------------------------------------------------------------------------
 try:
     import fcntl
