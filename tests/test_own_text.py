@@ -360,6 +360,24 @@ def test_eval_with_another_tokenizer_than_the_runs_is_refused(tmp_path, capsys, 
     for own in (["--tokenizer", "tok"], []):
         assert main(["eval", "lm", "run", *own, "--no-progress"]) == 0
 
+    # `generate` likewise (before: garbage text, exit 0); with no tokenizer saved beside the model to
+    # check against, a size that differs from the model's is a warning
+    capsys.readouterr()
+    assert main(["generate", "run", "--tokenizer", "byte", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--tokenizer byte (byte, 257 tokens) is not the tokenizer this model was " \
+        "trained with" in err and "leave --tokenizer out" in err, err
+    for own in (["--tokenizer", "tok"], []):
+        assert main(["generate", "run", *own, "--max-new-tokens", "3"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    import difftx
+    from difftx.checkpoint import save_model
+
+    save_model(difftx.Transformer(difftx.preset("test").replace(vocab_size=512)), tmp_path / "bare")
+    assert main(["generate", str(tmp_path / "bare"), "--tokenizer", "tok", "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "no tokenizer saved with it" in err and "512 token ids, the tokenizer 300" in err
+
 
 def _file_size_limit(limit: int):
     def apply():  # in the child: writes beyond `limit` bytes fail with EFBIG instead of killing it
