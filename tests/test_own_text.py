@@ -100,11 +100,17 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png", "--nll", "--data", "heldout.txt"]) == 0
     table = capsys.readouterr().out
     print(table)
-    assert "held-out NLL [95% CI]" in table.splitlines()[0]
-    header, _rule, diff_row, base_row = table.splitlines()[:4]
-    assert header.split()[:3] == ["run", "attention", "params"]
+    lines = table.splitlines()
+    header, _rule, diff_row, base_row = lines[:4]
+    assert header.split() == ["run", "attention", "params", "steps", "tokens", "tok/s", "train", "loss", "val",
+                              "loss", "best", "val", "@step", "val", "tok"]
     assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
     assert " 6/6 " in diff_row and " 4/4 " in base_row
+    # the held-out NLL in a table of its own: no row much wider than 100 characters (before: 154)
+    at = next(i for i, line in enumerate(lines) if "held-out NLL [95% CI]" in line)
+    header, _rule, diff_row, base_row = lines[at:at + 4]
+    assert max(len(line) for line in lines[:4] + lines[at:at + 4]) <= 100, table
+    assert diff_row.split()[0] == "runs/diff" and base_row.split()[0] == "runs/base"
     # every run against the first, window by window on the same text: base - diff, with its interval
     assert "- first run [95% CI]" in header and "(reference)" in diff_row
     diff_nll = float(re.findall(r"\d+\.\d{4}", diff_row)[-3])  # NLL [lo, hi] (reference)
