@@ -66,7 +66,7 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     assert saved["data_source"] == str(tmp_path / "mytext.txt") and saved["tokenizer"] == str(tmp_path / "tok")
     assert saved["saved_paths"]["data_source"] == {"as_given": "mytext.txt", "relative_to_run": "../../mytext.txt",
                                                    "bytes": text.stat().st_size, "files": 1}
-    assert saved["saved_paths"]["tokenizer"]["relative_to_run"] == "../../tok" and saved["progress"] is False
+    assert saved["saved_paths"]["tokenizer"]["relative_to_run"] == "../../tok"
 
     # `--resume` alone continues the run as it was: its own data, tokenizer and model
     assert main(["train", "--out", "runs/diff", "--resume", "--set", "steps=6"]) == 0
@@ -294,9 +294,36 @@ def test_tensorboard_skip_is_said_once(tmp_path, capsys):
         pytest.skip("tensorboard is installed here")
     from difftx.training.metrics import MetricsLogger
 
-    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()
-    err = capsys.readouterr().err
-    assert err.count("TensorBoard logging skipped") == 1 and "tensorboard=false" in err
+    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()  # the default: TensorBoard if installed, silently
+    assert "TensorBoard" not in capsys.readouterr().err
+    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb", say_if_missing=True).close()
+    assert capsys.readouterr().err.count("TensorBoard logging skipped") == 1
+
+
+def test_no_progress_hides_only_the_bars_and_tensorboard_is_noted_only_when_asked_for(tmp_path, capsys, monkeypatch):
+    """Before: --no-progress also dropped the start line and the validation losses, and every `train`
+    printed a TensorBoard-not-installed note. Now --no-progress hides the bars (the tokenizing one
+    too) and nothing else; the note comes only with --set tensorboard=true."""
+    import importlib.util
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    text = _write_text(tmp_path / "mytext.txt")
+    args = ["train", *FAST, "--data", str(text), "--set", "tensorboard=true"]
+    assert main([*args, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    got = capsys.readouterr()
+    assert "difftx train: diff model, " in got.out
+    assert "step 2: val_loss " in got.out and "step 4: val_loss " in got.out
+    assert "%|" not in got.err and "tokenizing" not in got.err and "it/s" not in got.err, got.err
+    assert got.out.strip().splitlines()[-1].startswith("done: step 4/4")
+    if importlib.util.find_spec("tensorboard") is None:
+        assert got.err.count("TensorBoard logging skipped") == 1
+    # the `tiny` preset's default tensorboard=true (used when installed), not asked for: no note
+    tiny = ["--preset", "tiny", "--set", "model=test", "--set", "seq_len=32", "--set", "batch_size=2", "--set",
+            "steps=2", "--set", "warmup_steps=0", "--set", "eval_interval=0", "--set", "device=cpu"]
+    assert main(["train", *tiny, "--data", str(text), "--out", str(tmp_path / "run2"), "--no-progress"]) == 0
+    assert "TensorBoard" not in capsys.readouterr().err
+    saved = json.loads((tmp_path / "run2" / "train_config.json").read_text())
+    assert saved["progress"] is True and saved["tensorboard"] is True  # --no-progress is this command's only
 
 
 def test_a_text_too_short_for_one_validation_window_trains_without_validation(tmp_path, capsys, monkeypatch):

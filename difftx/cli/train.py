@@ -38,7 +38,9 @@ def register(sub) -> None:
                         "default: the bundled corpus); a part of it is held out for validation (val_fraction)")
     p.add_argument("--tokenizer", metavar="PATH|byte",
                    help="'byte', or a tokenizer.json / folder from `difftx tokenizer train` (default: byte)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (progress=false)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bars, for logs (this command only); the start line, validation losses "
+                        "and the done line still print (--set progress=false hides those too)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint, with its saved train_config.json "
                         "(flags may change only execution settings and raise steps)")
@@ -117,8 +119,6 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["data_source"] = args.data
     if getattr(args, "tokenizer", None):
         changes["tokenizer"] = args.tokenizer
-    if getattr(args, "no_progress", False):
-        changes["progress"] = False
     if args.attention or args.baseline:
         overrides = dict(cfg.model_overrides)
         if args.attention:
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:10s} model={c.model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
                   f"steps={c.steps} lr={c.lr:g} device={c.device} dtype={c.dtype}")
         return 0
+    import importlib.util
     import os
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
@@ -156,13 +157,36 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    try:
-        result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+    if main_rank and cfg.tensorboard and tensorboard_asked(args) and importlib.util.find_spec("tensorboard") is None:
+        from ..training.metrics import TENSORBOARD_MISSING
+
+        print(TENSORBOARD_MISSING, file=sys.stderr)  # only when asked for: by default it is used if installed
+    from ..data.store import PROGRESS_BARS
+
+    # --no-progress: the training bar drawn into nothing, the tokenizing bar off; the lines still print
+    hidden = PROGRESS_BARS.set(False) if args.no_progress else None
+    sink = open(os.devnull, "w") if args.no_progress else None
+    try:  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+        result = train(cfg, resume=args.resume, progress_bar={"file": sink} if sink is not None else None)
     except OSError as e:
         raise with_last_checkpoint(e, cfg.out_dir) from e
+    finally:
+        if hidden is not None:
+            PROGRESS_BARS.reset(hidden)
+            sink.close()
     if main_rank:
         print(done_line(result))
     return 0
+
+
+def tensorboard_asked(args: argparse.Namespace) -> bool:
+    """Whether this command asks for TensorBoard itself (``--set tensorboard=...`` or the config file's
+    ``tensorboard``), rather than taking the default (TensorBoard when it is installed)."""
+    from ..training.config import read_config_file, split_override
+
+    if any(split_override(o)[0].strip() == "tensorboard" for o in args.overrides):
+        return True
+    return bool(args.config) and "tensorboard" in read_config_file(args.config)
 
 
 WRITE_ERRNOS = ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")  # a write that failed for want of room or a disk

@@ -19,6 +19,7 @@ checked when opened (file sizes, offsets, every token id < vocab_size).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -332,6 +333,12 @@ def _routed(docs: Iterator[Document], rule: dict) -> Iterator[tuple[str, str]]:
             yield "val", doc.text[cut:]
 
 
+# ``False`` hides the tokenizing bar whatever ``progress=`` says: how ``difftx train --no-progress``
+# hides every progress bar while the trainer, run with progress=True, still prints its start and
+# validation lines (its own bar is hidden through ``train(progress_bar={"disable": True})``)
+PROGRESS_BARS: contextvars.ContextVar[bool] = contextvars.ContextVar("difftx_progress_bars", default=True)
+
+
 def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: dict, text_field: str,
            key: str, progress: bool) -> dict:
     from tqdm.auto import tqdm
@@ -339,7 +346,8 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     dtype = token_dtype(tokenizer.vocab_size)
     writers = {s: _Writer(entry / f"{s}.bin", dtype, tokenizer.eos_id) for s in SPLITS}
     total = rule.get("documents") or count_documents(sources, text_field)
-    bar = tqdm(total=total, unit="doc", desc="tokenizing", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total, unit="doc", desc="tokenizing", disable=not (progress and PROGRESS_BARS.get()),
+               dynamic_ncols=True)
     pending: list[tuple[str, str]] = []
     pending_chars = 0
     n_tokens = 0

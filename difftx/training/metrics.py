@@ -44,15 +44,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
+TENSORBOARD_MISSING = ("difftx train: note: TensorBoard logging skipped (tensorboard is not installed: pip install "
+                       "tensorboard, or difftx[train]); metrics.jsonl has every record")
+
+
 class MetricsLogger:
-    """Appends one JSON object per record to ``path``; mirrors scalars to TensorBoard.
+    """Appends one JSON object per record to ``path``; mirrors scalars to TensorBoard when it is
+    installed (``say_if_missing``: a note on stderr when it is not).
 
     ``resume_step``: records after this step (written by a run that died after its last
     checkpoint) are dropped first, so the file shows one clean trajectory.
     """
 
     def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None, enabled: bool = True,
-                 resume_step: Optional[int] = None):
+                 resume_step: Optional[int] = None, say_if_missing: bool = False):
         self.path, self.enabled, self._tb = Path(path), enabled, None
         if not enabled:
             return
@@ -78,12 +83,11 @@ class MetricsLogger:
         if tensorboard_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard not installed: JSONL only, said once per run
+            except ImportError:  # tensorboard not installed: JSONL only (said when asked for; see difftx train)
                 import sys
 
-                print("difftx train: note: TensorBoard logging skipped (tensorboard is not installed: pip install "
-                      "tensorboard, or difftx[train]); metrics.jsonl has every record; --set tensorboard=false "
-                      "turns this note off", file=sys.stderr)
+                if say_if_missing:
+                        print(TENSORBOARD_MISSING, file=sys.stderr)
             else:
                 self._tb = SummaryWriter(str(tensorboard_dir))
 
