@@ -742,3 +742,16 @@ def test_an_intact_checkpoint_refused_for_another_reason_gets_no_recovery_hint(t
     latest = ckpt.latest_checkpoint(two_checkpoints)
     assert ckpt.checkpoint_problem(latest) is None
     assert ckpt.recovery_hint(f"{latest / 'config.json'}: incompatible model (checkpoint vs this run: ...)") is None
+
+
+def test_a_prompt_that_is_not_utf8_is_named(capsys, model_dir):
+    """`--prompt "$(cat latin1.txt)"` reaches Python with its non-UTF-8 bytes kept as lone surrogates;
+    before: "'utf-8' codec can't encode character '\\udce9' ...: surrogates not allowed", naming nothing."""
+    code, err = run_cli(capsys, "generate", model_dir, "--tokenizer", "byte", "--prompt", "caf\udce9 au lait")
+    assert code == 2 and "--prompt: not valid UTF-8 text (byte 0xe9 at byte offset 3)" in err, err
+    from difftx.training.inference import generate_text
+
+    with pytest.raises(ValueError, match=r"^prompt: not valid UTF-8 text \(byte 0xff at byte offset 5\)"):
+        generate_text(model_dir, "café\udcff", tokenizer="byte", max_new_tokens=1)
+    assert run_cli(capsys, "generate", model_dir, "--tokenizer", "byte", "--prompt", "café", "--max-new-tokens",
+                   "1")[0] == 0

@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from ..training.inference import generate_text
     from .args import check_device
 
+    from ..training.inference import check_utf8
+
+    check_utf8(args.prompt, "--prompt")
     device = check_device(args.device)  # before loading anything
     try:
         text = generate_text(args.checkpoint, args.prompt, max_new_tokens=args.max_new_tokens,

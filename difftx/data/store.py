@@ -43,7 +43,7 @@ from .sources import (
     iter_documents,
     resolve_sources,
 )
-from .tokenizer import Tokenizer, TokenizerSpec, load_tokenizer
+from .tokenizer import Tokenizer, TokenizerSpec, UncuttableTextError, load_tokenizer
 
 FORMAT_VERSION = 1
 DEFAULT_VAL_FRACTION = 0.05
@@ -305,6 +305,8 @@ def _cache_key(sources: Sequence[Source], tokenizer: Tokenizer, val_fraction: Op
 def _encode_many(tokenizer: Tokenizer, texts: list[str]) -> list:
     global TOKENIZED_DOCUMENTS
     TOKENIZED_DOCUMENTS += len(texts)
+    if hasattr(tokenizer, "encode_arrays"):  # many at once, in bounded memory
+        return tokenizer.encode_arrays(texts)  # type: ignore[attr-defined]
     if hasattr(tokenizer, "encode_array"):
         return [tokenizer.encode_array(t) for t in texts]  # type: ignore[attr-defined]
     if hasattr(tokenizer, "encode_batch"):
@@ -354,7 +356,11 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
 
     def flush() -> None:
         nonlocal pending, pending_chars, n_tokens
-        for (split, _), ids in zip(pending, _encode_many(tokenizer, [t for _, t in pending]), strict=True):
+        try:
+            encoded = _encode_many(tokenizer, [t for _, t in pending])
+        except UncuttableTextError as e:
+            raise DataError(f"{', '.join(str(s.path or 'datasets object') for s in sources)}: {e}") from None
+        for (split, _), ids in zip(pending, encoded, strict=True):
             writers[split].add(ids)
             n_tokens += len(ids) + 1
         bar.update(sum(1 for s, _ in pending if s == "train" or rule["rule"] != "document_tails"))

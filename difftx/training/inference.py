@@ -58,6 +58,7 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     """
     from .distributed import resolve_device
 
+    check_utf8(prompt, "prompt")
     model, tok, _ = load_for_generation(path, tokenizer, resolve_device(device))
     ids = [tok.eos_id] + list(tok.encode(prompt))
     out = generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -65,3 +66,20 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     if out and out[-1] == tok.eos_id:
         out = out[:-1]
     return tok.decode(out)
+
+
+def check_utf8(text: str, name: str) -> None:
+    """``ValueError`` naming ``name`` when ``text`` is not valid Unicode text: a command-line argument
+    in another encoding (Python keeps its non-UTF-8 bytes as lone surrogates, which no tokenizer can
+    encode)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name}: expected a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[:e.start].encode("utf-8", "surrogateescape")
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
+        raise ValueError(f"{name}: not valid UTF-8 text ({byte} at byte offset {len(raw)}); give it in UTF-8 (a "
+                         f"terminal or file in another encoding: convert it, e.g. with iconv -t UTF-8, or use a "
+                         f"UTF-8 locale)") from None
