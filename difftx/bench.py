@@ -264,5 +264,10 @@ def format_table(rows: Sequence[BenchRow]) -> str:
 
 
 def save_rows(rows: Sequence[BenchRow], path: str, meta: dict) -> None:
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=2)
+    """Write the rows as JSON to ``path`` (atomically; a failed write names the file and the cause)."""
+    from pathlib import Path
+
+    from .checkpoint import atomic_write
+
+    text = json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2)
+    atomic_write(path, lambda p: Path(p).write_text(text))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -29,13 +30,60 @@ def umask_mode(folder: bool = False) -> int:
     return (0o777 if folder else 0o666) & ~mask
 
 
+def _likely_write_errno(path: PathLike) -> Optional[int]:
+    """Why a write under ``path`` failed when the error does not say: a (nearly) full disk, else a
+    file-size limit on this process, else ``None``."""
+    import errno
+
+    folder = next((p for p in Path(path).parents if p.is_dir()), Path("."))
+    try:
+        fs = os.statvfs(folder)
+        if fs.f_bavail * fs.f_frsize < 1 << 20:
+            return errno.ENOSPC
+    except (OSError, AttributeError):
+        pass
+    try:
+        import resource
+
+        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+            return errno.EFBIG
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
+
+
+def write_error(e: BaseException, path: PathLike) -> Optional[OSError]:
+    """``e`` as an :class:`OSError` naming ``path`` and the cause (the errno text: "No space left on
+    device", "File too large", ...), if it is a failed write: an ``OSError`` (full disk, file too
+    large, read-only, no permission) or the ``RuntimeError`` that ``torch.save`` / safetensors wrap
+    one in (``unexpected pos``, ``Os { code: N``); else ``None``."""
+    if isinstance(e, OSError):
+        return OSError(e.errno, e.strerror or str(e), str(path))
+    if isinstance(e, RuntimeError) or type(e).__name__ == "SafetensorError":
+        text = str(e)
+        found = re.search(r"Os \{ code: (\d+)", text)
+        if found:
+            code = int(found.group(1))
+            return OSError(code, os.strerror(code), str(path))
+        if "unexpected pos" in text or "inline_container" in text:  # torch.save hides the errno: look for it
+            code = _likely_write_errno(path)
+            return OSError(code, (os.strerror(code) if code else "the write failed") + " (torch.save: unexpected pos)",
+                           str(path))
+    return None
+
+
 def atomic_write(path: PathLike, write: Callable[[str], Any]) -> None:
     """Call ``write(tmp_path)`` then rename over ``path``: readers never see a partial file, and
     when ``write`` raises, the file at ``path`` stays as it was. The file gets the permissions
-    the umask allows (:func:`umask_mode`), not ``tempfile``'s 0600."""
+    the umask allows (:func:`umask_mode`), not ``tempfile``'s 0600. A failed write (full disk, file
+    too large, read-only, ...) is an :class:`OSError` naming ``path`` and the cause
+    (:func:`write_error`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), str(e.filename or path.parent)) from e
     os.close(fd)
     try:
         write(tmp)
@@ -43,6 +91,13 @@ def atomic_write(path: PathLike, write: Callable[[str], Any]) -> None:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except Exception as e:
+        if isinstance(e, OSError) and e.filename is not None and os.fspath(e.filename) != tmp:
+            raise  # another file's error (a source being copied): it names that file
+        failed = write_error(e, path)
+        if failed is None:
+            raise
+        raise failed from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -132,3 +132,75 @@ def test_bpe_chunked_encoding_equals_whole(tmp_path, monkeypatch):
     assert len(tok_mod._safe_pieces(text, 200)) > 20
     assert "".join(tok_mod._safe_pieces(text, 200)) == text
     assert tok.encode_batch([text, "short", text[:1000]]) == [whole, tok.encode("short"), tok.encode(text[:1000])]
+
+
+# -- one long line: bounded memory, the same tokenizer and ids, or a clear refusal ----------------------
+_PIECES = (list("abcdXYZ_0123") + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") +
+           [" ", "  ", "\t", "\n", " \n", "\r\n", "\n ", "\t ", "'s", "'t", "'ll", "''", " '", "é", "e\u0301",
+            "漢字", "\u00a0", "\u3000", "\x1c", "\x85", "½", "٣", "🙂"])
+
+
+def test_cuts_in_a_long_text_never_change_the_pre_tokens_the_tokenizer_or_the_ids(monkeypatch):
+    """The places where a long text is cut (newlines, a space before a word, ASCII punctuation after
+    a letter or digit) are pre-token boundaries of the GPT-2 pre-tokenizer on text made to be hard:
+    every kind of space, contractions, combining marks, punctuation runs. Pieces of 30 characters
+    give the same pre-tokens, the same trained tokenizer and the same ids as the whole text."""
+    from difftx.data import tokenizer as tok_mod
+
+    rng = np.random.default_rng(11)
+    text = "".join(_PIECES[i] for i in rng.integers(0, len(_PIECES), 40_000))
+    monkeypatch.setattr(tok_mod, "CHUNK_CHARS", 1 << 30)
+    whole = train_bpe(texts=[text], vocab_size=600, show_progress=False)
+    pieces = tok_mod._safe_pieces(text, 30)
+    assert len(pieces) > 1000 and "".join(pieces) == text
+    pre = whole._tok.pre_tokenizer
+    assert [w for w, _ in pre.pre_tokenize_str(text)] == [w for p in pieces for w, _ in pre.pre_tokenize_str(p)]
+    monkeypatch.setattr(tok_mod, "CHUNK_CHARS", 30)
+    monkeypatch.setattr(tok_mod, "ENCODE_CHARS", 500)
+    chunked = train_bpe(texts=[text], vocab_size=600, show_progress=False)
+    assert chunked._tok.to_str() == whole._tok.to_str()
+    assert whole.encode_arrays([text, "short", ""])[0].tolist() == whole._tok.encode(text).ids
+
+
+def test_a_long_line_trains_and_encodes_in_bounded_memory(tmp_path):
+    """A 4 MB text with no newline: before, the tokenizer library took about 360 MB to train on it and
+    1 GB to encode it (all of it at once: 31 MB took 2.8 and 3 GB); now about what the text needs."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    words = ["".join(chr(97 + c) for c in rng.integers(0, 26, n)) for n in rng.integers(2, 10, 3000)]
+    text = "".join(words[i] + (", " if i % 7 == 0 else " ") for i in rng.integers(0, 3000, 4_000_000 // 7))
+    assert "\n" not in text and len(text) > 3_500_000
+    (tmp_path / "line.txt").write_text(text)
+    code = ("import resource, sys; from difftx.data import train_bpe\n"
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+            "base = peak(); tok = train_bpe([sys.argv[1]], vocab_size=1000, show_progress=False); trained = peak()\n"
+            "ids = tok.encode_arrays([open(sys.argv[1]).read()])[0]\n"
+            "print(base, trained, peak(), len(ids))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "line.txt")], capture_output=True, text=True,
+                         check=True, timeout=300).stdout.split()
+    base, trained, encoded, n = map(int, out)
+    assert n > 500_000
+    if sys.platform == "darwin":  # ru_maxrss is in bytes there
+        pytest.skip("peak memory is measured in KB on Linux")
+    assert trained - base < 150 and encoded - base < 250, (base, trained, encoded)
+
+
+def test_a_text_that_cannot_be_cut_is_refused_naming_the_file(tmp_path, capsys, monkeypatch):
+    """A long run with no place to cut it (here CJK text without punctuation) would be one word to
+    the library, with memory growing with it: refused naming the file, for training a tokenizer and
+    for preparing data; the byte tokenizer takes it."""
+    from difftx.cli import main
+    from difftx.data import tokenizer as tok_mod
+
+    monkeypatch.setattr(tok_mod, "MAX_UNCUT_CHARS", 100_000)
+    (tmp_path / "cjk.txt").write_text("漢字" * 100_000)
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "cjk.txt"), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'cjk.txt'}: a text has 200,000 characters with no space before a word" in err, err
+    assert "use the byte tokenizer" in err and not (tmp_path / "t").exists()
+    tok = train_bpe(texts=[corpus_text()], vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
+    with pytest.raises(ValueError, match=r"cjk\.txt: a text has 1\d\d,\d\d\d characters"):
+        prepare_data(tmp_path / "cjk.txt", tok, cache_dir=tmp_path / "cache", progress=False)
+    assert len(prepare_data(tmp_path / "cjk.txt", "byte", cache_dir=tmp_path / "cache", progress=False).train) > 0

@@ -623,3 +623,135 @@ def test_tokenizer_train_prints_no_blank_lines(tmp_path):
                           "280", "--out", str(tmp_path / "tok")], capture_output=True, text=True, timeout=120,
                          cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
     assert out.startswith("wrote ") and "\n\n" not in out, repr(out)
+
+
+# -- write failures outside a checkpoint name the file, the cause and the last good checkpoint ------------
+def _full_disk_on_fsync(monkeypatch):
+    """Every fsync fails as on a full disk (where delayed allocation reports it), with no file named."""
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_full_disk_writing_train_config_or_eval_results_names_the_file(capsys, tmp_path, corpus, run_dir,
+                                                                          monkeypatch):
+    """Before: "[Errno 28] No space left on device" with no file; now the file written, the cause, and
+    for a training run its last good checkpoint (none yet here); nothing of the run is lost."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _full_disk_on_fsync(m)
+        code, err = run_cli(capsys, *train_args(corpus, out))
+    assert code == 1, err
+    assert f"{out / 'train_config.json'}: No space left on device; no checkpoint was written yet" in err, err
+    assert "free some disk space" in err
+    assert not (out / "train_config.json").exists() and not (out / ckpt.LOCK_NAME).exists()
+
+    before = snapshot(run_dir)
+    target = tmp_path / "lm.json"
+    with monkeypatch.context() as m:
+        _full_disk_on_fsync(m)
+        code, err = run_cli(capsys, "eval", "lm", run_dir, "--windows", "2", "--json", target, "--no-progress")
+    assert code == 1 and f"{target}: No space left on device" in err, err
+    assert not target.exists() and not list(tmp_path.glob(".lm.json*")) and snapshot(run_dir) == before
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
+def test_metrics_log_over_a_file_size_limit_names_it_and_the_last_good_checkpoint(tmp_path, corpus):
+    """A resume whose metrics.jsonl reaches the file-size limit (the checkpoint files stay below it):
+    before, "[Errno 27] File too large" named nothing; now the log, the cause and the checkpoint that
+    --resume continues from, which stays the latest."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-c", "import sys; from difftx.cli import main; sys.exit(main())"]
+    first = subprocess.run([*cli, *map(str, train_args(corpus, out))], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    limit = 1_000_000
+    with open(out / "metrics.jsonl", "a") as f:  # a record kept by the resume that fills the log to the limit
+        f.write(json.dumps({"step": 0, "note": "x" * (limit - 200 - (out / "metrics.jsonl").stat().st_size)}) + "\n")
+    before = snapshot(out / "checkpoints")
+
+    def limited():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    got = subprocess.run([*cli, *map(str, train_args(corpus, out, 4, "--resume", "--set", "log_interval=1"))],
+                         env=env, capture_output=True, text=True, preexec_fn=limited, timeout=300)
+    err = got.stderr.strip()
+    assert got.returncode == 1 and len(err.splitlines()) == 1, got.stderr
+    assert f"{out / 'metrics.jsonl'}: {os.strerror(errno.EFBIG)}; the last good checkpoint is " \
+           f"{out / 'checkpoints' / 'step_00000002'}" in err, err
+    assert "ulimit -f" in err
+    assert snapshot(out / "checkpoints") == before
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory, corpus) -> Path:
+    """A four-step run with checkpoints at steps 2 and 4, shared read-only."""
+    out = tmp_path_factory.mktemp("run2") / "run"
+    assert main([str(a) for a in train_args(corpus, out, 4)]) == 0
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000002", "step_00000004"]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["weights cut", "optimizer cut", "trainer state", "pointer"])
+def test_a_damaged_latest_checkpoint_names_the_older_intact_one(capsys, tmp_path, corpus, two_checkpoints, damage):
+    """Before: only the damaged file was named. Now the error also names the newest intact checkpoint
+    and how to resume from it (move the damaged one aside, point `latest` at it); nothing is changed
+    or deleted; doing what it says resumes."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    root = out / "checkpoints"
+    bad = root / "step_00000004"
+    if damage == "weights cut":
+        data = (bad / "model.safetensors").read_bytes()
+        (bad / "model.safetensors").write_bytes(data[:len(data) // 2])
+    elif damage == "optimizer cut":
+        data = (bad / "optimizer.pt").read_bytes()
+        (bad / "optimizer.pt").write_bytes(data[:len(data) // 2])
+    elif damage == "trainer state":
+        (bad / "trainer_state.json").write_text("{")
+    else:
+        (root / "latest").write_text("step_00000009\n")
+    before = snapshot(out)
+    code, err = run_cli(capsys, *train_args(corpus, out, 6, "--resume"))
+    assert code == 2, err
+    if damage == "pointer":
+        assert f"the newest intact checkpoint is {bad}: to resume from it, write step_00000004 into " \
+               f"{root / 'latest'}, then --resume" in err, err
+    else:
+        assert f"the older checkpoint {root / 'step_00000002'} is intact: to resume from it, move {bad} out of " \
+               f"{root}" in err and f"write step_00000002 into {root / 'latest'}, then --resume" in err, err
+        code, err = run_cli(capsys, "eval", "lm", out, "--windows", "2", "--no-progress")
+        assert (code == 0) if damage in ("optimizer cut", "trainer state") else \
+            (code == 2 and f"the older checkpoint {root / 'step_00000002'} is intact" in err), err
+    assert snapshot(out) == before  # nothing changed, nothing deleted
+    if damage != "pointer":
+        bad.rename(out / "damaged-step_00000004")
+        (root / "latest").write_text("step_00000002\n")
+    else:
+        (root / "latest").write_text("step_00000004\n")
+    assert run_cli(capsys, *train_args(corpus, out, 6, "--resume"))[0] == 0
+
+
+def test_an_intact_checkpoint_refused_for_another_reason_gets_no_recovery_hint(two_checkpoints):
+    latest = ckpt.latest_checkpoint(two_checkpoints)
+    assert ckpt.checkpoint_problem(latest) is None
+    assert ckpt.recovery_hint(f"{latest / 'config.json'}: incompatible model (checkpoint vs this run: ...)") is None
+
+
+def test_a_prompt_that_is_not_utf8_is_named(capsys, model_dir):
+    """`--prompt "$(cat latin1.txt)"` reaches Python with its non-UTF-8 bytes kept as lone surrogates;
+    before: "'utf-8' codec can't encode character '\\udce9' ...: surrogates not allowed", naming nothing."""
+    code, err = run_cli(capsys, "generate", model_dir, "--tokenizer", "byte", "--prompt", "caf\udce9 au lait")
+    assert code == 2 and "--prompt: not valid UTF-8 text (byte 0xe9 at byte offset 3)" in err, err
+    from difftx.training.inference import generate_text
+
+    with pytest.raises(ValueError, match=r"^prompt: not valid UTF-8 text \(byte 0xff at byte offset 5\)"):
+        generate_text(model_dir, "café\udcff", tokenizer="byte", max_new_tokens=1)
+    assert run_cli(capsys, "generate", model_dir, "--tokenizer", "byte", "--prompt", "café", "--max-new-tokens",
+                   "1")[0] == 0

@@ -62,7 +62,11 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
         assert "(best " in done and " at step " in done and "tokens per pass" in done
         assert "tokens/s over the run's" in done
     saved = json.loads(Path("runs/diff/train_config.json").read_text())
-    assert saved["data_source"] == "mytext.txt" and saved["tokenizer"] == "tok" and saved["progress"] is False
+    # paths are saved absolute, with the path as given and relative to the run folder (a run folder that moves)
+    assert saved["data_source"] == str(tmp_path / "mytext.txt") and saved["tokenizer"] == str(tmp_path / "tok")
+    assert saved["saved_paths"]["data_source"] == {"as_given": "mytext.txt", "relative_to_run": "../../mytext.txt",
+                                                   "bytes": text.stat().st_size, "files": 1}
+    assert saved["saved_paths"]["tokenizer"]["relative_to_run"] == "../../tok"
 
     # `--resume` alone continues the run as it was: its own data, tokenizer and model
     assert main(["train", "--out", "runs/diff", "--resume", "--set", "steps=6"]) == 0
@@ -96,11 +100,17 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
     assert main(["runs", "runs/diff", "runs/base", "--plot", "curves.png", "--nll", "--data", "heldout.txt"]) == 0
     table = capsys.readouterr().out
     print(table)
-    assert "held-out NLL [95% CI]" in table.splitlines()[0]
-    header, _rule, diff_row, base_row = table.splitlines()[:4]
-    assert header.split()[:3] == ["run", "attention", "params"]
+    lines = table.splitlines()
+    header, _rule, diff_row, base_row = lines[:4]
+    assert header.split() == ["run", "attention", "params", "steps", "tokens", "tok/s", "train", "loss", "val",
+                              "loss", "best", "val", "@step", "val", "tok"]
     assert diff_row.split()[:2] == ["runs/diff", "diff"] and base_row.split()[:2] == ["runs/base", "standard"]
     assert " 6/6 " in diff_row and " 4/4 " in base_row
+    # the held-out NLL in a table of its own: no row much wider than 100 characters (before: 154)
+    at = next(i for i, line in enumerate(lines) if "held-out NLL [95% CI]" in line)
+    header, _rule, diff_row, base_row = lines[at:at + 4]
+    assert max(len(line) for line in lines[:4] + lines[at:at + 4]) <= 100, table
+    assert diff_row.split()[0] == "runs/diff" and base_row.split()[0] == "runs/base"
     # every run against the first, window by window on the same text: base - diff, with its interval
     assert "- first run [95% CI]" in header and "(reference)" in diff_row
     diff_nll = float(re.findall(r"\d+\.\d{4}", diff_row)[-3])  # NLL [lo, hi] (reference)
@@ -284,9 +294,36 @@ def test_tensorboard_skip_is_said_once(tmp_path, capsys):
         pytest.skip("tensorboard is installed here")
     from difftx.training.metrics import MetricsLogger
 
-    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()
-    err = capsys.readouterr().err
-    assert err.count("TensorBoard logging skipped") == 1 and "tensorboard=false" in err
+    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb").close()  # the default: TensorBoard if installed, silently
+    assert "TensorBoard" not in capsys.readouterr().err
+    MetricsLogger(tmp_path / "m.jsonl", tmp_path / "tb", say_if_missing=True).close()
+    assert capsys.readouterr().err.count("TensorBoard logging skipped") == 1
+
+
+def test_no_progress_hides_only_the_bars_and_tensorboard_is_noted_only_when_asked_for(tmp_path, capsys, monkeypatch):
+    """Before: --no-progress also dropped the start line and the validation losses, and every `train`
+    printed a TensorBoard-not-installed note. Now --no-progress hides the bars (the tokenizing one
+    too) and nothing else; the note comes only with --set tensorboard=true."""
+    import importlib.util
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    text = _write_text(tmp_path / "mytext.txt")
+    args = ["train", *FAST, "--data", str(text), "--set", "tensorboard=true"]
+    assert main([*args, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    got = capsys.readouterr()
+    assert "difftx train: diff model, " in got.out
+    assert "step 2: val_loss " in got.out and "step 4: val_loss " in got.out
+    assert "%|" not in got.err and "tokenizing" not in got.err and "it/s" not in got.err, got.err
+    assert got.out.strip().splitlines()[-1].startswith("done: step 4/4")
+    if importlib.util.find_spec("tensorboard") is None:
+        assert got.err.count("TensorBoard logging skipped") == 1
+    # the `tiny` preset's default tensorboard=true (used when installed), not asked for: no note
+    tiny = ["--preset", "tiny", "--set", "model=test", "--set", "seq_len=32", "--set", "batch_size=2", "--set",
+            "steps=2", "--set", "warmup_steps=0", "--set", "eval_interval=0", "--set", "device=cpu"]
+    assert main(["train", *tiny, "--data", str(text), "--out", str(tmp_path / "run2"), "--no-progress"]) == 0
+    assert "TensorBoard" not in capsys.readouterr().err
+    saved = json.loads((tmp_path / "run2" / "train_config.json").read_text())
+    assert saved["progress"] is True and saved["tensorboard"] is True  # --no-progress is this command's only
 
 
 def test_a_text_too_short_for_one_validation_window_trains_without_validation(tmp_path, capsys, monkeypatch):
@@ -356,6 +393,24 @@ def test_eval_with_another_tokenizer_than_the_runs_is_refused(tmp_path, capsys, 
     for own in (["--tokenizer", "tok"], []):
         assert main(["eval", "lm", "run", *own, "--no-progress"]) == 0
 
+    # `generate` likewise (before: garbage text, exit 0); with no tokenizer saved beside the model to
+    # check against, a size that differs from the model's is a warning
+    capsys.readouterr()
+    assert main(["generate", "run", "--tokenizer", "byte", "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--tokenizer byte (byte, 257 tokens) is not the tokenizer this model was " \
+        "trained with" in err and "leave --tokenizer out" in err, err
+    for own in (["--tokenizer", "tok"], []):
+        assert main(["generate", "run", *own, "--max-new-tokens", "3"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    import difftx
+    from difftx.checkpoint import save_model
+
+    save_model(difftx.Transformer(difftx.preset("test").replace(vocab_size=512)), tmp_path / "bare")
+    assert main(["generate", str(tmp_path / "bare"), "--tokenizer", "tok", "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "no tokenizer saved with it" in err and "512 token ids, the tokenizer 300" in err
+
 
 def _file_size_limit(limit: int):
     def apply():  # in the child: writes beyond `limit` bytes fail with EFBIG instead of killing it
@@ -388,3 +443,79 @@ def test_a_checkpoint_write_failure_names_the_file_the_cause_and_the_last_good_c
     assert "the last good checkpoint is " + os.path.join("run", "checkpoints", "step_00000002") in err, err
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
     assert not any(p.name.startswith(".tmp") for p in (tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_a_moved_run_folder_resumes_and_evaluates_from_any_directory(tmp_path, capsys, monkeypatch):
+    """A run trained in A with relative paths, its project folder moved to B, then resumed,
+    evaluated and summarised from a third folder C (before: "tokenizer 'tok/' ... no such file",
+    and passing the right paths was refused as a change). A path that is gone is named with the
+    config it came from and the flag that points it elsewhere; a path given anew must hold the same
+    content; a copy of the same data is no change."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    a, c = tmp_path / "A", tmp_path / "C"
+    a.mkdir()
+    c.mkdir()
+    monkeypatch.chdir(a)
+    _write_text(a / "mytext.txt")
+    assert main(["tokenizer", "train", "--input", "mytext.txt", "--vocab-size", "300", "--out", "tok/"]) == 0
+    assert main(["train", *FAST, "--data", "mytext.txt", "--tokenizer", "tok/", "--out", "run", "--no-progress"]) == 0
+    b = a.rename(tmp_path / "B")
+    monkeypatch.chdir(c)
+    capsys.readouterr()
+
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=6", "--no-progress"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: step 6/6")
+    saved = json.loads((b / "run" / "train_config.json").read_text())
+    assert saved["data_source"] == str(b / "mytext.txt") and saved["tokenizer"] == str(b / "tok")
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 0
+    assert f"the validation split of {b / 'mytext.txt'}" in capsys.readouterr().out
+    assert main(["runs", "../B/run", "--nll"]) == 0
+    assert "held-out NLL [95% CI]" in capsys.readouterr().out
+
+    # the text moved away as well: named, with the config it came from and how to point at it
+    (b / "mytext.txt").rename(c / "moved.txt")
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"data_source '{b / 'mytext.txt'}', saved in ../B/run/train_config.json, does not exist" in err, err
+    assert "--data PATH (or --set data_source=PATH)" in err and "tokenizer" not in err, err
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "data_source" in err and "does not exist" in err and "--data FILE" in err, err
+    # another text in its place is refused, naming both sizes; the same text at its new place is taken
+    _write_text(c / "other.txt", paragraphs=5)
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress",
+                 "--data", "other.txt"]) == 2
+    err = capsys.readouterr().err
+    assert "--data other.txt is not the same data" in err and f"{(c / 'moved.txt').stat().st_size:,} bytes" in err
+    assert main(["train", "--out", "../B/run", "--resume", "--set", "steps=8", "--no-progress",
+                 "--data", "moved.txt"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: step 8/8")
+    assert json.loads((b / "run" / "train_config.json").read_text())["data_source"] == str(c / "moved.txt")
+    assert main(["eval", "lm", "../B/run", "--no-progress"]) == 0
+    capsys.readouterr()
+    # a copy of the same text where the saved one still exists is the same data, not a change
+    (c / "copy.txt").write_bytes((c / "moved.txt").read_bytes())
+    assert main(["train", "--out", "../B/run", "--resume", "--print-config", "--data", "copy.txt"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_source"] == str(c / "moved.txt")
+
+
+def test_a_run_saved_with_relative_paths_still_resolves_after_a_move(tmp_path, capsys, monkeypatch):
+    """Runs written before paths were saved absolute hold them as typed; they are found relative
+    to the folder the run was started from (out_dir's depth above the run folder)."""
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    a = tmp_path / "A"
+    a.mkdir()
+    monkeypatch.chdir(a)
+    _write_text(a / "mytext.txt")
+    assert main(["train", *FAST, "--data", "mytext.txt", "--out", "runs/one", "--no-progress"]) == 0
+    for f in [a / "runs/one/train_config.json", *(a / "runs/one/checkpoints").glob("*/train_config.json")]:
+        old = json.loads(f.read_text())
+        old.pop("saved_paths")
+        f.write_text(json.dumps({**old, "data_source": "mytext.txt"}))
+    b = a.rename(tmp_path / "B")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", "lm", "B/runs/one", "--no-progress"]) == 0
+    assert f"the validation split of {b / 'mytext.txt'}" in capsys.readouterr().out
+    assert main(["train", "--out", "B/runs/one", "--resume", "--set", "steps=6", "--no-progress"]) == 0
+    assert json.loads((b / "runs/one/train_config.json").read_text())["data_source"] == str(b / "mytext.txt")

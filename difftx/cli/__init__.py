@@ -201,7 +201,9 @@ def classify_error(e: BaseException) -> tuple[int, str]:
     if isinstance(e, OSError):
         hint = {errno.ENOSPC: "free some disk space or write elsewhere, then run again",
                 errno.EDQUOT: "free some disk space or write elsewhere, then run again",
-                errno.EROFS: "write to another location"}.get(e.errno, "check the disk and the path, then run again")
+                errno.EROFS: "write to another location",
+                errno.EFBIG: "a file-size limit (ulimit -f) stopped the write: raise it or write less, then run again"
+                }.get(e.errno, "check the disk and the path, then run again")
         return EXIT_FAILURE, f"{_os_message(e)} ({hint})"
     text = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line
     if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError") or _is(e, "torch.cuda", "OutOfMemoryError") \
@@ -213,12 +215,26 @@ def classify_error(e: BaseException) -> tuple[int, str]:
     if _is(e, "difftx.compare.train", "TrainingInterrupted"):  # a signal stopped it after a checkpoint
         return EXIT_INTERRUPTED, text
     if isinstance(e, ValueError) or _is(e, "difftx.checkpoint", "CheckpointError"):
-        return EXIT_USAGE, text
+        return EXIT_USAGE, _with_recovery_hint(text)
     if isinstance(e, ModuleNotFoundError):
         return EXIT_USAGE, f"{text} (an optional dependency is missing; see the README's Optional extras)"
     text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     return EXIT_FAILURE, (f"unexpected error: {type(e).__name__}{': ' + text if text else ''} "
                           f"(run with DIFFTX_DEBUG=1 for the traceback)")
+
+
+def _with_recovery_hint(text: str) -> str:
+    """``text``, and when it names a damaged checkpoint of a run (or its ``latest`` pointer), the
+    older intact checkpoint and how to resume from it (``checkpointing.recovery_hint``)."""
+    if "checkpoints" not in text:
+        return text
+    try:
+        from ..training.checkpointing import recovery_hint
+
+        hint = recovery_hint(text)
+    except Exception:  # noqa: BLE001 - a hint must never hide the error itself
+        hint = None
+    return f"{text}; {hint}" if hint else text
 
 
 def _os_message(e: OSError) -> str:

@@ -19,7 +19,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer", default=None, help="override the checkpoint's tokenizer ('byte' or a path)")
+    p.add_argument("--tokenizer", default=None,
+                   help="the tokenizer, for a model folder without one saved ('byte' or a path); one other than "
+                        "the tokenizer saved with the checkpoint is refused")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.set_defaults(func=run)
 
@@ -29,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from ..training.inference import generate_text
     from .args import check_device
 
+    from ..training.inference import check_utf8
+
+    check_utf8(args.prompt, "--prompt")
     device = check_device(args.device)  # before loading anything
     try:
         text = generate_text(args.checkpoint, args.prompt, max_new_tokens=args.max_new_tokens,

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.summary import LEGEND, comparability_notes, format_table, plot_runs, summarize_run
+    from ..training.summary import DEFAULT_COLUMNS, LEGEND, comparability_notes, format_table, plot_runs, summarize_run
 
     from pathlib import Path
 
@@ -42,8 +42,11 @@ def run(args: argparse.Namespace) -> int:
     check_not_owned(args.plot, "--plot")
     summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
     columns, notes = extra_columns(args, summaries)
-    print(format_table(summaries, extra=columns))
+    print(format_table(summaries))
     print(f"({LEGEND})")
+    if columns:  # a table of their own, so that no row is much wider than 100 characters
+        print()
+        print(format_table(summaries, columns=DEFAULT_COLUMNS[:1], extra=columns))
     for note in notes:
         print(note)
     for note in comparability_notes(summaries):
@@ -77,8 +80,11 @@ def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list
     first = summaries[0].path
     paired = {s.path: paired_nll(results[s.path], results[first]) for s in summaries[1:]}
     if paired:
-        notes.append(f"- first run: each run's NLL minus {first}'s, window by window on the same text; a t interval "
-                     "over disjoint windows (text noise only: one trained model per run, so seed noise is not in it)")
+        notes.append(f"- first run: each run's NLL minus {first}'s, window by window on the same text; a t interval\n"
+                     "  over disjoint windows (text noise only: one trained model per run, so seed noise is not in it)")
+    if any(isinstance(p, str) for p in paired.values()):
+        notes.append("not paired: the runs were scored on different held-out texts (their own validation splits);\n"
+                     "  pass --data FILE to score every run on one text")
 
     def cell(s) -> str:
         return _with_interval(results[s.path]["heldout"]["nll"], *_window_interval(results[s.path]), "{:.4f}")
@@ -115,7 +121,7 @@ def paired_nll(res: dict, ref: dict):
 
     tokens = res["records"]["window_tokens"]
     if res.get("text_id") != ref.get("text_id") or tokens != ref["records"]["window_tokens"]:
-        return "not paired: another held-out text (pass --data FILE to score every run on one text)"
+        return "not paired: other text"
     d = np.asarray(res["records"]["window_nll"]) - np.asarray(ref["records"]["window_nll"])
     w = np.asarray(tokens, dtype=np.float64)
     mean = float((d * w).sum() / w.sum())

@@ -38,7 +38,9 @@ def register(sub) -> None:
                         "default: the bundled corpus); a part of it is held out for validation (val_fraction)")
     p.add_argument("--tokenizer", metavar="PATH|byte",
                    help="'byte', or a tokenizer.json / folder from `difftx tokenizer train` (default: byte)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines (progress=false)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bars, for logs (this command only); the start line, validation losses "
+                        "and the done line still print (--set progress=false hides those too)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint, with its saved train_config.json "
                         "(flags may change only execution settings and raise steps)")
@@ -55,21 +57,27 @@ def register(sub) -> None:
 
 def saved_run_config(out_dir):
     """The TrainConfig a run folder was trained with (``OUT/train_config.json``, else its latest
-    checkpoint's copy), or ``None`` for a folder that holds no run yet."""
+    checkpoint's copy), its paths found where they are now (the run folder may have moved; see
+    ``difftx.training.config.resolve_saved_paths``); ``(None, None, {}, {})`` for a folder that
+    holds no run yet. Returns the config, the file read, the path fields found nowhere (why) and
+    the run's record of its paths."""
     from pathlib import Path
 
     from ..training import checkpointing as ckpt
-    from ..training.config import TrainConfig, read_config_file
+    from ..training.config import SAVED_PATHS, TrainConfig, read_config_file, resolve_saved_paths
 
     out = Path(out_dir)
     path = out / ckpt.TRAIN_CONFIG_NAME
     latest = ckpt.latest_checkpoint(out) if ckpt.checkpoints_dir(out).is_dir() else None  # a bad pointer: named
     if not path.is_file():
         if latest is None or not (latest / ckpt.TRAIN_CONFIG_NAME).is_file():
-            return None, None
+            return None, None, {}, {}
         path = latest / ckpt.TRAIN_CONFIG_NAME
     try:
-        return TrainConfig.from_dict(read_config_file(path)), path
+        data = read_config_file(path)
+        records = data.get(SAVED_PATHS) if isinstance(data.get(SAVED_PATHS), dict) else {}
+        data, missing = resolve_saved_paths(data, out, str(path))
+        return TrainConfig.from_dict(data), path, missing, records
     except ValueError as e:
         raise ValueError(f"{path}: cannot read the run's saved config ({e})") from e
 
@@ -81,12 +89,12 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     from ..config import baseline_config
     from ..training.config import check_resume_changes, load_train_config
 
-    saved, saved_path = None, None
+    saved, saved_path, missing, records = None, None, {}, {}
     if args.out is not None and not str(args.out).strip():
         raise ValueError("--out: an empty path; give a folder for the run (or leave --out out for the default)")
     if getattr(args, "resume", False):
         out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
-        saved, saved_path = saved_run_config(out_dir)
+        saved, saved_path, missing, records = saved_run_config(out_dir)
         from pathlib import Path
 
         if (Path(out_dir) / "compare.json").is_file():
@@ -111,8 +119,6 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["data_source"] = args.data
     if getattr(args, "tokenizer", None):
         changes["tokenizer"] = args.tokenizer
-    if getattr(args, "no_progress", False):
-        changes["progress"] = False
     if args.attention or args.baseline:
         overrides = dict(cfg.model_overrides)
         if args.attention:
@@ -128,7 +134,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["model_overrides"] = overrides
     cfg = cfg.replace(**changes) if changes else cfg
     if saved is not None:
-        cfg = check_resume_changes(saved, cfg, str(saved_path))
+        cfg = check_resume_changes(saved, cfg, str(saved_path), missing=missing, records=records)
     return cfg
 
 
@@ -140,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:10s} model={c.model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
                   f"steps={c.steps} lr={c.lr:g} device={c.device} dtype={c.dtype}")
         return 0
+    import importlib.util
     import os
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
@@ -150,10 +157,61 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_json())
         return 0
-    result = train(cfg, resume=args.resume)  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+    if main_rank and cfg.tensorboard and tensorboard_asked(args) and importlib.util.find_spec("tensorboard") is None:
+        from ..training.metrics import TENSORBOARD_MISSING
+
+        print(TENSORBOARD_MISSING, file=sys.stderr)  # only when asked for: by default it is used if installed
+    from ..data.store import PROGRESS_BARS
+
+    # --no-progress: the training bar drawn into nothing, the tokenizing bar off; the lines still print
+    hidden = PROGRESS_BARS.set(False) if args.no_progress else None
+    sink = open(os.devnull, "w") if args.no_progress else None
+    try:  # errors: the CLI's boundary (a bad checkpoint exits 2, divergence 1)
+        result = train(cfg, resume=args.resume, progress_bar={"file": sink} if sink is not None else None)
+    except OSError as e:
+        raise with_last_checkpoint(e, cfg.out_dir) from e
+    finally:
+        if hidden is not None:
+            PROGRESS_BARS.reset(hidden)
+            sink.close()
     if main_rank:
         print(done_line(result))
     return 0
+
+
+def tensorboard_asked(args: argparse.Namespace) -> bool:
+    """Whether this command asks for TensorBoard itself (``--set tensorboard=...`` or the config file's
+    ``tensorboard``), rather than taking the default (TensorBoard when it is installed)."""
+    from ..training.config import read_config_file, split_override
+
+    if any(split_override(o)[0].strip() == "tensorboard" for o in args.overrides):
+        return True
+    return bool(args.config) and "tensorboard" in read_config_file(args.config)
+
+
+WRITE_ERRNOS = ("ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EIO")  # a write that failed for want of room or a disk
+
+
+def with_last_checkpoint(e: OSError, out_dir) -> OSError:
+    """A failed write during training (metrics.jsonl, train_config.json, ...), with the run's last
+    good checkpoint named, as a checkpoint's own write failure names it: what ``--resume``
+    continues from once there is room again. Other errors, and those that name it, unchanged."""
+    import errno
+
+    from ..checkpoint import CheckpointError
+    from ..training import checkpointing as ckpt
+
+    codes = {getattr(errno, n) for n in WRITE_ERRNOS if hasattr(errno, n)}
+    text = e.strerror or str(e)
+    if e.errno not in codes or "checkpoint" in text:
+        return e
+    try:
+        latest = ckpt.latest_checkpoint(out_dir)
+    except (CheckpointError, OSError):
+        latest = None
+    good = (f"the last good checkpoint is {latest} (--resume continues from it)" if latest is not None
+            else "no checkpoint was written yet")
+    return OSError(e.errno, f"{text}; {good}", e.filename)
 
 
 def done_line(result) -> str:

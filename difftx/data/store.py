@@ -19,6 +19,7 @@ checked when opened (file sizes, offsets, every token id < vocab_size).
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -42,7 +43,7 @@ from .sources import (
     iter_documents,
     resolve_sources,
 )
-from .tokenizer import Tokenizer, TokenizerSpec, load_tokenizer
+from .tokenizer import Tokenizer, TokenizerSpec, UncuttableTextError, load_tokenizer
 
 FORMAT_VERSION = 1
 DEFAULT_VAL_FRACTION = 0.05
@@ -304,6 +305,8 @@ def _cache_key(sources: Sequence[Source], tokenizer: Tokenizer, val_fraction: Op
 def _encode_many(tokenizer: Tokenizer, texts: list[str]) -> list:
     global TOKENIZED_DOCUMENTS
     TOKENIZED_DOCUMENTS += len(texts)
+    if hasattr(tokenizer, "encode_arrays"):  # many at once, in bounded memory
+        return tokenizer.encode_arrays(texts)  # type: ignore[attr-defined]
     if hasattr(tokenizer, "encode_array"):
         return [tokenizer.encode_array(t) for t in texts]  # type: ignore[attr-defined]
     if hasattr(tokenizer, "encode_batch"):
@@ -332,6 +335,12 @@ def _routed(docs: Iterator[Document], rule: dict) -> Iterator[tuple[str, str]]:
             yield "val", doc.text[cut:]
 
 
+# ``False`` hides the tokenizing bar whatever ``progress=`` says: how ``difftx train --no-progress``
+# hides every progress bar while the trainer, run with progress=True, still prints its start and
+# validation lines (its own bar is hidden through ``train(progress_bar={"disable": True})``)
+PROGRESS_BARS: contextvars.ContextVar[bool] = contextvars.ContextVar("difftx_progress_bars", default=True)
+
+
 def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: dict, text_field: str,
            key: str, progress: bool) -> dict:
     from tqdm.auto import tqdm
@@ -339,14 +348,19 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     dtype = token_dtype(tokenizer.vocab_size)
     writers = {s: _Writer(entry / f"{s}.bin", dtype, tokenizer.eos_id) for s in SPLITS}
     total = rule.get("documents") or count_documents(sources, text_field)
-    bar = tqdm(total=total, unit="doc", desc="tokenizing", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total, unit="doc", desc="tokenizing", disable=not (progress and PROGRESS_BARS.get()),
+               dynamic_ncols=True)
     pending: list[tuple[str, str]] = []
     pending_chars = 0
     n_tokens = 0
 
     def flush() -> None:
         nonlocal pending, pending_chars, n_tokens
-        for (split, _), ids in zip(pending, _encode_many(tokenizer, [t for _, t in pending]), strict=True):
+        try:
+            encoded = _encode_many(tokenizer, [t for _, t in pending])
+        except UncuttableTextError as e:
+            raise DataError(f"{', '.join(str(s.path or 'datasets object') for s in sources)}: {e}") from None
+        for (split, _), ids in zip(pending, encoded, strict=True):
             writers[split].add(ids)
             n_tokens += len(ids) + 1
         bar.update(sum(1 for s, _ in pending if s == "train" or rule["rule"] != "document_tails"))
@@ -438,7 +452,13 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
             mask = os.umask(0)
             os.umask(mask)
             os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's folder is owner-only: a shared cache should be readable
-            _build(tmp, sources, tok, rule, text_field, key, progress)
+            try:
+                _build(tmp, sources, tok, rule, text_field, key, progress)
+            except OSError as e:  # a full disk while writing the cache: name it (numpy's write error does not)
+                if e.filename is not None:
+                    raise
+                raise OSError(e.errno, f"{e.strerror or e} (writing the token cache; set cache_dir or "
+                                       f"DIFFTX_CACHE_DIR to put it elsewhere)", str(entry)) from e
             try:
                 os.replace(tmp, entry)  # atomic; fails if another process finished first
             except OSError:

@@ -161,22 +161,41 @@ class BPETokenizer:
                 and getattr(pre, "use_regex", False))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Several texts at once (the library parallelises this across cores). Texts longer than
-        ``CHUNK_CHARS`` are cut at safe points first (byte-level tokenizers only), which bounds
-        memory and spreads one long document over all cores; the ids are the same."""
+        """Several texts at once (the library parallelises this across cores); see :meth:`encode_arrays`."""
+        return [a.tolist() for a in self.encode_arrays(texts)]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list:
+        """The ids of several texts, as ``int32`` numpy arrays, in bounded memory: texts longer than
+        ``CHUNK_CHARS`` are cut at safe points first (byte-level tokenizers only), which also spreads
+        one long document over all cores (the ids are the same), and the library is given at most
+        about ``ENCODE_CHARS`` characters per call (it keeps several objects per token: all of a
+        31 MB text at once took 3 GB)."""
+        import numpy as np
+
         texts = list(texts)
-        if not self._chunkable():
-            return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-        pieces: list[str] = []
+        chunkable = self._chunkable()
+        parts: list[list] = [[] for _ in texts]
+        group: list[str] = []
         owner: list[int] = []
+
+        def flush() -> None:
+            for i, enc in zip(owner, self._tok.encode_batch(group, add_special_tokens=False), strict=True):
+                parts[i].append(np.asarray(enc.ids, dtype=np.int32))
+            group.clear()
+            owner.clear()
+
+        size = 0
         for i, t in enumerate(texts):
-            for piece in _safe_pieces(t, CHUNK_CHARS):
-                pieces.append(piece)
+            for piece in (_safe_pieces(t, CHUNK_CHARS) if chunkable else [t]):
+                group.append(piece)
                 owner.append(i)
-        out: list[list[int]] = [[] for _ in texts]
-        for i, enc in zip(owner, self._tok.encode_batch(pieces, add_special_tokens=False), strict=True):
-            out[i].extend(enc.ids)
-        return out
+                size += len(piece)
+                if size >= ENCODE_CHARS:
+                    flush()
+                    size = 0
+        if group:
+            flush()
+        return [np.concatenate(p) if p else np.zeros(0, dtype=np.int32) for p in parts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -193,11 +212,24 @@ class BPETokenizer:
 
 
 CHUNK_CHARS = 1 << 16  # long texts are encoded in pieces of about this many characters
-_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")  # after a newline that has non-space on both sides
+ENCODE_CHARS = 1 << 20  # characters given to the library per call (its per-token objects stay small)
+# where a GPT-2 style pre-tokenizer always starts a pre-token, whatever comes before or after: after a
+# newline with non-space on both sides; before a space followed by a non-space (a pre-token holds
+# non-spaces after at most one leading space, and a run of spaces leaves its last one to the word);
+# between an ASCII letter or digit and ASCII punctuation (a letter or digit run ends there, and a
+# punctuation run or a contraction like 's starts there), so that minified text has places too
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)|(?= \S)|(?<=[A-Za-z0-9])(?=[!-/:-@\[-`{-~])")
+MAX_UNCUT_CHARS = 1 << 22  # a longer stretch with no safe cut is one pre-token: ~100 bytes per character to encode
+
+
+class UncuttableTextError(ValueError):
+    """A text with a stretch longer than :data:`MAX_UNCUT_CHARS` that a byte-level BPE tokenizer
+    would have to take at once (no place in it where :data:`_SAFE_CUT` may cut)."""
 
 
 def _safe_pieces(text: str, size: int) -> list[str]:
-    """``text`` cut at the first safe point after every ``size`` characters (whole if none)."""
+    """``text`` cut at the first safe point after every ``size`` characters (whole if none).
+    :class:`UncuttableTextError` when a piece would be longer than :data:`MAX_UNCUT_CHARS`."""
     out: list[str] = []
     start = 0
     while len(text) - start > size:
@@ -207,6 +239,15 @@ def _safe_pieces(text: str, size: int) -> list[str]:
         out.append(text[start:m.start()])
         start = m.start()
     out.append(text[start:])
+    k = max(range(len(out)), key=lambda i: len(out[i]))
+    longest = out[k]
+    if len(longest) > max(size, MAX_UNCUT_CHARS):
+        at = sum(len(p) for p in out[:k])
+        raise UncuttableTextError(
+            f"a text has {len(longest):,} characters with no space before a word, no newline between lines and "
+            f"no ASCII punctuation after a letter (from character {at:,}: {longest[:40]!r}...): a byte-level BPE "
+            f"tokenizer cannot take it in smaller pieces and would need about {len(longest) * 100 / 1e9:.1f} GB "
+            f"for it; break the text into lines or words, or use the byte tokenizer")
     return out
 
 
@@ -243,27 +284,30 @@ def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = N
     raise FileNotFoundError(f"tokenizer {str(spec)!r} is not 'byte' and no such file or folder exists")
 
 
-def _iter_training_texts(files_or_texts, text_field: str, texts: Optional[Iterable[str]]) -> Iterator[str]:
+def _iter_training_texts(files_or_texts, text_field: str,
+                         texts: Optional[Iterable[str]]) -> Iterator[tuple[str, str]]:
+    """(where it comes from, text) of every training text."""
     from .sources import iter_documents, looks_like_text, resolve_sources
 
     if texts is not None:
-        yield from texts
+        for i, t in enumerate(texts):
+            yield f"text {i} of texts=", t
     if files_or_texts is None:
         if texts is None:  # nothing given at all: the bundled corpus's training split
             for doc in iter_documents(resolve_sources(None)):
                 if doc.split == "train":
-                    yield doc.text
+                    yield doc.origin, doc.text
         return
     items = [files_or_texts] if isinstance(files_or_texts, (str, os.PathLike)) else list(files_or_texts)
     paths = []
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, str) and looks_like_text(item):
-            yield item
+            yield f"text {i} of files_or_texts", item
         else:
             paths.append(item)
     if paths:
         for doc in iter_documents(resolve_sources(paths), text_field=text_field):
-            yield doc.text
+            yield doc.origin, doc.text
 
 
 def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[None, str, os.PathLike] = None, *,
@@ -300,9 +344,15 @@ def train_bpe(files_or_texts=None, vocab_size: int = 4096, out_dir: Union[None, 
 
     def counted() -> Iterator[str]:
         nonlocal n_texts
-        for t in _iter_training_texts(files_or_texts, text_field, texts):
+        for origin, t in _iter_training_texts(files_or_texts, text_field, texts):
             n_texts += 1
-            yield t
+            # in pieces cut where a pre-token ends anyway: the same word counts, so the same tokenizer,
+            # in bounded memory (one 31 MB line took the library 2.8 GB, and far more as it grows)
+            try:
+                pieces = _safe_pieces(t, CHUNK_CHARS)
+            except UncuttableTextError as e:
+                raise UncuttableTextError(f"{origin}: {e}") from None
+            yield from pieces
 
     tok.train_from_iterator(counted(), trainer=trainer)
     if n_texts == 0:

@@ -229,6 +229,7 @@ class Subject:
     tokenizer: Any = None  # text model
     data: Any = None  # text model: the held-out source given by the user (None: the run's own split)
     train_config: dict = field(default_factory=dict)  # text model: its train_config.json, if saved
+    missing_paths: dict = field(default_factory=dict)  # text model: saved paths found nowhere (field -> why)
     _heldout: Optional[HeldOut] = None
 
     @property
@@ -289,6 +290,9 @@ class Subject:
             data = prepare_data(self.data, self.tokenizer, val_fraction=0.0, progress=False)
             store, what = data.train, str(self.data)
         else:
+            if "data_source" in self.missing_paths:
+                raise ValueError(f"{self.missing_paths['data_source']}; the run's validation split is rebuilt from "
+                                 f"it: put it back there, or score a file with --data FILE (every token of it)")
             data = prepare_data(tc.get("data_source"), self.tokenizer, val_fraction=tc.get("val_fraction"),
                                 text_field=tc.get("text_field", "text"), progress=False)
             name = tc.get("data_source") or "the bundled corpus"
@@ -341,7 +345,8 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     import torch
 
     from ..checkpoint import load_model
-    from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint
+    from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint, run_folder_of
+    from ..training.config import resolve_saved_paths
     from ..training.distributed import resolve_device
 
     folder = resolve_checkpoint(path)
@@ -363,6 +368,7 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
 
     tc = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint") \
         if (folder / TRAIN_CONFIG_NAME).is_file() else {}
+    tc, missing = resolve_saved_paths(tc, run_folder_of(folder), str(folder / TRAIN_CONFIG_NAME))  # moved runs
     spec = tokenizer or (folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else "byte")
     tok = load_tokenizer(spec)
     if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it
@@ -374,4 +380,4 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"{folder}: tokenizer {spec} has {tok.vocab_size} tokens, the model only "
                          f"{model.config.vocab_size}")
-    return Subject(model, folder, tokenizer=tok, data=data, train_config=tc)
+    return Subject(model, folder, tokenizer=tok, data=data, train_config=tc, missing_paths=missing)

@@ -43,8 +43,9 @@ from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, save_model,
 )
 from ..config import ModelConfig
-from ..io import atomic_write, read_json, umask_mode
+from ..io import atomic_write, read_json, umask_mode, write_error
 from ..model import Transformer
+from .config import PATH_FIELDS, SAVED_PATHS, differs_from_record, resolve_saved_paths, same_content, saved_form
 
 PathLike = Union[str, os.PathLike]
 FORMAT = "difftx-train"
@@ -112,6 +113,76 @@ def resolve_checkpoint(path: PathLike) -> Path:
         raise CheckpointError(f"{path}: neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder with "
                               f"checkpoints")
     return latest
+
+
+# -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
+def checkpoint_problem(folder: PathLike) -> Optional[str]:
+    """Why ``folder`` is not a complete training checkpoint, from a quick look that reads no
+    tensor (``None`` when it looks complete): each file is there, the JSON files parse, the
+    weights file is as long as its header says, ``optimizer.pt`` is a whole zip archive."""
+    import zipfile
+
+    folder = Path(folder)
+    try:
+        load_config(folder)
+        read_trainer_state(folder)
+        if (folder / TRAIN_CONFIG_NAME).exists():
+            read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint",
+                      error=CheckpointError)
+    except CheckpointError as e:
+        return str(e)
+    weights = folder / WEIGHTS_NAME
+    try:
+        with open(weights, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] if isinstance(
+            header, dict) else None
+        if not ends or weights.stat().st_size != 8 + n + max(ends):
+            return f"{weights}: incomplete or not a safetensors file"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"{weights}: cannot be read ({e})"
+    optim = folder / OPTIM_NAME
+    try:
+        with open(optim, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"
+        if is_zip:
+            zipfile.ZipFile(optim).close()  # reads the central directory at the end: a cut file has none
+    except (OSError, zipfile.BadZipFile) as e:
+        return f"{optim}: incomplete ({e})"
+    return None
+
+
+def recovery_hint(message: str) -> Optional[str]:
+    """For an error ``message`` naming a file of a run's checkpoint (``RUN/checkpoints/step_N/...``)
+    or its ``latest`` pointer, when that checkpoint (or pointer) is damaged: a sentence naming the
+    newest older checkpoint that is intact and how to resume from it (nothing is deleted); else
+    ``None``."""
+    found = re.search(r"(\S*?)[/\\]?" + CHECKPOINTS + r"[/\\](" + _STEP_RE.pattern[1:-1] + "|" + LATEST + ")",
+                      message)
+    if found is None:
+        return None
+    run = Path(found.group(1) or ".")
+    root = checkpoints_dir(run)
+    if not root.is_dir():
+        return None
+    named = found.group(2)
+    pointer = root / LATEST
+    if named == LATEST:
+        damaged = None
+        older = list_checkpoints(run)
+    else:
+        damaged = root / named
+        if not damaged.is_dir() or checkpoint_problem(damaged) is None:
+            return None  # an intact checkpoint refused for another reason (another model, another data)
+        older = [p for p in list_checkpoints(run) if p.name < named]
+    intact = next((p for p in reversed(older) if checkpoint_problem(p) is None), None)
+    if intact is None:
+        return f"no older checkpoint of {run} is intact" if damaged is not None else None
+    which = "the older checkpoint" if damaged is not None else "the newest intact checkpoint is"
+    move = f"move {damaged} out of {root} (e.g. to {run / ('damaged-' + named)}) and " if damaged is not None else ""
+    return (f"{which} {intact}{' is intact' if damaged is not None else ''}: to resume from it, {move}write "
+            f"{intact.name} into {pointer}, then --resume; to evaluate, generate from or export it, give that folder")
 
 
 # -- the run-folder lock -------------------------------------------------------------------------
@@ -259,50 +330,14 @@ def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
     save_model(shell, folder)
 
 
-def _likely_write_errno(path: Path) -> Optional[int]:
-    """Why a write under ``path`` failed when the error does not say: a (nearly) full disk, else a
-    file-size limit on this process, else ``None``."""
-    import errno
-
-    folder = next((p for p in Path(path).parents if p.is_dir()), Path("."))
-    try:
-        fs = os.statvfs(folder)
-        if fs.f_bavail * fs.f_frsize < 1 << 20:
-            return errno.ENOSPC
-    except (OSError, AttributeError):
-        pass
-    try:
-        import resource
-
-        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
-            return errno.EFBIG
-    except (ImportError, OSError, ValueError):
-        pass
-    return None
-
-
 def write_failure(e: BaseException, path: Path, previous: Optional[Path]) -> Optional[OSError]:
     """``e`` as an :class:`OSError` naming ``path``, the cause and the last good checkpoint, if it is
-    a failed write: an ``OSError`` (full disk, file too large, read-only, no permission), or the
-    ``RuntimeError`` that ``torch.save`` / safetensors wrap one in (``unexpected pos``, ``Os { code:
-    N``); else ``None``."""
-    if isinstance(e, OSError):
-        code, cause = e.errno, e.strerror or str(e)
-    elif isinstance(e, RuntimeError) or type(e).__name__ == "SafetensorError":
-        text = str(e)
-        found = re.search(r"Os \{ code: (\d+)", text)
-        if found:
-            code = int(found.group(1))
-            cause = os.strerror(code)
-        elif "unexpected pos" in text or "inline_container" in text:  # torch.save hides the errno: look for it
-            code = _likely_write_errno(path)
-            cause = (os.strerror(code) if code else "the write failed") + " (torch.save: unexpected pos)"
-        else:
-            return None
-    else:
+    a failed write (:func:`difftx.checkpoint.write_error`); else ``None``."""
+    failed = write_error(e, path)
+    if failed is None:
         return None
     good = f"the last good checkpoint is {previous}" if previous is not None else "no checkpoint was written before"
-    return OSError(code, f"{cause}; nothing of this checkpoint was kept, {good}", str(path))
+    return OSError(failed.errno, f"{failed.strerror}; nothing of this checkpoint was kept, {good}", str(path))
 
 
 def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_config: ModelConfig,
@@ -327,7 +362,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
         writing = tmp / STATE_NAME
         _write_json(writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
         writing = tmp / TRAIN_CONFIG_NAME
-        _write_json(writing, train_config)
+        _write_json(writing, saved_form(train_config, run_dir) if train_config else train_config)
         if tokenizer is not None:
             writing = tmp / TOKENIZER_DIR
             tokenizer.save(writing)
@@ -393,7 +428,7 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     path = folder / TRAIN_CONFIG_NAME
     saved_train = read_json(path, "the training config saved with the checkpoint", error=CheckpointError)
     diff = {k: (saved_train.get(k), train_config.get(k)) for k in RESUME_MUST_MATCH
-            if saved_train.get(k) != train_config.get(k)}
+            if not _same_setting(k, saved_train, train_config.get(k), folder)}
     if diff:
         raise CheckpointError(f"{path}: cannot resume exactly with a different {sorted(diff)} "
                               f"(checkpoint vs this run: {diff})")
@@ -406,6 +441,27 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
         raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
                               f"{tokenizer_name!r} in this run")
+
+
+def run_folder_of(checkpoint: PathLike) -> Optional[Path]:
+    """The run folder holding ``checkpoint`` (``RUN/checkpoints/step_N``), else ``None``."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None
+
+
+def _same_setting(key: str, saved: dict, value: Any, folder: Path) -> bool:
+    """Whether a checkpoint's saved ``key`` and this run's ``value`` are the same setting: a path
+    (:data:`~difftx.training.config.PATH_FIELDS`) is found where it is now (the run folder may have
+    moved) and compared as a path, or by content: a copy of the same data is the same, and so is a
+    path given anew whose content is the run's when the saved one is gone."""
+    if key not in PATH_FIELDS or not (isinstance(saved.get(key), str) and isinstance(value, str)):
+        return saved.get(key) == value
+    found, missing = resolve_saved_paths(saved, run_folder_of(folder))
+    here = os.path.abspath(os.path.expanduser(value))
+    if key in missing:
+        return differs_from_record(key, here, (saved.get(SAVED_PATHS) or {}).get(key)) is None
+    there = os.path.abspath(os.path.expanduser(found[key]))
+    return there == here or (os.path.exists(there) and os.path.exists(here) and same_content(key, there, here))
 
 
 def load_model_state(folder: PathLike, model_config: ModelConfig) -> dict:

@@ -180,17 +180,20 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """The text of ``train_config.json``: :meth:`to_dict` with its paths saved so that a moved run
+        folder still finds them (absolute, plus a fallback relative to the run folder; see
+        :func:`saved_form`). :meth:`from_dict` reads it back."""
+        return json.dumps(saved_form(self.to_dict()), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
         if not isinstance(data, dict):
             raise ValueError(f"TrainConfig: expected a mapping, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known - {SAVED_PATHS})
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        data = dict(data)
+        data = {k: v for k, v in data.items() if k != SAVED_PATHS}  # a record of where paths were (saved_form)
         for f in fields(cls):  # YAML writes 1e-3 as a string and 3 for 3.0: coerce numbers to float fields
             if f.name in data and f.type in ("float", "Optional[float]"):
                 v = data[f.name]
@@ -348,6 +351,180 @@ def fit_warmup(cfg: TrainConfig, overrides: list[str], notes: list[str]) -> Trai
     return TrainConfig.from_dict(data)
 
 
+# -- paths saved with a run -----------------------------------------------------------------------
+# A run folder may be moved or copied, and commands on it run from any working directory. So
+# ``train_config.json`` stores these fields as absolute paths, and under ``saved_paths`` the path
+# as it was given, the path relative to the run folder (the fallback once the absolute path is
+# gone: a project folder moved with its data) and what identifies the content (the data's size,
+# the tokenizer's name, a hash of its file), so that a path given anew can be checked.
+PATH_FIELDS = ("data_source", "tokenizer")
+SAVED_PATHS = "saved_paths"
+PATH_FLAGS = {"data_source": "--data", "tokenizer": "--tokenizer"}
+
+
+def _is_path(name: str, value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not (name == "tokenizer" and value == "byte")
+
+
+_identities: dict = {}
+
+
+def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
+    """What identifies the content at ``path`` (``None`` if nothing there): for ``data_source`` its
+    size in bytes and number of files, for ``tokenizer`` the tokenizer's name (a hash of its
+    ``tokenizer.json``). Computed once per path and modification time."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (name, str(path.absolute()), st.st_mtime_ns, st.st_size)
+    if key in _identities:
+        return _identities[key]
+    found: Optional[dict] = None
+    if name == "tokenizer":
+        try:
+            from ..data.tokenizer import load_tokenizer
+
+            found = {"name": load_tokenizer(str(path)).name}
+        except Exception:  # noqa: BLE001 - an unreadable tokenizer has no identity; loading it names the problem
+            found = None
+    elif path.is_file():
+        found = {"bytes": st.st_size, "files": 1}
+    elif path.is_dir():
+        size = files = 0
+        for root, _dirs, names in os.walk(path):
+            for n in names:
+                try:
+                    size += os.stat(os.path.join(root, n)).st_size
+                    files += 1
+                except OSError:
+                    pass
+        found = {"bytes": size, "files": files}
+    _identities[key] = found
+    return found
+
+
+def saved_form(data: dict, run_dir: Union[None, str, Path] = None) -> dict:
+    """``data`` (:meth:`TrainConfig.to_dict`) as a run saves it: :data:`PATH_FIELDS` absolute, and
+    ``saved_paths`` recording for each the path as given, relative to the run folder (``run_dir``,
+    default ``data["out_dir"]``) and the identity of its content (:func:`path_identity`)."""
+    out = {k: v for k, v in data.items() if k != SAVED_PATHS}
+    run = os.path.abspath(os.path.expanduser(str(run_dir if run_dir is not None else data.get("out_dir") or ".")))
+    records = {}
+    for name in PATH_FIELDS:
+        value = data.get(name)
+        if not _is_path(name, value):
+            continue
+        absolute = os.path.abspath(os.path.expanduser(value))
+        record = {"as_given": value}
+        try:
+            record["relative_to_run"] = os.path.relpath(absolute, run)
+        except ValueError:  # another drive (Windows): no relative path
+            pass
+        record.update(path_identity(name, absolute) or {})
+        out[name], records[name] = absolute, record
+    if records:
+        out[SAVED_PATHS] = records
+    return out
+
+
+def _candidates(name: str, data: dict, run_dir: Optional[Path]) -> list[str]:
+    """Where the saved ``name`` may be now, in order of preference."""
+    value = data[name]
+    record = (data.get(SAVED_PATHS) or {}).get(name) or {}
+    if os.path.isabs(value):
+        found = [value]
+        rel = record.get("relative_to_run")
+        if run_dir is not None and isinstance(rel, str):
+            found.append(os.path.normpath(os.path.join(os.path.abspath(run_dir), rel)))
+        return found
+    # a run saved before paths were made absolute: the path as typed, relative to the working
+    # directory, then relative to the folder the run was started from (as many levels above the run
+    # folder as its relative out_dir has parts)
+    found = [value]
+    out_dir = data.get("out_dir")
+    if run_dir is not None and isinstance(out_dir, str) and out_dir and not os.path.isabs(out_dir):
+        depth = len(Path(os.path.normpath(out_dir)).parts)
+        parents = Path(os.path.abspath(run_dir)).parents
+        if 0 < depth <= len(parents):
+            found.append(os.path.normpath(os.path.join(parents[depth - 1], value)))
+    return found
+
+
+def resolve_saved_paths(data: dict, run_dir: Union[None, str, Path] = None,
+                        where: str = "the run's train_config.json") -> tuple[dict, dict[str, str]]:
+    """``data`` (a saved ``train_config.json``) with each of :data:`PATH_FIELDS` pointing at where
+    it is now: the saved absolute path if it exists, else the same place relative to ``run_dir``
+    (the run folder, wherever it is now). Returns the mapping (``saved_paths`` kept) and, for each
+    field found nowhere, a sentence naming it, the config file (``where``) and the places tried;
+    such a field keeps its saved value."""
+    out, missing = dict(data), {}
+    run = Path(run_dir) if run_dir is not None else None
+    for name in PATH_FIELDS:
+        value = data.get(name)
+        if not _is_path(name, value):
+            continue
+        tried = list(dict.fromkeys(_candidates(name, data, run)))
+        found = next((p for p in tried if os.path.exists(os.path.expanduser(p))), None)
+        if found is not None:
+            out[name] = found
+            continue
+        others = f" (nor at {', '.join(tried[1:])}, relative to the run folder)" if len(tried) > 1 else ""
+        missing[name] = f"{name} {value!r}, saved in {where}, does not exist{others}"
+    return out, missing
+
+
+def same_content(name: str, a: str, b: str) -> bool:
+    """Whether the existing paths ``a`` and ``b`` hold the same data (files compared byte by byte)
+    or the same tokenizer (same name)."""
+    import filecmp
+
+    a, b = os.path.expanduser(a), os.path.expanduser(b)
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    if name == "tokenizer":
+        x, y = path_identity(name, a), path_identity(name, b)
+        return x is not None and x == y
+    if path_identity(name, a) != path_identity(name, b):
+        return False
+    if os.path.isfile(a) and os.path.isfile(b):
+        return filecmp.cmp(a, b, shallow=False)
+    if os.path.isdir(a) and os.path.isdir(b):
+        def files(root: str) -> list[str]:
+            return sorted(os.path.relpath(os.path.join(r, n), root) for r, _d, ns in os.walk(root) for n in ns)
+
+        names = files(a)
+        return names == files(b) and all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False)
+                                         for n in names)
+    return False
+
+
+def differs_from_record(name: str, path: str, record: Optional[dict]) -> Optional[str]:
+    """Why ``path`` is not what a run saved as ``name`` (``record``: its ``saved_paths`` entry),
+    or ``None`` when its identity matches, or cannot be checked (a run saved before identities
+    were recorded: the resume still checks the token counts and the tokenizer's name)."""
+    record = record or {}
+    keys = ("name",) if name == "tokenizer" else ("bytes", "files")
+    saved = {k: record[k] for k in keys if k in record}
+    if not saved:
+        return None
+    got = path_identity(name, os.path.expanduser(path))
+    if got is None:
+        return f"{path} does not exist"
+    got = {k: got.get(k) for k in saved}
+    if got == saved:
+        return None
+
+    def show(d: dict) -> str:
+        if name == "tokenizer":
+            return f"the name {d['name']}"
+        files = d.get("files")
+        return f"{d.get('bytes', 0):,} bytes" + (f" in {files:,} file{'s' if files != 1 else ''}" if files else "")
+
+    return f"{path} has {show(got)}, the run's had {show(saved)}"
+
+
 # Fields that ``difftx train --resume`` may change from the run's saved train_config.json: they
 # decide where and how the run executes and what it logs, not what it computes (``batch_size``
 # only with another number of processes and the same global batch, which the trainer checks).
@@ -356,23 +533,44 @@ RESUME_MAY_CHANGE = ("out_dir", "device", "dtype", "compile", "parallel", "batch
                      "cache_dir", "log_interval", "eval_interval", "ckpt_interval", "keep_last", "steps")
 
 
-def check_resume_changes(saved: TrainConfig, new: TrainConfig,
-                         where: str = "the run's train_config.json") -> TrainConfig:
+def check_resume_changes(saved: TrainConfig, new: TrainConfig, where: str = "the run's train_config.json", *,
+                         missing: Optional[dict] = None, records: Optional[dict] = None) -> TrainConfig:
     """``new``, with the saved spelling of paths that name the same thing (``tok/`` for ``tok``, an
-    unset tokenizer for ``byte``); ``ValueError`` naming every field in which it differs from the
-    ``saved`` config of the run it resumes, except :data:`RESUME_MAY_CHANGE` (``steps`` only
-    upwards)."""
+    unset tokenizer for ``byte``, a copy of the same file); ``ValueError`` naming every field in
+    which it differs from the ``saved`` config of the run it resumes, except
+    :data:`RESUME_MAY_CHANGE` (``steps`` only upwards).
+
+    ``saved`` has its paths resolved (:func:`resolve_saved_paths`); ``missing`` names the path
+    fields found nowhere and ``records`` is the run's ``saved_paths``. A missing path given anew
+    is accepted when its content is the run's (:func:`differs_from_record`); one not given anew is
+    an error saying how to pass it."""
+    missing, records = missing or {}, records or {}
     a, b = saved.to_dict(), new.to_dict()
+    not_same: dict[str, str] = {}  # a missing path given anew, whose content is not the run's: why
 
     def same(k: str) -> bool:  # paths spelled differently ("tok/", "./tok") and byte == the default are the same
         x, y = a[k], b[k]
         if k == "tokenizer" and a["init_from"] is None and b["init_from"] is None:
             x, y = x or "byte", y or "byte"
-        if k in ("data_source", "tokenizer", "init_from") and isinstance(x, str) and isinstance(y, str):
-            x, y = os.path.normpath(x), os.path.normpath(y)
-        return x == y
+        if k not in ("data_source", "tokenizer", "init_from") or not (isinstance(x, str) and isinstance(y, str)):
+            return x == y
+        if x == y or os.path.abspath(os.path.expanduser(x)) == os.path.abspath(os.path.expanduser(y)):
+            return True
+        if k not in PATH_FIELDS or not (_is_path(k, x) and _is_path(k, y)):
+            return False
+        if k in missing:  # the saved path is gone: is the given one the same content?
+            why = differs_from_record(k, y, records.get(k))
+            if why is not None:
+                not_same[k] = why
+            return why is None
+        return os.path.exists(x) and os.path.exists(y) and same_content(k, x, y)
 
     refused = {k: (a[k], b[k]) for k in a if not same(k) and k not in RESUME_MAY_CHANGE}
+    if not_same:
+        k, why = next(iter(not_same.items()))
+        raise ValueError(f"{missing[k]}; {PATH_FLAGS[k]} {b[k]} is not the same "
+                         f"{'data' if k == 'data_source' else 'tokenizer'} ({why}); give the one the run was "
+                         f"trained with, or start a new run from this one (--out NEW --init-from RUN)")
     if b["steps"] < a["steps"]:
         refused["steps"] = (a["steps"], b["steps"])
     if refused:
@@ -381,7 +579,13 @@ def check_resume_changes(saved: TrainConfig, new: TrainConfig,
                          f"{sorted(refused)} ({listed}). A resume may change only {', '.join(RESUME_MAY_CHANGE[1:-1])} "
                          f"and raise steps; to change anything else, start a new run from this one "
                          f"(--out NEW --init-from RUN)")
-    kept = {k: a[k] for k in ("data_source", "tokenizer", "init_from") if a[k] != b[k]}  # same(k) by now
+    gone = [k for k in missing if a[k] == b[k]]  # not given anew
+    if gone:
+        how = " and ".join(f"{PATH_FLAGS[k]} PATH (or --set {k}=PATH)" for k in gone)
+        where_now = "it is" if len(gone) == 1 else "they are"
+        raise ValueError(f"{'; '.join(missing[k] for k in gone)}; pass where {where_now} now with {how}")
+    kept = {k: a[k] for k in ("data_source", "tokenizer", "init_from")
+            if a[k] != b[k] and k not in missing}  # same(k) by now
     return new.replace(**kept) if kept else new
 
 

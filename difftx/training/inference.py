@@ -28,9 +28,23 @@ def load_for_generation(path: Union[str, os.PathLike], tokenizer: Optional[str] 
         raise CheckpointError(f"{folder / TOKENIZER_DIR}: no tokenizer saved with this checkpoint; "
                               f"pass one (tokenizer='byte' or a tokenizer.json path)")
     tok = load_tokenizer(spec)
+    if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it
+        own = load_tokenizer(folder / TOKENIZER_DIR)
+        if own.name != tok.name:
+            raise ValueError(f"{folder}: --tokenizer {tokenizer} ({tok.name}, {tok.vocab_size} tokens) is not the "
+                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
+                             f"{folder / TOKENIZER_DIR}); its text would be garbage: leave --tokenizer out "
+                             f"(tokenizer=None) to use that one")
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer {getattr(tok, 'name', spec)} has {tok.vocab_size} tokens but the model in "
                          f"{folder} only {model.config.vocab_size}")
+    if tokenizer is not None and not (folder / TOKENIZER_DIR).exists() and tok.vocab_size != model.config.vocab_size:
+        import warnings
+
+        warnings.warn(f"{folder} has no tokenizer saved with it to check --tokenizer {tokenizer} against, and their "
+                      f"sizes differ (the model has {model.config.vocab_size:,} token ids, the tokenizer "
+                      f"{tok.vocab_size:,}): unless it is the tokenizer the model was trained with, the text is "
+                      f"garbage", stacklevel=2)
     return model, tok, folder
 
 
@@ -44,6 +58,7 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     """
     from .distributed import resolve_device
 
+    check_utf8(prompt, "prompt")
     model, tok, _ = load_for_generation(path, tokenizer, resolve_device(device))
     ids = [tok.eos_id] + list(tok.encode(prompt))
     out = generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -51,3 +66,20 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     if out and out[-1] == tok.eos_id:
         out = out[:-1]
     return tok.decode(out)
+
+
+def check_utf8(text: str, name: str) -> None:
+    """``ValueError`` naming ``name`` when ``text`` is not valid Unicode text: a command-line argument
+    in another encoding (Python keeps its non-UTF-8 bytes as lone surrogates, which no tokenizer can
+    encode)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name}: expected a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[:e.start].encode("utf-8", "surrogateescape")
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"character U+{ord(bad):04X}"
+        raise ValueError(f"{name}: not valid UTF-8 text ({byte} at byte offset {len(raw)}); give it in UTF-8 (a "
+                         f"terminal or file in another encoding: convert it, e.g. with iconv -t UTF-8, or use a "
+                         f"UTF-8 locale)") from None

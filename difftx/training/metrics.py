@@ -44,15 +44,20 @@ def _clean(value: Any) -> Any:
     return value
 
 
+TENSORBOARD_MISSING = ("difftx train: note: TensorBoard logging skipped (tensorboard is not installed: pip install "
+                       "tensorboard, or difftx[train]); metrics.jsonl has every record")
+
+
 class MetricsLogger:
-    """Appends one JSON object per record to ``path``; mirrors scalars to TensorBoard.
+    """Appends one JSON object per record to ``path``; mirrors scalars to TensorBoard when it is
+    installed (``say_if_missing``: a note on stderr when it is not).
 
     ``resume_step``: records after this step (written by a run that died after its last
     checkpoint) are dropped first, so the file shows one clean trajectory.
     """
 
     def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None, enabled: bool = True,
-                 resume_step: Optional[int] = None):
+                 resume_step: Optional[int] = None, say_if_missing: bool = False):
         self.path, self.enabled, self._tb = Path(path), enabled, None
         if not enabled:
             return
@@ -78,20 +83,22 @@ class MetricsLogger:
         if tensorboard_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard not installed: JSONL only, said once per run
+            except ImportError:  # tensorboard not installed: JSONL only (said when asked for; see difftx train)
                 import sys
 
-                print("difftx train: note: TensorBoard logging skipped (tensorboard is not installed: pip install "
-                      "tensorboard, or difftx[train]); metrics.jsonl has every record; --set tensorboard=false "
-                      "turns this note off", file=sys.stderr)
+                if say_if_missing:
+                        print(TENSORBOARD_MISSING, file=sys.stderr)
             else:
                 self._tb = SummaryWriter(str(tensorboard_dir))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk, a file-size limit: name the file (the write's own error does not)
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():
@@ -106,7 +113,10 @@ class MetricsLogger:
     def close(self) -> None:
         if not self.enabled:
             return
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from e
         if self._tb is not None:
             self._tb.close()
 

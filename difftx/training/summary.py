@@ -176,21 +176,42 @@ def _loss_at(pair: Optional[tuple[int, float]]) -> str:
     return "n/a" if pair is None else f"{pair[1]:.4f} @{pair[0]}"
 
 
+def _loss_last(s: "RunSummary", pair: Optional[tuple[int, float]]) -> str:
+    """The loss, with its step only when that is not the run's last (the usual case needs no step)."""
+    if pair is None:
+        return "n/a"
+    return f"{pair[1]:.4f}" if pair[0] == s.steps_done else f"{pair[1]:.4f} @{pair[0]}"
+
+
 def _int(v: Optional[int]) -> str:
     return "n/a" if v is None else f"{v:,}"
 
 
+def _short(v: Optional[int]) -> str:
+    """A count in 3 significant digits with K / M / B / T (exact below 10,000): 30,720 -> 30.7K."""
+    if v is None:
+        return "n/a"
+    if v < 10_000:
+        return f"{v:,}"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if v >= scale:
+            x = v / scale
+            return f"{x:.3g}{unit}" if x < 1000 else f"{x:,.0f}{unit}"
+    return f"{v:,}"
+
+
+# narrow enough that a row of two typical runs fits in about 100 characters
 DEFAULT_COLUMNS: tuple[Column, ...] = (
     Column("run", lambda s: s.label, "<"),
     Column("attention", lambda s: s.attention or "n/a", "<"),
     Column("params", lambda s: _int(s.params)),
     Column("steps", lambda s: f"{s.steps_done}/{s.steps_total if s.steps_total is not None else '?'}"),
-    Column("tokens seen", lambda s: _int(s.tokens_seen)),
-    Column("tokens/s", lambda s: "n/a" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}"),
-    Column("train loss @step", lambda s: _loss_at(s.final_train)),
+    Column("tokens", lambda s: _short(s.tokens_seen)),
+    Column("tok/s", lambda s: "n/a" if s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}"),
+    Column("train loss", lambda s: _loss_last(s, s.final_train)),
+    Column("val loss", lambda s: _loss_last(s, s.final_val)),
     Column("best val @step", lambda s: _loss_at(s.best_val)),
-    Column("final val @step", lambda s: _loss_at(s.final_val)),
-    Column("val tokens", lambda s: _int(s.val_tokens)),
+    Column("val tok", lambda s: _int(s.val_tokens)),
 )
 
 
@@ -221,8 +242,9 @@ def comparability_notes(summaries: Sequence[RunSummary]) -> list[str]:
     return notes
 
 
-LEGEND = ("losses are mean next-token NLL in nats on the run's own data (validation: its held-out split, "
-          "`val tokens` per pass), @ the step; tokens/s: tokens seen / time in training steps over the whole run")
+LEGEND = ("losses: mean next-token NLL in nats on the run's own data, at the last step (else @ the step);\n"
+          "validation on its held-out split, `val tok` tokens per pass; tokens: tokens seen;\n"
+          "tok/s: tokens seen / time in training steps over the whole run")
 
 
 # -- the curves -----------------------------------------------------------------------------------
