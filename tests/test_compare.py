@@ -299,7 +299,10 @@ def test_batch_shares_follow_the_schedule():
 def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
     """Steps until learned are compared whenever some model learned: a model that did not learn
     counts as its last probe step (censored), and nothing is compared when no model learned."""
-    from difftx.compare.summary import paired_comparisons
+    from difftx.compare.summary import all_comparisons, pair_key
+
+    def paired_comparisons(res, settings):
+        return all_comparisons(res, settings)[pair_key("diff", "baseline")]
 
     res = json.loads((smoke / "results.json").read_text())
     settings = get_preset("smoke", **FAST).task_settings()
@@ -330,8 +333,14 @@ def test_first_learned_step():
 
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
     """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
-    from difftx.compare.train import batch_loss
     from difftx.model import Transformer
+    from difftx.training.trainer import masked_lm_loss
+
+    def batch_loss(model, tokens, mask):  # the trainer's loss of one batch in one process
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        if mask is None:
+            return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        return masked_lm_loss(model(x, logits_at=mask), y[mask], int(mask.sum()))
 
     plan = get_preset("smoke", **FAST).resolve()
     torch.manual_seed(0)
@@ -458,7 +467,7 @@ def test_a_folder_of_an_older_results_schema_is_refused(tmp_path):
 def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
     """A cell no model learned is not compared; the primary needle mean pools the learned cells'
     prompts only; exploratory p-values are Holm-adjusted."""
-    from difftx.compare.summary import NOT_LEARNED, paired_comparisons
+    from difftx.compare.summary import NOT_LEARNED, all_comparisons, pair_key
 
     res = json.loads((smoke / "results.json").read_text())
     settings = get_preset("smoke", **FAST).task_settings()
@@ -471,7 +480,7 @@ def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
             for cell in ("1/1", "2/2"):
                 vals = [v for v, c in zip(rec["correct_fraction"], rec["cell"]) if c == cell]
                 r["tasks"]["needle"]["grid"]["accuracy"][cell] = sum(vals) / len(vals)
-    C = paired_comparisons(res, settings)
+    C = all_comparisons(res, settings)[pair_key("diff", "baseline")]
     assert C["needle_1_1"]["gated"] is None
     assert C["needle_2_2"]["gated"] == NOT_LEARNED and C["needle_2_2"]["better"] is None
     assert "not compared" in C["needle_2_2"]["verdict"]

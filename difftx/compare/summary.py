@@ -58,12 +58,6 @@ def pair_key(a: str, b: str) -> str:
     return f"{a} vs {b}"
 
 
-def paired_comparisons(results: dict, settings: dict) -> dict:
-    """``{metric key: comparison}`` of DIFF vs the baseline over the tasks in ``settings``
-    (``{task: Settings}``); see :func:`all_comparisons`."""
-    return all_comparisons(results, settings)[pair_key("diff", "baseline")]
-
-
 def all_comparisons(results: dict, settings: dict) -> dict:
     """``{"A vs B": {metric key: comparison}}`` for every pair of :func:`pairs` of the arms in
     ``results``: per-seed values of both arms (``values``), each arm's mean with its interval

@@ -32,20 +32,6 @@ from .stream import CompareStream, lm_streams
 PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
 
 
-def batch_loss(model: torch.nn.Module, tokens: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``tokens`` ``(B, T+1)`` over the positions where
-    ``loss_mask`` ``(B, T)`` is True (every position when None): the loss the trainer takes on one
-    batch of the stream in one process. The LM head runs on those positions alone
-    (``forward(logits_at=...)``): a needle batch takes its loss on a few answer tokens per sequence."""
-    from ..model import lm_loss
-    from ..training.trainer import masked_lm_loss
-
-    x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
-    if loss_mask is None:
-        return lm_loss(model(x), y)
-    return masked_lm_loss(model(x, logits_at=loss_mask), y[loss_mask], int(loss_mask.sum()))
-
-
 class TrainingInterrupted(RuntimeError):
     """A signal (SIGTERM, SIGUSR1) stopped a model's training after a checkpoint; re-running the
     comparison continues it."""

@@ -14,6 +14,8 @@ from ..attention import DiffAttention
 from ..io import atomic_write
 from .distributed import full_tensor
 
+METRICS_NAME = "metrics.jsonl"  # a run folder's log: one JSON record per line
+
 
 @torch.no_grad()
 def lambda_per_layer(model: nn.Module) -> Optional[list[float]]:

@@ -24,7 +24,7 @@ from ..checkpoint import CONFIG_NAME, CheckpointError, load_config
 from . import checkpointing as ckpt
 
 PathLike = Union[str, os.PathLike]
-METRICS_NAME = "metrics.jsonl"
+from .metrics import METRICS_NAME  # noqa: E402 - where compare and the CLI have imported it from
 
 
 @dataclass

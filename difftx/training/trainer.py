@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
+from ..io import eval_mode
 from ..model import Transformer, lm_loss
 from . import checkpointing as ckpt
 from .batches import Batch, as_batch, is_batch_source
@@ -42,7 +43,7 @@ from .distributed import (
     parallelize,
     unwrap,
 )
-from .metrics import MetricsLogger, lambda_per_layer
+from .metrics import METRICS_NAME, MetricsLogger, lambda_per_layer
 from .optim import build_optimizer, lr_at
 
 
@@ -124,10 +125,8 @@ def evaluate(model: nn.Module, store, config: TrainConfig, device: torch.device,
     (``batch_size * world_size`` sequences) of ``store``: the same windows whatever the number
     of processes. Every rank evaluates all of them (simple, and FSDP2 needs every rank in
     every forward); ``None`` if ``store`` holds no window."""
-    was = model.training
-    model.eval()
     total, rows = 0.0, 0
-    try:
+    with eval_mode(model):
         for tokens, doc_ids in store.eval_batches(config.batch_size * world_size, config.seq_len,
                                                   max_batches=config.eval_batches):
             x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (b, T) each
@@ -135,8 +134,6 @@ def evaluate(model: nn.Module, store, config: TrainConfig, device: torch.device,
             with _autocast(device, dtype):
                 total += float(lm_loss(model(x, doc_ids=d), y)) * x.shape[0]  # the last batch may be smaller
             rows += x.shape[0]
-    finally:
-        model.train(was)
     return total / rows if rows else None
 
 
@@ -408,7 +405,7 @@ class _Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             ckpt.atomic_write(self.out_dir / ckpt.TRAIN_CONFIG_NAME,
                               lambda p: Path(p).write_text(config.to_json() + "\n"))
-        self.logger = MetricsLogger(self.out_dir / "metrics.jsonl",
+        self.logger = MetricsLogger(self.out_dir / METRICS_NAME,
                                     self.out_dir / "tensorboard" if config.tensorboard else None,
                                     enabled=dist.is_main, resume_step=self.start_step if resumed else None)
         self.result = TrainResult(out_dir=self.out_dir, step=self.start_step, model_config=self.model_config,
@@ -895,13 +892,8 @@ def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[
 
 def _probe(fn: Callable, model: nn.Module, step: int, logger: MetricsLogger) -> dict:
     t = time.perf_counter()
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            got = fn(model)
-    finally:
-        model.train(was)
+    with eval_mode(model), torch.no_grad():
+        got = fn(model)
     logger.log({"step": step, "probe": got, "probe_s": time.perf_counter() - t})
     return got
 
@@ -946,7 +938,7 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
                    f"resume it (--resume / resume=True) or choose another out_dir")
             plan["error"] = ("value", msg)
             return plan
-        if existing is None and not resume and (out_dir / "metrics.jsonl").is_file():
+        if existing is None and not resume and (out_dir / METRICS_NAME).is_file():
             plan["error"] = ("value", f"TrainConfig.out_dir: {out_dir} holds the metrics.jsonl of an earlier run that "
                                       f"wrote no checkpoint; choose another out_dir (--out), delete that file, or "
                                       f"pass --resume to start that run again from scratch (replacing its log)")
