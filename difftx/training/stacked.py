@@ -63,7 +63,7 @@ from ..model import Transformer
 from .batches import Batch
 from .optim import no_decay
 
-__all__ = ["StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_", "load_optimizer_states",
+__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_", "load_optimizer_states",
            "optimizer_state_of", "stack_batches", "train_step", "tune_allocator"]
 
 
@@ -513,11 +513,13 @@ class StackedTransformer(nn.Module):
         return {key: sd[key] if key in sd else sd["tok_embeddings.weight"] for key in self.state_keys}
 
     def model(self, i: int) -> Transformer:
-        """Model ``i`` as an ordinary ``Transformer`` (a copy, on the stack's device; the global RNG is left as it was)."""
-        with torch.random.fork_rng(devices=[]):
-            m = Transformer(self.config)
-        m.load_state_dict(self.state_dict_of(i))
-        return m.to(self.stacked[0].device)
+        """Model ``i`` as an ordinary ``Transformer`` holding a copy of its weights, on the stack's device (for
+        probes and evaluation; built without drawing initial weights, the global RNG left as it was)."""
+        m = _reference(self.config)
+        m.load_state_dict({k: v.to(self.stacked[0].device) for k, v in self.state_dict_of(i).items()}, assign=True)
+        if self.config.tie_embeddings:
+            m.lm_head.weight = m.tok_embeddings.weight
+        return m
 
     # -- forward --------------------------------------------------------------------------------------------------
     def _p(self, j: int) -> Tensor:
@@ -751,15 +753,31 @@ class StepResult:
     kind_losses: list[dict[str, float]]
 
 
+class StackDivergedError(RuntimeError):
+    """A model's loss or gradient norm became NaN/inf; the step stopped before the update (no model was
+    changed). ``models``: the indices in the stack; ``what``: ``"loss"`` or ``"gradient norm"``; ``values``:
+    every model's value."""
+
+    def __init__(self, what: str, models: list[int], values: list[float]):
+        self.what, self.models, self.values = what, models, values
+        super().__init__(f"{what} is not finite for model(s) {models} of the stack: {values}")
+
+
+def _stop_unless_finite(optimizer: torch.optim.Optimizer, what: str, values: list[float]) -> None:
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        optimizer.zero_grad(set_to_none=True)
+        raise StackDivergedError(what, bad, values)
+
+
 def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Sequence[Batch]],
-               lr: float, grad_clip: float, *, doc_mask: bool = False) -> StepResult:
+               lr: float, grad_clip: float, *, doc_mask: bool = True) -> StepResult:
     """One optimizer step of every model, as :func:`difftx.training.train` takes it in one process:
     ``micro_batches[m][i]`` is model ``i``'s ``m``-th micro-batch (``grad_accum`` of them); the loss of
     each is divided by ``grad_accum``; then per-model clipping (``grad_clip`` <= 0: none), AdamW at
-    ``lr`` and ``zero_grad``. ``doc_mask``: packed documents attend within themselves (``TrainConfig.doc_mask``).
-    Raises nothing on a non-finite loss: the caller checks ``losses`` / ``grad_norms`` (before it
-    would have applied the update, the trainer raises; here the update is applied, so check
-    :func:`step_losses` first if that matters)."""
+    ``lr`` and ``zero_grad``. ``doc_mask`` (``TrainConfig.doc_mask``): batches' ``doc_ids`` keep packed
+    documents apart. A non-finite loss or gradient norm of any model raises :class:`StackDivergedError`
+    before the update, as the trainer stops before applying it."""
     device = stack.stacked[0].device
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -774,9 +792,11 @@ def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micr
         total += loss.detach()
         if sb.kind is not None:
             kinds.setdefault(sb.kind, []).append(loss.detach())
-    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf"))
+    losses = total.tolist()
+    _stop_unless_finite(optimizer, "loss", losses)
+    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf")).tolist()
+    _stop_unless_finite(optimizer, "gradient norm", norms)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     per_kind = {kind: (torch.stack(v).sum(0) * accum / len(v)).tolist() for kind, v in kinds.items()}
-    return StepResult(total.tolist(), norms.tolist(),
-                      [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])
+    return StepResult(losses, norms, [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])
