@@ -228,7 +228,7 @@ class DocLoader(Loader):
 
 
 def test_grad_accumulation_and_packed_documents_match_the_trainer(tmp_path):
-    cfg, steps = arm_config(BASE, "diff"), 6
+    cfg, steps = arm_config(BASE, "diff"), 4
     ref_source, ref = DocSource(), {}
     tcs = []
     for seed in SEEDS:

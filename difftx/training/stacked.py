@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -63,8 +63,8 @@ from ..model import Transformer
 from .batches import Batch
 from .optim import no_decay
 
-__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_", "load_optimizer_states",
-           "optimizer_state_of", "stack_batches", "train_step", "tune_allocator"]
+__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_",
+           "load_optimizer_states", "optimizer_state_of", "stack_batches", "train_step", "tune_allocator"]
 
 
 # -- the attention core: K*B sequences at once, one lambda per model -------------------------------------------------
@@ -143,8 +143,8 @@ class _Attention:
         self.k3 = qkv.new_empty(KB * g.Hkv * g.C, T, g.d)
         _rotate_into(self.q_pairs(self.q3), _as_complex(qkv[..., :g.q_cols]).view(KB, T, g.Hkv, g.R, g.C, h),
                      rot.view(T, 1, 1, 1, h))
-        _rotate_into(self.k_pairs(self.k3), _as_complex(qkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, g.C, h),
-                     rot.view(T, 1, 1, h))
+        k_cols = qkv[..., g.q_cols:g.q_cols + g.k_cols]
+        _rotate_into(self.k_pairs(self.k3), _as_complex(k_cols).view(KB, T, g.Hkv, g.C, h), rot.view(T, 1, 1, h))
         v = qkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).transpose(1, 2)  # (KB, Hkv, T, dv)
         self.v3 = v.reshape(KB * g.Hkv, T, g.dv)
         self.neg_lam = None if lam is None else (-lam.detach()).view(g.K, 1, 1, 1)
@@ -324,7 +324,7 @@ class _HeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, targets, valid, mult, div):
-        K, V = w.shape[:2]
+        V = w.shape[1]
         Vp = -(-V // HEAD_PAD) * HEAD_PAD
         wp = w if Vp == V else F.pad(w, (0, 0, 0, Vp - V))
         logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
