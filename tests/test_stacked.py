@@ -270,3 +270,21 @@ def test_model_view_is_an_ordinary_transformer():
     ref.load_state_dict(stack.state_dict_of(2))
     x = torch.randint(0, BASE.vocab_size, (2, 9))
     assert torch.equal(m(x), ref(x))
+
+
+def test_float64_and_no_autocast():
+    cfg = arm_config(BASE.replace(dim=32, vocab_size=40), "diff")
+    models = []
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        models.append(Transformer(cfg).double())
+    stack = StackedTransformer.from_models(models)
+    assert stack.stacked[0].dtype == torch.float64
+    tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 2, 17))
+    got = stack.losses(tokens)
+    for i, m in enumerate(models):
+        # the trainer's lm_loss takes the cross-entropy in float32 (logits.float()): so does the stack
+        ref = lm_loss(m(tokens[i, :, :-1]), tokens[i, :, 1:])
+        assert float(got[i].detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast"):
+        stack.losses(tokens)

@@ -37,10 +37,21 @@ Pieces, each equal to what the one-model trainer does:
 
 Supported: every attention kind and option of :data:`difftx.config.ARMS` (``diff`` with or without
 subtraction, head norm, constant lambda; ``standard`` with or without head norm; ``gated`` both gates;
-``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation. Not supported:
-KV caches, autocast / float16 / bfloat16 (float32 and float64 only), DDP / FSDP (one process holds the
-stack). The attention core is the blocked materialised kernel (``chunked``'s algorithm, with one lambda
-per model) on every device: on a GPU it works but is not the flash kernel the one-model trainer uses.
+``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation, float32 and
+float64 weights. Not supported: autocast / float16 / bfloat16 (refused), DDP / FSDP (one process holds
+the whole stack), KV caches (training only; :meth:`StackedTransformer.model` gives an ordinary model for
+probes and evaluation). The attention core is its own blocked materialised kernel (the ``chunked``
+kernel's algorithm with one lambda per model, RoPE fused into its layout copy), whatever
+``ModelConfig.backend`` says; the code is device-agnostic but has only run on CPU, and on a GPU it would
+not be the flash kernel (``sdpa`` / ``triton``) the one-model trainer uses. Not ``torch.func.vmap``: the
+stock model does not vmap (its ``chunked`` kernel, DIFF's lambda and head norm are ``autograd.Function`` s
+without ``setup_context``, and the token-range check reads a value), and for the baseline, where vmap
+runs with the ``eager`` backend, it was slower than separate models (``benchmarks/stack_throughput.py
+--vmap``).
+
+:func:`tune_allocator` (glibc): a stack's step allocates tensors K times a model's, which glibc serves by
+fresh ``mmap`` calls (a page fault per 4 KiB, every step) unless told to keep freed blocks; call it once
+in a process that trains a stack.
 """
 
 from __future__ import annotations
@@ -330,24 +341,25 @@ class _HeadLoss(torch.autograd.Function):
         logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
         if Vp != V:
             logits[..., V:] = float("-inf")
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # in float32 whatever the weights, as lm_loss
         nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
         if valid is not None:
             nll = nll.masked_fill_(~valid, 0.0)
         ctx.save_for_backward(h, wp, logp, targets, valid, mult, div)
         ctx.V = V
-        return nll.sum(1) * mult / div
+        return nll.sum(1) * mult.to(nll.dtype) / div.to(nll.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         h, wp, logp, targets, valid, mult, div = ctx.saved_tensors
         K, N = targets.shape
-        row = (g * mult / div)[:, None].expand(K, N)  # dL/dnll_n
+        row = (g * mult / div).to(logp.dtype)[:, None].expand(K, N)  # dL/dnll_n
         if valid is not None:
             row = row * valid
         dlogits = logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
         dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
+        dlogits = dlogits.to(wp.dtype)
         dh = torch.bmm(dlogits, wp) if ctx.needs_input_grad[0] else None
         dw = torch.bmm(dlogits.transpose(1, 2), h)[:, :ctx.V] if ctx.needs_input_grad[1] else None
         return dh, dw, None, None, None, None
@@ -584,6 +596,10 @@ class StackedTransformer(nn.Module):
         global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
         ``(K, B, T)`` of the inputs or None. Equal to the trainer's ``lm_loss`` / ``masked_lm_loss``
         of each model in one process."""
+        device_type = self.stacked[0].device.type
+        if torch.is_autocast_enabled(device_type):
+            raise ValueError("StackedTransformer: autocast is not supported (float32 or float64 weights only); "
+                             "train the stack outside torch.autocast")
         x, y = tokens[..., :-1], tokens[..., 1:]
         K, B, T = x.shape
         h = self.hidden(x, doc_ids)  # (K, N, D)
