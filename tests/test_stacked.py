@@ -288,3 +288,28 @@ def test_float64_and_no_autocast():
         assert float(got[i].detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast"):
         stack.losses(tokens)
+
+
+@pytest.mark.parametrize("arm", ["diff", "baseline"])
+def test_long_sequences_blocks_and_recomputed_maps(arm):
+    """Sequences longer than a block (BLOCK_ROWS) and than STORE_MAX_KEYS (maps recomputed in the backward),
+    with packed documents: the same loss and gradients as each model's own."""
+    from difftx.training import stacked
+
+    T = stacked.STORE_MAX_KEYS + 40
+    assert T > stacked.BLOCK_ROWS
+    cfg = arm_config(BASE.replace(dim=32, vocab_size=40, max_seq_len=T), arm)
+    stack = _initial_stack(cfg)
+    models = [stack.model(i) for i in range(len(SEEDS))]
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 1, T + 1), generator=g)
+    docs = (torch.rand(len(SEEDS), 1, T, generator=g) < 0.01).cumsum(-1)
+    got = stack.losses(tokens, doc_ids=docs)
+    got.sum().backward()
+    for i, m in enumerate(models):
+        loss = lm_loss(m(tokens[i, :, :-1], doc_ids=docs[i]), tokens[i, :, 1:])
+        loss.backward()
+        assert float(got[i].detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
+        for name, p in stack.named_stacked():
+            ref = dict(m.named_parameters())[name].grad
+            torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-9)

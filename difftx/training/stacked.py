@@ -52,6 +52,19 @@ runs with the ``eager`` backend, it was slower than separate models (``benchmark
 :func:`tune_allocator` (glibc): a stack's step allocates tensors K times a model's, which glibc serves by
 fresh ``mmap`` calls (a page fault per 4 KiB, every step) unless told to keep freed blocks; call it once
 in a process that trains a stack.
+
+Speed, measured (``benchmarks/stack_throughput.py --rounds 20``, the ``cpu`` compare preset's models, batches
+of 16 x 64, one thread of this project's 2-core AMD EPYC while other sessions loaded it; stacked over
+separate model-steps per CPU-second, paired medians with 95% intervals): at K = 5, 1.40 [1.24, 1.49] (DIFF)
+and 1.26 [1.22, 1.37] (baseline) on LM batches, 1.25 [1.14, 1.33] and 1.26 [1.13, 1.33] on needle-like
+batches (loss on 3-9 positions per row); 1.1-1.2 at K = 1 (the kernels alone: RoPE into the kernel layout,
+the 640-wide head, fused residuals), 1.2-1.4 at K = 2 and 10. Far from 2x, for two measured reasons: a
+model's step at this size spends about half its time in matrix products, which run no faster batched
+(MKL's ``bmm`` is K ``gemm`` s of the one model's shapes, 35-55 GFLOP/s each either way); and the per-call
+cost that stacking removes is about 9 of the step's 40-50 ms (a step of 1 x 8 tokens: 11-12.5 ms for one
+model, 3-3.5 ms per model in a stack of 5), while the memory-bound elementwise work grows with K.
+``torch.compile`` of the whole stacked loss (plain ops) took 149 s to compile and gained 10-15% over this
+eager stack (DIFF, K = 5): not used.
 """
 
 from __future__ import annotations
@@ -105,9 +118,9 @@ class _Geometry:
         return self.Hkv * self.dv
 
 
-# Query rows per block of the stacked attention core. Under the causal mask a block of rows needs only the keys up
-# to its last row, so smaller blocks skip more of the masked half of the maps (at T = 64: 16-row blocks compute 62%
-# of the full square) for more, but batched, calls.
+# Query rows per block of the stacked attention core (a block of rows needs only the keys up to its last row). Smaller
+# blocks skip more of the causal mask's upper half, but were slower at T = 64 on CPU (stack of 5 DIFF models: 64, 32,
+# 16 rows 4%, 7%, 12% slower per step than one 128-row block), as for the chunked kernel (CHUNK_ROWS = 128).
 BLOCK_ROWS = 128
 
 _bias_cache: dict = {}
@@ -126,11 +139,13 @@ def _causal_bias(t: int, R: int, device, dtype) -> Tensor:
     return bias
 
 
-def _as_complex(x: Tensor) -> Tensor:
-    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention), a view
-    where the strides allow it."""
+def _as_complex(x: Tensor, copy_ok: bool = True) -> Tensor:
+    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention): a view,
+    or (``copy_ok``, to read from) a copy where an odd stride or offset does not allow one."""
     pairs = x.unflatten(-1, (-1, 2))
     if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
+        if not copy_ok:
+            raise ValueError("_as_complex: odd strides, no complex view to write to")
         pairs = pairs.contiguous()
     return torch.view_as_complex(pairs)
 
@@ -197,8 +212,8 @@ class _Attention:
 class _StackedAttention(torch.autograd.Function):
     """RoPE + causal (A1 - lambda A2) V for K*B sequences, from the fused projection output ``qkv``
     ``(KB, T, q|k|v columns)``: returns ``(KB, T, H, dv)``; the backward returns the gradient of
-    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``CHUNK_ROWS`` query rows as in the
-    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys."""
+    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``BLOCK_ROWS`` query rows as in the
+    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys (longer ones recomputed)."""
 
     @staticmethod
     def forward(ctx, qkv, lam, rot, geo, doc_ids):
@@ -212,7 +227,7 @@ class _StackedAttention(torch.autograd.Function):
             eff = at.effective(probs)
             torch.bmm(eff, at.v3[:, :r1], out=out[:, r0 * g.R:r1 * g.R])
             blocks.append((r0, r1, (probs, eff) if r1 <= STORE_MAX_KEYS else None))
-        ctx.at, ctx.blocks, ctx.qkv_dtype = at, blocks, qkv.dtype
+        ctx.at, ctx.blocks = at, blocks
         out = out.view(at.KB, g.Hkv, T, g.R, g.dv).transpose(1, 2)
         return out.reshape(at.KB, T, g.Hkv * g.R, g.dv).contiguous()
 
@@ -250,10 +265,10 @@ class _StackedAttention(torch.autograd.Function):
         dqkv = dout.new_empty(KB, T, g.q_cols + g.k_cols + g.v_cols)
         back = at.rot.conj().resolve_conj()  # the rotation by the opposite angle
         h = g.d // 2
-        _rotate_into(_as_complex(dqkv[..., :g.q_cols]).view(KB, T, g.Hkv, R, C, h), at.q_pairs(dq3),
-                     back.view(T, 1, 1, 1, h))
-        _rotate_into(_as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, C, h), at.k_pairs(dk3),
-                     back.view(T, 1, 1, h))
+        dq = _as_complex(dqkv[..., :g.q_cols], copy_ok=False).view(KB, T, g.Hkv, R, C, h)
+        _rotate_into(dq, at.q_pairs(dq3), back.view(T, 1, 1, 1, h))
+        dk = _as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols], copy_ok=False).view(KB, T, g.Hkv, C, h)
+        _rotate_into(dk, at.k_pairs(dk3), back.view(T, 1, 1, h))
         dqkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).copy_(dv3.view(KB, g.Hkv, T, g.dv).transpose(1, 2))
         return dqkv, dlam, None, None, None
 
