@@ -15,6 +15,7 @@ from difftx.training import Batch, TrainConfig, train
 from difftx.training.metrics import read_metrics
 from difftx.training.optim import build_optimizer, lr_at
 from difftx.training.stacked import (
+    StackDivergedError,
     StackedTransformer,
     build_stacked_optimizer,
     load_optimizer_states,
@@ -208,3 +209,107 @@ def test_refuses_mixed_batches():
     mixed = [Batch(t, kind="lm"), Batch(t, kind="needle", loss_mask=torch.ones(2, 8, dtype=torch.bool)), Batch(t)]
     with pytest.raises(ValueError, match="differ"):
         train_step(stack, opt, [mixed], 1e-3, 1.0)
+
+
+class DocSource(Source):
+    """Source's batches with packed documents (doc_ids), for a grad-accumulation run."""
+
+    def make_loader(self, config, dist=None):
+        return DocLoader(config.seed, config.batch_size, self.served.setdefault(config.seed, []))
+
+
+class DocLoader(Loader):
+    def next_batch(self) -> Batch:
+        b = super().next_batch()
+        g = torch.Generator().manual_seed(self.step)
+        cuts = torch.rand(b.tokens.shape, generator=g) < 0.1
+        b.doc_ids = cuts.cumsum(1)
+        return b
+
+
+def test_grad_accumulation_and_packed_documents_match_the_trainer(tmp_path):
+    cfg, steps = arm_config(BASE, "diff"), 4
+    ref_source, ref = DocSource(), {}
+    tcs = []
+    for seed in SEEDS:
+        tc = _train_config(cfg, seed, tmp_path / str(seed)).replace(steps=steps, grad_accum=2, warmup_steps=2)
+        tcs.append(tc)
+        ref[seed] = train(tc, data=ref_source, model_config=cfg).losses
+    source = DocSource()
+    stack = _initial_stack(cfg)
+    opt = build_stacked_optimizer(stack, tcs[0])
+    loaders = [source.make_loader(tc) for tc in tcs]
+    for step in range(1, steps + 1):
+        micro = [[loader.next_batch() for loader in loaders] for _ in range(2)]
+        out = train_step(stack, opt, micro, lr_at(step, tcs[0]), tcs[0].grad_clip, doc_mask=True)
+        for i, seed in enumerate(SEEDS):
+            assert out.losses[i] == pytest.approx(ref[seed][step], rel=1e-5)
+
+
+def test_divergence_stops_before_the_update():
+    stack = _initial_stack(BASE)
+    opt = build_stacked_optimizer(stack, _train_config(BASE, 0, "unused"))
+    with torch.no_grad():
+        stack.stacked[stack.names.index("norm.weight")][1].fill_(float("nan"))
+    before = [p.detach().clone() for p in stack.stacked]
+    batches = [Source().make_loader(_train_config(BASE, s, "unused")).next_batch() for s in SEEDS]
+    with pytest.raises(StackDivergedError) as e:
+        train_step(stack, opt, [batches], 1e-3, 1.0)
+    assert e.value.models == [1] and e.value.what == "loss"
+    for p, q in zip(stack.stacked, before):
+        assert torch.allclose(p, q, rtol=0, atol=0, equal_nan=True)
+    assert all(p.grad is None for p in stack.stacked)
+
+
+def test_model_view_is_an_ordinary_transformer():
+    stack = _initial_stack(BASE)
+    state = torch.random.get_rng_state()
+    m = stack.model(2)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    ref = Transformer(BASE)
+    ref.load_state_dict(stack.state_dict_of(2))
+    x = torch.randint(0, BASE.vocab_size, (2, 9))
+    assert torch.equal(m(x), ref(x))
+
+
+def test_float64_and_no_autocast():
+    cfg = arm_config(BASE.replace(dim=32, vocab_size=40), "diff")
+    models = []
+    for seed in SEEDS:
+        torch.manual_seed(seed)
+        models.append(Transformer(cfg).double())
+    stack = StackedTransformer.from_models(models)
+    assert stack.stacked[0].dtype == torch.float64
+    tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 2, 17))
+    got = stack.losses(tokens)
+    for i, m in enumerate(models):
+        # the trainer's lm_loss takes the cross-entropy in float32 (logits.float()): so does the stack
+        ref = lm_loss(m(tokens[i, :, :-1]), tokens[i, :, 1:])
+        assert float(got[i].detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast"):
+        stack.losses(tokens)
+
+
+@pytest.mark.parametrize("arm", ["diff", "baseline"])
+def test_long_sequences_blocks_and_recomputed_maps(arm):
+    """Sequences longer than a block (BLOCK_ROWS) and than STORE_MAX_KEYS (maps recomputed in the backward),
+    with packed documents: the same loss and gradients as each model's own."""
+    from difftx.training import stacked
+
+    T = stacked.STORE_MAX_KEYS + 40
+    assert T > stacked.BLOCK_ROWS
+    cfg = arm_config(BASE.replace(dim=32, vocab_size=40, max_seq_len=T), arm)
+    stack = _initial_stack(cfg)
+    models = [stack.model(i) for i in range(len(SEEDS))]
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 1, T + 1), generator=g)
+    docs = (torch.rand(len(SEEDS), 1, T, generator=g) < 0.01).cumsum(-1)
+    got = stack.losses(tokens, doc_ids=docs)
+    got.sum().backward()
+    for i, m in enumerate(models):
+        loss = lm_loss(m(tokens[i, :, :-1], doc_ids=docs[i]), tokens[i, :, 1:])
+        loss.backward()
+        assert float(got[i].detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
+        for name, p in stack.named_stacked():
+            ref = dict(m.named_parameters())[name].grad
+            torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-9)

@@ -37,24 +37,48 @@ Pieces, each equal to what the one-model trainer does:
 
 Supported: every attention kind and option of :data:`difftx.config.ARMS` (``diff`` with or without
 subtraction, head norm, constant lambda; ``standard`` with or without head norm; ``gated`` both gates;
-``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation. Not supported:
-KV caches, autocast / float16 / bfloat16 (float32 and float64 only), DDP / FSDP (one process holds the
-stack). The attention core is the blocked materialised kernel (``chunked``'s algorithm, with one lambda
-per model) on every device: on a GPU it works but is not the flash kernel the one-model trainer uses.
+``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation, float32 and
+float64 weights. Not supported: autocast / float16 / bfloat16 (refused), DDP / FSDP (one process holds
+the whole stack), KV caches (training only; :meth:`StackedTransformer.model` gives an ordinary model for
+probes and evaluation). The attention core is its own blocked materialised kernel (the ``chunked``
+kernel's algorithm with one lambda per model, RoPE fused into its layout copy), whatever
+``ModelConfig.backend`` says; the code is device-agnostic but has only run on CPU, and on a GPU it would
+not be the flash kernel (``sdpa`` / ``triton``) the one-model trainer uses. Not ``torch.func.vmap``: the
+stock model does not vmap (its ``chunked`` kernel, DIFF's lambda and head norm are ``autograd.Function`` s
+without ``setup_context``, and the token-range check reads a value), and for the baseline, where vmap
+runs with the ``eager`` backend, it was slower than separate models (``benchmarks/stack_throughput.py
+--vmap``).
+
+:func:`tune_allocator` (glibc): a stack's step allocates tensors K times a model's, which glibc serves by
+fresh ``mmap`` calls (a page fault per 4 KiB, every step) unless told to keep freed blocks; call it once
+in a process that trains a stack.
+
+Speed, measured (``benchmarks/stack_throughput.py --rounds 20``, the ``cpu`` compare preset's models, batches
+of 16 x 64, one thread of this project's 2-core AMD EPYC while other sessions loaded it; stacked over
+separate model-steps per CPU-second, paired medians with 95% intervals): at K = 5, 1.40 [1.24, 1.49] (DIFF)
+and 1.26 [1.22, 1.37] (baseline) on LM batches, 1.25 [1.14, 1.33] and 1.26 [1.13, 1.33] on needle-like
+batches (loss on 3-9 positions per row); 1.1-1.2 at K = 1 (the kernels alone: RoPE into the kernel layout,
+the 640-wide head, fused residuals), 1.2-1.4 at K = 2 and 10. Far from 2x, for two measured reasons: a
+model's step at this size spends about half its time in matrix products, which run no faster batched
+(MKL's ``bmm`` is K ``gemm`` s of the one model's shapes, 35-55 GFLOP/s each either way); and the per-call
+cost that stacking removes is about 9 of the step's 40-50 ms (a step of 1 x 8 tokens: 11-12.5 ms for one
+model, 3-3.5 ms per model in a stack of 5), while the memory-bound elementwise work grows with K.
+``torch.compile`` of the whole stacked loss (plain ops) took 149 s to compile and gained 10-15% over this
+eager stack (DIFF, K = 5): not used.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention.kernels import CHUNK_ROWS, STORE_MAX_KEYS
+from ..attention.kernels import STORE_MAX_KEYS
 from ..attention.masks import AttentionMask
 from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention
 from ..attention.rope import rope_angles
@@ -63,8 +87,8 @@ from ..model import Transformer
 from .batches import Batch
 from .optim import no_decay
 
-__all__ = ["StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_", "load_optimizer_states",
-           "optimizer_state_of", "stack_batches", "train_step"]
+__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_",
+           "load_optimizer_states", "optimizer_state_of", "stack_batches", "train_step", "tune_allocator"]
 
 
 # -- the attention core: K*B sequences at once, one lambda per model -------------------------------------------------
@@ -94,6 +118,11 @@ class _Geometry:
         return self.Hkv * self.dv
 
 
+# Query rows per block of the stacked attention core (a block of rows needs only the keys up to its last row). Smaller
+# blocks skip more of the causal mask's upper half, but were slower at T = 64 on CPU (stack of 5 DIFF models: 64, 32,
+# 16 rows 4%, 7%, 12% slower per step than one 128-row block), as for the chunked kernel (CHUNK_ROWS = 128).
+BLOCK_ROWS = 128
+
 _bias_cache: dict = {}
 
 
@@ -110,11 +139,13 @@ def _causal_bias(t: int, R: int, device, dtype) -> Tensor:
     return bias
 
 
-def _as_complex(x: Tensor) -> Tensor:
-    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention), a view
-    where the strides allow it."""
+def _as_complex(x: Tensor, copy_ok: bool = True) -> Tensor:
+    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention): a view,
+    or (``copy_ok``, to read from) a copy where an odd stride or offset does not allow one."""
     pairs = x.unflatten(-1, (-1, 2))
     if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
+        if not copy_ok:
+            raise ValueError("_as_complex: odd strides, no complex view to write to")
         pairs = pairs.contiguous()
     return torch.view_as_complex(pairs)
 
@@ -138,8 +169,8 @@ class _Attention:
         self.k3 = qkv.new_empty(KB * g.Hkv * g.C, T, g.d)
         _rotate_into(self.q_pairs(self.q3), _as_complex(qkv[..., :g.q_cols]).view(KB, T, g.Hkv, g.R, g.C, h),
                      rot.view(T, 1, 1, 1, h))
-        _rotate_into(self.k_pairs(self.k3), _as_complex(qkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, g.C, h),
-                     rot.view(T, 1, 1, h))
+        k_cols = qkv[..., g.q_cols:g.q_cols + g.k_cols]
+        _rotate_into(self.k_pairs(self.k3), _as_complex(k_cols).view(KB, T, g.Hkv, g.C, h), rot.view(T, 1, 1, h))
         v = qkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).transpose(1, 2)  # (KB, Hkv, T, dv)
         self.v3 = v.reshape(KB * g.Hkv, T, g.dv)
         self.neg_lam = None if lam is None else (-lam.detach()).view(g.K, 1, 1, 1)
@@ -181,8 +212,8 @@ class _Attention:
 class _StackedAttention(torch.autograd.Function):
     """RoPE + causal (A1 - lambda A2) V for K*B sequences, from the fused projection output ``qkv``
     ``(KB, T, q|k|v columns)``: returns ``(KB, T, H, dv)``; the backward returns the gradient of
-    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``CHUNK_ROWS`` query rows as in the
-    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys."""
+    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``BLOCK_ROWS`` query rows as in the
+    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys (longer ones recomputed)."""
 
     @staticmethod
     def forward(ctx, qkv, lam, rot, geo, doc_ids):
@@ -190,13 +221,13 @@ class _StackedAttention(torch.autograd.Function):
         g, T = geo, at.T
         out = at.v3.new_empty(at.KB * g.Hkv, T * g.R, g.dv)
         blocks = []
-        for r0 in range(0, T, CHUNK_ROWS):
-            r1 = min(T, r0 + CHUNK_ROWS)
+        for r0 in range(0, T, BLOCK_ROWS):
+            r1 = min(T, r0 + BLOCK_ROWS)
             probs = at.probs(r0, r1)
             eff = at.effective(probs)
             torch.bmm(eff, at.v3[:, :r1], out=out[:, r0 * g.R:r1 * g.R])
             blocks.append((r0, r1, (probs, eff) if r1 <= STORE_MAX_KEYS else None))
-        ctx.at, ctx.blocks, ctx.qkv_dtype = at, blocks, qkv.dtype
+        ctx.at, ctx.blocks = at, blocks
         out = out.view(at.KB, g.Hkv, T, g.R, g.dv).transpose(1, 2)
         return out.reshape(at.KB, T, g.Hkv * g.R, g.dv).contiguous()
 
@@ -234,10 +265,10 @@ class _StackedAttention(torch.autograd.Function):
         dqkv = dout.new_empty(KB, T, g.q_cols + g.k_cols + g.v_cols)
         back = at.rot.conj().resolve_conj()  # the rotation by the opposite angle
         h = g.d // 2
-        _rotate_into(_as_complex(dqkv[..., :g.q_cols]).view(KB, T, g.Hkv, R, C, h), at.q_pairs(dq3),
-                     back.view(T, 1, 1, 1, h))
-        _rotate_into(_as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols]).view(KB, T, g.Hkv, C, h), at.k_pairs(dk3),
-                     back.view(T, 1, 1, h))
+        dq = _as_complex(dqkv[..., :g.q_cols], copy_ok=False).view(KB, T, g.Hkv, R, C, h)
+        _rotate_into(dq, at.q_pairs(dq3), back.view(T, 1, 1, 1, h))
+        dk = _as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols], copy_ok=False).view(KB, T, g.Hkv, C, h)
+        _rotate_into(dk, at.k_pairs(dk3), back.view(T, 1, 1, h))
         dqkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).copy_(dv3.view(KB, g.Hkv, T, g.dv).transpose(1, 2))
         return dqkv, dlam, None, None, None
 
@@ -290,12 +321,11 @@ class _RMSNorm(torch.autograd.Function):
 
 
 class _SwiGLU(torch.autograd.Function):
-    """``silu(a) * b`` of ``gu = [a | b]`` (the fused gate/up projection); the backward returns the
-    gradient of ``gu`` in one tensor."""
+    """``silu(a) * b`` (the gate and up projections' outputs), one node. ``a`` and ``b`` come from two
+    products, not halves of one: ``silu_backward`` on a strided half runs at half the speed."""
 
     @staticmethod
-    def forward(ctx, gu):
-        a, b = gu.chunk(2, dim=-1)
+    def forward(ctx, a, b):
         sa = F.silu(a)
         ctx.save_for_backward(a, b, sa)
         return sa * b
@@ -303,11 +333,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b, sa = ctx.saved_tensors
-        dgu = g.new_empty(*g.shape[:-1], 2 * g.shape[-1])
-        da, db = dgu.chunk(2, dim=-1)
-        torch.ops.aten.silu_backward.grad_input(g * b, a, grad_input=da)
-        torch.mul(g, sa, out=db)
-        return dgu
+        return torch.ops.aten.silu_backward(g * b, a), g * sa
 
 
 # The LM head's width is padded to a multiple of this (zero rows, their logits -inf): a 623-wide head (the
@@ -324,30 +350,31 @@ class _HeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, targets, valid, mult, div):
-        K, V = w.shape[:2]
+        V = w.shape[1]
         Vp = -(-V // HEAD_PAD) * HEAD_PAD
         wp = w if Vp == V else F.pad(w, (0, 0, 0, Vp - V))
         logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
         if Vp != V:
             logits[..., V:] = float("-inf")
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # in float32 whatever the weights, as lm_loss
         nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
         if valid is not None:
             nll = nll.masked_fill_(~valid, 0.0)
         ctx.save_for_backward(h, wp, logp, targets, valid, mult, div)
         ctx.V = V
-        return nll.sum(1) * mult / div
+        return nll.sum(1) * mult.to(nll.dtype) / div.to(nll.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         h, wp, logp, targets, valid, mult, div = ctx.saved_tensors
         K, N = targets.shape
-        row = (g * mult / div)[:, None].expand(K, N)  # dL/dnll_n
+        row = (g * mult / div).to(logp.dtype)[:, None].expand(K, N)  # dL/dnll_n
         if valid is not None:
             row = row * valid
         dlogits = logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
         dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
+        dlogits = dlogits.to(wp.dtype)
         dh = torch.bmm(dlogits, wp) if ctx.needs_input_grad[0] else None
         dw = torch.bmm(dlogits.transpose(1, 2), h)[:, :ctx.V] if ctx.needs_input_grad[1] else None
         return dh, dw, None, None, None, None
@@ -356,6 +383,24 @@ class _HeadLoss(torch.autograd.Function):
 def _linear(x: Tensor, w: Tensor) -> Tensor:
     """``x (K, N, in) @ w (K, out, in)^T``: each model's ``F.linear``."""
     return torch.bmm(x, w.transpose(1, 2))
+
+
+# -- the allocator ---------------------------------------------------------------------------------------------------
+
+def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 30) -> bool:
+    """Keep freed large blocks in glibc's heap instead of unmapping them: a stack's step allocates tensors of
+    megabytes (K times a model's), which glibc otherwise serves by fresh ``mmap`` and pays a page fault per
+    4 KiB on first touch, step after step (``sys`` time). Process-wide (every tensor, the separate models'
+    too); the heap then keeps its peak size. Returns False where it does not apply (not glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and \
+        bool(libc.mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
 
 
 # -- the stacked model -----------------------------------------------------------------------------------------------
@@ -490,11 +535,13 @@ class StackedTransformer(nn.Module):
         return {key: sd[key] if key in sd else sd["tok_embeddings.weight"] for key in self.state_keys}
 
     def model(self, i: int) -> Transformer:
-        """Model ``i`` as an ordinary ``Transformer`` (a copy, on the stack's device; the global RNG is left as it was)."""
-        with torch.random.fork_rng(devices=[]):
-            m = Transformer(self.config)
-        m.load_state_dict(self.state_dict_of(i))
-        return m.to(self.stacked[0].device)
+        """Model ``i`` as an ordinary ``Transformer`` holding a copy of its weights, on the stack's device (for
+        probes and evaluation; built without drawing initial weights, the global RNG left as it was)."""
+        m = _reference(self.config)
+        m.load_state_dict({k: v.to(self.stacked[0].device) for k, v in self.state_dict_of(i).items()}, assign=True)
+        if self.config.tie_embeddings:
+            m.lm_head.weight = m.tok_embeddings.weight
+        return m
 
     # -- forward --------------------------------------------------------------------------------------------------
     def _p(self, j: int) -> Tensor:
@@ -519,14 +566,17 @@ class StackedTransformer(nn.Module):
         rot = torch.complex(cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype))  # (T, d/2): cos + i sin
         docs = None if doc_ids is None else doc_ids.reshape(K * B, T)
         for layer in self._layers:
-            x = x + self._attention(layer, _RMSNorm.apply(x, self._p(layer.attn_norm), c.norm_eps, True),
-                                    B, T, rot, docs)
+            # x + attention(norm(x)), x + mlp(norm(x)): each residual added by its output product (baddbmm)
+            x = self._attention(layer, x, _RMSNorm.apply(x, self._p(layer.attn_norm), c.norm_eps, True), B, T, rot,
+                                docs)
             h = _RMSNorm.apply(x, self._p(layer.mlp_norm), c.norm_eps, True)
-            gu = _linear(h, torch.cat([self._p(j) for j in layer.gate_up], dim=1))
-            x = x + _linear(_SwiGLU.apply(gu), self._p(layer.down))
+            gate, up = (_linear(h, self._p(j)) for j in layer.gate_up)
+            x = torch.baddbmm(x, _SwiGLU.apply(gate, up), self._p(layer.down).transpose(1, 2))
         return _RMSNorm.apply(x, self._p(self._index["norm.weight"]), c.norm_eps, True)
 
-    def _attention(self, layer: _Layer, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]) -> Tensor:
+    def _attention(self, layer: _Layer, x: Tensor, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]
+                   ) -> Tensor:
+        """``x + attention(h)`` of one layer, ``h`` the normed ``x`` ``(K, N, D)``."""
         g, K = self._geo, self.k
         w = torch.cat([self._p(j) for j in layer.in_proj], dim=1)  # (K, q+k+v[+extra], D)
         proj = _linear(h, w).view(K * B, T, -1)
@@ -548,7 +598,7 @@ class StackedTransformer(nn.Module):
             out = _RMSNorm.apply(out.view(K, B * T, -1, out.shape[-1]), w_norm, self.config.norm_eps, False)
         elif layer.head_scale != 1.0:
             out = out * layer.head_scale
-        return _linear(out.reshape(K, B * T, -1), self._p(layer.out_proj))
+        return torch.baddbmm(x, out.reshape(K, B * T, -1), self._p(layer.out_proj).transpose(1, 2))
 
     def _head_weight(self) -> Tensor:
         name = "tok_embeddings.weight" if self.config.tie_embeddings else "lm_head.weight"
@@ -561,6 +611,10 @@ class StackedTransformer(nn.Module):
         global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
         ``(K, B, T)`` of the inputs or None. Equal to the trainer's ``lm_loss`` / ``masked_lm_loss``
         of each model in one process."""
+        device_type = self.stacked[0].device.type
+        if torch.is_autocast_enabled(device_type):
+            raise ValueError("StackedTransformer: autocast is not supported (float32 or float64 weights only); "
+                             "train the stack outside torch.autocast")
         x, y = tokens[..., :-1], tokens[..., 1:]
         K, B, T = x.shape
         h = self.hidden(x, doc_ids)  # (K, N, D)
@@ -725,15 +779,31 @@ class StepResult:
     kind_losses: list[dict[str, float]]
 
 
+class StackDivergedError(RuntimeError):
+    """A model's loss or gradient norm became NaN/inf; the step stopped before the update (no model was
+    changed). ``models``: the indices in the stack; ``what``: ``"loss"`` or ``"gradient norm"``; ``values``:
+    every model's value."""
+
+    def __init__(self, what: str, models: list[int], values: list[float]):
+        self.what, self.models, self.values = what, models, values
+        super().__init__(f"{what} is not finite for model(s) {models} of the stack: {values}")
+
+
+def _stop_unless_finite(optimizer: torch.optim.Optimizer, what: str, values: list[float]) -> None:
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        optimizer.zero_grad(set_to_none=True)
+        raise StackDivergedError(what, bad, values)
+
+
 def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Sequence[Batch]],
-               lr: float, grad_clip: float, *, doc_mask: bool = False) -> StepResult:
+               lr: float, grad_clip: float, *, doc_mask: bool = True) -> StepResult:
     """One optimizer step of every model, as :func:`difftx.training.train` takes it in one process:
     ``micro_batches[m][i]`` is model ``i``'s ``m``-th micro-batch (``grad_accum`` of them); the loss of
     each is divided by ``grad_accum``; then per-model clipping (``grad_clip`` <= 0: none), AdamW at
-    ``lr`` and ``zero_grad``. ``doc_mask``: packed documents attend within themselves (``TrainConfig.doc_mask``).
-    Raises nothing on a non-finite loss: the caller checks ``losses`` / ``grad_norms`` (before it
-    would have applied the update, the trainer raises; here the update is applied, so check
-    :func:`step_losses` first if that matters)."""
+    ``lr`` and ``zero_grad``. ``doc_mask`` (``TrainConfig.doc_mask``): batches' ``doc_ids`` keep packed
+    documents apart. A non-finite loss or gradient norm of any model raises :class:`StackDivergedError`
+    before the update, as the trainer stops before applying it."""
     device = stack.stacked[0].device
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -748,9 +818,11 @@ def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micr
         total += loss.detach()
         if sb.kind is not None:
             kinds.setdefault(sb.kind, []).append(loss.detach())
-    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf"))
+    losses = total.tolist()
+    _stop_unless_finite(optimizer, "loss", losses)
+    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf")).tolist()
+    _stop_unless_finite(optimizer, "gradient norm", norms)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     per_kind = {kind: (torch.stack(v).sum(0) * accum / len(v)).tolist() for kind, v in kinds.items()}
-    return StepResult(total.tolist(), norms.tolist(),
-                      [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])
+    return StepResult(losses, norms, [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])
