@@ -714,7 +714,8 @@ def train_stacked(configs: Sequence[TrainConfig], *, data: Sequence[Any], model_
     ``progress`` rules the one progress bar).
 
     One process, float32 (no DDP / FSDP, autocast or compile). ``TrainResult.train_time_s`` of
-    each model is its share of the stack's time (the stack's time / ``K``)."""
+    each model is its share of the stack's time (the stack's time / ``K``). It tunes glibc's
+    allocator for the whole process (:func:`difftx.training.stacked.tune_allocator`)."""
     configs = list(configs)
     if not configs or any(not isinstance(c, TrainConfig) for c in configs):
         raise TypeError("train_stacked expects a non-empty list of TrainConfig")
@@ -780,8 +781,9 @@ class _StackedRun:
     probe, a validation pass); its checkpoints are written from the stack."""
 
     def __init__(self, runs: list[_Run]) -> None:
-        from .stacked import StackedTransformer, build_stacked_optimizer, load_optimizer_states
+        from .stacked import StackedTransformer, build_stacked_optimizer, load_optimizer_states, tune_allocator
 
+        tune_allocator()  # glibc keeps the stack's large blocks instead of mapping them anew every step
         self.runs, first = runs, runs[0]
         self.config, self.k = first.config, len(runs)
         self.stack = StackedTransformer.from_models([r.bare for r in runs])
