@@ -31,10 +31,10 @@ $(TEST_STAMP): $(STAMP)
 
 venv: $(TEST_STAMP)
 
-# `difftx compare --preset cpu --seeds 5`: DIFF vs its matched baseline over 5 paired seeds, all evaluations,
+# `difftx compare --preset cpu --seeds 8`: DIFF vs its matched baseline over 8 paired seeds, all evaluations,
 # report in runs/demo/ (under 20 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
 demo: $(STAMP)
-	$(VENV)/bin/difftx compare --preset cpu --seeds 5 --out runs/demo
+	$(VENV)/bin/difftx compare --preset cpu --seeds 8 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"
 
 test: $(TEST_STAMP)
