@@ -142,8 +142,10 @@ MAX_STACK = 16  # the largest automatic stack (see stack_size)
 def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -> int:
     """How many seeds of one arm train as one stacked model. ``plan.execution.stack``: 1 none, K at
     most K, 0 automatic: on a CPU, each worker process holds one stack (an arm's seeds spread evenly
-    over ``workers // arms`` processes), at most :data:`MAX_STACK`; on a GPU none (its presets train in
-    bfloat16, which a stack does not). Never under torchrun (data parallel, one model at a time)."""
+    over ``workers // arms`` processes), at most :data:`MAX_STACK` (the benchmark gains no more past
+    5-10) and as many as fit in a quarter of the memory per worker (:func:`_model_bytes`); on a GPU
+    none (its presets train in bfloat16, which a stack does not). Never under torchrun (data
+    parallel, one model at a time)."""
     from ..training.distributed import resolve_device
 
     asked = plan.execution.stack
@@ -154,7 +156,28 @@ def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -
     if resolve_device(plan.execution.device).type != "cpu":
         return 1
     per_arm = max(1, workers // len(plan.arms))
-    return min(MAX_STACK, -(-seeds // per_arm))
+    fits = max(1, int(_memory_bytes() / 4 / workers // max(_model_bytes(plan), 1)))  # a quarter of the memory
+    return max(1, min(MAX_STACK, -(-seeds // per_arm), fits))
+
+
+def _model_bytes(plan: ComparePlan) -> int:
+    """A generous estimate of one model's training memory in a stack: weights, gradients and two AdamW
+    moments (16 bytes a parameter) and float32 activations (about 24 tensors of ``dim`` per token and
+    layer, 4 attention maps per head), for the largest arm."""
+    worst = 0
+    for cfg in plan.arms.values():
+        params = 12 * cfg.n_layers * cfg.dim ** 2 + 2 * cfg.vocab_size * cfg.dim
+        T, B = cfg.max_seq_len, plan.mixture.batch_size
+        acts = 4 * B * T * cfg.n_layers * (24 * cfg.dim + 4 * cfg.n_heads * T)
+        worst = max(worst, 16 * params + acts)
+    return worst
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 8 << 30
 
 
 def plan_jobs(plan: ComparePlan, seeds: list[int], out: Path, k: int) -> list[tuple]:
