@@ -78,7 +78,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention.kernels import STORE_MAX_KEYS
+from ..attention.kernels import STORE_MAX_KEYS, _diag_bias
 from ..attention.masks import AttentionMask
 from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention
 from ..attention.rope import rope_angles
@@ -122,21 +122,6 @@ class _Geometry:
 # blocks skip more of the causal mask's upper half, but were slower at T = 64 on CPU (stack of 5 DIFF models: 64, 32,
 # 16 rows 4%, 7%, 12% slower per step than one 128-row block), as for the chunked kernel (CHUNK_ROWS = 128).
 BLOCK_ROWS = 128
-
-_bias_cache: dict = {}
-
-
-def _causal_bias(t: int, R: int, device, dtype) -> Tensor:
-    """``(t*R, t)`` additive mask of a diagonal block, rows in ``(t, R)`` order: ``-inf`` above the diagonal."""
-    key = (t, R, str(device), dtype)
-    bias = _bias_cache.get(key)
-    if bias is None:
-        if len(_bias_cache) > 32:
-            _bias_cache.clear()
-        upper = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-        bias = torch.zeros(t, t, dtype=dtype, device=device).masked_fill_(upper, float("-inf"))
-        bias = _bias_cache[key] = bias.repeat_interleave(R, dim=0)
-    return bias
 
 
 def _as_complex(x: Tensor, copy_ok: bool = True) -> Tensor:
@@ -190,7 +175,7 @@ class _Attention:
         """Softmax maps ``(KB*Hkv*C, t*R, r1)`` of query rows ``r0:r1`` (causal: keys ``0..r1-1``)."""
         R, t, s = self.geo.R, r1 - r0, r1
         qb, kb = self.q3[:, r0 * R:r1 * R], self.k3[:, :s].transpose(1, 2)
-        bias = _causal_bias(t, R, qb.device, qb.dtype)
+        bias = _diag_bias(t, R, qb.device, qb.dtype)  # the chunked kernel's, cached per shape
         if s == t:
             logits = torch.baddbmm(bias, qb, kb, alpha=self.geo.scale)
         else:
