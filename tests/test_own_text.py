@@ -372,7 +372,7 @@ def test_resume_prints_what_changes_in_the_schedule(tmp_path, capsys, monkeypatc
         return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * frac))
 
     assert lr(5, 4) == pytest.approx(cfg.min_lr)
-    assert (f"steps 4 -> 8" in note[0] and f"at step 5 goes from {lr(5, 4):.3g} to {lr(5, 8):.3g}" in note[0]
+    assert ("steps 4 -> 8" in note[0] and f"at step 5 goes from {lr(5, 4):.3g} to {lr(5, 8):.3g}" in note[0]
             and "no warmup (it ended at step 2)" in note[0] and "cosine decay to 0.0001 at step 8" in note[0]), note
 
 
@@ -431,7 +431,8 @@ def test_a_checkpoint_write_failure_names_the_file_the_cause_and_the_last_good_c
 
     _write_text(tmp_path / "mytext.txt")
     env = {**os.environ, "DIFFTX_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-c", "import sys; from difftx.cli import main; sys.exit(main())", "train", *FAST, "--data", "mytext.txt", "--out", "run",
+    entry = "import sys; from difftx.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", entry, "train", *FAST, "--data", "mytext.txt", "--out", "run",
            "--no-progress", "--set", "ckpt_interval=2"]
     first = subprocess.run([*cmd[:-2], "--set", "steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr
