@@ -87,8 +87,23 @@ def _unavailable(name: str, error: Exception) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    prog = "difftx"
     interrupt = _InterruptWatch()
+    prog, code = "difftx", EXIT_INTERRUPTED
+    try:
+        if not interrupt.seen:  # else a Ctrl-C came while the CLI was imported (see difftx/__main__.py)
+            prog, code = _run(argv, interrupt)
+    except KeyboardInterrupt:  # one that came between the handler and the boundary inside _run
+        _debug_traceback()
+    code = interrupt.finish(code, prog)
+    distributed = sys.modules.get("difftx.training.distributed")  # loaded by any command that trains
+    if distributed is not None and distributed.under_torchrun():
+        distributed.exit_worker(code)  # a torchrun worker skips interpreter shutdown (see exit_worker)
+    return code
+
+
+def _run(argv: Optional[Sequence[str]], interrupt: "_InterruptWatch") -> tuple[str, int]:
+    """The command's name and exit code: the error boundary around parsing and running it."""
+    prog = "difftx"
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, category, *a, **k: print(
             f"{prog}: warning: {message}", file=sys.stderr)
@@ -97,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args = parser.parse_args(argv)
             if not getattr(args, "func", None):
                 parser.print_help()
-                return interrupt.finish(EXIT_OK, prog)
+                return prog, EXIT_OK
             prog = f"difftx {args.command}"
             code = int(args.func(args) or 0)
             sys.stdout.flush()  # a closed pipe is reported here, not at interpreter shutdown
@@ -111,11 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             else:
                 code = report_error(prog, e)
                 interrupt.said = code == EXIT_INTERRUPTED  # the error's line said it
-    code = interrupt.finish(code, prog)
-    distributed = sys.modules.get("difftx.training.distributed")  # loaded by any command that trains
-    if distributed is not None and distributed.under_torchrun():
-        distributed.exit_worker(code)  # a torchrun worker skips interpreter shutdown (see exit_worker)
-    return code
+    return prog, code
 
 
 class _InterruptWatch:
@@ -134,9 +145,13 @@ class _InterruptWatch:
         import threading
 
         self.seen, self.said, self._old = False, False, None
+        current = signal.getsignal(signal.SIGINT)
+        early = getattr(current, "hits", None)  # `python -m difftx`'s handler while the CLI was imported
         if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._old = signal.signal(signal.SIGINT, self._handle)
+                (current is signal.default_int_handler or early is not None):
+            signal.signal(signal.SIGINT, self._handle)
+            self._old = signal.default_int_handler if early is not None else current
+            self.seen = bool(early)  # a Ctrl-C that came while the CLI's modules were imported
 
     def _handle(self, signum, frame) -> None:
         self.seen = True
