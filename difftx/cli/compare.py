@@ -14,12 +14,14 @@ def register(sub) -> None:
                                    "and plots/ into --out. Re-running with the same --out resumes: finished "
                                    "trainings and evaluations are not redone.")
     p.add_argument("--preset", default="cpu",
-                   help="smoke | cpu | gpu-small (default cpu: about 3.5 min per seed on 2 CPU cores)")
+                   help="smoke | cpu | gpu-small (default cpu: about 3 min per seed on 2 CPU cores; 8 seeds: 25 min)")
     p.add_argument("--seeds", type=positive_int, default=1,
-                   help="number of paired seeds 0..K-1 (default 1, which gives no CI; make demo uses 5; seeds already "
-                        "in --out are reused)")
+                   help="number of paired seeds 0..K-1 (default 1; intervals from 6 seeds, verdicts on the 3 primaries "
+                        "from 7; make demo uses 8; seeds already in --out are reused)")
     p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/compare-PRESET)")
-    p.add_argument("--workers", type=int, default=None, help="models trained side by side (default: the preset's)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes side by side (default: the preset's); on a CPU each trains one arm's seeds as one "
+                        "stacked model (--set stack=1: every model alone)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
