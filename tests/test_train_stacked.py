@@ -148,3 +148,20 @@ def test_what_a_stack_refuses(tmp_path):
     assert not (tmp_path / "d1" / "metrics.jsonl").exists()
     done = train_stacked([_config(tmp_path, "d", 0, steps=10)], data=[ToySource()], model_config=model, resume=True)
     assert done[0].resumed_from == 5 and done[0].step == 10
+
+
+def test_a_diverging_model_stops_the_stack_naming_it(tmp_path, monkeypatch):
+    from difftx.training import TrainingDivergedError
+    from difftx.training.stacked import StackedTransformer
+
+    model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=16)
+    real = StackedTransformer.losses
+
+    def nan_for_the_second(self, *a, **k):
+        out = real(self, *a, **k)
+        return out * torch.tensor([1.0, float("nan"), 1.0])
+
+    monkeypatch.setattr(StackedTransformer, "losses", nan_for_the_second)
+    with pytest.raises(TrainingDivergedError, match=r"g1: loss is nan at step 1; stopped before applying"):
+        train_stacked([_config(tmp_path, "g", s) for s in SEEDS], data=[ToySource() for _ in SEEDS],
+                      model_config=model)

@@ -822,48 +822,24 @@ class _StackedRun:
                 r.logger.close()
         return [r.finish() for r in self.runs]
 
-    def _micro_losses(self, device: torch.device) -> tuple[torch.Tensor, Optional[str], int]:
-        """Each model's next micro-batch: its loss ``(K,)`` divided by ``grad_accum``, backward done."""
-        from .stacked import stack_batches
+    def step(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
+        """One optimizer step of every model (:func:`difftx.training.stacked.train_step`, what
+        :meth:`_Run.step` does for one model); a model whose loss or gradient is not finite stops the
+        stack before the update."""
+        from .stacked import StackDivergedError, train_step
 
         config = self.config
-        batches = [as_batch(r.loader.next_batch()) for r in self.runs]
-        sb = stack_batches(batches, device)
-        docs = sb.doc_ids[..., :-1] if config.doc_mask and sb.doc_ids is not None else None
-        loss = self.stack.losses(sb.tokens, sb.loss_mask, sb.mask_total, docs) / config.grad_accum  # (K,)
-        loss.sum().backward()
-        return loss.detach(), sb.kind, batches[0].tokens[:, :-1].numel()
-
-    def step(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
-        """One optimizer step of every model (what :meth:`_Run.step` does for one); a model whose
-        loss or gradient is not finite stops the stack before the update."""
-        from .stacked import clip_grad_norms_
-
-        config, device = self.config, self.runs[0].device
+        micro = [[as_batch(r.loader.next_batch()) for r in self.runs] for _ in range(config.grad_accum)]
         lr = lr_at(step, config)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        total, kinds, tokens = torch.zeros(self.k, device=device), {}, 0
-        for _ in range(config.grad_accum):
-            loss, kind, n = self._micro_losses(device)
-            total += loss
-            tokens += n
-            if kind is not None:
-                kinds.setdefault(kind, []).append(loss)
-        losses = total.tolist()
-        self._check_finite("loss", losses, step)
-        norms = clip_grad_norms_(self.stack, config.grad_clip if config.grad_clip > 0 else float("inf")).tolist()
-        self._check_finite("gradient norm", norms, step)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        per_kind = {kind: (torch.stack(v).sum(0) * config.grad_accum / len(v)).tolist() for kind, v in kinds.items()}
-        return [_StepOutcome(losses[i], norms[i], lr, tokens, {k: v[i] for k, v in per_kind.items()},
-                             signal.requested) for i in range(self.k)]
-
-    def _check_finite(self, what: str, values: list[float], step: int) -> None:
-        for r, v in zip(self.runs, values):
-            if not math.isfinite(v):
-                raise TrainingDivergedError(f"{r.out_dir}: " + _diverged(what, v, step, r.result.last_checkpoint))
+        try:
+            out = train_step(self.stack, self.optimizer, micro, lr, config.grad_clip, doc_mask=config.doc_mask)
+        except StackDivergedError as e:
+            r = self.runs[e.models[0]]
+            raise TrainingDivergedError(f"{r.out_dir}: " + _diverged(e.what, e.values[e.models[0]], step,
+                                                                     r.result.last_checkpoint)) from e
+        tokens = sum(batches[0].tokens[:, :-1].numel() for batches in micro)
+        return [_StepOutcome(out.losses[i], out.grad_norms[i], lr, tokens, out.kind_losses[i], signal.requested)
+                for i in range(self.k)]
 
     def after_step(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
         from .stacked import optimizer_state_of
