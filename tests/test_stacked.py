@@ -313,3 +313,39 @@ def test_long_sequences_blocks_and_recomputed_maps(arm):
         for name, p in stack.named_stacked():
             ref = dict(m.named_parameters())[name].grad
             torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max()) + 1e-9)
+
+
+def _benchmark(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_floor_counts_the_flops_of_each_product_form():
+    floor = _benchmark("step_floor")
+    assert floor.gemm_flops("aten::bmm", [[8, 1152, 64], [8, 64, 192]]) == 2 * 8 * 1152 * 64 * 192
+    assert floor.gemm_flops("aten::baddbmm_", [[512, 72, 16], [512, 72, 72], [512, 72, 16], [], []]) == \
+        2 * 512 * 72 * 72 * 16
+    assert floor.gemm_flops("aten::mm", [[10, 3], [3, 7]]) == 2 * 10 * 3 * 7
+    assert floor.gemm_flops("aten::addmm", [[7], [10, 3], [3, 7], [], []]) == 2 * 10 * 3 * 7
+
+
+def test_step_floor_benchmark_runs_on_the_mixture(tmp_path, capsys):
+    import json
+
+    floor = _benchmark("step_floor")
+    out = tmp_path / "floor.json"
+    assert floor.main(["--preset", "smoke", "--k", "2", "--steps", "4", "--warmup", "1", "--seeds", "2",
+                       "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert {r["arm"] for r in got["rows"]} == {"diff", "baseline"}
+    for r in got["rows"]:
+        assert 0 < r["gemm_share"] < 1 and r["gemm_gflop"] > 0 and r["draw_ms"] > 0
+        assert set(r["by_kind"]) <= {"needle", "lm", "icl"} and sum(v["steps"] for v in r["by_kind"].values()) == 4
+    assert 0 < got["floor_s"] < got["now_s"]
+    assert "matrix products alone at peak" in capsys.readouterr().out

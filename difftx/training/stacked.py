@@ -59,8 +59,9 @@ separate model-steps per CPU-second, paired medians with 95% intervals): at K = 
 and 1.26 [1.22, 1.37] (baseline) on LM batches, 1.25 [1.14, 1.33] and 1.26 [1.13, 1.33] on needle-like
 batches (loss on 3-9 positions per row); 1.1-1.2 at K = 1 (the kernels alone: RoPE into the kernel layout,
 the 640-wide head, fused residuals), 1.2-1.4 at K = 2 and 10. Far from 2x, for two measured reasons: a
-model's step at this size spends about half its time in matrix products, which run no faster batched
-(MKL's ``bmm`` is K ``gemm`` s of the one model's shapes, 35-55 GFLOP/s each either way); and the per-call
+stacked step at this size spends about 60% of its time in matrix products (``benchmarks/step_floor.py``),
+which run no faster batched (MKL's ``bmm`` is K ``gemm`` s of the one model's shapes, 30-74 GFLOP/s either
+way, against a peak of about 88 on one core); and the per-call
 cost that stacking removes is about 9 of the step's 40-50 ms (a step of 1 x 8 tokens: 11-12.5 ms for one
 model, 3-3.5 ms per model in a stack of 5), while the memory-bound elementwise work grows with K.
 ``torch.compile`` of the whole stacked loss (plain ops) took 149 s to compile and gained 10-15% over this
