@@ -84,12 +84,6 @@ def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_le
 def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
                backend: Optional[str] = None) -> torch.Tensor:
     """Per-token NLL ``(N, T)`` of ``windows`` ``(N, T + 1)``, in batches."""
-    import torch
-    from tqdm.auto import tqdm
+    from ..eval.lm import batched_token_nll
 
-    from ..eval.lm import token_nll
-
-    device = next(model.parameters()).device
-    parts = [token_nll(model, windows[i:i + batch_size].to(device), backend=backend).cpu()
-             for i in tqdm(range(0, windows.shape[0], batch_size), desc="lm eval", disable=not progress, leave=False)]
-    return torch.cat(parts) if parts else windows.new_zeros((0, windows.shape[1] - 1), dtype=torch.float32)
+    return batched_token_nll(model, windows, batch_size, backend=backend, progress=progress)
