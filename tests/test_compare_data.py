@@ -252,3 +252,42 @@ def test_a_folder_from_before_the_new_fields_still_resumes(tmp_path):
     (tmp_path / "compare.json").write_text(json.dumps(meta))
     res = run_compare("smoke", 1, tmp_path, progress=False, workers=1, **fast)
     assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())
+
+
+def test_a_comparison_moved_with_its_text_evaluates_from_anywhere(texts, tmp_path, capsys, monkeypatch):
+    """compare_task.json records your text's files also relative to the model: a comparison folder moved
+    together with its text (and evaluated from another directory) finds them where they are now."""
+    import shutil
+
+    from difftx.tasks.runner import evaluate_checkpoint
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    proj = tmp_path / "proj"
+    (proj / "text").mkdir(parents=True)
+    for name in ("corpus.txt", "heldout.txt"):
+        shutil.copy(texts / name, proj / "text" / name)
+    out = proj / "runs" / "cmp"
+    assert main(["compare", *FAST, "--data", str(proj / "text" / "corpus.txt"), "--heldout",
+                 str(proj / "text" / "heldout.txt"), "--set", "curve_points=0", "--seeds", "1", "--out", str(out)]) == 0
+    lm = json.loads((out / "results.json").read_text())["runs"]["0"]["diff"]["tasks"]["lm"]
+    moved = tmp_path / "elsewhere" / "proj2"
+    moved.parent.mkdir()
+    proj.rename(moved)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    model = moved / "runs" / "cmp" / "seed0" / "diff" / "model"
+    settings = get_preset("smoke").on_text("unused.txt").task_settings()["lm"].__class__(
+        windows=0, extrapolation_factors=(1,))
+    again = evaluate_checkpoint("lm", model, settings=settings, progress=False)
+    assert again["heldout"]["nll"] == lm["heldout"]["nll"]
+    assert again["source"] == f"all of {moved / 'text' / 'heldout.txt'}"
+    capsys.readouterr()
+    assert main(["eval", "lm", str(model), "--no-progress"]) == 0
+    # the comparison itself, continued there with the text's new paths: the same text by content, nothing retrained
+    record = (model.parent / "train.json").read_text()
+    assert main(["compare", *FAST, "--data", str(moved / "text" / "corpus.txt"), "--heldout",
+                 str(moved / "text" / "heldout.txt"), "--set", "curve_points=0", "--seeds", "1", "--out",
+                 str(moved / "runs" / "cmp")]) == 0
+    assert (model.parent / "train.json").read_text() == record
+    (moved / "text" / "heldout.txt").unlink()  # gone from both places: the saved path is named
+    assert main(["eval", "lm", str(model), "--no-progress"]) == 2
+    assert str(proj / "text" / "heldout.txt") in capsys.readouterr().err

@@ -116,6 +116,35 @@ class TextData:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    # the fields that name files (the tokenizer is read from the copy saved beside a compare model)
+    FILE_FIELDS = ("source", "heldout")
+
+    def relative_to(self, folder: str | os.PathLike) -> dict:
+        """``{field: path relative to folder}`` of :data:`FILE_FIELDS` (where a folder moved together with
+        its text finds it again); a field without a relative form (another drive) is left out."""
+        out = {}
+        for name in self.FILE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    out[name] = os.path.relpath(value, os.path.abspath(folder))
+                except ValueError:
+                    pass
+        return out
+
+    def found_from(self, folder: str | os.PathLike, relative: dict) -> TextData:
+        """This text with each file that is no longer at its saved absolute path looked up at its saved
+        path relative to ``folder`` (where the comparison is now); a file found nowhere keeps its path,
+        and reading it names it."""
+        moved = {}
+        for name in self.FILE_FIELDS:
+            value, rel = getattr(self, name), relative.get(name)
+            if value is not None and not os.path.exists(value) and isinstance(rel, str):
+                candidate = os.path.normpath(os.path.join(os.path.abspath(folder), rel))
+                if os.path.exists(candidate):
+                    moved[name] = candidate
+        return dataclasses.replace(self, **moved) if moved else self
+
 
 @dataclass(frozen=True)
 class CompareTask:
@@ -137,18 +166,27 @@ class CompareTask:
                    TextData(**data["text"]) if data.get("text") else None)
 
     def write(self, folder: str | os.PathLike) -> Path:
-        return _write_json(Path(folder) / TASK_FILE, self.to_dict())
+        """``folder/compare_task.json``; your text's files also relative to ``folder`` (``text_relative``)."""
+        data = self.to_dict()
+        if self.text is not None:
+            data["text_relative"] = self.text.relative_to(folder)
+        return _write_json(Path(folder) / TASK_FILE, data)
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> CompareTask:
         """The task of the compare model in ``folder`` (``ValueError`` naming the file when it is
-        missing, not JSON or not a compare task)."""
+        missing, not JSON or not a compare task). A text file gone from its absolute path is looked up
+        relative to ``folder`` (:meth:`TextData.found_from`): a comparison moved together with its text."""
         path = Path(folder) / TASK_FILE
         data = read_json(path, "the task vocabulary of a compare model")
         try:
-            return cls.from_dict(data)
+            task = cls.from_dict(data)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: does not describe a compare task ({e})") from None
+        relative = data.get("text_relative")
+        if task.text is not None and isinstance(relative, dict):
+            task = dataclasses.replace(task, text=task.text.found_from(folder, relative))
+        return task
 
 
 @dataclass
