@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=8, help="models per stack (default 8: make demo's seeds)")
     p.add_argument("--seeds", type=int, default=8, help="seeds of the comparison the floor is for (default 8)")
     p.add_argument("--steps", type=int, default=64, help="timed steps (default 64: 8 of the mixture's cycles)")
-    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=4, help="untimed steps first (default 4)")
     p.add_argument("--cores", type=int, default=2, help="processes training side by side (default 2)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
