@@ -167,15 +167,16 @@ def evaluate_lm(model: torch.nn.Module, windows: Tensor, *, bytes_per_token: flo
 
 
 def batched_token_nll(model: torch.nn.Module, windows: Tensor, batch_size: int = 8, *, backend: Optional[str] = None,
-                      progress: bool = False) -> Tensor:
-    """:func:`token_nll` of ``windows`` ``(N, T+1)`` in batches of ``batch_size`` windows: ``(N, T)`` on the CPU."""
+                      progress: bool = False, desc: str = "lm eval") -> Tensor:
+    """:func:`token_nll` of ``windows`` ``(N, T+1)`` in batches of ``batch_size`` windows: ``(N, T)`` on the CPU
+    (``desc``: the progress bar's label)."""
     from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
     # one output filled batch by batch: keeping each batch's small result instead pins the heap memory of the
     # large temporaries freed around it (measured: about 1 MB of resident memory per batch of 8 windows of 128)
     out = torch.empty((windows.shape[0], max(windows.shape[1] - 1, 0)), dtype=torch.float32)
-    for i in tqdm(range(0, windows.shape[0], batch_size), desc="lm eval", disable=not progress, leave=False):
+    for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, disable=not progress, leave=False):
         out[i:i + batch_size].copy_(token_nll(model, windows[i:i + batch_size].to(device), backend=backend))
     return out
 
@@ -193,17 +194,12 @@ def length_extrapolation(model: torch.nn.Module, stream: Sequence[int] | Tensor,
     (every part of a multi-work held-out text is represented). ``result[f].extra`` holds the mean
     NLL within the training length and beyond it (``f > 1``).
     """
-    from tqdm.auto import tqdm
-
     for f in factors:
         if not isinstance(f, int) or f <= 0:
             raise ValueError(f"factors: must be positive integers, got {f!r}")
     w, _ = spread_windows(torch.as_tensor(stream, dtype=torch.long).flatten(), max(factors) * train_len, max_windows)
-    device = next(model.parameters()).device
-    parts = [token_nll(model, w[i:i + batch_size].to(device), backend=backend).cpu()
-             for i in tqdm(range(0, w.shape[0], batch_size), desc="length extrapolation", disable=not progress,
-                           leave=False)]
-    nll, hits = torch.cat(parts), ar_hit_mask(w)  # (N, max_factor * train_len)
+    nll = batched_token_nll(model, w, batch_size, backend=backend, progress=progress, desc="length extrapolation")
+    hits = ar_hit_mask(w)  # (N, max_factor * train_len)
     out: dict[int, LMResult] = {}
     for f in sorted(factors):
         n = f * train_len
