@@ -3,7 +3,8 @@
 - :func:`atomic_write`: a file is written whole or not at all;
 - :func:`dumps_strict`: strict JSON out (no NaN or Infinity);
 - :func:`read_json`: JSON in, with one error wording for a missing or corrupt file;
-- :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode.
+- :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode;
+- :func:`open_lock_file`: a lock file opened (or created) without following a symbolic link.
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ def umask_mode(folder: bool = False) -> int:
     mask = os.umask(0)
     os.umask(mask)
     return (0o777 if folder else 0o666) & ~mask
+
+
+def open_lock_file(path: PathLike) -> int:
+    """A file descriptor (read-write) on the lock file ``path``, created if missing. A symbolic link
+    there is never followed (its target could be anyone's file, and lock files are truncated and
+    rewritten): ``FileExistsError`` whose ``strerror`` says to remove the link."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise FileExistsError(e.errno, "a symbolic link, which is not followed; remove it", str(path)) from None
+        raise
 
 
 def _likely_write_errno(path: PathLike) -> Optional[int]:

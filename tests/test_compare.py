@@ -12,7 +12,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
 from difftx.compare.schema import validate_results
-from difftx.compare.summary import DIFFERENT_RUNS
+from difftx.compare.summary import DIFFERENT_RUNS, ONE_PER_STACK
 from difftx.compare.stream import CompareStream
 from difftx.compare.stream import batch_for_step, lm_streams
 from difftx.tasks.training import first_learned_step
@@ -316,6 +316,9 @@ def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
     train["learned_step"], train["last_probe_step"] = None, 6  # one model never learned: counted as step 6
     c = paired_comparisons(res, settings)["needle_learned_step"]
     assert c["baseline"] == [6.0, 6.0] and c["gated"] is None
+    # steps lie in [0, last probe step]: the comparison is bounded there (intervals inside the budget)
+    last = max(r[k]["tasks"]["training"]["last_probe_step"] for r in res["runs"].values() for k in r)
+    assert c["bounds"] == [0.0, float(last)] and c["paired"]["tests"] == "the mean"
     for r in res["runs"].values():
         for k in r:
             r[k]["tasks"]["training"]["learned_step"] = None
@@ -549,7 +552,10 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "## Arms" in report and "| metric | baseline | diff | gated | no_subtraction |" in report
     assert "**gated vs baseline**" in report
-    assert res["arm_comparisons"]["gated vs baseline"]["train_tokens_per_s"]["gated"] is None  # one invocation
+    # one invocation, but each arm's two seeds trained as one stack: one throughput measurement per stack
+    tput = res["arm_comparisons"]["gated vs baseline"]["train_tokens_per_s"]
+    assert tput["gated"] == ONE_PER_STACK and tput["paired"]["low"] is None and tput["cis"]["gated"] == [None, None]
+    assert "one measurement per stack" in report and "not a sample of seeds (no interval)" in report
     capsys.readouterr()
     # a later run with other arms: the finished ones are reused, the new one is trained; machine measurements
     # (throughput, loss at equal wall-clock) are not compared across invocations
@@ -560,7 +566,7 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     assert list(res["arms"]) == ["baseline", "diff", "gated", "baseline_head_norm"]
     assert sorted(k for k, d in res["this_run"].items() if d["trained"]) == ["seed0/baseline_head_norm",
                                                                              "seed1/baseline_head_norm"]
-    assert res["comparison"]["train_tokens_per_s"]["gated"] is None
+    assert res["comparison"]["train_tokens_per_s"]["gated"] == ONE_PER_STACK
     new_vs_old = res["arm_comparisons"]["baseline_head_norm vs baseline"]
     assert new_vs_old["train_tokens_per_s"]["gated"] == DIFFERENT_RUNS
     assert new_vs_old["grad_spikes"]["gated"] is None  # not a machine measurement
@@ -577,8 +583,15 @@ def test_token_efficiency_from_the_held_out_curves(smoke):
     assert e["tokens"] == sorted({t for t in curve["tokens"] if t > 0}) and len(e["ratios"]) == len(e["tokens"])
     assert all(r["value"] is None or r["value"] > 0 for r in e["ratios"])
     assert len(e["per_seed"]) == 2 and e["overall"]["n"] in (0, 2)
-    assert "## Token efficiency (paper Fig. 3b)" in (smoke / "report.md").read_text()
+    report = (smoke / "report.md").read_text()
+    assert "## Token efficiency (paper Fig. 3b)" in report
     assert (smoke / "plots" / "token_efficiency.png").is_file()
+    # the gap in nats at every point both arms' curves share, paired over seeds (issue 30)
+    gap = e["gap"]
+    assert [g["tokens"] for g in gap] == e["tokens"] and all(len(g["values"]) == 2 and g["n"] == 2 for g in gap)
+    assert "gap, nats [95%] (per seed)" in report and (smoke / "plots" / "gap_along_training.png").is_file()
+    assert res["regime"]["diff"]["n_layers"] == res["arms"]["diff"]["config"]["n_layers"]
+    assert "## Regime (against the paper's recipe)" in report
 
 
 def test_a_machine_measurement_is_present_whatever_the_timing(smoke):

@@ -87,6 +87,18 @@ def _wait_for_training(out: Path, proc: subprocess.Popen, timeout: float = 120.0
     raise AssertionError("no training step logged in time")
 
 
+def _two_workers(out: Path, stack: int, output) -> subprocess.Popen:
+    """`compare --seeds 2 --workers 2` of 3000 steps started in its own session (``output``: where its
+    stdout and stderr go)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress",
+           *as_sets({**FAST, "steps": 3000, "log_every": 1, "probe_every": 0, "stack": stack})]
+    entry = "import sys; from difftx.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", entry, *cmd], env=env, cwd=str(root), text=True,
+                            stdout=output, stderr=output, start_new_session=True)
+
+
 @pytest.mark.parametrize("sig, group, stack", [("SIGTERM", False, 1), ("SIGINT", True, 0)])
 def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, group, stack):
     """With --workers 2, SIGTERM to compare alone (a scheduler) or SIGINT to its process group (Ctrl-C
@@ -97,14 +109,8 @@ def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, gro
     two seeds as a stack, and all four stop with a checkpoint."""
     import time
 
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = tmp_path / "run"
-    cmd = ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "2", "--no-progress",
-           *as_sets({**FAST, "steps": 3000, "log_every": 1, "probe_every": 0, "stack": stack})]
-    entry = "import sys; from difftx.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", entry, *cmd], env=env, cwd=str(root), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = _two_workers(out, stack, subprocess.PIPE)
     try:
         _wait_for_training(out, proc)
         if group:
@@ -117,6 +123,7 @@ def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, gro
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert f"stopped by {sig}" in err and "run the same command again to continue" in err, err[-2000:]
+    assert "--resume" not in err, err[-2000:]  # compare has none: the trainer's lines say to run compare again
     for seed in (0, 1) if stack != 1 else (0,):
         for arm in ("diff", "baseline"):
             run = out / f"seed{seed}" / arm / "train"
@@ -128,3 +135,76 @@ def test_a_signal_stops_the_worker_processes_with_checkpoints(tmp_path, sig, gro
     sizes = {p: p.stat().st_size for p in out.glob("seed*/*/train/metrics.jsonl")}
     time.sleep(1.5)
     assert sizes == {p: p.stat().st_size for p in sizes}, "a worker outlived compare and went on training"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc")
+def test_workers_end_when_compare_is_killed(tmp_path):
+    """Issue 31 item 3: `kill -9` of compare --workers 2 (sent once both workers are training): no worker
+    is left after 10 s, and each stopped with a checkpoint. Before, they trained on as orphans and then
+    hung forever in a read of the dead parent's pipe."""
+    import time
+
+    out = tmp_path / "run"
+    proc = _two_workers(out, 1, subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        _wait_for_training(out, proc)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        proc.kill()
+        proc.wait(timeout=30)
+        end = time.monotonic() + 10
+        while any(_alive(w) for w in workers) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not [w for w in workers if _alive(w)], "a worker outlived its killed parent by 10 s"
+    finally:
+        for w in workers:
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
+    for arm in ("diff", "baseline"):  # each stopped after a step with a checkpoint: a re-run continues there
+        assert list((out / "seed0" / arm / "train" / "checkpoints").glob("step_*"))
+
+
+def test_sigterm_during_an_evaluation_exits_130_with_a_line(tmp_path, capsys, monkeypatch):
+    """Issue 31: SIGTERM (sent from a hook as the first evaluation starts) with --workers 1 ends compare
+    with exit code 130 and one line; the same command then finishes. Before, it died silently (143)."""
+    from difftx.compare import run as run_mod
+
+    original, fired = run_mod.evaluate_model, []
+
+    def evaluate(*args, **kw):
+        if not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(run_mod, "evaluate_model", evaluate)
+    out = tmp_path / "run"
+    cmd = ["compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1", "--no-progress",
+           *as_sets(FAST)]
+    assert main(cmd) == 130 and fired
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stopped by SIGTERM outside training" in err, err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+    monkeypatch.undo()
+    assert main(cmd) == 0

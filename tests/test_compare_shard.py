@@ -85,3 +85,92 @@ def test_a_held_model_is_skipped_by_a_shard(tmp_path):
         assert os.read(r, 1) == b"0"
     with job_lock(folder, wait=False) as again:  # released when the holder is done
         assert again
+
+
+def test_shards_partition_models_not_stacks():
+    """Issue 31 item 1: the unit of a shard is a model (seed, arm), chosen from the command line alone;
+    each shard stacks what it holds. Before, the jobs (stacks) were sharded: with 16 seeds and N = 8,
+    shards 1 and 2 got 16 models each and shards 3-8 none; `--seeds 3 --shard 3/3` got 0."""
+    from difftx.compare import get_preset
+    from difftx.compare import run as run_mod
+
+    plan = get_preset("cpu").resolve()
+    seeds = list(range(16))
+    parts = [run_mod.plan_models(plan, seeds, (k, 8)) for k in range(1, 9)]
+    assert [len(p) for p in parts] == [4] * 8
+    assert sorted(m for p in parts for m in p) == sorted((s, a) for s in seeds for a in plan.arms)
+    assert parts[0] == [(0, "baseline"), (4, "baseline"), (8, "baseline"), (12, "baseline")]
+    assert all(len(run_mod.plan_models(plan, seeds, (k, 32))) == 1 for k in range(1, 33))
+    assert run_mod.plan_models(plan, [0, 1, 2], (3, 3)) == [(1, "baseline"), (2, "diff")]
+    # the stacks of a shard hold its models only, whatever the stack size (memory, --workers)
+    for k in (1, 2, 4, 16):
+        jobs = run_mod.plan_jobs(plan, seeds, Path("out"), k, (1, 8))
+        assert sorted((s, a) for a, ss, _ in jobs for s in ss) == parts[0] and max(len(j[1]) for j in jobs) <= k
+    assert run_mod.plan_models(plan, seeds, (2, 8), offset=3) == run_mod.plan_models(plan, seeds, (7, 8))  # scale
+
+
+def test_eight_shards_of_sixteen_seeds_equal_one_run(tmp_path, capsys):
+    """16 seeds x 2 arms in 8 shards (one after the other here; on a cluster, side by side): every shard
+    trains 4 models (its plan printed first), and the assembled results are one run's (timings aside)."""
+    def cmd(out: Path) -> list[str]:
+        return ["compare", "--preset", "smoke", "--seeds", "16", "--out", str(out), "--no-progress", "--workers",
+                "1", *as_sets({**FAST, "probe_every": 0})]
+
+    sharded = tmp_path / "sharded"
+    for k in range(1, 9):
+        assert main(cmd(sharded) + ["--shard", f"{k}/8"]) == 0
+        out = capsys.readouterr().out
+        assert f"shard {k}/8: 4 of the 32 models of {sharded}: seed{(k - 1) // 2}/" in out, out
+        assert f"shard {k}/8: 4 of its 4 model(s) done here" in out, out
+    assert len(list(sharded.glob("seed*/*/train.json"))) == 32
+    assert main(cmd(sharded)) == 0
+    single = tmp_path / "single"
+    assert main(cmd(single)) == 0
+    got, want = (json.loads((d / "results.json").read_text()) for d in (sharded, single))
+    assert not any(v["trained"] for v in got["this_run"].values())  # the assembling run trained nothing
+    for key, c in want["comparison"].items():
+        if key not in TIMED:
+            for arm, vals in c["values"].items():
+                assert got["comparison"][key]["values"][arm] == pytest.approx(vals, rel=1e-4, abs=1e-6), key
+
+
+def test_an_assembler_waiting_for_a_held_model_says_whom_it_waits_for(tmp_path, capsys):
+    """Issue 31: the holder of ``.job.lock`` writes its pid and host there, and a run that waits for it
+    (the assembling run) says so on stderr. Before, it waited in silence."""
+    import socket
+    import threading
+    import time
+
+    folder = tmp_path / "seed0" / "diff"
+    got: list = []
+    with job_lock(folder, wait=False) as held:
+        assert held and (folder / ".job.lock").read_text() == f"pid {os.getpid()} host {socket.gethostname()}\n"
+        waiter = threading.Thread(target=lambda: got.append(job_lock(folder, wait=True).__enter__()))
+        waiter.start()
+        end = time.monotonic() + 30
+        while "waiting for" not in (err := capsys.readouterr().err) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert f"waiting for {folder}: another invocation holds it (pid {os.getpid()} host" in err, err
+        assert not got  # still waiting while the lock is held
+    waiter.join(timeout=30)
+    assert got == [True]
+
+
+def test_scale_shards_partition_the_models_of_every_size():
+    """Issue 31 item 1, in `scale`: the offset of a size counts models, and so do the shards now. With
+    scale-cpu (4 sizes x 3 seeds x 2 arms) and N = 24 every shard trains one model; before, 8 got work."""
+    from difftx.compare.run import plan_models
+    from difftx.compare.scale import SCALE_PRESETS, plan_sizes
+
+    sc = SCALE_PRESETS["scale-cpu"]
+    plans = plan_sizes(sc.compare, list(sc.sizes), tokens_per_param=sc.tokens_per_param, **sc.overrides)
+    seeds = list(range(sc.seeds))
+    n = len(plans) * len(seeds) * 2
+    got = []
+    for k in range(1, n + 1):
+        offset, mine = 0, []
+        for sp in plans:  # as run_scale gives each size its offset
+            mine += [(sp.name, *m) for m in plan_models(sp.preset.resolve(), seeds, (k, n), offset)]
+            offset += len(seeds) * len(sp.params)
+        got.append(mine)
+    assert [len(m) for m in got] == [1] * n and len({m for ms in got for m in ms}) == n

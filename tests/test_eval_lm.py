@@ -171,11 +171,66 @@ def test_lm_task_counts_distinct_tokens(tmp_path):
     assert over["windows"] == 40 and over["tokens"] == 40 * 16 and over["distinct_tokens"] == 299
 
 
+def test_lm_task_records_blocks_of_consecutive_windows():
+    """Every token of a 40,000-token stream in consecutive windows: the LM task records that they
+    are consecutive, cuts them into blocks (whole documents where the stream's documents are known),
+    and ``lm_nll``'s per-example values for ``difftx compare`` are the blocks' token-weighted means;
+    64 windows spread over a long stream make blocks by their place in it."""
+    import numpy as np
+
+    from difftx.tasks.lm import TASK, LMSettings, _examples_sentence
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, dim=16, n_layers=1, n_heads=1, max_seq_len=64))
+
+    def subject(n_tokens, offsets=None):
+        class Held:
+            tokens = torch.randint(0, 50, (n_tokens,))
+            source, bytes_per_token, train_len, doc_offsets = "a stream", 1.0, 64, offsets
+
+        class Subject:
+            data = "a file"
+
+            def heldout(self):
+                return Held()
+
+        Subject.model = model
+        return Subject()
+
+    settings = LMSettings(extrapolation_factors=(1,), batch_size=64)
+    res = TASK.run(subject(40_001), settings)
+    dep, ci = res["dependence"], res["heldout"]["nll_interval"]
+    assert dep["consecutive"] and dep["by"] == "position" and dep["bounds"][-1] == res["windows"] == 625
+    assert dep["span"] == 40_000 and dep["min_block_tokens"] == 8192
+    assert ci["blocks"] == 4 and ci["low"] < res["heldout"]["nll"] < ci["high"]
+    lm_nll = next(m for m in TASK.metrics(settings) if m.key == "lm_nll")
+    examples = lm_nll.per_example(res)
+    w = np.asarray(res["records"]["window_nll"])
+    assert examples == pytest.approx([w[a:b].mean() for a, b in zip(dep["bounds"], dep["bounds"][1:])])
+    assert np.mean(examples) == pytest.approx(res["heldout"]["nll"], abs=1e-5)
+    assert "the interval's examples are 4 blocks of windows spanning at least 8,192 tokens of text each" in \
+        _examples_sentence(res)
+    # documents known: blocks of whole documents (three documents: too few for an interval)
+    docs = TASK.run(subject(40_001, offsets=np.array([0, 10_000, 30_000, 40_001])), settings)
+    assert docs["dependence"]["by"] == "document" and docs["dependence"]["bounds"] == [0, 157, 469, 625]
+    assert docs["heldout"]["nll_interval"]["low"] is None
+    # windows spread over a long stream: 16 blocks of 4 windows by their place in it
+    spread = TASK.run(subject(200_000), LMSettings(windows=64, extrapolation_factors=(1,), batch_size=64))
+    assert not spread["dependence"]["consecutive"] and spread["dependence"]["bounds"] == list(range(0, 65, 4))
+    w = np.asarray(spread["records"]["window_nll"])
+    assert lm_nll.per_example(spread) == pytest.approx(w.reshape(16, 4).mean(1).tolist())
+    # a result recorded before blocks were: every window its own example
+    old = {k: v for k, v in spread.items() if k != "dependence"}
+    assert lm_nll.per_example(old) == pytest.approx(w.tolist())
+    assert _examples_sentence(old) == "The windows are the examples of the interval."
+
+
 def test_runs_pairs_windows_only_on_the_same_text():
-    """``difftx runs --nll``'s paired column: per window on the same text (a t interval over the
-    windows, no per-window sign-flip matrix: 50,000 windows take no memory to speak of); runs
-    scored on other text are not paired."""
+    """``difftx runs --nll``'s paired column: per window on the same text (a result without blocks:
+    a t interval over windows; else over blocks of them), no per-window sign-flip matrix: 50,000
+    windows take no memory to speak of; runs scored on other text are not paired."""
     from difftx.cli.runs import paired_nll
+    from difftx.eval.blocks import block_bounds
 
     rng = torch.Generator().manual_seed(0)
     base = (3 + torch.randn(50_000, generator=rng)).tolist()
@@ -185,6 +240,103 @@ def test_runs_pairs_windows_only_on_the_same_text():
     mean, lo, hi = paired_nll(res, ref)
     assert mean == pytest.approx(0.01, abs=1e-3) and lo < 0 < hi and hi - lo < 2e-3
     assert paired_nll({**res, "text_id": "b"}, ref).startswith("not paired")
+    blocks = {"consecutive": True, "bounds": block_bounds([64] * 50_000), "min_block_tokens": 8192, "by": "position"}
+    b_mean, b_lo, b_hi = paired_nll({**res, "dependence": blocks}, {**ref, "dependence": blocks})
+    assert b_mean == pytest.approx(mean) and b_lo < 0 < b_hi and b_hi - b_lo < 4e-3
+
+
+def _blocks_by_hand(values, tokens, count):
+    """The 95% batch-means interval written out: ``count`` contiguous groups of (nearly) equal
+    windows, their token-weighted means, sd / sqrt(count), the t quantile on count - 1 df."""
+    import numpy as np
+
+    from difftx.eval.stats import t_quantile
+
+    v, w = np.asarray(values), np.asarray(tokens, dtype=float)
+    groups = np.array_split(np.arange(v.size), count)
+    means = np.array([(v[g] * w[g]).sum() / w[g].sum() for g in groups])
+    mean = (v * w).sum() / w.sum()
+    h = t_quantile(0.975, count - 1) * means.std(ddof=1) / np.sqrt(count)
+    return mean - h, mean + h
+
+
+def test_eval_lm_and_runs_nll_print_intervals_over_blocks(tmp_path, capsys, monkeypatch):
+    """Every token of a 42 KB file (byte tokens) is scored in consecutive windows of 32: the
+    NLL intervals of ``eval lm`` and ``runs --nll`` (one run, and the paired difference) are over 5
+    blocks of about 8.4k tokens, say so, and agree with batch means written out by hand; 40 windows
+    spread over the text make 5 blocks of 8 windows."""
+    import json
+    import random
+    import re
+
+    from difftx.cli import main
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    r = random.Random(0)
+    words = ["river", "lantern", "apple", "the", "a", "weaver", "boat", "sleeps", "turns", "of", "and"]
+    Path = __import__("pathlib").Path
+    Path("text.txt").write_text("\n".join(" ".join(r.choice(words) for _ in range(12)) for _ in range(600)) + "\n")
+    Path("held.txt").write_text("\n".join(" ".join(r.choice(words) for _ in range(10)) for _ in range(800)) + "\n")
+    for out, extra in (("a", []), ("b", ["--baseline"])):
+        assert main(["train", "--preset", "test", "--set", "steps=3", "--set", "eval_interval=0", "--data", "text.txt",
+                     "--out", out, "--no-progress", *extra]) == 0
+    capsys.readouterr()
+
+    assert main(["eval", "lm", "a", "--data", "held.txt", "--no-progress", "--json", "a.json"]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(Path("a.json").read_text())
+    dep, ci = res["dependence"], res["heldout"]["nll_interval"]
+    assert dep["consecutive"] and dep["by"] == "position" and len(dep["bounds"]) - 1 == ci["blocks"] == 5
+    assert res["tokens"] == res["stream_tokens"] - 1 == Path("held.txt").stat().st_size  # byte tokens, a separator
+    assert res["tokens"] // 8192 == 5 and ci["df"] == pytest.approx(4, abs=0.01)
+    lo, hi = _blocks_by_hand(res["records"]["window_nll"], res["records"]["window_tokens"], 5)
+    assert (ci["low"], ci["high"]) == pytest.approx((lo, hi), abs=2e-3)  # array_split's groups differ by a window
+    assert f"NLL {res['heldout']['nll']:.4f} nats [95% CI {ci['low']:.4f}, {ci['high']:.4f}]" in printed
+    flat = " ".join(printed.split())
+    assert ("(NLL interval: every token is scored once, so the text's own mean has no sampling error: the interval "
+            "is about text like it; windows of one text are not independent, so its units are 5 blocks of about "
+            f"{res['windows'] / 5:,.0f} consecutive windows spanning about {res['tokens'] / 5:,.0f} tokens of text "
+            "each (t, 4.0 df))") in flat, printed
+    mine = printed[printed.index("NLL "):printed.index("length extrapolation")].splitlines()
+    assert len(mine) == 5 and max(len(line) for line in mine) <= 100, mine
+
+    # windows spread over the text: blocks by their place in it
+    assert main(["eval", "lm", "a", "--data", "held.txt", "--windows", "40", "--no-progress", "--json",
+                 "spread.json"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    spread = json.loads(Path("spread.json").read_text())
+    assert not spread["dependence"]["consecutive"] and spread["heldout"]["nll_interval"]["blocks"] == 5
+    assert "about text like it; windows of one text are not independent, so its units are 5 blocks of about 8 " \
+           "windows spanning about" in flat, flat
+
+    # the same text as 6 JSONL records: its documents are known, and blocks hold whole ones
+    lines = Path("held.txt").read_text().splitlines()
+    Path("held.jsonl").write_text("".join(json.dumps({"text": "\n".join(lines[i:i + 134])}) + "\n"
+                                          for i in range(0, 800, 134)))
+    assert main(["eval", "lm", "a", "--data", "held.jsonl", "--no-progress", "--json", "docs.json"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    docs = json.loads(Path("docs.json").read_text())
+    assert docs["dependence"]["by"] == "document" and docs["heldout"]["nll_interval"]["blocks"] == 5
+    assert "its units are 5 blocks of about" in flat and "tokens of whole documents each" in flat
+
+    assert main(["runs", "a", "b", "--nll", "--data", "held.txt"]) == 0
+    table = capsys.readouterr().out
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if "held-out NLL [95% CI]" in line)
+    a_row, b_row = lines[at + 2:at + 4]
+    nll_a, lo_a, hi_a = (float(x) for x in re.findall(r"\d+\.\d{4}", a_row)[-3:])
+    assert (lo_a, hi_a) == pytest.approx((ci["low"], ci["high"]), abs=1e-4)
+    assert main(["eval", "lm", "b", "--data", "held.txt", "--no-progress", "--json", "b.json"]) == 0
+    ref = json.loads(Path("b.json").read_text())
+    d = [x - y for x, y in zip(ref["records"]["window_nll"], res["records"]["window_nll"])]
+    lo, hi = _blocks_by_hand(d, res["records"]["window_tokens"], 5)
+    paired, p_lo, p_hi = (float(x) for x in re.findall(r"[-+]?\d+\.\d{4}", b_row)[-3:])
+    assert paired == pytest.approx(ref["heldout"]["nll"] - res["heldout"]["nll"], abs=2e-4)
+    assert (p_lo, p_hi) == pytest.approx((lo, hi), abs=2e-3)
+    assert "- the NLL interval: every token is scored once, so the text's own mean has no sampling error" in table
+    assert "(t, 4.0 df)" in table
+    assert "with the same\n  units (text noise only" in table
 
 
 _RESIDENT_SCRIPT = """

@@ -28,10 +28,25 @@ def test_scale_end_to_end(tmp_path, capsys):
     assert [z["name"] for z in s["sizes"]] == ["16x1x1", "32x1x1", "48x2x1"]
     assert all(z["params"]["baseline"] > 0 for z in s["sizes"])
     eff = s["efficiency"]["diff"]
+    assert s["schema_version"] == 2 and eff["method"] == "floor"
     assert len(eff["ratios"]) == 3 and all(r["value"] is None or r["value"] > 0 for r in eff["ratios"])
+    assert len(eff["loglog"]["ratios"]) == 3 and len(eff["loglog"]["fits"]["arm"]) == 2  # the straight line, per seed
+    assert 0 <= eff["fit"]["floor"] and set(eff["lack_of_fit"]) == {"arm", "reference", "rms"}
     assert len(s["heldout_nll"]["diff"]) == 2 and len(s["heldout_nll"]["diff"][0]) == 3
     md = (out / "scale.md").read_text()
-    assert "ratio [95%]" in md and "62.2%" in md
+    assert "ratio, floor fit [95%]" in md and "ratio, straight line [95%]" in md and "62.2%" in md
+    assert "Lack of fit of the straight log-log line" in md and "Floor fit: E = " in md
+    assert "floor fit L = E + A N^-b" in printed
+    # issue 30: the gap in nats per size beside the ratio, the ratio's sensitivity, the regime
+    gap = s["gap"]["diff"]
+    assert len(gap) == 3 and all(g["n"] == 2 and len(g["values"]) == 2 for g in gap)
+    assert all(abs(g["mean"] - (sum(s["heldout_nll"]["diff"][k][i] for k in range(2))
+                                - sum(s["heldout_nll"]["baseline"][k][i] for k in range(2))) / 2) < 1e-9
+               for i, g in enumerate(gap))
+    assert all(x["fit"] == "floor" and x["at_params"] > 0 for x in eff["sensitivity"])
+    assert [z["regime"]["diff"]["n_layers"] for z in s["sizes"]] == [1, 1, 2]
+    assert all(z["regime"]["diff"]["tokens_per_param"] > 0 for z in s["sizes"])
+    assert "gap, nats [95%] (per seed)" in md and "0.01 nats =" in md and "## Regime (against the paper's recipe)" in md
     for size in ("16x1x1", "32x1x1", "48x2x1"):
         assert (out / f"size={size}" / "results.json").is_file()
     # a second run reuses every size: nothing is trained again
@@ -80,6 +95,18 @@ def test_scale_on_your_own_text(tmp_path, capsys):
     s = json.loads((out / "scale.json").read_text())
     r = json.loads((out / "size=16x1x1" / "results.json").read_text())
     assert r["text"]["source"].endswith("t.txt") and "ratios" in s["efficiency"]["diff"]
+    assert s["efficiency"]["diff"]["method"] == "loglog"  # two sizes: no floor can be fitted
+    assert "Two sizes: a floor needs at least 3" in (out / "scale.md").read_text()
     assert main(["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--out", str(tmp_path / "x"),
                  "--heldout", str(text)]) == 2
     assert "apply with --data" in capsys.readouterr().err
+
+
+def test_crossover_text_reads_every_kind_of_interval():
+    from difftx.compare.scale import _crossover_text
+
+    base = {"params": 2.5e4, "extrapolated": True, "note": None}
+    assert "interval unbounded" in _crossover_text({**base, "low": None, "high": None}, "floor curves")
+    assert "[< 1, 2.28e+04]" in _crossover_text({**base, "low": 3.8e-188, "high": 2.28e4}, "straight lines")
+    assert "[1e+04, 5e+04]" in _crossover_text({**base, "low": 1e4, "high": 5e4}, "lines")
+    assert "none (they do not cross)" in _crossover_text({"params": None, "note": "they do not cross"}, "lines")

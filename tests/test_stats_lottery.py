@@ -64,7 +64,7 @@ def lottery(monkeypatch):
 
 
 def _run(rng, reps: int, **kw) -> list[dict]:
-    return [summary.all_comparisons(_simulate(rng, **kw), {"lottery": None})["diff vs baseline"]
+    return [summary.all_comparisons(_simulate(rng, **kw), {"lottery": None}, power=False)["diff vs baseline"]
             for _ in range(reps)]
 
 

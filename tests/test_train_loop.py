@@ -316,3 +316,32 @@ def test_flex_backend_is_refused_for_cpu_training_before_any_step(tmp_path, corp
     with pytest.raises(ValueError, match="'flex' backend has no backward pass on CPU"):
         train(_cfg(tmp_path / "flex", corpus, model_overrides={"backend": "flex"}), data=corpus[2])
     assert not (tmp_path / "flex" / "checkpoints").exists()
+
+
+def test_a_stop_between_two_log_records_loses_no_step_of_the_next(tmp_path, corpus):
+    """Issue 31: a run stopped between two records by SIGTERM (sent from a probe after step 6: it stops
+    after step 7 with a checkpoint) and resumed writes the next record over every step since the last
+    one, as an uninterrupted run does. Before, the sums of the steps before the stop were lost: that
+    record averaged only the steps after the resume."""
+    import os
+    import signal
+
+    data = corpus[2]
+    train(_cfg(tmp_path / "full", corpus, steps=8, log_interval=4, ckpt_interval=0), data=data)
+    cfg = _cfg(tmp_path / "resumed", corpus, steps=8, log_interval=4, ckpt_interval=0)
+    calls = []
+
+    def sigterm_after_step_6(model):
+        calls.append(1)
+        if len(calls) == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {}
+
+    stopped = train(cfg, data=data, probes=(1, sigterm_after_step_6))
+    assert stopped.stopped_by == "SIGTERM" and stopped.step == 7
+    train(cfg, data=data, resume=True)
+    timed = ("tokens_per_s", "time_s")
+    got, want = ([{k: v for k, v in r.items() if k not in timed} for r in read_metrics(d / "metrics.jsonl")
+                  if "loss" in r] for d in (tmp_path / "resumed", tmp_path / "full"))
+    assert [r["step"] for r in got] == [4, 8] and len(got[1]["grad_norms"]) == 4
+    assert got == want

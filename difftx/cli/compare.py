@@ -18,7 +18,9 @@ def register(sub) -> None:
     p.add_argument("--seeds", type=positive_int, default=1,
                    help="number of paired seeds 0..K-1 (default 1; intervals from 6 seeds, verdicts on the 3 primaries "
                         "from 7; make demo uses 8; seeds already in --out are reused)")
-    p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/compare-PRESET)")
+    p.add_argument("--out", default=None, type=output_dir,
+                   help="output folder (default runs/compare-PRESET): new, empty, or one compare wrote (then it "
+                        "resumes); another non-empty folder, a `difftx train` run or one inside --data is refused")
     p.add_argument("--workers", type=int, default=None,
                    help="processes side by side (default: the preset's); on a CPU each trains one arm's seeds as one "
                         "stacked model (--set stack=1: every model alone)")
@@ -37,7 +39,8 @@ def register(sub) -> None:
                         "and --out/sweep.md: every arm's primary metrics per value and at its own best value")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="on a cluster: invocation K of N trains and evaluates only its share of the models (every "
-                        "N-th, from the K-th) into the shared --out and writes no report; each model is locked, so "
+                        "N-th (seed, arm), from the K-th; it prints them and stacks them) into the shared --out and "
+                        "writes no report; each model is locked, so "
                         "nothing is done twice. Run once more without --shard to assemble the report (see "
                         "docs/compare.md for a Slurm job array)")
     p.add_argument("--data", metavar="PATH",

@@ -40,11 +40,12 @@ def register(sub) -> None:
         t = tasks.add_parser(name, help=task.help, description=(task.description or task.help).rstrip(".") + ".")
         t.add_argument("checkpoint", help="checkpoint or run folder")
         t.add_argument("--tokenizer", help="tokenizer of a text model (default: the one saved with it, else byte)")
-        t.add_argument("--data", help="held-out text for a text model: every token of this file is scored (default: "
-                                      "the run's own validation split)")
+        t.add_argument("--data", help="held-out text for a text model, or for a compare model trained on your text: "
+                                      "every token of this file is scored (default: the run's own validation split; "
+                                      "a compare model's own held-out text)")
         t.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
         t.add_argument("--json", dest="json_out", type=output_file,
-                       help="also write the full result to this JSON file (checked before the evaluation; a file "
+                       help="also write the full result, with the machine it was computed on, to this JSON file (checked before the evaluation; a file "
                             "of a run, checkpoint or tokenizer is refused without --overwrite)")
         t.add_argument("--overwrite", action="store_true", help="let --json replace a file of a run or checkpoint")
         t.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..io import atomic_write, dumps_strict
+    from ..provenance import machine
     from ..tasks import get_task
     from ..tasks.runner import evaluate_checkpoint
 
@@ -85,6 +87,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{res['checkpoint']} ({res['kind']}, {res['attention']}, {res['parameters']:,} parameters)")
     get_task(args.task).print(res)
     if args.json_out:
-        text = dumps_strict(res, indent=1)
+        text = dumps_strict({**res, "machine": machine(args.device)}, indent=1)
         atomic_write(Path(args.json_out), lambda p: Path(p).write_text(text + "\n"))
     return 0

@@ -17,8 +17,9 @@ def register(sub) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="also write the training and validation curves (matplotlib)")
     p.add_argument("--nll", action="store_true",
                    help="also score each run's latest checkpoint on held-out text (`difftx eval lm`): mean NLL with "
-                        "its 95%% interval over disjoint windows, and each run minus the first, window by window on "
-                        "the same text, with its 95%% interval")
+                        "its 95%% interval, and each run minus the first, window by window on the same text, with "
+                        "its 95%% interval; the intervals are about text like the scored one, with blocks of "
+                        "windows spanning at least 8,192 tokens of text as their units")
     p.add_argument("--data", metavar="FILE",
                    help="with --nll: score every token of this file (default: each run's own validation split; give "
                         "one file to compare runs on the same text)")
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         args.plot += ".png"  # what matplotlib writes for a name without a suffix: say so, and check that file
     check_output_file(args.plot, "--plot")
     check_not_owned(args.plot, "--plot")
-    summaries = [summarize_run(r) for r in args.runs]  # ValueError naming a folder that is not a run
+    # ValueError naming a folder that is not a run; a compare model's model/ stands for its train/ run
+    summaries = [summarize_run(_compare_run(Path(r)) or r) for r in args.runs]
     columns, notes = extra_columns(args, summaries)
     print(format_table(summaries))
     print(f"({LEGEND})")
@@ -59,29 +61,35 @@ def run(args: argparse.Namespace) -> int:
 def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list[str]]:
     """Columns measured beyond what the run folders record, appended to the table: with
     ``--nll``, the held-out NLL of each run's latest checkpoint (the ``lm`` task of
-    ``difftx.tasks``, as ``difftx eval lm`` computes it) with its 95% t-interval over disjoint
-    windows, and every run's paired difference from the first, window by window on the same text.
+    ``difftx.tasks``, as ``difftx eval lm`` computes it) with its 95% interval, and every run's
+    paired difference from the first, window by window on the same text. The intervals are over
+    blocks of windows (``difftx.tasks.lm.nll_interval``, ``difftx.eval.blocks``).
     Returns the columns and the lines that explain them."""
     if not args.nll:
         if args.data or args.windows is not None:
             raise ValueError("--data and --windows apply with --nll")
         return [], []
-    from ..tasks.lm import LMSettings, scored_tokens
+    import textwrap
+
+    from ..tasks.lm import LMSettings, interval_about, nll_interval, scored_tokens
     from ..tasks.runner import evaluate_checkpoint
     from ..training.summary import Column
 
     if args.windows is not None and args.windows < 0:
         raise ValueError(f"--windows: must be >= 0, got {args.windows}")
     settings = LMSettings(windows=args.windows, extrapolation_factors=(1,))
-    results = {s.path: evaluate_checkpoint("lm", s.path, settings=settings, data=args.data, progress=False)
-               for s in summaries}
+    # a compare model's run folder keeps no checkpoint once trained: its model/ is scored
+    results = {s.path: evaluate_checkpoint("lm", s.path if s.checkpoint else _compare_model(s.path) or s.path,
+                                           settings=settings, data=args.data, progress=False) for s in summaries}
     notes = [f"held-out NLL of {s.path}: {scored_tokens(results[s.path])} of {results[s.path]['source']}"
              for s in summaries]
+    abouts = {interval_about(r, nll_interval(r)) for r in results.values()}
+    notes += [textwrap.fill(f"- the NLL interval: {a}", 100, subsequent_indent="  ") for a in sorted(abouts)]
     first = summaries[0].path
     paired = {s.path: paired_nll(results[s.path], results[first]) for s in summaries[1:]}
     if paired:
-        notes.append(f"- first run: each run's NLL minus {first}'s, window by window on the same text; a t interval\n"
-                     "  over disjoint windows (text noise only: one trained model per run, so seed noise is not in it)")
+        notes.append(f"- first run: each run's NLL minus {first}'s, window by window on the same text, with the same\n"
+                     "  units (text noise only: one trained model per run, so seed noise is not in it)")
     if any(isinstance(p, str) for p in paired.values()):
         notes.append("not paired: the runs were scored on different held-out texts (their own validation splits);\n"
                      "  pass --data FILE to score every run on one text")
@@ -98,12 +106,29 @@ def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list
     return [Column("held-out NLL [95% CI]", cell), Column("- first run [95% CI]", vs_first)], notes
 
 
-def _window_interval(res: dict) -> tuple:
-    """The t interval of a run's per-window NLL, shifted to its token-weighted mean."""
-    from ..eval.stats import t_interval
+def _compare_run(path) -> "Path | None":
+    """The ``train/`` run folder of the compare model whose ``model/`` folder is ``path`` (else None)."""
+    from ..tasks.subject import TRAIN_RECORD
 
-    m, lo, hi = t_interval(res["records"]["window_nll"])
-    return (None, None) if lo is None else (lo - m, hi - m)
+    folder = path.parent
+    return folder / "train" if path.name == "model" and (folder / TRAIN_RECORD).is_file() and \
+        (folder / "train").is_dir() else None
+
+
+def _compare_model(run) -> "Path | None":
+    """The ``model/`` folder of the compare model whose ``train/`` run folder is ``run`` (else None)."""
+    from ..tasks.subject import TRAIN_RECORD
+
+    folder = run.parent
+    return folder / "model" if (folder / TRAIN_RECORD).is_file() and (folder / "model").is_dir() else None
+
+
+def _window_interval(res: dict) -> tuple:
+    """The interval of a run's NLL (``difftx.tasks.lm.nll_interval``), as offsets from its mean."""
+    from ..tasks.lm import nll_interval
+
+    ci = nll_interval(res)
+    return (None, None) if ci.low is None else (ci.low - ci.mean, ci.high - ci.mean)
 
 
 def _with_interval(value: float, lo, hi, fmt: str) -> str:
@@ -114,16 +139,12 @@ def _with_interval(value: float, lo, hi, fmt: str) -> str:
 
 def paired_nll(res: dict, ref: dict):
     """``(mean, low offset, high offset)`` of ``res`` minus ``ref`` over the same windows
-    (token-weighted mean; t interval over the windows), or why they cannot be paired."""
-    import numpy as np
-
-    from ..eval.stats import t_interval
+    (token-weighted mean; interval over blocks of windows: ``difftx.tasks.lm.nll_interval``), or
+    why they cannot be paired."""
+    from ..tasks.lm import nll_interval
 
     tokens = res["records"]["window_tokens"]
     if res.get("text_id") != ref.get("text_id") or tokens != ref["records"]["window_tokens"]:
         return "not paired: other text"
-    d = np.asarray(res["records"]["window_nll"]) - np.asarray(ref["records"]["window_nll"])
-    w = np.asarray(tokens, dtype=np.float64)
-    mean = float((d * w).sum() / w.sum())
-    m, lo, hi = t_interval(d)
-    return (mean, None, None) if lo is None else (mean, lo - m, hi - m)
+    ci = nll_interval(res, ref)
+    return (ci.mean, None, None) if ci.low is None else (ci.mean, ci.low - ci.mean, ci.high - ci.mean)

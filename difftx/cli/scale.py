@@ -10,11 +10,16 @@ from .args import output_dir, positive_int
 def register(sub) -> None:
     p = sub.add_parser("scale", help="the comparison at several model sizes; DIFF's parameter efficiency (Fig. 3a)",
                        description="Run `difftx compare` at each model size (into --out/size=NAME/, reused when "
-                                   "present, resumable), fit log L = a + b log N per arm and seed to the held-out LM "
-                                   "loss against the non-embedding parameters, and write --out/scale.md, scale.json "
-                                   "and scale.png: for each DIFF size, the baseline size with the same loss and the "
-                                   "ratio, with a 95% interval over seeds; where the lines cross. See "
-                                   "docs/efficiency.md.")
+                                   "present, resumable), fit L = E + A N^-b to the held-out LM loss against the "
+                                   "non-embedding parameters (the floor E shared by DIFF and its baseline; with 2 "
+                                   "sizes, the straight line log L = a + b log N), and write --out/scale.md, "
+                                   "scale.json and scale.png: for each DIFF size, the baseline size with the same "
+                                   "loss and the ratio, with a 95% interval over seeds, beside the gap in nats "
+                                   "(DIFF - baseline held-out NLL, paired over seeds) and how far 0.01 nats moves "
+                                   "the ratio at the fit's slope; the straight line's ratios and lack of fit; where "
+                                   "the curves cross; each size's regime against the paper's recipe (lambda_init, "
+                                   "heads, context, tokens per parameter). Run again on the same --out, it "
+                                   "trains nothing and re-fits. See docs/efficiency.md.")
     p.add_argument("--preset", default="scale-cpu",
                    help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
                         "cpu, gpu-small) with --sizes (default scale-cpu)")
@@ -47,11 +52,18 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..compare.presets import MIXTURE_FIELDS, text_overrides
     from ..compare.run import parse_shard
+    from ..compare.report import gap_text
     from ..compare.scale import SCALE_PRESETS, run_scale
     from .compare import parse_arms, parse_overrides
 
     shard = None if args.shard is None else parse_shard(args.shard)
     scale = SCALE_PRESETS.get(args.preset)
+    if scale is None:
+        from ..compare.presets import PRESETS
+
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset {args.preset!r}: unknown; choose a scale preset {sorted(SCALE_PRESETS)} or a "
+                             f"compare preset {sorted(PRESETS)} (with --sizes)")
     overrides = parse_overrides(args.overrides)
     if args.data is not None:  # LM on your text (text_overrides sets the mixture)
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)
@@ -81,9 +93,12 @@ def run(args: argparse.Namespace) -> int:
         if "skipped" in eff:
             print(f"  {arm}: {eff['skipped']}")
             continue
-        for sz, r in zip(res["sizes"], eff["ratios"]):
+        fit = (f"floor fit L = E + A N^-b, E = {eff['fit']['floor']:.4f} shared with the baseline"
+               if eff["method"] == "floor" else "straight log-log line (2 sizes)")
+        print(f"  {arm}: {fit}")
+        for sz, r, g in zip(res["sizes"], eff["ratios"], res["gap"][arm]):
             value = "-" if r["value"] is None else f"{r['value']:.3f}"
             ci = "" if r["low"] is None else f" [{r['low']:.3f}, {r['high']:.3f}]"
             note = f" ({r['note']})" if r["note"] else ""
-            print(f"  {arm} at {sz['name']}: N_{arm} / N_baseline = {value}{ci}{note}")
+            print(f"  {arm} at {sz['name']}: gap {gap_text(g)} nats; N_{arm} / N_baseline = {value}{ci}{note}")
     return 0

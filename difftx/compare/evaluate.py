@@ -38,8 +38,10 @@ def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progre
         path = out_dir / f"{name}.json"
         if path.is_file():
             try:
-                results[name] = json.loads(path.read_text())
-                continue
+                stored = json.loads(path.read_text())
+                if isinstance(stored, dict) and stored:  # else (empty, not an object): evaluate again
+                    results[name] = stored
+                    continue
             except json.JSONDecodeError:  # a torn file from an older run: evaluate again
                 pass
         if subject is None:

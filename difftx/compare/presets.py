@@ -209,7 +209,8 @@ PRESETS: dict[str, ComparePreset] = {
                "quant": {"bits": (8, 3), "cells": ((1, 1), (2, 2)), "needle_samples": 1, "lm_windows": 2,
                          "depths": (0.0, 1.0)},
                "icl": {"instances": 4, "queries": 2, "orders": 2}, "diagnostics": {"cell": (2, 2)}}),
-    # the make-demo default (5 seeds, two models side by side on 2 CPU cores; see docs/compare.md "Measured")
+    # the make-demo default (8 seeds, each arm's seeds one stack, two stacks side by side on 2 CPU cores; see
+    # docs/compare.md "What `make demo` finds")
     "cpu": ComparePreset(
         name="cpu", description="~0.18M-parameter models, needle task (context 64) + 1 LM batch and 1 ICL batch in 8, "
                                 "about 3 min per seed on 2 CPU cores (8 seeds: 25 min)",

@@ -4,11 +4,13 @@ header and the verdicts; every other section and plot comes from its task
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..io import atomic_write
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
+from .regime import regime_of, render_regime
 from .schema import results_json
 
 
@@ -22,28 +24,34 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
            + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. "
            f"{_execution(results)}Wall time of this invocation: {results['wall_s']:.0f} s (parts already stored are "
            "not redone).\n",
+           _machine_text(results) + "\n",
            "**Scale.** The paper's numbers below come from 3B-parameter models; these models are orders of magnitude "
            "smaller and trained for minutes. Compare the *direction* of differences, not the values.\n",
            "**Statistics.** Every difference is DIFF - baseline over paired seeds: its mean and an unadjusted 95% "
            "interval, the hull of a t interval (with evaluation-set noise where the metric has per-example "
-           "values) and the exact sign-flip interval, kept inside the metric's range (`docs/compare.md`). Its "
-           "p-value is the larger of the two tests'. Primary metrics are declared up front; every other metric is "
-           "exploratory, and p-values are Holm-adjusted within each family. 'DIFF better / worse' is said only "
-           "where the adjusted test rejects at 0.05; a comparison of a task neither model learned is not made. "
-           + _seeds_rule(results, len(ctx.seeds)) + "\n",
+           "values) and the exact sign-flip interval; for a metric with known bounds (accuracies, rates, steps "
+           "within the budget) also a betting interval of the mean difference, which assumes nothing but the "
+           "bounds; kept inside the metric's range (`docs/compare.md`). Its p-value is the largest of the tests'. "
+           "The t and sign-flip tests reject that a seed's two arms are interchangeable; only the betting test "
+           "is a test of the mean, so a verdict on a bounded metric is one on its mean, and one on an unbounded "
+           "metric (an NLL) says that the arms are not interchangeable. Primary metrics are declared up front; "
+           "every other metric is exploratory, and p-values are Holm-adjusted within each family. 'DIFF better / "
+           "worse' is said only where the adjusted test rejects at 0.05; a comparison of a task neither model "
+           "learned is not made. Each arm's interval on a bounded metric (marked *) is distribution-free and "
+           "conservative. " + _seeds_rule(results, len(ctx.seeds)) + "\n",
            "## Verdicts\n"]
     C = results["comparison"]
     primary = [k for k, c in C.items() if c["primary"]]
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
     out += [f"- {C[k]['verdict']} (primary)" for k in primary] + [f"- {C[k]['verdict']}" for k in found]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
-    gated = [c["label"] for c in C.values() if c["gated"] and c["paired"]["mean"] is not None]
     unmeasured = [c["gated"].replace("not measured in this run ", f"{c['label']} ") for c in C.values()
                   if c["gated"] and c["paired"]["mean"] is None]
     out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
                + (" (listed above)." if found else ".")
-               + (f" Not compared (not learned by either model): {', '.join(gated)}." if gated else "")
+               + _not_compared(C)
                + (f" Not measured in this run: {'; '.join(unmeasured)}." if unmeasured else "") + "\n")
+    out.append(render_regime(results.get("regime") or regime_of(results)))
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
     if results.get("token_efficiency"):
@@ -91,6 +99,116 @@ def render_arms(results: dict) -> str:
     return "\n".join(out)
 
 
+def _machine_text(results: dict) -> str:
+    """The machine line of the header: where the models were trained (their ``machine.json``,
+    grouped by kernel path) and, if another, where this report was assembled."""
+    from ..provenance import kernel_path, machine_line
+
+    groups: dict = {}
+    unknown = 0
+    for s in results["seeds"]:
+        for arm in results["arms"]:
+            m = results["runs"][str(s)][arm].get("machine")
+            if m is None:
+                unknown += 1
+            else:
+                groups.setdefault(kernel_path(m), [m, 0])[1] += 1
+    total = len(results["seeds"]) * len(results["arms"])
+    trained = [m for m, _ in groups.values()]
+    if not groups:
+        text = f"**Machine.** Not recorded for the {total} models (trained by an older difftx)."
+    elif len(groups) == 1 and not unknown:
+        text = f"**Machine.** All {total} models were trained on: {machine_line(trained[0])}."
+    else:
+        parts = [f"{n} on {machine_line(m)}" for m, n in groups.values()]
+        parts += [f"{unknown} by an older difftx that recorded no machine"] if unknown else []
+        text = f"**Machine.** Of the {total} models, {len(trained)} setups trained them: " + "; ".join(parts) + "."
+    here = results.get("machine")
+    if here and (len(trained) != 1 or kernel_path(here, threads=False) != kernel_path(trained[0], threads=False)):
+        text += f" This report was assembled on: {machine_line(here)}."
+    return (text + " The numbers reproduce on the same CPU kernel path with the same library versions and thread "
+            "counts, not across CPUs: float32 kernels differ by CPU, and thousands of training steps amplify "
+            "that rounding like a change of seed (`docs/compare.md`).")
+
+
+_CELL_KEY = re.compile(r"_(\d+)_(\d+)$")  # a metric measured at one needle cell N/R: needle_4_2, attn_noise_4_2, ...
+_CELL_LABEL = re.compile(r",?\s*(?:at\s+)?N(?:/R)?=\d+/(?:R=)?\d+")  # "N=4/R=2", " at N/R=4/2", ", N/R=4/2"
+
+
+def _short_label(label: str) -> str:
+    """A metric's label without its trailing parenthesis and its needle cell: "attention to answer
+    at N/R=2/2 (absolute, ...)" -> "attention to answer"."""
+    return _CELL_LABEL.sub("", re.sub(r"\s*\([^()]*\)$", "", label)).strip()
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _cells_text(cells: list[tuple[int, int]], first: str = "N=%d/R=%d") -> str:
+    """"N=2/R=2, 4/2 and 6/2"."""
+    return _and([first % cells[0]] + ["%d/%d" % c for c in cells[1:]])
+
+
+def _not_compared(C: dict) -> str:
+    """The sentence(s) naming the metrics not compared for want of learning (or of one invocation),
+    one per reason. Needle cells that nobody learned are named once with everything measured on them
+    ("needle N=2/R=2, 4/2 and 6/2 and everything measured on them"); a cell where some metrics are
+    compared names what is not ("everything measured on N/R=1/1 except needle accuracy", or the
+    metrics at N/R=1/1); other metrics by their short label. A metric without a value (not measured
+    in this run) is named elsewhere."""
+    gated = {k: c for k, c in C.items() if c["gated"] and c["paired"]["mean"] is not None}
+    if not gated:
+        return ""
+    cells: dict[tuple[int, int], list[str]] = {}
+    for k in C:
+        found = _CELL_KEY.search(k)
+        if found:
+            cells.setdefault((int(found[1]), int(found[2])), []).append(k)
+
+    def reason(c: dict) -> str:  # "not learned by either model at this budget: not compared": its first part
+        return c["gated"].split(": ", 1)[0]
+
+    items: dict[str, dict] = {}  # reason -> {grouping key: cells or labels}: whole cells first, then the rest
+    for cell, keys in cells.items():
+        if all(k in gated for k in keys):  # nothing measured on this cell was compared
+            head = f"needle_{cell[0]}_{cell[1]}"
+            why = reason(gated[head if head in gated else keys[0]])
+            items.setdefault(why, {}).setdefault(("whole",), []).append(cell)
+    for cell, keys in cells.items():
+        here = [k for k in keys if k in gated]
+        if not here or len(here) == len(keys):
+            continue
+        compared = [k for k in keys if k not in gated]
+        for k in here:
+            why = reason(gated[k])
+            if len(here) >= len(compared):  # say what was compared instead
+                group = ("except", tuple(dict.fromkeys(_short_label(C[x]["label"]) for x in compared)))
+                items.setdefault(why, {}).setdefault(group, [])
+                if cell not in items[why][group]:
+                    items[why][group].append(cell)
+            else:
+                items.setdefault(why, {}).setdefault(("at", cell), []).append(_short_label(C[k]["label"]))
+    for k, c in gated.items():
+        if not _CELL_KEY.search(k):
+            items.setdefault(reason(c), {}).setdefault(("label", k), []).append(_short_label(c["label"]))
+    out = []
+    for why, groups in items.items():
+        parts = []
+        for group, vals in groups.items():
+            if group[0] == "whole":
+                them = "it" if len(vals) == 1 else "them"
+                parts.append(f"needle {_cells_text(vals)} and everything measured on {them}")
+            elif group[0] == "except":
+                parts.append(f"everything measured on {_cells_text(vals, 'N/R=%d/%d')} except {_and(list(group[1]))}")
+            elif group[0] == "at":
+                parts.append(f"{_and(list(dict.fromkeys(vals)))} at {_cells_text([group[1]], 'N/R=%d/%d')}")
+            else:
+                parts.append(vals[0])
+        out.append(f" Not compared ({why}): {'; '.join(parts)}.")
+    return "".join(out)
+
+
 def _skipped(ctx: ReportContext, task: str) -> bool:
     """Whether ``task`` was skipped on every model (it did not apply: e.g. the needle task without needle batches)."""
     return all("skipped" in ctx.result(task, a, s) for s in ctx.seeds for a in ctx.arms)
@@ -110,12 +228,19 @@ def _seeds_rule(results: dict, n: int) -> str:
             "needs more: " + "; ".join(parts) + f". This run has {n} seeds") if parts else ""
     if parts and n < min(s for s, _ in need.values()):
         text += ", too few for any verdict: run more seeds (`--seeds`) to get one"
+    powered = [(c["label"], c["seeds_for_power"]) for c in results["comparison"].values()
+               if c["primary"] and "seeds_for_power" in c]
+    if powered:
+        text += (". Those are the fewest seeds at which a verdict is possible, not likely: resampling this run's "
+                 "seed differences, a difference like the observed one reaches 80% power at "
+                 + "; ".join(f"{k} seeds ({label})" if k else f"more than 64 seeds ({label})" for label, k in powered))
     return text + ". " if text else ""
 
 
 def render_token_efficiency(results: dict) -> str:
     """The token efficiency section (paper Fig. 3b): per point of the held-out loss curve, the
-    baseline tokens that reach DIFF's loss and the ratio, with the overall ratio."""
+    paired gap in nats, the baseline tokens that reach DIFF's loss and the ratio, with the overall
+    ratio, or the first and last ratios where the curves cross."""
     out = ["## Token efficiency (paper Fig. 3b)\n",
            "Held-out loss along training, on the same fixed windows for every model. For each point of an arm's "
            "curve, the tokens at which the same seed's baseline reaches that loss (its curve made monotone and "
@@ -127,13 +252,48 @@ def render_token_efficiency(results: dict) -> str:
         if "skipped" in e:
             out.append(f"**{arm} vs baseline**: not measured ({e['skipped']}).\n")
             continue
+        gaps = {g["tokens"]: g for g in e.get("gap") or []}
         rows = []
         for t, r, la, lb in zip(e["tokens"], e["ratios"], e["loss"][arm], e["loss"]["baseline"]):
-            rows.append([f"{t:,.0f}", fmt(lb, 4), fmt(la, 4), _ratio_text(r)])
-        o = e["overall"]
-        out.append(f"**{arm} vs baseline** (overall: {_ratio_text(o)}{'; ' + o['note'] if o.get('note') else ''})\n")
-        out.append(table(rows, ["tokens", "baseline loss", f"{arm} loss", "tokens ratio [95%]"]))
+            rows.append([f"{t:,.0f}", fmt(lb, 4), fmt(la, 4), gap_text(gaps.get(t)), _ratio_text(r)])
+        o, span = e["overall"], e.get("span")
+        if e.get("crosses"):  # no single number across a crossing: first and last point instead
+            first, last = span["first"], span["last"]
+            head = (f"the curves cross: {_ratio_text(first)} at {first['tokens']:,.0f} tokens, {_ratio_text(last)} "
+                    f"at {last['tokens']:,.0f}; no overall ratio, as an average across the crossing would read "
+                    "like no difference")
+        else:
+            head = f"overall: {_ratio_text(o)}{'; ' + o['note'] if o.get('note') and o['value'] is not None else ''}"
+            if span and span["first"]["tokens"] != span["last"]["tokens"]:
+                head += (f"; from {span['first']['value']:.3f} at the first point to {span['last']['value']:.3f} "
+                         "at the last")
+        out.append(f"**{arm} vs baseline** ({head})\n")
+        out.append(table(rows, ["tokens", "baseline loss", f"{arm} loss", "gap, nats [95%] (per seed)",
+                                "tokens ratio [95%]"]))
+        if gaps:
+            out.append(_gap_trend(list(gaps.values())) + "\n")
     return "\n".join(out)
+
+
+def gap_text(g) -> str:
+    """A paired gap in nats: ``+0.053 [+0.01, +0.09]``, or without an interval the seeds' own
+    differences, ``+0.053 (+0.043, +0.071, +0.046)``."""
+    if g is None or g["mean"] is None:
+        return "-"
+    if g["low"] is not None:
+        return f"{g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]"
+    return f"{g['mean']:+.3f} (" + ", ".join(f"{v:+.3f}" for v in g["values"]) + ")"
+
+
+def _gap_trend(gaps: list[dict]) -> str:
+    """Where the held-out gap peaks along training and where it ends."""
+    peak = max(gaps, key=lambda g: abs(g["mean"]))
+    last = gaps[-1]
+    why = next((g["note"] for g in gaps if g.get("note")), None)
+    return (f"Gap = arm - baseline held-out loss at the same tokens, paired over seeds (`difftx.eval.stats."
+            f"paired_estimate`; without an interval, the seeds' own differences in brackets"
+            + (f": {why}" if why else "") + f"). It is largest at {peak['tokens']:,.0f} tokens "
+            f"({peak['mean']:+.3f} nats) and {last['mean']:+.3f} at the last point ({last['tokens']:,.0f}).")
 
 
 def _ratio_text(r: dict) -> str:
@@ -184,12 +344,19 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
                    for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"]["diff"])]
         path = plot_token_efficiency(curves, matched, out / "plots" / "token_efficiency.png", overall=e["overall"])
         made["token efficiency (paper Fig. 3b)"] = str(path.relative_to(out))
+    gaps = {arm: e["gap"] for arm, e in (results.get("token_efficiency") or {}).items() if e.get("gap")}
+    if gaps:
+        from ..eval.plots import plot_gap_along_training
+
+        path = plot_gap_along_training(gaps, out / "plots" / "gap_along_training.png")
+        made["held-out loss gap along training"] = str(path.relative_to(out))
     return made
 
 
 def write_outputs(out: Path, results: dict, *, progress: bool = True) -> None:
     """Write ``plots/``, ``report.md`` and ``results.json`` (strict JSON, validated, atomically)."""
     results["plots"] = make_plots(out, results)
+    results["regime"] = regime_of(results)
     text = render_report(results, results["plots"])
     data = results_json(results)
     atomic_write(out / "report.md", lambda p: Path(p).write_text(text))

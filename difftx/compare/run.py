@@ -7,8 +7,12 @@ Under ``torchrun`` (more than one process) the models are trained one at a time,
 process (data parallel, :func:`difftx.training.train`); rank 0 alone evaluates and writes the
 outputs while the others wait.
 
+It writes only into a new or empty folder or its own (``compare.json``; :func:`check_owned`), and
+reuses a finished model only if its ``train.json`` says it was trained as asked (:func:`check_reuse`).
+
 On a cluster, ``shard=(K, N)`` makes invocation K of N train and evaluate only its share of the
-models (every N-th, from the K-th) into the shared folder and write no report; an invocation
+models (every N-th (seed, arm), from the K-th: :func:`plan_models`; it stacks its own) into the
+shared folder and write no report; an invocation
 without ``shard`` then assembles the results (training whatever is still missing). Each model is
 done under an OS lock on ``seed{S}/{arm}/.job.lock``, so no two invocations ever do the same model:
 a shard skips a model another process holds; an assembling run waits for it.
@@ -18,9 +22,10 @@ Layout of ``out_dir``::
     compare.json                      the preset and seeds of this folder (a re-run must match)
     seed{S}/{diff,baseline}/model/    the trained model (difftx checkpoint: load_model reads it)
     seed{S}/{diff,baseline}/train/    the trainer's run folder (metrics.jsonl; checkpoints until trained)
-    seed{S}/{diff,baseline}/train.json   the training record: loss history, lambda, wall/CPU time
+    seed{S}/{diff,baseline}/train.json   the training record: loss history, lambda, wall/CPU time, request
+    seed{S}/{diff,baseline}/machine.json the machine that trained it (difftx.provenance.machine)
     seed{S}/{diff,baseline}/evals/{task}.json  one file per registered task (difftx.tasks.TASKS)
-    seed{S}/{diff,baseline}/.job.lock   held while one invocation trains or evaluates that model
+    seed{S}/{diff,baseline}/.job.lock   held while one invocation trains or evaluates that model (its pid, host)
     results.json  report.md  plots/*.png
 """
 
@@ -35,7 +40,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..io import atomic_write, dumps_strict, read_json
+from ..io import atomic_write, dumps_strict, open_lock_file, read_json
+from ..provenance import machine, read_machine
 from ..training.distributed import broadcast_object, on_main
 from ..tasks.subject import TRAIN_RECORD, TrainRecord
 from .evaluate import EVALS_DIR, evaluate_model
@@ -59,8 +65,9 @@ COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 def job_lock(folder: Path, wait: bool) -> Iterator[bool]:
     """Hold an OS lock on ``folder/.job.lock`` (rank 0 alone, under torchrun) while one model is
     trained and evaluated. Yields False, without the lock, when another process holds it and
-    ``wait`` is False; with ``wait`` it blocks until the other is done. The OS releases the lock
-    of a process that dies."""
+    ``wait`` is False; with ``wait`` it says on stderr whom it waits for, and blocks until the other
+    is done. The holder writes its pid and host into the file. The OS releases the lock of a
+    process that dies."""
     from ..training.distributed import is_initialized
 
     try:
@@ -72,25 +79,34 @@ def job_lock(folder: Path, wait: bool) -> Iterator[bool]:
         yield True
         return
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".job.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    path = folder / ".job.lock"
+    fd = open_lock_file(path)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
-            return
+            if not wait:
+                yield False
+                return
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
+            print(f"difftx compare: waiting for {folder}: another invocation holds it ({holder}; {path})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} host {platform.node()}\n".encode(), 0)
         yield True
     finally:
         os.close(fd)  # closing releases the lock
 
 
 def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: bool, position: int,
-         invocation: str | None = None, wait: bool = True) -> dict[str, dict]:
+         invocation: str | None = None, wait: bool = True, request: dict | None = None) -> dict[str, dict]:
     """Train (unless finished) and evaluate (what is missing) the models of arm ``kind`` for
     ``seeds`` (in ``folders``), each under its job lock (:func:`job_lock`); the unfinished ones are
-    trained as one stack (:func:`difftx.compare.train.train_models`; one stack per checkpoint step).
-    Returns ``{"seed{S}/{kind}": what was done}``. Under torchrun (one seed per job) every rank
-    calls it: every rank trains, rank 0 alone evaluates."""
+    trained as one stack (:func:`difftx.compare.train.train_models`), first put back at their newest
+    common checkpoint (:func:`align_stack`). ``request`` (:func:`training_request`) goes into each
+    record. Returns ``{"seed{S}/{kind}": what was done}``. Under torchrun (one seed per job) every
+    rank calls it: every rank trains, rank 0 alone evaluates."""
     from contextlib import ExitStack
 
     names = [f"seed{s}/{kind}" for s in seeds]
@@ -106,29 +122,87 @@ def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: b
 
             torch.set_num_threads(plan.execution.threads)
         untrained = broadcast_object([i for i, (_, f, _) in enumerate(todo) if not (f / TRAIN_RECORD).is_file()])
-        for group in _by_checkpoint_step([todo[i] for i in untrained]):
-            train_models(kind, plan, [s for s, _, _ in group], [f for _, f, _ in group], progress=progress,
-                         position=position, invocation=invocation)
+        runs = [todo[i][1] / "train" for i in untrained]
+        groups = on_main(lambda: align_stack(runs), share=True) if untrained else []
+        for group in groups:
+            train_models(kind, plan, [todo[untrained[g]][0] for g in group], [todo[untrained[g]][1] for g in group],
+                         progress=progress, position=position, invocation=invocation, request=request)
         for i, (_, f, name) in enumerate(todo):
             done[name] = {"trained": i in untrained, "evaluated": _evaluate_missing(plan, f, progress, position)}
     return done
 
 
-def _by_checkpoint_step(models: list[tuple]) -> list[list[tuple]]:
-    """``(seed, folder, name)`` grouped by the step of the latest checkpoint of ``folder/train`` (a
-    stack moves in step): in a fresh run, one group."""
+def align_stack(runs: list[Path]) -> list[list[int]]:
+    """The unfinished models of one stack (their run folders) as the groups that train together
+    (indices into ``runs``): one group, after putting every run back at the newest checkpoint they
+    all have (a kill while a stack writes its checkpoints, one model after the other, can leave some
+    a checkpoint ahead; the stacked trainer keeps each model's previous checkpoint until every model
+    wrote the new one, and holds Ctrl-C until then), so the stack resumes together. Checkpoints past
+    it are deleted: they are computed again, the same; a stack killed in its first checkpoint starts
+    over. Otherwise, without a checkpoint in common (a fresh stack has none; other stacks' models,
+    after --workers or --set stack=... changed) one group per latest checkpoint, each a stack of its own."""
+    import shutil
+
     from ..training import checkpointing as ckpt
 
-    groups: dict = {}
-    for m in models:
-        run = m[1] / "train"
-        latest = ckpt.latest_checkpoint(run) if ckpt.checkpoints_dir(run).is_dir() else None
-        groups.setdefault(None if latest is None else latest.name, []).append(m)
-    return list(groups.values())
+    latest, usable = [], []  # per run: `latest`, and its checkpoints up to it (past it: an unfinished save)
+    for run in runs:
+        last = ckpt.latest_checkpoint(run) if ckpt.checkpoints_dir(run).is_dir() else None
+        latest.append(None if last is None else last.name)
+        usable.append({p.name for p in ckpt.list_checkpoints(run) if last is not None and p.name <= last.name})
+    common = set.intersection(*usable) if usable else set()
+    if not common and not _first_save_cut(runs, latest):
+        groups: dict = {}
+        for i, name in enumerate(latest):
+            groups.setdefault(name, []).append(i)
+        return list(groups.values())
+    keep = max(common) if common else None  # step_00000200: zero-padded, so the names sort by step
+    for run, last in zip(runs, latest):
+        if keep is None:  # a stack cut in its first checkpoint: every model starts over
+            shutil.rmtree(ckpt.checkpoints_dir(run), ignore_errors=True)
+            continue
+        if last != keep:  # the pointer first: a kill in between leaves it at an intact checkpoint
+            atomic_write(ckpt.checkpoints_dir(run) / ckpt.LATEST, lambda t: Path(t).write_text(keep + "\n"))
+        for p in ckpt.list_checkpoints(run):
+            if p.name > keep:
+                shutil.rmtree(p)
+    return [list(range(len(runs)))]
+
+
+def _first_save_cut(runs: list[Path], latest: list) -> bool:
+    """Whether these runs are a stack killed while it wrote its first checkpoint: some have none,
+    the others only that one (their first ``ckpt_interval`` step)."""
+    from ..training import checkpointing as ckpt
+
+    saved = [(run, name) for run, name in zip(runs, latest) if name is not None]
+    if not saved or len(saved) == len(runs) or len({name for _, name in saved}) != 1:
+        return False
+    run, name = saved[0]
+    try:
+        every = read_json(ckpt.checkpoints_dir(run) / name / ckpt.TRAIN_CONFIG_NAME, "a checkpoint's config")
+        every = every["ckpt_interval"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return all(len(ckpt.list_checkpoints(r)) == 1 for r, _ in saved) and int(name.split("_")[1]) <= every
 
 
 def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int) -> list[str]:
-    missing = broadcast_object([e for e in plan.tasks if not (f / EVALS_DIR / f"{e}.json").is_file()])
+    """Run the evaluations of ``f`` whose file is missing, or unreadable (then redone, with a line that says
+    so: an evaluation gives the same result again); returns their names."""
+    def usable(task: str) -> bool:
+        path = f / EVALS_DIR / f"{task}.json"
+        if not path.is_file():
+            return False
+        try:
+            data = read_json(path, f"the {task} evaluation of a compare model")
+            if not isinstance(data, dict) or not data:
+                raise ValueError(f"{path}: empty or not a JSON object")
+        except ValueError as e:
+            print(f"difftx compare: redoing an evaluation: {e}", file=sys.stderr, flush=True)
+            return False
+        return True
+
+    missing = broadcast_object(on_main(lambda: [e for e in plan.tasks if not usable(e)], share=True))
     if missing:
         # evaluation receives its part of the plan alone: the task settings (and the device)
         on_main(lambda: evaluate_model(f, plan.tasks, device=plan.execution.device, progress=progress,
@@ -180,11 +254,54 @@ def _memory_bytes() -> int:
         return 8 << 30
 
 
-def plan_jobs(plan: ComparePlan, seeds: list[int], out: Path, k: int) -> list[tuple]:
-    """``(arm, seeds, folders)`` per job: each arm's seeds in stacks of at most ``k``, the arms
-    interleaved (so that parallel workers train the two arms of a comparison side by side)."""
-    chunks = [seeds[i:i + k] for i in range(0, len(seeds), k)]
-    return [(kind, tuple(c), tuple(str(out / f"seed{s}" / kind) for s in c)) for c in chunks for kind in plan.arms]
+def plan_models(plan: ComparePlan, seeds: list[int], shard: tuple[int, int] | None = None,
+                offset: int = 0) -> list[tuple[int, str]]:
+    """The models ``(seed, arm)`` of this invocation: every model (seed by seed, each seed's arms in
+    order); with ``shard`` (K, N) every N-th of them from the K-th (:func:`shard_jobs`; ``offset``:
+    where they start in a longer list, such as one size of a scale run). From the command line
+    alone: every shard of N up to the number of models has work."""
+    return shard_jobs([(s, arm) for s in seeds for arm in plan.arms], shard, offset)
+
+
+def plan_jobs(plan: ComparePlan, seeds: list[int], out: Path, k: int, shard: tuple[int, int] | None = None,
+              offset: int = 0) -> list[tuple]:
+    """``(arm, seeds, folders)`` per job: the models of :func:`plan_models`, each arm's in stacks of
+    at most ``k``, the arms interleaved (so that parallel workers train the two arms of a comparison
+    side by side)."""
+    models = plan_models(plan, seeds, shard, offset)
+    chunks = {}
+    for arm in plan.arms:
+        mine = [s for s, a in models if a == arm]
+        chunks[arm] = [mine[i:i + k] for i in range(0, len(mine), k)]
+    longest = max((len(c) for c in chunks.values()), default=0)
+    return [(arm, tuple(c[i]), tuple(str(out / f"seed{s}" / arm) for s in c[i]))
+            for i in range(longest) for arm, c in chunks.items() if i < len(c)]
+
+
+TRAIN_RUN_FILES = ("train_config.json", "checkpoints", "metrics.jsonl")  # what marks a `difftx train` run folder
+
+
+def check_owned(out: Path, plan: ComparePlan) -> None:
+    """Refuse, before anything is read or written, an ``out`` that compare does not own: a file, a
+    ``difftx train`` run folder, any other non-empty folder without ``compare.json`` (its files would
+    be replaced), and a folder inside the ``--data`` folder (its outputs would be read back as text)."""
+    if plan.text is not None and Path(plan.text.source).is_dir():
+        data, where = Path(plan.text.source), out.expanduser().resolve()
+        if where == data or data in where.parents:
+            raise ValueError(f"--out {out}: inside the --data folder {data} (the comparison's files would be read "
+                             "back as training text); choose an --out outside it")
+    if not out.exists() and not out.is_symlink() or (out / COMPARE_FILE).is_file():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder; choose a folder for the comparison")
+    # hidden entries are never compare's to replace (.DS_Store; compare.json being written by a concurrent shard)
+    entries = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))
+    if any(name in TRAIN_RUN_FILES for name in entries):
+        raise ValueError(f"--out {out}: a `difftx train` run folder, not a comparison; choose another --out")
+    if entries:
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise ValueError(f"--out {out}: not empty ({shown}) and holds no comparison (no {COMPARE_FILE}); compare "
+                         "writes only into a new or empty folder or its own, so choose another --out")
 
 
 def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
@@ -203,6 +320,11 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
+
+
+def _record_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
+    """Write ``compare.json`` (after :func:`_check_folder` and :func:`check_reuse`)."""
+    meta, new = out / COMPARE_FILE, preset.to_dict()
     out.mkdir(parents=True, exist_ok=True)
     record = {"schema_version": SCHEMA_VERSION, "preset": new}
     text = dumps_strict({**record, "text": text} if text is not None else record, indent=1)
@@ -220,8 +342,53 @@ def _check_text(meta: Path, old: dict | None, new: dict | None) -> None:
 
     keys = ("tokenizer", "train_sha256", "heldout_sha256")
     if (old is None) != (new is None) or (old and any(old.get(k) != new.get(k) for k in keys)):
-        raise ValueError(f"{meta}: this folder holds a comparison on {what(old)}, not on {what(new)}; use another "
+        now = what(new)
+        if now == what(old):  # the same paths and sizes: say which content changed
+            changed = [{"train_sha256": "training", "heldout_sha256": "held-out"}[k] for k in keys[1:]
+                       if old.get(k) != new.get(k)]
+            now = f"the same paths and sizes, whose {' and '.join(changed)} text changed (SHA-256)"
+        raise ValueError(f"{meta}: this folder holds a comparison on {what(old)}, not on {now}; use another "
                          "--out (or the same --data, --tokenizer and --heldout to continue it)")
+
+
+# preset fields that do not decide a model's weights: a finished model is reused whatever they are
+NOT_TRAINING_FIELDS = (*EXECUTION_FIELDS, *RECORDING_FIELDS, "name", "tasks")
+
+
+def training_request(preset: ComparePreset, text: dict | None) -> dict:
+    """What a model is trained with, kept in its ``train.json`` (with its seed and arm): the preset
+    fields that decide its weights, and its text (tokenizer and the hash of the training tokens;
+    None: the bundled corpus). A later run reuses the model only if it asks for the same
+    (:func:`check_reuse`)."""
+    fields = {k: v for k, v in preset.to_dict().items() if k not in NOT_TRAINING_FIELDS}
+    return {"preset": fields, "text": None if text is None else {k: text[k] for k in ("tokenizer", "train_sha256")}}
+
+
+def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
+    """Refuse (``ValueError`` naming the field) to reuse a finished model of ``jobs`` whose
+    ``train.json`` says it was trained otherwise than asked: its arm, seed, steps or model config,
+    and every field of :func:`training_request` (where the record has it: older ones do not)."""
+    for kind, seeds, folders in jobs:
+        for seed, f in zip(seeds, folders):
+            if not (Path(f) / TRAIN_RECORD).is_file():
+                continue
+            rec = TrainRecord.read(f)
+            cfg = plan.arms[kind].to_dict()
+            asked = {"kind": kind, "seed": seed, "steps": plan.schedule.steps, **{f"config.{k}": cfg[k] for k in cfg}}
+            got = {"kind": rec.kind, "seed": rec.seed, "steps": rec.steps,
+                   **{f"config.{k}": (rec.config or {}).get(k) for k in cfg}}
+            if rec.request is not None:
+                old, new = rec.request.get("preset") or {}, request["preset"]
+                got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"))
+                asked.update({k: new[k] for k in old if k in new}, text=request["text"])
+            wrong = [k for k in asked if got[k] != asked[k]]
+            if wrong:
+                k = wrong[0]
+                show = {"text": lambda t: "the bundled corpus" if t is None else
+                        f"text {t['train_sha256'][:12]}... (tokenizer {t['tokenizer']})"}.get(k, repr)
+                raise ValueError(f"{Path(f) / TRAIN_RECORD}: this model was trained with {k} {show(got[k])}, not "
+                                 f"{show(asked[k])} as asked (differs in {wrong}); use another --out, or delete "
+                                 f"{f} to train it again")
 
 
 def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
@@ -242,6 +409,10 @@ def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
         raise ValueError(f"--data {t.source}: its training split has {len(data.train):,} tokens, fewer than one batch "
                          f"needs: (batch {B} + 1) x lm_seq_len {T} = {(B + 1) * T:,} tokens; give more text")
     held, source = t.heldout_tokens()
+    leak = _heldout_in_data(t.heldout, t.source) if t.heldout else None
+    if leak:
+        print(f"difftx compare: warning: --heldout {t.heldout}: {leak}, so the models train on the text they are "
+              "scored on (leakage); give held-out text that is not in --data", file=sys.stderr, flush=True)
     if len(held) < T + 1:
         where = f"--heldout {t.heldout}" if t.heldout else f"--data {t.source}: its validation split"
         raise ValueError(f"{where} has {len(held):,} tokens, shorter than one window of {T + 1} (the training length "
@@ -256,6 +427,24 @@ def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
     return {**t.to_dict(), "tokenizer": data.tokenizer.name, "heldout_source": source,
             "train_tokens": len(data.train), "heldout_tokens": len(held), "train_sha256": sha(data.train.tokens),
             "heldout_sha256": sha(held)}
+
+
+def _heldout_in_data(heldout: str, source: str) -> str | None:
+    """Why the held-out file is training text too (None if it is not): it is the ``--data`` file, lies
+    in the ``--data`` folder, or has the content of one of its files."""
+    import filecmp
+
+    held, src = Path(heldout), Path(source)
+    size = held.stat().st_size
+    if src.is_dir():
+        if src in held.resolve().parents:
+            return f"it lies inside the --data folder {src}"
+        files = (f for f in sorted(src.rglob("*")) if f.is_file() and f.stat().st_size == size)
+        same = next((f for f in files if filecmp.cmp(f, held, shallow=False)), None)
+        return None if same is None else f"it has the content of {same}, a file of --data"
+    if src.is_file() and src.stat().st_size == size and filecmp.cmp(src, held, shallow=False):
+        return "it has the content of the --data file"
+    return None
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -329,9 +518,17 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     distributed = is_initialized()
     main = not distributed or _rank() == 0
     out = Path(out_dir)
+    on_main(lambda: check_owned(out, plan))  # a folder compare does not own is refused before any work
     # your text is tokenized (rank 0, into the cache) and checked before anything is written
     text = on_main(lambda: text_identity(plan, progress and main), share=True)
     on_main(lambda: _check_folder(out, p, text))
+    models = plan_models(plan, seed_list, shard, shard_offset)
+    most = max((sum(a == arm for _, a in models) for arm in plan.arms), default=0)  # one arm's models here
+    k = stack_size(plan, most, n_workers, distributed)  # how this invocation trains its models, not which
+    jobs = plan_jobs(plan, seed_list, out, k, shard, shard_offset)
+    request = training_request(p, text)
+    on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
+    on_main(lambda: _record_folder(out, p, text))
     if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
 
@@ -339,8 +536,10 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     t0 = time.time()
     # the id of this invocation, kept with every model it trains (rank 0's is the one written)
     invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"
-    k = stack_size(plan, len(seed_list), n_workers, distributed)
-    jobs = shard_jobs(plan_jobs(plan, seed_list, out, k), shard, shard_offset)
+    if shard is not None and main:  # the plan of this shard: from the command line alone
+        names = ", ".join(f"seed{s}/{a}" for s, a in models[:8]) + (", ..." if len(models) > 8 else "")
+        print(f"shard {shard[0]}/{shard[1]}: {len(models)} of the {len(seed_list) * len(plan.arms)} models of {out}"
+              + (f": {names}" if models else ""), flush=True)
     wait = shard is None  # a shard skips a model another invocation holds; an assembling run waits for it
     done: dict[str, dict] = {}
     what = "" if shard is None else f", shard {shard[0]}/{shard[1]}"
@@ -348,11 +547,12 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     bar = tqdm(total=sum(len(j[1]) for j in jobs), desc=f"compare ({p.name}, {len(seed_list)} seed(s){what}{stacked})",
                disable=not (progress and main), dynamic_ncols=True, unit="model")
     if n_workers == 1 or len(jobs) <= 1 or distributed:
-        for kind, seeds_, folders in jobs:
-            done.update(_job(plan, kind, seeds_, folders, progress, 1, invocation, wait))
-            bar.update(len(seeds_))
+        with _sigterm_stops(not distributed):
+            for kind, seeds_, folders in jobs:
+                done.update(_job(plan, kind, seeds_, folders, progress, 1, invocation, wait, request))
+                bar.update(len(seeds_))
     else:
-        calls = [(plan, kind, seeds_, folders, progress, 1 + i % n_workers, invocation, wait)
+        calls = [(plan, kind, seeds_, folders, progress, 1 + i % n_workers, invocation, wait, request)
                  for i, (kind, seeds_, folders) in enumerate(jobs)]
         _run_pool(calls, n_workers, done, bar)
     bar.close()
@@ -371,18 +571,49 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     return on_main(finish, share=True)
 
 
+@contextmanager
+def _sigterm_stops(active: bool) -> Iterator[None]:
+    """SIGTERM (a scheduler) outside training ends the models' loop with
+    :class:`~difftx.compare.train.TrainingInterrupted` (exit code 130, one line), not silently (143);
+    every file written so far is complete. Inside training the trainer's own handler takes over.
+    Main thread only, and only when ``active``."""
+    import signal
+    import threading
+
+    from .train import TrainingInterrupted
+
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise TrainingInterrupted("stopped by SIGTERM outside training (an evaluation stopped at once; what was "
+                                  "finished is kept); run the same command again to continue")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 class JobStopped(RuntimeError):
     """A worker process was asked to stop (SIGTERM) outside training; what it wrote is complete."""
 
 
 _STOPPING: list[str] = []  # in a worker process: the signal that stopped it (it starts no further job)
+_WORKER = {"running": False, "orphaned": False}  # in a worker process: in a job; its parent is gone
+ORPHAN_GRACE_S = 20.0  # a worker whose parent died: the time its job has to stop (a checkpoint) before it exits
+ORPHAN_POLL_S = 0.5
 
 
 def _worker_signals() -> None:
     """In each worker process: Ctrl-C is the parent's to handle (it reaches the whole process group),
     and SIGTERM outside training stops the job at once (every file is written atomically); inside
-    training the trainer's own handler finishes the step and writes a checkpoint first."""
+    training the trainer's own handler finishes the step and writes a checkpoint first. A watcher
+    thread ends the worker when its parent dies (:func:`_watch_parent`)."""
     import signal
+    import threading
 
     def stop(signum, frame):
         _STOPPING.append(signal.Signals(signum).name)
@@ -390,20 +621,50 @@ def _worker_signals() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, stop)
+    try:  # no cross-process lock for the progress bars: a spawned worker shares none, and a killed one would
+        from tqdm.std import TqdmDefaultWriteLock  # leave its named semaphore for the resource tracker to report
+
+        TqdmDefaultWriteLock.mp_lock = None
+    except ImportError:  # pragma: no cover - another tqdm
+        pass
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="difftx-parent-watch").start()
+
+
+def _watch_parent(parent: int) -> None:
+    """Once the worker's parent is gone (even by SIGKILL: the worker is handed to another parent),
+    stop: an idle worker exits at once; a job gets SIGTERM (training finishes its step and writes a
+    checkpoint, an evaluation stops), and the worker exits when it has stopped, or after
+    :data:`ORPHAN_GRACE_S` at the latest. Never waits for a parent that cannot answer."""
+    import signal
+
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    _WORKER["orphaned"] = True
+    if not _WORKER["running"]:
+        os._exit(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(1)
 
 
 def _pool_job(*args) -> dict:
     """:func:`_job` in a worker process; once a signal stopped one job, the worker starts no other
-    (the pool hands each worker a job ahead, which the parent can no longer cancel)."""
+    (the pool hands each worker a job ahead, which the parent can no longer cancel). A worker whose
+    parent died exits when its job ends."""
     from .train import TrainingInterrupted
 
-    if _STOPPING:
-        raise JobStopped(f"not started: stopped by {_STOPPING[0]}")
+    if _STOPPING or _WORKER["orphaned"]:
+        raise JobStopped(f"not started: stopped by {_STOPPING[0] if _STOPPING else 'the parent ending'}")
+    _WORKER["running"] = True
     try:
         return _job(*args)
     except TrainingInterrupted:
         _STOPPING.append("SIGTERM")
         raise
+    finally:
+        _WORKER["running"] = False
+        if _WORKER["orphaned"]:
+            os._exit(1)  # nobody reads the result: the pool's queues would block this process forever
 
 
 def _run_pool(calls: list[tuple], n_workers: int, done: dict, bar) -> None:
@@ -504,14 +765,17 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
             f = out / f"seed{s}" / k
             evals = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model")
                      for e in settings}
-            runs[str(s)][k] = {"train": TrainRecord.read(f).to_dict(), "tasks": evals}
+            runs[str(s)][k] = {"train": TrainRecord.read(f).to_dict(), "tasks": evals, "machine": read_machine(f)}
     first = runs[str(seeds[0])]
+    how = execution(plan.execution.device)
     results = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
-        "execution": execution(plan.execution.device),
+        # the machine that assembled this file (each model's training machine: runs.{seed}.{arm}.machine)
+        "machine": machine(how["device"]),
+        "execution": how,
         "preset": preset.to_dict(),
         "seeds": list(seeds),
         "needle_task": plan.space.needle.to_dict() if plan.space.needle else None,

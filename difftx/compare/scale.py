@@ -3,9 +3,12 @@ Fig. 3a reports (how large a baseline matches each DIFF size).
 
 ``run_scale("cpu", ["xs", "s", "m", "l"], seeds=3, out_dir="runs/scale")`` runs a whole
 ``run_compare`` per size into ``out_dir/size=NAME`` (each reused when present and resumable), then
-fits, per arm and seed, ``log L = a + b log N`` to the held-out LM loss against the non-embedding
-parameters (:mod:`difftx.eval.efficiency`), and writes ``scale.json``, ``scale.md`` and
-``scale.png``. Sizes are named model shapes (:data:`SHAPES`, or ``DIMxLAYERSxHEADS``); the baseline
+fits the held-out LM loss against the non-embedding parameters as ``L = E + A N^-b`` with the floor
+``E`` shared by DIFF and its baseline, beside the paper's straight line ``log L = a + b log N``, with
+the straight line's lack of fit (:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
+``scale.md`` and ``scale.png``. Beside each ratio: the gap in nats (the size's paired held-out NLL
+difference), the fit's local slope and how far 0.01 nats moves the ratio there (:func:`sensitivity`),
+and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`). Sizes are named model shapes (:data:`SHAPES`, or ``DIMxLAYERSxHEADS``); the baseline
 is matched at each size as in every compare. The token budget is the preset's, the same for every
 size, or proportional to the parameters with ``tokens_per_param``.
 
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..io import atomic_write, dumps_strict
+from ..provenance import machine
 from .presets import ComparePreset, get_preset
+from .report import gap_text
 
-SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 1
+SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 2  # 2: the floor fit; the line under "loglog"
 
 # named model shapes: (dim, layers, DIFF heads); the baseline has twice the heads of the same width
 SHAPES: dict[str, tuple[int, int, int]] = {
@@ -53,7 +58,7 @@ LM_ONLY = {"lm_every": 1, "icl_every": 0, "probe_every": 0}
 SCALE_PRESETS: dict[str, ScalePreset] = {
     "scale-cpu": ScalePreset(
         "scale-cpu", "4 sizes over a 10x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
-        "3 seeds, 2 arms (55 min on 2 CPU cores, measured with other work beside it)", "cpu", ("xs", "s", "m", "l"), 3,
+        "3 seeds, 2 arms (43-55 min on 2 CPU cores, measured with other work beside it)", "cpu", ("xs", "s", "m", "l"), 3,
         {**LM_ONLY, "steps": 2000, "warmup_steps": 100, "curve_points": 8}),
     "scale-gpu": ScalePreset(
         "scale-gpu", "4 sizes from about 20M to 350M parameters for one GPU (untested: written for users with "
@@ -93,12 +98,17 @@ class SizePlan:
     n_heads: int
     preset: ComparePreset
     params: dict  # {arm: non-embedding parameters}
+    regime: dict = field(default_factory=dict)  # {DIFF arm: its regime against the paper's recipe}
 
 
 def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_param: Optional[float] = None,
                **overrides) -> list[SizePlan]:
     """Every size's preset, validated before anything is trained: at least 2 sizes, named once,
-    heads that divide each width, and non-embedding parameters that increase with the order given."""
+    heads that divide each width, and non-embedding parameters that increase with the order given;
+    with each DIFF arm's regime (:mod:`difftx.compare.regime`) at the size's token budget."""
+    from .regime import regimes
+    from .train import lm_tokens
+
     if len(sizes) < 2:
         raise ValueError(f"--sizes: a fit needs at least 2 sizes, got {list(sizes)}")
     if len(set(sizes)) != len(sizes):
@@ -121,7 +131,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
             per_step = p.batch_size * p.lm_seq_len
             steps = max(1, math.ceil(tokens_per_param * params["baseline"] / per_step))
             p = p.with_overrides(steps=steps, warmup_steps=min(p.warmup_steps, max(steps // 20, 1)))
-        out.append(SizePlan(name, dim, layers, heads, p, params))
+        out.append(SizePlan(name, dim, layers, heads, p, params, regimes(plan.arms, lm_tokens(plan.mixture, p.steps))))
     for a, b in zip(out, out[1:]):
         if b.params["baseline"] <= a.params["baseline"]:
             raise ValueError(f"--sizes: give them from small to large; {b.name} ({b.params['baseline']:,} "
@@ -149,6 +159,7 @@ def run_scale(preset: str | ComparePreset, sizes: Sequence[str], seeds: int | Se
         return {"shard": list(shard), "sizes": [sp.name for sp in plans]}
     summary = summarise(plans, results, seed_list)
     summary["plot"] = _plot(out / "scale.png", summary)
+    summary["machine"] = machine(plans[0].preset.device)  # each size's results.json has its own and its models'
     atomic_write(out / "scale.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
     atomic_write(out / "scale.md", lambda p: Path(p).write_text(render_scale(summary)))
     return summary
@@ -159,26 +170,64 @@ def _heldout_nll(res: dict, seed, arm: str) -> Optional[float]:
     return None if "skipped" in task else task.get("heldout", {}).get("nll")
 
 
+def heldout_gap(res: dict, arm: str, seeds: list) -> Optional[dict]:
+    """The paired held-out NLL gap ``arm - baseline`` of one size's compare: the compare's own
+    estimate (:func:`difftx.eval.stats.paired_estimate`, with the evaluation windows' noise) where it
+    has one, else ``paired_estimate`` over the seeds' NLLs; ``values``: the seeds' differences.
+    ``None`` when a model has no held-out NLL."""
+    from ..eval.stats import paired_estimate
+
+    a, b = ([_heldout_nll(res, s, x) for s in seeds] for x in (arm, "baseline"))
+    if None in a or None in b:
+        return None
+    comps = res.get("comparison", {}) if arm == "diff" else res.get("arm_comparisons", {}).get(f"{arm} vs baseline", {})
+    paired = comps["lm_nll"]["paired"] if "lm_nll" in comps else paired_estimate(a, b).to_dict()
+    return {**{k: paired[k] for k in ("mean", "low", "high", "p_value", "n", "n_examples", "method", "note")},
+            "values": [x - y for x, y in zip(a, b)]}
+
+
+def sensitivity(eff: dict, i: int, arm_loss: float) -> dict:
+    """How much the ratio of size ``i`` moves per 0.01 nats of the arm's loss, on the fit the ratio
+    comes from, at the matching baseline size ``N_B`` (where the baseline curve is read): the floor
+    fit's ``dL/dlog N = -b (L_B(N_B) - E)``, or the straight line's ``dL/dlog N = b L`` (its
+    ``d log L / d log N = b``, the seeds' mean, times the arm's mean loss ``arm_loss``). A loss
+    shifted by ``delta`` moves ``log N_B`` by ``delta / |dL/dlog N|``, so the ratio by the factor
+    ``exp(0.01 / |dL/dlog N|)`` per 0.01 nats."""
+    at = eff["matched_params"][i] or eff["params"][i]
+    if eff["method"] == "floor":
+        A, b = eff["fit"]["reference"]
+        slope = -b * A * at ** -b
+    else:
+        slope = sum(f[1] for f in eff["loglog"]["fits"]["reference"]) / len(eff["loglog"]["fits"]["reference"]) * arm_loss
+    factor = math.exp(min(0.01 / abs(slope), 700.0)) if slope else None
+    return {"fit": eff["method"], "at_params": at, "dloss_dlog_params": slope, "factor_per_0.01_nats": factor}
+
+
 def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
-    """``scale.json``: the sizes, every model's held-out NLL, and each arm's parameter efficiency
-    against the baseline."""
+    """``scale.json``: the sizes (each with its DIFF arms' regime, :mod:`difftx.compare.regime`),
+    every model's held-out NLL, each arm's paired gap to the baseline per size (``gap``), and its
+    parameter efficiency against the baseline with the ratio's sensitivity per size."""
     from ..eval.efficiency import parameter_efficiency
 
     arms = list(plans[0].params)
     losses = {arm: [[_heldout_nll(results[sp.name], s, arm) for sp in plans] for s in seeds] for arm in arms}
     missing = sorted({arm for arm in arms for row in losses[arm] for v in row if v is None})
     efficiency = {}
-    for arm in (a for a in arms if a != "baseline"):
+    gaps = {arm: [heldout_gap(results[sp.name], arm, seeds) for sp in plans] for arm in arms if arm != "baseline"}
+    for arm in gaps:
         if missing:
             efficiency[arm] = {"skipped": f"no held-out LM loss for {', '.join(missing)} (LM batches needed)"}
             continue
         eff = parameter_efficiency([sp.params[arm] for sp in plans], losses[arm],
-                                   [sp.params["baseline"] for sp in plans], losses["baseline"])
-        efficiency[arm] = eff.to_dict()
+                                   [sp.params["baseline"] for sp in plans], losses["baseline"]).to_dict()
+        eff["sensitivity"] = [sensitivity(eff, i, sum(row[i] for row in losses[arm]) / len(seeds))
+                              for i in range(len(plans))]
+        efficiency[arm] = eff
     return {"schema": SCALE_SCHEMA, "schema_version": SCALE_VERSION, "seeds": seeds, "arms": arms,
             "sizes": [{"name": sp.name, "dim": sp.dim, "n_layers": sp.n_layers, "n_heads": sp.n_heads,
-                       "steps": sp.preset.steps, "params": sp.params} for sp in plans],
-            "heldout_nll": losses, "efficiency": efficiency, "paper": PAPER}
+                       "steps": sp.preset.steps, "params": sp.params, "regime": sp.regime}
+                      for sp in plans],
+            "heldout_nll": losses, "gap": gaps, "efficiency": efficiency, "paper": PAPER}
 
 
 def _ratio(r: dict) -> str:
@@ -188,41 +237,133 @@ def _ratio(r: dict) -> str:
     return text + (" (extrapolated)" if r.get("note", "") and "extrapolated" in r["note"] else "")
 
 
+def _crossover_text(c: dict, what: str) -> str:
+    if c["params"] is None:
+        return f"Crossover of the {what}: none ({c['note']}).\n"
+    if c["low"] is None or c["high"] is None:
+        ci = "unbounded"
+    else:
+        ci = f"[{'< 1' if c['low'] < 1 else format(c['low'], '.3g')}, {c['high']:.3g}]"
+    return (f"Crossover of the {what} (where they meet): N = {c['params']:.3g}, 95% interval {ci}"
+            + (f"; {c['note']}" if c["note"] else "") + ".\n")
+
+
+def _curvature_text(c: dict) -> str:
+    if c["low"] is None:
+        return f"{c['value']:+.4f} ({c['note']})"
+    return f"{c['value']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], p = {c['p']:.3g}"
+
+
+FLOOR_METHOD = ("Across the sizes, the seeds' mean held-out loss of both arms is fitted as L = E + A N^-b, with the "
+                "floor E shared by the arms (least squares; E between 0 and the lowest loss). For each DIFF size, "
+                "the baseline size with the same fitted loss gives the ratio N_DIFF / N_baseline (< 1: DIFF needs "
+                "fewer parameters). Its 95% interval leaves out one seed at a time (jackknife standard error, t "
+                "with seeds - 1 degrees of freedom): it assumes independent seeds and curves of that form, which "
+                "simulations of exact power laws and of power laws with a floor cover (`docs/efficiency.md`). A "
+                "ratio whose baseline size lies outside the measured sizes is extrapolated along the fitted curve. "
+                "Beside it, the paper's fit: a straight line log L = a + b log N per arm and seed, with a t "
+                "interval over seeds; it is biased when the loss flattens toward a floor, which the lack of fit "
+                "below measures.")
+
+
 def render_scale(s: dict) -> str:
     """``scale.md``."""
     n = len(s["seeds"])
     out = ["# DIFF vs baseline across model sizes (parameter efficiency)\n",
            f"Each size is a whole `difftx compare` (its folder `size=NAME/` has the full report), {n} paired seed(s). "
-           "N: parameters without the vocabulary matrices. Held-out LM NLL (nats/token), mean over seeds. Per arm "
-           "and seed, a line log L = a + b log N is fitted over the sizes; for each DIFF size, the baseline size "
-           "with the same fitted loss gives the ratio N_DIFF / N_baseline (< 1: DIFF needs fewer parameters), "
-           "with a 95% interval over seeds. A ratio whose baseline size lies outside the measured sizes is "
-           "extrapolated.\n"]
+           "N: parameters without the vocabulary matrices. Held-out LM NLL (nats/token), mean over seeds.\n"]
     for arm, eff in s["efficiency"].items():
         out.append(f"## {arm} vs baseline\n")
         if "skipped" in eff:
             out.append(f"Not measured: {eff['skipped']}.\n")
             continue
-        rows = ["| size | N (arm) | N (baseline) | NLL baseline | NLL arm | matching baseline N | ratio [95%] |",
-                "|---|---|---|---|---|---|---|"]
+        floor = eff.get("method") == "floor"
+        out.append(FLOOR_METHOD + "\n" if floor else
+                   "Two sizes: a floor needs at least 3, so the ratios come from the straight line log L = a + b log N "
+                   "per arm and seed, with a t interval over seeds; a ratio whose baseline size lies outside the "
+                   "measured sizes is extrapolated.\n")
+        head = ["size", "N (arm)", "N (baseline)", "NLL baseline", "NLL arm", "gap, nats [95%] (per seed)",
+                "matching baseline N"]
+        head += ["ratio, floor fit [95%]", "ratio, straight line [95%]"] if floor else ["ratio [95%]"]
+        head += ["baseline dL/dlog N at matching N", "0.01 nats ="]
+        rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        sens = eff.get("sensitivity") or [None] * len(s["sizes"])
         for i, sz in enumerate(s["sizes"]):
             nll = {a: [row[i] for row in s["heldout_nll"][a]] for a in ("baseline", arm)}
             mb = eff["matched_params"][i]
-            rows.append(f"| {sz['name']} ({sz['dim']}x{sz['n_layers']}x{sz['n_heads']}) | {sz['params'][arm]:,} | "
-                        f"{sz['params']['baseline']:,} | {sum(nll['baseline']) / n:.4f} | {sum(nll[arm]) / n:.4f} | "
-                        f"{'-' if mb is None else f'{mb:,.0f}'} | {_ratio(eff['ratios'][i])} |")
+            cells = [f"{sz['name']} ({sz['dim']}x{sz['n_layers']}x{sz['n_heads']})", f"{sz['params'][arm]:,}",
+                     f"{sz['params']['baseline']:,}", f"{sum(nll['baseline']) / n:.4f}", f"{sum(nll[arm]) / n:.4f}",
+                     gap_text((s.get("gap") or {}).get(arm, [None] * len(s["sizes"]))[i]),
+                     "-" if mb is None else f"{mb:,.0f}", _ratio(eff["ratios"][i])]
+            if floor:
+                cells.append(_ratio(eff["loglog"]["ratios"][i]))
+            x = sens[i]
+            cells += ["-", "-"] if x is None or x["factor_per_0.01_nats"] is None else \
+                [f"{x['dloss_dlog_params']:+.4f}", f"x{x['factor_per_0.01_nats']:.2f} in N"]
+            rows.append("| " + " | ".join(cells) + " |")
         out.append("\n".join(rows) + "\n")
-        c = eff["crossover"]
-        if c["params"] is None:
-            out.append(f"Crossover: none ({c['note']}).\n")
+        out.append(_sensitivity_text(eff, s["sizes"]))
+        if floor:
+            f, lack = eff["fit"], eff["lack_of_fit"]
+            without = f["floor_without_one_seed"]
+            out.append(f"Floor fit: E = {f['floor']:.4f}" + (f" ({without[0]:.4f} to {without[1]:.4f} with one seed "
+                                                             "left out)" if without else "")
+                       + f"; exponent b: baseline {f['reference'][1]:.3f}, {arm} {f['arm'][1]:.3f}"
+                       + (f". {f['note'][0].upper()}{f['note'][1:]}" if f.get("note") else "") + ".\n")
+            out.append("Lack of fit of the straight log-log line: the curvature c of log L = a + b x + c x^2 "
+                       "(x = log N; c > 0: the curve flattens, as toward a floor), per seed, with a t interval over "
+                       "seeds: baseline "
+                       f"{_curvature_text(lack['reference'])}; {arm} {_curvature_text(lack['arm'])}. RMS residual of "
+                       f"the seeds' mean losses: straight line {lack['rms']['straight_line']:.4f}, floor fit "
+                       f"{lack['rms']['floor']:.4f} nats.\n")
+            out.append(_crossover_text(eff["crossover"], "floor curves"))
+            out.append(_crossover_text(eff["loglog"]["crossover"], "straight lines"))
         else:
-            ci = "unbounded" if c["low"] is None or c["high"] is None else f"[{c['low']:.3g}, {c['high']:.3g}]"
-            out.append(f"Crossover (the lines meet): N = {c['params']:.3g}, 95% interval {ci}"
-                       + (f"; {c['note']}" if c["note"] else "") + ".\n")
+            out.append(_crossover_text(eff["crossover"], "lines"))
+    out.append(_regime_table(s["sizes"]))
     out.append(f"For scale, {s['paper']}. These models are orders of magnitude smaller.\n")
     if s.get("plot"):
         out.append(f"![parameter efficiency]({s['plot']})\n")
     return "\n".join(out)
+
+
+GAP_METHOD = ("Gap: the arm's held-out NLL minus the baseline's at the same size, paired over seeds (the size's "
+              "compare estimate, `difftx.eval.stats.paired_estimate`, with the evaluation windows' noise; without "
+              "an interval, the seeds' own differences in brackets).")
+
+
+def _sensitivity_text(eff: dict, sizes: list) -> str:
+    """The sentence on how much a small gap in nats moves the ratio at the fit's slope."""
+    got = [(sz["name"], x) for sz, x in zip(sizes, eff.get("sensitivity") or []) if x["factor_per_0.01_nats"]]
+    if not got:
+        return GAP_METHOD + "\n"
+    where = ("the floor fit's slope dL/dlog N = -b (L_B - E)" if eff["method"] == "floor" else
+             "the straight line's slope d log L / d log N = b, times the loss")
+    lo, hi = min(got, key=lambda g: g[1]["factor_per_0.01_nats"]), max(got, key=lambda g: g[1]["factor_per_0.01_nats"])
+    span = (f"x{lo[1]['factor_per_0.01_nats']:.2f} (size {lo[0]})" if lo is hi else
+            f"x{lo[1]['factor_per_0.01_nats']:.2f} (size {lo[0]}) to x{hi[1]['factor_per_0.01_nats']:.2f} (size {hi[0]})")
+    return (GAP_METHOD + f" Sensitivity: at {where} of the baseline, read at the matching baseline size, 0.01 nats "
+            f"of gap is a factor of {span} in parameters: the flatter the curve, the larger the ratio a small gap "
+            "makes. Read the gap in nats first.\n")
+
+
+def _regime_table(sizes: list) -> str:
+    """Each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`)."""
+    from .regime import REGIME_NOTE
+
+    rows = []
+    for sz in sizes:
+        for arm, r in (sz.get("regime") or {}).items():
+            tpp = "-" if r["tokens_per_param"] is None else f"{r['tokens_per_param']:.3g}"
+            rows.append(f"| {sz['name']} | {arm} | {r['n_layers']} | "
+                        + ", ".join(f"{x:.2f}" for x in r["lambda_init"][:8]) + ("..." if r["n_layers"] > 8 else "")
+                        + f" (mean {r['lambda_init_mean']:.2f}) | {r['diff_heads']} x {r['head_width']} | "
+                        f"{r['context']} | {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim) | {tpp} |")
+    if not rows:
+        return ""
+    head = ("| size | arm | layers | lambda_init per layer (mean) | DIFF heads x width | context | feed-forward width | "
+            "tokens per non-embedding parameter |\n|---|---|---|---|---|---|---|---|\n")
+    return "## Regime (against the paper's recipe)\n\n" + REGIME_NOTE + "\n\n" + head + "\n".join(rows) + "\n"
 
 
 def _plot(path: Path, s: dict) -> Optional[str]:
@@ -241,10 +382,15 @@ def _plot(path: Path, s: dict) -> Optional[str]:
         names = {a: ("DIFF" if a == "diff" else a) for a in fitted}
         points = {names[a]: ([sz["params"][a] for sz in s["sizes"]], s["heldout_nll"][a]) for a in fitted}
         points["baseline"] = ([sz["params"]["baseline"] for sz in s["sizes"]], s["heldout_nll"]["baseline"])
-        fits = {names[a]: tuple(np.mean(e["fits"]["arm"], 0)) for a, e in fitted.items()}
-        fits["baseline"] = tuple(np.mean(eff["fits"]["reference"], 0))
+        lines = {names[a]: tuple(np.mean(e["loglog"]["fits"]["arm"], 0)) for a, e in fitted.items()}
+        lines["baseline"] = tuple(np.mean(eff["loglog"]["fits"]["reference"], 0))
+        if eff["method"] == "floor":  # each arm's floor curve (E shared with the baseline); the lines beside
+            fits = {names[a]: (e["fit"]["floor"], *e["fit"]["arm"]) for a, e in fitted.items()}
+            fits["baseline"] = (eff["fit"]["floor"], *eff["fit"]["reference"])
+        else:
+            fits, lines = lines, None
         plot_parameter_efficiency(points, fits, path, crossover=eff["crossover"]["params"],
-                                  ratios=dict(zip(eff["params"], eff["ratios"])))
+                                  ratios=dict(zip(eff["params"], eff["ratios"])), lines=lines)
     except ImportError:
         return None
     return path.name

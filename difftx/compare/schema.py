@@ -23,7 +23,7 @@ COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": s
                    "baseline": list, "diff_mean": float, "baseline_mean": float, "paired": dict, "family": str,
                    "verdict": str}
 PAIRED_KEYS = ("mean", "low", "high", "p_value", "sign_flip_p", "n", "n_examples", "confidence", "method",
-               "excludes_zero")
+               "unadjusted_excludes_zero")
 VERSION_KEYS = ("difftx", "torch", "python", "platform")
 
 

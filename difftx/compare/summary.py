@@ -10,15 +10,20 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import holm, mean_interval, paired_estimate, seeds_for_verdict, t_mean_interval, verdict
+from ..eval.stats import (holm, mean_interval, paired_estimate, seeds_for_power, seeds_for_verdict, t_mean_interval,
+                          verdict)
 from ..tasks import TASKS
 from ..tasks.reporting import SHORT
 
 ALPHA = 0.05
+POWER_MIN_SEEDS = 4  # the fewest seeds whose differences are resampled for the power sentence
 NOT_LEARNED = "not learned by either model at this budget: not compared"
 NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
 # models of one arm reused from an earlier invocation (or finished by a later one) against the other's
 DIFFERENT_RUNS = "trained by different invocations (the machine is measured within one run): not compared"
+# seeds trained as one stacked model share one clock: a machine measurement is one value per stack
+ONE_PER_STACK = ("measured once per stack, as seeds trained as one stacked model share its clock: one measurement, "
+                 "not a sample of seeds; reported per stack, not compared over seeds")
 
 
 def _value(get, result: dict):
@@ -58,14 +63,15 @@ def pair_key(a: str, b: str) -> str:
     return f"{a} vs {b}"
 
 
-def all_comparisons(results: dict, settings: dict) -> dict:
+def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     """``{"A vs B": {metric key: comparison}}`` for every pair of :func:`pairs` of the arms in
     ``results``: per-seed values of both arms (``values``), each arm's mean with its interval
     (``means``, ``cis``), the paired estimate of A - B (``paired``), the learning gate (``gated``:
     ``None`` or why it was not compared), the Holm-adjusted p-value within its family over *every*
     pair (``family``: primary or exploratory) and the verdict. DIFF vs baseline also carries the flat
     fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
-    A metric missing for any model (not measured, not meaningful) is left out."""
+    A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
+    compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`)."""
     out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
     everything = [c for comps in out.values() for c in comps.values()]
     sizes = {}
@@ -81,10 +87,17 @@ def all_comparisons(results: dict, settings: dict) -> dict:
         names = (SHORT.get(a, a), SHORT.get(b, b))
         c["family_size"] = sizes[c["family"]]
         c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]], ALPHA)
+        # the seeds at which a difference like the observed one reaches 80% power (primary metrics only: a
+        # simulation per comparison; from POWER_MIN_SEEDS seeds on, as fewer say too little about the spread)
+        powered = power and c["primary"] and not c["gated"] and est is not None and est.n >= POWER_MIN_SEEDS
+        if powered:
+            c["seeds_for_power"] = seeds_for_power(np.subtract(*(c["values"][x] for x in (a, b))), sizes["primary"],
+                                                   ALPHA, bounds=c["bounds"])
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,
-                                family_size=sizes[c["family"]]))
+                                family_size=sizes[c["family"]], power_seeds=c.get("seeds_for_power"),
+                                power_checked=powered))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out
@@ -111,17 +124,20 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
             someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
             apart = m.same_run and any(ra.get("invocation") != rb.get("invocation") for ra, rb in zip(per[a], per[b]))
-            found.append((name, m, vals, ex if all(ex.values()) else None, someone, apart))
+            stacked = m.same_run and any((r.get("stacked") or 1) > 1 for rs in per.values() for r in rs)
+            bounds = _bounds(m, [r for rs in per.values() for r in rs])
+            found.append((name, m, vals, ex if all(ex.values()) else None, someone,
+                          DIFFERENT_RUNS if apart else ONE_PER_STACK if stacked else None, bounds))
     # learning gates first: a metric with a floor is compared only where some arm's mean clears it by its
     # t interval (about 2 SE: a screen for "learned", not a printed interval)
     learned = {"any": {}, "all": {}}
-    for _, m, vals, ex, _, _ in found:
+    for _, m, vals, ex, _, _, _ in found:
         if m.floor is not None:
             lows = [t_mean_interval(vals[x], None if ex is None else ex[x][0])[1] for x in (a, b)]
             above = [lo is not None and lo > m.floor for lo in lows]
             learned["any"][m.key], learned["all"][m.key] = any(above), all(above)
     out = {}
-    for name, m, vals, ex, someone, apart in found:
+    for name, m, vals, ex, someone, machine, bounds in found:
         gated = None if learned["any"].get(m.key, True) and someone else NOT_LEARNED
         missing = NOT_LEARNED if m.gate == "any" else NOT_LEARNED_BY_BOTH
         if m.gated_by is not None and not learned[m.gate].get(m.gated_by, True):
@@ -133,13 +149,18 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
             elif not all(keep):  # leave out the examples of cells no model learned; re-derive the seed values
                 ex = {x: (ex[x][0][:, keep], [g for g, k in zip(ex[x][1], keep) if k]) for x in ex}
                 vals = {x: ex[x][0].mean(1).tolist() for x in ex}
-        if apart:
-            gated = DIFFERENT_RUNS
+        if machine:
+            gated = machine
         arrays = {x: None if ex is None else ex[x][0] for x in (a, b)}
         est = paired_estimate(vals[a], vals[b], diff_examples=arrays[a], baseline_examples=arrays[b],
-                              bounds=m.bounds)
-        arm_ci = {x: mean_interval(vals[x], arrays[x], bounds=m.bounds) for x in (a, b)}
-        c = {"task": name, **m.describe(), "arms": [a, b], "values": vals,
+                              bounds=bounds)
+        arm_ci = {x: mean_interval(vals[x], arrays[x], bounds=bounds) for x in (a, b)}
+        if gated == ONE_PER_STACK:  # no interval from one shared measurement
+            arm_ci = {x: (arm_ci[x][0], None, None) for x in (a, b)}
+            est.low = est.high = est.p_value = est.sign_flip_p = est.p_t = est.betting_p = None
+            est.note = ONE_PER_STACK
+        c = {"task": name, **m.describe(), "bounds": None if bounds is None else list(bounds),
+             "arms": [a, b], "values": vals,
              "means": {x: arm_ci[x][0] for x in (a, b)}, "cis": {x: list(arm_ci[x][1:]) for x in (a, b)},
              "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",
              "examples_used": est.n_examples, "p_adjusted": None, "_est": est, "_metric": m}
@@ -148,6 +169,17 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
                       "baseline_mean": arm_ci[b][0], "baseline_ci": list(arm_ci[b][1:])})
         out[m.key] = c
     return {**out, **unmeasured}
+
+
+def _bounds(m, results: list[dict]) -> Optional[tuple[float, float]]:
+    """The metric's range: its fixed ``bounds``, or the hull of every model's ``bounds_of``."""
+    if m.bounds_of is None:
+        return m.bounds
+    got = [_value(m.bounds_of, r) for r in results]
+    if not got or any(g is None for g in got):
+        return m.bounds
+    low, high = min(g[0] for g in got), max(g[1] for g in got)
+    return (low, high) if high > low else m.bounds
 
 
 def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str) -> dict:
@@ -161,7 +193,7 @@ def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str) -> d
          "cis": {a: [None, None], b: [None, None]}, "gated": why, "family": "primary" if m.primary else "exploratory",
          "examples_used": 0, "p_adjusted": None, "_est": None, "_metric": m,
          "paired": {"mean": None, "low": None, "high": None, "p_value": None, "sign_flip_p": None, "n": len(seeds),
-                    "n_examples": 1, "confidence": 0.95, "method": "not measured", "excludes_zero": False, "note": why}}
+                    "n_examples": 1, "confidence": 0.95, "method": "not measured", "unadjusted_excludes_zero": False, "note": why}}
     if (a, b) == ("diff", "baseline"):
         c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": None, "diff_ci": [None, None],
                   "baseline_mean": None, "baseline_ci": [None, None]})
@@ -182,13 +214,32 @@ def token_ratios(results: dict) -> dict:
         if any(c is None or len(c.get("tokens") or []) < 2 for c in curves[arm] + curves["baseline"]):
             out[arm] = {"skipped": "no held-out loss curve (it needs LM batches and curve_points > 0)"}
             continue
+        pts = {a: [_by_tokens(c) for c in curves[a]] for a in (arm, "baseline")}
         try:
-            eff = token_efficiency([_by_tokens(c) for c in curves[arm]], [_by_tokens(c) for c in curves["baseline"]])
+            eff = token_efficiency(pts[arm], pts["baseline"])
         except ValueError as e:  # curves not sampled alike (e.g. models of different runs)
             out[arm] = {"skipped": f"curves cannot be paired: {e}"}
             continue
-        out[arm] = {**eff.to_dict(), "loss": {a: np.mean([_by_tokens(c)[1] for c in curves[a]], 0).tolist()
-                                               for a in (arm, "baseline")}}
+        out[arm] = {**eff.to_dict(), "loss": {a: np.mean([p[1] for p in pts[a]], 0).tolist() for a in pts},
+                    "gap": gap_along_training(pts[arm], pts["baseline"])}
+    return out
+
+
+def gap_along_training(arm: list[tuple[list, list]], baseline: list[tuple[list, list]]) -> list[dict]:
+    """The held-out loss gap arm - baseline at every point of the curves (``(tokens, losses)`` per
+    seed, paired by position) that every seed of both arms has: ``[{"tokens": t, "values": per-seed
+    differences, **paired estimate}]`` (:func:`difftx.eval.stats.paired_estimate` over the seeds, as
+    every compared metric), so a gap that shrinks with tokens is read off with its interval."""
+    common = set(arm[0][0])
+    for tokens, _ in arm + baseline:
+        common &= set(tokens)
+    out = []
+    for t in sorted(common):
+        a = [losses[tokens.index(t)] for tokens, losses in arm]
+        b = [losses[tokens.index(t)] for tokens, losses in baseline]
+        est = paired_estimate(a, b).to_dict()
+        out.append({"tokens": t, "values": [x - y for x, y in zip(a, b)],
+                    **{k: est[k] for k in ("mean", "low", "high", "p_value", "n", "note")}})
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..io import atomic_write, dumps_strict
+from ..provenance import machine
 from ..eval.stats import paired_estimate
 from ..tasks.reporting import REPORTED_ARMS
 from .presets import get_preset
@@ -57,6 +58,7 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
     for v, o in points:
         results[v] = run_compare(preset, seeds, out / _label(field, v), progress=progress, workers=workers, **o)
     summary = summarise(field, results)
+    summary["machine"] = machine(get_preset(preset, **points[0][1]).device)  # each point's results.json: its own
     atomic_write(out / "sweep.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
     atomic_write(out / "sweep.md", lambda p: Path(p).write_text(render_sweep(summary)))
     return summary

@@ -22,6 +22,7 @@ import torch
 from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
 from ..io import eval_mode
+from ..provenance import write_machine
 from ..tasks.common import NO_NEEDLES
 from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
@@ -60,15 +61,15 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
 
 
 def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[Path], *, progress: bool = True,
-                 position: int = 0, invocation: str | None = None) -> list[dict]:
+                 position: int = 0, invocation: str | None = None, request: dict | None = None) -> list[dict]:
     """:func:`train_model` for several seeds of arm ``kind`` (``folders[i]`` for ``seeds[i]``): more
     than one are trained together as one stacked model (:func:`difftx.training.train_stacked`; one
     process, and all at the same checkpoint step), each with its own batches, probes, checkpoints and
     record, as separate training would make them to float32 rounding. A stacked model's ``wall_s`` /
-    ``cpu_s`` are its share (the stack's / K) and its record says ``stacked``: K."""
-    from ..training import train, train_stacked
+    ``cpu_s`` are its share (the stack's / K) and its record says ``stacked``: K. ``request``
+    (:func:`difftx.compare.run.training_request`) is kept in each record with its seed and arm."""
     from ..training.distributed import destroy_distributed, init_distributed, is_initialized, on_main
-    from ..training.trainer import TrainingDivergedError
+    from ..training.trainer import TrainingDivergedError, stop_hint
 
     if kind not in plan.arms:
         raise ValueError(f"kind: must be one of {tuple(plan.arms)}, got {kind!r}")
@@ -93,16 +94,9 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
         what = f"{kind} seed {seeds[0]}" if len(seeds) == 1 else f"{kind} seeds {', '.join(map(str, seeds))}"
         bar = {"desc": f"train {what}", "position": position, "leave": False}
         what = f"{kind} ({what[len(kind) + 1:]})"
-        try:
-            # resume=True continues an interrupted run (without a checkpoint folder: a quiet fresh start)
-            if len(setups) == 1:
-                s = setups[0]
-                results = [train(s.config, resume=resume, data=s.stream, model_config=cfg, probes=s.probes.probes,
-                                 progress_bar=bar)]
-            else:
-                results = train_stacked([s.config for s in setups], data=[s.stream for s in setups],
-                                        model_config=cfg, resume=resume, probes=[s.probes.probes for s in setups],
-                                        progress_bar=bar)
+        try:  # a signal's line says what compare needs: its command again (it has no --resume)
+            with stop_hint("run the same compare command again to continue"):
+                results = _train(setups, cfg, resume, bar)
         except TrainingDivergedError as e:
             raise TrainingDivergedError(f"training {what} diverged: {e}") from e
         for s, result in zip(setups, results):
@@ -113,11 +107,24 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
         share = {"wall_s": (time.time() - t0) / len(seeds), "cpu_s": (time.process_time() - c0) / len(seeds),
                  "device": str(dist.device), "threads": torch.get_num_threads(), "world_size": dist.world_size,
                  "invocation": invocation, "stacked": len(seeds) if len(seeds) > 1 else None}
-        return [on_main(lambda s=s, r=r: _finish(kind, plan, s, r, share), share=True)
+        return [on_main(lambda s=s, r=r: _finish(kind, plan, s, r, share, request), share=True)
                 for s, r in zip(setups, results)]
     finally:
         if owns_group:
             destroy_distributed()
+
+
+def _train(setups: list, cfg, resume: bool, bar: dict) -> list:
+    """Train the models of ``setups`` (one alone, more as a stack); resume=True continues an interrupted
+    run (without a checkpoint folder: a quiet fresh start)."""
+    from ..training import train, train_stacked
+
+    if len(setups) == 1:
+        s = setups[0]
+        return [train(s.config, resume=resume, data=s.stream, model_config=cfg, probes=s.probes.probes,
+                      progress_bar=bar)]
+    return train_stacked([s.config for s in setups], data=[s.stream for s in setups], model_config=cfg, resume=resume,
+                         probes=[s.probes.probes for s in setups], progress_bar=bar)
 
 
 @dataclass
@@ -144,7 +151,7 @@ class _Setup:
                    (run_dir / "checkpoints").is_dir())
 
 
-def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict) -> dict:
+def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, request: dict | None = None) -> dict:
     """Save the trained model with its task vocabulary, write ``train.json`` (last, atomically) and
     delete the checkpoints; returns the record."""
     from ..training.metrics import read_metrics
@@ -176,7 +183,9 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict) ->
     record = TrainRecord(
         kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
-        probes_skipped=NO_NEEDLES if space.needle is None else None, heldout_curve=heldout_curve, **share)
+        probes_skipped=NO_NEEDLES if space.needle is None else None, heldout_curve=heldout_curve,
+        request=None if request is None else {**request, "kind": kind, "seed": seed}, **share)
+    write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
     record.write(folder)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
     return record.to_dict()

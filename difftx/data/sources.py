@@ -230,8 +230,9 @@ def iter_jsonl(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
                 if not isinstance(record, dict) or text_field not in record:
                     what = f"keys: {', '.join(sorted(record))[:200]}" if isinstance(record, dict) else \
                         f"a JSON {type(record).__name__}, not an object"
-                    raise DataError(f"{path} line {lineno}: no text field {text_field!r} ({what}); "
-                                    f"choose the field with text_field= / --text-field")
+                    raise DataError(f"{path} line {lineno}: no text field {text_field!r} ({what}); choose the "
+                                    "field with text_field= (difftx train: --set text_field=NAME; difftx tokenizer "
+                                    "train: --text-field NAME; difftx compare reads the field 'text')")
                 text = record[text_field]
                 if not isinstance(text, str):
                     raise DataError(f"{path} line {lineno}: field {text_field!r} is a {type(text).__name__}, "

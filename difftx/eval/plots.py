@@ -184,6 +184,42 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]
     return _save(fig, path)
 
 
+def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[Optional[float]]]]],
+                     path: PathLike, *, ylabel: str, title: str, xlabel: str = "step", mean: bool = True,
+                     color_by_model: bool = True) -> Path:
+    """Curves of many seeds, one colour per model: ``curves[name] = [(xs, ys) per seed]``. Every
+    seed is drawn faint and, with ``mean``, the mean over seeds bold (at the x values every seed of
+    that model has; a ``None`` value is left out); without ``mean`` (seeds on different x, such as
+    wall-clock) the seeds alone, a little stronger. The colour is the model's (the first word of
+    ``name``: "DIFF L0" is DIFF's), or with ``color_by_model=False`` one per name. The legend names
+    one entry per name and sits outside the axes, so it never covers a curve."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.4, 3.6))
+    for i, (name, seeds) in enumerate(curves.items()):
+        color = _color(name.split()[0], i) if color_by_model else f"C{i}"
+        series = [[(x, y) for x, y in zip(xs, ys) if x is not None and y is not None] for xs, ys in seeds]
+        series = [pts for pts in series if pts]
+        if not series:
+            continue
+        seeds_text = f"{len(series)} seed{'s' if len(series) > 1 else ''}"
+        common = sorted(set.intersection(*(set(x for x, _ in pts) for pts in series))) if mean else []
+        for j, pts in enumerate(series):
+            ax.plot([x for x, _ in pts], [y for _, y in pts], color=color, lw=0.8, alpha=0.25 if common else 0.55,
+                    label=None if common or j else f"{name} ({seeds_text})")
+        if common:
+            values = [dict(pts) for pts in series]
+            ax.plot(common, [sum(v[x] for v in values) / len(values) for x in common], color=color, lw=2.2,
+                    label=f"{name}: mean of {seeds_text}")
+    if mean and any(len(seeds) > 1 for seeds in curves.values()):
+        ax.plot([], [], color="gray", lw=0.8, alpha=0.5, label="one seed (faint)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return _save(fig, path)
+
+
 def plot_nll_by_position(curves: Mapping[str, Sequence[float]], path: PathLike, *, train_len: Optional[int] = None,
                          n_bins: int = 64, title: str = "NLL by position") -> Path:
     """Mean NLL per position (``LMResult.nll_by_position``) per model, averaged in ``n_bins``
@@ -268,7 +304,8 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
     (``curves[name] = [(tokens, losses) per seed]``); each matched point ``(t_DIFF, t_baseline,
     loss)`` drawn as a horizontal segment from DIFF's tokens to the baseline tokens of that loss
     (``None``: not reached, no segment). ``overall`` (a ``Ratio.to_dict()``) adds the overall tokens
-    ratio and its interval to the title."""
+    ratio and its interval to the title, or, where the curves cross (no overall value), the first and
+    last ratios from its note."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (name, seeds) in enumerate(curves.items()):
@@ -290,6 +327,34 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
         title += f"\nDIFF tokens / baseline tokens = {overall['value']:.3f}"
         title += (f" [{overall['low']:.3f}, {overall['high']:.3f}] (95%)" if overall.get("low") is not None
                   else " (no interval)")
+    elif overall is not None and "cross" in (overall.get("note") or ""):  # no overall ratio: say why
+        title += "\n" + overall["note"].split("; no overall")[0]
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLike, *,
+                            title: str = "held-out loss gap along training (arm - baseline)") -> Path:
+    """The paired held-out loss gap against training tokens (log axis), per arm: every seed's
+    difference faint, the mean bold, its 95% interval shaded where it has one (``gaps[arm]``: the
+    points of :func:`difftx.compare.summary.gap_along_training`); 0 marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (name, points) in enumerate(gaps.items()):
+        color, t = _color(name, i), [g["tokens"] for g in points]
+        for s in range(len(points[0]["values"])):
+            ax.plot(t, [g["values"][s] for g in points], color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(t, [g["mean"] for g in points], color=color, linewidth=2, marker="o", markersize=3,
+                label=f"{name} - baseline (mean of {len(points[0]['values'])} seeds)")
+        ci = [(x, g["low"], g["high"]) for x, g in zip(t, points) if g["low"] is not None]
+        if ci:
+            ax.fill_between([c[0] for c in ci], [c[1] for c in ci], [c[2] for c in ci], color=color, alpha=0.15)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("held-out loss gap (nats/token)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -297,37 +362,48 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
 
 
 def plot_parameter_efficiency(points: Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]],
-                              fits: Mapping[str, tuple[float, float]], path: PathLike, *,
+                              fits: Mapping[str, tuple], path: PathLike, *,
                               crossover: Optional[float] = None,
                               title: str = "held-out loss against model size (paper Fig. 3a)",
-                              ratios: Optional[Mapping[float, Mapping]] = None) -> Path:
+                              ratios: Optional[Mapping[float, Mapping]] = None,
+                              lines: Optional[Mapping[str, tuple[float, float]]] = None) -> Path:
     """Loss against non-embedding parameters, log-log: per arm (``points[name] = (params,
-    losses per seed)``) the seeds' points and the fitted line ``log L = a + b log N`` from
-    ``fits[name] = (a, b)`` (the seeds' mean fit); the crossover size, if given, as a vertical line.
-    ``ratios`` (``{DIFF size: Ratio.to_dict()}``) writes each size's parameters ratio beside the
-    first arm's line."""
+    losses per seed)``) the seeds' points and the fitted curve from ``fits[name]``: ``(E, A, b)``
+    for ``L = E + A N^-b`` (the floor fit), or ``(a, b)`` for the line ``log L = a + b log N``;
+    ``lines`` (``{name: (a, b)}``) adds straight log-log lines, thin and dashed, for comparison. The
+    crossover size, if given, as a vertical line. ``ratios`` (``{DIFF size: Ratio.to_dict()}``)
+    writes each size's parameters ratio beside the first arm's curve."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     lo = min(min(p) for p, _ in points.values())
     hi = max(max(p) for p, _ in points.values())
     grid = [lo * (hi / lo) ** (k / 50) for k in range(51)]
+
+    def curve(f: tuple, n: float) -> float:
+        return f[0] + f[1] * n ** -f[2] if len(f) == 3 else math.exp(f[0] + f[1] * math.log(n))
+
+    def label(name: str, f: tuple) -> str:
+        if len(f) == 3:
+            return f"{name}: L = {f[0]:.3g} + {f[1]:.3g} N^-{f[2]:.3f}"
+        return f"{name}: L = {math.exp(f[0]):.3g} N^{f[1]:.3f}"
+
     for i, (name, (params, seeds)) in enumerate(points.items()):
         color = _color(name, i)
         for row in seeds:
             ax.scatter(params, row, color=color, alpha=0.5, s=14)
-        a, b = fits[name]
-        ax.plot(grid, [math.exp(a + b * math.log(n)) for n in grid], color=color, linewidth=2,
-                label=f"{name}: L = {math.exp(a):.3g} N^{b:.3f}")
+        ax.plot(grid, [curve(fits[name], n) for n in grid], color=color, linewidth=2, label=label(name, fits[name]))
+        if lines and name in lines:
+            ax.plot(grid, [curve(lines[name], n) for n in grid], color=color, linewidth=0.9, linestyle="--",
+                    label=f"{name}: straight log-log line")
     if ratios:
-        a, b = fits[next(iter(points))]
+        first = fits[next(iter(points))]
         for n, r in ratios.items():
             if r.get("value") is not None:
                 text = f"{r['value']:.2f}" + (f" [{r['low']:.2f}, {r['high']:.2f}]" if r.get("low") is not None else "")
                 text += " (extrapolated)" if "extrapolated" in (r.get("note") or "") else ""
-                ax.annotate(text, (n, math.exp(a + b * math.log(n))), textcoords="offset points", xytext=(4, 6),
-                            fontsize=7)
+                ax.annotate(text, (n, curve(first, n)), textcoords="offset points", xytext=(4, 6), fontsize=7)
     if crossover is not None and lo <= crossover <= hi:
-        ax.axvline(crossover, color="gray", linestyle="--", linewidth=1, label=f"lines cross at N = {crossover:.3g}")
+        ax.axvline(crossover, color="gray", linestyle="--", linewidth=1, label=f"curves cross at N = {crossover:.3g}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     from matplotlib.ticker import FormatStrFormatter

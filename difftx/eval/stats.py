@@ -28,19 +28,41 @@ assumes no distribution: under the null
 the two arms of a seed are exchangeable, so each difference is as likely positive as negative. Its
 smallest p-value is ``2 / 2^n``, 0.0625 at 5 seeds: no verdict is possible below 6 seeds, and
 :func:`seeds_for_verdict` says how many a Holm family needs. The p-value is the larger of the t
-and the sign-flip p-values (never 0: a constant difference gets the sign-flip p). The interval is
-the hull of the t interval and the sign-flip interval (:func:`sign_flip_interval`), clipped to the
-metric's range; it is ``None`` where it is unbounded (below 6 seeds), with the reason in
+and the sign-flip p-values (never 0: a constant difference gets the sign-flip p), and the betting
+p-value joins them for a bounded metric (below). The interval is the hull of the t interval and the
+sign-flip interval (:func:`sign_flip_interval`), with the betting one for a bounded metric, clipped
+to the metric's range; it is ``None`` where it is unbounded (below 6 seeds), with the reason in
 ``PairedEstimate.note``. These intervals are unadjusted: verdicts use the Holm-adjusted p-value.
+
+What each test rejects. The t test and the sign-flip test reject *exchangeability*: that a seed's
+two arms are interchangeable, so its difference is as likely +d as -d. Under that null a verdict is
+valid at any distribution, but a verdict is not a statement about means: where most seeds gain a
+little and a few fail badly (equal means, skewed differences), both tests reject at rates far above
+5%. So a metric with known bounds (accuracies, rates, steps within a budget) also gets a test of the
+*mean* that assumes nothing else: the betting interval of the paired differences, which lie in
+``[-(high - low), high - low]`` (:func:`betting_interval`). Its interval joins the hull and its
+p-value joins the maximum, so a verdict on a bounded metric is a verdict on the mean difference. It
+is wide at few seeds because it must be: at 8 seeds it rejects only differences of most of the range.
+An unbounded metric (an NLL) has no finite-sample test of its mean; its verdict is one of
+exchangeability, and a report says so.
+
+Ties. Seeds whose two arms score the same value (two models that both never learned within the
+budget, censored at the same step) carry no sign: the sign-flip test is decided by the other seeds,
+and its smallest p-value is ``2 / 2^(n - ties)``. :class:`PairedEstimate` counts them (``ties``) and
+the verdict names them when they are why no verdict is possible.
+
+Power. :func:`seeds_for_verdict` is the least number of seeds at which a verdict is *possible*;
+:func:`seeds_for_power` is the number at which the rule finds a difference like the observed one in
+80% of repeats (seeds resampled from the observed differences, so the seeds' modes are kept).
 
 One arm's mean (:func:`mean_interval`) has no symmetry to lean on: the lottery makes it skewed. For
 a metric with known bounds (accuracies, rates) its interval is the hull of the t interval and a
 betting interval (:func:`betting_interval`, Waudby-Smith and Ramdas' hedged capital process),
 which holds for any distribution inside the bounds at any number of seeds, and is wide at few
-seeds because it must be. An unbounded metric gets the hull with the sign-flip interval.
+seeds because it must be: distribution-free and conservative (its coverage is at least 0.99 in
+the simulations). An unbounded metric gets the hull with the sign-flip interval.
 
-Multiplicity: :func:`holm` adjusts a family of p-values (and :func:`benjamini_hochberg` is
-there for false-discovery control).
+Multiplicity: :func:`holm` adjusts a family of p-values.
 
 Benchmarks: :func:`median_interval` is the distribution-free (order-statistic) interval of a
 median, used on the round-by-round time ratios of ``difftx bench`` and the training benchmark.
@@ -129,12 +151,19 @@ def _normal_quantile(p: float) -> float:
 # -- the paired estimate ----------------------------------------------------------------------
 
 
+def round_p(p: Optional[float]) -> Optional[float]:
+    """A p-value kept to 4 significant digits (a p-value is not known to 16)."""
+    return None if p is None else float(f"{p:.4g}")
+
+
 @dataclass
 class PairedEstimate:
     """DIFF - baseline: ``mean`` with its two-sided, unadjusted interval ``[low, high]`` at
     ``confidence`` (``None`` with one seed, or where no distribution-free test can back one: ``note``
-    says why), ``p_value`` (the larger of ``p_t`` and ``sign_flip_p``: the level at which the
-    interval just reaches 0) and what the interval covers (``method``)."""
+    says why), ``p_value`` (the largest of ``p_t``, ``sign_flip_p`` and, for a bounded metric,
+    ``betting_p``: the level at which the interval just reaches 0) and what the interval covers
+    (``method``). ``p_t`` is ``None`` where the differences have no spread (a t test is undefined
+    there). ``ties``: seeds whose two arms scored the same value (no sign for the sign-flip test)."""
 
     mean: float
     low: Optional[float]
@@ -149,13 +178,20 @@ class PairedEstimate:
     baseline_mean: float
     p_t: Optional[float] = None  # the two-level t test alone
     note: Optional[str] = None  # why there is no interval, when there is none
+    betting_p: Optional[float] = None  # the bounded test of the mean (metrics with bounds only)
+    ties: int = 0
+    tests: str = "exchangeability"  # what the p-value rejects: "exchangeability", or "the mean" (bounded metrics)
 
     @property
-    def excludes_zero(self) -> bool:
+    def unadjusted_excludes_zero(self) -> bool:
+        """Whether the *unadjusted* interval excludes 0 (verdicts use the Holm-adjusted p-value)."""
         return self.low is not None and (self.low > 0 or self.high < 0)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "excludes_zero": self.excludes_zero}
+        out = asdict(self)
+        for k in ("p_value", "sign_flip_p", "p_t", "betting_p"):
+            out[k] = round_p(out[k])
+        return {**out, "unadjusted_excludes_zero": self.unadjusted_excludes_zero}
 
 
 def _components(D: np.ndarray) -> list[tuple[float, float]]:
@@ -188,9 +224,10 @@ def half_width(D: np.ndarray, confidence: float = 0.95) -> float:
     return _half_width(_components(np.asarray(D, dtype=np.float64)), 1 - confidence)
 
 
-def _p_value(mean: float, parts: list[tuple[float, float]]) -> float:
+def _p_value(mean: float, parts: list[tuple[float, float]]) -> Optional[float]:
+    """The t test's p-value of ``mean = 0``; ``None`` where the parts have no spread at all."""
     if not any(v > 0 for v, _ in parts):
-        return 1.0 if mean == 0 else 0.0
+        return None
     live = [(v, df) for v, df in parts if v > 0]
     if len(live) == 1:  # one part: the t test's own p-value
         return 2.0 * (1.0 - t_cdf(abs(mean) / math.sqrt(live[0][0]), live[0][1]))
@@ -318,6 +355,66 @@ def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
     return n
 
 
+POWER_MAX_SEEDS = 64
+
+
+def _t_p_values(x: np.ndarray) -> np.ndarray:
+    """Two-sided one-sample t p-values of ``mean = 0`` for each row of ``x`` ``(reps, n)``; 1 for
+    a row without spread and mean 0, the sign-flip's job otherwise (here 0)."""
+    n = x.shape[1]
+    m, sd = x.mean(1), x.std(1, ddof=1)
+    out = np.empty(x.shape[0])
+    for i, (mi, si) in enumerate(zip(m, sd)):
+        out[i] = (1.0 if mi == 0 else 0.0) if si == 0 else 2.0 * (1.0 - t_cdf(abs(mi) / (si / math.sqrt(n)), n - 1))
+    return out
+
+
+def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 0.05,
+               bounds: Optional[tuple[float, float]] = None, reps: int = 300, seed: int = 0) -> float:
+    """The share of ``reps`` repeats in which the verdict rule (the largest of the t, sign-flip and,
+    with ``bounds``, betting p-values, times ``comparisons`` as Holm's first step) rejects at
+    ``alpha``, each repeat drawing ``n`` seeds' differences with replacement from the observed ``d``
+    (so the seeds' modes, e.g. a retrieval lottery, are kept). The sign-flip p-value is exact up to
+    12 seeds, then estimated from 2,000 random flips (ample for a level of 0.05 / comparisons)."""
+    x0 = np.asarray(d, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    if n < seeds_for_verdict(comparisons, alpha):
+        return 0.0
+    x = x0[rng.integers(0, x0.size, (reps, n))]
+    signs = _signs(n, max_exact=12, draws=2000, seed=seed)
+    obs = np.abs(x.sum(1))
+    hits = (np.abs(x @ signs.T) >= obs[:, None] * (1 - 1e-12)).sum(1)
+    p_sf = hits / signs.shape[0] if n <= 12 else (hits + 1) / (signs.shape[0] + 1)
+    p = np.maximum(p_sf, _t_p_values(x))
+    if bounds is not None:
+        span = float(bounds[1] - bounds[0])
+        v = (x + span) / (2 * span)
+        p_bet = np.array([min(1.0, 1.0 / betting_capital(row, [0.5], alpha / comparisons)[0]) for row in v])
+        p = np.maximum(p, p_bet)
+    return float((p * comparisons < alpha).mean())
+
+
+def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
+                    bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
+                    reps: int = 300) -> Optional[int]:
+    """The fewest seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which
+    :func:`rule_power` reaches ``power`` for differences like the observed ``d``; ``None`` when it
+    does not within ``max_seeds`` (or ``d`` has fewer than 2 values, or a mean of 0)."""
+    x = np.asarray(d, dtype=np.float64)
+    if x.size < 2 or float(x.mean()) == 0.0:
+        return None
+    lo = seeds_for_verdict(comparisons, alpha)
+    if rule_power(x, max_seeds, comparisons, alpha, bounds, reps) < power:
+        return None
+    hi = max_seeds  # power at hi reaches the target; bisect for the fewest seeds that do (power grows with n)
+    if rule_power(x, lo, comparisons, alpha, bounds, reps) >= power:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if rule_power(x, mid, comparisons, alpha, bounds, reps) >= power else (mid, hi)
+    return hi
+
+
 def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
                     diff_examples: Optional[np.ndarray] = None, baseline_examples: Optional[np.ndarray] = None,
                     confidence: float = 0.95, bounds: Optional[tuple[float, float]] = None) -> PairedEstimate:
@@ -325,8 +422,9 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
     ``*_examples`` ``(n, m)`` (the same m examples, in the same order, for every seed and both
     arms; a seed's value is the mean of its row) the t part includes evaluation-set noise. With
     ``bounds`` ``(low, high)`` (the metric's range, e.g. ``(0, 1)`` for an accuracy) the interval
-    stays inside ``[low - high, high - low]``. See the module docstring for how the t and the
-    sign-flip parts are combined."""
+    stays inside ``[low - high, high - low]`` and also holds the betting interval of the mean
+    difference, whose p-value joins the maximum (a test of the mean, not only of symmetry). See the
+    module docstring for how the parts are combined."""
     a, b = np.asarray(diff, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
         raise ValueError(f"diff and baseline must be equal-length, non-empty 1-D sequences (got {a.shape} and "
@@ -344,23 +442,32 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
         D, method = (a - b)[:, None], "paired t over seeds"
     d = a - b
     mean = float(d.mean())
+    ties = int((d == 0).sum())
     if n == 1:
         return PairedEstimate(mean, None, None, None, None, 1, D.shape[1], confidence, "one seed: no interval",
-                              float(a[0]), float(b[0]), note="one seed: no interval")
-    span = None if bounds is None else float(bounds[1] - bounds[0])
+                              float(a[0]), float(b[0]), note="one seed: no interval", ties=ties)
     parts = _components(D)
     h = _half_width(parts, 1 - confidence)
     p_t, p_sf = _p_value(mean, parts), sign_flip_p(d)
     s_lo, s_hi = sign_flip_interval(d, confidence)
     low, high, note = min(mean - h, s_lo), max(mean + h, s_hi), None
+    p_bet, tests = None, "exchangeability"
+    if bounds is not None:
+        span = float(bounds[1] - bounds[0])
+        b_lo, b_hi, p_bet = betting_interval(d, -span, span, confidence, point=0.0)
+        low, high = min(low, b_lo), max(high, b_hi)
+        method, tests = method + ", exact sign-flip and betting (bounded mean)", "the mean"
+    else:
+        method += " and exact sign-flip"
     if not (math.isfinite(low) and math.isfinite(high)):
         low = high = None
         note = (f"{n} seeds: no interval or verdict; the exact sign-flip test needs at least "
                 f"{seeds_for_verdict(1, 1 - confidence)} paired seeds")
-    elif span is not None:
+    elif bounds is not None:
         low, high = max(low, -span), min(high, span)
-    return PairedEstimate(mean, low, high, max(p_t, p_sf), p_sf, n, D.shape[1], confidence,
-                          method + " and exact sign-flip", float(a.mean()), float(b.mean()), p_t=p_t, note=note)
+    p = max(x for x in (p_t, p_sf, p_bet) if x is not None)
+    return PairedEstimate(mean, low, high, p, p_sf, n, D.shape[1], confidence, method, float(a.mean()),
+                          float(b.mean()), p_t=p_t, note=note, betting_p=p_bet, ties=ties, tests=tests)
 
 
 def t_mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None,
@@ -443,28 +550,19 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adj.tolist()
 
 
-def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
-    """Benjamini-Hochberg adjusted p-values (false-discovery-rate control), in the input order."""
-    p = np.asarray(p_values, dtype=np.float64)
-    order = np.argsort(p)[::-1]
-    adj = np.empty_like(p)
-    running = 1.0
-    for k, i in enumerate(order):
-        running = min(running, p[i] * p.size / (p.size - k))
-        adj[i] = running
-    return adj.tolist()
-
-
 # -- wording ----------------------------------------------------------------------------------
 
 
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
-            family_size: Optional[int] = None) -> str:
+            family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False) -> str:
     """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
     over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
-    difference", and why: too few seeds for any verdict, a difference that does not survive the
-    adjustment, or the range the unadjusted interval allows. Always "at this scale and budget"."""
+    difference", and why: too few seeds for any verdict (ties counted), a difference that does not
+    survive the adjustment, a bounded metric whose seeds lean one way but whose mean is not
+    established, or the range the unadjusted interval allows; with ``power_checked``, the seeds at
+    which a difference like this one reaches 80% power (``power_seeds``; ``None``: beyond what was
+    simulated). Always "at this scale and budget"."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
@@ -476,18 +574,32 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     holm_p = f"; Holm-adjusted p = {adjusted_p:.3g}" + (f" over {family_size} comparisons" if family_size else "") \
         if adjusted else ""
     needed = seeds_for_verdict(family_size or 1, alpha)
+    power = ""
+    if power_checked:
+        power = (f"; resampling these {est.n} seeds' differences, a difference like this one reaches 80% power at "
+                 f"about {power_seeds} seeds" if power_seeds else
+                 f"; resampling these {est.n} seeds' differences, a difference like this one does not reach 80% "
+                 f"power within {POWER_MAX_SEEDS} seeds")
     if est.low is None:
         return head + f" ({est.note}{f' ({needed} in a family of {family_size})' if family_size else ''}): no " \
-                      "conclusion at this scale and budget"
+                      "conclusion at this scale and budget" + power
     ci = (f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
           f"{over}; p = {est.p_value:.3g}{holm_p})")
     if p < alpha:
         better = "better" if (est.mean < 0) == lower_is_better else "worse"
         return head + ci + f": {names[0]} is {better} at this scale and budget"
+    informative = est.n - est.ties
+    leaning = max(x for x in (est.p_t, est.sign_flip_p) if x is not None)
     if est.n < needed:
         why = f"a verdict among {family_size} comparisons needs at least {needed} seeds"
+    elif est.ties and informative < needed:
+        why = (f"{est.ties} of {est.n} seeds tie (both models scored the same, e.g. both censored at the budget) and "
+               f"carry no sign: {informative} informative seeds, and a verdict needs at least {needed}")
+    elif est.betting_p is not None and leaning < alpha <= est.betting_p:
+        why = (f"the seeds' differences lean one way (t and sign-flip p = {leaning:.3g}), but the bounded test of "
+               f"the mean (betting p = {est.betting_p:.3g}) does not establish the mean difference")
     elif adjusted and est.p_value < alpha:
         why = "the unadjusted interval excludes 0, but the difference does not survive the Holm adjustment"
     else:
         why = f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}"
-    return head + ci + f": no detectable difference at this scale and budget; {why}"
+    return head + ci + f": no detectable difference at this scale and budget; {why}" + power

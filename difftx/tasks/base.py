@@ -65,6 +65,9 @@ class Metric:
     # the range every value lies in (accuracies and rates: (0, 1)); intervals stay inside it, and one
     # arm's interval holds for any distribution of its seeds (difftx.eval.stats.mean_interval)
     bounds: Optional[tuple[float, float]] = None
+    # a metric whose range depends on the run (steps until learned, censored at the last probe):
+    # ``bounds_of(result)`` gives each model's ``(low, high)``; the comparison uses their hull
+    bounds_of: Optional[Callable[[dict], Optional[tuple[float, float]]]] = None
 
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "lower_is_better": self.lower_is_better, "unit": self.unit,

@@ -4,6 +4,7 @@ AR-hit split (paper Table 6) and length extrapolation (NLL beyond the training l
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -62,6 +63,10 @@ class LMTask(Task):
         seq_len = s.seq_len or held.train_len
         n = s.windows if s.windows is not None else (0 if subject.data is not None else DEFAULT_WINDOWS)
         windows, tail = spread_windows(held.tokens, seq_len, n, overlap=s.overlap)
+        if n == 0:  # consecutive windows, then the tail
+            starts = list(range(0, (windows.shape[0] + (tail is not None)) * seq_len, seq_len))
+        else:
+            starts = window_starts(held.tokens.numel(), seq_len, n, overlap=s.overlap)
         nll, hits = window_nll(subject.model, windows, s.batch_size, progress), ar_hit_mask(windows)
         per_window = [(float(r.mean()), r.numel()) for r in nll]
         flat_nll, flat_hits = nll.flatten(), hits.flatten()
@@ -81,6 +86,9 @@ class LMTask(Task):
                      "windows": len(per_window), "windows_asked": n, "tokens": int(flat_nll.numel()),
                      "distinct_tokens": distinct, "stream_tokens": int(held.tokens.numel()), "heldout": heldout,
                      "records": {"window_nll": [w for w, _ in per_window], "window_tokens": [n for _, n in per_window]}}
+        out["dependence"] = _dependence(starts, out["records"]["window_tokens"], seq_len,
+                                        getattr(held, "doc_offsets", None))
+        heldout["nll_interval"] = nll_interval(out).to_dict()
         try:
             ext = length_extrapolation(subject.model, held.tokens, seq_len, factors=s.extrapolation_factors,
                                        max_windows=s.extrapolation_windows, bytes_per_token=held.bytes_per_token,
@@ -95,11 +103,12 @@ class LMTask(Task):
             return lambda r: r["heldout"][key]
 
         def bpb(r: dict) -> list[float]:
-            return [w / math.log(2) / r["heldout"]["bytes_per_token"] for w in r["records"]["window_nll"]]
+            return [w / math.log(2) / r["heldout"]["bytes_per_token"] for w in per_block(r)]
 
-        per_window = lambda r: r["records"]["window_nll"]  # noqa: E731
+        # the examples of the two-level interval: blocks of windows (windows of one text are not independent
+        # examples: difftx.eval.blocks)
         return [
-            Metric("lm_nll", "LM NLL (held-out)", True, held("nll"), "nats", primary=True, per_example=per_window),
+            Metric("lm_nll", "LM NLL (held-out)", True, held("nll"), "nats", primary=True, per_example=per_block),
             Metric("lm_bpb", "LM bits per byte", True, held("bpb"), "bits", per_example=bpb),
             Metric("lm_ar_hit_nll", "LM NLL, AR-hit tokens", True, held("ar_hit_nll"), "nats"),
             Metric("lm_other_nll", "LM NLL, other tokens", True, held("other_nll"), "nats"),
@@ -113,7 +122,8 @@ class LMTask(Task):
         r = ctx.result(self.name)
         s = ctx.settings(self.name)
         return (f"## {self.title}\n\nHeld-out text: {r['source']}; {r['windows']} windows of {r['window']} "
-                f"predictions ({r['tokens']:,} tokens) per model. Mean over seeds [95% CI]:\n\n"
+                f"predictions ({r['tokens']:,} tokens) per model. {_examples_sentence(r)} "
+                "Mean over seeds [95% CI]:\n\n"
                 + ctx.comparison_table(ctx.metric_keys(self.name))
                 + f"\nThe extrapolation row scores windows of {max(s['extrapolation_factors'])}x the window length "
                   "(RoPE, nothing rescaled). At 1-30M parameters published reproductions find the LM-loss gap "
@@ -145,8 +155,11 @@ class LMTask(Task):
                   "--overlap true allows more, as examples that are not independent)")
         ar = "-" if h["ar_hit_nll"] is None else f"{h['ar_hit_nll']:.4f}"
         other = "-" if h["other_nll"] is None else f"{h['other_nll']:.4f}"
-        print(f"NLL {h['nll']:.4f} nats  bits/byte {h['bpb']:.4f}  AR-hit NLL {ar} ({h['ar_hit_fraction']:.1%} of "
-              f"tokens)  other NLL {other}")
+        ci = nll_interval(res)
+        band = "" if ci.low is None else f" [95% CI {ci.low:.4f}, {ci.high:.4f}]"
+        print(f"NLL {h['nll']:.4f} nats{band}  bits/byte {h['bpb']:.4f}")
+        print(f"AR-hit NLL {ar} ({h['ar_hit_fraction']:.1%} of tokens)  other NLL {other}")
+        print(textwrap.fill(f"  (NLL interval: {interval_about(res, ci)})", 100, subsequent_indent="   "))
         ext = res.get("extrapolation", {})
         if ext:
             longest = max(ext, key=int)
@@ -166,6 +179,100 @@ def scored_tokens(res: dict) -> str:
     distinct = res.get("distinct_tokens", res["tokens"])
     text = f"{distinct:,} distinct tokens"
     return text if distinct == res["tokens"] else text + f" ({res['tokens']:,} predictions: windows overlap)"
+
+
+def _dependence(starts: list[int], tokens: list[int], seq_len: int, doc_offsets) -> dict:
+    """How the windows relate (recorded in the result): whether they are ``consecutive`` (less than
+    one window of text between neighbours on average), the text they ``span``, and the ``bounds``
+    of the blocks of windows that are the units of every interval over them
+    (:func:`difftx.eval.blocks.block_bounds`: blocks spanning at least ``min_block_tokens`` of text,
+    ``by`` position, or whole documents where the text's documents are known)."""
+    from ..eval.blocks import MIN_BLOCK_TOKENS, block_bounds
+
+    spacing = (starts[-1] - starts[0]) / (len(starts) - 1) if len(starts) > 1 else math.inf
+    doc_starts = None
+    if doc_offsets is not None and len(doc_offsets) > 2:  # more than one document: blocks of whole documents
+        import numpy as np
+
+        doc = np.searchsorted(np.asarray(doc_offsets), np.asarray(starts) + 1, side="right")  # first prediction's
+        doc_starts = (np.flatnonzero(np.diff(doc)) + 1).tolist()
+    return {"consecutive": spacing < 2 * seq_len, "span": starts[-1] + tokens[-1] - starts[0] if starts else 0,
+            "min_block_tokens": MIN_BLOCK_TOKENS, "by": "document" if doc_starts else "position",
+            "bounds": block_bounds(tokens, starts, doc_starts=doc_starts) if starts else [0, 0]}
+
+
+def window_layout(res: dict) -> list[int]:
+    """Window-index bounds of the units of a result's intervals: its recorded blocks, else one per
+    window (a result written before blocks were recorded)."""
+    from ..eval.blocks import window_bounds
+
+    dep = res.get("dependence") or {}
+    return dep.get("bounds") or window_bounds(len(res["records"]["window_nll"]))
+
+
+def per_block(res: dict) -> list[float]:
+    """Token-weighted mean NLL of each block of :func:`window_layout`: the examples of ``lm_nll``
+    in ``difftx compare``'s two-level interval."""
+    from ..eval.blocks import block_means
+
+    return block_means(res["records"]["window_nll"], res["records"]["window_tokens"], window_layout(res))
+
+
+def nll_interval(res: dict, reference: Optional[dict] = None):
+    """The mean NLL of a result with its 95% interval over the blocks of :func:`window_layout`
+    (:class:`difftx.eval.blocks.BlockInterval`); with ``reference`` (a result on the same windows),
+    of the window-by-window difference ``res - reference``."""
+    from ..eval.blocks import BlockInterval, block_interval
+
+    values, tokens = res["records"]["window_nll"], res["records"]["window_tokens"]
+    if not values:  # a stream too short for one prediction
+        return BlockInterval(math.nan, None, None, None, None, 0, 0.0, 0.95, "no interval: no windows")
+    if reference is not None:
+        import numpy as np
+
+        values = np.asarray(values, dtype=np.float64) - np.asarray(reference["records"]["window_nll"])
+    return block_interval(values, tokens, window_layout(res))
+
+
+def interval_about(res: dict, ci=None) -> str:
+    """One sentence: what the NLL interval of ``res`` is about and what its units are."""
+    from ..eval.blocks import MIN_BLOCKS
+
+    dep = res.get("dependence") or {}
+    ci = ci if ci is not None else nll_interval(res)
+    if "bounds" not in dep:  # a result recorded before blocks were
+        return "a t interval over windows, taken as independent"
+    units = "whole documents" if dep["by"] == "document" else "text"
+    if ci.low is None:
+        have = (f"its documents make {_blocks(ci.blocks)}" if dep["by"] == "document" else
+                f"the windows span {dep['span']:,} tokens")
+        return (f"none: windows of one text are not independent, and an interval that allows for it needs "
+                f"{MIN_BLOCKS} blocks spanning at least {dep['min_block_tokens']:,} tokens of {units} each; {have}")
+    whole = res.get("distinct_tokens") == (res.get("stream_tokens") or 0) - 1
+    about = ("every token is scored once, so the text's own mean has no sampling error: the interval is about "
+             "text like it" if whole else "about text like it")
+    windows = res["windows"] / ci.blocks
+    return (f"{about}; windows of one text are not independent, so its units are {_blocks(ci.blocks)} of about "
+            f"{windows:,.0f} {'consecutive ' if dep['consecutive'] else ''}window{'s' if windows >= 1.5 else ''} "
+            f"spanning about {dep['span'] / ci.blocks:,.0f} tokens of {units} each (t, {ci.df:.1f} df)")
+
+
+def _examples_sentence(r: dict) -> str:
+    """The report's sentence on the examples of the text part of the interval."""
+    dep = r.get("dependence") or {}
+    if "bounds" not in dep:
+        return "The windows are the examples of the interval."
+    blocks = len(dep["bounds"]) - 1
+    units = "whole documents" if dep["by"] == "document" else "text"
+    if blocks < 2:
+        return (f"The windows make {_blocks(blocks)} spanning at least {dep['min_block_tokens']:,} tokens: the "
+                "interval is over seeds alone (text noise is not in it).")
+    return (f"Windows of one text are not independent, so the interval's examples are {_blocks(blocks)} of windows "
+            f"spanning at least {dep['min_block_tokens']:,} tokens of {units} each.")
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block{'s' if n != 1 else ''}"
 
 
 def _beyond(r: dict) -> Optional[float]:

@@ -66,7 +66,8 @@ class OutlierTask(Task):
         rows += [[f"{NAMES[a]}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
                  for a in ctx.arms for q in QUANTITIES]
         return "\n".join([f"## {self.title}\n",
-                          f"Over {o0['tokens']} tokens of {o0['source']}; DIFF logits include both softmax maps. "
+                          f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; DIFF logits "
+                          "include both softmax maps. "
                           f"Seed {ctx.first}:\n",
                           table(rows, ["model", "quantity", "top-1", "top-2", "top-3", "top-10", "top-100", "median",
                                        "top-1/median"]),

@@ -67,13 +67,19 @@ class ReportContext:
             c = self.comparison(k)
             if c is not None:
                 d = digits if digits is not None else c.get("digits", 3)
-                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], d),
-                             ci(c["diff_mean"], c["diff_ci"], d), pair(c, d), call(c)])
+                mark = "*" if c.get("bounds") else ""
+                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], d) + mark,
+                             ci(c["diff_mean"], c["diff_ci"], d) + mark, pair(c, d), call(c)])
         return rows
 
     def comparison_table(self, keys: Sequence[str], digits: Optional[int] = None) -> str:
         rows = self.comparison_rows(keys, digits)
-        return table(rows, ["metric", "baseline", "DIFF", DIFF_HEADER, "verdict"]) if rows else ""
+        if not rows:
+            return ""
+        note = ("\n\\* a distribution-free interval (the hull with a betting interval): it holds for any "
+                "distribution of the seeds inside the metric's range, and is conservative.\n"
+                if any(r[1].endswith("*") for r in rows) else "")
+        return table(rows, ["metric", "baseline", "DIFF", DIFF_HEADER, "verdict"]) + note
 
 
 def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3) -> str:
@@ -88,6 +94,8 @@ def pair(c: dict, digits: int = 3) -> str:
     if p["mean"] is None:
         return "-"
     if p["low"] is None:
+        if "per stack" in (c.get("gated") or ""):  # one shared measurement: no interval to speak of
+            return f"{p['mean']:+.{digits}f} (one measurement per stack)"
         return f"{p['mean']:+.{digits}f} (" + ("1 seed" if p["n"] == 1 else f"{p['n']} seeds: no interval") + ")"
     adj = "" if c.get("p_adjusted") is None else f", p_adj {c['p_adjusted']:.2g}"
     return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]{adj}"
@@ -96,7 +104,13 @@ def pair(c: dict, digits: int = 3) -> str:
 def call(c: dict) -> str:
     """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects."""
     if c.get("gated"):
-        return "not measured in this run" if c["paired"]["mean"] is None else "not learned: not compared"
+        if c["paired"]["mean"] is None:
+            return "not measured in this run"
+        if "per stack" in c["gated"]:
+            return "one measurement per stack: no interval"
+        if "different invocations" in c["gated"]:
+            return "trained by different runs: not compared"
+        return "not learned: not compared"
     if c["paired"]["low"] is None:
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"

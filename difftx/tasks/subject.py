@@ -196,7 +196,8 @@ class TrainRecord:
     finished), read by the training task and into ``results.json``. ``history`` holds a record every
     ``log_every`` steps (step, lr, loss per batch kind, gradient norms, tokens, time, λ per layer),
     ``probes`` the needle probes taken during training; ``probes_skipped`` (why there are none),
-    ``heldout_curve`` (the held-out loss along training) and ``stacked`` are written only when set."""
+    ``heldout_curve`` (the held-out loss along training), ``stacked`` and ``request`` are written
+    only when set."""
 
     kind: str
     seed: int
@@ -216,9 +217,12 @@ class TrainRecord:
     probes_skipped: Optional[str] = None
     heldout_curve: Optional[dict] = None
     stacked: Optional[int] = None  # trained in a stack of this many seeds (wall_s, cpu_s: its share)
+    # what it was trained with (the settings that decide its weights, its text; see
+    # difftx.compare.run.training_request): a reuse must ask for the same
+    request: Optional[dict] = None
 
     REQUIRED = ("kind", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
-    WHEN_SET = ("probes_skipped", "heldout_curve", "stacked")
+    WHEN_SET = ("probes_skipped", "heldout_curve", "stacked", "request")
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -248,12 +252,15 @@ class TrainRecord:
 @dataclass
 class HeldOut:
     """A held-out token stream in the model's ids: ``tokens`` (1-D), what it is, its bytes per
-    token (1 for bytes) and the training length (the default LM window)."""
+    token (1 for bytes), the training length (the default LM window) and, where the text's
+    documents are known, their starts in ``tokens`` (then its length; blocks of whole documents
+    in the LM intervals: ``difftx.eval.blocks``)."""
 
     tokens: torch.Tensor
     source: str
     bytes_per_token: float
     train_len: int
+    doc_offsets: Any = None
 
 
 @dataclass
@@ -337,7 +344,7 @@ class Subject:
             store, what = (data.val, f"the validation split of {name}") if data.val is not None else \
                 (data.train, f"{name} (it has no validation split)")
         ids = torch.from_numpy(store.tokens[:].astype("int64"))
-        return HeldOut(ids, what, _text_bytes_per_token(self.tokenizer, ids), train_len)
+        return HeldOut(ids, what, _text_bytes_per_token(self.tokenizer, ids), train_len, store.doc_offsets)
 
     def _text_heldout(self) -> HeldOut:
         """A compare model trained on your own text: every token of its held-out file, else its
@@ -348,6 +355,10 @@ class Subject:
         from ..training.checkpointing import TOKENIZER_DIR
 
         text = self.text
+        gone = next((f for f in (text.heldout, text.source) if f is not None and not Path(f).exists()), None)
+        if gone is not None and (gone == text.heldout or text.heldout is None):
+            raise FileNotFoundError(2, "the held-out text of this compare model is not there (nor at the same place "
+                                       "relative to the model); score a file with --data FILE", gone)
         if (self.folder / TOKENIZER_DIR).is_dir():  # the copy saved with the model
             text = dataclasses.replace(text, tokenizer=str(self.folder / TOKENIZER_DIR))
         tokens, what = text.heldout_tokens()
@@ -391,9 +402,14 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     model = load_model(folder, device=device if isinstance(device, torch.device) else resolve_device(device)).eval()
     if (folder / TASK_FILE).is_file():
         task = CompareTask.read(folder)
-        if tokenizer is not None or data is not None:
-            raise ValueError(f"{folder}: a compare model has its own task vocabulary; --tokenizer and --data "
-                             "apply to text models only")
+        if data is not None and tokenizer is None and task.text is not None and isinstance(data, (str, os.PathLike)):
+            # a compare model trained on your text: --data names the held-out text to score instead of its own
+            task = dataclasses.replace(task, text=dataclasses.replace(task.text, heldout=str(
+                Path(data).expanduser().resolve())))
+        elif tokenizer is not None or data is not None:
+            raise ValueError(f"{folder}: a compare model has its own task vocabulary (and tokenizer); --tokenizer "
+                             "applies to text models only, and --data to text models and to compare models trained "
+                             "on your text (compare --data)")
         space = task.space
         for need, what in ((space.needle.vocab_size if space.needle else 0, "needle task"),
                            (space.icl.vocab_size if space.icl else 0, "ICL task"),

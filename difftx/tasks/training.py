@@ -84,6 +84,37 @@ def learning_steps(r: dict) -> Optional[float]:
     return None if at is None else float(at)
 
 
+def _learning_bounds(r: dict) -> Optional[tuple[float, float]]:
+    """Steps until learned lie in ``[0, last probe step]`` (the censoring bound)."""
+    return None if r.get("last_probe_step") is None else (0.0, float(r["last_probe_step"]))
+
+
+def _logged(record: dict, key: str) -> list[dict]:
+    """The history records of a training record that hold ``key`` (a loss of one batch kind)."""
+    return [h for h in record.get("history", []) if key in h]
+
+
+def _per_stack(ctx: ReportContext, task: str) -> str:
+    """Throughput per stack: seeds trained as one stacked model share one clock, so each stack is one
+    measurement (no seed interval); '' when no model was stacked."""
+    stacks: dict = {}
+    for a in ctx.arms:
+        for sd in ctx.seeds:
+            r = ctx.result(task, a, sd)
+            if (r.get("stacked") or 1) > 1 and r["cost"]["tokens_per_s"] is not None:
+                stacks.setdefault(a, {}).setdefault(r["cost"]["tokens_per_s"], []).append(sd)
+    if not stacks:
+        return ""
+    parts = [f"{SHORT[a]} {v:,.0f} tokens/s (seeds {', '.join(seeds)})" for a in ctx.arms
+             for v, seeds in stacks.get(a, {}).items()]
+    ratio = ""
+    if all(len(stacks.get(a, {})) == 1 for a in ("diff", "baseline")):
+        (d,), (b,) = stacks["diff"], stacks["baseline"]
+        ratio = f"; DIFF / baseline = {d / b:.3f}"
+    return ("Seeds trained as one stacked model share its clock, so throughput and the loss at equal wall-clock are "
+            f"one measurement per stack, not a sample of seeds (no interval): {'; '.join(parts)}{ratio}.\n")
+
+
 class TrainingTask(Task):
     name = "training"
     title = "Training"
@@ -106,7 +137,7 @@ class TrainingTask(Task):
         logits = [max(p["max_attention_logit"]) for p in probes if p.get("max_attention_logit")]
         return {"history": hist, "probes": probes, "probe_cell": first, "learned_step": step,
                 "last_probe_step": probes[-1]["step"] if probes else None, "steps": rec.steps,
-                "invocation": rec.invocation, "train_wall_s": rec.wall_s,
+                "invocation": rec.invocation, "stacked": rec.stacked, "train_wall_s": rec.wall_s,
                 "train_cpu_s": rec.cpu_s, "threads": rec.threads,
                 "cost": {"tokens": tokens, "time_s": time_s, "flops_per_token": fpt,
                          "flops": None if tokens is None else tokens * fpt,
@@ -127,7 +158,7 @@ class TrainingTask(Task):
         return [Metric("needle_learned_step", f"training steps until the first needle cell is learned (probe "
                        f"accuracy >= {s.learned_at}; a model that did not learn it counts as its last probe step)",
                        True, learning_steps, "steps", primary=True, digits=0,
-                       learned=lambda r: r["learned_step"] is not None),
+                       learned=lambda r: r["learned_step"] is not None, bounds_of=_learning_bounds),
                 Metric("train_tokens_per_s", "training throughput (tokens/s, measured while the model trained)", False,
                        lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0, same_run=True),
                 Metric("loss_at_equal_time", "training loss at equal wall-clock (the smaller of the two training "
@@ -211,26 +242,30 @@ class TrainingTask(Task):
         keys = ["train_tokens_per_s", "loss_at_equal_time", "loss_at_equal_flops", "grad_spikes",
                 "max_attention_logit"]
         out.append(ctx.comparison_table(keys))
+        out.append(_per_stack(ctx, self.name))
         return "\n".join(out)
 
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
+        """PNGs of training: each curve with every seed faint and the mean over seeds bold, one colour per
+        model, the legend outside the axes (:func:`difftx.eval.plots.plot_seed_curves`)."""
         from ..eval import plots as P
 
         made = {}
         for key, label in LOSSES:
-            curves = {f"{SHORT[a]} seed {sd}": ([h["step"] for h in hist], [h[key] for h in hist])
-                      for sd in ctx.seeds for a in ctx.arms
-                      for hist in [[h for h in ctx.train(a, sd).get("history", []) if key in h]] if hist}
+            curves = {SHORT[a]: [([h["step"] for h in hist], [h[key] for h in hist])
+                                 for sd in ctx.seeds for hist in [_logged(ctx.train(a, sd), key)] if hist]
+                      for a in ctx.arms}
+            curves = {name: seeds for name, seeds in curves.items() if seeds}
             if curves:
-                made[f"training {key}"] = P.plot_loss_curves(curves, folder / f"{key}.png", ylabel=label,
+                made[f"training {key}"] = P.plot_seed_curves(curves, folder / f"{key}.png", ylabel=label,
                                                              title=f"Training: {label}")
         if ctx.ran(self.name):
             made.update(self._cost_plots(ctx, folder))
         if ctx.ran(self.name) and ctx.result(self.name)["probes"]:
             cell = ctx.result(self.name)["probe_cell"]
-            curves = {f"{SHORT[a]} seed {sd}": (r["records"]["probe_step"], r["records"]["probe_accuracy"])
-                      for sd in ctx.seeds for a in ctx.arms for r in [ctx.result(self.name, a, sd)]}
-            made["needle accuracy during training"] = P.plot_loss_curves(
+            curves = {SHORT[a]: [(r["records"]["probe_step"], r["records"]["probe_accuracy"])
+                                 for sd in ctx.seeds for r in [ctx.result(self.name, a, sd)]] for a in ctx.arms}
+            made["needle accuracy during training"] = P.plot_seed_curves(
                 curves, folder / "needle_probe.png", ylabel=f"needle accuracy N/R={cell}",
                 title="Retrieval during training (probe prompts)")
         return made
@@ -239,26 +274,28 @@ class TrainingTask(Task):
         from ..eval import plots as P
 
         made = {}
-        runs = [(a, sd, ctx.result(self.name, a, sd)) for sd in ctx.seeds for a in ctx.arms]
-        key = runs[0][2]["curve"]["loss_key"]
-        curves = {f"{SHORT[a]} seed {sd}": (r["curve"]["time_s"], r["curve"]["loss"]) for a, sd, r in runs
-                  if None not in r["curve"]["time_s"]}
-        if curves:
-            made["training loss against wall-clock"] = P.plot_loss_curves(
+        runs = {a: [ctx.result(self.name, a, sd) for sd in ctx.seeds] for a in ctx.arms}
+        key = runs[ctx.arms[0]][0]["curve"]["loss_key"]
+        curves = {SHORT[a]: [(r["curve"]["time_s"], r["curve"]["loss"]) for r in rs
+                             if None not in r["curve"]["time_s"]] for a, rs in runs.items()}
+        curves = {name: seeds for name, seeds in curves.items() if seeds}
+        if curves:  # each seed has its own clock: no mean over seeds
+            made["training loss against wall-clock"] = P.plot_seed_curves(
                 curves, folder / "loss_vs_time.png", ylabel=f"training {key.replace('_', ' ')}", xlabel="training s",
-                title="Equal wall-clock view")
-        lam = {f"{SHORT[a]} L{i} seed {sd}": (r["curve"]["step"], [h["lambda"][i] for h in r["history"]])
-               for a, sd, r in runs if r["history"] and r["history"][0].get("lambda")
-               for i in range(len(r["history"][0]["lambda"]))}
+                title="Equal wall-clock view", mean=False)
+        lam = {f"{SHORT[a]} L{i}": [(r["curve"]["step"], [h["lambda"][i] for h in r["history"]]) for r in rs]
+               for a, rs in runs.items() if all(r["history"] and r["history"][0].get("lambda") for r in rs)
+               for i in range(len(rs[0]["history"][0]["lambda"]))}
         if lam:
-            made["lambda per layer during training"] = P.plot_loss_curves(
+            made["lambda per layer during training"] = P.plot_seed_curves(
                 lam, folder / "lambda_during_training.png", ylabel="λ",
-                title="λ per layer (L0, L1, ...) during training")
-        logit = {f"{SHORT[a]} seed {sd}": ([p["step"] for p in r["probes"]],
-                                           [max(p["max_attention_logit"]) for p in r["probes"]])
-                 for a, sd, r in runs if r["probes"] and all(p.get("max_attention_logit") for p in r["probes"])}
+                title="λ per layer (L0, L1, ...) during training", color_by_model=False)
+        logit = {SHORT[a]: [([p["step"] for p in r["probes"]], [max(p["max_attention_logit"]) for p in r["probes"]])
+                            for r in rs if r["probes"] and all(p.get("max_attention_logit") for p in r["probes"])]
+                 for a, rs in runs.items()}
+        logit = {name: seeds for name, seeds in logit.items() if seeds}
         if logit:
-            made["largest attention logit during training"] = P.plot_loss_curves(
+            made["largest attention logit during training"] = P.plot_seed_curves(
                 logit, folder / "max_attention_logit.png", ylabel="max |attention logit|",
                 title="Largest attention logit during training (probe prompts)")
         return made

@@ -43,7 +43,7 @@ from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, save_model,
 )
 from ..config import ModelConfig
-from ..io import atomic_write, read_json, umask_mode, write_error
+from ..io import atomic_write, open_lock_file, read_json, umask_mode, write_error
 from ..model import Transformer
 from .config import PATH_FIELDS, SAVED_PATHS, differs_from_record, resolve_saved_paths, same_content, saved_form
 
@@ -244,9 +244,9 @@ def lock_run(run_dir: PathLike) -> None:
                 continue
         else:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = open_lock_file(path)  # a symbolic link is not followed (its target is not ours to rewrite)
             except OSError as e:
-                raise CheckpointError(f"{path}: cannot create the run folder's lock file ({e.strerror or e}); "
+                raise CheckpointError(f"{path}: cannot open the run folder's lock file ({e.strerror or e}); "
                                       f"choose another out_dir (--out)") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -377,10 +377,16 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
         raise
     _fsync_dir(root)
     atomic_write(root / LATEST, lambda p: Path(p).write_text(final.name + "\n"))
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(run_dir, keep_last)
     return final
+
+
+def prune_checkpoints(run_dir: PathLike, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints of the run (never the one ``latest`` names)."""
+    latest = latest_checkpoint(run_dir)
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        if old != latest:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_trainer_state(folder: PathLike) -> dict:

@@ -355,8 +355,8 @@ def fit_warmup(cfg: TrainConfig, overrides: list[str], notes: list[str]) -> Trai
 # A run folder may be moved or copied, and commands on it run from any working directory. So
 # ``train_config.json`` stores these fields as absolute paths, and under ``saved_paths`` the path
 # as it was given, the path relative to the run folder (the fallback once the absolute path is
-# gone: a project folder moved with its data) and what identifies the content (the data's size,
-# the tokenizer's name, a hash of its file), so that a path given anew can be checked.
+# gone: a project folder moved with its data) and what identifies the content (the data's size and
+# SHA-256, the tokenizer's name, a hash of its file), so that a path given anew can be checked.
 PATH_FIELDS = ("data_source", "tokenizer")
 SAVED_PATHS = "saved_paths"
 PATH_FLAGS = {"data_source": "--data", "tokenizer": "--tokenizer"}
@@ -371,8 +371,8 @@ _identities: dict = {}
 
 def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
     """What identifies the content at ``path`` (``None`` if nothing there): for ``data_source`` its
-    size in bytes and number of files, for ``tokenizer`` the tokenizer's name (a hash of its
-    ``tokenizer.json``). Computed once per path and modification time."""
+    size in bytes, number of files and SHA-256 (:func:`_content_sha256`), for ``tokenizer`` the
+    tokenizer's name (a hash of its ``tokenizer.json``). Computed once per path and modification time."""
     path = Path(path)
     try:
         st = path.stat()
@@ -390,19 +390,38 @@ def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
         except Exception:  # noqa: BLE001 - an unreadable tokenizer has no identity; loading it names the problem
             found = None
     elif path.is_file():
-        found = {"bytes": st.st_size, "files": 1}
+        found = {"bytes": st.st_size, "files": 1, "sha256": _content_sha256(path, [path])}
     elif path.is_dir():
-        size = files = 0
-        for root, _dirs, names in os.walk(path):
-            for n in names:
+        size, paths = 0, []
+        for root, dirs, names in os.walk(path):
+            dirs.sort()
+            for n in sorted(names):
                 try:
                     size += os.stat(os.path.join(root, n)).st_size
-                    files += 1
+                    paths.append(Path(root, n))
                 except OSError:
                     pass
-        found = {"bytes": size, "files": files}
+        found = {"bytes": size, "files": len(paths), "sha256": _content_sha256(path, paths)}
     _identities[key] = found
     return found
+
+
+def _content_sha256(root: Path, paths: list) -> Optional[str]:
+    """SHA-256 of the file ``root`` (``sha256sum``'s), or for a folder over each file's path relative to it
+    and its bytes (None when one cannot be read)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        for p in paths:
+            if Path(p) != Path(root):
+                h.update(f"{os.path.relpath(p, root)}\0".encode("utf-8", "surrogateescape"))
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
 
 
 def saved_form(data: dict, run_dir: Union[None, str, Path] = None) -> dict:
@@ -505,7 +524,7 @@ def differs_from_record(name: str, path: str, record: Optional[dict]) -> Optiona
     or ``None`` when its identity matches, or cannot be checked (a run saved before identities
     were recorded: the resume still checks the token counts and the tokenizer's name)."""
     record = record or {}
-    keys = ("name",) if name == "tokenizer" else ("bytes", "files")
+    keys = ("name",) if name == "tokenizer" else ("bytes", "files", "sha256")
     saved = {k: record[k] for k in keys if k in record}
     if not saved:
         return None
@@ -522,6 +541,8 @@ def differs_from_record(name: str, path: str, record: Optional[dict]) -> Optiona
         files = d.get("files")
         return f"{d.get('bytes', 0):,} bytes" + (f" in {files:,} file{'s' if files != 1 else ''}" if files else "")
 
+    if name != "tokenizer" and got.get("sha256") != saved.get("sha256") and show(got) == show(saved):
+        return f"{path} has the run's size ({show(got)}) but other content (its SHA-256 differs)"
     return f"{path} has {show(got)}, the run's had {show(saved)}"
 
 

@@ -46,6 +46,7 @@ class RunSummary:
     val_split_tokens: Optional[int] = None  # tokens of the held-out split
     data_source: Optional[str] = None  # None: the bundled corpus
     tokenizer: Optional[str] = None
+    saved_paths: dict = field(default_factory=dict)  # train_config.json's: what identifies the data and tokenizer
     checkpoint: Optional[Path] = None
     train_curve: list[tuple[int, float]] = field(default_factory=list)
     val_curve: list[tuple[int, float]] = field(default_factory=list)
@@ -103,6 +104,7 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
     train_cfg = _read_json(cfg_path) or {}
     s.steps_total = train_cfg.get("steps")
     s.data_source, s.tokenizer = train_cfg.get("data_source"), train_cfg.get("tokenizer")
+    s.saved_paths = train_cfg.get("saved_paths") or {}
 
     try:
         latest = ckpt.latest_checkpoint(path)
@@ -230,13 +232,21 @@ def format_table(summaries: Sequence[RunSummary], columns: Sequence[Column] = DE
 
 def comparability_notes(summaries: Sequence[RunSummary]) -> list[str]:
     """Sentences naming what differs between the runs' data (source, tokenizer, validation size):
-    their losses are then not on the same footing."""
+    their losses are then not on the same footing. Data and tokenizer are compared by content (the
+    SHA-256 / name each run recorded), so runs moved or copied with their data stay comparable."""
+    def content(s: RunSummary, name: str, path: Optional[str]):
+        record = s.saved_paths.get(name) or {}
+        return record.get("sha256") or record.get("name") or (os.path.normpath(path) if path else None)
+
     notes = []
-    for what, get in (("data", lambda s: os.path.normpath(s.data_source) if s.data_source else "the bundled corpus"),
-                      ("tokenizer", lambda s: os.path.normpath(s.tokenizer) if s.tokenizer else "byte"),
-                      ("validation tokens per pass", lambda s: s.val_tokens)):
+    for what, get, key in (
+            ("data", lambda s: os.path.normpath(s.data_source) if s.data_source else "the bundled corpus",
+             lambda s: content(s, "data_source", s.data_source)),
+            ("tokenizer", lambda s: os.path.normpath(s.tokenizer) if s.tokenizer else "byte",
+             lambda s: content(s, "tokenizer", s.tokenizer) or "byte"),
+            ("validation tokens per pass", lambda s: s.val_tokens, lambda s: s.val_tokens)):
         values = {s.label: get(s) for s in summaries}
-        if len(set(map(str, values.values()))) > 1:
+        if len({str(key(s)) for s in summaries}) > 1:
             listed = ", ".join(f"{k}: {v}" for k, v in values.items())
             notes.append(f"the runs differ in {what} ({listed}); their losses are not directly comparable")
     return notes

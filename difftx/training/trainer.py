@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
 from ..io import eval_mode
 from ..model import Transformer, lm_loss
+from ..provenance import machine
 from . import checkpointing as ckpt
 from .batches import Batch, as_batch, is_batch_source
 from .config import TrainConfig
@@ -370,6 +371,7 @@ class _Run:
             self.start_step, self.tokens_seen = int(state["step"]), int(state.get("tokens_seen", 0))
             self.train_time = state.get("train_time_s")  # None: written by a difftx that did not record it
             self.loader_states, self.rng_states = state["loaders"], state["rng"]
+            self.kept_sums = state.get("log_sums")  # None: a checkpoint at a log step, or from an older difftx
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             if self.start_step > config.steps:  # before anything in the run folder is rewritten
@@ -447,9 +449,13 @@ class _Run:
         return bar
 
     def start_sums(self) -> None:
-        self.t_log, self.tokens_at_log = time.perf_counter(), 0
-        self.kind_log: dict[str, list] = {}  # batch kind -> [sum of step losses, steps] since the last log record
-        self.step_norms: list[float] = []  # every step's gradient norm (before clipping) since the last record
+        """The sums since the last log record: empty, or (a resume between two records) as the checkpoint
+        kept them, so the record after it covers the steps before the stop too."""
+        kept = getattr(self, "kept_sums", None) or {}
+        self.t_log, self.tokens_at_log = time.perf_counter(), int(kept.get("tokens", 0))
+        # batch kind -> [sum of step losses, steps] since the last log record
+        self.kind_log: dict[str, list] = {k: list(v) for k, v in kept.get("kinds", {}).items()}
+        self.step_norms: list[float] = list(kept.get("grad_norms", []))  # each step's gradient norm since the record
 
     def after_step(self, step: int, outcome: _StepOutcome, bar) -> None:
         """Log, probe, validate and save as this step asks (:meth:`due`)."""
@@ -463,7 +469,7 @@ class _Run:
         self.result.stopped_by = signal.name or "a signal on another rank"
         if self.dist.is_main:
             bar.write(f"difftx train: stopped by {self.result.stopped_by} after step {step}; checkpoint "
-                      f"{self.result.last_checkpoint}; continue with --resume")
+                      f"{self.result.last_checkpoint}; {STOP_HINT[0]}")
 
     def finish(self) -> TrainResult:
         result = self.result
@@ -662,9 +668,9 @@ class _Run:
             model_sd, optim_sd = full_state_dicts(self.model, self.optimizer)
         self.write_checkpoint(step, model_sd, optim_sd)
 
-    def write_checkpoint(self, step: int, model_sd: dict, optim_sd: dict) -> None:
+    def write_checkpoint(self, step: int, model_sd: dict, optim_sd: dict, keep_last: Optional[int] = None) -> None:
         """Rank 0 writes the checkpoint of ``step`` from these full states, with every rank's data
-        loader position and RNG state."""
+        loader position and RNG state (then keeps ``keep_last`` checkpoints, default the config's)."""
         dist, result = self.dist, self.result
         loaders = all_gather_object(self.loader.state_dict())
         rngs = all_gather_object(ckpt.rng_state())
@@ -674,7 +680,7 @@ class _Run:
                 result.last_checkpoint = ckpt.save_checkpoint(
                     self.out_dir, step, model_state=model_sd, model_config=self.model_config, optim_state=optim_sd,
                     trainer_state=self._trainer_state(step, loaders, rngs), train_config=self.train_dict,
-                    tokenizer=self.tokenizer, keep_last=self.config.keep_last)
+                    tokenizer=self.tokenizer, keep_last=keep_last or self.config.keep_last)
             except Exception as e:  # the previous checkpoint is intact; stop every rank
                 failure = e
         last, message = broadcast_object((result.last_checkpoint, None if failure is None else repr(failure)))
@@ -691,7 +697,11 @@ class _Run:
                 "train_time_s": None if train_time is None else train_time + result.train_time_s,
                 "val_split_tokens": len(self.val_store) if self.val_store is not None else 0,
                 "loaders": loaders, "rng": rngs, "tokenizer": _tokenizer_name(self.tokenizer),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                # the sums of the log record in progress (a stop between two records; start_sums)
+                "log_sums": None if self.logs_at(step) else {"kinds": self.kind_log, "grad_norms": self.step_norms,
+                                                              "tokens": self.tokens_at_log},
+                "machine": machine(self.device)}  # where this checkpoint was computed (difftx.provenance)
 
 
 # -- stacked seeds ---------------------------------------------------------------------------------
@@ -842,19 +852,48 @@ class _StackedRun:
                 for i in range(self.k)]
 
     def after_step(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
+        """Each model's log record, probes, validation and checkpoint of ``step``. The checkpoints of
+        a step are one unit: each model keeps its previous checkpoint until every model wrote this
+        one, and a Ctrl-C meanwhile waits until they are written (a kill leaves every model the
+        previous one in common, where ``difftx compare`` puts the stack back: exact resume)."""
         from .stacked import optimizer_state_of
 
-        for i, (r, o) in enumerate(zip(self.runs, outcomes)):
-            if not r.due(step, o.stop_now):
-                continue
-            state = self.stack.state_dict_of(i)
-            r.bare.load_state_dict(state)
-            r.log(step, o, bar)
-            r.probe(step)
-            r.validate(step, bar)
-            if r.saves_at(step, o.stop_now):
-                r.write_checkpoint(step, {k: v.detach().cpu() for k, v in state.items()},
-                                   optimizer_state_of(self.optimizer, self.stack, i))
+        saving = [r for r, o in zip(self.runs, outcomes) if r.saves_at(step, o.stop_now)]
+        with _held_sigint() if saving else contextlib.nullcontext():
+            for i, (r, o) in enumerate(zip(self.runs, outcomes)):
+                if not r.due(step, o.stop_now):
+                    continue
+                state = self.stack.state_dict_of(i)
+                r.bare.load_state_dict(state)
+                r.log(step, o, bar)
+                r.probe(step)
+                r.validate(step, bar)
+                if r in saving:
+                    r.write_checkpoint(step, {k: v.detach().cpu() for k, v in state.items()},
+                                       optimizer_state_of(self.optimizer, self.stack, i),
+                                       keep_last=r.config.keep_last + 1)
+            for r in saving:
+                ckpt.prune_checkpoints(r.out_dir, r.config.keep_last)
+
+
+@contextlib.contextmanager
+def _held_sigint() -> Iterator[None]:
+    """A Ctrl-C (SIGINT) inside the block is held and raised as ``KeyboardInterrupt`` at its end
+    (main thread only, where SIGINT is not ignored; elsewhere the block runs as is)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    held: list = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if held:
+        raise KeyboardInterrupt
 
 
 def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[int], world_size: int = 1
@@ -936,6 +975,20 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     except CheckpointError as e:
         plan["error"] = ("checkpoint", str(e))
     return plan
+
+
+# what the line of a run stopped by a signal tells to do next (difftx compare: run its command again)
+STOP_HINT = ["continue with --resume"]
+
+
+@contextlib.contextmanager
+def stop_hint(text: str) -> Iterator[None]:
+    """Within the block, the line of a run stopped by a signal ends with ``text``."""
+    old, STOP_HINT[0] = STOP_HINT[0], text
+    try:
+        yield
+    finally:
+        STOP_HINT[0] = old
 
 
 class _StopSignal:

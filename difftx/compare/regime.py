@@ -1,0 +1,81 @@
+"""Where a DIFF config sits against the paper's recipe: its ``lambda_init`` per layer and their
+mean (the depth schedule ``0.8 - 0.6 exp(-0.3 (l - 1))``, ``l`` counted from 1, reaches a mean of
+about 0.70 only in a deep model: 0.28 at 2 layers), its DIFF heads and their width, its context
+length, its feed-forward width as a multiple of the model width (named sizes round it to 64, so it
+is not the same at every size), and the tokens it trained on per non-embedding parameter. ``difftx compare`` (``report.md``,
+``results.json`` under ``regime``) and ``difftx scale`` (``scale.md``, ``scale.json``, per size) print
+it from :func:`regime_of`, so a gap measured far from the recipe is read as such."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..attention.modules import lambda_init_for_layer
+from ..config import ModelConfig
+
+PAPER_LAYERS = 24  # the depth the schedule's mean is compared with (the paper's models are 24-28 layers deep)
+PAPER_LAMBDA_MEAN = sum(lambda_init_for_layer(i) for i in range(PAPER_LAYERS)) / PAPER_LAYERS
+PAPER_RECIPE = ("the paper's 3B model: 12 DIFF heads of width 128, 4,096-token contexts, 1T tokens (about 330 per "
+                f"parameter); lambda_init's mean over {PAPER_LAYERS} layers {PAPER_LAMBDA_MEAN:.2f}")
+
+
+def regime(cfg: ModelConfig, tokens: Optional[float], non_embedding: int) -> dict:
+    """The regime of one DIFF config trained on ``tokens`` text tokens (``None``: not recorded)
+    with ``non_embedding`` parameters outside the vocabulary matrices."""
+    if cfg.lambda_init is not None:
+        lambdas, schedule = [float(cfg.lambda_init)] * cfg.n_layers, f"constant {cfg.lambda_init:g}"
+    else:
+        lambdas, schedule = [lambda_init_for_layer(i) for i in range(cfg.n_layers)], "depth schedule"
+    return {"attention": cfg.attention, "n_layers": cfg.n_layers, "lambda_init": lambdas, "lambda_schedule": schedule,
+            "lambda_init_mean": sum(lambdas) / len(lambdas), "paper_lambda_init_mean": PAPER_LAMBDA_MEAN,
+            "paper_layers": PAPER_LAYERS, "diff_heads": cfg.n_heads, "head_width": cfg.head_dim,
+            "context": cfg.max_seq_len, "ffn_hidden": cfg.hidden_dim, "ffn_ratio": cfg.hidden_dim / cfg.dim,
+            "tokens": tokens, "non_embedding_params": non_embedding,
+            "tokens_per_param": None if tokens is None else tokens / non_embedding}
+
+
+def regimes(configs: dict, tokens) -> dict:
+    """``{arm: regime}`` for every DIFF V1 arm of ``configs`` (``{arm: ModelConfig}``), trained on
+    ``tokens`` text tokens (``{arm: tokens}``, or one number for all)."""
+    from .scale import non_embedding_parameters
+
+    return {arm: regime(cfg, tokens.get(arm) if isinstance(tokens, dict) else tokens, non_embedding_parameters(cfg))
+            for arm, cfg in configs.items() if cfg.attention == "diff"}
+
+
+def regime_of(results: dict) -> dict:
+    """:func:`regimes` of a compare's ``results``: every arm's config, and the text tokens its seed-0
+    model trained on (from its training history)."""
+    first = results["runs"][str(results["seeds"][0])]
+    return regimes({arm: ModelConfig.from_dict(a["config"]) for arm, a in results["arms"].items()},
+                   {arm: ((first[arm]["train"].get("history") or [{}])[-1]).get("tokens") for arm in results["arms"]})
+
+
+def regime_lines(regimes: dict) -> list[str]:
+    """One sentence per DIFF arm, e.g. ``diff: 2 layers, lambda_init 0.20, 0.36 (depth schedule; mean
+    0.28 against 0.70 over 24 layers); 2 DIFF heads of width 12; context 128; feed-forward width 128
+    (2.67 x dim ...); 4,096,000 training tokens, 73.6 per non-embedding parameter ...``."""
+    out = []
+    for arm, r in regimes.items():
+        lams = ", ".join(f"{x:.2f}" for x in r["lambda_init"][:8]) + (", ..." if len(r["lambda_init"]) > 8 else "")
+        tokens = ("training tokens not recorded" if r["tokens"] is None else
+                  f"{r['tokens']:,.0f} training tokens, {r['tokens_per_param']:.3g} per non-embedding parameter "
+                  f"({r['non_embedding_params']:,})")
+        out.append(f"{arm}: {r['n_layers']} layer(s), lambda_init {lams} ({r['lambda_schedule']}; mean "
+                   f"{r['lambda_init_mean']:.2f} against {r['paper_lambda_init_mean']:.2f} over {r['paper_layers']} "
+                   f"layers); {r['diff_heads']} DIFF head(s) of width {r['head_width']}; context {r['context']}; "
+                   f"feed-forward width {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim; the paper's 8/3 = 2.67); "
+                   f"{tokens}")
+    return out
+
+
+REGIME_NOTE = ("Against the paper's recipe (" + PAPER_RECIPE + "). A gap measured far from it may be the regime's "
+               "(depth, lambda_init, head width, budget) as much as the architecture's.")
+
+
+def render_regime(regimes: dict) -> str:
+    """The report section (compare and scale)."""
+    if not regimes:
+        return ""
+    return "\n".join(["## Regime (against the paper's recipe)\n", REGIME_NOTE + "\n"]
+                     + [f"- {line}" for line in regime_lines(regimes)]) + "\n"
