@@ -283,3 +283,16 @@ def test_crossing_token_curves_get_no_overall_ratio():
     assert "the curves cross" in text and "no overall ratio" in text
     text = render_token_efficiency({"token_efficiency": {"diff": {**same.to_dict(), "loss": loss}}})
     assert "overall: 0.599" in text
+
+
+def test_a_line_that_does_not_fall_gives_no_ratio():
+    """Untrained models (losses flat in size, noise deciding each seed's slope) once gave "matching
+    baseline N 0" and ratios up to 1e83: a straight line that does not fall has no ratio, and says why."""
+    rng = np.random.default_rng(0)
+    flat = [5.5 + rng.normal(0, 0.01, (3, 2)) for _ in range(2)]
+    eff = parameter_efficiency([1e4, 3e4], flat[0], [1e4, 3e4], flat[1])
+    assert eff.method == "loglog" and all(r.value is None and "does not fall" in r.note for r in eff.ratios)
+    assert eff.matched_params == [None, None]
+    four = parameter_efficiency([1e4, 3e4, 1e5, 3e5], 5.5 + rng.normal(0, 0.01, (3, 4)), [1e4, 3e4, 1e5, 3e5],
+                                5.5 + rng.normal(0, 0.01, (3, 4)))
+    assert all(r.value is None for r in four.ratios)

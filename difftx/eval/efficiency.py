@@ -418,16 +418,23 @@ class ParameterEfficiency:
 EXTRAPOLATED = "extrapolated: the matching baseline size lies outside the measured sizes"
 
 
+FLAT_LINE = "the fitted line of an arm does not fall with size, a degenerate fit (models that did not learn?)"
+
+
 def _loglog_reading(na: np.ndarray, la: np.ndarray, nr: np.ndarray, lr: np.ndarray, confidence: float) -> dict:
     """The straight log-log line per arm and seed (the paper's fit), read as before the floor fit."""
     fa = [fit_power_law(na, row) for row in la]
     fr = [fit_power_law(nr, row) for row in lr]
     ratios, matched, extrapolated = [], [], []
+    flat = [s for s, ((_, b), (_, br)) in enumerate(zip(fa, fr)) if b >= 0 or br >= 0]
     for n in na:
         logs, log_nb = [], []
+        if flat:  # a line that does not fall (untrained models): no baseline size reaches a loss, or any does
+            ratios.append(Ratio(None, None, None, len(fa), f"{FLAT_LINE}; seeds {', '.join(map(str, flat))}: no ratio"))
+            matched.append(None)
+            extrapolated.append(False)
+            continue
         for (a, b), (ar, br) in zip(fa, fr):
-            if br == 0:
-                continue
             x_b = (a + b * math.log(n) - ar) / br  # log N_B where the reference line reaches the arm's loss
             log_nb.append(x_b)
             logs.append(math.log(n) - x_b)
