@@ -156,6 +156,12 @@ def test_attention_and_diagnostics_on_a_text_model(tmp_path, capsys):
                                        "seq_len": 32}
     assert main(["eval", "icl", str(folder), *args]) == 2
     assert "a text model has no synthetic ICL task" in capsys.readouterr().err
+    # a bare (or imported) model folder records no training length: its maximum length is used, and said so
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["eval", "lm", str(folder), *args, "--data", str(text), "--json", str(tmp_path / "l.json")]) == 0
+    assert "the training length is not recorded with this model: its maximum length 32" in capsys.readouterr().out
+    assert json.loads((tmp_path / "l.json").read_text())["train_len_known"] is False
 
 
 def _words(text: str) -> list[str]:

@@ -82,7 +82,8 @@ class LMTask(Task):
         import hashlib
 
         text_id = hashlib.sha256(held.tokens.numpy().astype("<i8").tobytes()).hexdigest()[:16]
-        out: dict = {"source": held.source, "text_id": text_id, "train_len": held.train_len, "window": seq_len,
+        out: dict = {"source": held.source, "text_id": text_id, "train_len": held.train_len,
+                     "train_len_known": held.train_len_known, "window": seq_len,
                      "windows": len(per_window), "windows_asked": n, "tokens": int(flat_nll.numel()),
                      "distinct_tokens": distinct, "stream_tokens": int(held.tokens.numel()), "heldout": heldout,
                      "records": {"window_nll": [w for w, _ in per_window], "window_tokens": [n for _, n in per_window]}}
@@ -148,7 +149,9 @@ class LMTask(Task):
         stream = res.get("stream_tokens")
         share = "" if not stream else (" (all of it)" if res.get("distinct_tokens") == stream - 1 else
                                        f" (of its {stream - 1:,} predictable tokens)")
-        print(f"scored {res['source']}: {scored_tokens(res)}{share} in {shape} (training length {res['train_len']})")
+        length = (f"training length {res['train_len']}" if res.get("train_len_known", True) else
+                  f"the training length is not recorded with this model: its maximum length {res['train_len']}")
+        print(f"scored {res['source']}: {scored_tokens(res)}{share} in {shape} ({length})")
         asked = res.get("windows_asked") or 0
         if asked > res["windows"] and res.get("distinct_tokens", res["tokens"]) == res["tokens"]:
             print(f"  ({asked} windows asked for; {res['windows']} fit without scoring a token twice: "

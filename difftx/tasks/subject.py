@@ -261,6 +261,7 @@ class HeldOut:
     bytes_per_token: float
     train_len: int
     doc_offsets: Any = None
+    train_len_known: bool = True  # False: no training record says it (an imported model): its maximum length
 
 
 @dataclass
@@ -344,7 +345,8 @@ class Subject:
             store, what = (data.val, f"the validation split of {name}") if data.val is not None else \
                 (data.train, f"{name} (it has no validation split)")
         ids = torch.from_numpy(store.tokens[:].astype("int64"))
-        return HeldOut(ids, what, _text_bytes_per_token(self.tokenizer, ids), train_len, store.doc_offsets)
+        return HeldOut(ids, what, _text_bytes_per_token(self.tokenizer, ids), train_len, store.doc_offsets,
+                       train_len_known=bool(tc.get("seq_len")))
 
     def _text_heldout(self) -> HeldOut:
         """A compare model trained on your own text: every token of its held-out file, else its
