@@ -2,7 +2,8 @@
 
 Prompts of different lengths are left-padded; padding is masked out of attention and RoPE
 positions count from each prompt's first real token, so a padded row produces the same
-tokens as that prompt alone.
+tokens as that prompt alone. Without the cache (``use_cache=False``, prompts of equal length)
+every step re-runs the whole sequence.
 """
 
 from __future__ import annotations
@@ -143,22 +144,39 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0, device=None) -> 
     return tokens, mask
 
 
+def _append(out: list[list[int]], done: Tensor, nxt: Tensor, stops: set) -> bool:
+    """Add each unfinished row's next token ``nxt[i]`` to ``out[i]``, marking rows that emitted a
+    stop token done; whether every row is done."""
+    for i, t in enumerate(nxt.tolist()):
+        if not done[i]:
+            out[i].append(t)
+            if t in stops:
+                done[i] = True
+    return bool(done.all())
+
+
 @torch.no_grad()
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
              temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              stop_tokens: Iterable[int] = (), seed: Optional[int] = None, pad_id: int = 0,
-             backend: Optional[str] = None) -> list[list[int]]:
+             backend: Optional[str] = None, use_cache: bool = True) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens; returns only the new tokens.
 
     A row stops after emitting a token in ``stop_tokens`` (that token is kept). ``seed``
-    makes sampling reproducible; ``temperature=0`` decodes greedily.
+    makes sampling reproducible; ``temperature=0`` decodes greedily. ``use_cache=False``
+    re-runs the whole sequence each step (prompts of equal length only; ``model`` may then be any
+    module mapping tokens ``(B, T)`` to logits ``(B, T, V)``): a kernel whose result depends on the
+    number of query rows per call (per-tensor logit quantisation) then sees the same rows as a
+    full forward.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
+    if not use_cache and len({len(p) for p in prompts}) > 1:
+        raise ValueError("generate(use_cache=False) needs prompts of equal length")
     device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    for p in prompts:
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    for p in prompts if vocab is not None else ():
         bad = [t for t in p if not 0 <= int(t) < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
@@ -169,23 +187,28 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
     stops = set(int(t) for t in stop_tokens)
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    if not use_cache:
+        with eval_mode(model):
+            logits = model(tokens, backend=backend)
+            for step in range(max_new_tokens):
+                nxt = sample_next(logits[:, -1], temperature, top_k, top_p, gen)  # (B,)
+                if _append(out, done, nxt, stops) or step == max_new_tokens - 1:
+                    break
+                tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+                logits = model(tokens, backend=backend)
+        return out
     check_cache_fits(model, B, P + max_new_tokens,
                      f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
     cache = KVCache(model, B, P + max_new_tokens)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): RoPE positions from each first real token
-    out: list[list[int]] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool, device=device)
     with eval_mode(model):
         logits = model(tokens, positions=positions, attention_mask=mask, cache=cache, backend=backend)
         next_pos = positions[:, -1:] + 1  # (B, 1)
         for step in range(max_new_tokens):
             nxt = sample_next(logits[:, -1], temperature, top_k, top_p, gen)  # (B,)
-            for i in range(B):
-                if not done[i]:
-                    out[i].append(int(nxt[i]))
-                    if int(nxt[i]) in stops:
-                        done[i] = True
-            if bool(done.all()) or step == max_new_tokens - 1:
+            if _append(out, done, nxt, stops) or step == max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], dim=1)
             logits = model(nxt[:, None], positions=next_pos, attention_mask=mask, cache=cache, backend=backend)

@@ -1,6 +1,9 @@
 """File helpers every layer uses, at the bottom of the package (it imports nothing from difftx):
 
 - :func:`atomic_write`: a file is written whole or not at all;
+- :func:`atomic_folder`: a folder is written whole or not at all, staged beside its place;
+- :func:`write_json`: a JSON file written with :func:`atomic_write`;
+- :func:`pid_alive`: whether a process of this host still runs;
 - :func:`dumps_strict`: strict JSON out (no NaN or Infinity);
 - :func:`read_json`: JSON in, with one error wording for a missing or corrupt file;
 - :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode;
@@ -13,7 +16,10 @@ import json
 import math
 import os
 import re
+import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +35,17 @@ def umask_mode(folder: bool = False) -> int:
     mask = os.umask(0)
     os.umask(mask)
     return (0o777 if folder else 0o666) & ~mask
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (one that exists but is not ours counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
 
 def open_lock_file(path: PathLike) -> int:
@@ -114,6 +131,107 @@ def atomic_write(path: PathLike, write: Callable[[str], Any]) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_json(path: PathLike, data: Any, *, indent: int = 1, sort_keys: bool = True) -> Path:
+    """Write ``data`` as JSON (``indent``, keys sorted unless ``sort_keys=False``, a final
+    newline) to ``path`` with :func:`atomic_write`; returns ``path``."""
+    path = Path(path)
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n"
+    atomic_write(path, lambda p: Path(p).write_text(text))
+    return path
+
+
+def _fsync_dir(path: PathLike) -> None:
+    """Flush a folder's entries (a rename into it) to disk, where the platform allows."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+STALE_SECONDS = 24 * 3600  # a staging folder of another host's writer is stale after a day
+_STAGING_WRITER = re.compile(r"\.(?:tmp|old)-(\d+)@([^@]+)@[^@]*$")
+
+
+def _staging(out: Path, kind: str) -> Path:
+    """A new, empty staging folder ``.<out name>.<kind>-<pid>@<host>@<random>`` beside ``out``:
+    its name says which process writes it (see :func:`staging_is_stale`)."""
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.{kind}-{os.getpid()}@{socket.gethostname()}@",
+                                 dir=out.parent))
+
+
+def staging_is_stale(folder: PathLike) -> bool:
+    """Whether the staging folder ``folder`` (made by :func:`atomic_folder`) was left by a writer
+    that is gone: its name names a process of this host that no longer runs, or a process of
+    another host and the folder is older than :data:`STALE_SECONDS`, or no process at all."""
+    folder = Path(folder)
+    found = _STAGING_WRITER.search(folder.name)
+    if found is None:
+        return True
+    pid, host = int(found.group(1)), found.group(2)
+    if host == socket.gethostname():
+        return not pid_alive(pid)
+    try:
+        return time.time() - folder.stat().st_mtime > STALE_SECONDS
+    except OSError:
+        return False
+
+
+def remove_stale_staging(parent: PathLike, name: str = "*") -> None:
+    """Remove the staging folders of ``name`` (every name by default) in ``parent`` that
+    :func:`staging_is_stale` finds stale."""
+    for kind in ("tmp", "old"):
+        for folder in Path(parent).glob(f".{name}.{kind}-*"):
+            if folder.is_dir() and staging_is_stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def atomic_folder(out: PathLike, *, replace: bool = False,
+                  kept: Optional[Callable[[Path], bool]] = None) -> Iterator[Path]:
+    """A new folder beside ``out`` to write into, renamed to ``out`` when the block ends without
+    error: ``out`` is complete or absent, never half-written. On an error (or Ctrl-C) the staging
+    folder is removed and the error raised. The folder gets the mode the umask allows
+    (:func:`umask_mode`), not ``tempfile``'s owner-only one; it and ``out``'s parent are synced
+    after the rename. Stale staging folders of ``out`` (:func:`staging_is_stale`) are removed first.
+
+    replace  an existing ``out`` is moved aside into a staging folder, replaced, then removed (put
+             back if the rename fails); without it, renaming onto a non-empty ``out`` fails.
+    kept     when the rename fails and ``kept(out)`` holds (another writer finished ``out`` first),
+             that ``out`` is kept and this block's folder dropped.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out.parent, out.name)
+    tmp = _staging(out, "tmp")
+    old = None
+    try:
+        os.chmod(tmp, umask_mode(folder=True))
+        yield tmp
+        _fsync_dir(tmp)
+        if replace and out.exists():
+            old = _staging(out, "old")
+            os.rename(out, old / out.name)
+        try:
+            os.rename(tmp, out)
+        except BaseException as e:
+            if old is not None:
+                os.rename(old / out.name, out)
+            if not (isinstance(e, OSError) and kept is not None and kept(out)):
+                raise
+        _fsync_dir(out.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _strict(obj: Any, reasons: dict, path: str = "") -> Any:

@@ -117,7 +117,7 @@ def test_interrupted_build_leaves_no_entry(tmp_path, jsonl_corpus, monkeypatch):
         prepare_data(jsonl_corpus, cache_dir=cache, progress=False)
     assert len(calls) == 2 and list(cache.iterdir()) == []  # no entry, no temporary folder
     # a stale temporary folder of a killed process is removed by the next build
-    stale = cache / ".deadbeef.x"
+    stale = cache / ".deadbeef.tmp-x"
     stale.mkdir()
     os.utime(stale, (1, 1))
     monkeypatch.setattr(store_mod, "_encode_many", real)

@@ -234,7 +234,7 @@ def test_disk_full_while_checkpointing_is_exit_1_and_keeps_the_last_checkpoint(c
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(ckpt, "_write_json", full)
+    monkeypatch.setattr(ckpt, "write_json", full)
     code, err = run_cli(capsys, *train_args(corpus, out, 4, "--resume"))
     assert code == 1 and "No space left on device" in err and "free some disk space" in err
     assert str(out / "checkpoints") in err
@@ -272,7 +272,7 @@ def test_export_is_never_half_written(tmp_path, model_dir, monkeypatch):
     def crash(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hf, "_write_json", crash)  # config.json is written last
+    monkeypatch.setattr(hf, "write_json", crash)  # config.json is written last
     with pytest.raises(OSError):
         hf.export_hf(model_dir, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one
@@ -561,7 +561,6 @@ def test_export_overwrite_names_what_it_replaces_and_never_a_run(capsys, tmp_pat
     stale = tmp_path / ".old_export.tmp-killed"  # what SIGKILL during an export leaves
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"x" * 1000)
-    (stale / ".difftx-staging-pid").write_text("999999999\n")  # no such process
     assert main(["export", str(model_dir), str(old), "--overwrite"]) == 0
     out = capsys.readouterr().out
     assert f"replaced {old}: 2 file(s)" in out and "config.json" in out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from difftx.checkpoint import CheckpointError
-from difftx.io import atomic_write, dumps_strict, eval_mode, read_json
+from difftx.io import atomic_folder, atomic_write, dumps_strict, eval_mode, read_json, staging_is_stale
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):
@@ -30,6 +30,32 @@ def test_atomic_write_leaves_the_old_file_when_the_writer_raises(tmp_path):
         atomic_write(path, half)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_atomic_folder_is_complete_or_absent_and_removes_only_stale_staging(tmp_path):
+    import os
+    import socket
+
+    out = tmp_path / "out"
+    live = tmp_path / f".out.tmp-{os.getpid()}@{socket.gethostname()}@x"  # this process: still writing
+    dead = tmp_path / f".out.tmp-999999999@{socket.gethostname()}@x"  # no such process
+    elsewhere = tmp_path / ".out.old-1@another-host@x"  # another host's writer, a minute old
+    for folder in (live, dead, elsewhere):
+        folder.mkdir()
+    assert [staging_is_stale(f) for f in (live, dead, elsewhere)] == [False, True, False]
+    os.utime(elsewhere, (1, 1))  # ... or a day old
+    assert staging_is_stale(elsewhere) and staging_is_stale(tmp_path / ".out.tmp-killed")
+    with pytest.raises(RuntimeError):
+        with atomic_folder(out) as tmp:
+            (tmp / "a.txt").write_text("half")
+            raise RuntimeError("crash")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [live.name]
+    with atomic_folder(out) as tmp:
+        (tmp / "a.txt").write_text("new")
+    with atomic_folder(out, replace=True) as tmp:
+        (tmp / "b.txt").write_text("newer")
+    assert [p.name for p in out.iterdir()] == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "out"])
 
 
 def test_read_json_names_the_file_and_what_it_should_hold(tmp_path):

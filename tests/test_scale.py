@@ -102,6 +102,39 @@ def test_scale_on_your_own_text(tmp_path, capsys):
     assert "apply with --data" in capsys.readouterr().err
 
 
+def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
+    """`run_scale("scale-cpu", out=...)`: the scale preset's compare preset, sizes, seeds and settings,
+    as `difftx scale` uses them (the compare itself stubbed: only the resolution is tested)."""
+    from difftx.compare import run as run_mod
+    from difftx.compare.scale import SCALE_PRESETS, run_scale
+
+    calls = []
+
+    def fake_compare(preset, seeds, out, **kw):
+        calls.append((preset, list(seeds), out))
+        return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v / (1 + preset.dim / 64) + 0.01 * s}}}}
+                                  for arm, v in (("diff", 2.0), ("baseline", 2.1))} for s in seeds}}
+
+    monkeypatch.setattr(run_mod, "run_compare", fake_compare)
+    monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
+    sc = SCALE_PRESETS["scale-cpu"]
+    res = run_scale("scale-cpu", out=tmp_path / "s", progress=False)
+    assert [z["name"] for z in res["sizes"]] == list(sc.sizes)
+    assert [out for _, _, out in calls] == [tmp_path / "s" / f"size={n}" for n in sc.sizes]
+    assert all(seeds == list(range(sc.seeds)) for _, seeds, _ in calls)
+    first = calls[0][0]
+    assert first.name == sc.compare and first.steps == sc.overrides["steps"] and first.lm_every == 1
+    assert (tmp_path / "s" / "scale.json").is_file()
+    calls.clear()
+    run_scale("scale-cpu", ["xs", "s"], 1, tmp_path / "t", progress=False, steps=700)  # given values win
+    assert [c[0].steps for c in calls] == [700, 700] and [c[1] for c in calls] == [[0], [0]]
+    with pytest.raises(ValueError, match="--sizes: needed with the compare preset 'cpu'"):
+        run_scale("cpu", out=tmp_path / "u")
+    with pytest.raises(ValueError, match="unknown; choose a scale preset"):
+        run_scale("nope", out=tmp_path / "u")
+    assert not (tmp_path / "u").exists()
+
+
 def test_crossover_text_reads_every_kind_of_interval():
     from difftx.compare.scale import _crossover_text
 

@@ -75,7 +75,7 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, corp
     data = corpus[2]
     reference = train(_cfg(tmp_path / "ref", corpus, ckpt_interval=0), data=data)
     cfg = _cfg(tmp_path / "run", corpus)
-    real_write = ckpt._write_json
+    real_write = ckpt.write_json
 
     def crashing(path, payload):
         if path.name == ckpt.STATE_NAME and payload["step"] == 4:
@@ -83,21 +83,21 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, corp
             raise OSError("simulated crash while writing the checkpoint")
         return real_write(path, payload)
 
-    monkeypatch.setattr(ckpt, "_write_json", crashing)
+    monkeypatch.setattr(ckpt, "write_json", crashing)
     with pytest.raises(OSError, match="simulated crash"):
         train(cfg, data=data)
-    monkeypatch.setattr(ckpt, "_write_json", real_write)
+    monkeypatch.setattr(ckpt, "write_json", real_write)
     root = tmp_path / "run" / "checkpoints"
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
     assert not (root / "step_00000004").exists()
-    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
     load_model(root / "step_00000002")  # still loadable
     # a hard kill (no cleanup) leaves a temporary folder: it is never taken as a checkpoint
-    shutil.copytree(root / "step_00000002", root / ".tmp-step_00000004-abc")
-    (root / ".tmp-step_00000004-abc" / ckpt.STATE_NAME).write_text("{")
+    shutil.copytree(root / "step_00000002", root / ".step_00000004.tmp-abc")
+    (root / ".step_00000004.tmp-abc" / ckpt.STATE_NAME).write_text("{")
     assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000002"
     resumed = train(cfg, data=data, resume=True)
-    assert not (root / ".tmp-step_00000004-abc").exists()
+    assert not (root / ".step_00000004.tmp-abc").exists()
     assert sorted(resumed.losses) == list(range(3, 7))
     assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
 

@@ -50,40 +50,24 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare.presets import MIXTURE_FIELDS, text_overrides
-    from ..compare.run import parse_shard
+    from ..compare.presets import text_overrides
     from ..compare.report import gap_text
-    from ..compare.scale import SCALE_PRESETS, run_scale
+    from ..compare.run import parse_shard
+    from ..compare.scale import default_out, run_scale
     from .compare import parse_arms, parse_overrides
 
     shard = None if args.shard is None else parse_shard(args.shard)
-    scale = SCALE_PRESETS.get(args.preset)
-    if scale is None:
-        from ..compare.presets import PRESETS
-
-        if args.preset not in PRESETS:
-            raise ValueError(f"--preset {args.preset!r}: unknown; choose a scale preset {sorted(SCALE_PRESETS)} or a "
-                             f"compare preset {sorted(PRESETS)} (with --sizes)")
     overrides = parse_overrides(args.overrides)
     if args.data is not None:  # LM on your text (text_overrides sets the mixture)
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)
-        base = {k: v for k, v in (scale.overrides if scale else {}).items() if k not in MIXTURE_FIELDS}
     elif args.tokenizer is not None or args.heldout is not None:
         raise ValueError("--tokenizer and --heldout apply with --data")
-    else:
-        base = scale.overrides if scale else {}
-    overrides = {**base, **overrides}
     if args.arms is not None:
         overrides["arms"] = parse_arms(args.arms)
-    sizes = args.sizes.split(",") if args.sizes else (list(scale.sizes) if scale else None)
-    if not sizes:
-        raise ValueError(f"--sizes: needed with the compare preset {args.preset!r} (e.g. --sizes xs,s,m,l)")
-    seeds = args.seeds or (scale.seeds if scale else 3)
-    out = args.out or f"runs/scale-{args.preset}"
-    tpp = args.tokens_per_param if args.tokens_per_param is not None else (scale.tokens_per_param if scale else None)
-    res = run_scale(scale.compare if scale else args.preset, [s.strip() for s in sizes if s.strip()], seeds, out,
-                    tokens_per_param=tpp, progress=not args.no_progress, workers=args.workers, shard=shard,
-                    **overrides)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] if args.sizes else None
+    out = args.out or default_out(args.preset)
+    res = run_scale(args.preset, sizes, args.seeds, out, tokens_per_param=args.tokens_per_param,
+                    progress=not args.no_progress, workers=args.workers, shard=shard, **overrides)
     if shard is not None:
         print(f"\nshard {shard[0]}/{shard[1]} done for sizes {', '.join(res['sizes'])}; when every shard has "
               "finished, run the same command without --shard to assemble")

@@ -37,8 +37,6 @@ def regime(cfg: ModelConfig, tokens: Optional[float], non_embedding: int) -> dic
 def regimes(configs: dict, tokens) -> dict:
     """``{arm: regime}`` for every DIFF V1 arm of ``configs`` (``{arm: ModelConfig}``), trained on
     ``tokens`` text tokens (``{arm: tokens}``, or one number for all)."""
-    from .scale import non_embedding_parameters
-
     return {arm: regime(cfg, tokens.get(arm) if isinstance(tokens, dict) else tokens, non_embedding_parameters(cfg))
             for arm, cfg in configs.items() if cfg.attention == "diff"}
 
@@ -79,3 +77,15 @@ def render_regime(regimes: dict) -> str:
         return ""
     return "\n".join(["## Regime (against the paper's recipe)\n", REGIME_NOTE + "\n"]
                      + [f"- {line}" for line in regime_lines(regimes)]) + "\n"
+
+
+def non_embedding_parameters(cfg) -> int:
+    """Parameters without the vocabulary matrices (the token embedding, and the LM head unless tied):
+    the ``N`` of the paper's fit, counted on the meta device."""
+    import torch
+
+    from ..model import Transformer
+
+    with torch.device("meta"):
+        total = Transformer(cfg).num_parameters()
+    return total - cfg.vocab_size * cfg.dim * (1 if cfg.tie_embeddings else 2)

@@ -1,8 +1,10 @@
 """``difftx scale``: the comparison at several model sizes, and the parameter efficiency the paper's
 Fig. 3a reports (how large a baseline matches each DIFF size).
 
-``run_scale("cpu", ["xs", "s", "m", "l"], seeds=3, out_dir="runs/scale")`` runs a whole
-``run_compare`` per size into ``out_dir/size=NAME`` (each reused when present and resumable), then
+``run_scale("scale-cpu", out="runs/scale")`` (a scale preset: its sizes, seeds and settings), or
+``run_scale("cpu", ["xs", "s", "m", "l"], seeds=3, out="runs/scale")`` (a compare preset at the
+sizes given), runs a whole ``run_compare`` per size into ``out/size=NAME`` (each reused when
+present and resumable), then
 fits the held-out LM loss against the non-embedding parameters as ``L = E + A N^-b`` with the floor
 ``E`` shared by DIFF and its baseline, beside the paper's straight line ``log L = a + b log N``, with
 the straight line's lack of fit (:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
@@ -78,18 +80,6 @@ def shape(name: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
-def non_embedding_parameters(cfg) -> int:
-    """Parameters without the vocabulary matrices (the token embedding, and the LM head unless tied):
-    the ``N`` of the paper's fit, counted on the meta device."""
-    import torch
-
-    from ..model import Transformer
-
-    with torch.device("meta"):
-        total = Transformer(cfg).num_parameters()
-    return total - cfg.vocab_size * cfg.dim * (1 if cfg.tie_embeddings else 2)
-
-
 @dataclass
 class SizePlan:
     name: str
@@ -106,7 +96,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
     """Every size's preset, validated before anything is trained: at least 2 sizes, named once,
     heads that divide each width, and non-embedding parameters that increase with the order given;
     with each DIFF arm's regime (:mod:`difftx.compare.regime`) at the size's token budget."""
-    from .regime import regimes
+    from .regime import non_embedding_parameters, regimes
     from .train import lm_tokens
 
     if len(sizes) < 2:
@@ -139,16 +129,45 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
     return out
 
 
-def run_scale(preset: str | ComparePreset, sizes: Sequence[str], seeds: int | Sequence[int],
-              out_dir: str | os.PathLike, *, tokens_per_param: Optional[float] = None, progress: bool = True,
-              workers: Optional[int] = None, shard: Optional[tuple[int, int]] = None, **overrides) -> dict:
+def default_out(preset: str | ComparePreset) -> Path:
+    """Where :func:`run_scale` writes when not told: ``runs/scale-PRESET``."""
+    return Path(f"runs/scale-{preset if isinstance(preset, str) else preset.name}")
+
+
+def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequence[str]] = None,
+              seeds: int | Sequence[int] | None = None, out: str | os.PathLike | None = None, *,
+              tokens_per_param: Optional[float] = None, progress: bool = True, workers: Optional[int] = None,
+              shard: Optional[tuple[int, int]] = None, **overrides) -> dict:
     """The comparison at every size, then the efficiency fit (see the module doc). With ``shard``,
-    only this invocation's share of the models is trained, and nothing is assembled."""
+    only this invocation's share of the models is trained, and nothing is assembled.
+
+    ``preset`` is a scale preset (:data:`SCALE_PRESETS`: its compare preset, sizes, seeds, field
+    overrides and ``tokens_per_param`` are the defaults; ``overrides`` go on top of its own) or a
+    compare preset (a name or a :class:`ComparePreset`; then ``sizes`` is needed, and ``seeds``
+    defaults to 3). ``out`` defaults to :func:`default_out`."""
     from .run import run_compare
 
+    scale = SCALE_PRESETS.get(preset) if isinstance(preset, str) else None
+    if scale is None and isinstance(preset, str):
+        from .presets import PRESETS
+
+        if preset not in PRESETS:
+            raise ValueError(f"--preset {preset!r}: unknown; choose a scale preset {sorted(SCALE_PRESETS)} or a "
+                             f"compare preset {sorted(PRESETS)} (with --sizes)")
+    if sizes is None:
+        if scale is None:
+            name = preset if isinstance(preset, str) else preset.name
+            raise ValueError(f"--sizes: needed with the compare preset {name!r} (e.g. --sizes xs,s,m,l)")
+        sizes = list(scale.sizes)
+    if seeds is None:
+        seeds = scale.seeds if scale else 3
+    if tokens_per_param is None and scale is not None:
+        tokens_per_param = scale.tokens_per_param
+    out = Path(out) if out is not None else default_out(preset)
+    if scale is not None:
+        preset, overrides = scale.compare, {**scale.overrides, **overrides}
     plans = plan_sizes(preset, sizes, tokens_per_param=tokens_per_param, **overrides)
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    out = Path(out_dir)
     results, offset = {}, 0
     for sp in plans:
         res = run_compare(sp.preset, seed_list, out / f"size={sp.name}", progress=progress, workers=workers,

@@ -23,8 +23,6 @@ import contextvars
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from array import array
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from ..io import atomic_folder
 from .sources import (
     HF_VAL_SPLITS,
     DataError,
@@ -399,21 +398,6 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     return meta
 
 
-STALE_BUILD_SECONDS = 24 * 3600
-
-
-def _remove_stale_builds(root: Path, key: str) -> None:
-    """Delete temporary build folders of ``key`` left by a killed process (older than a day, so
-    a build still running elsewhere is never touched)."""
-    now = time.time()
-    for tmp in root.glob(f".{key}.*"):
-        try:
-            if now - tmp.stat().st_mtime > STALE_BUILD_SECONDS:
-                shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:
-            pass
-
-
 def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
                  cache_dir: Union[None, str, os.PathLike] = None, val_fraction: Optional[float] = None,
                  text_field: str = "text", *, progress: bool = True) -> PreparedData:
@@ -445,13 +429,8 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
     from_cache = (entry / "meta.json").is_file()
     if not from_cache:
         rule = _split_rule(sources, val_fraction, text_field)
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_stale_builds(root, key)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-        try:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's folder is owner-only: a shared cache should be readable
+        # another process may finish the same entry first: then its entry is kept
+        with atomic_folder(entry, kept=lambda e: (e / "meta.json").is_file()) as tmp:
             try:
                 _build(tmp, sources, tok, rule, text_field, key, progress)
             except OSError as e:  # a full disk while writing the cache: name it (numpy's write error does not)
@@ -459,14 +438,6 @@ def prepare_data(source: SourceSpec = None, tokenizer: TokenizerSpec = "byte",
                     raise
                 raise OSError(e.errno, f"{e.strerror or e} (writing the token cache; set cache_dir or "
                                        f"DIFFTX_CACHE_DIR to put it elsewhere)", str(entry)) from e
-            try:
-                os.replace(tmp, entry)  # atomic; fails if another process finished first
-            except OSError:
-                if not (entry / "meta.json").is_file():
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
     if meta["tokenizer"] != tok.name or meta["vocab_size"] != tok.vocab_size:
         raise DataError(f"{entry}: cached with tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']}), "

@@ -13,8 +13,8 @@ of each kind (``random``: a seeded shuffle; ``class_sorted``: grouped by class, 
 seeded; ``alternating``: round-robin by class, class order and within-class order seeded) and
 each order is scored on the instance's ``n_queries`` queries. The metric is the spread of accuracy
 over the orders *of one instance* (best - worst), averaged over instances, with the mean accuracy.
-(Re-permuting independent episodes for every order, as an earlier version did, measures binomial
-sampling noise rather than order sensitivity.)
+(Re-permuting independent episodes for every order would measure binomial sampling noise rather
+than order sensitivity.)
 """
 
 from __future__ import annotations

@@ -31,15 +31,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..io import eval_mode
+from ..generation import generate
+from ..needle_cells import DEFAULT_DEPTHS, DEFAULT_GRID
 
 # roles of prompt positions (for attention-to-answer / noise)
 ROLE_BOS, ROLE_FILLER, ROLE_NEEDLE, ROLE_ANSWER, ROLE_QUERY = 0, 1, 2, 3, 4
 ROLE_NAMES = {ROLE_BOS: "bos", ROLE_FILLER: "filler", ROLE_NEEDLE: "needle", ROLE_ANSWER: "answer",
               ROLE_QUERY: "query"}
 OUTCOMES = ("correct", "distraction", "hallucination", "malformed")
-DEFAULT_GRID: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (4, 2), (6, 2))
-DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def classify_answer(predicted, expected, *, well_formed: bool, in_context: bool) -> str:
@@ -384,38 +383,6 @@ class NeedleResult:
                 + "---|" * len(tab) + "\n| " + " | ".join(f"{v:.2f}" for v in tab.values()) + " |\n")
 
 
-@torch.no_grad()
-def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                  stop_tokens: Sequence[int] = (), backend: Optional[str] = None, use_cache: bool = True,
-                  pad_id: int = 0) -> list[list[int]]:
-    """Greedy continuations. ``use_cache=False`` re-runs the whole sequence each step (equal-length
-    prompts only): a kernel whose result depends on the number of query rows per call (for
-    example per-tensor logit quantisation) then sees the same rows as a full forward."""
-    if use_cache:
-        from ..generation import generate
-
-        return generate(model, prompts, max_new_tokens, temperature=0.0, stop_tokens=stop_tokens, backend=backend,
-                        pad_id=pad_id)
-    if len({len(p) for p in prompts}) != 1:
-        raise ValueError("greedy_decode(use_cache=False) needs prompts of equal length")
-    device = next(model.parameters()).device
-    seq = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
-    stops = set(stop_tokens)
-    out: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    with eval_mode(model):
-        for _ in range(max_new_tokens):
-            nxt = model(seq, backend=backend)[:, -1].argmax(-1)  # (B,)
-            for i, t in enumerate(nxt.tolist()):
-                if not done[i]:
-                    out[i].append(t)
-                    done[i] = t in stops
-            if all(done):
-                break
-            seq = torch.cat([seq, nxt[:, None]], dim=1)
-    return out
-
-
 def _cell_seed(seed: int, n: int, r: int, length: int, depth: float) -> int:
     # a fixed seed per cell: every model sees the very same prompts in a paired comparison
     return random.Random(f"needle-cell:{seed}:{n}:{r}:{length}:{round(depth * 1000)}").getrandbits(31)
@@ -448,8 +415,8 @@ def evaluate_needles(model: torch.nn.Module, task: NeedleTask, *, grid: Sequence
         per_sample = []
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
-            gens = greedy_decode(model, [s.prompt for s in chunk], task.answer_len(r), stop_tokens=[task.EOS],
-                                 backend=backend, use_cache=use_cache, pad_id=task.PAD)
+            gens = generate(model, [s.prompt for s in chunk], task.answer_len(r), temperature=0.0,
+                            stop_tokens=[task.EOS], backend=backend, use_cache=use_cache, pad_id=task.PAD)
             for s, g in zip(chunk, gens):
                 res = score_sample(task, s, g)
                 per_sample.append(res.count("correct"))
@@ -654,8 +621,8 @@ def evaluate_needles_text(model: torch.nn.Module, encode: Callable[[str], list[i
         new = max_new_tokens or (value_digits + 3) * r
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
-            gens = greedy_decode(model, [encode(s.prompt) for s in chunk], new, stop_tokens=stop_tokens,
-                                 backend=backend, pad_id=pad_id)
+            gens = generate(model, [encode(s.prompt) for s in chunk], new, temperature=0.0, stop_tokens=stop_tokens,
+                            backend=backend, pad_id=pad_id)
             for s, g in zip(chunk, gens):
                 text = decode(g)
                 res = score_text_answer(s, text, value_digits)

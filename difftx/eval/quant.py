@@ -9,7 +9,7 @@ stay masked. Groups:
 - ``tensor``: one scale per attention map of one sequence and (sub-)head: ``max`` over all of
   its ``T x S`` logits. (One scale per map rather than per batch keeps results independent of
   the batch size; with a KV cache a decode step has one row, so evaluate with full forwards,
-  ``greedy_decode(use_cache=False)``, to keep ``tensor`` meaning the whole map.)
+  ``generate(use_cache=False)``, to keep ``tensor`` meaning the whole map.)
 
 :func:`quantized_kernel` builds an eager-like kernel that quantises the logits before the
 softmax; :func:`register_quantized_backend` adds it to the backend table under a generated

@@ -13,9 +13,9 @@ means over ``n`` (which holds ``sigma_a^2/n + sigma_e^2/(n m)``, ``n-1`` degrees
 the example part, ``(MS_example - MS_residual)/(n m)`` (``m-1``). The interval's half-width
 scales each part by the t quantile of its own degrees of freedom, a conservative rule
 (Banerjee's) that keeps its nominal coverage when one part has very few degrees of freedom, as
-the seed part does at 2-3 seeds. (An earlier version split the residual off the seed part; when
-a few seeds agreed by chance, the seed part collapsed to 0 and a large-sample quantile was left
-on a small-sample estimate: two seeds at a ceiling read as p = 5e-6.)
+the seed part does at 2-3 seeds. The residual stays in the seed part: split off, the seed part
+falls to 0 when a few seeds agree by chance, leaving a large-sample quantile on a small-sample
+estimate.
 Metrics without per-example values (extremes, a training step) get the paired t-interval over
 seeds (``n-1`` degrees of freedom).
 

@@ -28,12 +28,10 @@ HF row ``c*d/2 + i`` is difftx row ``2i + c``. Values are not rotated and keep t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -44,7 +42,7 @@ from torch import Tensor
 from ..attention.modules import lambda_init_for_layer
 from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state
 from ..config import ModelConfig
-from ..io import atomic_write
+from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
 
 PathLike = Union[str, os.PathLike]
@@ -264,30 +262,43 @@ def _progress(it, desc: str):
     return tqdm(it, desc=desc, unit="layer", disable=None, leave=False)
 
 
+# difftx state-dict names -> transformers names: the whole model, then each layer (``subln.weight``
+# has no counterpart: it is folded into o_proj on export and becomes ones on import)
+_MODEL_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+_LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight",
+                **{f"mlp.{n}.weight": f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")},
+                **{f"attn.{n}.weight": f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj")},
+                "attn.out_proj.weight": "self_attn.o_proj.weight"}
+_DIFF_NAMES = {f"attn.{n}": f"self_attn.{n}" for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+
+
+def hf_names(config: ModelConfig) -> dict[str, str]:
+    """Every tensor name of ``config``'s difftx state dict that transformers has -> its name there
+    (read backwards by :func:`to_difftx_state`)."""
+    names = dict(_MODEL_NAMES)
+    if not config.tie_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    layer = {**_LAYER_NAMES, **(_DIFF_NAMES if config.attention == "diff" else {})}
+    for i in range(config.n_layers):
+        names.update({f"layers.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in layer.items()})
+    return names
+
+
 def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """difftx state dict -> transformers state dict (DiffLlama or Llama), exact up to the norm fold."""
+    """difftx state dict -> transformers state dict (DiffLlama or Llama), exact up to the norm fold:
+    the tensors renamed by :func:`hf_names`, the attention rows reordered (see the module doc)."""
     check_exportable(config)
     diff = config.attention == "diff"
     d = config.head_dim
-    out: dict[str, Tensor] = {"model.embed_tokens.weight": state["tok_embeddings.weight"],
-                              "model.norm.weight": state["norm.weight"]}
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = state["lm_head.weight"]
+    out = {theirs: state[ours] for ours, theirs in hf_names(config).items()}
     for i in _progress(range(config.n_layers), "to transformers"):
-        ours, hf = f"layers.{i}.", f"model.layers.{i}."
-        out[hf + "input_layernorm.weight"] = state[ours + "attn_norm.weight"]
-        out[hf + "post_attention_layernorm.weight"] = state[ours + "mlp_norm.weight"]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            out[hf + f"mlp.{name}.weight"] = state[ours + f"mlp.{name}.weight"]
-        a, sa = ours + "attn.", hf + "self_attn."
-        q, k, v, o = (state[a + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "out_proj"))
+        a, sa = f"layers.{i}.attn.", f"model.layers.{i}.self_attn."
+        q, k, v, o = (out[sa + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         q, k = rope_interleaved_to_half(q, d), rope_interleaved_to_half(k, d)
         if diff:
             q, k, v = pairs_to_halves(q, d), pairs_to_halves(k, d), pairs_to_halves(v, d)
             gain = state[a + "subln.weight"].float().repeat(config.n_heads)  # (H*2d,): shared by heads
             o = (o.float() * gain).to(o.dtype)  # (D, H*2d): column h*2d + j scaled by subln[j]
-            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                out[sa + name] = state[a + name]
         out.update({sa + "q_proj.weight": q, sa + "k_proj.weight": k, sa + "v_proj.weight": v,
                     sa + "o_proj.weight": o})
     return {k: v.contiguous() for k, v in out.items()}
@@ -298,26 +309,15 @@ def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Ten
     models whose ``subln`` gain is one (DiffLlama has no gain: ours becomes ones)."""
     diff = config.attention == "diff"
     d = config.head_dim
-    out: dict[str, Tensor] = {"tok_embeddings.weight": hf["model.embed_tokens.weight"],
-                              "norm.weight": hf["model.norm.weight"]}
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = hf["lm_head.weight"]
+    out = {ours: hf[theirs] for ours, theirs in hf_names(config).items()}
     for i in _progress(range(config.n_layers), "to difftx"):
-        ours, p = f"layers.{i}.", f"model.layers.{i}."
-        out[ours + "attn_norm.weight"] = hf[p + "input_layernorm.weight"]
-        out[ours + "mlp_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            out[ours + f"mlp.{name}.weight"] = hf[p + f"mlp.{name}.weight"]
-        a, sa = ours + "attn.", p + "self_attn."
-        q, k, v, o = (hf[sa + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        a = f"layers.{i}.attn."
+        q, k, v, o = (out[a + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "out_proj"))
         if diff:
             q, k, v = halves_to_pairs(q, d), halves_to_pairs(k, d), halves_to_pairs(v, d)
             out[a + "subln.weight"] = torch.ones(2 * d, dtype=o.dtype)
-            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                out[a + name] = hf[sa + name]
         q, k = rope_half_to_interleaved(q, d), rope_half_to_interleaved(k, d)
-        out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v,
-                    a + "out_proj.weight": o})
+        out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v})
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -342,10 +342,6 @@ def _check_shapes(got: dict[str, Tensor], expected: dict[str, Tensor], source: s
 
 
 # -- folders ----------------------------------------------------------------------------------------
-
-def _write_json(path: Path, data: dict) -> None:
-    atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n"))
-
 
 def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
     from safetensors.torch import save_file
@@ -428,7 +424,7 @@ def _export_tokenizer(src: Optional[Path], out: Path, config: ModelConfig) -> tu
               "clean_up_tokenization_spaces": False}
         if eos is not None:
             tk["eos_token"] = eos
-        _write_json(out / "tokenizer_config.json", tk)
+        write_json(out / "tokenizer_config.json", tk, indent=2)
     return eos, eos_id
 
 
@@ -463,68 +459,6 @@ def replaced(out: Path) -> str | None:
         return None
     names = ", ".join(str(p.relative_to(out)) for p in files[:4]) + (", ..." if len(files) > 4 else "")
     return f"{out}: {len(files)} file(s), {sum(p.stat().st_size for p in files):,} bytes ({names})"
-
-
-STAGING_PID = ".difftx-staging-pid"
-
-
-def _remove_stale_staging(out: Path) -> None:
-    """Remove the staging folders beside ``out`` that a killed export or import left (their
-    process is gone)."""
-    for stale in out.parent.glob(f".{out.name}.*-*"):
-        if not stale.is_dir() or not (stale.name.startswith(f".{out.name}.tmp-")
-                                      or stale.name.startswith(f".{out.name}.old-")):
-            continue
-        try:
-            pid = int((stale / STAGING_PID).read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pid = None
-        if pid is None or not _alive(pid):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def _staged(out: Path):
-    """A temporary folder beside ``out`` to write into; renamed into place when the block ends
-    without error (replacing ``out``, which :func:`_output_dir` allowed), removed otherwise: a
-    crash or Ctrl-C never leaves a half-written ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    (tmp / STAGING_PID).write_text(f"{os.getpid()}\n")  # a later run removes the folder if this process dies
-    old = None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # a plain folder, not mkdtemp's private one
-        yield tmp
-        (tmp / STAGING_PID).unlink()
-        if out.exists():  # an empty folder, or one --overwrite replaces: moved aside, then removed
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            (old / STAGING_PID).write_text(f"{os.getpid()}\n")
-            os.rename(out, old / out.name)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old is not None:
-                os.rename(old / out.name, out)
-            raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def resolve_model_folder(path: PathLike) -> Path:
@@ -586,13 +520,13 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     hf_state = to_hf_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
-    with _staged(out) as tmp:
+    with atomic_folder(out, replace=True) as tmp:
         _write_safetensors(tmp / HF_WEIGHTS, hf_state, {"format": "pt"})
         _, eos_id = _export_tokenizer(tok_src, tmp, config)
         cfg = hf_config(config, dtype)
         if eos_id is not None:
             cfg["eos_token_id"] = eos_id
-        _write_json(tmp / "config.json", cfg)
+        write_json(tmp / "config.json", cfg, indent=2)
     return out
 
 
@@ -659,7 +593,7 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False
     state = to_difftx_state(config, hf_state)
     out = _output_dir(out_folder, [src], overwrite)
     meta = {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"}
-    with _staged(out) as tmp:
+    with atomic_folder(out, replace=True) as tmp:
         _write_safetensors(tmp / WEIGHTS_NAME, state, meta)
         atomic_write(tmp / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
         if any((src / name).is_file() for name in TOKENIZER_FILES):

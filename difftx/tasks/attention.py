@@ -47,7 +47,8 @@ def _key(cell: str) -> str:
 def _cell_prompts(subject, n: int, r: int, depths, samples: int, context_len: int):
     """Prompts of one cell at every depth, and whether the model answers each correctly (``None``
     for the natural-language form, whose answers are not scored here)."""
-    from ..eval.needle import greedy_decode, needle_samples, score_sample, text_needle_probes
+    from ..eval.needle import needle_samples, score_sample, text_needle_probes
+    from ..generation import generate
 
     if subject.needle is None:
         tok = subject.tokenizer
@@ -56,8 +57,8 @@ def _cell_prompts(subject, n: int, r: int, depths, samples: int, context_len: in
         return probes, None
     task = subject.needle
     probes = [p for d in depths for p in needle_samples(task, n, r, d, samples, seed=EVAL_SEED)]
-    gens = greedy_decode(subject.model, [p.prompt for p in probes], task.answer_len(r), stop_tokens=[task.EOS],
-                         pad_id=task.PAD)
+    gens = generate(subject.model, [p.prompt for p in probes], task.answer_len(r), temperature=0.0,
+                    stop_tokens=[task.EOS], pad_id=task.PAD)
     return probes, [int(all(o == "correct" for o in score_sample(task, p, g))) for p, g in zip(probes, gens)]
 
 

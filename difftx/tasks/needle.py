@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..needle_cells import DEFAULT_DEPTHS, DEFAULT_GRID
 from .base import Metric, Task, parse_cell, parse_cells, positive, setting
 from .common import DEFAULT_CELL, fitting_cells, no_needle_task, run_needles
 from .common import probe_prompts  # noqa: F401 - where tasks written before difftx.tasks.common import it from
@@ -21,8 +22,8 @@ OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
 @dataclass(frozen=True)
 class NeedleSettings:
     samples_per_cell: int = setting(50, "prompts per N/R x depth cell")
-    grid: tuple = setting(((1, 1), (2, 2), (4, 2), (6, 2)), "N/R cells, e.g. 1/1,2/2,4/2,6/2", parse_cells)
-    depths: tuple = setting((0.0, 0.25, 0.5, 0.75, 1.0), "depths of the answer needle in [0, 1]")
+    grid: tuple = setting(DEFAULT_GRID, "N/R cells, e.g. 1/1,2/2,4/2,6/2", parse_cells)
+    depths: tuple = setting(DEFAULT_DEPTHS, "depths of the answer needle in [0, 1]")
     heatmap_lengths: tuple = setting((), "context lengths of the depth x length heatmap (empty: none)")
     heatmap_cell: tuple = setting(DEFAULT_CELL, "N/R cell of the heatmap", parse_cell)
     context_len: int = setting(256, "prompt tokens of the natural-language form (text models)")

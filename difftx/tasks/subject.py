@@ -23,13 +23,12 @@ record).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..io import atomic_write, read_json
+from ..io import read_json, write_json
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` stays light
     import torch
@@ -40,12 +39,6 @@ if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` 
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 TRAIN_RECORD = "train.json"  # beside a compare model's folder: its training record
 BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
-
-
-def _write_json(path: Path, data: dict) -> Path:
-    text = json.dumps(data, indent=1) + "\n"
-    atomic_write(path, lambda p: Path(p).write_text(text))
-    return path
 
 
 @dataclass(frozen=True)
@@ -170,7 +163,7 @@ class CompareTask:
         data = self.to_dict()
         if self.text is not None:
             data["text_relative"] = self.text.relative_to(folder)
-        return _write_json(Path(folder) / TASK_FILE, data)
+        return write_json(Path(folder) / TASK_FILE, data, sort_keys=False)
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> CompareTask:
@@ -239,7 +232,7 @@ class TrainRecord:
         return cls(**data)
 
     def write(self, folder: str | os.PathLike) -> Path:
-        return _write_json(Path(folder) / TRAIN_RECORD, self.to_dict())
+        return write_json(Path(folder) / TRAIN_RECORD, self.to_dict(), sort_keys=False)
 
     @classmethod
     def read(cls, folder: str | os.PathLike) -> TrainRecord:

@@ -19,9 +19,11 @@ While a run writes to ``OUT`` it holds ``OUT/.lock`` (:func:`lock_run`): a secon
 same folder is refused; a lock left by a process that has died is taken over.
 
 Every file is written to a temporary name and renamed; the whole folder is first assembled
-as ``checkpoints/.tmp-step_...`` and renamed into place, then ``latest`` is rewritten. A crash at
-any point leaves the previous checkpoint and pointer untouched; stale ``.tmp-*`` folders are
-ignored and removed by the next run. An existing checkpoint folder is never overwritten.
+in a staging folder ``checkpoints/.step_....tmp-...`` (:func:`difftx.io.atomic_folder`) and
+renamed into place, then ``latest`` is rewritten. A crash at any point leaves the previous
+checkpoint and pointer untouched; staging folders are ignored, and stale ones
+(:func:`difftx.io.staging_is_stale`) are removed by the next run. An existing checkpoint folder is
+never overwritten.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import random
 import re
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -43,7 +44,10 @@ from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, save_model,
 )
 from ..config import ModelConfig
-from ..io import atomic_write, open_lock_file, read_json, umask_mode, write_error
+from ..io import (
+    atomic_folder, atomic_write, open_lock_file, pid_alive, read_json, remove_stale_staging, write_error,
+    write_json,
+)
 from ..model import Transformer
 from .config import PATH_FIELDS, SAVED_PATHS, differs_from_record, resolve_saved_paths, same_content, saved_form
 
@@ -194,16 +198,6 @@ except ImportError:  # pragma: no cover - Windows: a pid file checked for a live
 _locks: dict[str, tuple[int, Path, bool]] = {}  # resolved run folder -> (fd, lock file, folder created by us)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
 def _holder(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace").strip()
@@ -238,7 +232,7 @@ def lock_run(run_dir: PathLike) -> None:
             except FileExistsError:
                 text = _holder(path)
                 m = re.match(r"pid (\d+) host (\S+)", text)
-                if m and (m.group(2) != socket.gethostname() or _pid_alive(int(m.group(1)))):
+                if m and (m.group(2) != socket.gethostname() or pid_alive(int(m.group(1)))):
                     raise CheckpointError(busy.format(text)) from None
                 path.unlink(missing_ok=True)
                 continue
@@ -291,29 +285,10 @@ def unlock_run(run_dir: PathLike) -> None:
 
 
 def clean_stale(run_dir: PathLike) -> None:
-    """Remove temporary folders left by a crash while saving."""
+    """Remove the stale staging folders a crash while saving left (:func:`difftx.io.staging_is_stale`)."""
     root = checkpoints_dir(run_dir)
     if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(".tmp-") and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n"))
+        remove_stale_staging(root)
 
 
 def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
@@ -351,31 +326,26 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
     if final.exists():
         raise CheckpointError(f"{final}: a checkpoint for step {step} already exists; refusing to overwrite it")
     previous = latest_checkpoint(run_dir) if list_checkpoints(run_dir) else None
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
-    writing = tmp
+    writing = ""  # the part of the checkpoint being written, for the error
     try:
-        os.chmod(tmp, umask_mode(folder=True))  # mkdtemp makes it owner-only
-        writing = tmp / WEIGHTS_NAME
-        _save_weights(model_state, model_config, tmp)
-        writing = tmp / OPTIM_NAME
-        atomic_write(writing, lambda p: torch.save(optim_state, p))
-        writing = tmp / STATE_NAME
-        _write_json(writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
-        writing = tmp / TRAIN_CONFIG_NAME
-        _write_json(writing, saved_form(train_config, run_dir) if train_config else train_config)
-        if tokenizer is not None:
-            writing = tmp / TOKENIZER_DIR
-            tokenizer.save(writing)
-        writing = tmp
-        _fsync_dir(tmp)
-        os.rename(tmp, final)
+        with atomic_folder(final) as tmp:
+            writing = WEIGHTS_NAME
+            _save_weights(model_state, model_config, tmp)
+            writing = OPTIM_NAME
+            atomic_write(tmp / writing, lambda p: torch.save(optim_state, p))
+            writing = STATE_NAME
+            write_json(tmp / writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
+            writing = TRAIN_CONFIG_NAME
+            write_json(tmp / writing, saved_form(train_config, run_dir) if train_config else train_config)
+            if tokenizer is not None:
+                writing = TOKENIZER_DIR
+                tokenizer.save(tmp / writing)
+            writing = ""
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        failed = write_failure(e, final / writing.relative_to(tmp), previous)
+        failed = write_failure(e, final / writing, previous)
         if failed is not None:
             raise failed from e
         raise
-    _fsync_dir(root)
     atomic_write(root / LATEST, lambda p: Path(p).write_text(final.name + "\n"))
     prune_checkpoints(run_dir, keep_last)
     return final

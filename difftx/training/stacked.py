@@ -1,4 +1,4 @@
-"""K models of one :class:`~difftx.config.ModelConfig` trained together as one *stacked* model (issue #24).
+"""K models of one :class:`~difftx.config.ModelConfig` trained together as one *stacked* model.
 
 Every weight of the stack carries a leading ``K`` dimension: model ``i`` of the stack is
 ``{name: p[i]}``, an ordinary :class:`~difftx.model.Transformer` state dict. One forward pass runs
@@ -46,26 +46,15 @@ kernel's algorithm with one lambda per model, RoPE fused into its layout copy), 
 not be the flash kernel (``sdpa`` / ``triton``) the one-model trainer uses. Not ``torch.func.vmap``: the
 stock model does not vmap (its ``chunked`` kernel, DIFF's lambda and head norm are ``autograd.Function`` s
 without ``setup_context``, and the token-range check reads a value), and for the baseline, where vmap
-runs with the ``eager`` backend, it was slower than separate models (``benchmarks/stack_throughput.py
+runs with the ``eager`` backend, it is slower than separate models (``benchmarks/stack_throughput.py
 --vmap``).
 
 :func:`tune_allocator` (glibc): a stack's step allocates tensors K times a model's, which glibc serves by
 fresh ``mmap`` calls (a page fault per 4 KiB, every step) unless told to keep freed blocks; call it once
 in a process that trains a stack.
 
-Speed, measured (``benchmarks/stack_throughput.py --rounds 20``, the ``cpu`` compare preset's models, batches
-of 16 x 64, one thread of this project's 2-core AMD EPYC while other sessions loaded it; stacked over
-separate model-steps per CPU-second, paired medians with 95% intervals): at K = 5, 1.40 [1.24, 1.49] (DIFF)
-and 1.26 [1.22, 1.37] (baseline) on LM batches, 1.25 [1.14, 1.33] and 1.26 [1.13, 1.33] on needle-like
-batches (loss on 3-9 positions per row); 1.1-1.2 at K = 1 (the kernels alone: RoPE into the kernel layout,
-the 640-wide head, fused residuals), 1.2-1.4 at K = 2 and 10. Far from 2x, for two measured reasons: a
-stacked step at this size spends about 60% of its time in matrix products (``benchmarks/step_floor.py``),
-which run no faster batched (MKL's ``bmm`` is K ``gemm`` s of the one model's shapes, 30-74 GFLOP/s either
-way, against a peak of about 88 on one core); and the per-call
-cost that stacking removes is about 9 of the step's 40-50 ms (a step of 1 x 8 tokens: 11-12.5 ms for one
-model, 3-3.5 ms per model in a stack of 5), while the memory-bound elementwise work grows with K.
-``torch.compile`` of the whole stacked loss (plain ops) took 149 s to compile and gained 10-15% over this
-eager stack (DIFF, K = 5): not used.
+Speed against separate models: ``benchmarks/stack_throughput.py``; the measured ratios, and why they
+stay far from K, are in docs/results.md ("Stacked seeds: throughput").
 """
 
 from __future__ import annotations
