@@ -45,8 +45,9 @@ def register(sub) -> None:
                                       "a compare model's own held-out text)")
         t.add_argument("--device", default="cpu", help="cpu | cuda | auto (default cpu)")
         t.add_argument("--json", dest="json_out", type=output_file,
-                       help="also write the full result, with the machine it was computed on, to this JSON file (checked before the evaluation; a file "
-                            "of a run, checkpoint or tokenizer is refused without --overwrite)")
+                       help="also write the full result, with the machine it was computed on, to this JSON file "
+                            "(checked before the evaluation; a file of a run, checkpoint or tokenizer is refused "
+                            "without --overwrite)")
         t.add_argument("--overwrite", action="store_true", help="let --json replace a file of a run or checkpoint")
         t.add_argument("--no-progress", action="store_true", help="hide progress bars")
         group = t.add_argument_group(f"{name} settings (compare: --set tasks.{name}.SETTING=VALUE)")

@@ -4,14 +4,15 @@ Fig. 3a reports (how large a baseline matches each DIFF size).
 ``run_scale("scale-cpu", out="runs/scale")`` (a scale preset: its sizes, seeds and settings), or
 ``run_scale("cpu", ["xs", "s", "m", "l"], seeds=3, out="runs/scale")`` (a compare preset at the
 sizes given), runs a whole ``run_compare`` per size into ``out/size=NAME`` (each reused when
-present and resumable), then
-fits the held-out LM loss against the non-embedding parameters as ``L = E + A N^-b`` with the floor
-``E`` shared by DIFF and its baseline, beside the paper's straight line ``log L = a + b log N``, with
-the straight line's lack of fit (:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
+present and resumable), then fits the held-out LM loss against the non-embedding parameters as
+``L = E + A N^-b`` with the floor ``E`` shared by DIFF and its baseline, beside the paper's
+straight line ``log L = a + b log N``, with the straight line's lack of fit
+(:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
 ``scale.md`` and ``scale.png``. Beside each ratio: the gap in nats (the size's paired held-out NLL
 difference), the fit's local slope and how far 0.01 nats moves the ratio there (:func:`sensitivity`),
-and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`). Sizes are named model shapes (:data:`SHAPES`, or ``DIMxLAYERSxHEADS``); the baseline
-is matched at each size as in every compare. The token budget is the preset's, the same for every
+and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`). Sizes are
+named model shapes (:data:`SHAPES`, or ``DIMxLAYERSxHEADS``); the baseline is matched at each size
+as in every compare. The token budget is the preset's, the same for every
 size, or proportional to the parameters with ``tokens_per_param``.
 
 On a cluster, ``shard=(K, N)`` spreads every (size, seed, arm) model over N invocations (see
@@ -60,7 +61,8 @@ LM_ONLY = {"lm_every": 1, "icl_every": 0, "probe_every": 0}
 SCALE_PRESETS: dict[str, ScalePreset] = {
     "scale-cpu": ScalePreset(
         "scale-cpu", "4 sizes over a 10x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
-        "3 seeds, 2 arms (43-55 min on 2 CPU cores, measured with other work beside it)", "cpu", ("xs", "s", "m", "l"), 3,
+        "3 seeds, 2 arms (43-55 min on 2 CPU cores, measured with other work beside it)", "cpu",
+        ("xs", "s", "m", "l"), 3,
         {**LM_ONLY, "steps": 2000, "warmup_steps": 100, "curve_points": 8}),
     "scale-gpu": ScalePreset(
         "scale-gpu", "4 sizes from about 20M to 350M parameters for one GPU (untested: written for users with "
@@ -217,7 +219,8 @@ def sensitivity(eff: dict, i: int, arm_loss: float) -> dict:
         A, b = eff["fit"]["reference"]
         slope = -b * A * at ** -b
     else:
-        slope = sum(f[1] for f in eff["loglog"]["fits"]["reference"]) / len(eff["loglog"]["fits"]["reference"]) * arm_loss
+        ref = eff["loglog"]["fits"]["reference"]
+        slope = sum(f[1] for f in ref) / len(ref) * arm_loss
     factor = math.exp(min(0.01 / abs(slope), 700.0)) if slope else None
     return {"fit": eff["method"], "at_params": at, "dloss_dlog_params": slope, "factor_per_0.01_nats": factor}
 
@@ -360,7 +363,8 @@ def _sensitivity_text(eff: dict, sizes: list) -> str:
              "the straight line's slope d log L / d log N = b, times the loss")
     lo, hi = min(got, key=lambda g: g[1]["factor_per_0.01_nats"]), max(got, key=lambda g: g[1]["factor_per_0.01_nats"])
     span = (f"x{lo[1]['factor_per_0.01_nats']:.2f} (size {lo[0]})" if lo is hi else
-            f"x{lo[1]['factor_per_0.01_nats']:.2f} (size {lo[0]}) to x{hi[1]['factor_per_0.01_nats']:.2f} (size {hi[0]})")
+            f"x{lo[1]['factor_per_0.01_nats']:.2f} (size {lo[0]}) to "
+            f"x{hi[1]['factor_per_0.01_nats']:.2f} (size {hi[0]})")
     return (GAP_METHOD + f" Sensitivity: at {where} of the baseline, read at the matching baseline size, 0.01 nats "
             f"of gap is a factor of {span} in parameters: the flatter the curve, the larger the ratio a small gap "
             "makes. Read the gap in nats first.\n")
@@ -380,8 +384,8 @@ def _regime_table(sizes: list) -> str:
                         f"{r['context']} | {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim) | {tpp} |")
     if not rows:
         return ""
-    head = ("| size | arm | layers | lambda_init per layer (mean) | DIFF heads x width | context | feed-forward width | "
-            "tokens per non-embedding parameter |\n|---|---|---|---|---|---|---|---|\n")
+    head = ("| size | arm | layers | lambda_init per layer (mean) | DIFF heads x width | context | "
+            "feed-forward width | tokens per non-embedding parameter |\n|---|---|---|---|---|---|---|---|\n")
     return "## Regime (against the paper's recipe)\n\n" + REGIME_NOTE + "\n\n" + head + "\n".join(rows) + "\n"
 
 

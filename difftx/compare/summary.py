@@ -193,7 +193,8 @@ def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str) -> d
          "cis": {a: [None, None], b: [None, None]}, "gated": why, "family": "primary" if m.primary else "exploratory",
          "examples_used": 0, "p_adjusted": None, "_est": None, "_metric": m,
          "paired": {"mean": None, "low": None, "high": None, "p_value": None, "sign_flip_p": None, "n": len(seeds),
-                    "n_examples": 1, "confidence": 0.95, "method": "not measured", "unadjusted_excludes_zero": False, "note": why}}
+                    "n_examples": 1, "confidence": 0.95, "method": "not measured", "unadjusted_excludes_zero": False,
+                    "note": why}}
     if (a, b) == ("diff", "baseline"):
         c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": None, "diff_ci": [None, None],
                   "baseline_mean": None, "baseline_ci": [None, None]})
