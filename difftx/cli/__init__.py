@@ -177,6 +177,11 @@ class _InterruptWatch:
     def finish(self, code: int, prog: str) -> int:
         import signal
 
+        if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == self._raise_when_safe:
+            # a look-again timer still armed (the interrupt surfaced as another error first) would fire during
+            # interpreter shutdown, after Python has put SIGALRM back to its default, and kill the process
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
             self._old = None

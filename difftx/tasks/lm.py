@@ -83,7 +83,7 @@ class LMTask(Task):
 
         text_id = hashlib.sha256(held.tokens.numpy().astype("<i8").tobytes()).hexdigest()[:16]
         out: dict = {"source": held.source, "text_id": text_id, "train_len": held.train_len,
-                     "train_len_known": held.train_len_known, "window": seq_len,
+                     "train_len_known": getattr(held, "train_len_known", True), "window": seq_len,
                      "windows": len(per_window), "windows_asked": n, "tokens": int(flat_nll.numel()),
                      "distinct_tokens": distinct, "stream_tokens": int(held.tokens.numel()), "heldout": heldout,
                      "records": {"window_nll": [w for w, _ in per_window], "window_tokens": [n for _, n in per_window]}}
