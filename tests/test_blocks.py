@@ -13,7 +13,7 @@ import pytest
 
 from difftx.eval.blocks import (MAX_BLOCKS, MIN_BLOCK_TOKENS, MIN_BLOCKS, block_bounds, block_interval, block_means,
                                 paired_block_interval, window_bounds)
-from difftx.eval.stats import t_interval
+from difftx.eval.stats import t_mean_interval as t_interval
 
 REPLICATES = 2000
 T = 128  # predictions per window

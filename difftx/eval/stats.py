@@ -389,7 +389,8 @@ def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 
     if bounds is not None:
         span = float(bounds[1] - bounds[0])
         v = (x + span) / (2 * span)
-        p_bet = np.array([min(1.0, 1.0 / betting_capital(row, [0.5], alpha / comparisons)[0]) for row in v])
+        # the bets of paired_estimate (tuned for alpha), whose p-value Holm then multiplies
+        p_bet = np.array([min(1.0, 1.0 / betting_capital(row, [0.5], alpha)[0]) for row in v])
         p = np.maximum(p, p_bet)
     return float((p * comparisons < alpha).mean())
 
@@ -500,11 +501,6 @@ def mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None
     if not (math.isfinite(s_lo) and math.isfinite(s_hi)):
         return m, None, None
     return m, min(lo, s_lo), max(hi, s_hi)
-
-
-def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
-    """Mean with its one-level t interval over independent units (disjoint held-out windows)."""
-    return t_mean_interval(values, None, confidence)
 
 
 def median_interval(values: Sequence[float],
