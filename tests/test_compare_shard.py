@@ -158,7 +158,7 @@ def test_an_assembler_waiting_for_a_held_model_says_whom_it_waits_for(tmp_path, 
 
 def test_scale_shards_partition_the_models_of_every_size():
     """Issue 31 item 1, in `scale`: the offset of a size counts models, and so do the shards now. With
-    scale-cpu (4 sizes x 3 seeds x 2 arms) and N = 24 every shard trains one model; before, 8 got work."""
+    scale-cpu (its sizes x 3 seeds x 2 arms) and N models every shard trains one; before, 8 of 24 got work."""
     from difftx.compare.run import plan_models
     from difftx.compare.scale import SCALE_PRESETS, plan_sizes
 

@@ -76,10 +76,50 @@ def test_shard_out_of_range_is_refused(tmp_path, capsys):
 
 
 def test_named_shapes_and_tokens_per_param():
-    assert shape("m") == (64, 3, 2) and shape("64x3x2") == (64, 3, 2)
+    assert shape("m") == (48, 3, 2) and shape("64x3x2") == (64, 3, 2)
     plans = plan_sizes("smoke", ["16x1x1", "32x1x1"], tokens_per_param=20.0)
     assert plans[1].preset.steps > plans[0].preset.steps  # proportional budgets
     assert plans[0].params["baseline"] < plans[1].params["baseline"]
+
+
+def test_named_sizes_are_scaled_copies_with_the_feed_forward_ratio_fixed():
+    """Every named size has a feed-forward width of exactly 8/3 of its width and DIFF heads of one
+    width per family (24 on CPU, 128 on GPU); each preset's sizes grow in depth as well as width and
+    span at least 10x in non-embedding parameters."""
+    from difftx.compare.regime import non_embedding_parameters
+    from difftx.compare.scale import SCALE_PRESETS, SHAPES
+    from difftx.config import ModelConfig
+
+    for name, (dim, layers, heads) in SHAPES.items():
+        cfg = ModelConfig(vocab_size=256, dim=dim, n_layers=layers, n_heads=heads, attention="diff")
+        assert cfg.hidden_dim * 3 == 8 * dim, name
+        assert dim // heads == (24 if dim < 384 else 128), name
+    for sc in SCALE_PRESETS.values():
+        shapes = [SHAPES[n] for n in sc.sizes]
+        assert len(shapes) >= 5 and shapes[-1][1] > shapes[0][1] and shapes[-1][0] > shapes[0][0]
+        n = [non_embedding_parameters(ModelConfig(vocab_size=256, dim=d, n_layers=L, n_heads=h, attention="diff"))
+             for d, L, h in shapes]
+        assert n == sorted(n) and n[-1] >= 10 * n[0]
+
+
+def test_scale_adds_the_constant_lambda_arm_unless_told_not_to(monkeypatch, tmp_path):
+    """`scale` trains diff_lambda_0.8 beside DIFF by default (opt-out), and a depth sweep at fixed
+    width is one --sizes list."""
+    from difftx.compare.scale import LAMBDA_ARM, plan_sizes
+
+    plans = plan_sizes("smoke", ["32x1x1", "32x2x1", "32x4x1"], arms=("baseline", "diff", LAMBDA_ARM))
+    assert [p.n_layers for p in plans] == [1, 2, 4] and LAMBDA_ARM in plans[0].params
+    assert [round(p.regime["diff"]["lambda_init_mean"], 2) for p in plans] == [0.2, 0.28, 0.4]
+    assert plans[0].regime[LAMBDA_ARM]["lambda_init"] == [0.8]
+    seen = []
+    monkeypatch.setattr("difftx.compare.scale.plan_sizes",
+                        lambda preset, sizes, **kw: seen.append(kw.get("arms")) or (_ for _ in ()).throw(KeyError))
+    from difftx.compare.scale import run_scale
+
+    for flag in (True, False):
+        with pytest.raises(KeyError):
+            run_scale("smoke", ["xs", "s"], 1, tmp_path / "x", lambda_arm=flag)
+    assert seen == [("baseline", "diff", LAMBDA_ARM), None]
 
 
 def test_scale_on_your_own_text(tmp_path, capsys):
@@ -113,7 +153,8 @@ def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
     def fake_compare(preset, seeds, out, **kw):
         calls.append((preset, list(seeds), out))
         return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v / (1 + preset.dim / 64) + 0.01 * s}}}}
-                                  for arm, v in (("diff", 2.0), ("baseline", 2.1))} for s in seeds}}
+                                  for arm, v in (("diff", 2.0), ("baseline", 2.1), ("diff_lambda_0.8", 2.05))}
+                         for s in seeds}}
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)

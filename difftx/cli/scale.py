@@ -24,8 +24,9 @@ def register(sub) -> None:
                    help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
                         "cpu, gpu-small) with --sizes (default scale-cpu)")
     p.add_argument("--sizes", default=None, metavar="S1,S2,...",
-                   help="model sizes from small to large: names (xs, s, m, l, xl, 20m, 50m, 120m, 350m) or "
-                        "DIMxLAYERSxHEADS (default: the scale preset's)")
+                   help="model sizes from small to large: names (xs, s, m, l, xl, xxl, 10m, 40m, 85m, 290m, 680m) or "
+                        "DIMxLAYERSxHEADS, e.g. a depth sweep at fixed width: 48x2x2,48x4x2,48x8x2 (default: the scale "
+                        "preset's)")
     p.add_argument("--seeds", type=positive_int, default=None, help="paired seeds per size (default: the scale "
                                                                        "preset's, else 3)")
     p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/scale-PRESET)")
@@ -35,6 +36,10 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a compare preset field at every size (as `difftx compare --set`)")
     p.add_argument("--arms", default=None, metavar="ARMS", help="more arms at every size (as `difftx compare --arms`)")
+    p.add_argument("--no-lambda-arm", action="store_true",
+                   help="leave out the arm diff_lambda_0.8 (DIFF with lambda_init 0.8 at every layer), which scale "
+                        "trains beside DIFF by default to separate differential attention from the depth schedule "
+                        "of lambda_init at shallow depth")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="your own text at every size, LM only (as `difftx compare --data`: a text file, a folder or "
                         "a JSONL file)")
@@ -67,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] if args.sizes else None
     out = args.out or default_out(args.preset)
     res = run_scale(args.preset, sizes, args.seeds, out, tokens_per_param=args.tokens_per_param,
-                    progress=not args.no_progress, workers=args.workers, shard=shard, **overrides)
+                    progress=not args.no_progress, workers=args.workers, shard=shard,
+                    lambda_arm=not args.no_lambda_arm, **overrides)
     if shard is not None:
         print(f"\nshard {shard[0]}/{shard[1]} done for sizes {', '.join(res['sizes'])}; when every shard has "
               "finished, run the same command without --shard to assemble")

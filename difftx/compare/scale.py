@@ -35,10 +35,13 @@ from .report import gap_text
 
 SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 2  # 2: the floor fit; the line under "loglog"
 
-# named model shapes: (dim, layers, DIFF heads); the baseline has twice the heads of the same width
+# named model shapes (dim, layers, DIFF heads), scaled copies: every width a multiple of 24, so the default
+# feed-forward width (8/3 of it, rounded up to a multiple of 64) is exactly 8/3 of it; DIFF heads of width 24
+# (two components of 12) on the CPU sizes and 128 (two of 64, the paper's) on the GPU ones; depth grows with
+# width. The baseline has twice the heads, of the component width.
 SHAPES: dict[str, tuple[int, int, int]] = {
-    "xs": (32, 2, 1), "s": (48, 2, 2), "m": (64, 3, 2), "l": (96, 3, 3), "xl": (128, 4, 4),
-    "20m": (384, 8, 6), "50m": (512, 12, 8), "120m": (768, 12, 12), "350m": (1024, 24, 16),
+    "xs": (24, 2, 1), "s": (48, 2, 2), "m": (48, 3, 2), "l": (72, 3, 3), "xl": (72, 4, 3), "xxl": (96, 4, 4),
+    "10m": (384, 6, 3), "40m": (768, 6, 6), "85m": (768, 12, 6), "290m": (1152, 18, 9), "680m": (1536, 24, 12),
 }
 PAPER = ("the paper (Fig. 3a; 830M-13.1B parameters, the same tokens): a 6.8B DIFF matches an 11B Transformer "
          "(62.2%), a 7.8B DIFF a 13.1B one (59.5%)")
@@ -60,15 +63,18 @@ class ScalePreset:
 LM_ONLY = {"lm_every": 1, "icl_every": 0, "probe_every": 0}
 SCALE_PRESETS: dict[str, ScalePreset] = {
     "scale-cpu": ScalePreset(
-        "scale-cpu", "4 sizes over a 10x span of non-embedding parameters, LM on the bundled Shakespeare bytes, "
-        "3 seeds, 2 arms (43-55 min on 2 CPU cores, measured with other work beside it)", "cpu",
-        ("xs", "s", "m", "l"), 3,
+        "scale-cpu", "5 sizes as scaled copies (width 24 to 72, 2 to 4 layers, feed-forward 8/3 of the width) over "
+        "18x in non-embedding parameters, LM on the bundled Shakespeare bytes, 3 seeds, DIFF, DIFF with "
+        "lambda_init 0.8 and the baseline", "cpu",
+        ("xs", "s", "m", "l", "xl"), 3,
         {**LM_ONLY, "steps": 2000, "warmup_steps": 100, "curve_points": 8}),
     "scale-gpu": ScalePreset(
-        "scale-gpu", "4 sizes from about 20M to 350M parameters for one GPU (untested: written for users with "
-        "hardware, never run here)", "gpu-small", ("20m", "50m", "120m", "350m"), 3,
+        "scale-gpu", "5 sizes as scaled copies from about 10M to 680M non-embedding parameters, 6 to 24 layers, "
+        "DIFF heads of width 128, for one GPU (untested: written for users with hardware, never run here)",
+        "gpu-small", ("10m", "40m", "85m", "290m", "680m"), 3,
         {**LM_ONLY, "steps": 5000, "curve_points": 10}),
 }
+LAMBDA_ARM = "diff_lambda_0.8"  # scale's default extra arm: DIFF with the paper's deep-layer lambda_init at every layer
 
 
 def shape(name: str) -> tuple[int, int, int]:
@@ -139,9 +145,11 @@ def default_out(preset: str | ComparePreset) -> Path:
 def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequence[str]] = None,
               seeds: int | Sequence[int] | None = None, out: str | os.PathLike | None = None, *,
               tokens_per_param: Optional[float] = None, progress: bool = True, workers: Optional[int] = None,
-              shard: Optional[tuple[int, int]] = None, **overrides) -> dict:
+              shard: Optional[tuple[int, int]] = None, lambda_arm: bool = True, **overrides) -> dict:
     """The comparison at every size, then the efficiency fit (see the module doc). With ``shard``,
-    only this invocation's share of the models is trained, and nothing is assembled.
+    only this invocation's share of the models is trained, and nothing is assembled. ``lambda_arm``
+    adds the arm :data:`LAMBDA_ARM` (DIFF with a constant ``lambda_init = 0.8``) beside DIFF, so the
+    report separates differential attention from the depth schedule of ``lambda_init`` at shallow depth.
 
     ``preset`` is a scale preset (:data:`SCALE_PRESETS`: its compare preset, sizes, seeds, field
     overrides and ``tokens_per_param`` are the defaults; ``overrides`` go on top of its own) or a
@@ -168,6 +176,10 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     out = Path(out) if out is not None else default_out(preset)
     if scale is not None:
         preset, overrides = scale.compare, {**scale.overrides, **overrides}
+    if lambda_arm:
+        arms = tuple(overrides.get("arms") or (get_preset(preset) if isinstance(preset, str) else preset).arms)
+        if LAMBDA_ARM not in arms:
+            overrides = {**overrides, "arms": (*arms, LAMBDA_ARM)}
     plans = plan_sizes(preset, sizes, tokens_per_param=tokens_per_param, **overrides)
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     results, offset = {}, 0
