@@ -37,6 +37,14 @@ def register(sub) -> None:
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
                         "and --out/sweep.md: every arm's primary metrics per value and at its own best value")
+    p.add_argument("--tune", default=None, metavar="FIELD=V1,V2,...",
+                   help="each arm at its own value of one training field, e.g. --tune lr=0.0015,0.003,0.006 (the "
+                        "preset's value is always added; lr brings min_lr along): every arm trains at every value "
+                        "(--out/tune/FIELD=VALUE/; --out itself is the comparison at the preset's value), each seed's "
+                        "value is chosen per arm from the other seeds' validation loss (first half of the validation "
+                        "split), a best value at the grid's edge adds one beyond it (x2 or /2, twice at most), and "
+                        "report.md opens with the tuned comparison on the held-out second half beside the one at "
+                        "the preset's value (and tune.json, plots/tune_FIELD.png)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="on a cluster: invocation K of N trains and evaluates only its share of the models (every "
                         "N-th (seed, arm), from the K-th; it prints them and stacks them) into the shared --out and "
@@ -97,12 +105,16 @@ def run(args: argparse.Namespace) -> int:
 
     from ..compare import ComparePreset, run_compare
     from ..compare.run import parse_shard
+    from ..compare.tune import parse_tune, run_tuned, tune_summary
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")
     shard = None if args.shard is None else parse_shard(args.shard)
     if shard is not None and args.sweep:
         raise ValueError("--shard and --sweep: shard each point's folder on its own (--out DIR/FIELD=VALUE --set ...)")
+    if args.sweep and args.tune:
+        raise ValueError("--sweep and --tune: choose one (--tune chooses each arm's value without selection bias)")
+    tune = None if args.tune is None else parse_tune(args.tune)
     overrides = parse_overrides(args.overrides)
     known = {f.name for f in dataclasses.fields(ComparePreset)}
     bad = sorted(set(overrides) - known)
@@ -122,11 +134,21 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or f"runs/compare-{args.preset}" + (f"-{_stem(args.data)}" if args.data is not None else "")
     if args.sweep:
         return _sweep(args, out, overrides)
-    res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers, shard=shard,
-                      **overrides)
+    if tune is not None:
+        if tune[0] in overrides:
+            raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")
+        res = run_tuned(args.preset, args.seeds, out, tune, progress=not args.no_progress, workers=args.workers,
+                        shard=shard, **overrides)
+    else:
+        res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers,
+                          shard=shard, **overrides)
     import os
 
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
+        return 0
+    if shard is not None and tune is not None:
+        print(f"\nshard {shard[0]}/{shard[1]} done for every value of {tune[0]}; when every shard has finished, run "
+              "the same command without --shard to assemble (it trains any value added at a grid's edge)")
         return 0
     if shard is not None:
         ran = res["this_run"]
@@ -143,9 +165,11 @@ def run(args: argparse.Namespace) -> int:
         lm = res["runs"][str(res["seeds"][0])]["diff"]["tasks"]["lm"]
         print(f"  held-out: {lm['source']}: {lm['distinct_tokens']:,} distinct tokens, each scored once, in windows of "
               f"{lm['window']}")
+    if tune is not None:
+        print(tune_summary(res["tune"]))
     for c in C.values():  # the primary metrics' verdicts (every other one is in the report)
         if c["primary"]:
-            print("  " + c["verdict"])
+            print("  " + c["verdict"] + (f" (at the preset's {tune[0]})" if tune is not None else ""))
     return 0
 
 

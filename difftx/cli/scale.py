@@ -36,6 +36,11 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a compare preset field at every size (as `difftx compare --set`)")
     p.add_argument("--arms", default=None, metavar="ARMS", help="more arms at every size (as `difftx compare --arms`)")
+    p.add_argument("--tune", default=None, metavar="FIELD=V1,V2,...",
+                   help="tune one training field per arm at every size, e.g. --tune lr=0.0015,0.003,0.006 (as "
+                        "`difftx compare --tune`: every arm at every value, each seed's value chosen from the other "
+                        "seeds' validation loss, the grid extended at an edge); scale.md and scale.json open with the "
+                        "tuned gaps and ratios beside those at the preset's value")
     p.add_argument("--no-lambda-arm", action="store_true",
                    help="leave out the arm diff_lambda_0.8 (DIFF with lambda_init 0.8 at every layer), which scale "
                         "trains beside DIFF by default to separate differential attention from the depth schedule "
@@ -59,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compare.report import gap_text
     from ..compare.run import parse_shard
     from ..compare.scale import default_out, run_scale
+    from ..compare.tune import parse_tune
     from .compare import parse_arms, parse_overrides
 
     shard = None if args.shard is None else parse_shard(args.shard)
@@ -69,16 +75,26 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tokenizer and --heldout apply with --data")
     if args.arms is not None:
         overrides["arms"] = parse_arms(args.arms)
+    tune = None if args.tune is None else parse_tune(args.tune)
+    if tune is not None and tune[0] in overrides:
+        raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] if args.sizes else None
     out = args.out or default_out(args.preset)
     res = run_scale(args.preset, sizes, args.seeds, out, tokens_per_param=args.tokens_per_param,
                     progress=not args.no_progress, workers=args.workers, shard=shard,
-                    lambda_arm=not args.no_lambda_arm, **overrides)
+                    lambda_arm=not args.no_lambda_arm, tune=tune, **overrides)
     if shard is not None:
         print(f"\nshard {shard[0]}/{shard[1]} done for sizes {', '.join(res['sizes'])}; when every shard has "
               "finished, run the same command without --shard to assemble")
         return 0
     print(f"\nwrote {out}/scale.md and {out}/scale.json" + (f" and {out}/{res['plot']}" if res.get("plot") else ""))
+    if res.get("tuned"):
+        t = res["tuned"]
+        print(f"  tuned {t['field']} (primary; gaps on {t['heldout_source']}):")
+        for arm, gaps in t["tuned"]["gap"].items():
+            shared = t["shared"]["gap"][arm]
+            for sz, g, g0 in zip(res["sizes"], gaps, shared):
+                print(f"  {arm} at {sz['name']}: gap tuned {gap_text(g)} nats, at the preset's value {gap_text(g0)}")
     for arm, eff in res["efficiency"].items():
         if "skipped" in eff:
             print(f"  {arm}: {eff['skipped']}")

@@ -12,6 +12,7 @@ from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
 from .schema import results_json
+from .tune import plot_tune, render_tune
 
 
 def render_report(results: dict, plots: dict[str, str]) -> str:
@@ -39,7 +40,8 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
            "worse' is said only where the adjusted test rejects at 0.05; a comparison of a task neither model "
            "learned is not made. Each arm's interval on a bounded metric (marked *) is distribution-free and "
            "conservative. " + _seeds_rule(results, len(ctx.seeds)) + "\n",
-           "## Verdicts\n"]
+           *([render_tune(results["tune"], plots)] if results.get("tune") else []),
+           "## Verdicts" + (f" at the preset's `{results['tune']['field']}`" if results.get("tune") else "") + "\n"]
     C = results["comparison"]
     primary = [k for k, c in C.items() if c["primary"]]
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
@@ -350,6 +352,8 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
 
         path = plot_gap_along_training(gaps, out / "plots" / "gap_along_training.png")
         made["held-out loss gap along training"] = str(path.relative_to(out))
+    if results.get("tune"):
+        made["tuning sensitivity"] = str(plot_tune(out, results["tune"]).relative_to(out))
     return made
 
 

@@ -470,7 +470,7 @@ def shard_jobs(jobs: list, shard: tuple[int, int] | None, offset: int = 0) -> li
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
                 out_dir: str | os.PathLike = "runs/compare", *, progress: bool = True,
                 workers: int | None = None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
-                **overrides) -> dict:
+                report: bool = True, only_arms: Sequence[str] | None = None, **overrides) -> dict:
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
     ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
 
@@ -481,6 +481,9 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
                torchrun, where every process trains each model in turn)
     shard      ``(K, N)``: train and evaluate only this invocation's share of the models and write
                no report; returns ``{"shard": [K, N], "this_run": ...}`` (see the module doc)
+    report     False: train and evaluate, write no report; returns ``{"this_run": ...}``
+    only_arms  train and evaluate only these arms' models (no report; ``--tune`` adds a value for one
+               arm this way)
     overrides  :class:`ComparePreset` fields applied on top of the preset
     """
     from datetime import timedelta
@@ -494,14 +497,15 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
         init_distributed(p.device, timeout=timedelta(hours=12))
     try:
         return _run_compare(p, seeds, out_dir, progress=progress, workers=workers, shard=shard,
-                            shard_offset=shard_offset)
+                            shard_offset=shard_offset, report=report and only_arms is None, only_arms=only_arms)
     finally:
         if owns_group:
             destroy_distributed()
 
 
 def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike, *, progress: bool,
-                 workers: int | None, shard: tuple[int, int] | None = None, shard_offset: int = 0) -> dict:
+                 workers: int | None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
+                 report: bool = True, only_arms: Sequence[str] | None = None) -> dict:
     from tqdm.auto import tqdm
 
     from ..training.distributed import is_initialized
@@ -522,10 +526,12 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     # your text is tokenized (rank 0, into the cache) and checked before anything is written
     text = on_main(lambda: text_identity(plan, progress and main), share=True)
     on_main(lambda: _check_folder(out, p, text))
-    models = plan_models(plan, seed_list, shard, shard_offset)
+    if only_arms is not None and not set(only_arms) <= set(plan.arms):
+        raise ValueError(f"only_arms: {sorted(set(only_arms) - set(plan.arms))} are not arms of this comparison")
+    models = [m for m in plan_models(plan, seed_list, shard, shard_offset) if only_arms is None or m[1] in only_arms]
     most = max((sum(a == arm for _, a in models) for arm in plan.arms), default=0)  # one arm's models here
     k = stack_size(plan, most, n_workers, distributed)  # how this invocation trains its models, not which
-    jobs = plan_jobs(plan, seed_list, out, k, shard, shard_offset)
+    jobs = [j for j in plan_jobs(plan, seed_list, out, k, shard, shard_offset) if only_arms is None or j[0] in only_arms]
     request = training_request(p, text)
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))
@@ -558,6 +564,8 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     bar.close()
     if shard is not None:  # the report is assembled by an invocation without --shard
         return {"shard": list(shard), "this_run": done, "wall_s": time.time() - t0}
+    if not report:
+        return {"this_run": done, "wall_s": time.time() - t0}
 
     def finish() -> dict:
         from .report import write_outputs
@@ -755,7 +763,6 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons.
     ``preset`` is recorded as given; ``plan`` is what it resolved to."""
     from ..tasks import TASKS, settings_to_dict
-    from .summary import all_comparisons, pair_key, token_ratios
 
     settings = plan.tasks
     runs: dict = {}
@@ -789,6 +796,15 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
         results["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
+    return add_comparisons(results, settings)
+
+
+def add_comparisons(results: dict, settings: dict) -> dict:
+    """``results`` (every model's training record and evaluations under ``runs``) with its paired
+    comparisons: ``comparison`` (DIFF vs baseline), ``arm_comparisons`` (every other pair; Holm over
+    all of them) and ``token_efficiency``. ``settings``: ``{task: Settings}`` of the plan."""
+    from .summary import all_comparisons, pair_key, token_ratios
+
     comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
     results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
     results["arm_comparisons"] = comparisons

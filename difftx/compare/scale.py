@@ -145,17 +145,22 @@ def default_out(preset: str | ComparePreset) -> Path:
 def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequence[str]] = None,
               seeds: int | Sequence[int] | None = None, out: str | os.PathLike | None = None, *,
               tokens_per_param: Optional[float] = None, progress: bool = True, workers: Optional[int] = None,
-              shard: Optional[tuple[int, int]] = None, lambda_arm: bool = True, **overrides) -> dict:
+              shard: Optional[tuple[int, int]] = None, lambda_arm: bool = True, tune: Optional[tuple] = None,
+              **overrides) -> dict:
     """The comparison at every size, then the efficiency fit (see the module doc). With ``shard``,
     only this invocation's share of the models is trained, and nothing is assembled. ``lambda_arm``
     adds the arm :data:`LAMBDA_ARM` (DIFF with a constant ``lambda_init = 0.8``) beside DIFF, so the
     report separates differential attention from the depth schedule of ``lambda_init`` at shallow depth.
+    ``tune`` (``(field, values)``): every size is a tuned comparison (:mod:`difftx.compare.tune`), and
+    ``scale.json`` / ``scale.md`` open with the tuned gaps and ratios (``tuned``) beside those at the
+    preset's value, both on the held-out half the tuning did not read.
 
     ``preset`` is a scale preset (:data:`SCALE_PRESETS`: its compare preset, sizes, seeds, field
     overrides and ``tokens_per_param`` are the defaults; ``overrides`` go on top of its own) or a
     compare preset (a name or a :class:`ComparePreset`; then ``sizes`` is needed, and ``seeds``
     defaults to 3). ``out`` defaults to :func:`default_out`."""
     from .run import run_compare
+    from .tune import run_tuned
 
     scale = SCALE_PRESETS.get(preset) if isinstance(preset, str) else None
     if scale is None and isinstance(preset, str):
@@ -184,13 +189,21 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     results, offset = {}, 0
     for sp in plans:
-        res = run_compare(sp.preset, seed_list, out / f"size={sp.name}", progress=progress, workers=workers,
-                          shard=shard, shard_offset=offset)
-        offset += len(seed_list) * len(sp.params)
+        where = out / f"size={sp.name}"
+        if tune is not None:
+            res = run_tuned(sp.preset, seed_list, where, tune, progress=progress, workers=workers, shard=shard,
+                            shard_offset=offset)
+            offset += res["models"] if shard is not None else 0
+        else:
+            res = run_compare(sp.preset, seed_list, where, progress=progress, workers=workers, shard=shard,
+                              shard_offset=offset)
+            offset += len(seed_list) * len(sp.params)
         results[sp.name] = res
     if shard is not None:
         return {"shard": list(shard), "sizes": [sp.name for sp in plans]}
     summary = summarise(plans, results, seed_list)
+    if tune is not None:
+        summary["tuned"] = tuned_summary(plans, results, seed_list)
     summary["plot"] = _plot(out / "scale.png", summary)
     summary["machine"] = machine(plans[0].preset.device)  # each size's results.json has its own and its models'
     atomic_write(out / "scale.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
@@ -264,6 +277,60 @@ def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
             "heldout_nll": losses, "gap": gaps, "efficiency": efficiency, "paper": PAPER}
 
 
+def tuned_summary(plans: list[SizePlan], results: dict, seeds: list) -> dict:
+    """``scale.json``'s ``tuned``: the tuning per size (field, values, choices, edges) and the held-out
+    NLL, gaps and efficiency of the tuned comparison (``tuned``) and of the one at the preset's value
+    (``shared``), both scored on the held-out half the tuning did not read."""
+    keys = ("heldout_nll", "gap", "efficiency")
+    first = results[plans[0].name]["tune"]
+    return {"field": first["field"], "validation_source": first["validation_source"],
+            "heldout_source": first["heldout_source"],
+            "sizes": {sp.name: {k: results[sp.name]["tune"][k] for k in ("shared_value", "grid", "extended",
+                                                                          "at_edge", "best", "chosen")}
+                      for sp in plans},
+            **{which: {k: v for k, v in summarise(plans, {sp.name: results[sp.name][f"{which}_results"]
+                                                          for sp in plans}, seeds).items() if k in keys}
+               for which in ("tuned", "shared")}}
+
+
+def render_tuned(s: dict) -> str:
+    """``scale.md``'s first section: per size and arm, the chosen values and the gap and ratio, tuned
+    and at the preset's value."""
+    t = s["tuned"]
+    field = t["field"]
+    out = [f"## Tuned `{field}` (primary)\n",
+           f"Every size is a tuned comparison: each arm trained at every value of `{field}`, each seed's value chosen "
+           "per arm from the other seeds' validation loss (leave-one-seed-out; "
+           f"{t['validation_source']}); gaps and ratios on the held-out text the choice never read "
+           f"({t['heldout_source']}), tuned and at the preset's value. The sections after this one are the "
+           "preset's value on the usual held-out text.\n"]
+    head = ["size", "arm", f"chosen `{field}` per seed (best of all seeds)", "gap at the preset's value, nats [95%]",
+            "gap tuned, nats [95%]", "ratio at the preset's value [95%]", "ratio tuned [95%]"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, sz in enumerate(s["sizes"]):
+        info = t["sizes"][sz["name"]]
+        for arm in s["arms"]:
+            picks = ", ".join(f"{v:g}" for v in info["chosen"][arm].values())
+            edge = info["at_edge"].get(arm)
+            chosen = f"{picks} ({info['best'][arm]:g}" + (f", at the {edge} edge" if edge else "") + ")"
+            if arm == "baseline":
+                rows.append(f"| {sz['name']} | {arm} | {chosen} | | | | |")
+                continue
+            gaps = [gap_text((t[w]["gap"].get(arm) or [None] * len(s["sizes"]))[i]) for w in ("shared", "tuned")]
+            ratios = []
+            for w in ("shared", "tuned"):
+                eff = t[w]["efficiency"].get(arm, {})
+                ratios.append("-" if "ratios" not in eff else _ratio(eff["ratios"][i]))
+            rows.append(f"| {sz['name']} | {arm} | {chosen} | {gaps[0]} | {gaps[1]} | {ratios[0]} | {ratios[1]} |")
+    out.append("\n".join(rows) + "\n")
+    flagged = sorted({(name, arm) for name, info in t["sizes"].items() for arm, e in info["at_edge"].items() if e})
+    if flagged:
+        out.append("At the edge of the grid after the extensions (the best value may lie beyond): "
+                   + ", ".join(f"{arm} at {name}" for name, arm in flagged) + ".\n")
+    out.append("Validation loss against the value, per size: `size=NAME/plots/tune_" + field + ".png`.\n")
+    return "\n".join(out)
+
+
 def _ratio(r: dict) -> str:
     if r["value"] is None:
         return "-"
@@ -306,8 +373,10 @@ def render_scale(s: dict) -> str:
     out = ["# DIFF vs baseline across model sizes (parameter efficiency)\n",
            f"Each size is a whole `difftx compare` (its folder `size=NAME/` has the full report), {n} paired seed(s). "
            "N: parameters without the vocabulary matrices. Held-out LM NLL (nats/token), mean over seeds.\n"]
+    if s.get("tuned"):
+        out.append(render_tuned(s))
     for arm, eff in s["efficiency"].items():
-        out.append(f"## {arm} vs baseline\n")
+        out.append(f"## {arm} vs baseline" + (" at the preset's value\n" if s.get("tuned") else "\n"))
         if "skipped" in eff:
             out.append(f"Not measured: {eff['skipped']}.\n")
             continue

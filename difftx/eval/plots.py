@@ -186,17 +186,21 @@ def plot_loss_curves(curves: Mapping[str, tuple[Sequence[float], Sequence[float]
 
 def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[Optional[float]]]]],
                      path: PathLike, *, ylabel: str, title: str, xlabel: str = "step", mean: bool = True,
-                     color_by_model: bool = True) -> Path:
+                     color_by_model: bool = True, logx: bool = False,
+                     marks: Optional[Mapping[str, float]] = None) -> Path:
     """Curves of many seeds, one colour per model: ``curves[name] = [(xs, ys) per seed]``. Every
     seed is drawn faint and, with ``mean``, the mean over seeds bold (at the x values every seed of
     that model has; a ``None`` value is left out); without ``mean`` (seeds on different x, such as
     wall-clock) the seeds alone, a little stronger. The colour is the model's (the first word of
     ``name``: "DIFF L0" is DIFF's), or with ``color_by_model=False`` one per name. The legend names
-    one entry per name and sits outside the axes, so it never covers a curve."""
+    one entry per name and sits outside the axes, so it never covers a curve. ``logx``: a log x
+    axis; ``marks[name]``: an x value marked on that name's curve by a dotted line (a chosen value)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.4, 3.6))
     for i, (name, seeds) in enumerate(curves.items()):
         color = _color(name.split()[0], i) if color_by_model else f"C{i}"
+        if marks and name in marks:
+            ax.axvline(marks[name], color=color, ls=":", lw=1.2, label=f"{name}: best {marks[name]:g}")
         series = [[(x, y) for x, y in zip(xs, ys) if x is not None and y is not None] for xs, ys in seeds]
         series = [pts for pts in series if pts]
         if not series:
@@ -212,6 +216,8 @@ def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequen
                     label=f"{name}: mean of {seeds_text}")
     if mean and any(len(seeds) > 1 for seeds in curves.values()):
         ax.plot([], [], color="gray", lw=0.8, alpha=0.5, label="one seed (faint)")
+    if logx:
+        ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

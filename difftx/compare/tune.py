@@ -1,0 +1,361 @@
+"""``--tune FIELD=V1,V2,...``: each arm of a comparison at its own value of one training setting
+(the learning rate first of all), chosen without selection bias.
+
+Every arm trains at every value for every seed (each (arm, value) a stack of the seeds). The
+preset's own value is always in the grid: its comparison is the folder itself (``out``, a plain
+``difftx compare`` folder, so an earlier run there is reused); each other value is a compare
+folder ``out/tune/FIELD=VALUE``. Then, for each model, two scores on text it never trained on:
+
+- the **validation loss**, which chooses: the mean NLL over the first half of the training
+  corpus's validation split (the whole split when ``--heldout FILE`` gives separate evaluation text);
+- the **held-out evaluation**, which is reported: the LM task on the second half of the validation
+  split (with ``--heldout FILE``, the model's own evaluation of that file).
+
+So the choice never reads the evaluated text. For seed ``s`` an arm's value is the one with the
+lowest mean validation loss over the *other* seeds (leave-one-seed-out, :func:`choose`): the
+difference reported for seed ``s`` carries no selection on its own noise. An arm whose best value
+(mean over all seeds) sits at an edge of its grid gets one more value beyond it (x2 or /2), at
+most :data:`MAX_EXTENSIONS` times; still at the edge after that, it is flagged.
+
+The tuned comparison (each seed's models at their chosen values) is the primary one; the
+comparison at the preset's value, scored on the same held-out half, stands beside it; both use
+the comparison's own statistics (:func:`difftx.compare.summary.all_comparisons`). ``tune.json``,
+a section at the top of ``report.md`` (with ``results.json`` under ``tune``) and
+``plots/tune_FIELD.png`` (validation loss against the value per arm: seeds faint, means bold, each
+arm's best value marked) hold the result.
+
+On a cluster, ``shard=(K, N)`` spreads the models of every value over the invocations; the run
+without ``shard`` trains the extensions (they depend on every seed's scores) and assembles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..io import atomic_write, dumps_strict, read_json
+from .presets import ComparePreset, get_preset
+
+TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
+TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1
+MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per arm
+
+
+def parse_tune(text: str) -> tuple[str, list]:
+    """``"lr=1e-3,3e-3"`` -> ``("lr", [0.001, 0.003])``; the field must be a numeric training field of
+    :class:`ComparePreset` (whole numbers for an integer field)."""
+    from .run import NOT_TRAINING_FIELDS
+
+    field, sep, rest = str(text).partition("=")
+    field = field.strip()
+    known = {f.name: f for f in dataclasses.fields(ComparePreset)}
+    numeric = sorted(n for n, f in known.items() if isinstance(getattr(ComparePreset, n, None), (int, float))
+                     and not isinstance(getattr(ComparePreset, n), bool) and n not in NOT_TRAINING_FIELDS)
+    if not sep or field not in numeric:
+        raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of {numeric}")
+    cast = int if isinstance(getattr(ComparePreset, field), int) and field not in ("lr", "min_lr") else float
+    try:
+        values = [cast(v) for v in rest.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--tune {field}: every value must be a {'whole ' if cast is int else ''}number, "
+                         f"got {rest!r}") from None
+    if not values or len(set(values)) != len(values):
+        raise ValueError(f"--tune {field}: need distinct values, got {rest!r}")
+    return field, values
+
+
+def label(field: str, value) -> str:
+    return f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
+
+
+def choose(scores: dict, n_seeds: int) -> list:
+    """Leave-one-seed-out choice: ``scores[value][i]`` is seed ``i``'s validation loss at ``value``;
+    returns, for each seed ``i``, the value with the lowest mean over the other seeds (ties: the
+    first in sorted order). Seed ``i``'s own losses are never read for its own choice."""
+    if n_seeds < 2:
+        raise ValueError("--tune: leave-one-seed-out needs at least 2 seeds")
+    out = []
+    for i in range(n_seeds):
+        def others(v, i=i):
+            return sum(x for j, x in enumerate(scores[v]) if j != i) / (n_seeds - 1)
+        out.append(min(sorted(scores), key=others))
+    return out
+
+
+def beyond_edge(values: Sequence, scores: dict) -> Optional[tuple[str, float]]:
+    """``("upper" | "lower", new value)`` when the value with the lowest mean loss over all seeds is
+    the largest (x2) or the smallest (/2; whole numbers for an integer field, never 0) of
+    ``values``; None otherwise."""
+    grid = sorted(values)
+    best = min(grid, key=lambda v: sum(scores[v]) / len(scores[v]))
+    if best == grid[-1]:
+        return "upper", best * 2
+    if best == grid[0]:
+        new = best // 2 if isinstance(best, int) else best / 2
+        return ("lower", new) if new and new not in grid else None
+    return None
+
+
+def point_preset(base: ComparePreset, field: str, value) -> ComparePreset:
+    """``base`` at ``field = value`` (``lr`` brings ``min_lr`` along, in the preset's ratio)."""
+    change = {field: value}
+    if field == "lr":
+        change["min_lr"] = value * base.min_lr / base.lr
+    return base.with_overrides(**change)
+
+
+def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike,
+              tune: tuple[str, Sequence], *, progress: bool = True, workers: Optional[int] = None,
+              shard: Optional[tuple[int, int]] = None, shard_offset: int = 0, **overrides) -> dict:
+    """The tuned comparison (see the module doc). Returns the results of the comparison at the
+    preset's value with ``tune`` added (the tuned and the shared comparison, the choices), and
+    under ``"tuned_results"`` / ``"shared_results"`` the two comparisons as whole results dicts
+    (what :func:`difftx.compare.scale.summarise` reads); with ``shard``, only this invocation's
+    share is trained: ``{"shard": [K, N], "models": how many models the grid has}``."""
+    from .run import run_compare
+
+    base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
+    field, values = tune
+    shared = getattr(base, field)
+    grid = sorted(set(values) | {shared})
+    if len(grid) < 2:
+        raise ValueError(f"--tune {field}: the grid needs a value besides the preset's {shared}")
+    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if shard is None and len(seed_list) < 2:
+        raise ValueError("--tune: leave-one-seed-out needs at least 2 seeds")
+    if base.lm_every == 0:
+        raise ValueError("--tune: the choice reads a validation loss, which needs LM batches (lm_every > 0)")
+    out = Path(out_dir)
+    points = {v: point_preset(base, field, v) for v in grid}  # every value checked before anything is trained
+    folder = {v: out if v == shared else out / TUNE_DIR / label(field, v) for v in grid}
+    order = [shared] + [v for v in grid if v != shared]  # the folder's own compare first: it owns `out`
+    if shard is not None:
+        offset = shard_offset
+        for v in order:
+            run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, shard=shard,
+                        shard_offset=offset)
+            offset += len(seed_list) * len(base.arms)
+        return {"shard": list(shard), "models": offset - shard_offset}
+    results = run_compare(points[shared], seed_list, out, progress=progress, workers=workers)
+    for v in order[1:]:
+        run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, report=False)
+    arms = list(base.arms)
+    grids = {arm: list(grid) for arm in arms}
+    scores = {arm: {v: _scores(points[v], folder[v], seed_list, arm, progress) for v in grid} for arm in arms}
+    extended: dict = {arm: [] for arm in arms}
+    for _ in range(MAX_EXTENSIONS):
+        need: dict = {}
+        for arm in arms:
+            edge = beyond_edge(grids[arm], {v: [s["validation"] for s in scores[arm][v]] for v in grids[arm]})
+            if edge is not None:
+                need.setdefault(edge[1], []).append(arm)
+        added = False
+        for v, who in sorted(need.items()):
+            try:
+                points[v] = point_preset(base, field, v)
+            except ValueError:  # beyond what the preset allows (a learning rate under its warmup rule...)
+                continue
+            folder[v] = out / TUNE_DIR / label(field, v)
+            run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, only_arms=who)
+            for arm in who:
+                grids[arm] = sorted(grids[arm] + [v])
+                extended[arm].append(v)
+                scores[arm][v] = _scores(points[v], folder[v], seed_list, arm, progress)
+                added = True
+        if not added:
+            break
+    tune_info, tuned, shared_half = assemble(results, points[shared].resolve().tasks, field, shared, grids, folder,
+                                             scores, extended, seed_list)
+    write_tune(out, results, tune_info, progress)
+    return {**results, "tuned_results": tuned, "shared_results": shared_half}
+
+
+def _scores(p: ComparePreset, folder: Path, seeds: list, arm: str, progress: bool) -> list[dict]:
+    """Per seed, the model's ``{"validation": NLL, "heldout": LM result or None}`` (stored in its
+    folder as :data:`SCORE_FILE`; computed once)."""
+    out = []
+    for s in seeds:
+        f = folder / f"seed{s}" / arm
+        path = f / SCORE_FILE
+        got = None
+        if path.is_file():
+            try:
+                got = read_json(path, "the tuning scores of a compare model")
+                got = got if isinstance(got, dict) and got.get("version") == TUNE_VERSION else None
+            except ValueError:
+                got = None
+        if got is None:
+            got = {"version": TUNE_VERSION, **score_model(f, p)}
+            text = dumps_strict(got)
+            atomic_write(path, lambda t, text=text: Path(t).write_text(text + "\n"))
+        out.append(got)
+    return out
+
+
+def score_model(f: Path, p: ComparePreset) -> dict:
+    """A trained compare model's validation loss (the mean NLL over the first half of its corpus's
+    validation split, or all of it when the held-out text is a separate file) and, where the
+    held-out text is that split, the LM task on its second half (else None: its own evaluation)."""
+    from ..tasks import TASKS, load_subject
+    from ..tasks.runner import run_task
+
+    settings = p.task_settings()["lm"]
+    from ..training.distributed import resolve_device
+
+    subject = load_subject(f / "model", device=resolve_device(p.device))
+    text = subject.text
+    if text is not None and text.heldout is not None:
+        task = dataclasses.replace(subject.compare, text=dataclasses.replace(text, heldout=None))
+        choose_on, report_on = dataclasses.replace(subject, compare=task, _heldout=None).heldout(), None
+    else:
+        whole = subject.heldout()
+        choose_on, report_on = half(whole, 0), half(whole, 1)
+    quick = dataclasses.replace(settings, extrapolation_factors=(1,))
+    val = run_task(TASKS["lm"], dataclasses.replace(subject, _heldout=choose_on), quick)
+    held = None if report_on is None else run_task(TASKS["lm"], dataclasses.replace(subject, _heldout=report_on),
+                                                   settings)
+    return {"validation": val["heldout"]["nll"], "validation_source": choose_on.source, "heldout": held}
+
+
+def half(h, which: int):
+    """The first (0) or second (1) half of a held-out stream, by tokens (documents cut at the middle
+    keep their starts within the half)."""
+    cut = h.tokens.numel() // 2
+    lo, hi = (0, cut) if which == 0 else (cut, h.tokens.numel())
+    docs = None
+    if h.doc_offsets is not None:
+        docs = sorted({0, *(int(o) - lo for o in h.doc_offsets if lo <= int(o) < hi)})
+    return dataclasses.replace(h, tokens=h.tokens[lo:hi], doc_offsets=docs,
+                               source=f"{h.source}, {'first' if which == 0 else 'second'} half (tokens {lo:,}-{hi:,})")
+
+
+def assemble(results: dict, settings: dict, field: str, shared, grids: dict, folder: dict, scores: dict,
+             extended: dict, seeds: list) -> tuple[dict, dict, dict]:
+    """``(tune, tuned results, shared results)``: the choices and both comparisons (``settings``: the
+    plan's ``{task: Settings}``)."""
+    from ..provenance import read_machine
+    from ..tasks.subject import TrainRecord
+    from .evaluate import EVALS_DIR
+    from .run import add_comparisons
+
+    task_names = list(results["tasks"])
+    arms = list(grids)
+    chosen = {arm: dict(zip(seeds, choose({v: [x["validation"] for x in scores[arm][v]] for v in grids[arm]},
+                                          len(seeds)))) for arm in arms}
+
+    def entry(v, s, arm) -> dict:
+        f = folder[v] / f"seed{s}" / arm
+        tasks = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model") for e in task_names}
+        held = scores[arm][v][seeds.index(s)]["heldout"]
+        if held is not None and "lm" in tasks:
+            tasks["lm"] = held
+        return {"train": TrainRecord.read(f).to_dict(), "tasks": tasks, "machine": read_machine(f), "tune_value": v}
+
+    def comparison(pick) -> dict:
+        runs = {str(s): {arm: entry(pick(arm, s), s, arm) for arm in arms} for s in seeds}
+        return add_comparisons({**results, "runs": runs}, settings)
+
+    tuned = comparison(lambda arm, s: chosen[arm][s])
+    shared_half = comparison(lambda arm, s: shared)
+    means = {arm: {v: sum(x["validation"] for x in scores[arm][v]) / len(seeds) for v in grids[arm]} for arm in arms}
+    best = {arm: min(grids[arm], key=means[arm].get) for arm in arms}
+    edge = {arm: ("upper" if best[arm] == max(grids[arm]) else "lower" if best[arm] == min(grids[arm]) else None)
+            for arm in arms}
+    first = scores[arms[0]][shared][0]
+    tune = {"schema": TUNE_SCHEMA, "schema_version": TUNE_VERSION, "field": field, "shared_value": shared,
+            "grid": {arm: grids[arm] for arm in arms}, "extended": extended, "at_edge": edge, "best": best,
+            "validation_source": first["validation_source"],
+            "heldout_source": (first["heldout"] or {}).get("source") if first["heldout"] else
+            "the comparison's own held-out text (its LM evaluation)",
+            "validation_nll": {arm: {label(field, v): [x["validation"] for x in scores[arm][v]] for v in grids[arm]}
+                               for arm in arms},
+            "chosen": {arm: {str(s): v for s, v in chosen[arm].items()} for arm in arms},
+            "tuned": _primary(tuned), "shared": _primary(shared_half)}
+    return tune, tuned, shared_half
+
+
+def _primary(results: dict) -> dict:
+    """``{pair: {metric: comparison}}`` of the primary metrics of every pair of arms."""
+    out = {"diff vs baseline": {k: c for k, c in results["comparison"].items() if c["primary"]}}
+    for key, comps in results.get("arm_comparisons", {}).items():
+        out[key] = {k: c for k, c in comps.items() if c["primary"]}
+    return out
+
+
+def write_tune(out: Path, results: dict, tune: dict, progress: bool) -> None:
+    """``tune.json``; ``report.md``, ``results.json`` and the plots again, with the tuned section."""
+    from .report import write_outputs
+
+    results["tune"] = tune
+    atomic_write(out / TUNE_FILE, lambda p: Path(p).write_text(dumps_strict(tune, indent=1) + "\n"))
+    write_outputs(out, results, progress=progress)
+
+
+def _gap(c: dict) -> str:
+    p = c["paired"]
+    if p["mean"] is None:
+        return "-"
+    ci = "" if p["low"] is None else f" [{p['low']:+.4f}, {p['high']:+.4f}]"
+    return f"{p['mean']:+.4f}{ci}" + (f", Holm p {c['p_adjusted']:.3g}" if c.get("p_adjusted") is not None else "")
+
+
+def render_tune(tune: dict, plots: dict) -> str:
+    """The report's first section: the tuned comparison (primary) beside the one at the preset's value."""
+    field, shared = tune["field"], tune["shared_value"]
+    lines = [f"## Tuned `{field}` (primary)\n",
+             f"Every arm trained at every value of `{field}` for every seed; for seed s, each arm's value is the one "
+             f"with the lowest mean validation loss over the other seeds (leave-one-seed-out), so no seed's reported "
+             f"difference was chosen on its own noise. Validation loss: {tune['validation_source']}. Held-out "
+             f"evaluation (what is compared below): {tune['heldout_source']}. Both comparisons below are scored on "
+             "it; the rest of this report is the comparison at the preset's value on its usual held-out text.\n",
+             f"| arm | values of `{field}` | best (mean over seeds) | chosen per seed (seed: value) |",
+             "|---|---|---|---|"]
+    for arm, grid in tune["grid"].items():
+        ext = tune["extended"].get(arm) or []
+        note = f" (added at the edge: {', '.join(f'{v:g}' for v in ext)})" if ext else ""
+        edge = tune["at_edge"].get(arm)
+        best = f"{tune['best'][arm]:g}" + (f" **at the {edge} edge of the grid: the true best may lie beyond**"
+                                           if edge else "")
+        picks = ", ".join(f"{s}: {v:g}" for s, v in tune["chosen"][arm].items())
+        lines.append(f"| {arm} | {', '.join(f'{v:g}' for v in grid)}{note} | {best} | {picks} |")
+    lines += ["", f"| pair | metric | at the preset's `{field}` = {shared:g} | tuned | verdict (tuned) |",
+              "|---|---|---|---|---|"]
+    for pair, metrics in tune["tuned"].items():
+        for key, c in metrics.items():
+            s = tune["shared"].get(pair, {}).get(key)
+            lines.append(f"| {pair} | {c['label']} | {'-' if s is None else _gap(s)} | {_gap(c)} | {c['verdict']} |")
+    lines.append("")
+    if plots.get("tuning sensitivity"):
+        lines.append(f"![validation loss against {field}]({plots['tuning sensitivity']})\n")
+    return "\n".join(lines) + "\n"
+
+
+def tune_summary(tune: dict) -> str:
+    """What the command line prints: each arm's choices and the tuned primary verdicts."""
+    lines = [f"  tuned {tune['field']} (validation loss, leave-one-seed-out):"]
+    for arm, picks in tune["chosen"].items():
+        edge = tune["at_edge"].get(arm)
+        lines.append(f"    {arm}: " + ", ".join(f"seed {s} {v:g}" for s, v in picks.items())
+                     + (f" (best at the {edge} edge of the grid)" if edge else ""))
+    for pair, metrics in tune["tuned"].items():
+        for c in metrics.values():
+            lines.append(f"  tuned, {pair}: {c['verdict']}")
+    return "\n".join(lines)
+
+
+def plot_tune(out: Path, tune: dict) -> Optional[Path]:
+    """``plots/tune_FIELD.png``: validation loss against the value, per arm (seeds faint, means bold),
+    each arm's best value marked."""
+    from ..eval.plots import plot_seed_curves
+
+    field = tune["field"]
+    curves = {}
+    for arm, grid in tune["grid"].items():
+        per_value = [tune["validation_nll"][arm][label(field, v)] for v in grid]
+        curves[arm] = [(grid, [row[i] for row in per_value]) for i in range(len(per_value[0]))]
+    logx = all(v > 0 for g in tune["grid"].values() for v in g) and field in ("lr", "min_lr", "weight_decay")
+    return plot_seed_curves(curves, out / "plots" / f"tune_{field}.png", ylabel="validation NLL", xlabel=field,
+                            title=f"validation loss against {field} (best marked)", color_by_model=False,
+                            logx=logx, marks=tune["best"])

@@ -1,0 +1,172 @@
+"""``--tune FIELD=V1,...``: each arm at its own value, chosen leave-one-seed-out on a validation
+loss that never reads the evaluated text; a best value at the grid's edge extends it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.cli import main
+from difftx.compare import tune as T
+from test_compare import FAST, as_sets
+
+LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
+
+
+def _strict(path: Path) -> dict:
+    def refuse(c):
+        raise AssertionError(f"{path}: not strict JSON ({c})")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_leave_one_seed_out_never_reads_the_evaluated_seeds_own_loss():
+    """Seed 2's own validation loss at 0.01 is so low that it would flip the all-seeds choice to
+    0.01; seed 2's choice reads only seeds 0 and 1, which favour 0.003, so it stays 0.003. Seeds 0
+    and 1 read seed 2, and choose 0.01."""
+    scores = {0.001: [3.0, 3.0, 3.0], 0.003: [2.0, 2.0, 2.5], 0.01: [2.1, 2.1, 0.5]}
+    assert min(scores, key=lambda v: sum(scores[v])) == 0.01  # all seeds together: 0.01
+    assert T.choose(scores, 3) == [0.01, 0.01, 0.003]
+    planted = {v: row[:2] + [-100.0] for v, row in scores.items()}  # seed 2's own losses changed: its choice not
+    assert T.choose(planted, 3)[2] == 0.003
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        T.choose({0.1: [1.0]}, 1)
+
+
+def test_edge_extension_rule():
+    assert T.beyond_edge([0.001, 0.003], {0.001: [2.0], 0.003: [1.0]}) == ("upper", 0.006)
+    assert T.beyond_edge([0.001, 0.003], {0.001: [1.0], 0.003: [2.0]}) == ("lower", 0.0005)
+    assert T.beyond_edge([1, 2, 4], {1: [2.0], 2: [1.0], 4: [3.0]}) is None
+    assert T.beyond_edge([1, 2], {1: [1.0], 2: [2.0]}) is None  # 1 // 2 = 0: no smaller whole value
+    assert T.beyond_edge([50, 100], {50: [1.0], 100: [2.0]}) == ("lower", 25)
+
+
+def test_parse_tune():
+    assert T.parse_tune("lr=1e-3, 3e-3") == ("lr", [0.001, 0.003])
+    assert T.parse_tune("warmup_steps=10,20") == ("warmup_steps", [10, 20])
+    for bad, why in (("lr", "FIELD=V1"), ("workers=1,2", "FIELD=V1"), ("lr=1e-3,1e-3", "distinct"),
+                     ("warmup_steps=1.5,2", "whole number"), ("nope=1,2", "FIELD=V1")):
+        with pytest.raises(ValueError, match=why):
+            T.parse_tune(bad)
+    p = T.point_preset(__import__("difftx.compare.presets", fromlist=["x"]).get_preset("smoke"), "lr", 6e-3)
+    assert p.lr == 6e-3 and math.isclose(p.min_lr / p.lr, 0.1)  # min_lr follows in the preset's ratio
+
+
+def test_halves_split_the_held_out_stream_and_keep_document_starts():
+    from difftx.tasks.subject import HeldOut
+
+    h = HeldOut(torch.arange(10), "text", 1.0, 4, doc_offsets=[0, 3, 7])
+    a, b = T.half(h, 0), T.half(h, 1)
+    assert a.tokens.tolist() == list(range(5)) and b.tokens.tolist() == list(range(5, 10))
+    assert a.doc_offsets == [0, 3] and b.doc_offsets == [0, 2] and "second half" in b.source
+
+
+def _fake_scores(monkeypatch, calls: list):
+    """A validation loss that falls with lr for the baseline (its best always at the upper edge) and
+    is lowest at 0.003 for DIFF; the held-out part is the model's real LM evaluation on half the text."""
+    real = T.score_model
+
+    def fake(f: Path, p):
+        calls.append((f.parent.parent.name, f.name))
+        got = real(f, p)
+        arm = f.name
+        got["validation"] = -math.log(p.lr) if arm == "baseline" else abs(math.log(p.lr / 0.003)) + 0.01 * (
+            f.parent.name == "seed1")
+        return got
+
+    monkeypatch.setattr(T, "score_model", fake)
+
+
+def _cmd(out: Path, *extra: str) -> list[str]:
+    return ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1", "--no-progress",
+            "--tune", "lr=0.001,0.01", *as_sets(LM), *extra]
+
+
+def test_tune_end_to_end_extends_flags_and_resumes(tmp_path, monkeypatch, capsys):
+    """Every arm trains at 0.001, 0.003 (the preset's, added) and 0.01; the baseline's best is at the
+    upper edge, so 0.02 and then 0.04 are added for it alone (DIFF's best is inside) and it is still
+    flagged; the report opens with the tuned comparison; a second run trains and scores nothing."""
+    calls = []
+    _fake_scores(monkeypatch, calls)
+    out = tmp_path / "t"
+    assert main(_cmd(out)) == 0
+    printed = capsys.readouterr().out
+    tune = _strict(out / "tune.json")
+    assert tune["grid"]["baseline"] == [0.001, 0.003, 0.01, 0.02, 0.04] and tune["grid"]["diff"] == [0.001, 0.003,
+                                                                                                        0.01]
+    assert tune["extended"] == {"baseline": [0.02, 0.04], "diff": []}
+    assert tune["at_edge"] == {"baseline": "upper", "diff": None}
+    assert tune["chosen"]["diff"] == {"0": 0.003, "1": 0.003} and tune["chosen"]["baseline"] == {"0": 0.04, "1": 0.04}
+    assert not (out / "tune" / "lr=0.02" / "seed0" / "diff").exists()  # an extension trains the arm that needs it
+    assert (out / "tune" / "lr=0.04" / "seed1" / "baseline" / "train.json").is_file()
+    assert "second half" in tune["heldout_source"] and "first half" in tune["validation_source"]
+    report = (out / "report.md").read_text()
+    assert report.index("## Tuned `lr` (primary)") < report.index("## Verdicts at the preset's `lr`")
+    assert "at the upper edge of the grid" in report and "plots/tune_lr.png" in report
+    assert (out / "plots" / "tune_lr.png").is_file() and _strict(out / "results.json")["tune"]["field"] == "lr"
+    c = tune["tuned"]["diff vs baseline"]["lm_nll"]
+    assert c["label"].startswith("LM NLL") and "tuned lr" in printed and "upper edge" in printed
+    # the tuned comparison pairs each seed's chosen models, on the held-out half
+    d = _strict(out / "seed0" / "diff" / T.SCORE_FILE)
+    assert d["heldout"]["heldout"]["nll"] != _strict(out / "seed0" / "diff" / "evals" / "lm.json")["heldout"]["nll"]
+    n_scored, trained = len(calls), sorted(out.rglob("train.json"))
+    stamps = [p.stat().st_mtime_ns for p in trained]
+    calls.clear()
+    assert main(_cmd(out)) == 0  # resume: nothing trained or scored again, the same result
+    assert calls == [] and [p.stat().st_mtime_ns for p in sorted(out.rglob("train.json"))] == stamps
+    assert _strict(out / "tune.json")["chosen"] == tune["chosen"] and n_scored == 2 * 2 * 3 + 2 * 2
+
+
+def test_tune_in_shards_then_assembled(tmp_path, monkeypatch, capsys):
+    """Two shards train the grid's models between them (each model once); the run without --shard
+    trains only the extensions and assembles the same choices as one process."""
+    calls = []
+    _fake_scores(monkeypatch, calls)
+    out = tmp_path / "s"
+    for k in (1, 2):
+        assert main(_cmd(out, "--shard", f"{k}/2")) == 0
+    grid_models = sorted(out.rglob("train.json"))
+    assert len(grid_models) == 3 * 2 * 2 and calls == []  # 3 values x 2 seeds x 2 arms; no scoring in a shard
+    stamps = [p.stat().st_mtime_ns for p in grid_models]
+    assert main(_cmd(out)) == 0
+    assert [p.stat().st_mtime_ns for p in grid_models] == stamps  # the shards' models are reused
+    assert len(sorted(out.rglob("train.json"))) == 12 + 4  # + the baseline at 0.02 and 0.04
+    assert _strict(out / "tune.json")["chosen"]["diff"] == {"0": 0.003, "1": 0.003}
+
+
+def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
+    base = ["compare", "--preset", "smoke", "--out", str(tmp_path / "x"), "--no-progress", *as_sets(LM)]
+    for extra, why in ((["--seeds", "1", "--tune", "lr=0.001"], "at least 2 seeds"),
+                       (["--seeds", "2", "--tune", "lr=0.003"], "a value besides the preset's"),
+                       (["--seeds", "2", "--tune", "lr=0.001", "--sweep", "lr=0.1,0.2"], "choose one"),
+                       (["--seeds", "2", "--tune", "lr=0.001", "--set", "lr=0.002"], "in one place")):
+        assert main(base + extra) == 2
+        assert why in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_scale_tuned_opens_with_the_tuned_gaps(tmp_path, monkeypatch, capsys):
+    """`difftx scale --tune lr=...`: every size tuned; scale.json's `tuned` holds both comparisons'
+    gaps and efficiency on the held-out half, scale.md opens with them; shards then assembly work."""
+    calls = []
+    _fake_scores(monkeypatch, calls)
+    out = tmp_path / "sc"
+    cmd = ["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--seeds", "2", "--out", str(out), "--workers",
+           "1", "--no-progress", "--no-lambda-arm", "--tune", "lr=0.001,0.01",
+           *as_sets({k: v for k, v in LM.items() if k not in ("probe_every", "probe_samples")})]
+    assert main(cmd + ["--shard", "1/2"]) == 0 and main(cmd + ["--shard", "2/2"]) == 0
+    assert len(list(out.rglob("train.json"))) == 2 * 3 * 2 * 2  # sizes x values x seeds x arms, in shards
+    assert main(cmd) == 0
+    s = _strict(out / "scale.json")
+    t = s["tuned"]
+    assert t["field"] == "lr" and set(t["sizes"]) == {"16x1x1", "32x1x1"}
+    assert len(t["tuned"]["gap"]["diff"]) == 2 and "ratios" in t["tuned"]["efficiency"]["diff"]
+    assert t["sizes"]["16x1x1"]["chosen"]["diff"] == {"0": 0.003, "1": 0.003}
+    md = (out / "scale.md").read_text()
+    assert md.index("## Tuned `lr` (primary)") < md.index("## diff vs baseline at the preset's value")
+    assert "baseline at 16x1x1" in md  # flagged at the edge
+    assert "gap tuned" in capsys.readouterr().out
