@@ -71,21 +71,23 @@ def _power_law_seeds(rng, seeds: int, ratio: float, slope_arm: float = 0.12, slo
     return rows
 
 
-SCALE = np.array([32928.0, 55536.0, 160192.0, 332448.0])  # the scale-cpu sizes: 4 over 10x
+SCALE = np.array([32928.0, 55536.0, 160192.0, 332448.0])  # the former scale-cpu sizes: 4 over 10x
+SCALE_NOW = np.array([13944.0, 55536.0, 83280.0, 187128.0, 249480.0])  # scale-cpu's scaled copies: 5 over 18x
 
 
-def _floor_seeds(rng, runs: int, seeds: int, floor: float, b: float, drop: float, sd: float, ratio: float = 0.62):
+def _floor_seeds(rng, runs: int, seeds: int, floor: float, b: float, drop: float, sd: float, ratio: float = 0.62,
+                 sizes: np.ndarray = SCALE):
     """``runs`` experiments of ``seeds`` paired seeds at :data:`SCALE`: the baseline's loss ``E + A N^-b``
     (``A`` such that it lies ``drop`` above the floor at the smallest size), DIFF's the baseline's at
     ``N / ratio`` (so the true ratio is ``ratio`` at every size), plus Gaussian noise: ``sd`` per model
     and size, a seed effect of 0.01 shared by both arms (their data order) and 0.005 per arm. Returns
     the losses of each arm shaped (runs, seeds, sizes)."""
-    A = drop * SCALE[0] ** b
+    A = drop * sizes[0] ** b
     shared = rng.normal(0, 0.01, (runs, seeds, 1))
     out = []
     for scale in (ratio, 1.0):
-        clean = floor + A * (SCALE / scale) ** -b
-        noise = rng.normal(0, 0.005, (runs, seeds, 1)) + rng.normal(0, sd, (runs, seeds, SCALE.size))
+        clean = floor + A * (sizes / scale) ** -b
+        noise = rng.normal(0, 0.005, (runs, seeds, 1)) + rng.normal(0, sd, (runs, seeds, sizes.size))
         out.append(clean + shared + noise)
     return out
 
@@ -126,6 +128,16 @@ def test_floor_ratio_interval_covers_the_true_ratio_at_every_size(truth, seeds):
     assert [r.value for r in one.ratios] == pytest.approx(np.exp(got["log_ratio"][0]).tolist(), rel=1e-9)
     assert one.ratios[0].high == pytest.approx(math.exp(got["log_ratio"][0, 0] + got["half"][0, 0]), rel=1e-9)
     assert one.method == "floor" and one.extrapolated[-1] and "extrapolated" in one.ratios[-1].note
+
+
+@pytest.mark.parametrize("truth", ["floor 1.69, b 0.34, sd 0.01", "power law, b 0.042, sd 0.01"])
+def test_floor_ratio_interval_covers_at_the_present_scale_cpu_sizes(truth):
+    """The same coverage at the sizes scale-cpu trains now (5 scaled copies over 18x), 3 seeds."""
+    floor, b, drop, sd = TRUTHS[truth]
+    arm, ref = _floor_seeds(np.random.default_rng(11), 800, 3, floor, b, drop, sd, sizes=SCALE_NOW)
+    got = floor_ratios(SCALE_NOW, arm, SCALE_NOW, ref)
+    cover = (np.abs(got["log_ratio"] - math.log(0.62)) <= got["half"]).mean(0)
+    assert (cover >= 0.93).all(), cover
 
 
 def test_the_straight_line_misses_a_floor_and_its_lack_of_fit_shows():

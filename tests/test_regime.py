@@ -26,7 +26,7 @@ def test_regime_lines_of_a_2_layer_config():
     assert (r["diff_heads"], r["head_width"], r["context"]) == (2, 12, 128)
     assert r["tokens_per_param"] == pytest.approx(4_096_000 / 55_680)
     assert (r["ffn_hidden"], r["ffn_ratio"]) == (128, pytest.approx(8 / 3))
-    assert regime(cfg.replace(dim=32, n_heads=1), None, 1)["ffn_ratio"] == 4.0  # size xs: 85 rounded up to 128
+    assert regime(cfg.replace(dim=32, n_heads=1), None, 1)["ffn_ratio"] == 4.0  # width 32: 85 rounded up to 128
     line, = regime_lines({"diff": r})
     assert ("2 layer(s), lambda_init 0.20, 0.36 (depth schedule; mean 0.28 against 0.70 over 24 layers)" in line
             and "2 DIFF head(s) of width 12; context 128; feed-forward width 128 (2.67 x dim" in line

@@ -137,6 +137,9 @@ def test_scale_on_your_own_text(tmp_path, capsys):
     assert r["text"]["source"].endswith("t.txt") and "ratios" in s["efficiency"]["diff"]
     assert s["efficiency"]["diff"]["method"] == "loglog"  # two sizes: no floor can be fitted
     assert "Two sizes: a floor needs at least 3" in (out / "scale.md").read_text()
+    along = s["gap_along_training"]["diff"]  # per size, the gap at every point of the training curve
+    assert len(along) == 2 and along[0][-1]["tokens"] > along[0][0]["tokens"]
+    assert "## The gap along training" in (out / "scale.md").read_text()
     assert main(["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--out", str(tmp_path / "x"),
                  "--heldout", str(text)]) == 2
     assert "apply with --data" in capsys.readouterr().err

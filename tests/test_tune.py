@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 from difftx.cli import main
@@ -81,8 +82,8 @@ def _fake_scores(monkeypatch, calls: list):
     monkeypatch.setattr(T, "score_model", fake)
 
 
-def _cmd(out: Path, *extra: str) -> list[str]:
-    return ["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1", "--no-progress",
+def _cmd(out: Path, *extra: str, seeds: int = 2) -> list[str]:
+    return ["compare", "--preset", "smoke", "--seeds", str(seeds), "--out", str(out), "--workers", "1", "--no-progress",
             "--tune", "lr=0.001,0.01", *as_sets(LM), *extra]
 
 
@@ -128,14 +129,21 @@ def test_tune_in_shards_then_assembled(tmp_path, monkeypatch, capsys):
     _fake_scores(monkeypatch, calls)
     out = tmp_path / "s"
     for k in (1, 2):
-        assert main(_cmd(out, "--shard", f"{k}/2")) == 0
+        assert main(_cmd(out, "--shard", f"{k}/2", seeds=3)) == 0
     grid_models = sorted(out.rglob("train.json"))
-    assert len(grid_models) == 3 * 2 * 2 and calls == []  # 3 values x 2 seeds x 2 arms; no scoring in a shard
+    assert len(grid_models) == 3 * 3 * 2 and calls == []  # 3 values x 3 seeds x 2 arms; no scoring in a shard
     stamps = [p.stat().st_mtime_ns for p in grid_models]
-    assert main(_cmd(out)) == 0
+    assert main(_cmd(out, seeds=3)) == 0
     assert [p.stat().st_mtime_ns for p in grid_models] == stamps  # the shards' models are reused
-    assert len(sorted(out.rglob("train.json"))) == 12 + 4  # + the baseline at 0.02 and 0.04
-    assert _strict(out / "tune.json")["chosen"]["diff"] == {"0": 0.003, "1": 0.003}
+    assert len(sorted(out.rglob("train.json"))) == 18 + 6  # + the baseline at 0.02 and 0.04
+    tune = _strict(out / "tune.json")
+    assert tune["chosen"]["diff"] == {"0": 0.003, "1": 0.003, "2": 0.003}
+    # 3 seeds: the tuned interval allows for the choice (the jackknife over seeds, hulled with the compare's)
+    c = tune["tuned"]["diff vs baseline"]["lm_nll"]
+    sel = c["selection"]
+    assert sel["n"] == 3 and sel["low"] is not None and sel["mean"] == pytest.approx(c["paired"]["mean"], abs=1e-9)
+    assert c["paired"]["p_value"] >= sel["p_value"] and "jackknife" in c["paired"]["method"]
+    assert c["paired"]["low"] is None  # under 6 seeds the comparison gives no interval, tuned or not
 
 
 def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
@@ -170,3 +178,95 @@ def test_scale_tuned_opens_with_the_tuned_gaps(tmp_path, monkeypatch, capsys):
     assert md.index("## Tuned `lr` (primary)") < md.index("## diff vs baseline at the preset's value")
     assert "baseline at 16x1x1" in md  # flagged at the edge
     assert "gap tuned" in capsys.readouterr().out
+
+
+VALUES, TRUTH = [1, 2, 3, 4, 5], {"A": [0.3, 0.15, 0.0, 0.15, 0.3], "B": [0.0] * 5}
+
+
+def _models(rng, seeds: int) -> tuple[dict, dict]:
+    """Each arm's validation and held-out scores ``[value index, seed]`` (see :func:`_tuned_differences`)."""
+    seed = rng.normal(0, 0.02, seeds)
+    val, held = {}, {}
+    for arm in "AB":
+        model = rng.normal(0, 0.03, (len(VALUES), seeds))
+        val[arm] = np.array(TRUTH[arm])[:, None] + seed + model + rng.normal(0, 0.01, model.shape)
+        held[arm] = np.array(TRUTH[arm])[:, None] + seed + model + rng.normal(0, 0.01, model.shape)
+    return val, held
+
+
+def _jackknife_rejections(rng, runs: int, seeds: int = 8) -> float:
+    """How often :func:`selection_jackknife`'s interval excludes the true difference 0."""
+    out = 0
+    for _ in range(runs):
+        val, held = _models(rng, seeds)
+        held_at, val_at = ({arm: {v: m[arm][i].tolist() for i, v in enumerate(VALUES)} for arm in "AB"}
+                           for m in (held, val))
+        sel = T.selection_jackknife(held_at, val_at, "A", "B")
+        out += not sel["low"] <= 0 <= sel["high"]
+    return out / runs
+
+
+def _tuned_differences(rng, own: bool, runs: int = 1000, seeds: int = 8) -> np.ndarray:
+    """Simulated tuned comparisons of two arms with the same best loss: arm A's loss rises steeply
+    away from its best value, arm B's is flat across 5 values (many near-ties). Each model has one
+    noise term shared by its validation and held-out scores (the same weights score both halves), a
+    seed effect shared by the arms, and independent noise per half. Returns the mean paired
+    difference A - B of each run and its t statistic, choosing each seed's value leave-one-seed-out
+    (``own=False``) or on all seeds including its own (``own=True``)."""
+    values = VALUES
+    out = []
+    for _ in range(runs):
+        vals, helds = _models(rng, seeds)
+        diffs = np.zeros(seeds)
+        for sign, arm in ((1, "A"), (-1, "B")):
+            val, held = vals[arm], helds[arm]
+            scores = {v: val[i].tolist() for i, v in enumerate(values)}
+            if own:
+                pick = [min(values, key=lambda v: sum(scores[v])) for _ in range(seeds)]
+            else:
+                pick = T.choose(scores, seeds)
+            diffs += sign * np.array([held[values.index(v), s] for s, v in enumerate(pick)])
+        out.append((diffs.mean(), diffs.mean() / (diffs.std(ddof=1) / math.sqrt(seeds))))
+    return np.array(out)
+
+
+def test_the_choice_biases_the_mean_unless_left_out_and_ties_the_seeds_together_unless_jackknifed():
+    """The regime of the selection bias: arm B has five near-tied values, so a choice read on the
+    evaluated seeds' own validation loss favours it by the luckiest draw of each model's noise, which
+    its held-out score shares. Leave-one-seed-out removes that bias (the mean stays at 0), but the
+    seeds' differences are no longer independent (each seed's choice reads the others), so a t test
+    over them rejects a true null about twice as often as it should; the jackknife over seeds of the
+    whole procedure (:func:`selection_jackknife`) holds the level (600 runs of 8 seeds each)."""
+    rng = np.random.default_rng(3)
+    loso, own = _tuned_differences(rng, own=False, runs=600), _tuned_differences(rng, own=True, runs=600)
+    assert own[:, 0].mean() > 0.008 and abs(loso[:, 0].mean()) < 0.003  # the bias, and its removal
+    crit = 2.365  # t, 7 degrees of freedom, two-sided 0.05
+    level = 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(loso))
+    assert (np.abs(loso[:, 1]) > crit).mean() > level  # the t test over the seeds is too liberal here
+    assert _jackknife_rejections(np.random.default_rng(4), runs=300) <= level
+
+
+def test_selection_aware_hulls_the_interval_and_rewrites_the_verdict():
+    """With 6 seeds the comparison has its own interval; the tuned one is its hull with the
+    jackknife's, its p-value the larger, and the verdict is rewritten from them."""
+    from difftx.eval.stats import paired_estimate
+    from difftx.tasks.lm import LMSettings
+
+    rng = np.random.default_rng(0)
+    held = {arm: {v: (rng.normal(0, 0.05, 6) + (0.1 if arm == "diff" else 0.0)).tolist() for v in (1, 2)}
+            for arm in ("diff", "baseline")}
+    val = {arm: {v: rng.normal(0, 0.05, 6).tolist() for v in (1, 2)} for arm in ("diff", "baseline")}
+    picks = {arm: T.choose(val[arm], 6) for arm in held}
+    x = {arm: [held[arm][picks[arm][s]][s] for s in range(6)] for arm in held}
+    paired = paired_estimate(x["diff"], x["baseline"]).to_dict()
+    c = {"key": "lm_nll", "primary": True, "gated": None, "arms": ["diff", "baseline"], "paired": dict(paired)}
+    results = {"comparison": {"lm_nll": c}, "arm_comparisons": {}}
+    tasks_at = {arm: {v: [{"lm": {"heldout": {"nll": y}}} for y in held[arm][v]] for v in (1, 2)} for arm in held}
+    T.selection_aware(results, {"lm": LMSettings()}, tasks_at, val)
+    sel = c["selection"]
+    assert sel["mean"] == pytest.approx(paired["mean"])
+    assert c["paired"]["low"] == min(paired["low"], sel["low"]) and c["paired"]["high"] == max(paired["high"],
+                                                                                                 sel["high"])
+    assert c["paired"]["p_value"] == max(paired["p_value"], sel["p_value"]) and c["p_adjusted"] == c["paired"][
+        "p_value"]
+    assert c["verdict"].startswith("LM NLL") and c["better"] in (None, "diff", "baseline")

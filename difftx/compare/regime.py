@@ -1,8 +1,9 @@
 """Where a DIFF config sits against the paper's recipe: its ``lambda_init`` per layer and their
 mean (the depth schedule ``0.8 - 0.6 exp(-0.3 (l - 1))``, ``l`` counted from 1, reaches a mean of
 about 0.70 only in a deep model: 0.28 at 2 layers), its DIFF heads and their width, its context
-length, its feed-forward width as a multiple of the model width (named sizes round it to 64, so it
-is not the same at every size), and the tokens it trained on per non-embedding parameter.
+length, its feed-forward width as a multiple of the model width (the default rounds 8/3 of the
+width up to a multiple of 64: exactly 8/3 only at widths that are multiples of 24, as every named
+scale size is), and the tokens it trained on per non-embedding parameter.
 ``difftx compare`` (``report.md``, ``results.json`` under ``regime``) and ``difftx scale``
 (``scale.md``, ``scale.json``, per size) print it from :func:`regime_of`, so a gap measured far from
 the recipe is read as such."""

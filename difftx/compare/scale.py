@@ -274,7 +274,10 @@ def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
             "sizes": [{"name": sp.name, "dim": sp.dim, "n_layers": sp.n_layers, "n_heads": sp.n_heads,
                        "steps": sp.preset.steps, "params": sp.params, "regime": sp.regime}
                       for sp in plans],
-            "heldout_nll": losses, "gap": gaps, "efficiency": efficiency, "paper": PAPER}
+            "heldout_nll": losses, "gap": gaps, "efficiency": efficiency,
+            "gap_along_training": {arm: [(results[sp.name].get("token_efficiency") or {}).get(arm, {}).get("gap")
+                                         for sp in plans] for arm in gaps},
+            "paper": PAPER}
 
 
 def tuned_summary(plans: list[SizePlan], results: dict, seeds: list) -> dict:
@@ -423,6 +426,7 @@ def render_scale(s: dict) -> str:
             out.append(_crossover_text(eff["loglog"]["crossover"], "straight lines"))
         else:
             out.append(_crossover_text(eff["crossover"], "lines"))
+    out.append(_gap_along_training_table(s))
     out.append(_regime_table(s["sizes"]))
     out.append(f"For scale, {s['paper']}. These models are orders of magnitude smaller.\n")
     if s.get("plot"):
@@ -449,6 +453,26 @@ def _sensitivity_text(eff: dict, sizes: list) -> str:
     return (GAP_METHOD + f" Sensitivity: at {where} of the baseline, read at the matching baseline size, 0.01 nats "
             f"of gap is a factor of {span} in parameters: the flatter the curve, the larger the ratio a small gap "
             "makes. Read the gap in nats first.\n")
+
+
+def _gap_along_training_table(s: dict) -> str:
+    """Per size and arm: the held-out gap to the baseline at the first point of the training curve,
+    where it is largest, and at the last point (from each size's compare, paired over seeds)."""
+    rows = []
+    for arm, per_size in (s.get("gap_along_training") or {}).items():
+        for sz, gaps in zip(s["sizes"], per_size):
+            if not gaps:
+                continue
+            peak = max(gaps, key=lambda g: abs(g["mean"]))
+            rows.append(f"| {sz['name']} | {arm} | " + " | ".join(f"{gap_text(g)} at {g['tokens']:,.0f}"
+                                                                   for g in (gaps[0], peak, gaps[-1])) + " |")
+    if not rows:
+        return ""
+    return ("## The gap along training\n\nPer size, the arm's held-out loss minus the baseline's at the same "
+            "tokens (each size's curve windows, paired over seeds; `size=NAME/report.md` has every point): at the "
+            "first point of the curve, where it is largest, and at the last.\n\n"
+            "| size | arm | first point (nats at tokens) | largest | last point |\n|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
 
 
 def _regime_table(sizes: list) -> str:

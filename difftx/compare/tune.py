@@ -31,6 +31,7 @@ without ``shard`` trains the extensions (they depend on every seed's scores) and
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Optional, Sequence
@@ -259,6 +260,9 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
 
     tuned = comparison(lambda arm, s: chosen[arm][s])
     shared_half = comparison(lambda arm, s: shared)
+    tasks_at = {arm: {v: [entry(v, s, arm)["tasks"] for s in seeds] for v in grids[arm]} for arm in arms}
+    validation = {arm: {v: [x["validation"] for x in scores[arm][v]] for v in grids[arm]} for arm in arms}
+    selection_aware(tuned, settings, tasks_at, validation)
     means = {arm: {v: sum(x["validation"] for x in scores[arm][v]) / len(seeds) for v in grids[arm]} for arm in arms}
     best = {arm: min(grids[arm], key=means[arm].get) for arm in arms}
     edge = {arm: ("upper" if best[arm] == max(grids[arm]) else "lower" if best[arm] == min(grids[arm]) else None)
@@ -274,6 +278,81 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
             "chosen": {arm: {str(s): v for s, v in chosen[arm].items()} for arm in arms},
             "tuned": _primary(tuned), "shared": _primary(shared_half)}
     return tune, tuned, shared_half
+
+
+def selection_jackknife(x: dict, val: dict, a: str, b: str, confidence: float = 0.95) -> dict:
+    """The tuned paired difference ``a - b`` of one metric with an interval that allows for the
+    choice: ``x[arm][value]`` and ``val[arm][value]`` are the seeds' metric values and validation
+    losses. The estimate is ``theta(S)``, the mean over the seeds ``s`` of ``S`` of the difference of
+    their models at the values chosen leave-one-seed-out within ``S`` (:func:`choose`); its standard
+    error is the jackknife's over seeds, the whole procedure (choices included) redone without each
+    seed in turn, and the interval and p-value are t on ``n - 1`` degrees of freedom. Choices read
+    the other seeds, so the seeds' differences are not independent: a t interval over them is too
+    narrow where values nearly tie (``tests/test_tune.py`` simulates it). Needs 3 seeds."""
+    from ..eval.stats import round_p, t_cdf, t_quantile
+
+    n = len(next(iter(x[a].values())))
+
+    def theta(idx: list[int]) -> float:
+        picks = {arm: choose({v: [val[arm][v][i] for i in idx] for v in val[arm]}, len(idx)) for arm in (a, b)}
+        return sum(x[a][picks[a][k]][i] - x[b][picks[b][k]][i] for k, i in enumerate(idx)) / len(idx)
+
+    est = theta(list(range(n)))
+    if n < 3:
+        return {"mean": est, "low": None, "high": None, "p_value": None, "n": n,
+                "note": "the jackknife over seeds needs 3 seeds"}
+    jk = [theta([i for i in range(n) if i != j]) for j in range(n)]
+    centre = sum(jk) / n
+    se = math.sqrt((n - 1) / n * sum((t - centre) ** 2 for t in jk))
+    if se == 0:
+        return {"mean": est, "low": None, "high": None, "p_value": None, "n": n, "note": "no spread over seeds"}
+    half = t_quantile(0.5 + confidence / 2, n - 1) * se
+    p = 2 * (1 - t_cdf(abs(est) / se, n - 1))
+    return {"mean": est, "low": est - half, "high": est + half, "p_value": round_p(min(1.0, p)), "n": n,
+            "note": None}
+
+
+def selection_aware(results: dict, settings: dict, tasks_at: dict, val: dict) -> None:
+    """Make every compared primary metric of the tuned ``results`` allow for the choice: its interval
+    the hull of the comparison's own and :func:`selection_jackknife`'s, its p-value the larger of
+    the two (kept under ``selection``), then Holm over the primary family again and the verdicts
+    rewritten. ``tasks_at[arm][value]``: the seeds' task results at that value."""
+    from ..eval.stats import PairedEstimate, holm, verdict
+    from ..tasks import TASKS
+    from ..tasks.reporting import SHORT
+    from .summary import ALPHA, _finite, _value
+
+    metrics = {m.key: (name, m) for name, st in settings.items() for m in TASKS[name].metrics(st) if m.primary}
+    comps = [c for group in [results["comparison"], *results.get("arm_comparisons", {}).values()]
+             for c in group.values() if c["primary"]]
+    family = [c for c in comps if c["gated"] is None and c["paired"]["p_value"] is not None]
+    for c in family:
+        name, m = metrics[c["key"]]
+        a, b = c["arms"]
+        x = {arm: {v: [_finite(_value(m.get, r[name])) for r in rows] for v, rows in tasks_at[arm].items()}
+             for arm in (a, b)}
+        if m.peer or any(v is None for arm in x.values() for row in arm.values() for v in row):
+            c["selection"] = {"note": "not computed: the metric is missing at some value, or read against the other "
+                                      "arm"}
+            continue
+        sel = selection_jackknife(x, {arm: val[arm] for arm in (a, b)}, a, b)
+        c["selection"] = sel
+        pr = c["paired"]
+        if sel["low"] is not None and pr["low"] is not None:
+            pr["low"], pr["high"] = min(pr["low"], sel["low"]), max(pr["high"], sel["high"])
+        if sel["p_value"] is not None:
+            pr["p_value"] = max(pr["p_value"], sel["p_value"])
+        pr["method"] = f"{pr['method']}; hulled with the jackknife over seeds of the choice and the difference"
+    for c, p in zip(family, holm([c["paired"]["p_value"] for c in family])):
+        name, m = metrics[c["key"]]
+        a, b = c["arms"]
+        c["p_adjusted"] = p
+        fields = {k: v for k, v in c["paired"].items() if k in PairedEstimate.__dataclass_fields__}
+        est = PairedEstimate(**fields)
+        c["verdict"] = verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=p, alpha=ALPHA,
+                               unit=m.unit, digits=max(m.digits, 1), names=(SHORT.get(a, a), SHORT.get(b, b)),
+                               family_size=len(family))
+        c["better"] = None if p >= ALPHA else (a if (est.mean < 0) == m.lower_is_better else b)
 
 
 def _primary(results: dict) -> dict:
@@ -309,7 +388,11 @@ def render_tune(tune: dict, plots: dict) -> str:
              f"with the lowest mean validation loss over the other seeds (leave-one-seed-out), so no seed's reported "
              f"difference was chosen on its own noise. Validation loss: {tune['validation_source']}. Held-out "
              f"evaluation (what is compared below): {tune['heldout_source']}. Both comparisons below are scored on "
-             "it; the rest of this report is the comparison at the preset's value on its usual held-out text.\n",
+             "it; the rest of this report is the comparison at the preset's value on its usual held-out text. Each "
+             "seed's choice reads the other seeds, so the seeds' tuned differences are not independent: the tuned "
+             "interval is the hull of the comparison's own and a jackknife over seeds of the whole procedure (the "
+             "choices redone without each seed in turn; from 3 seeds), its p-value the larger of the two, "
+             "Holm-adjusted over the tuned primary comparisons.\n",
              f"| arm | values of `{field}` | best (mean over seeds) | chosen per seed (seed: value) |",
              "|---|---|---|---|"]
     for arm, grid in tune["grid"].items():
