@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..compare import ComparePreset, run_compare
     from ..compare.run import parse_shard
-    from ..compare.tune import parse_tune, run_tuned, tune_summary
+    from ..compare.tune import parse_tune, run_tuned
+    from ..compare.tune_report import tune_summary
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")

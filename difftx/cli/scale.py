@@ -18,8 +18,10 @@ def register(sub) -> None:
                                    "(DIFF - baseline held-out NLL, paired over seeds) and how far 0.01 nats moves "
                                    "the ratio at the fit's slope; the straight line's ratios and lack of fit; where "
                                    "the curves cross; each size's regime against the paper's recipe (lambda_init, "
-                                   "heads, context, tokens per parameter). Run again on the same --out, it "
-                                   "trains nothing and re-fits. See docs/efficiency.md.")
+                                   "heads, context, tokens per parameter); the gap along training per size. Every size "
+                                   "trains DIFF, the baseline and DIFF with lambda_init 0.8. With --tune, every size "
+                                   "is a tuned comparison and the report opens with the tuned gaps. Run again on the "
+                                   "same --out, it trains nothing and re-fits. See docs/efficiency.md.")
     p.add_argument("--preset", default="scale-cpu",
                    help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
                         "cpu, gpu-small) with --sizes (default scale-cpu)")

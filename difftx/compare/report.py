@@ -12,7 +12,7 @@ from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
 from .schema import results_json
-from .tune import plot_tune, render_tune
+from .tune_report import plot_tune, render_tune
 
 
 def render_report(results: dict, plots: dict[str, str]) -> str:

@@ -531,7 +531,8 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     models = [m for m in plan_models(plan, seed_list, shard, shard_offset) if only_arms is None or m[1] in only_arms]
     most = max((sum(a == arm for _, a in models) for arm in plan.arms), default=0)  # one arm's models here
     k = stack_size(plan, most, n_workers, distributed)  # how this invocation trains its models, not which
-    jobs = [j for j in plan_jobs(plan, seed_list, out, k, shard, shard_offset) if only_arms is None or j[0] in only_arms]
+    jobs = [j for j in plan_jobs(plan, seed_list, out, k, shard, shard_offset)
+            if only_arms is None or j[0] in only_arms]
     request = training_request(p, text)
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))

@@ -10,10 +10,12 @@ straight line ``log L = a + b log N``, with the straight line's lack of fit
 (:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
 ``scale.md`` and ``scale.png``. Beside each ratio: the gap in nats (the size's paired held-out NLL
 difference), the fit's local slope and how far 0.01 nats moves the ratio there (:func:`sensitivity`),
-and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`). Sizes are
-named model shapes (:data:`SHAPES`, or ``DIMxLAYERSxHEADS``); the baseline is matched at each size
-as in every compare. The token budget is the preset's, the same for every
-size, or proportional to the parameters with ``tokens_per_param``.
+and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`), and the gap
+along training per size. Sizes are named model shapes (:data:`SHAPES`: scaled copies, or
+``DIMxLAYERSxHEADS``); the baseline is matched at each size as in every compare, and
+``diff_lambda_0.8`` trains beside DIFF unless ``lambda_arm=False``. The token budget is the
+preset's, the same for every size, or proportional to the parameters with ``tokens_per_param``.
+With ``tune``, every size is a tuned comparison (:mod:`difftx.compare.tune`).
 
 On a cluster, ``shard=(K, N)`` spreads every (size, seed, arm) model over N invocations (see
 :func:`difftx.compare.run.run_compare`); one more run without ``shard`` assembles.
