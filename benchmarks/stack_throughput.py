@@ -61,7 +61,7 @@ from difftx.eval.stats import median_interval
 from difftx.training.batches import Batch
 from difftx.training.config import TrainConfig
 from difftx.training.optim import build_optimizer
-from difftx.training.stacked import StackedTransformer, build_stacked_optimizer, train_step, tune_allocator
+from difftx.training.stacked import StackedTransformer, train_step, tune_allocator
 from difftx.training.trainer import masked_lm_loss
 
 LR = 1e-3  # any value: the step's cost does not depend on it
@@ -130,7 +130,7 @@ class Stacked:
             torch.manual_seed(s)
             models.append(Transformer(cfg))
         self.stack = StackedTransformer.from_models(models)
-        self.opt = build_stacked_optimizer(self.stack, tc)
+        self.opt = build_optimizer(self.stack, tc)
 
     def step(self, batches: list[Batch]) -> None:
         train_step(self.stack, self.opt, [batches], LR, 1.0)
@@ -141,7 +141,7 @@ class VMapped:
 
     def __init__(self, cfg, k: int, tc: TrainConfig):
         import difftx.model as model_module
-        from difftx.training.stacked import clip_grad_norms_
+        from difftx.training.optim import clip_grad_norms_
 
         model_module._check_token_ids = lambda tokens, vocab: None  # a data-dependent check: not vmappable
         models = []
@@ -150,7 +150,7 @@ class VMapped:
             models.append(Transformer(cfg.replace(backend="eager")))
         self.base = models[0]
         self.stack = StackedTransformer.from_models(models)  # only its stacked weights and optimizer are used
-        self.opt = build_stacked_optimizer(self.stack, tc)
+        self.opt = build_optimizer(self.stack, tc)
         self.clip = clip_grad_norms_
 
     def step(self, batches: list[Batch]) -> None:

@@ -62,7 +62,8 @@ def measure(plan, arm: str, k: int, steps: int, warmup: int) -> dict:
 
     from difftx import Transformer
     from difftx.compare.stream import CompareStream
-    from difftx.training.stacked import StackedTransformer, build_stacked_optimizer, train_step
+    from difftx.training.optim import build_optimizer
+    from difftx.training.stacked import StackedTransformer, train_step
 
     cfg = plan.arms[arm]
     tc = plan.schedule.train_config(model=cfg, batch_size=plan.mixture.batch_size, seed=0, out_dir="unused",
@@ -72,7 +73,7 @@ def measure(plan, arm: str, k: int, steps: int, warmup: int) -> dict:
         torch.manual_seed(seed)
         models.append(Transformer(cfg))
     stack = StackedTransformer.from_models(models)
-    opt = build_stacked_optimizer(stack, tc)
+    opt = build_optimizer(stack, tc)
     loaders = [CompareStream(plan.mixture, plan.space, seed).make_loader(batch_size=plan.mixture.batch_size)
                for seed in range(k)]
     t = time.process_time()

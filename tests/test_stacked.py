@@ -17,7 +17,6 @@ from difftx.training.optim import build_optimizer, lr_at
 from difftx.training.stacked import (
     StackDivergedError,
     StackedTransformer,
-    build_stacked_optimizer,
     load_optimizer_states,
     optimizer_state_of,
     train_step,
@@ -108,7 +107,7 @@ def test_stack_matches_separate_training_and_resumes_bitwise(arm, tmp_path):
     tcs = [_train_config(cfg, seed, tmp_path / "unused") for seed in SEEDS]
     source = Source()
     stack = _initial_stack(cfg)
-    opt = build_stacked_optimizer(stack, tcs[0])
+    opt = build_optimizer(stack, tcs[0])
     loaders = [source.make_loader(tc) for tc in tcs]
     losses, norms = _run_stack(stack, opt, loaders, tcs[0], 1, HALF)
     # a checkpoint at step HALF, per model in the trainer's format (through torch.save / torch.load)
@@ -135,7 +134,7 @@ def test_stack_matches_separate_training_and_resumes_bitwise(arm, tmp_path):
 
     # the stack's own resume from that checkpoint: bitwise the same losses and weights to the end
     stack3 = StackedTransformer.from_state_dicts(cfg, saved["models"])
-    opt3 = build_stacked_optimizer(stack3, tcs[0])
+    opt3 = build_optimizer(stack3, tcs[0])
     load_optimizer_states(opt3, stack3, saved["optim"])
     loaders3 = [Source().make_loader(tc) for tc in tcs]
     for loader, state in zip(loaders3, saved["loaders"]):
@@ -152,7 +151,7 @@ def test_checkpoint_format_is_the_trainers():
     cfg = arm_config(BASE, "diff").replace(tie_embeddings=True)
     stack = _initial_stack(cfg)
     tc = _train_config(cfg, 0, "unused")
-    opt = build_stacked_optimizer(stack, tc)
+    opt = build_optimizer(stack, tc)
     source = Source()
     loaders = [source.make_loader(_train_config(cfg, s, "unused")) for s in SEEDS]
     _run_stack(stack, opt, loaders, tc, 1, 2)
@@ -204,7 +203,7 @@ def test_every_arm_one_step_matches(arm):
 
 def test_refuses_mixed_batches():
     stack = _initial_stack(BASE)
-    opt = build_stacked_optimizer(stack, _train_config(BASE, 0, "unused"))
+    opt = build_optimizer(stack, _train_config(BASE, 0, "unused"))
     t = torch.zeros(2, 9, dtype=torch.long)
     mixed = [Batch(t, kind="lm"), Batch(t, kind="needle", loss_mask=torch.ones(2, 8, dtype=torch.bool)), Batch(t)]
     with pytest.raises(ValueError, match="differ"):
@@ -237,7 +236,7 @@ def test_grad_accumulation_and_packed_documents_match_the_trainer(tmp_path):
         ref[seed] = train(tc, data=ref_source, model_config=cfg).losses
     source = DocSource()
     stack = _initial_stack(cfg)
-    opt = build_stacked_optimizer(stack, tcs[0])
+    opt = build_optimizer(stack, tcs[0])
     loaders = [source.make_loader(tc) for tc in tcs]
     for step in range(1, steps + 1):
         micro = [[loader.next_batch() for loader in loaders] for _ in range(2)]
@@ -248,7 +247,7 @@ def test_grad_accumulation_and_packed_documents_match_the_trainer(tmp_path):
 
 def test_divergence_stops_before_the_update():
     stack = _initial_stack(BASE)
-    opt = build_stacked_optimizer(stack, _train_config(BASE, 0, "unused"))
+    opt = build_optimizer(stack, _train_config(BASE, 0, "unused"))
     with torch.no_grad():
         stack.stacked[stack.names.index("norm.weight")][1].fill_(float("nan"))
     before = [p.detach().clone() for p in stack.stacked]

@@ -65,13 +65,19 @@ class _NoCtx:
 
 class _Lambda(torch.autograd.Function):
     """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
-    its gradient written out: one autograd node instead of the dozen autograd would record."""
+    its gradient written out: one autograd node instead of the dozen autograd would record. Vectors
+    ``(d,)`` give a scalar; a stack's ``(K, d)`` give one lambda per model ``(K,)`` (each dot product
+    on its own, as the one model computes it)."""
 
     @staticmethod
     def forward(ctx, q1, k1, q2, k2, lambda_init):
         acc = _at_least_fp32(q1.dtype)
         q1, k1, q2, k2 = (p if p.dtype == acc else p.to(acc) for p in (q1, k1, q2, k2))
-        e1, e2 = torch.exp(torch.dot(q1, k1)), torch.exp(torch.dot(q2, k2))
+        if q1.dim() == 1:
+            e1, e2 = torch.exp(torch.dot(q1, k1)), torch.exp(torch.dot(q2, k2))
+        else:
+            e1 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q1, k1)]))
+            e2 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q2, k2)]))
         ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
         return e1 - e2 + lambda_init
 
@@ -79,7 +85,25 @@ class _Lambda(torch.autograd.Function):
     def backward(ctx, g):
         q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
         g1, g2 = g * e1, -g * e2
+        if q1.dim() > 1:
+            g1, g2 = g1[:, None], g2[:, None]
         return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
+
+
+def rms_rstd(x: Tensor, eps: float, mean_square: bool = False) -> Tensor:
+    """``1 / sqrt(mean(x^2) + eps)`` over the last dimension, keepdim: as ``||x||^2 / n`` (the per-head
+    norm's arithmetic), or with ``mean_square`` as ``mean(x^2)`` (``torch.rms_norm``'s, the block norms')."""
+    if mean_square:
+        return x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+
+
+def rms_norm_backward(g: Tensor, xhat: Tensor, rstd: Tensor, w: Tensor) -> Tensor:
+    """The closed-form input gradient of ``xhat * w`` (``xhat = x * rstd``): ``rstd * (g w - xhat
+    mean(g w xhat))``; the one-model head norm and the stacked norms share it."""
+    gw = g * w
+    mean = (gw * xhat).mean(-1, keepdim=True)
+    return torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
 
 
 class _HeadNorm(torch.autograd.Function):
@@ -88,8 +112,7 @@ class _HeadNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, w, eps):
-        n = o.shape[-1]
-        rstd = torch.linalg.vector_norm(o, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()  # (..., 1)
+        rstd = rms_rstd(o, eps)  # (..., 1)
         xhat = o * rstd
         ctx.save_for_backward(xhat, rstd, w)
         return xhat * w
@@ -97,12 +120,8 @@ class _HeadNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         xhat, rstd, w = ctx.saved_tensors
-        gw = g * w
-        # d(xhat * w)/do applied to g: rstd * (gw - xhat * mean(gw * xhat))
-        mean = (gw * xhat).mean(-1, keepdim=True)
-        do = torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
         dw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
-        return do, dw, None
+        return rms_norm_backward(g, xhat, rstd, w), dw, None
 
 
 def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float) -> Tensor:

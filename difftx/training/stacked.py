@@ -12,7 +12,7 @@ What the trainer calls (one process, float32; see :func:`train_step` for one who
 
     models = [Transformer(config) for each seed]          # seeded as the trainer seeds them
     stack = StackedTransformer.from_models(models)        # or from_state_dicts(config, dicts)
-    opt = build_stacked_optimizer(stack, train_config)   # = build_optimizer per model
+    opt = build_optimizer(stack, train_config)            # difftx.training.optim: = one AdamW per model
     for step ...:
         batches = [as_batch(loader.next_batch()) for loader in loaders]    # one loader per model
         out = train_step(stack, opt, [batches], lr_at(step, tc), tc.grad_clip)
@@ -25,12 +25,10 @@ Pieces, each equal to what the one-model trainer does:
 - :meth:`StackedTransformer.losses`: per-model loss ``(K,)``: :func:`difftx.model.lm_loss` without a
   loss mask, ``masked_lm_loss`` with one (the LM head runs on each model's mask positions, padded to
   the largest count with weight 0, so the loss equals ``model(x, logits_at=mask)``'s).
-- :func:`clip_grad_norms_`: ``torch.nn.utils.clip_grad_norm_`` per model (its norm over its own
-  gradients, its own clip coefficient); returns the ``K`` norms before clipping.
-- :func:`build_stacked_optimizer`: AdamW with :func:`difftx.training.optim.build_optimizer`'s groups
-  (decided on each parameter's per-model shape), betas, eps and ``foreach=True``. AdamW is
-  elementwise and the step count is shared, so one optimizer over the stacked tensors is ``K``
-  optimizers.
+- :func:`difftx.training.optim.clip_grad_norms_` and :func:`~difftx.training.optim.build_optimizer`
+  take a stack as they take one model: each model's gradient clipped by its own norm, and AdamW with
+  the groups decided on each parameter's per-model slice (AdamW is elementwise and the step count is
+  shared, so one optimizer over the stacked tensors is ``K`` optimizers).
 - :meth:`StackedTransformer.state_dict_of` / :meth:`~StackedTransformer.load_state_dicts`,
   :func:`optimizer_state_of` / :func:`load_optimizer_states`: one model's weights and AdamW state in
   the trainer's checkpoint format (parameter names as keys), and back.
@@ -70,15 +68,15 @@ from torch import Tensor
 
 from ..attention.kernels import STORE_MAX_KEYS, _diag_bias
 from ..attention.masks import AttentionMask
-from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention
+from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention, _Lambda, rms_norm_backward, rms_rstd
 from ..attention.rope import rope_angles
 from ..config import ModelConfig
 from ..model import Transformer
 from .batches import Batch
-from .optim import no_decay
+from .optim import clip_grad_norms_
 
-__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "build_stacked_optimizer", "clip_grad_norms_",
-           "load_optimizer_states", "optimizer_state_of", "stack_batches", "train_step", "tune_allocator"]
+__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "load_optimizer_states", "optimizer_state_of",
+           "stack_batches", "train_step", "tune_allocator"]
 
 
 # -- the attention core: K*B sequences at once, one lambda per model -------------------------------------------------
@@ -250,24 +248,6 @@ class _StackedAttention(torch.autograd.Function):
 
 # -- small fused pieces ----------------------------------------------------------------------------------------------
 
-class _Lambda(torch.autograd.Function):
-    """``exp(q1.k1) - exp(q2.k2) + lambda_init`` per model, ``(K,)`` from ``(K, d)`` vectors (the dot
-    products one model at a time, as the one-model ``torch.dot``)."""
-
-    @staticmethod
-    def forward(ctx, q1, k1, q2, k2, lambda_init):
-        e1 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q1, k1)]))
-        e2 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q2, k2)]))
-        ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
-        return e1 - e2 + lambda_init
-
-    @staticmethod
-    def backward(ctx, g):
-        q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
-        g1, g2 = (g * e1)[:, None], (-g * e2)[:, None]
-        return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
-
-
 class _RMSNorm(torch.autograd.Function):
     """``RMSNorm(x) * w_k`` over the last dimension of ``x`` ``(K, ..., n)``, ``w`` ``(K, n)``, with the
     closed-form backward. ``mean_square``: ``torch.rms_norm``'s ``mean(x^2)`` (the block norms);
@@ -275,24 +255,17 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, eps, mean_square):
-        n = x.shape[-1]
-        if mean_square:
-            rstd = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
-        else:
-            rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()
+        rstd = rms_rstd(x, eps, mean_square)
         xhat = x * rstd
-        wb = w.view(w.shape[0], *([1] * (x.dim() - 2)), n)
+        wb = w.view(w.shape[0], *([1] * (x.dim() - 2)), x.shape[-1])
         ctx.save_for_backward(xhat, rstd, wb)
         return xhat * wb
 
     @staticmethod
     def backward(ctx, g):
         xhat, rstd, wb = ctx.saved_tensors
-        gw = g * wb
-        mean = (gw * xhat).mean(-1, keepdim=True)
-        dx = torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
         dw = (g * xhat).flatten(1, -2).sum(1) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None
+        return rms_norm_backward(g, xhat, rstd, wb), dw, None, None
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -655,36 +628,6 @@ def stack_batches(batches: Sequence[Batch], device=None) -> StackedBatch:
     if all(b.doc_ids is not None for b in batches):
         docs = torch.stack([b.doc_ids for b in batches]).to(device)
     return StackedBatch(tokens, mask, totals, kinds.pop(), docs)
-
-
-# -- optimizer and clipping ------------------------------------------------------------------------------------------
-
-def build_stacked_optimizer(stack: StackedTransformer, config) -> torch.optim.AdamW:
-    """AdamW over the stack, equal to :func:`difftx.training.optim.build_optimizer` on each model:
-    the same two groups (weight decay decided on each parameter's per-model shape and name, in
-    ``named_parameters()`` order), ``lr``, betas, eps, ``foreach=True``. ``config``: a ``TrainConfig``."""
-    decay, keep = [], []
-    for name, p in stack.named_stacked():
-        if p.requires_grad:
-            (keep if no_decay(name, p[0]) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": keep, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
-
-
-@torch.no_grad()
-def clip_grad_norms_(stack: StackedTransformer, max_norm: float) -> Tensor:
-    """``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` for each model of the stack:
-    each model's 2-norm over its own gradients, its gradients scaled by ``min(1, max_norm / (norm +
-    1e-6))``. Returns the ``K`` norms before clipping (``max_norm = inf``: no clipping)."""
-    grads = [p.grad for p in stack.stacked if p.grad is not None]
-    if not grads:
-        return torch.zeros(stack.k)
-    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (P, K)
-    norms = torch.linalg.vector_norm(per_tensor, dim=0)  # (K,)
-    coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
-    for g in grads:
-        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
-    return norms
 
 
 # -- optimizer state per model: the trainer's checkpoint format ------------------------------------------------------

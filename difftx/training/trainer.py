@@ -45,7 +45,7 @@ from .distributed import (
     unwrap,
 )
 from .metrics import METRICS_NAME, MetricsLogger, lambda_per_layer
-from .optim import build_optimizer, lr_at
+from .optim import build_optimizer, clip_grad_norms_, lr_at
 
 
 class TrainingDivergedError(RuntimeError):
@@ -416,25 +416,22 @@ class _Run:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    # the one-model run as a driver of :func:`_loop`: one run, stepped by its own optimizer
+
+    @property
+    def runs(self) -> list[_Run]:
+        return [self]
+
     def loop(self, bar_kw: dict) -> TrainResult:
-        """Steps from the start step to the end step; each is logged, probed, validated and saved
-        as its intervals ask. SIGTERM / SIGUSR1 end it after the current step, with a checkpoint."""
-        bar = self.begin(bar_kw)
-        stop_signal = _StopSignal()
+        """Steps from the start step to the end step (:func:`_loop`)."""
         self.model.train()
-        try:
-            for step in range(self.start_step + 1, self.end_step + 1):
-                outcome = self.step(step, stop_signal)
-                self.after_step(step, outcome, bar)
-                bar.update(1)
-                if outcome.stop_now:
-                    self.stopped(step, stop_signal, bar)
-                    break
-        finally:
-            stop_signal.restore()
-            bar.close()
-            self.logger.close()
-        return self.finish()
+        return _loop(self, bar_kw)[0]
+
+    def step_all(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
+        return [self.step(step, signal)]
+
+    def after_steps(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
+        self.after_step(step, outcomes[0], bar)
 
     def begin(self, bar_kw: dict, banner: bool = True):
         """The progress bar (and the banner line above it); the metrics record's sums start empty."""
@@ -574,7 +571,7 @@ class _Run:
         if scaler is not None:
             scaler.unscale_(optimizer)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        grad_norm = float(full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
+        grad_norm = float(full_tensor(clip_grad_norms_(self.model, max_norm)))
         if not math.isfinite(grad_norm) and scaler is None:
             raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, last))
         if scaler is not None:
@@ -586,17 +583,14 @@ class _Run:
         return grad_norm
 
     def step(self, step: int, signal: "_StopSignal") -> _StepOutcome:
-        """One optimizer step at the schedule's learning rate; the result's counters move on."""
-        t_step = time.perf_counter()
+        """One optimizer step at the schedule's learning rate (:func:`_loop` records it)."""
         lr = lr_at(step, self.config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss_sum, kinds, step_tokens = self._accumulate()
         loss, kind_losses, stop_now = self._reduce(loss_sum, kinds, signal)
         grad_norm = self._apply(step, loss)
-        outcome = _StepOutcome(loss, grad_norm, lr, step_tokens * self.dist.world_size, kind_losses, stop_now)
-        self.record(step, outcome, time.perf_counter() - t_step)
-        return outcome
+        return _StepOutcome(loss, grad_norm, lr, step_tokens * self.dist.world_size, kind_losses, stop_now)
 
     def record(self, step: int, outcome: _StepOutcome, seconds: float) -> None:
         """Count a step taken: the result's step, tokens, loss and training time, and what the next
@@ -791,48 +785,23 @@ class _StackedRun:
     probe, a validation pass); its checkpoints are written from the stack."""
 
     def __init__(self, runs: list[_Run]) -> None:
-        from .stacked import StackedTransformer, build_stacked_optimizer, load_optimizer_states, tune_allocator
+        from .stacked import StackedTransformer, load_optimizer_states, tune_allocator
 
         tune_allocator()  # glibc keeps the stack's large blocks instead of mapping them anew every step
         self.runs, first = runs, runs[0]
         self.config, self.k = first.config, len(runs)
         self.stack = StackedTransformer.from_models([r.bare for r in runs])
-        self.optimizer = build_stacked_optimizer(self.stack, self.config)
+        self.optimizer = build_optimizer(self.stack, self.config)
         if first.resume_dir is not None:
             load_optimizer_states(self.optimizer, self.stack, [full_state_dicts(r.model, r.optimizer)[1] for r in runs])
         for r in runs:  # the stack holds the optimizer state now
             r.optimizer = None
 
     def loop(self, bar_kw: dict) -> list[TrainResult]:
-        first = self.runs[0]
-        bar = first.begin({"desc": f"train x{self.k}", **bar_kw}, banner=False)
-        for r in self.runs[1:]:
-            r.start_sums()
-        if first.config.progress:
-            bar.write(first._banner().replace(" model, ", f" model x {self.k} stacked (seeds "
-                                              f"{', '.join(str(r.config.seed) for r in self.runs)}), "))
-        stop_signal = _StopSignal()
-        try:
-            for step in range(first.start_step + 1, first.end_step + 1):
-                t = time.perf_counter()
-                outcomes = self.step(step, stop_signal)
-                share = (time.perf_counter() - t) / self.k
-                for r, o in zip(self.runs, outcomes):
-                    r.record(step, o, share)
-                self.after_step(step, outcomes, bar)
-                bar.update(1)
-                if outcomes[0].stop_now:  # each model saved this step
-                    for r in self.runs:
-                        r.stopped(step, stop_signal, bar)
-                    break
-        finally:
-            stop_signal.restore()
-            bar.close()
-            for r in self.runs:
-                r.logger.close()
-        return [r.finish() for r in self.runs]
+        """Steps from the start step to the end step (:func:`_loop`), every model in each."""
+        return _loop(self, {"desc": f"train x{self.k}", **bar_kw})
 
-    def step(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
+    def step_all(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
         """One optimizer step of every model (:func:`difftx.training.stacked.train_step`, what
         :meth:`_Run.step` does for one model); a model whose loss or gradient is not finite stops the
         stack before the update."""
@@ -851,7 +820,7 @@ class _StackedRun:
         return [_StepOutcome(out.losses[i], out.grad_norms[i], lr, tokens, out.kind_losses[i], signal.requested)
                 for i in range(self.k)]
 
-    def after_step(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
+    def after_steps(self, step: int, outcomes: list[_StepOutcome], bar) -> None:
         """Each model's log record, probes, validation and checkpoint of ``step``. The checkpoints of
         a step are one unit: each model keeps its previous checkpoint until every model wrote this
         one, and a Ctrl-C meanwhile waits until they are written (a kill leaves every model the
@@ -874,6 +843,43 @@ class _StackedRun:
                                        keep_last=r.config.keep_last + 1)
             for r in saving:
                 ckpt.prune_checkpoints(r.out_dir, r.config.keep_last)
+
+
+def _loop(driver, bar_kw: dict) -> list[TrainResult]:
+    """The one training loop, for one model (:class:`_Run`) and for a stack (:class:`_StackedRun`):
+    ``driver.runs`` (the runs it steps, each with its own record, log and checkpoints),
+    ``driver.step_all`` (one optimizer step of every run) and ``driver.after_steps`` (each run's
+    logging, probes, validation and checkpoint). Each step's time is shared out evenly over the runs.
+    SIGTERM / SIGUSR1 end it after the current step, with a checkpoint of every run."""
+    runs = driver.runs
+    first = runs[0]
+    stacked = len(runs) > 1
+    bar = first.begin(bar_kw, banner=not stacked)
+    for r in runs[1:]:
+        r.start_sums()
+    if stacked and first.config.progress:
+        bar.write(first._banner().replace(" model, ", f" model x {len(runs)} stacked (seeds "
+                                          f"{', '.join(str(r.config.seed) for r in runs)}), "))
+    stop_signal = _StopSignal()
+    try:
+        for step in range(first.start_step + 1, first.end_step + 1):
+            t = time.perf_counter()
+            outcomes = driver.step_all(step, stop_signal)
+            share = (time.perf_counter() - t) / len(runs)
+            for r, o in zip(runs, outcomes):
+                r.record(step, o, share)
+            driver.after_steps(step, outcomes, bar)
+            bar.update(1)
+            if outcomes[0].stop_now:  # every run saved this step
+                for r in runs:
+                    r.stopped(step, stop_signal, bar)
+                break
+    finally:
+        stop_signal.restore()
+        bar.close()
+        for r in runs:
+            r.logger.close()
+    return [r.finish() for r in runs]
 
 
 @contextlib.contextmanager
