@@ -270,3 +270,37 @@ def test_selection_aware_hulls_the_interval_and_rewrites_the_verdict():
     assert c["paired"]["p_value"] == max(paired["p_value"], sel["p_value"]) and c["p_adjusted"] == c["paired"][
         "p_value"]
     assert c["verdict"].startswith("LM NLL") and c["better"] in (None, "diff", "baseline")
+
+
+def test_tuned_ratios_widen_for_the_choice():
+    """scale's tuned ratio: the fit's interval hulled with a jackknife over seeds that redoes every
+    choice; with 3 seeds and 3 sizes every size gets one, and it contains the fitted ratio."""
+    from difftx.compare.scale import SizePlan, widen_for_the_choice
+    from difftx.eval.efficiency import parameter_efficiency
+
+    rng = np.random.default_rng(1)
+    sizes = [10_000, 40_000, 160_000]
+    plans = [SizePlan(f"s{i}", 8, 1, 1, None, {"baseline": n, "diff": n}) for i, n in enumerate(sizes)]
+    tunes, chosen = [], {"diff": [], "baseline": []}
+    for n in sizes:
+        t = {"field": "lr", "grid": {a: [0.001, 0.002] for a in ("diff", "baseline")}, "validation_nll": {},
+             "heldout_nll": {}}
+        for arm, shift in (("diff", 0.03), ("baseline", 0.0)):
+            base = 1.6 + 3 * n ** -0.3 + shift
+            held = {v: (base + rng.normal(0, 0.01, 3) + (0.02 if v == 0.002 else 0)).tolist() for v in (0.001, 0.002)}
+            t["heldout_nll"][arm] = {f"lr={v:g}": held[v] for v in held}
+            t["validation_nll"][arm] = {f"lr={v:g}": [x + 0.001 for x in held[v]] for v in held}
+            picks = T.choose({v: t["validation_nll"][arm][f"lr={v:g}"] for v in held}, 3)
+            chosen[arm].append([held[v][s] for s, v in enumerate(picks)])
+        tunes.append(t)
+    losses = {arm: [list(row) for row in zip(*chosen[arm])] for arm in chosen}
+    eff = parameter_efficiency(sizes, losses["diff"], sizes, losses["baseline"]).to_dict()
+    before = [dict(r) for r in eff["ratios"]]
+    widen_for_the_choice(eff, plans, tunes, "diff", 3)
+    assert len(eff["selection"]) == 3
+    for r, b, sel in zip(eff["ratios"], before, eff["selection"]):
+        assert sel["low"] <= r["value"] <= sel["high"]
+        assert r["low"] == min(b["low"], sel["low"]) and r["high"] == max(b["high"], sel["high"])
+    two = parameter_efficiency(sizes, losses["diff"], sizes, losses["baseline"]).to_dict()
+    widen_for_the_choice(two, plans, tunes, "diff", 2)
+    assert "needs 3 seeds" in two["selection"]["note"]

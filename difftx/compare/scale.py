@@ -34,6 +34,7 @@ from ..io import atomic_write, dumps_strict
 from ..provenance import machine
 from .presets import ComparePreset, get_preset
 from .report import gap_text
+from .tune_report import label
 
 SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 2  # 2: the floor fit; the line under "loglog"
 
@@ -288,14 +289,66 @@ def tuned_summary(plans: list[SizePlan], results: dict, seeds: list) -> dict:
     (``shared``), both scored on the held-out half the tuning did not read."""
     keys = ("heldout_nll", "gap", "efficiency")
     first = results[plans[0].name]["tune"]
-    return {"field": first["field"], "validation_source": first["validation_source"],
-            "heldout_source": first["heldout_source"],
-            "sizes": {sp.name: {k: results[sp.name]["tune"][k] for k in ("shared_value", "grid", "extended",
-                                                                          "at_edge", "best", "chosen")}
-                      for sp in plans},
-            **{which: {k: v for k, v in summarise(plans, {sp.name: results[sp.name][f"{which}_results"]
-                                                          for sp in plans}, seeds).items() if k in keys}
-               for which in ("tuned", "shared")}}
+    out = {"field": first["field"], "validation_source": first["validation_source"],
+           "heldout_source": first["heldout_source"],
+           "sizes": {sp.name: {k: results[sp.name]["tune"][k] for k in ("shared_value", "grid", "extended",
+                                                                         "at_edge", "best", "chosen")}
+                     for sp in plans},
+           **{which: {k: v for k, v in summarise(plans, {sp.name: results[sp.name][f"{which}_results"]
+                                                         for sp in plans}, seeds).items() if k in keys}
+              for which in ("tuned", "shared")}}
+    for arm, eff in out["tuned"]["efficiency"].items():
+        if "ratios" in eff:
+            widen_for_the_choice(eff, plans, [results[sp.name]["tune"] for sp in plans], arm, len(seeds))
+    return out
+
+
+def widen_for_the_choice(eff: dict, plans: list[SizePlan], tunes: list[dict], arm: str, n: int,
+                         confidence: float = 0.95) -> None:
+    """Make the tuned ratios' intervals allow for the choice: a jackknife over seeds of the whole
+    procedure (each seed's value chosen again from the other remaining seeds at every size, then the
+    fit), hulled with the fit's own interval, which treats the chosen models as given (its jackknife
+    refits without a seed but keeps the choices that seed's losses made). Kept under ``selection``
+    (per size: the log ratio's jackknife standard error and the interval); needs 3 seeds."""
+    from ..eval.efficiency import parameter_efficiency
+    from ..eval.stats import t_quantile
+    from .tune import choose
+
+    field = tunes[0]["field"]
+
+    def losses(who: str, idx: list[int]) -> list[list[float]]:
+        rows = [[0.0] * len(plans) for _ in idx]
+        for z, t in enumerate(tunes):
+            val = {v: [t["validation_nll"][who][label(field, v)][i] for i in idx] for v in t["grid"][who]}
+            for k, (i, v) in enumerate(zip(idx, choose(val, len(idx)))):
+                rows[k][z] = t["heldout_nll"][who][label(field, v)][i]
+        return rows
+
+    def log_ratios(idx: list[int]) -> list[Optional[float]]:
+        got = parameter_efficiency([sp.params[arm] for sp in plans], losses(arm, idx),
+                                   [sp.params["baseline"] for sp in plans], losses("baseline", idx))
+        return [None if r.value is None else math.log(r.value) for r in got.ratios]
+
+    if n < 3 or any(None in row for t in tunes for who in (arm, "baseline")
+                    for row in t["heldout_nll"][who].values()):
+        eff["selection"] = {"note": "no jackknife of the choice: it needs 3 seeds and every model's held-out NLL"}
+        return
+    full = log_ratios(list(range(n)))
+    jk = [log_ratios([i for i in range(n) if i != j]) for j in range(n)]
+    sel = []
+    for z, r in enumerate(eff["ratios"]):
+        column = [row[z] for row in jk]
+        if full[z] is None or None in column:
+            sel.append(None)
+            continue
+        centre = sum(column) / n
+        se = math.sqrt((n - 1) / n * sum((c - centre) ** 2 for c in column))
+        half = t_quantile(0.5 + confidence / 2, n - 1) * se
+        low, high = math.exp(full[z] - half), math.exp(full[z] + half)
+        sel.append({"log_ratio_se": se, "low": low, "high": high})
+        if r["low"] is not None:
+            r["low"], r["high"] = min(r["low"], low), max(r["high"], high)
+    eff["selection"] = sel
 
 
 def render_tuned(s: dict) -> str:
@@ -307,8 +360,9 @@ def render_tuned(s: dict) -> str:
            f"Every size is a tuned comparison: each arm trained at every value of `{field}`, each seed's value chosen "
            "per arm from the other seeds' validation loss (leave-one-seed-out; "
            f"{t['validation_source']}); gaps and ratios on the held-out text the choice never read "
-           f"({t['heldout_source']}), tuned and at the preset's value. The sections after this one are the "
-           "preset's value on the usual held-out text.\n"]
+           f"({t['heldout_source']}), tuned and at the preset's value. The tuned ratios' intervals allow for the "
+           "choice (hulled with a jackknife over seeds that redoes every choice before the fit). The sections after "
+           "this one are the preset's value on the usual held-out text.\n"]
     head = ["size", "arm", f"chosen `{field}` per seed (best of all seeds)", "gap at the preset's value, nats [95%]",
             "gap tuned, nats [95%]", "ratio at the preset's value [95%]", "ratio tuned [95%]"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

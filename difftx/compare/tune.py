@@ -273,9 +273,17 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
             "the comparison's own held-out text (its LM evaluation)",
             "validation_nll": {arm: {label(field, v): [x["validation"] for x in scores[arm][v]] for v in grids[arm]}
                                for arm in arms},
+            # the held-out LM NLL of every model (the evaluated half), so a reader can redo the choice
+            "heldout_nll": {arm: {label(field, v): [_nll(t) for t in tasks_at[arm][v]] for v in grids[arm]}
+                            for arm in arms},
             "chosen": {arm: {str(s): v for s, v in chosen[arm].items()} for arm in arms},
             "tuned": _primary(tuned), "shared": _primary(shared_half)}
     return tune, tuned, shared_half
+
+
+def _nll(tasks: dict) -> Optional[float]:
+    lm = tasks.get("lm") or {}
+    return None if "skipped" in lm else (lm.get("heldout") or {}).get("nll")
 
 
 def selection_jackknife(x: dict, val: dict, a: str, b: str, confidence: float = 0.95) -> dict:
