@@ -304,3 +304,12 @@ def test_tuned_ratios_widen_for_the_choice():
     two = parameter_efficiency(sizes, losses["diff"], sizes, losses["baseline"]).to_dict()
     widen_for_the_choice(two, plans, tunes, "diff", 2)
     assert "needs 3 seeds" in two["selection"]["note"]
+
+
+def test_the_preset_value_is_the_preset_itself():
+    """At the preset's own value no min_lr is recomputed (a rounding there would make the folder's own
+    comparison look like another one and refuse to reuse it)."""
+    from difftx.compare.presets import get_preset
+
+    base = get_preset("smoke", lr=0.0007, min_lr=0.00011)
+    assert T.point_preset(base, "lr", 0.0007) is base

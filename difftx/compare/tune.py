@@ -97,7 +97,10 @@ def beyond_edge(values: Sequence, scores: dict) -> Optional[tuple[str, float]]:
 
 
 def point_preset(base: ComparePreset, field: str, value) -> ComparePreset:
-    """``base`` at ``field = value`` (``lr`` brings ``min_lr`` along, in the preset's ratio)."""
+    """``base`` at ``field = value`` (``lr`` brings ``min_lr`` along, in the preset's ratio); at the
+    preset's own value, ``base`` itself (no rounding of ``min_lr`` may make it another comparison)."""
+    if value == getattr(base, field):
+        return base
     change = {field: value}
     if field == "lr":
         change["min_lr"] = value * base.min_lr / base.lr
