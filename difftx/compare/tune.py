@@ -31,6 +31,7 @@ without ``shard`` trains the extensions (they depend on every seed's scores) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from pathlib import Path
@@ -201,10 +202,9 @@ def score_model(f: Path, p: ComparePreset) -> dict:
     held-out text is that split, the LM task on its second half (else None: its own evaluation)."""
     from ..tasks import TASKS, load_subject
     from ..tasks.runner import run_task
-
-    settings = p.task_settings()["lm"]
     from ..training.distributed import resolve_device
 
+    settings = p.task_settings()["lm"]
     subject = load_subject(f / "model", device=resolve_device(p.device))
     text = subject.text
     if text is not None and text.heldout is not None:
@@ -246,7 +246,8 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     chosen = {arm: dict(zip(seeds, choose({v: [x["validation"] for x in scores[arm][v]] for v in grids[arm]},
                                           len(seeds)))) for arm in arms}
 
-    def entry(v, s, arm) -> dict:
+    @functools.lru_cache(maxsize=None)
+    def entry(v, s, arm) -> dict:  # read once; callers copy what they change
         f = folder[v] / f"seed{s}" / arm
         tasks = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model")
                  for e in task_names}
@@ -256,7 +257,7 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
         return {"train": TrainRecord.read(f).to_dict(), "tasks": tasks, "machine": read_machine(f), "tune_value": v}
 
     def comparison(pick) -> dict:
-        runs = {str(s): {arm: entry(pick(arm, s), s, arm) for arm in arms} for s in seeds}
+        runs = {str(s): {arm: dict(entry(pick(arm, s), s, arm)) for arm in arms} for s in seeds}
         return add_comparisons({**results, "runs": runs}, settings)
 
     tuned = comparison(lambda arm, s: chosen[arm][s])
