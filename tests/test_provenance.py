@@ -133,7 +133,7 @@ def test_scale_json_records_the_machine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
-    run_scale("smoke", ["32x1x1", "64x2x1"], 2, tmp_path, progress=False)
+    run_scale("smoke", ["32x1x1", "64x2x1"], 2, tmp_path, progress=False, lambda_arm=False)
     check_machine(strict((tmp_path / "scale.json").read_text())["machine"])
 
 
