@@ -393,7 +393,11 @@ def render_tuned(s: dict) -> str:
 def _ratio(r: dict) -> str:
     if r["value"] is None:
         return "-"
-    text = f"{r['value']:.3f}" if r["low"] is None else f"{r['value']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+
+    def num(x: float) -> str:  # 3 decimals; a bound far out (few seeds) in 3 significant digits
+        return f"{x:.3f}" if 1e-3 <= abs(x) < 1e3 else f"{x:.3g}"
+
+    text = num(r["value"]) if r["low"] is None else f"{num(r['value'])} [{num(r['low'])}, {num(r['high'])}]"
     return text + (" (extrapolated)" if r.get("note", "") and "extrapolated" in r["note"] else "")
 
 
