@@ -81,7 +81,7 @@ LAMBDA_ARM = "diff_lambda_0.8"  # scale's default extra arm: DIFF with the paper
 
 
 def shape(name: str) -> tuple[int, int, int]:
-    """``"m"`` or ``"64x3x2"`` -> ``(dim, layers, heads)``."""
+    """``"m"`` or ``"48x3x2"`` -> ``(dim, layers, heads)``."""
     if name in SHAPES:
         return SHAPES[name]
     m = re.fullmatch(r"(\d+)x(\d+)x(\d+)", name.strip())
