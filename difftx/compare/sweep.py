@@ -24,10 +24,7 @@ from ..provenance import machine
 from ..eval.stats import paired_estimate
 from ..tasks.reporting import REPORTED_ARMS
 from .presets import get_preset
-
-
-def _label(field: str, value) -> str:
-    return f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
+from .tune_report import label
 
 
 def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
@@ -56,7 +53,7 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
     out = Path(out_dir)
     results = {}
     for v, o in points:
-        results[v] = run_compare(preset, seeds, out / _label(field, v), progress=progress, workers=workers, **o)
+        results[v] = run_compare(preset, seeds, out / label(field, v), progress=progress, workers=workers, **o)
     summary = summarise(field, results)
     summary["machine"] = machine(get_preset(preset, **points[0][1]).device)  # each point's results.json: its own
     atomic_write(out / "sweep.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
