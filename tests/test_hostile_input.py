@@ -185,6 +185,29 @@ def test_ctrl_c_during_start_up_in_a_real_process():
         pytest.skip("the command finished before every signal")
 
 
+def test_an_interrupt_inside_a_callback_python_ignores_is_raised_again_without_a_traceback():
+    """Ctrl-C handled inside importlib's weakref callback (errors there are "ignored" and printed):
+    the watch keeps it from printing and raises it again in code that can stop (a CI failure)."""
+    child = ("import sys, time, weakref\n"
+             "from difftx.cli import _InterruptWatch\n"
+             "watch = _InterruptWatch(); watch.seen = True\n"
+             "class Thing: pass\n"
+             "def callback(_): raise KeyboardInterrupt\n"
+             "thing = Thing(); ref = weakref.ref(thing, callback); del thing\n"
+             "try:\n"
+             "    end = time.monotonic() + 10\n"
+             "    while time.monotonic() < end: pass\n"
+             "    print('lost')\n"
+             "except KeyboardInterrupt:\n"
+             "    print('raised again')\n"
+             "print(watch.finish(0, 'difftx'))\n")
+    proc = subprocess.run([sys.executable, "-c", child], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.split() == ["raised", "again", "130"], proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "difftx: interrupted", proc.stderr
+
+
 def test_usage_errors_are_one_line_naming_the_flag(capsys, tmp_path):
     code, err = run_cli(capsys, "generate")
     assert code == 2 and "checkpoint" in err and "usage:" not in err and "difftx generate --help" in err

@@ -152,6 +152,7 @@ class _InterruptWatch:
             signal.signal(signal.SIGINT, self._handle)
             self._old = signal.default_int_handler if early is not None else current
             self.seen = bool(early)  # a Ctrl-C that came while the CLI's modules were imported
+            self._old_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
 
     def _handle(self, signum, frame) -> None:
         self.seen = True
@@ -165,6 +166,19 @@ class _InterruptWatch:
             signal.setitimer(signal.ITIMER_REAL, 0.02)
             return
         raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        """The interrupt raised inside a callback whose errors Python ignores (importlib's module-lock
+        weakref callback, for one) is not lost and prints no "Exception ignored" traceback: it is
+        raised again 20 ms later, in code that can stop."""
+        import signal
+
+        if self.seen and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            if hasattr(signal, "setitimer"):
+                signal.signal(signal.SIGALRM, self._raise_when_safe)
+                signal.setitimer(signal.ITIMER_REAL, 0.02)
+            return
+        self._old_unraisable(unraisable)
 
     @classmethod
     def _native_import_running(cls) -> bool:
@@ -184,6 +198,7 @@ class _InterruptWatch:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
+            sys.unraisablehook = self._old_unraisable
             self._old = None
         if code == EXIT_INTERRUPTED or self.seen:
             if not self.said:
