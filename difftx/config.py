@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 from .attention.kernels import backend_names
-from .attention.modules import GATES  # ModelConfig.gate, for attention="gated"
+from .attention.modules import ATTENTIONS, GATES  # the attention kinds by name; ModelConfig.gate, for "gated"
 
-ATTENTION_KINDS = ("diff", "diff_v2", "standard", "gated")
+ATTENTION_KINDS = tuple(ATTENTIONS)  # the built-in kinds (a kind registered later is in ATTENTIONS only)
 HEAD_NORM_KINDS = ("diff", "standard")  # attention kinds that can have a per-head RMSNorm (ModelConfig.head_norm)
 
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
@@ -77,8 +77,8 @@ class ModelConfig:
             raise _err("n_kv_heads", f"must be a positive integer or null, got {self.n_kv_heads!r}")
         if self.ffn_hidden is not None and (not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0):
             raise _err("ffn_hidden", f"must be a positive integer or null, got {self.ffn_hidden!r}")
-        if self.attention not in ATTENTION_KINDS:
-            raise _err("attention", f"must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.attention not in ATTENTIONS:
+            raise _err("attention", f"must be one of {tuple(ATTENTIONS)}, got {self.attention!r}")
         if self.backend not in backend_names():
             raise _err("backend", f"unknown attention backend {self.backend!r}; choose one of {backend_names()}")
         if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
@@ -86,10 +86,10 @@ class ModelConfig:
         H, Hkv, D = self.n_heads, self.kv_groups, self.dim
         if H % Hkv:
             raise _err("n_kv_heads", f"n_heads={H} must be divisible by n_kv_heads={Hkv}")
-        if self.attention == "diff":
-            if D % (2 * H):
-                raise _err("dim", f"{D} must be divisible by 2*n_heads={2 * H} (two components per differential head)")
-        elif D % H:
+        C = self.components
+        if C > 1 and D % (C * H):
+            raise _err("dim", f"{D} must be divisible by {C}*n_heads={C * H} ({C} components per differential head)")
+        if D % H:
             raise _err("dim", f"{D} must be divisible by n_heads={H}")
         if self.head_dim % 2:
             raise _err("dim", f"the {self.attention} head width {self.head_dim} (see head_dim) must be even for RoPE")
@@ -138,9 +138,15 @@ class ModelConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
+    def components(self) -> int:
+        """Softmax maps per head of the attention kind (2 for ``diff``, whose heads have two ``d``-wide
+        components; 1 for the others)."""
+        return ATTENTIONS[self.attention].components
+
+    @property
     def head_dim(self) -> int:
         """Query/key width per (sub-)head: ``d`` of SPEC sections 1-2."""
-        return self.dim // (2 * self.n_heads) if self.attention == "diff" else self.dim // self.n_heads
+        return self.dim // (self.components * self.n_heads)
 
     @property
     def uses_head_norm(self) -> bool:

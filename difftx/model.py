@@ -15,33 +15,36 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import AttentionMask, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV, StandardAttention
+from .attention import ATTENTIONS, AttentionMask, DiffAttention, LayerKV
 from .config import ModelConfig
+from .ops import linear, rms_norm, swiglu
 
 
 def make_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
-    c = config
-    if c.attention == "diff":
-        return DiffAttention(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend,
-                             norm_eps=c.norm_eps, lambda_init=c.lambda_init, use_subln=c.uses_head_norm,
-                             subtract=c.subtract)
-    if c.attention == "diff_v2":
-        return DiffAttentionV2(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
-    if c.attention == "gated":
-        return GatedAttention(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind)
-    return StandardAttention(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend,
-                             use_subln=c.uses_head_norm, norm_eps=c.norm_eps)
+    """Layer ``layer_idx``'s attention module: the kind ``config.attention`` names in :data:`ATTENTIONS`."""
+    return ATTENTIONS[config.attention].from_config(config, layer_idx)
 
 
 class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``; the weights may be stacked (:mod:`difftx.ops`)."""
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
 
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
+        """``residual + down(...)`` (a stack adds it inside its batched product)."""
+        return linear(swiglu(linear(x, self.gate_proj.weight), linear(x, self.up_proj.weight)),
+                      self.down_proj.weight, residual)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` whose gain may be stacked (:func:`difftx.ops.rms_norm`)."""
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Block(nn.Module):
@@ -49,9 +52,9 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.attn_norm = RMSNorm(config.dim, eps=config.norm_eps)
         self.attn = make_attention(config, layer_idx)
-        self.mlp_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.mlp_norm = RMSNorm(config.dim, eps=config.norm_eps)
         self.mlp = SwiGLU(config.dim, config.hidden_dim)
 
     def forward(self, x: Tensor, **attn_kwargs) -> Tensor:
@@ -83,7 +86,7 @@ class Transformer(nn.Module):
         base = self._draw_base()  # before any module draws from the global RNG (see reset_parameters)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.norm = RMSNorm(config.dim, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_embeddings.weight

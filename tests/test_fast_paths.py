@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftx import KVCache, Transformer
 from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, kernels
-from difftx.attention.modules import _HeadNorm, _Lambda
+from difftx.ops import LambdaFunction as _Lambda, RMSNormFunction
 from difftx.config import ModelConfig, baseline_config
 
 
@@ -149,9 +149,9 @@ def test_lambda_and_head_norm_gradients():
     assert torch.autograd.gradcheck(lambda *p: _Lambda.apply(*p, 0.35), params)
     o = torch.randn(3, 5, 2, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda o, w: _HeadNorm.apply(o, w, 1e-5), (o, w))
+    assert torch.autograd.gradcheck(lambda o, w: RMSNormFunction.apply(o, w, 1e-5, False), (o, w))
     want = torch.nn.functional.rms_norm(o, (8,), w, 1e-5)
-    torch.testing.assert_close(_HeadNorm.apply(o, w, 1e-5), want)
+    torch.testing.assert_close(RMSNormFunction.apply(o, w, 1e-5, False), want)
 
 
 def test_peak_memory_of_chunked_training_is_linear_in_T_and_matches_the_baseline():

@@ -2,7 +2,7 @@
 
 from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, resolve_backend
 from .masks import AttentionMask
-from .modules import (DiffAttention, DiffAttentionV2, GatedAttention, LayerKV, StandardAttention,
+from .modules import (ATTENTIONS, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV, StandardAttention,
                       lambda_init_for_layer)
 
 try:  # optional fused kernel: registers the "triton" backend when Triton is installed
@@ -13,6 +13,6 @@ else:
     _register_triton()
 
 __all__ = [
-    "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2", "GatedAttention", "LayerKV",
-    "StandardAttention", "backend_names", "lambda_init_for_layer", "register_backend", "resolve_backend",
+    "ATTENTIONS", "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2", "GatedAttention",
+    "LayerKV", "StandardAttention", "backend_names", "lambda_init_for_layer", "register_backend", "resolve_backend",
 ]

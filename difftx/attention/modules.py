@@ -14,13 +14,10 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from ..ops import LambdaFunction, NoContext, at_least_fp32, rms_norm
 from .kernels import check_backend_name, resolve_backend
 from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
-
-
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
 
 
 def lambda_init_for_layer(layer_idx: int) -> float:
@@ -55,89 +52,17 @@ def _check_heads(dim: int, n_heads: int, n_kv_heads: Optional[int], components: 
     return n_kv_heads, d
 
 
-class _NoCtx:
-    """Stands in for an autograd context when a Function's forward runs without autograd."""
-
-    @staticmethod
-    def save_for_backward(*tensors) -> None:
-        pass
-
-
-class _Lambda(torch.autograd.Function):
-    """``exp(q1.k1) - exp(q2.k2) + lambda_init`` in float32 (float64 for float64 parameters), with
-    its gradient written out: one autograd node instead of the dozen autograd would record. Vectors
-    ``(d,)`` give a scalar; a stack's ``(K, d)`` give one lambda per model ``(K,)`` (each dot product
-    on its own, as the one model computes it)."""
-
-    @staticmethod
-    def forward(ctx, q1, k1, q2, k2, lambda_init):
-        acc = _at_least_fp32(q1.dtype)
-        q1, k1, q2, k2 = (p if p.dtype == acc else p.to(acc) for p in (q1, k1, q2, k2))
-        if q1.dim() == 1:
-            e1, e2 = torch.exp(torch.dot(q1, k1)), torch.exp(torch.dot(q2, k2))
-        else:
-            e1 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q1, k1)]))
-            e2 = torch.exp(torch.stack([torch.dot(a, b) for a, b in zip(q2, k2)]))
-        ctx.save_for_backward(q1, k1, q2, k2, e1, e2)
-        return e1 - e2 + lambda_init
-
-    @staticmethod
-    def backward(ctx, g):
-        q1, k1, q2, k2, e1, e2 = ctx.saved_tensors
-        g1, g2 = g * e1, -g * e2
-        if q1.dim() > 1:
-            g1, g2 = g1[:, None], g2[:, None]
-        return k1 * g1, q1 * g1, k2 * g2, q2 * g2, None
-
-
-def rms_rstd(x: Tensor, eps: float, mean_square: bool = False) -> Tensor:
-    """``1 / sqrt(mean(x^2) + eps)`` over the last dimension, keepdim: as ``||x||^2 / n`` (the per-head
-    norm's arithmetic), or with ``mean_square`` as ``mean(x^2)`` (``torch.rms_norm``'s, the block norms')."""
-    if mean_square:
-        return x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
-    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-
-
-def rms_norm_backward(g: Tensor, xhat: Tensor, rstd: Tensor, w: Tensor) -> Tensor:
-    """The closed-form input gradient of ``xhat * w`` (``xhat = x * rstd``): ``rstd * (g w - xhat
-    mean(g w xhat))``; the one-model head norm and the stacked norms share it."""
-    gw = g * w
-    mean = (gw * xhat).mean(-1, keepdim=True)
-    return torch.addcmul(gw, xhat, mean, value=-1.0).mul_(rstd)
-
-
-class _HeadNorm(torch.autograd.Function):
-    """``RMSNorm(o) * w`` over the last dimension in ``o``'s dtype (float32 or float64), with the
-    closed-form backward; keeps ``o * rstd`` and ``rstd`` (as much memory as keeping ``o``)."""
-
-    @staticmethod
-    def forward(ctx, o, w, eps):
-        rstd = rms_rstd(o, eps)  # (..., 1)
-        xhat = o * rstd
-        ctx.save_for_backward(xhat, rstd, w)
-        return xhat * w
-
-    @staticmethod
-    def backward(ctx, g):
-        xhat, rstd, w = ctx.saved_tensors
-        dw = (g * xhat).reshape(-1, xhat.shape[-1]).sum(0) if ctx.needs_input_grad[1] else None
-        return rms_norm_backward(g, xhat, rstd, w), dw, None
-
-
 def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float) -> Tensor:
-    """``scale * RMSNorm(o) * weight`` over the last dimension of ``o`` ``(B, T, H, w)``, computed in
-    float32 (float64 for float64 inputs) and returned in ``o``'s dtype. ``weight=None``: no norm,
-    just ``scale * o``."""
+    """``scale * RMSNorm(o) * weight`` over the last dimension of ``o`` ``(..., H, w)``, computed in
+    float32 (float64 for float64 inputs) and returned in ``o``'s dtype; ``weight`` ``(w,)``, or stacked
+    ``(K, w)`` with ``o`` ``(K, ..., H, w)``. ``weight=None``: no norm, just ``scale * o``."""
     if weight is None:
         return o * scale if scale != 1.0 else o
-    acc = _at_least_fp32(o.dtype)
+    acc = at_least_fp32(o.dtype)
     of = o if o.dtype == acc else o.to(acc)
-    w = weight * scale if scale != 1.0 else weight  # (w,): the gain with the scale folded in
+    w = weight * scale if scale != 1.0 else weight  # the gain with the scale folded in
     w = w if w.dtype == acc else w.to(acc)
-    if torch.is_grad_enabled() and (of.requires_grad or w.requires_grad):
-        out = _HeadNorm.apply(of, w, eps)
-    else:  # inference: PyTorch's fused forward
-        out = torch.rms_norm(of, (of.shape[-1],), w, eps)
+    out = rms_norm(of, w, eps, mean_square=False)
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
@@ -190,7 +115,26 @@ class LayerKV:
 
 
 class _AttentionBase(nn.Module):
-    """Shared plumbing: q/k/v/out projections, RoPE, cache and kernel dispatch."""
+    """Shared plumbing: q/k/v/out projections, RoPE, cache and kernel dispatch.
+
+    An attention kind is a subclass that says what it adds around the shared core, through four
+    members that the model's forward here and the stacked trainer (:mod:`difftx.training.stacked`)
+    both read, so a kind is written once:
+
+    - ``components``: softmax maps per head that the core combines, 2 for ``A1 - lambda A2``, else 1;
+    - ``extra_proj``: the name of one more linear map of the block's normed input read beside q, k and
+      v (a gate, V2's lambda), or None;
+    - :meth:`kernel_lambda`: the core's lambda (None for one map);
+    - :meth:`finish`: each head's output before ``out_proj``, from the core's output and the extra
+      projection's.
+
+    :meth:`finish` and :meth:`kernel_lambda` read the module's own parameters, which in a stack carry a
+    leading ``K`` (:mod:`difftx.ops` broadcasts them). :meth:`from_config` builds the module of one layer
+    of a :class:`~difftx.config.ModelConfig`; a line in :data:`ATTENTIONS` names the kind for the config.
+    """
+
+    components = 1
+    extra_proj: Optional[str] = None
 
     def __init__(self, dim: int, q_heads: int, kv_heads: int, v_groups: int, head_dim: int, v_width: int,
                  out_in: int, rope_theta: float, backend: str):
@@ -218,7 +162,7 @@ class _AttentionBase(nn.Module):
         v = self.v_proj(x).view(B, T, self.v_groups, self.v_width)  # (B, T, Hv, dv)
         if positions is None:
             positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, _at_least_fp32(x.dtype))
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, at_least_fp32(x.dtype))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(offset, k, v)  # (B, S, ...)
@@ -247,8 +191,28 @@ class _AttentionBase(nn.Module):
             v = v.flatten(3)  # a cache's split value rows, joined (a copy) for kernels that need whole rows
         return self._attend(x, q, k, v, mask, kernel, return_maps)
 
-    def _attend(self, x, q, k, v, mask, kernel, return_maps):  # pragma: no cover - abstract
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "_AttentionBase":  # pragma: no cover - abstract
+        """The module of layer ``layer_idx`` of a model of ``config`` (a :class:`~difftx.config.ModelConfig`)."""
         raise NotImplementedError
+
+    def kernel_lambda(self) -> Optional[Tensor]:
+        """The lambda the core subtracts the second map with: None for one map per head."""
+        return None
+
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        """Each head's output ``(..., heads, width)`` before ``out_proj``, from the core's ``out``
+        ``(..., core heads, value width)`` and the ``extra_proj`` output ``(..., columns)`` (None without
+        one); leading dimensions ``(B, T)``, or ``(K, N)`` for a stack."""
+        return out
+
+    def _attend(self, x, q, k, v, mask, kernel, return_maps):
+        res = kernel(q, k, v, self.kernel_lambda(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
+        out, maps = res if return_maps else (res, None)
+        extra = getattr(self, self.extra_proj)(x) if self.extra_proj else None
+        out = self.finish(out, extra).flatten(2)  # (B, T, D)
+        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))
+        return (out, maps) if return_maps else out
 
 
 class StandardAttention(_AttentionBase):
@@ -267,16 +231,15 @@ class StandardAttention(_AttentionBase):
         self.n_heads, self.n_kv_heads, self.norm_eps = n_heads, n_kv_heads, norm_eps
         self.subln = nn.RMSNorm(d, eps=norm_eps, elementwise_affine=True) if use_subln else None
 
-    def head_output(self, x: Tensor, out: Tensor) -> Tensor:
-        """Per-head output ``(B, T, H, d)`` before ``out_proj``: the kernel's, normalised if ``subln``."""
-        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps)
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "StandardAttention":
+        c = config
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, use_subln=c.uses_head_norm,
+                   norm_eps=c.norm_eps)
 
-    def _attend(self, x, q, k, v, mask, kernel, return_maps):
-        res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
-        out, maps = res if return_maps else (res, None)  # (B, T, H, d)
-        out = self.head_output(x, out).flatten(2)  # (B, T, H*d)
-        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))  # (B, T, D)
-        return (out, maps) if return_maps else out
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        """The kernel's per-head output ``(..., H, d)``, normalised if ``subln``."""
+        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps)
 
 
 GATES = ("elementwise", "headwise")
@@ -292,6 +255,8 @@ class GatedAttention(StandardAttention):
     (no bias), initialised like the other projections; the sigmoid and the product run in float32.
     """
 
+    extra_proj = "gate_proj"
+
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
                  backend: str = "auto", gate: str = "elementwise"):
         if gate not in GATES:
@@ -300,15 +265,22 @@ class GatedAttention(StandardAttention):
         self.gate = gate
         self.gate_proj = nn.Linear(dim, n_heads * self.head_dim if gate == "elementwise" else n_heads, bias=False)
 
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "GatedAttention":
+        c = config
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind)
+
     def gate_values(self, x: Tensor) -> Tensor:
         """``sigmoid(x W_g)`` in float32 (float64 for float64 inputs): ``(B, T, H, d)`` elementwise,
         ``(B, T, H, 1)`` head-wise."""
-        g = self.gate_proj(x)
-        g = torch.sigmoid(g.to(_at_least_fp32(g.dtype)))
-        return g.unflatten(-1, (self.n_heads, -1))
+        return self._gate(self.gate_proj(x))
 
-    def head_output(self, x: Tensor, out: Tensor) -> Tensor:
-        g = self.gate_values(x)
+    def _gate(self, logits: Tensor) -> Tensor:
+        return torch.sigmoid(logits.to(at_least_fp32(logits.dtype))).unflatten(-1, (self.n_heads, -1))
+
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        """The kernel's per-head output times its gate ``sigmoid(x W_g)`` (``extra`` is ``x W_g``)."""
+        g = self._gate(extra)
         return (out.to(g.dtype) * g).to(out.dtype)
 
 
@@ -324,6 +296,8 @@ class DiffAttention(_AttentionBase):
     the second map and multiplies it by zero: DIFF's cost and maps, exactly zero gradient into the
     second components' q/k projection rows).
     """
+
+    components = 2
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
@@ -342,6 +316,12 @@ class DiffAttention(_AttentionBase):
             self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
         self.subln = nn.RMSNorm(2 * d, eps=norm_eps, elementwise_affine=True) if use_subln else None
         self.reset_lambda()
+
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "DiffAttention":
+        c = config
+        return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
+                   lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract)
 
     def cache_value_parts(self, device=None) -> int:
         """2 on CPU: the cached ``2d``-wide values are kept as two contiguous ``d``-wide halves per group,
@@ -365,32 +345,32 @@ class DiffAttention(_AttentionBase):
         no-subtraction control (``subtract=False``) returns a constant zero that needs no gradient."""
         if not self.subtract:
             w = self.q_proj.weight
-            acc = _at_least_fp32(w.dtype)
+            acc = at_least_fp32(w.dtype)
             zero = self.__dict__.get("_lambda_zero")
             if zero is None or zero.dtype != acc or zero.device != w.device:
                 zero = self.__dict__["_lambda_zero"] = torch.zeros((), dtype=acc, device=w.device)
             return zero
         params = self.lambda_parameters()
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return _Lambda.apply(*params, self.lambda_init)
+            return LambdaFunction.apply(*params, self.lambda_init)
         key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
         cached = self.__dict__.get("_lambda_cache")
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                cached = self.__dict__["_lambda_cache"] = (key, _Lambda.forward(_NoCtx, *params, self.lambda_init))
+                value = LambdaFunction.forward(NoContext, *params, self.lambda_init)
+                cached = self.__dict__["_lambda_cache"] = (key, value)
         return cached[1]
 
     def head_norm(self, o: Tensor) -> Tensor:
-        """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(B, T, H, 2d)``, computed in float32."""
+        """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(..., H, 2d)``, computed in float32."""
         return _rms_head_norm(o, None if self.subln is None else self.subln.weight, 1.0 - self.lambda_init,
                               self.norm_eps)
 
-    def _attend(self, x, q, k, v, mask, kernel, return_maps):
-        res = kernel(q, k, v, self.lambda_full(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
-        out, maps = res if return_maps else (res, None)  # (B, T, H, 2d)
-        out = self.head_norm(out).flatten(2)  # (B, T, D)
-        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))
-        return (out, maps) if return_maps else out
+    def kernel_lambda(self) -> Tensor:
+        return self.lambda_full()
+
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        return self.head_norm(out)
 
 
 class DiffAttentionV2(_AttentionBase):
@@ -401,6 +381,8 @@ class DiffAttentionV2(_AttentionBase):
     Both members of a pair share a kv group, which needs ``n_heads % n_kv_heads == 0``.
     """
 
+    extra_proj = "lambda_proj"
+
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
                  backend: str = "auto"):
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1, across_groups=True)
@@ -408,10 +390,24 @@ class DiffAttentionV2(_AttentionBase):
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.lambda_proj = nn.Linear(dim, n_heads, bias=False)
 
-    def _attend(self, x, q, k, v, mask, kernel, return_maps):
-        res = kernel(q, k, v, None, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
-        a, maps = res if return_maps else (res, None)  # (B, T, 2H, d)
-        lam = torch.sigmoid(self.lambda_proj(x).to(_at_least_fp32(x.dtype)))[..., None]  # (B, T, H, 1)
-        out = (a[:, :, 0::2].to(lam.dtype) - lam * a[:, :, 1::2].to(lam.dtype)).to(a.dtype)  # (B, T, H, d)
-        out = self.out_proj(out.flatten(2))
-        return (out, maps) if return_maps else out
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "DiffAttentionV2":
+        c = config
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
+
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        """Pairs ``(2j, 2j+1)`` of the kernel's ``2H`` heads as ``a_2j - sigmoid(x W_lambda)_j a_2j+1``
+        (``extra`` is ``x W_lambda``)."""
+        lam = torch.sigmoid(extra.to(at_least_fp32(extra.dtype)))[..., None]  # (..., H, 1)
+        return (out[..., 0::2, :].to(lam.dtype) - lam * out[..., 1::2, :].to(lam.dtype)).to(out.dtype)
+
+
+ATTENTIONS: dict[str, type[_AttentionBase]] = {
+    "diff": DiffAttention,
+    "diff_v2": DiffAttentionV2,
+    "standard": StandardAttention,
+    "gated": GatedAttention,
+}
+"""The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name. A new kind is
+one subclass of the attention base (its ``from_config``, ``components``, ``extra_proj``, ``kernel_lambda``,
+``finish``) and one line here; the model and the stacked trainer need nothing else."""

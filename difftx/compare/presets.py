@@ -232,6 +232,12 @@ PRESETS: dict[str, ComparePreset] = {
 }
 
 
+def lr_overrides(base: "ComparePreset", lr: float) -> dict:
+    """The overrides that set ``lr`` and bring ``min_lr`` along in ``base``'s ratio, so that the schedule
+    keeps its shape (a sweep's or a tuning grid's value of ``lr``)."""
+    return {"lr": lr, "min_lr": lr * base.min_lr / base.lr}
+
+
 def get_preset(name: str, **overrides) -> ComparePreset:
     """A named preset with field overrides (validated)."""
     if name not in PRESETS:

@@ -23,7 +23,7 @@ from ..io import atomic_write, dumps_strict
 from ..provenance import machine
 from ..eval.stats import paired_estimate
 from ..tasks.reporting import REPORTED_ARMS
-from .presets import get_preset
+from .presets import get_preset, lr_overrides
 from .tune_report import label
 
 
@@ -33,8 +33,7 @@ def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
     if field == "lr" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         raise ValueError(f"--sweep lr: every value must be a number, got {value!r}")
     if field == "lr" and "min_lr" not in overrides:
-        base = get_preset(preset, **overrides)
-        out["min_lr"] = value * base.min_lr / base.lr
+        out.update(lr_overrides(get_preset(preset, **overrides), value))
     return out
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..io import atomic_write, dumps_strict, read_json
-from .presets import ComparePreset, get_preset
+from .presets import ComparePreset, get_preset, lr_overrides
 from .tune_report import label
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
@@ -102,10 +102,7 @@ def point_preset(base: ComparePreset, field: str, value) -> ComparePreset:
     preset's own value, ``base`` itself (no rounding of ``min_lr`` may make it another comparison)."""
     if value == getattr(base, field):
         return base
-    change = {field: value}
-    if field == "lr":
-        change["min_lr"] = value * base.min_lr / base.lr
-    return base.with_overrides(**change)
+    return base.with_overrides(**(lr_overrides(base, value) if field == "lr" else {field: value}))
 
 
 def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike,

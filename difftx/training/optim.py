@@ -54,7 +54,7 @@ def clip_grad_norms_(model: nn.Module, max_norm: float) -> torch.Tensor:
     ``clip_grad_norm_`` does for one model."""
     if not hasattr(model, "named_stacked"):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    grads = [p.grad for p in model.stacked if p.grad is not None]
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return torch.zeros(model.k)
     per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (P, K)

@@ -1,12 +1,17 @@
 """K models of one :class:`~difftx.config.ModelConfig` trained together as one *stacked* model.
 
-Every weight of the stack carries a leading ``K`` dimension: model ``i`` of the stack is
-``{name: p[i]}``, an ordinary :class:`~difftx.model.Transformer` state dict. One forward pass runs
-all ``K`` models on their own batches (tokens ``(K, B, T+1)``) with batched matrix products
-(``torch.bmm`` over the ``K`` weight sets; the attention core runs the ``K * B`` sequences as one
-batch), so the many small calls of a small model's step are paid once per step instead of ``K``
-times. The arithmetic is the one model's, reorganised: the same products, softmax, norms and
-AdamW update per model; a stacked step matches ``K`` separate steps to float32 rounding.
+The stack is the one model's module tree (:class:`~difftx.model.Transformer`, built without drawing
+weights) whose every parameter carries a leading ``K`` dimension: model ``i`` of the stack is
+``{name: p[i]}``, an ordinary state dict under the one model's names. The tree's own modules compute
+each model's part of a layer: the block norms and the MLP (:mod:`difftx.ops` broadcasts a stacked
+weight over ``K``), and each attention kind's ``kernel_lambda`` and ``finish`` (the lambda, gate,
+head norm or V2 pairing, written once in :mod:`difftx.attention.modules`). What only a stack does is
+here: the embedding lookup in ``K`` vocabularies, q, k, v and the kind's extra projection in one batched
+product, the attention core over the ``K * B`` sequences as one batch (one lambda per model), and the
+LM head fused with the loss. So the many small calls of a small model's step are paid once per step
+instead of ``K`` times, and a stacked step matches ``K`` separate steps to float32 rounding. A new
+attention kind (a subclass and a line in :data:`difftx.attention.modules.ATTENTIONS`) trains stacked
+with no code here.
 
 What the trainer calls (one process, float32; see :func:`train_step` for one whole step)::
 
@@ -33,9 +38,8 @@ Pieces, each equal to what the one-model trainer does:
   :func:`optimizer_state_of` / :func:`load_optimizer_states`: one model's weights and AdamW state in
   the trainer's checkpoint format (parameter names as keys), and back.
 
-Supported: every attention kind and option of :data:`difftx.config.ARMS` (``diff`` with or without
-subtraction, head norm, constant lambda; ``standard`` with or without head norm; ``gated`` both gates;
-``diff_v2``), tied embeddings, packed-document masks (``doc_ids``), grad accumulation, float32 and
+Supported: every attention kind of :data:`~difftx.attention.modules.ATTENTIONS` and every option of
+:data:`difftx.config.ARMS`, tied embeddings, packed-document masks (``doc_ids``), grad accumulation, float32 and
 float64 weights. Not supported: autocast / float16 / bfloat16 (refused), DDP / FSDP (one process holds
 the whole stack), KV caches (training only; :meth:`StackedTransformer.model` gives an ordinary model for
 probes and evaluation). The attention core is its own blocked materialised kernel (the ``chunked``
@@ -58,7 +62,7 @@ stay far from K, are in docs/results.md ("Stacked seeds: throughput").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -68,10 +72,10 @@ from torch import Tensor
 
 from ..attention.kernels import STORE_MAX_KEYS, _diag_bias
 from ..attention.masks import AttentionMask
-from ..attention.modules import DiffAttention, DiffAttentionV2, GatedAttention, _Lambda, rms_norm_backward, rms_rstd
 from ..attention.rope import rope_angles
 from ..config import ModelConfig
 from ..model import Transformer
+from ..ops import linear
 from .batches import Batch
 from .optim import clip_grad_norms_
 
@@ -246,43 +250,7 @@ class _StackedAttention(torch.autograd.Function):
         return dqkv, dlam, None, None, None
 
 
-# -- small fused pieces ----------------------------------------------------------------------------------------------
-
-class _RMSNorm(torch.autograd.Function):
-    """``RMSNorm(x) * w_k`` over the last dimension of ``x`` ``(K, ..., n)``, ``w`` ``(K, n)``, with the
-    closed-form backward. ``mean_square``: ``torch.rms_norm``'s ``mean(x^2)`` (the block norms);
-    else the per-head norm's ``||x||^2 / n`` (``difftx.attention.modules._HeadNorm``)."""
-
-    @staticmethod
-    def forward(ctx, x, w, eps, mean_square):
-        rstd = rms_rstd(x, eps, mean_square)
-        xhat = x * rstd
-        wb = w.view(w.shape[0], *([1] * (x.dim() - 2)), x.shape[-1])
-        ctx.save_for_backward(xhat, rstd, wb)
-        return xhat * wb
-
-    @staticmethod
-    def backward(ctx, g):
-        xhat, rstd, wb = ctx.saved_tensors
-        dw = (g * xhat).flatten(1, -2).sum(1) if ctx.needs_input_grad[1] else None
-        return rms_norm_backward(g, xhat, rstd, wb), dw, None, None
-
-
-class _SwiGLU(torch.autograd.Function):
-    """``silu(a) * b`` (the gate and up projections' outputs), one node. ``a`` and ``b`` come from two
-    products, not halves of one: ``silu_backward`` on a strided half runs at half the speed."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        sa = F.silu(a)
-        ctx.save_for_backward(a, b, sa)
-        return sa * b
-
-    @staticmethod
-    def backward(ctx, g):
-        a, b, sa = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(g * b, a), g * sa
-
+# -- the fused LM head and loss -------------------------------------------------------------------------------------
 
 # The LM head's width is padded to a multiple of this (zero rows, their logits -inf): a 623-wide head (the
 # compare vocabulary) runs at half the speed of a 640-wide one in MKL on this project's CPU.
@@ -328,11 +296,6 @@ class _HeadLoss(torch.autograd.Function):
         return dh, dw, None, None, None, None
 
 
-def _linear(x: Tensor, w: Tensor) -> Tensor:
-    """``x (K, N, in) @ w (K, out, in)^T``: each model's ``F.linear``."""
-    return torch.bmm(x, w.transpose(1, 2))
-
-
 # -- the allocator ---------------------------------------------------------------------------------------------------
 
 def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 30) -> bool:
@@ -359,30 +322,27 @@ def _reference(config: ModelConfig) -> Transformer:
         return Transformer(config)
 
 
-@dataclass
-class _Layer:
-    """Where one block's weights are in the stack's parameter list, and its attention's geometry."""
-
-    attn_norm: int
-    mlp_norm: int
-    in_proj: list[int]  # q, k, v[, gate or lambda_proj]: read by one fused product
-    out_proj: int
-    gate_up: list[int]
-    down: int
-    kind: str  # "diff", "diff_v2", "gated", "standard"
-    lambdas: list[int] = field(default_factory=list)
-    head_norm: Optional[int] = None
-    head_scale: float = 1.0
-    lambda_init: float = 0.0
-    extra_cols: int = 0  # gate / lambda_proj columns after q, k, v
-    gate_heads: int = 0
+def _stack_parameters(tree: nn.Module, k: int, device, dtype) -> None:
+    """Give every parameter of ``tree`` (a meta model) a leading ``K``: zeroed ``(K, *shape)`` parameters
+    in place of the old ones, a tied weight still shared."""
+    new: dict[int, nn.Parameter] = {}
+    for module in tree.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in new:
+                new[id(p)] = nn.Parameter(torch.zeros(k, *p.shape, device=device, dtype=dtype))
+            module._parameters[name] = new[id(p)]
 
 
 class StackedTransformer(nn.Module):
     """``K`` :class:`~difftx.model.Transformer` models of one config as one model whose parameters
-    have a leading ``K`` dimension. ``names`` lists the parameters in the one model's
-    ``named_parameters()`` order (a tied LM head is the embedding); ``stacked[j]`` holds them, and
-    :meth:`named_stacked` pairs them up. Build it with :meth:`from_models` or :meth:`from_state_dicts`."""
+    have a leading ``K`` dimension. ``model_tree`` is the one model's module tree holding those stacked
+    parameters under the one model's names; its attention modules, norms and MLPs compute each model's
+    part (:mod:`difftx.ops` broadcasts over ``K``), and this class adds what only a stack does: the
+    embedding lookup of ``K`` vocabularies, the fused projection and attention core of ``K * B``
+    sequences, and the fused LM head and loss. Build it with :meth:`from_models` or
+    :meth:`from_state_dicts`."""
 
     def __init__(self, config: ModelConfig, k: int, *, device=None, dtype=torch.float32):
         super().__init__()
@@ -390,50 +350,22 @@ class StackedTransformer(nn.Module):
             raise TypeError(f"StackedTransformer expects a ModelConfig, got {type(config).__name__}")
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"StackedTransformer: k must be a positive integer, got {k!r}")
-        ref = _reference(config)
+        tree = _reference(config)
         self.config, self.k = config, k
-        self.names = [n for n, _ in ref.named_parameters()]
-        self.shapes = {n: tuple(p.shape) for n, p in ref.named_parameters()}
-        self.state_keys = list(ref.state_dict())
-        self.stacked = nn.ParameterList(nn.Parameter(torch.zeros(k, *self.shapes[n], device=device, dtype=dtype))
-                                        for n in self.names)
-        idx = {n: j for j, n in enumerate(self.names)}
-        self._index = idx
-        self._layers = [self._layer_plan(ref, i, idx) for i in range(config.n_layers)]
-        a = ref.layers[0].attn
-        C = 2 if isinstance(a, DiffAttention) else 1
+        self.names = [n for n, _ in tree.named_parameters()]
+        self.shapes = {n: tuple(p.shape) for n, p in tree.named_parameters()}
+        self.state_keys = list(tree.state_dict())
+        _stack_parameters(tree, k, device, dtype)
+        self.model_tree = tree
+        a = tree.layers[0].attn
+        C = a.components
         self._geo = _Geometry(K=k, Hkv=a.v_groups, R=a.q_heads // (C * a.v_groups), C=C, d=a.head_dim, dv=a.v_width,
                               scale=1.0 / math.sqrt(a.head_dim))
 
-    @staticmethod
-    def _layer_plan(ref: Transformer, i: int, idx: dict) -> _Layer:
-        p = f"layers.{i}."
-        a = ref.layers[i].attn
-        proj = [idx[p + f"attn.{n}_proj.weight"] for n in ("q", "k", "v")]
-        kind, extra = "standard", 0
-        if isinstance(a, GatedAttention):
-            kind, extra = "gated", a.gate_proj.weight.shape[0]
-            proj.append(idx[p + "attn.gate_proj.weight"])
-        elif isinstance(a, DiffAttentionV2):
-            kind, extra = "diff_v2", a.lambda_proj.weight.shape[0]
-            proj.append(idx[p + "attn.lambda_proj.weight"])
-        elif isinstance(a, DiffAttention):
-            kind = "diff"
-        layer = _Layer(attn_norm=idx[p + "attn_norm.weight"], mlp_norm=idx[p + "mlp_norm.weight"], in_proj=proj,
-                       out_proj=idx[p + "attn.out_proj.weight"], kind=kind, extra_cols=extra,
-                       gate_up=[idx[p + "mlp.gate_proj.weight"], idx[p + "mlp.up_proj.weight"]],
-                       down=idx[p + "mlp.down_proj.weight"])
-        if kind == "gated":
-            layer.gate_heads = a.n_heads
-        if kind == "diff":
-            layer.lambda_init = a.lambda_init
-            layer.head_scale = 1.0 - a.lambda_init
-            if a.subtract:
-                layer.lambdas = [idx[p + f"attn.lambda_{n}"] for n in ("q1", "k1", "q2", "k2")]
-        if kind in ("diff", "standard", "gated") and getattr(a, "subln", None) is not None:
-            layer.head_norm = idx[p + "attn.subln.weight"]
-        return layer
-
+    @property
+    def stacked(self) -> list[nn.Parameter]:
+        """The stacked parameters in :attr:`names` order."""
+        return [p for _, p in self.named_stacked()]
     # -- building and reading back --------------------------------------------------------------------------------
     @classmethod
     def from_state_dicts(cls, config: ModelConfig, state_dicts: Sequence[dict], *, device=None
@@ -467,15 +399,16 @@ class StackedTransformer(nn.Module):
             if missing or unexpected:
                 raise KeyError(f"state dict {i} does not fit {self.config.attention} model: missing {missing}, "
                                f"unexpected {unexpected}")
-            for name, p in zip(self.names, self.stacked):
+            for name, p in self.named_stacked():
                 t = sd[name]
                 if tuple(t.shape) != self.shapes[name]:
                     raise ValueError(f"state dict {i}: {name} has shape {tuple(t.shape)}, expected {self.shapes[name]}")
                 p[i].copy_(t)
 
     def named_stacked(self):
-        """``(name, stacked parameter (K, *shape))`` in the one model's ``named_parameters()`` order."""
-        return zip(self.names, self.stacked)
+        """``(name, stacked parameter (K, *shape))`` in the one model's ``named_parameters()`` order (a tied
+        LM head is the embedding)."""
+        return self.model_tree.named_parameters()
 
     def state_dict_of(self, i: int) -> dict[str, Tensor]:
         """Model ``i``'s ordinary ``Transformer`` state dict (copies on CPU; a tied head under both keys)."""
@@ -486,71 +419,55 @@ class StackedTransformer(nn.Module):
         """Model ``i`` as an ordinary ``Transformer`` holding a copy of its weights, on the stack's device (for
         probes and evaluation; built without drawing initial weights, the global RNG left as it was)."""
         m = _reference(self.config)
-        m.load_state_dict({k: v.to(self.stacked[0].device) for k, v in self.state_dict_of(i).items()}, assign=True)
+        device = self.model_tree.tok_embeddings.weight.device
+        m.load_state_dict({k: v.to(device) for k, v in self.state_dict_of(i).items()}, assign=True)
         if self.config.tie_embeddings:
             m.lm_head.weight = m.tok_embeddings.weight
         return m
 
     # -- forward --------------------------------------------------------------------------------------------------
-    def _p(self, j: int) -> Tensor:
-        return self.stacked[j]
-
     def hidden(self, tokens: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         """Final-normed hidden states ``(K, B*T, D)`` of each model on its tokens ``(K, B, T)``
         (``doc_ids`` ``(K, B, T)``: packed documents attend within themselves)."""
         if tokens.dim() != 3 or tokens.shape[0] != self.k:
             raise ValueError(f"tokens must be (K={self.k}, batch, time), got shape {tuple(tokens.shape)}")
-        c, g = self.config, self._geo
+        c, g, tree = self.config, self._geo, self.model_tree
         K, B, T = tokens.shape
         V, D = c.vocab_size, c.dim
         lo, hi = (int(v) for v in torch.aminmax(tokens))
         if lo < 0 or hi >= V:
             raise ValueError(f"tokens: ids must be in [0, vocab_size={V}), got min {lo} and max {hi}")
-        emb = self._p(self._index["tok_embeddings.weight"])
         offsets = torch.arange(K, device=tokens.device).mul_(V).view(K, 1, 1)
-        x = F.embedding((tokens + offsets).view(K, B * T), emb.view(K * V, D))  # (K, N, D)
+        x = F.embedding((tokens + offsets).view(K, B * T), tree.tok_embeddings.weight.view(K * V, D))  # (K, N, D)
         cos, sin = rope_angles(torch.arange(T, device=tokens.device)[None], g.d, c.rope_theta,
                                torch.promote_types(x.dtype, torch.float32))
         rot = torch.complex(cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype))  # (T, d/2): cos + i sin
         docs = None if doc_ids is None else doc_ids.reshape(K * B, T)
-        for layer in self._layers:
-            # x + attention(norm(x)), x + mlp(norm(x)): each residual added by its output product (baddbmm)
-            x = self._attention(layer, x, _RMSNorm.apply(x, self._p(layer.attn_norm), c.norm_eps, True), B, T, rot,
-                                docs)
-            h = _RMSNorm.apply(x, self._p(layer.mlp_norm), c.norm_eps, True)
-            gate, up = (_linear(h, self._p(j)) for j in layer.gate_up)
-            x = torch.baddbmm(x, _SwiGLU.apply(gate, up), self._p(layer.down).transpose(1, 2))
-        return _RMSNorm.apply(x, self._p(self._index["norm.weight"]), c.norm_eps, True)
+        for block in tree.layers:  # the one model's Block.forward, with the attention's projections and core fused
+            x = self._attention(block.attn, x, block.attn_norm(x), B, T, rot, docs)
+            x = block.mlp(block.mlp_norm(x), residual=x)
+        return tree.norm(x)
 
-    def _attention(self, layer: _Layer, x: Tensor, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]
+    def _attention(self, attn: nn.Module, x: Tensor, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]
                    ) -> Tensor:
-        """``x + attention(h)`` of one layer, ``h`` the normed ``x`` ``(K, N, D)``."""
-        g, K = self._geo, self.k
-        w = torch.cat([self._p(j) for j in layer.in_proj], dim=1)  # (K, q+k+v[+extra], D)
-        proj = _linear(h, w).view(K * B, T, -1)
-        qkv = proj if not layer.extra_cols else proj[..., :-layer.extra_cols]
-        lam = _Lambda.apply(*(self._p(j) for j in layer.lambdas), layer.lambda_init) if layer.lambdas else None
-        if layer.kind == "diff" and lam is None:  # the no-subtraction control: lambda fixed at 0
-            lam = h.new_zeros(K)
-        out = _StackedAttention.apply(qkv, lam, rot, g, docs)  # (KB, T, H, dv)
-        if layer.kind == "gated":
-            gate = torch.sigmoid(proj[..., -layer.extra_cols:]).unflatten(-1, (layer.gate_heads, -1))
-            out = out * gate
-        elif layer.kind == "diff_v2":
-            lam2 = torch.sigmoid(proj[..., -layer.extra_cols:])[..., None]  # (KB, T, H, 1)
-            out = out[:, :, 0::2] - lam2 * out[:, :, 1::2]
-        if layer.head_norm is not None:
-            w_norm = self._p(layer.head_norm)
-            if layer.head_scale != 1.0:
-                w_norm = w_norm * layer.head_scale
-            out = _RMSNorm.apply(out.view(K, B * T, -1, out.shape[-1]), w_norm, self.config.norm_eps, False)
-        elif layer.head_scale != 1.0:
-            out = out * layer.head_scale
-        return torch.baddbmm(x, out.reshape(K, B * T, -1), self._p(layer.out_proj).transpose(1, 2))
+        """``x + attn(h)`` of one layer, ``h`` the normed ``x`` ``(K, N, D)``: q, k, v and the kind's extra
+        projection in one product, the core over ``K * B`` sequences, then the kind's own ``finish``."""
+        K, N = self.k, B * T
+        extra = getattr(attn, attn.extra_proj) if attn.extra_proj else None
+        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+                      + ([extra.weight] if extra is not None else []), dim=1)  # (K, q+k+v[+extra], D)
+        proj = linear(h, w)  # (K, N, columns)
+        cols = extra.out_features if extra is not None else 0
+        qkv = (proj[..., :-cols] if cols else proj).view(K * B, T, -1)
+        lam = attn.kernel_lambda()
+        if lam is not None and lam.dim() == 0:  # one constant for every model (DIFF's no-subtraction control)
+            lam = lam.expand(K)
+        out = _StackedAttention.apply(qkv, lam, rot, self._geo, docs)  # (KB, T, heads, dv)
+        out = attn.finish(out.view(K, N, *out.shape[2:]), proj[..., -cols:] if cols else None)
+        return linear(out.reshape(K, N, -1), attn.out_proj.weight, residual=x)
 
     def _head_weight(self) -> Tensor:
-        name = "tok_embeddings.weight" if self.config.tie_embeddings else "lm_head.weight"
-        return self._p(self._index[name])
+        return self.model_tree.lm_head.weight  # the embedding when tied
 
     def losses(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
                doc_ids: Optional[Tensor] = None) -> Tensor:
@@ -559,7 +476,7 @@ class StackedTransformer(nn.Module):
         global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
         ``(K, B, T)`` of the inputs or None. Equal to the trainer's ``lm_loss`` / ``masked_lm_loss``
         of each model in one process."""
-        device_type = self.stacked[0].device.type
+        device_type = self.model_tree.tok_embeddings.weight.device.type
         if torch.is_autocast_enabled(device_type):
             raise ValueError("StackedTransformer: autocast is not supported (float32 or float64 weights only); "
                              "train the stack outside torch.autocast")
@@ -722,7 +639,7 @@ def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micr
     ``lr`` and ``zero_grad``. ``doc_mask`` (``TrainConfig.doc_mask``): batches' ``doc_ids`` keep packed
     documents apart. A non-finite loss or gradient norm of any model raises :class:`StackDivergedError`
     before the update, as the trainer stops before applying it."""
-    device = stack.stacked[0].device
+    device = stack.model_tree.tok_embeddings.weight.device
     for group in optimizer.param_groups:
         group["lr"] = lr
     accum = len(micro_batches)
