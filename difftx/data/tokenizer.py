@@ -31,6 +31,30 @@ TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "difftx_tokenizer.json"
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (what ``ByteLevel`` pre-tokenizers use)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def byte_tokenizer_json(eos_token: str = EOS_TOKEN) -> str:
+    """A ``tokenizer.json`` equal to :class:`ByteTokenizer`: UTF-8 byte ``b`` is id ``b``, ``eos_token``
+    is id 256 (a byte-level BPE with no merges, no regex split, no prefix space). Needs ``tokenizers``."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(eos_token, special=True)])
+    return tok.to_str(pretty=True)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the rest of difftx needs from a tokenizer."""

@@ -31,8 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import warnings
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -44,17 +42,13 @@ from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config
 from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
+from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer, export_tokenizer
 
 PathLike = Union[str, os.PathLike]
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TOKENIZER_SUBDIR = "tokenizer"  # where training checkpoints keep their tokenizer
-BYTE_META = "difftx_tokenizer.json"  # difftx's byte tokenizer: no tokenizer.json, just this marker
-BYTE_EOS = "<|endoftext|>"
-# special-token spellings taken as end-of-text in a tokenizer.json (as difftx.data.tokenizer does)
-EOS_CANDIDATES = (BYTE_EOS, "</s>", "<eos>", "<|eos|>", "[EOS]", "<|end_of_text|>", "[SEP]")
 # DiffLlama's lambda init std (only used by transformers to initialise new models); ours is reset_lambda's 0.1
 LAMBDA_STD_DEV = 0.1
 
@@ -349,85 +343,6 @@ def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str,
     atomic_write(path, lambda p: save_file(state, p, metadata=metadata))
 
 
-def _copy_tokenizer(src: Optional[Path], dst: Path) -> list[str]:
-    copied = []
-    if src is None:
-        return copied
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            atomic_write(dst / name, lambda p, s=src / name: shutil.copyfile(s, p))
-            copied.append(name)
-    return copied
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map (what ``ByteLevel`` pre-tokenizers use)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
-    out, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in out:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def byte_tokenizer_json(eos_token: str = BYTE_EOS) -> str:
-    """A ``tokenizer.json`` equal to difftx's byte tokenizer: UTF-8 byte ``b`` is id ``b``,
-    ``eos_token`` is id 256 (a byte-level BPE with no merges, no regex split, no prefix space)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(eos_token, special=True)])
-    return tok.to_str(pretty=True)
-
-
-def _find_eos(tokenizer_json: Path) -> tuple[Optional[str], Optional[int]]:
-    """The first of :data:`EOS_CANDIDATES` among the special tokens of a ``tokenizer.json``."""
-    try:
-        added = {t["content"]: t["id"] for t in json.loads(tokenizer_json.read_text()).get("added_tokens", [])}
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-        return None, None
-    for name in EOS_CANDIDATES:
-        if name in added:
-            return name, int(added[name])
-    return None, None
-
-
-def _export_tokenizer(src: Optional[Path], out: Path, config: ModelConfig) -> tuple[Optional[str], Optional[int]]:
-    """Copy (or, for the byte tokenizer, write) the tokenizer files; return the eos token and id."""
-    copied = _copy_tokenizer(src, out)
-    if "tokenizer.json" not in copied and src is not None and (src / BYTE_META).is_file():
-        try:
-            meta = json.loads((src / BYTE_META).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            meta = {}
-        if meta.get("type") == "byte" and meta.get("eos_id", 256) == 256:
-            try:
-                text = byte_tokenizer_json()
-            except ImportError:
-                warnings.warn("the 'tokenizers' package is missing: exported without a tokenizer "
-                              "(pip install 'difftx[hf]')", stacklevel=3)
-                return None, None
-            atomic_write(out / "tokenizer.json", lambda p: Path(p).write_text(text))
-            copied.append("tokenizer.json")
-        else:
-            warnings.warn(f"{src / BYTE_META}: not difftx's standard byte tokenizer ({meta}); exported without "
-                          "a tokenizer", stacklevel=3)
-    if "tokenizer.json" not in copied:
-        return None, None
-    eos, eos_id = _find_eos(out / "tokenizer.json")
-    if "tokenizer_config.json" not in copied:
-        tk = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": config.max_seq_len,
-              "clean_up_tokenization_spaces": False}
-        if eos is not None:
-            tk["eos_token"] = eos
-        write_json(out / "tokenizer_config.json", tk, indent=2)
-    return eos, eos_id
-
-
 def _output_dir(out_dir: PathLike, sources: list[Path], overwrite: bool = False) -> Path:
     """``out_dir`` after checking, before any work, that writing it loses nothing: it must not be
     a file, nor an input folder or one that holds an input, and a non-empty folder is refused
@@ -522,7 +437,7 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     dtype = state["tok_embeddings.weight"].dtype
     with atomic_folder(out, replace=True) as tmp:
         _write_safetensors(tmp / HF_WEIGHTS, hf_state, {"format": "pt"})
-        _, eos_id = _export_tokenizer(tok_src, tmp, config)
+        _, eos_id = export_tokenizer(tok_src, tmp, config.max_seq_len)
         cfg = hf_config(config, dtype)
         if eos_id is not None:
             cfg["eos_token_id"] = eos_id
@@ -597,5 +512,5 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False
         _write_safetensors(tmp / WEIGHTS_NAME, state, meta)
         atomic_write(tmp / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
         if any((src / name).is_file() for name in TOKENIZER_FILES):
-            _copy_tokenizer(src, tmp / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
+            copy_tokenizer(src, tmp / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it
     return out
