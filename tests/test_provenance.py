@@ -217,9 +217,15 @@ def test_not_compared_names_other_reasons_and_nothing_when_all_compared():
     assert _not_compared(C) == (" Not compared (trained by different invocations (the machine is measured within one "
                                 "run)): training throughput.")
     assert _not_compared(cpu_comparison(lambda key, m: None)) == ""
-    C = cpu_comparison(lambda key, m: NOT_LEARNED if key == "needle_mean" else None)
+    C = cpu_comparison(lambda key, m: "not measured in this run (no value for diff seed 0: this measures the "
+                                      "machine's timing)" if key == "needle_mean" else None)
     C["needle_mean"]["paired"]["mean"] = None  # not measured in this run: named elsewhere
     assert _not_compared(C) == ""
+    # without a value but from different invocations: that reason, with the others of its kind
+    C = cpu_comparison(lambda key, m: DIFFERENT_RUNS if key in ("train_tokens_per_s", "needle_mean") else None)
+    C["needle_mean"]["paired"]["mean"] = None
+    assert _not_compared(C).startswith(" Not compared (trained by different invocations")
+    assert "training throughput" in _not_compared(C)
 
 
 # -- the seed plots at 8 seeds -----------------------------------------------------------------------

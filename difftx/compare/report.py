@@ -12,6 +12,7 @@ from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
 from .schema import results_json
+from .summary import NOT_MEASURED
 from .tune_report import plot_tune, render_tune
 
 
@@ -47,8 +48,7 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
     out += [f"- {C[k]['verdict']} (primary)" for k in primary] + [f"- {C[k]['verdict']}" for k in found]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
-    unmeasured = [c["gated"].replace("not measured in this run ", f"{c['label']} ") for c in C.values()
-                  if c["gated"] and c["paired"]["mean"] is None]
+    unmeasured = [c["gated"].replace(NOT_MEASURED + " ", f"{c['label']} ") for c in C.values() if _unmeasured(c)]
     out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
                + (" (listed above)." if found else ".")
                + _not_compared(C)
@@ -152,6 +152,11 @@ def _cells_text(cells: list[tuple[int, int]], first: str = "N=%d/R=%d") -> str:
     return _and([first % cells[0]] + ["%d/%d" % c for c in cells[1:]])
 
 
+def _unmeasured(c: dict) -> bool:
+    """A machine measurement without a value in this run, for no other reason (the report names it apart)."""
+    return bool(c["gated"]) and c["gated"].startswith(NOT_MEASURED)
+
+
 def _not_compared(C: dict) -> str:
     """The sentence(s) naming the metrics not compared for want of learning (or of one invocation),
     one per reason. Needle cells that nobody learned are named once with everything measured on them
@@ -159,7 +164,7 @@ def _not_compared(C: dict) -> str:
     compared names what is not ("everything measured on N/R=1/1 except needle accuracy", or the
     metrics at N/R=1/1); other metrics by their short label. A metric without a value (not measured
     in this run) is named elsewhere."""
-    gated = {k: c for k, c in C.items() if c["gated"] and c["paired"]["mean"] is not None}
+    gated = {k: c for k, c in C.items() if c["gated"] and not _unmeasured(c)}
     if not gated:
         return ""
     cells: dict[tuple[int, int], list[str]] = {}

@@ -20,6 +20,7 @@ POWER_MIN_SEEDS = 4  # the fewest seeds whose differences are resampled for the 
 NOT_LEARNED = "not learned by either model at this budget: not compared"
 NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
 # models of one arm reused from an earlier invocation (or finished by a later one) against the other's
+NOT_MEASURED = "not measured in this run"
 DIFFERENT_RUNS = "trained by different invocations (the machine is measured within one run): not compared"
 # seeds trained as one stacked model share one clock: a machine measurement is one value per stack
 ONE_PER_STACK = ("measured once per stack, as seeds trained as one stacked model share its clock: one measurement, "
@@ -117,13 +118,13 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
                         for arm, rs in per.items()}
             else:
                 vals = {arm: [_finite(_value(m.get, r)) for r in rs] for arm, rs in per.items()}
+            apart = m.same_run and any(ra.get("invocation") != rb.get("invocation") for ra, rb in zip(per[a], per[b]))
             if any(v is None for arm in vals for v in vals[arm]):
                 if m.same_run:  # a measurement of the machine: present, with why it has no value here
-                    unmeasured[m.key] = _unmeasured(name, m, vals, seeds, a, b)
+                    unmeasured[m.key] = _unmeasured(name, m, vals, seeds, a, b, DIFFERENT_RUNS if apart else None)
                 continue
             ex = {arm: _examples(m, rs) for arm, rs in per.items()}
             someone = m.learned is None or any(_value(m.learned, r) for rs in per.values() for r in rs)
-            apart = m.same_run and any(ra.get("invocation") != rb.get("invocation") for ra, rb in zip(per[a], per[b]))
             stacked = m.same_run and any((r.get("stacked") or 1) > 1 for rs in per.values() for r in rs)
             bounds = _bounds(m, [r for rs in per.values() for r in rs])
             found.append((name, m, vals, ex if all(ex.values()) else None, someone,
@@ -182,13 +183,15 @@ def _bounds(m, results: list[dict]) -> Optional[tuple[float, float]]:
     return (low, high) if high > low else m.bounds
 
 
-def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str) -> dict:
+def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str, why: Optional[str] = None) -> dict:
     """The comparison entry of a machine measurement some model has no value for in this run
     (e.g. the loss at equal wall-clock when the shorter training time ends before the other
-    model's first logged loss): every number null, ``gated`` saying why. Whether the key exists
-    then never depends on the machine's speed."""
-    missing = [f"{arm} seed {s}" for arm in (a, b) for s, v in zip(seeds, vals[arm]) if v is None]
-    why = f"not measured in this run (no value for {', '.join(missing)}: this measures the machine's timing)"
+    model's first logged loss): every number null, ``gated`` saying why (``why``: a reason that
+    holds whatever the values, such as arms trained by different invocations). Whether the key
+    exists, and what it says, then never depend on the machine's speed."""
+    if why is None:
+        missing = [f"{arm} seed {s}" for arm in (a, b) for s, v in zip(seeds, vals[arm]) if v is None]
+        why = f"{NOT_MEASURED} (no value for {', '.join(missing)}: this measures the machine's timing)"
     c = {"task": task, **m.describe(), "arms": [a, b], "values": vals, "means": {a: None, b: None},
          "cis": {a: [None, None], b: [None, None]}, "gated": why, "family": "primary" if m.primary else "exploratory",
          "examples_used": 0, "p_adjusted": None, "_est": None, "_metric": m,
