@@ -12,7 +12,6 @@ from typing import Optional
 from .attention.kernels import backend_names
 from .attention.modules import ATTENTIONS, GATES  # the attention kinds by name; ModelConfig.gate, for "gated"
 
-ATTENTION_KINDS = tuple(ATTENTIONS)  # the built-in kinds (a kind registered later is in ATTENTIONS only)
 HEAD_NORM_KINDS = ("diff", "standard")  # attention kinds that can have a per-head RMSNorm (ModelConfig.head_norm)
 
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
