@@ -284,15 +284,15 @@ def test_divergence_stops_before_the_update():
     stack = _initial_stack(BASE)
     opt = build_optimizer(stack, _train_config(BASE, 0, "unused"))
     with torch.no_grad():
-        stack.stacked[stack.names.index("norm.weight")][1].fill_(float("nan"))
-    before = [p.detach().clone() for p in stack.stacked]
+        stack.model_tree.norm.weight[1].fill_(float("nan"))
+    before = [p.detach().clone() for p in stack.parameters()]
     batches = [Source().make_loader(_train_config(BASE, s, "unused")).next_batch() for s in SEEDS]
     with pytest.raises(StackDivergedError) as e:
         train_step(stack, opt, [batches], 1e-3, 1.0)
     assert e.value.models == [1] and e.value.what == "loss"
-    for p, q in zip(stack.stacked, before):
+    for p, q in zip(stack.parameters(), before):
         assert torch.allclose(p, q, rtol=0, atol=0, equal_nan=True)
-    assert all(p.grad is None for p in stack.stacked)
+    assert all(p.grad is None for p in stack.parameters())
 
 
 def test_model_view_is_an_ordinary_transformer():
@@ -313,7 +313,7 @@ def test_float64_and_no_autocast():
         torch.manual_seed(seed)
         models.append(Transformer(cfg).double())
     stack = StackedTransformer.from_models(models)
-    assert stack.stacked[0].dtype == torch.float64
+    assert stack.model_tree.tok_embeddings.weight.dtype == torch.float64
     tokens = torch.randint(0, cfg.vocab_size, (len(SEEDS), 2, 17))
     got = stack.losses(tokens)
     for i, m in enumerate(models):

@@ -19,8 +19,9 @@ ALPHA = 0.05
 POWER_MIN_SEEDS = 4  # the fewest seeds whose differences are resampled for the power sentence
 NOT_LEARNED = "not learned by either model at this budget: not compared"
 NOT_LEARNED_BY_BOTH = "not learned by both models at this budget: not compared"
-# models of one arm reused from an earlier invocation (or finished by a later one) against the other's
+# a machine measurement some model has no value for in this run (its training time too short)
 NOT_MEASURED = "not measured in this run"
+# models of one arm reused from an earlier invocation (or finished by a later one) against the other's
 DIFFERENT_RUNS = "trained by different invocations (the machine is measured within one run): not compared"
 # seeds trained as one stacked model share one clock: a machine measurement is one value per stack
 ONE_PER_STACK = ("measured once per stack, as seeds trained as one stacked model share its clock: one measurement, "

@@ -352,7 +352,6 @@ class StackedTransformer(nn.Module):
             raise ValueError(f"StackedTransformer: k must be a positive integer, got {k!r}")
         tree = _reference(config)
         self.config, self.k = config, k
-        self.names = [n for n, _ in tree.named_parameters()]
         self.shapes = {n: tuple(p.shape) for n, p in tree.named_parameters()}
         self.state_keys = list(tree.state_dict())
         _stack_parameters(tree, k, device, dtype)
@@ -362,10 +361,6 @@ class StackedTransformer(nn.Module):
         self._geo = _Geometry(K=k, Hkv=a.v_groups, R=a.q_heads // (C * a.v_groups), C=C, d=a.head_dim, dv=a.v_width,
                               scale=1.0 / math.sqrt(a.head_dim))
 
-    @property
-    def stacked(self) -> list[nn.Parameter]:
-        """The stacked parameters in :attr:`names` order."""
-        return [p for _, p in self.named_stacked()]
     # -- building and reading back --------------------------------------------------------------------------------
     @classmethod
     def from_state_dicts(cls, config: ModelConfig, state_dicts: Sequence[dict], *, device=None
