@@ -5,19 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
 from .attention.kernels import backend_names
-from .attention.modules import ATTENTIONS, GATES  # the attention kinds by name; ModelConfig.gate, for "gated"
-
-HEAD_NORM_KINDS = ("diff", "standard")  # attention kinds that can have a per-head RMSNorm (ModelConfig.head_norm)
+from .attention.modules import ATTENTIONS  # the attention kinds by name (register_attention adds one)
 
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
 # compares these dicts) and stays readable by an older difftx.
-_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True}
+_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None}
 
 
 def _err(field: str, rule: str) -> ValueError:
@@ -46,6 +44,10 @@ class ModelConfig:
       ``diff``-only name of the same switch, kept so that older configs load unchanged
       (``use_subln=False`` means ``head_norm=False``); see :attr:`uses_head_norm`.
     - ``lambda_init`` (``diff`` only): a constant in (0, 1) instead of the depth schedule.
+    - ``options``: the options of a registered kind (a dict its ``Options`` type takes; docs/attention-kinds.md).
+
+    Each field above is checked against the kind: a kind reads the built-in fields it lists in its
+    ``config_fields`` and validates the rest itself (``AttentionKind.check_config``).
     """
 
     vocab_size: int = 256
@@ -66,6 +68,7 @@ class ModelConfig:
     gate: Optional[str] = None  # gated only: "elementwise" (default) or "headwise"
     head_norm: Optional[bool] = None  # per-head RMSNorm; None: the attention kind's default (on for diff only)
     subtract: bool = True  # diff only: False is the no-subtraction control (lambda fixed at 0)
+    options: Optional[dict] = field(default=None, hash=False)  # a registered kind's own options
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -95,38 +98,26 @@ class ModelConfig:
         self._check_options()
 
     def _check_options(self) -> None:
-        kind = self.attention
+        kind, accepts = self.attention, self.kind_class.config_fields
         for name in ("use_subln", "subtract"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.head_norm is not None and not isinstance(self.head_norm, bool):
             raise _err("head_norm", f"must be true, false or null (the attention kind's default), "
                                     f"got {self.head_norm!r}")
-        if self.lambda_init is not None:
-            if isinstance(self.lambda_init, bool) or not isinstance(self.lambda_init, (int, float)) \
-                    or not math.isfinite(self.lambda_init):
-                raise _err("lambda_init", f"must be a finite number or null, got {self.lambda_init!r}")
-            if not 0 < self.lambda_init < 1:  # the output is scaled by (1 - lambda_init): 0 at 1, sign flipped above
-                raise _err("lambda_init", f"must be in (0, 1) (each DIFF head's output is scaled by 1 - lambda_init, "
-                                          f"which is 0 at 1 and negative above), got {self.lambda_init!r}")
-            if kind != "diff":
-                raise _err("lambda_init", f"applies only to attention='diff', not {kind!r}")
-        if not self.use_subln and kind != "diff":
-            raise _err("use_subln", f"applies only to attention='diff' (use head_norm), not {kind!r}")
-        if not self.subtract and kind != "diff":
-            raise _err("subtract", f"applies only to attention='diff' (false is DIFF's no-subtraction control), "
-                                   f"not {kind!r}")
-        if self.gate is not None:
-            if kind != "gated":
-                raise _err("gate", f"applies only to attention='gated', not {kind!r}")
-            if self.gate not in GATES:
-                raise _err("gate", f"must be one of {GATES} (or null: 'elementwise'), got {self.gate!r}")
-        if self.head_norm:
-            if kind not in HEAD_NORM_KINDS:
-                raise _err("head_norm", f"true applies only to attention in {HEAD_NORM_KINDS}, not {kind!r}")
-            if not self.use_subln:
-                raise _err("head_norm", "true contradicts use_subln=false (the older name of the same switch); "
-                                        "set head_norm alone")
+        if self.options is not None and not isinstance(self.options, dict):
+            raise _err("options", f"must be a mapping of option names to values or null, got {self.options!r}")
+        hints = {"use_subln": " (use head_norm)", "subtract": " (false is DIFF's no-subtraction control)"}
+        for name, plain in _PLAIN.items():
+            if name != "options" and getattr(self, name) != plain and name not in accepts and not (name == "head_norm" and not self.head_norm):
+                takers = [n for n, c in ATTENTIONS.items() if name in c.config_fields]
+                where = f"attention={takers[0]!r}" if len(takers) == 1 else f"attention in {tuple(takers)}"
+                what = "true applies" if name == "head_norm" else "applies"
+                raise _err(name, f"{what} only to {where}{hints.get(name, '')}, not {kind!r}")
+        if self.head_norm and not self.use_subln:
+            raise _err("head_norm", "true contradicts use_subln=false (the older name of the same switch); "
+                                    "set head_norm alone")
+        self.kind_class.check_config(self)
 
     # -- derived quantities -------------------------------------------------------------------
     @property
@@ -137,10 +128,15 @@ class ModelConfig:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
+    def kind_class(self) -> type:
+        """The attention kind's class (:data:`~difftx.attention.modules.ATTENTIONS`), which says what it implies."""
+        return ATTENTIONS[self.attention]
+
+    @property
     def components(self) -> int:
         """Softmax maps per head of the attention kind (2 for ``diff``, whose heads have two ``d``-wide
         components; 1 for the others)."""
-        return ATTENTIONS[self.attention].components
+        return self.kind_class.components
 
     @property
     def head_dim(self) -> int:
@@ -154,14 +150,25 @@ class ModelConfig:
         every other kind: off)."""
         if self.head_norm is not None:
             return self.head_norm
-        return self.attention == "diff" and self.use_subln
+        return self.kind_class.head_norm_default and self.use_subln
 
     @property
     def gate_kind(self) -> Optional[str]:
-        """The output gate of ``gated`` attention (``gate``, default ``"elementwise"``); ``None`` otherwise."""
-        if self.attention != "gated":
+        """The output gate of a kind that reads ``gate`` (``gated``; default ``"elementwise"``); else ``None``."""
+        if "gate" not in self.kind_class.config_fields:
             return None
         return self.gate or "elementwise"
+
+    def options_dict(self) -> dict:
+        """A registered kind's options with their defaults filled in (its ``Options``), as keywords; ``{}`` for a
+        kind without options."""
+        cls = self.kind_class.Options
+        return {} if cls is None else dataclasses.asdict(cls(**(self.options or {})))
+
+    def plain(self, **changes) -> "ModelConfig":
+        """This config with every attention option at its default (no ablation, gate or kind options), then
+        ``changes``: what a parameter-matched baseline starts from."""
+        return self.replace(**{**_PLAIN, **changes})
 
     @property
     def hidden_dim(self) -> int:
@@ -200,7 +207,8 @@ class ModelConfig:
 
 
 def baseline_config(config: ModelConfig) -> ModelConfig:
-    """The parameter-matched baseline of a config (SPEC section 1; docs/design.md).
+    """The parameter-matched baseline of a config (SPEC section 1; docs/design.md): what the attention kind's
+    ``baseline_config`` says.
 
     ``diff``: standard attention with ``2H`` heads of width ``d`` and ``2Hkv`` kv heads, the
     same projections and RoPE; parameters equal up to the lambda vectors and ``subln`` gains.
@@ -209,44 +217,22 @@ def baseline_config(config: ModelConfig) -> ModelConfig:
     paper's comparison; V2 has ``dim*dim + dim*H`` more attention parameters).
     ``gated``: the same heads without the gate (the gate's ``W_g`` is all it adds).
     ``standard``: returned unchanged, or without its per-head norm if it has one.
+    A registered kind: its own rule (by default standard attention with its query/key width).
     :func:`attention_parameter_delta` lists what each kind adds to its baseline.
     """
-    if config.attention == "standard":
-        return config if config.head_norm is None else config.replace(head_norm=None)
-    common = dict(attention="standard", **_PLAIN)
-    if config.attention == "diff":
-        return config.replace(n_heads=2 * config.n_heads, n_kv_heads=2 * config.kv_groups, **common)
-    if config.attention == "gated":
-        return config.replace(**common)
-    return config.replace(n_heads=config.n_heads, n_kv_heads=config.kv_groups, **common)
+    return config.kind_class.baseline_config(config)
 
 
-# the option fields at their defaults: what a config without any ablation or gate holds
-_PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True)
+# the option fields at their defaults: what a config without any ablation, gate or kind options holds
+_PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True, options=None)
 
 
 def attention_parameter_delta(config: ModelConfig) -> list[tuple[str, int, str]]:
     """What one layer of ``config`` holds beyond its :func:`baseline_config`, as
-    ``(parameters, count, formula)`` rows (``D`` width, ``H`` the config's ``n_heads``, ``d`` its
-    ``head_dim``). The model's difference is ``n_layers`` times the sum (tests check it)."""
-    c, D, H, d = config, config.dim, config.n_heads, config.head_dim
-    rows: list[tuple[str, int, str]] = []
-    if c.attention == "diff":
-        if c.subtract:
-            rows.append(("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d"))
-        if c.uses_head_norm:
-            rows.append(("subln.weight (per-head RMSNorm gain over the 2d-wide head)", 2 * d, "2·d"))
-    elif c.attention == "diff_v2":
-        rows.append(("q_proj rows of the second query head of each pair", D * H * d, "D·H·d"))
-        rows.append(("lambda_proj (W_lambda: D -> H)", D * H, "D·H"))
-    elif c.attention == "gated":
-        if c.gate_kind == "elementwise":
-            rows.append(("gate_proj (elementwise W_g: D -> H·d)", D * H * d, "D·H·d"))
-        else:
-            rows.append(("gate_proj (head-wise W_g: D -> H)", D * H, "D·H"))
-    elif c.uses_head_norm:
-        rows.append(("subln.weight (per-head RMSNorm gain over the d-wide head)", d, "d"))
-    return rows
+    ``(parameters, count, formula or reason)`` rows (``D`` width, ``H`` the config's ``n_heads``, ``d`` its
+    ``head_dim``): the attention kind's ``parameter_delta``. The model's difference is ``n_layers`` times the
+    sum (tests check it)."""
+    return config.kind_class.parameter_delta(config)
 
 
 # -- arms: the configurations a paired comparison can hold ------------------------------------------------

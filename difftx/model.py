@@ -15,9 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import ATTENTIONS, AttentionMask, DiffAttention, LayerKV
+from .attention import ATTENTIONS, AttentionMask, LayerKV
 from .config import ModelConfig
-from .ops import linear, rms_norm, swiglu
+from .ops import embedding, head_loss, is_mapped, linear, rms_norm, swiglu
 
 
 def make_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
@@ -98,7 +98,8 @@ class Transformer(nn.Module):
         return int(torch.randint(0, 2**62, (1,), device="cpu").item())
 
     def reset_parameters(self, base: Optional[int] = None) -> None:
-        """Normal(0, init_std) linears and embeddings; unit norm gains; lambda ~ N(0, 0.1).
+        """Normal(0, init_std) linears and embeddings; unit norm gains; each attention module as its kind's
+        ``init_parameters`` says (the projections as here, DIFF's lambda ~ N(0, 0.1)).
 
         Paired initialisation: one number ``base`` is drawn from the global RNG (by the
         constructor, before anything else draws), and every parameter is then drawn from its own
@@ -108,19 +109,27 @@ class Transformer(nn.Module):
         noise out of their paired difference."""
         base = self._draw_base() if base is None else base
         std = self.config.init_std
-        owners = {f"{n}.{k}" if n else k: m for n, m in self.named_modules()
-                  for k, _ in m.named_parameters(recurse=False)}
-        for name, p in self.named_parameters():
-            m = owners[name]
+
+        def draw(name: str, sd: float) -> None:  # the paired draw of one parameter, by its name in the model
+            p = params[name]
             if p.is_meta:  # built to be loaded into (checkpoint loading): nothing to draw
-                continue
+                return
+            g = torch.Generator().manual_seed((base + zlib.crc32(name.encode()) * 1_000_003) % 2**63)
             with torch.no_grad():
-                if isinstance(m, nn.RMSNorm):
-                    p.fill_(1.0)
-                    continue
-                sd = 0.1 if isinstance(m, DiffAttention) and name.rsplit(".", 1)[-1].startswith("lambda_") else std
-                g = torch.Generator().manual_seed((base + zlib.crc32(name.encode()) * 1_000_003) % 2**63)
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device="cpu").mul_(sd))
+
+        params = dict(self.named_parameters())
+        for i, block in enumerate(self.layers):  # each attention kind initialises its own module
+            prefix = f"layers.{i}.attn."
+            block.attn.init_parameters(lambda name, sd, prefix=prefix: draw(prefix + name, sd), std)
+        for name, p in params.items():
+            if name.split(".")[2:3] == ["attn"] or p.is_meta:
+                continue
+            if name.endswith("norm.weight"):  # the block norms and the final norm: unit gains
+                with torch.no_grad():
+                    p.fill_(1.0)
+            else:
+                draw(name, std)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -128,16 +137,33 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, *, positions: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, doc_ids: Optional[Tensor] = None,
                 cache: Optional[KVCache] = None, backend: Optional[str] = None,
-                logits_at: Optional[Tensor] = None) -> Tensor:
+                logits_at: Optional[Tensor] = None, targets: Optional[Tensor] = None,
+                loss_rows: Optional[Tensor] = None, loss_weights: Optional[Tensor] = None) -> Tensor:
         """Logits ``(B, T, V)`` for ``tokens`` ``(B, T)``: ``lm_head(hidden(...))``, arguments as
-        in :meth:`hidden`.
+        in :meth:`hidden`; or, with ``targets``, the training loss.
 
         ``logits_at`` ``(B, T)`` bool: return only the logits at its True positions, ``(N, V)`` in
         row-major order (equal to ``forward(...)[logits_at]``), running the LM head on those ``N``
         positions alone. A loss on a few positions per sequence (answer tokens) then skips most of
-        the head's work; being part of ``forward``, it also works through DDP / FSDP2 wrappers."""
+        the head's work; being part of ``forward``, it also works through DDP / FSDP2 wrappers.
+
+        ``targets`` ``(B, T)`` (the next tokens): return ``sum_n loss_weights_n * nll_n`` over the rows
+        ``loss_rows`` ``(N,)`` of the flattened ``(B*T)`` positions (default every position, each weighing
+        ``1 / (B*T)``: the mean), the LM head run on those rows alone, fused with the cross-entropy
+        (:func:`difftx.ops.head_loss`); :func:`loss_rows` makes both from a loss mask. The one training
+        loss of the trainer and of a stack (which calls this under ``torch.vmap``)."""
         h = self.hidden(tokens, positions=positions, attention_mask=attention_mask, doc_ids=doc_ids, cache=cache,
                         backend=backend)  # (B, T, D)
+        if targets is not None:
+            if logits_at is not None:
+                raise ValueError("forward: give logits_at or targets (a loss), not both")
+            h, y = h.flatten(-3, -2), targets.flatten(-2)  # (..., B*T, D), (..., B*T)
+            if loss_rows is not None:
+                h = torch.take_along_dim(h, loss_rows[..., None], dim=-2)
+                y = torch.take_along_dim(y, loss_rows, dim=-1)
+            if loss_weights is None:
+                loss_weights = torch.full(y.shape, 1.0 / max(y.shape[-1], 1), dtype=torch.float32, device=y.device)
+            return head_loss(h, self.lm_head.weight, y, loss_weights)
         if logits_at is not None:
             if logits_at.dtype != torch.bool or tuple(logits_at.shape) != tuple(tokens.shape):
                 raise ValueError(f"logits_at must be a bool tensor of shape {tuple(tokens.shape)}, got "
@@ -159,32 +185,38 @@ class Transformer(nn.Module):
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of token ids (batch, time), got {type(tokens).__name__}; "
                             "wrap it: torch.tensor(ids, dtype=torch.long)")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be (batch, time), got shape {tuple(tokens.shape)}")
-        B, T = tokens.shape
+        weight = self.tok_embeddings.weight
+        lead = tuple(weight.shape[:-2])  # (K,) in a stack's module tree (weights with a leading K), else ()
+        if tokens.dim() != 2 + len(lead) or tuple(tokens.shape[:len(lead)]) != lead:
+            raise ValueError(f"tokens must be {'(K=%d, batch, time)' % lead[0] if lead else '(batch, time)'}, got "
+                             f"shape {tuple(tokens.shape)}")
+        B, T = tokens.shape[-2:]
         if T == 0:
             raise ValueError("tokens: a sequence needs at least one token, got shape (batch, 0)")
-        weight = self.tok_embeddings.weight
         if tokens.device != weight.device and weight.device.type != "meta":
             raise ValueError(f"tokens are on {tokens.device} but the model is on {weight.device}; "
                              f"move one of them (tokens.to({str(weight.device)!r}))")
         _check_token_ids(tokens, self.config.vocab_size)
         offset = cache.length if cache is not None else 0
         S = offset + T
+        if lead and (cache is not None or attention_mask is not None or positions is not None):
+            raise ValueError("a stack's forward takes tokens, doc_ids and a loss only (no cache, attention_mask, "
+                             "positions)")
         if attention_mask is not None and tuple(attention_mask.shape) != (B, S):
             raise ValueError(f"attention_mask must have shape {(B, S)} (cached + new tokens), "
                              f"got {tuple(attention_mask.shape)}")
         if doc_ids is not None:
             if cache is not None:
                 raise ValueError("doc_ids (packed documents) cannot be combined with a KV cache")
-            if tuple(doc_ids.shape) != (B, T):
-                raise ValueError(f"doc_ids must have shape {(B, T)}, got {tuple(doc_ids.shape)}")
+            if tuple(doc_ids.shape) != (*lead, B, T):
+                raise ValueError(f"doc_ids must have shape {(*lead, B, T)}, got {tuple(doc_ids.shape)}")
+            doc_ids = doc_ids.reshape(-1, T)  # one row per sequence of the kernels' batch
         if cache is not None and S > cache.max_len:
             raise ValueError(f"KV cache is full: {S} tokens do not fit in its {cache.max_len} positions")
         mask = AttentionMask(causal=True, q_offset=offset,
                              key_valid=None if attention_mask is None else attention_mask.bool(),
                              doc_ids=doc_ids)
-        x = self.tok_embeddings(tokens)  # (B, T, D)
+        x = embedding(tokens, weight)  # (..., B, T, D)
         for i, block in enumerate(self.layers):
             x = block(x, positions=positions, mask=mask, cache=None if cache is None else cache.layers[i],
                       backend=backend)
@@ -198,7 +230,7 @@ def _check_token_ids(tokens: Tensor, vocab_size: int) -> None:
     torch.compile traces), instead of torch's index error (a device assert on a GPU)."""
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise TypeError(f"tokens must hold integer token ids, got dtype {tokens.dtype}")
-    if tokens.numel() == 0 or tokens.device.type == "meta" or torch.compiler.is_compiling():
+    if tokens.numel() == 0 or tokens.device.type == "meta" or torch.compiler.is_compiling() or is_mapped(tokens):
         return
     lo, hi = (int(x) for x in torch.aminmax(tokens))
     if lo < 0 or hi >= vocab_size:
@@ -208,3 +240,20 @@ def _check_token_ids(tokens: Tensor, vocab_size: int) -> None:
 def lm_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
     """Mean next-token cross-entropy (nats); ``targets`` ``(B, T)`` already shifted."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+
+def loss_rows(mask: Tensor, total: Optional[int] = None, world_size: int = 1, pad_to: Optional[int] = None
+              ) -> tuple[Tensor, Tensor]:
+    """``(loss_rows, loss_weights)`` for :meth:`Transformer.forward` from a loss mask ``(B, T)`` bool: the
+    flat indices of its True positions in row-major order and each one's weight, ``1 / count`` (the
+    mean) or, with ``total`` (the global batch's loss positions), ``world_size / total`` (data-parallel
+    averaging then gives the global mean). ``pad_to``: padded to that many rows of weight 0 (a stack's
+    models have equal row counts)."""
+    rows = mask.flatten().nonzero().squeeze(1)
+    n = rows.numel()
+    w = 1.0 / max(n, 1) if total is None else world_size / max(total, 1)
+    weights = torch.full((n,), w, dtype=torch.float32, device=mask.device)
+    if pad_to is not None and pad_to > n:
+        rows = torch.cat([rows, rows.new_zeros(pad_to - n)])
+        weights = torch.cat([weights, weights.new_zeros(pad_to - n)])
+    return rows, weights

@@ -254,11 +254,11 @@ def test_an_interrupted_model_resumes_mid_training_exactly(tmp_path, monkeypatch
 
 def test_a_diverging_model_stops_with_a_clear_error(tmp_path, monkeypatch):
     from difftx.compare.train import train_model
+    from difftx import model as model_mod
     from difftx.training import TrainingDivergedError
-    from difftx.training import trainer as trainer_mod
 
-    real = trainer_mod.masked_lm_loss
-    monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
+    real = model_mod.head_loss
+    monkeypatch.setattr(model_mod, "head_loss", lambda *a: real(*a) * float("nan"))
     with pytest.raises(TrainingDivergedError, match=r"training baseline \(seed 3\) diverged: loss is nan at step 1"):
         train_model("baseline", get_preset("smoke", **FAST).resolve(), 3, tmp_path / "m", progress=False)
     assert not (tmp_path / "m" / "train.json").exists()
@@ -337,13 +337,12 @@ def test_first_learned_step():
 def test_batch_loss_on_masked_positions_equals_the_full_loss():
     """The LM head applied to the loss positions alone gives the full-logits cross-entropy."""
     from difftx.model import Transformer
-    from difftx.training.trainer import masked_lm_loss
+    from difftx.training import Batch
+    from difftx.training.batches import batch_loss_rows
 
     def batch_loss(model, tokens, mask):  # the trainer's loss of one batch in one process
-        x, y = tokens[:, :-1], tokens[:, 1:]
-        if mask is None:
-            return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        return masked_lm_loss(model(x, logits_at=mask), y[mask], int(mask.sum()))
+        b = Batch(tokens, loss_mask=mask, mask_total=None if mask is None else int(mask.sum()))
+        return model(tokens[:, :-1], targets=tokens[:, 1:], **batch_loss_rows(b))
 
     plan = get_preset("smoke", **FAST).resolve()
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftx import KVCache, Transformer
 from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, kernels
-from difftx.ops import LambdaFunction as _Lambda, RMSNormFunction
+from difftx.ops import lambda_value, rms_norm
 from difftx.config import ModelConfig, baseline_config
 
 
@@ -73,13 +73,14 @@ def test_chunked_keeps_maps_only_of_short_blocks(monkeypatch):
     k = torch.randn(1, 32, 4, 8, requires_grad=True)
     v = torch.randn(1, 32, 2, 16, requires_grad=True)
     lam = torch.tensor(0.4, requires_grad=True)
-    out = kernels._ChunkedAttention.apply(q, k, v, lam, AttentionMask(), 8 ** -0.5, 8)
+    out = kernels._ChunkedAttention.apply(q, k, v, lam, None, None, True, 0, 8 ** -0.5, 8)[0]
     blocks = out.grad_fn.blocks  # the node is the autograd Function's context
     assert [(s, stored is not None) for _, _, s, stored in blocks] == [(8, True), (16, True), (24, False),
                                                                      (32, False)]
-    with torch.no_grad():  # inference: the plain forward, nothing kept and no autograd node
+    with torch.no_grad():  # inference: nothing kept and no autograd node
         plain = kernels.chunked(q, k, v, lam, AttentionMask(), 8 ** -0.5)
-    assert plain.grad_fn is None
+        _, (_, kept) = kernels._ChunkedAttention.apply(q, k, v, lam, None, None, True, 0, 8 ** -0.5, 8, False)
+    assert plain.grad_fn is None and kept == []
     torch.testing.assert_close(plain, out.detach())
 
 
@@ -146,12 +147,12 @@ def test_lambda_and_head_norm_gradients():
     d = 6
     params = [torch.randn(d, dtype=torch.float64, requires_grad=True) * 0.3 for _ in range(4)]
     params = [p.detach().requires_grad_() for p in params]
-    assert torch.autograd.gradcheck(lambda *p: _Lambda.apply(*p, 0.35), params)
+    assert torch.autograd.gradcheck(lambda *p: lambda_value(*p, 0.35), params)
     o = torch.randn(3, 5, 2, 8, dtype=torch.float64, requires_grad=True)
     w = torch.randn(8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda o, w: RMSNormFunction.apply(o, w, 1e-5, False), (o, w))
+    assert torch.autograd.gradcheck(lambda o, w: rms_norm(o, w, 1e-5, False), (o, w))
     want = torch.nn.functional.rms_norm(o, (8,), w, 1e-5)
-    torch.testing.assert_close(RMSNormFunction.apply(o, w, 1e-5, False), want)
+    torch.testing.assert_close(rms_norm(o, w, 1e-5, False), want)
 
 
 def test_peak_memory_of_chunked_training_is_linear_in_T_and_matches_the_baseline():

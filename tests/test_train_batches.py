@@ -12,7 +12,7 @@ import torch
 from difftx.config import ModelConfig
 from difftx.training import Batch, TrainConfig, train
 from difftx.training.metrics import read_metrics
-from difftx.training.trainer import masked_lm_loss
+from difftx.training.batches import batch_loss_rows
 
 VOCAB = 12
 MODEL = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, max_seq_len=16)
@@ -96,14 +96,26 @@ def test_batch_source_kinds_probes_and_exact_resume(tmp_path):
 
 
 def test_masked_loss_is_the_mean_over_the_global_batch():
+    """The trainer's loss of a masked batch (the model's forward with batch_loss_rows) against the full
+    logits' cross-entropy over the mask: one rank's mean, and two ranks' halves averaged."""
+    from difftx import Transformer
+
     torch.manual_seed(0)
-    logits, tgt = torch.randn(7, 5), torch.randint(0, 5, (7,))
-    full = torch.nn.functional.cross_entropy(logits, tgt)
-    assert torch.allclose(masked_lm_loss(logits, tgt, None), full)
-    assert torch.allclose(masked_lm_loss(logits, tgt, 7), full)
+    model = Transformer(MODEL)
+    tokens = torch.randint(0, VOCAB, (2, 9))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    mask[0, [1, 4, 7]] = mask[1, [0, 2, 5, 6]] = True  # 3 + 4 = 7 positions
+    full = torch.nn.functional.cross_entropy(model(x)[mask], y[mask])
+
+    def loss(rows, total=None, world=1):
+        b = Batch(tokens[rows], loss_mask=mask[rows], mask_total=total)
+        return model(x[rows], targets=y[rows], **batch_loss_rows(b, world_size=world))
+
+    assert torch.allclose(loss(slice(None)), full)
+    assert torch.allclose(loss(slice(None), 7), full)
     # two ranks holding 3 and 4 of the 7 positions: the mean of their losses is the global mean
-    a, b = masked_lm_loss(logits[:3], tgt[:3], 7, 2), masked_lm_loss(logits[3:], tgt[3:], 7, 2)
-    assert torch.allclose((a + b) / 2, full)
+    assert torch.allclose((loss(slice(0, 1), 7, 2) + loss(slice(1, 2), 7, 2)) / 2, full)
 
 
 def test_batch_source_refuses_validation_and_bad_probes(tmp_path):
@@ -114,11 +126,11 @@ def test_batch_source_refuses_validation_and_bad_probes(tmp_path):
 
 
 def test_divergence_with_a_batch_source_stops_with_a_clear_error(tmp_path, monkeypatch):
+    from difftx import model as model_mod
     from difftx.training import TrainingDivergedError
-    from difftx.training import trainer as trainer_mod
 
-    real = trainer_mod.masked_lm_loss
-    monkeypatch.setattr(trainer_mod, "masked_lm_loss", lambda *a: real(*a) * float("nan"))
+    real = model_mod.head_loss
+    monkeypatch.setattr(model_mod, "head_loss", lambda *a: real(*a) * float("nan"))
     with pytest.raises(TrainingDivergedError, match="loss is nan at step 1"):
         train(_cfg(tmp_path / "nan"), data=ToySource(), model_config=MODEL)
 

@@ -125,5 +125,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: Attention
     q2 = q.view(B, T, H, 2, d)  # sub-heads 2h, 2h+1 -> component 0, 1 of head h
     k2 = k.view(B, S, Hkv, 2, d)
     dt = torch.promote_types(v.dtype, torch.float32)
+    lam = lam.repeat_interleave(B // lam.shape[0]).view(-1, 1, 1, 1) if lam.dim() else lam  # per group of sequences
     out = call(q2[..., 0, :], k2[..., 0, :]).to(dt) - lam.to(dt) * call(q2[..., 1, :], k2[..., 1, :]).to(dt)
     return out.to(v.dtype).transpose(1, 2)  # (B, T, H, 2d)

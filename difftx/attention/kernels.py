@@ -10,7 +10,8 @@ groups, ``R = H // Hkv`` heads per group, ``d`` query/key width, ``C`` maps per 
 
 - Standard attention (``lam is None``): ``q (B, T, H, d)``, ``k (B, S, Hkv, d)``,
   ``v (B, S, Hkv, dv)``; head ``h`` uses group ``h // R``. Returns ``(B, T, H, dv)``.
-- Differential attention (``lam`` a float32 scalar tensor): ``q (B, T, 2H, d)`` with
+- Differential attention (``lam`` a float32 scalar tensor, or ``(G,)``: one per group of ``B / G``
+  consecutive sequences, a stack's models): ``q (B, T, 2H, d)`` with
   sub-heads ``2h`` / ``2h+1`` the two components of head ``h``; ``k (B, S, 2Hkv, d)`` paired
   the same way per group; ``v (B, S, Hkv, 2d)``. Head ``h`` uses keys ``2g``, ``2g+1`` and
   value ``g`` with ``g = h // R``. Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)``; the
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import flex as _flex
+from ..ops import batch_first, records_grad
 from .masks import AttentionMask
 
 
@@ -60,6 +62,14 @@ class AttentionMaps:
     logits: Tensor
     probs: Tensor
     effective: Tensor
+
+
+def per_sequence(lam: Tensor, batch: int, dims: int) -> Tensor:
+    """``lam`` against a tensor of ``dims`` dimensions whose first is the ``batch``: a scalar as it is; one
+    lambda per group of consecutive sequences ``(G,)`` (a stack's models) as ``(batch, 1, ..., 1)``."""
+    if lam.dim() == 0:
+        return lam
+    return lam.repeat_interleave(batch // lam.shape[0]).view(-1, *([1] * (dims - 1)))
 
 
 def _group_views(q: Tensor, k: Tensor, v: Tensor, diff: bool):
@@ -100,7 +110,8 @@ def _core(qg: Tensor, kg: Tensor, vg: Tensor, lam: Optional[Tensor], allowed: Op
         logits = logits_fn(logits)
     probs = torch.softmax(logits, dim=-1)
     # (B, Hkv, R, t, s): A1 - lam * A2 in one pass
-    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], lam, value=-1)
+    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], per_sequence(lam, B, 5),
+                                                           value=-1)
     effv = (eff if eff.dtype == vg.dtype else eff.to(vg.dtype)).reshape(B, Hkv, R * t, s)
     if vg.dim() == 4:
         out = torch.matmul(effv, vg).view(B, Hkv, R, t, -1)
@@ -182,9 +193,12 @@ class _Blocks:
         self.fast = q.dtype == self.acc  # float32/float64: scores and maps in the input dtype, no casts
         self.mask, self.scale = mask, scale
         self.plain = mask.is_plain_causal(T, S)
-        self.neg_lam = -lam.detach() if self.diff else None
-        if self.diff and lam.dtype != self.acc:
-            self.neg_lam = self.neg_lam.to(self.acc)
+        self.neg_lam = None
+        self.groups = 0 if not self.diff or lam.dim() == 0 else lam.shape[0]  # one lambda per group of sequences
+        if self.diff:  # a scalar, or per group: then (B*Hkv, 1, 1) against a map's rows
+            neg = -lam.detach()
+            neg = neg if neg.dtype == self.acc else neg.to(self.acc)
+            self.neg_lam = neg if not self.groups else neg.repeat_interleave(B * Hkv // self.groups).view(-1, 1, 1)
 
     def keys(self, r0: int, r1: int) -> int:
         """Keys a block of query rows ``r0:r1`` can see (causal: up to its last row)."""
@@ -248,19 +262,27 @@ def _chunked_forward(bl: _Blocks, rows: int, keep: bool):
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """Blocked materialised attention with a hand-written backward (see :func:`chunked`)."""
+    """Blocked materialised attention with a hand-written backward (see :func:`chunked`). ``lam``: None,
+    a scalar, or one lambda per group of sequences ``(G,)``; the mask as its tensors (``key_valid``, ``doc_ids``)
+    and flags. Under ``torch.vmap`` the mapped dimension joins the batch (``K`` models' sequences in one
+    call, each model's lambda for its own sequences)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lam, mask, scale, rows):
+    def forward(q, k, v, lam, key_valid, doc_ids, causal, q_offset, scale, rows, keep=True):
+        mask = AttentionMask(causal=causal, q_offset=q_offset, key_valid=key_valid, doc_ids=doc_ids)
         bl = _Blocks(q, k, v, lam, mask, scale)
-        out, blocks = _chunked_forward(bl, rows, keep=True)
-        ctx.bl, ctx.blocks = bl, blocks
+        out, blocks = _chunked_forward(bl, rows, keep=keep)
+        return _out_layout(bl, out), (bl, blocks)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.bl, ctx.blocks = output[1]
+        lam = inputs[3]
         ctx.lam_dtype = None if lam is None else lam.dtype
-        return _out_layout(bl, out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
+    def backward(ctx, dout, _):
         bl, blocks = ctx.bl, ctx.blocks
         B, T, S, Hkv, d, dv = bl.shape
         R, C, scale = bl.R, bl.C, bl.scale
@@ -270,7 +292,8 @@ class _ChunkedAttention(torch.autograd.Function):
         dq3 = torch.empty_like(bl.q3)
         dk3 = torch.empty_like(bl.k3)
         dv3 = torch.empty_like(bl.v3)
-        dlam = bl.neg_lam.new_zeros(()) if bl.diff else None
+        G = bl.groups
+        dlam = bl.neg_lam.new_zeros(G if G else ()) if bl.diff else None
         first = True
         for r0, r1, s, stored in reversed(blocks):  # the last block sees all S keys: it initialises dk, dv
             t = r1 - r0
@@ -298,7 +321,7 @@ class _ChunkedAttention(torch.autograd.Function):
             ds.addcmul_(p, rsum, value=-1.0)
             if bl.diff:
                 ds[:, 1].mul_(bl.neg_lam)
-                dlam -= rsum[:, 1].sum()  # dL/dlam = -sum(deff * A2)
+                dlam -= rsum[:, 1].reshape(G, -1).sum(1) if G else rsum[:, 1].sum()  # -sum(deff * A2)
             ds = ds.view(B * Hkv * C, t * R, s)
             if ds.dtype != bl.q3.dtype:
                 ds = ds.to(bl.q3.dtype)
@@ -309,7 +332,25 @@ class _ChunkedAttention(torch.autograd.Function):
         dvg = dv3.view(B, Hkv, S, dv).transpose(1, 2)  # (B, S, Hkv, dv)
         if dlam is not None and dlam.dtype != ctx.lam_dtype:
             dlam = dlam.to(ctx.lam_dtype)
-        return dq, dk, dvg, dlam, None, None, None
+        return dq, dk, dvg, dlam, None, None, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, lam, key_valid, doc_ids, causal, q_offset, scale, rows, keep=True):
+        K = info.batch_size
+        q, k, v = (t.flatten(0, 1) for t in batch_first(info, in_dims[:3], q, k, v))  # (K*B, ...)
+        B = q.shape[0] // K
+        if lam is not None and in_dims[3] is not None:  # each model's lambda for its group of sequences
+            lam = lam.movedim(in_dims[3], 0)
+            if lam.dim() > 1:  # already one per group inside each model: K * G groups
+                lam = lam.flatten()
+        masks = []
+        for t, dim in ((key_valid, in_dims[4]), (doc_ids, in_dims[5])):
+            if t is not None and (dim is not None or t.shape[0] != 1):
+                t = batch_first(info, (dim,), t)[0]
+                t = t.expand(K, B, *t.shape[2:]).reshape(K * B, *t.shape[2:])
+            masks.append(t)
+        out, saved = _ChunkedAttention.apply(q, k, v, lam, *masks, causal, q_offset, scale, rows, keep)
+        return (out.unflatten(0, (K, B)), saved), (0, None)
 
 
 def _out_layout(bl: _Blocks, out: Tensor) -> Tensor:
@@ -329,11 +370,9 @@ def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool =
     """
     if return_maps:
         raise ValueError("the 'chunked' backend does not return attention maps; use backend='eager'")
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, lam))
-    if needs_grad:
-        return _ChunkedAttention.apply(q, k, v, lam, mask, scale, CHUNK_ROWS)
-    bl = _Blocks(q, k, v, lam, mask, scale)
-    return _out_layout(bl, _chunked_forward(bl, CHUNK_ROWS, keep=False)[0])
+    keep = records_grad(*(t for t in (q, k, v, lam) if t is not None))  # maps kept for a backward only
+    return _ChunkedAttention.apply(q, k, v, lam, mask.key_valid, mask.doc_ids, mask.causal, mask.q_offset, scale,
+                                   CHUNK_ROWS, keep)[0]
 
 
 def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
@@ -372,7 +411,7 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
         attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=R > 1,
     ).view(B, 2, H, T, 2 * d)
     dt = _acc_dtype(out.dtype)
-    out = out[:, 0].to(dt) - lam.to(dt) * out[:, 1].to(dt)  # (B, H, T, 2d)
+    out = out[:, 0].to(dt) - per_sequence(lam, B, 4).to(dt) * out[:, 1].to(dt)  # (B, H, T, 2d)
     return out.to(v.dtype).transpose(1, 2)
 
 

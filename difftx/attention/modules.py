@@ -7,17 +7,21 @@ arrange tensors for it. Legend: ``B`` batch, ``T`` new tokens, ``S`` keys (cache
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..ops import LambdaFunction, NoContext, at_least_fp32, rms_norm
-from .kernels import check_backend_name, resolve_backend
+from ..ops import LambdaFunction, at_least_fp32, is_mapped, lambda_value, linear, records_grad, rms_norm
+from .kernels import AttentionMaps, check_backend_name, resolve_backend
 from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
+
+
+LAMBDA_INIT_STD = 0.1  # the lambda vectors' initial draw, N(0, 0.1) (the paper's)
 
 
 def lambda_init_for_layer(layer_idx: int) -> float:
@@ -114,27 +118,42 @@ class LayerKV:
         return self.k[:, :, :end].transpose(1, 2), vs.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)
 
 
-class _AttentionBase(nn.Module):
-    """Shared plumbing: q/k/v/out projections, RoPE, cache and kernel dispatch.
+# methods a kind may define without leaving the stack's fast path: they build or describe the module, not its forward
+_CONSTRUCTION = frozenset({"__init__", "from_config", "check_config", "baseline_config", "parameter_delta", "hf_refusal",
+                           "init_parameters", "capture_maps", "lambda_reading", "extra_repr", "cache_shapes",
+                           "cache_value_parts"})
 
-    An attention kind is a subclass that says what it adds around the shared core, through four
-    members that the model's forward here and the stacked trainer (:mod:`difftx.training.stacked`)
-    both read, so a kind is written once:
+
+class AttentionKind(nn.Module):
+    """An attention kind: q/k/v/out projections, RoPE, cache and kernel dispatch, and the hooks a kind
+    overrides. docs/attention-kinds.md walks through writing one.
+
+    The forward (written once here, run by the model, and by a stack of models with a leading ``K`` on
+    every weight, :mod:`difftx.training.stacked`) reads four members:
 
     - ``components``: softmax maps per head that the core combines, 2 for ``A1 - lambda A2``, else 1;
     - ``extra_proj``: the name of one more linear map of the block's normed input read beside q, k and
       v (a gate, V2's lambda), or None;
     - :meth:`kernel_lambda`: the core's lambda (None for one map);
     - :meth:`finish`: each head's output before ``out_proj``, from the core's output and the extra
-      projection's.
+      projection's;
 
-    :meth:`finish` and :meth:`kernel_lambda` read the module's own parameters, which in a stack carry a
-    leading ``K`` (:mod:`difftx.ops` broadcasts them). :meth:`from_config` builds the module of one layer
-    of a :class:`~difftx.config.ModelConfig`; a line in :data:`ATTENTIONS` names the kind for the config.
+    and a kind may override :meth:`_qkv` or :meth:`forward` itself (a stack then runs it under
+    ``torch.vmap``, see :meth:`stacks_natively`). What a kind implies elsewhere is asked of the class:
+    :meth:`from_config` (its module in a model), :meth:`check_config` (its options), :meth:`baseline_config`
+    (its parameter-matched baseline) and :meth:`parameter_delta` (what it adds to it, row by row),
+    :meth:`init_parameters` (its initialisation), :meth:`hf_refusal` / ``hf_model_type`` (Hugging Face
+    export), :meth:`capture_maps` (attention maps for the evaluations) and :meth:`lambda_reading` (the
+    lambda the metrics log). :func:`register_attention` names a kind for :class:`~difftx.config.ModelConfig`.
     """
 
     components = 1
     extra_proj: Optional[str] = None
+    kind: str = ""  # its name in ATTENTIONS (set by register_attention)
+    hf_model_type: Optional[str] = None  # the transformers model_type that computes exactly this kind, if any
+    config_fields: frozenset = frozenset()  # built-in option fields of ModelConfig this kind reads
+    head_norm_default = False  # whether ModelConfig.head_norm=None means a per-head norm for this kind
+    Options: Optional[type] = None  # the kind's options (a dataclass validating itself): ModelConfig.options
 
     def __init__(self, dim: int, q_heads: int, kv_heads: int, v_groups: int, head_dim: int, v_width: int,
                  out_in: int, rope_theta: float, backend: str):
@@ -147,6 +166,22 @@ class _AttentionBase(nn.Module):
         self.v_proj = nn.Linear(dim, self.v_groups * v_width, bias=False)
         self.out_proj = nn.Linear(out_in, dim, bias=False)
 
+    @classmethod
+    def stacks_natively(cls) -> bool:
+        """True when a stack can run this kind's code with its weights' leading ``K`` (the fast path of
+        :mod:`difftx.training.stacked`): no method of a built-in kind is overridden outside the built-in
+        kinds (construction, ``from_config``, initialisation and options excepted). Any other kind is
+        stacked by ``torch.vmap`` over the one model, which runs its code as written."""
+        builtin = set(ATTENTIONS_BUILTIN)
+        methods = {n for c in cls.__mro__ if c in builtin or c is AttentionKind for n, v in vars(c).items()
+                   if callable(v) or isinstance(v, (classmethod, staticmethod, property))}
+        for c in cls.__mro__:
+            if c in builtin or c is AttentionKind:
+                return True
+            if any(n in methods and n not in _CONSTRUCTION for n in vars(c)):
+                return False
+        return False
+
     def cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(heads, width) of the cached keys and values."""
         return (self.kv_heads, self.head_dim), (self.v_groups, self.v_width)
@@ -156,10 +191,12 @@ class _AttentionBase(nn.Module):
         return 1
 
     def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.q_heads, self.head_dim)  # (B, T, Hq, d)
-        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim)  # (B, T, Hk, d)
-        v = self.v_proj(x).view(B, T, self.v_groups, self.v_width)  # (B, T, Hv, dv)
+        """q, k, v ``(..., T, heads, width)`` of ``x`` ``(..., T, D)``, q and k rotated; with a cache, k and v
+        of the whole cached prefix. A stack's leading ``K`` rides along (:func:`difftx.ops.linear`)."""
+        T = x.shape[-2]
+        q = linear(x, self.q_proj.weight).unflatten(-1, (self.q_heads, self.head_dim))  # (..., T, Hq, d)
+        k = linear(x, self.k_proj.weight).unflatten(-1, (self.kv_heads, self.head_dim))  # (..., T, Hk, d)
+        v = linear(x, self.v_proj.weight).unflatten(-1, (self.v_groups, self.v_width))  # (..., T, Hv, dv)
         if positions is None:
             positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
         cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, at_least_fp32(x.dtype))
@@ -176,6 +213,9 @@ class _AttentionBase(nn.Module):
         ``mask`` defaults to causal; with ``cache``, new keys are written at
         ``mask.q_offset`` and the queries attend to the whole cached prefix.
         ``return_maps`` (eager backend only) also returns :class:`AttentionMaps`.
+
+        In a stack's module tree (weights with a leading ``K``) ``x`` is ``(K, B, T, D)`` and ``mask``
+        describes the kernel's ``K * B`` sequences, each model's lambda applied to its own.
         """
         mask = mask if mask is not None else AttentionMask()
         if not isinstance(mask, AttentionMask):
@@ -184,17 +224,94 @@ class _AttentionBase(nn.Module):
         if cache is None and mask.q_offset != 0:
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
-        mask.check(x.shape[0], x.shape[1], k.shape[1])
+        lead = q.shape[:-3]  # (B,), or (K, B) in a stack
+        q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))  # the kernel's batch: every sequence
+        mask.check(q.shape[0], q.shape[1], k.shape[1])
         kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device,
-                                 q_len=x.shape[1])
+                                 q_len=q.shape[1])
         if v.dim() == 5 and not getattr(kernel, "split_values", False):
             v = v.flatten(3)  # a cache's split value rows, joined (a copy) for kernels that need whole rows
         return self._attend(x, q, k, v, mask, kernel, return_maps)
 
     @classmethod
-    def from_config(cls, config, layer_idx: int) -> "_AttentionBase":  # pragma: no cover - abstract
-        """The module of layer ``layer_idx`` of a model of ``config`` (a :class:`~difftx.config.ModelConfig`)."""
-        raise NotImplementedError
+    def from_config(cls, config, layer_idx: int) -> "AttentionKind":
+        """The module of layer ``layer_idx`` of a model of ``config`` (a :class:`~difftx.config.ModelConfig`).
+        The default suits a kind whose ``__init__`` takes what :class:`StandardAttention`'s takes, plus its
+        :attr:`Options` fields as keywords."""
+        c = config
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, **c.options_dict())
+
+    # -- what a kind implies ---------------------------------------------------------------------------------
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Raise ValueError unless ``config`` suits this kind: by default, its ``options`` must build
+        :attr:`Options` (a kind without one takes none)."""
+        options = config.options or {}
+        if cls.Options is None:
+            if options:
+                raise ValueError(f"ModelConfig.options: attention={config.attention!r} takes no options, got "
+                                 f"{sorted(options)}")
+            return
+        try:
+            cls.Options(**options)
+        except TypeError as e:
+            raise ValueError(f"ModelConfig.options: {e} (attention={config.attention!r} takes "
+                             f"{[f.name for f in dataclasses.fields(cls.Options)]})") from None
+
+    @classmethod
+    def baseline_config(cls, config):
+        """The parameter-matched baseline of ``config``: by default standard attention with heads of this kind's
+        query/key width (``components`` of them per head of this kind) and its options at their defaults."""
+        C = cls.components
+        return config.plain(attention="standard", n_heads=C * config.n_heads, n_kv_heads=C * config.kv_groups)
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        """What one layer of ``config`` holds beyond its :meth:`baseline_config`'s, as ``(parameters, count,
+        reason)`` rows. By default: each parameter of the layer's attention module that the baseline's lacks
+        or holds with another size (counted from the two modules, built without weights)."""
+        base = cls.baseline_config(config)
+        with torch.device("meta"):
+            ours = dict(cls.from_config(config, 0).named_parameters())
+            theirs = dict(ATTENTIONS[base.attention].from_config(base, 0).named_parameters())
+        rows = []
+        for name in sorted(set(ours) | set(theirs)):
+            a = ours[name].numel() if name in ours else 0
+            b = theirs[name].numel() if name in theirs else 0
+            if a != b:
+                why = (f"{cls.__name__} only, shape {tuple(ours[name].shape)}" if name not in theirs else
+                       f"the baseline only, shape {tuple(theirs[name].shape)}" if name not in ours else
+                       f"shape {tuple(ours[name].shape)} against the baseline's {tuple(theirs[name].shape)}")
+                rows.append((name, a - b, why))
+        return rows
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        """Why ``config`` cannot be exported to Hugging Face transformers exactly, or None when it can (then
+        :attr:`hf_model_type` names the transformers class)."""
+        return (f"attention={config.attention!r} cannot be exported: no transformers model computes it "
+                f"({cls.__name__} is not Llama's or DiffLlama's attention)")
+
+    def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
+        """Initialise the projections: ``draw(name, std)`` fills the parameter ``name`` (of this module) from
+        the model's paired normal draw (the same values in every arm holding that name). A kind extends this
+        for parameters it adds (:class:`DiffAttention`: the lambda vectors); parameters a kind creates in its
+        own ``__init__`` keep what it gave them unless it draws them here."""
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj", *((self.extra_proj,) if self.extra_proj else ())):
+            draw(f"{name}.weight", std)
+        subln = getattr(self, "subln", None)
+        if isinstance(subln, nn.RMSNorm):
+            nn.init.ones_(subln.weight)
+
+    def capture_maps(self, x: Tensor, maps: AttentionMaps) -> tuple[Tensor, Optional[Tensor]]:
+        """``(effective, lam)`` for :mod:`difftx.eval.capture` from the eager kernel's ``maps`` of one call on
+        ``x``: the map applied to the values ``(B, heads, T, S)`` and the lambda (None without one)."""
+        return maps.effective, None
+
+    def lambda_reading(self, gather: Callable[[Tensor], Tensor] = lambda p: p) -> Optional[float]:
+        """The learned lambda the training metrics log for this layer, or None (``gather`` assembles a sharded
+        parameter)."""
+        return None
 
     def kernel_lambda(self) -> Optional[Tensor]:
         """The lambda the core subtracts the second map with: None for one map per head."""
@@ -207,15 +324,17 @@ class _AttentionBase(nn.Module):
         return out
 
     def _attend(self, x, q, k, v, mask, kernel, return_maps):
-        res = kernel(q, k, v, self.kernel_lambda(), mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
+        lam = self.kernel_lambda()  # a stack's: one per model, for its group of sequences
+        res = kernel(q, k, v, lam, mask, 1.0 / math.sqrt(self.head_dim), return_maps=return_maps)
         out, maps = res if return_maps else (res, None)
-        extra = getattr(self, self.extra_proj)(x) if self.extra_proj else None
-        out = self.finish(out, extra).flatten(2)  # (B, T, D)
-        out = self.out_proj(out if out.dtype == x.dtype else out.to(x.dtype))
+        out = out.view(*x.shape[:-1], *out.shape[2:])  # (..., T, heads, width)
+        extra = linear(x, getattr(self, self.extra_proj).weight) if self.extra_proj else None
+        out = self.finish(out, extra).flatten(-2)  # (..., T, D)
+        out = linear(out if out.dtype == x.dtype else out.to(x.dtype), self.out_proj.weight)
         return (out, maps) if return_maps else out
 
 
-class StandardAttention(_AttentionBase):
+class StandardAttention(AttentionKind):
     """Multi-head (GQA) softmax attention: the parameter-matched baseline of SPEC section 1.
 
     ``use_subln=True`` adds a per-head RMSNorm over each ``d``-wide head output before
@@ -231,11 +350,33 @@ class StandardAttention(_AttentionBase):
         self.n_heads, self.n_kv_heads, self.norm_eps = n_heads, n_kv_heads, norm_eps
         self.subln = nn.RMSNorm(d, eps=norm_eps, elementwise_affine=True) if use_subln else None
 
+    hf_model_type = "llama"
+    config_fields = frozenset({"head_norm"})
+
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "StandardAttention":
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, use_subln=c.uses_head_norm,
                    norm_eps=c.norm_eps)
+
+    @classmethod
+    def baseline_config(cls, config):
+        """Itself, without its per-head norm if it has one."""
+        return config if config.head_norm is None else config.replace(head_norm=None)
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if not config.uses_head_norm:
+            return []
+        return [("subln.weight (per-head RMSNorm gain over the d-wide head)", config.head_dim, "d")]
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        if config.uses_head_norm:
+            return ("attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
+                    "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
+                    "into the weights.")
+        return None
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
         """The kernel's per-head output ``(..., H, d)``, normalised if ``subln``."""
@@ -265,10 +406,38 @@ class GatedAttention(StandardAttention):
         self.gate = gate
         self.gate_proj = nn.Linear(dim, n_heads * self.head_dim if gate == "elementwise" else n_heads, bias=False)
 
+    hf_model_type = None
+    config_fields = frozenset({"gate"})
+
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "GatedAttention":
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        if config.gate is not None and config.gate not in GATES:
+            raise ValueError(f"ModelConfig.gate: must be one of {GATES} (or null: 'elementwise'), got {config.gate!r}")
+
+    @classmethod
+    def baseline_config(cls, config):
+        """The same heads without the gate (the gate's ``W_g`` is all it adds)."""
+        return config.plain(attention="standard")
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        D, H, d = config.dim, config.n_heads, config.head_dim
+        if config.gate_kind == "elementwise":
+            return [("gate_proj (elementwise W_g: D -> H·d)", D * H * d, "D·H·d")]
+        return [("gate_proj (head-wise W_g: D -> H)", D * H, "D·H")]
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        return (f"attention='gated' (gate={config.gate_kind!r}) cannot be exported: Llama has no output gate on its "
+                "attention heads (sigmoid(x W_g) multiplying each head before o_proj), and no transformers Llama or "
+                "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
+                "RoPE, so it is no exact equivalent either.")
 
     def gate_values(self, x: Tensor) -> Tensor:
         """``sigmoid(x W_g)`` in float32 (float64 for float64 inputs): ``(B, T, H, d)`` elementwise,
@@ -284,7 +453,7 @@ class GatedAttention(StandardAttention):
         return (out.to(g.dtype) * g).to(out.dtype)
 
 
-class DiffAttention(_AttentionBase):
+class DiffAttention(AttentionKind):
     """Differential attention, V1 (SPEC section 1), in the paper's exact form.
 
     ``n_heads`` differential heads of two ``d``-wide components each (``d = dim / (2 n_heads)``),
@@ -317,11 +486,80 @@ class DiffAttention(_AttentionBase):
         self.subln = nn.RMSNorm(2 * d, eps=norm_eps, elementwise_affine=True) if use_subln else None
         self.reset_lambda()
 
+    hf_model_type = "diffllama"
+    config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm"})
+    head_norm_default = True
+
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "DiffAttention":
         c = config
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
                    lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        super().check_config(config)
+        v = config.lambda_init
+        if v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"ModelConfig.lambda_init: must be a finite number or null, got {v!r}")
+        if not 0 < v < 1:  # the output is scaled by (1 - lambda_init): 0 at 1, sign flipped above
+            raise ValueError(f"ModelConfig.lambda_init: must be in (0, 1) (each DIFF head's output is scaled by "
+                             f"1 - lambda_init, which is 0 at 1 and negative above), got {v!r}")
+
+    @classmethod
+    def baseline_config(cls, config):
+        """Standard attention with ``2H`` heads of width ``d`` and ``2Hkv`` kv heads, the same projections and
+        RoPE; parameters equal up to the lambda vectors and ``subln`` gains. The DIFF options are dropped."""
+        return config.plain(attention="standard", n_heads=2 * config.n_heads, n_kv_heads=2 * config.kv_groups)
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        d, rows = config.head_dim, []
+        if config.subtract:
+            rows.append(("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d"))
+        if config.uses_head_norm:
+            rows.append(("subln.weight (per-head RMSNorm gain over the 2d-wide head)", 2 * d, "2·d"))
+        return rows
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        if not config.subtract:
+            return ("subtract=False (the no-subtraction control, lambda fixed at 0) cannot be exported faithfully: "
+                    "DiffLlama always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
+                    "exp(lambda_q2.lambda_k2) + lambda_init; its vectors could make lambda 0 only up to rounding, "
+                    "and the result would train as DIFF, not as the control.")
+        if not config.uses_head_norm:
+            return ("head_norm=False (use_subln=False) cannot be exported exactly: DiffLlama always applies its "
+                    "per-head RMSNorm to (A1 - lambda A2) V, and a model trained without that norm computes a "
+                    "different function.")
+        if config.lambda_init is not None:
+            bad = [i for i in range(config.n_layers)
+                   if not math.isclose(config.lambda_init, lambda_init_for_layer(i), rel_tol=0, abs_tol=1e-12)]
+            if bad:
+                return (f"lambda_init={config.lambda_init} (a constant override) cannot be exported exactly: "
+                        f"DiffLlama derives lambda_init from the layer index as 0.8 - 0.6*exp(-0.3*l) (both the "
+                        f"offset of lambda and the (1 - lambda_init) scale), which differs at layer(s) {bad[:8]}.")
+        return None
+
+    def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
+        """The projections as every kind's; the lambda vectors ``N(0, 0.1)`` (the paper's)."""
+        super().init_parameters(draw, std)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") if self.subtract else ():
+            draw(name, LAMBDA_INIT_STD)
+
+    def capture_maps(self, x: Tensor, maps: AttentionMaps) -> tuple[Tensor, Optional[Tensor]]:
+        """``A1 - lambda A2`` and the scalar lambda."""
+        return maps.effective, self.lambda_full().detach()
+
+    def lambda_reading(self, gather: Callable[[Tensor], Tensor] = lambda p: p) -> Optional[float]:
+        """``exp(q1.k1) - exp(q2.k2) + lambda_init`` from the gathered vectors (0 for the no-subtraction
+        control)."""
+        if not self.subtract:
+            return 0.0
+        with torch.no_grad():
+            return float(lambda_value(*(gather(p).float() for p in self.lambda_parameters()), self.lambda_init))
 
     def cache_value_parts(self, device=None) -> int:
         """2 on CPU: the cached ``2d``-wide values are kept as two contiguous ``d``-wide halves per group,
@@ -333,7 +571,7 @@ class DiffAttention(_AttentionBase):
         """``(lambda_q1, lambda_k1, lambda_q2, lambda_k2)``; empty for the no-subtraction control."""
         return (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2) if self.subtract else ()
 
-    def reset_lambda(self, std: float = 0.1) -> None:
+    def reset_lambda(self, std: float = LAMBDA_INIT_STD) -> None:  # construction's draw (the model redraws them paired)
         for p in self.lambda_parameters():
             nn.init.normal_(p, mean=0.0, std=std)
 
@@ -351,13 +589,13 @@ class DiffAttention(_AttentionBase):
                 zero = self.__dict__["_lambda_zero"] = torch.zeros((), dtype=acc, device=w.device)
             return zero
         params = self.lambda_parameters()
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return LambdaFunction.apply(*params, self.lambda_init)
+        if records_grad(*params) or is_mapped(params[0]):
+            return lambda_value(*params, self.lambda_init)
         key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
         cached = self.__dict__.get("_lambda_cache")
         if cached is None or cached[0] != key:
             with torch.no_grad():
-                value = LambdaFunction.forward(NoContext, *params, self.lambda_init)
+                value = LambdaFunction.forward(*params, self.lambda_init)[0]
                 cached = self.__dict__["_lambda_cache"] = (key, value)
         return cached[1]
 
@@ -373,7 +611,7 @@ class DiffAttention(_AttentionBase):
         return self.head_norm(out)
 
 
-class DiffAttentionV2(_AttentionBase):
+class DiffAttentionV2(AttentionKind):
     """Differential attention, V2 (SPEC section 2).
 
     ``2 n_heads`` query heads of width ``d = dim / n_heads`` over ``n_kv_heads`` kv heads;
@@ -395,6 +633,33 @@ class DiffAttentionV2(_AttentionBase):
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
 
+    @classmethod
+    def baseline_config(cls, config):
+        """Standard attention with ``H`` heads of width ``d`` and ``Hkv`` kv heads (the V2 paper's comparison;
+        V2 has ``D·H·d + D·H`` more attention parameters per layer)."""
+        return config.plain(attention="standard", n_heads=config.n_heads, n_kv_heads=config.kv_groups)
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        D, H, d = config.dim, config.n_heads, config.head_dim
+        return [("q_proj rows of the second query head of each pair", D * H * d, "D·H·d"),
+                ("lambda_proj (W_lambda: D -> H)", D * H, "D·H")]
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        return ("attention='diff_v2' cannot be exported: transformers has no Differential Transformer V2 class. "
+                "DiffLlama implements V1 only (two softmax maps per head over a 2d-wide value, a scalar lambda "
+                "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
+                "d-wide query heads with a token-dependent sigmoid(lambda_proj(x)) and has no norm; no "
+                "permutation of weights turns one into the other. Export a 'diff' (V1) or 'standard' model instead.")
+
+    def capture_maps(self, x: Tensor, maps: AttentionMaps) -> tuple[Tensor, Optional[Tensor]]:
+        """The kernel's maps are the ``2H`` plain softmax maps; the output mixes pairs per query row:
+        ``a_2j - sigmoid(x W_lambda)_j a_2j+1``, and lambda is ``(B, T, H)``."""
+        lam = torch.sigmoid(linear(x, self.lambda_proj.weight).float()).detach()  # (B, T, H)
+        probs = maps.probs.float()
+        return probs[:, 0::2] - lam.permute(0, 2, 1)[..., None] * probs[:, 1::2], lam
+
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
         """Pairs ``(2j, 2j+1)`` of the kernel's ``2H`` heads as ``a_2j - sigmoid(x W_lambda)_j a_2j+1``
         (``extra`` is ``x W_lambda``)."""
@@ -402,12 +667,35 @@ class DiffAttentionV2(_AttentionBase):
         return (out[..., 0::2, :].to(lam.dtype) - lam * out[..., 1::2, :].to(lam.dtype)).to(out.dtype)
 
 
-ATTENTIONS: dict[str, type[_AttentionBase]] = {
-    "diff": DiffAttention,
-    "diff_v2": DiffAttentionV2,
-    "standard": StandardAttention,
-    "gated": GatedAttention,
-}
-"""The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name. A new kind is
-one subclass of the attention base (its ``from_config``, ``components``, ``extra_proj``, ``kernel_lambda``,
-``finish``) and one line here; the model and the stacked trainer need nothing else."""
+ATTENTIONS: dict[str, type[AttentionKind]] = {}
+"""The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name:
+:func:`register_attention` adds one."""
+
+
+def register_attention(name: str, cls: Optional[type] = None, *, replace: bool = False):
+    """Name an attention kind (a subclass of :class:`AttentionKind`) for ``ModelConfig.attention``; as a function
+    (``register_attention("qknorm", QKNormAttention)``) or a decorator (``@register_attention("qknorm")``).
+    ``replace``: allow taking a name already registered. Returns the class."""
+    if cls is None:
+        return lambda c: register_attention(name, c, replace=replace)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_attention: the name must be an identifier, got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, AttentionKind)):
+        raise TypeError(f"register_attention: {name!r} must be a subclass of difftx.AttentionKind (for example of "
+                        f"StandardAttention), got {cls!r}")
+    if name in ATTENTIONS and ATTENTIONS[name] is not cls and not replace:
+        raise ValueError(f"register_attention: {name!r} is already {ATTENTIONS[name].__name__}; pass replace=True "
+                         f"or choose another name")
+    if cls.Options is not None and not dataclasses.is_dataclass(cls.Options):
+        raise TypeError(f"register_attention: {cls.__name__}.Options must be a dataclass, got {cls.Options!r}")
+    if cls.components not in (1, 2) or (cls.extra_proj is not None and not isinstance(cls.extra_proj, str)):
+        raise ValueError(f"register_attention: {cls.__name__}: components must be 1 or 2 and extra_proj a name")
+    cls.kind = name
+    ATTENTIONS[name] = cls
+    return cls
+
+
+ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, DiffAttention, DiffAttentionV2)
+for _name, _cls in (("diff", DiffAttention), ("diff_v2", DiffAttentionV2), ("standard", StandardAttention),
+                    ("gated", GatedAttention)):
+    register_attention(_name, _cls)

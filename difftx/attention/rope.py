@@ -19,9 +19,35 @@ def rope_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype = to
     return ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
 
 
+class _Rotate(torch.autograd.Function):
+    """``x`` rotated pair by pair by the unit complex numbers ``rot``: one complex product, and its
+    backward the rotation by the opposite angle. Under ``torch.vmap`` the mapped dimension leads."""
+
+    @staticmethod
+    def forward(x, rot):
+        xc = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+        return torch.view_as_real(xc * rot).flatten(-2)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.rot = inputs[1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        gc = torch.view_as_complex(g.contiguous().unflatten(-1, (-1, 2)))
+        return torch.view_as_real(gc * ctx.rot.conj()).flatten(-2), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, rot):
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x.expand(info.batch_size, *x.shape)
+        rot = rot.movedim(in_dims[1], 0) if in_dims[1] is not None else rot
+        return _Rotate.apply(x.contiguous(), rot), 0
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`."""
-    xf = x.to(cos.dtype).unflatten(-1, (-1, 2))  # (B, T, heads, d/2, 2)
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`, in their dtype: each pair
+    ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x0 sin + x1 cos)``, the complex product ``(x0 + i x1)(cos + i sin)``."""
+    xf = x.to(cos.dtype)
+    out = _Rotate.apply(xf if xf.is_contiguous() else xf.contiguous(), torch.complex(cos, sin))
+    return out.to(x.dtype)

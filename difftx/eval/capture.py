@@ -19,9 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..attention.modules import DiffAttention, DiffAttentionV2, StandardAttention
-
-ATTENTION_TYPES = (DiffAttention, DiffAttentionV2, StandardAttention)
+from ..attention.modules import AttentionKind
 
 
 @dataclass
@@ -48,18 +46,10 @@ class CapturedMaps:
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The attention modules of ``model`` in layer order (``model.layers[i].attn``)."""
-    mods = [m for m in model.modules() if isinstance(m, ATTENTION_TYPES)]
+    mods = [m for m in model.modules() if isinstance(m, AttentionKind)]
     if not mods:
         raise ValueError(f"{type(model).__name__} has no difftx attention modules to capture")
     return mods
-
-
-def _kind(module: torch.nn.Module) -> str:
-    if isinstance(module, DiffAttention):
-        return "diff"
-    if isinstance(module, DiffAttentionV2):
-        return "diff_v2"
-    return "standard"
 
 
 class AttentionCapture:
@@ -91,16 +81,10 @@ class AttentionCapture:
 
     # -- recording ------------------------------------------------------------------------------
     def _record(self, layer: int, module, x: Tensor, maps, q_offset: int) -> None:
-        kind = _kind(module)
+        eff, lam = module.capture_maps(x, maps)  # the kind's own reading of its maps
         logits, probs = maps.logits.detach().float().cpu(), maps.probs.detach().float().cpu()
-        eff, lam = maps.effective.detach().float().cpu(), None
-        if kind == "diff":
-            lam = module.lambda_full().detach().float().cpu()
-        elif kind == "diff_v2":
-            lam = torch.sigmoid(module.lambda_proj(x).float()).detach().cpu()  # (B, T, H)
-            # the kernel's map is the 2H plain softmax maps; the V2 output mixes pairs per row
-            eff = probs[:, 0::2] - lam.permute(0, 2, 1)[..., None] * probs[:, 1::2]  # (B, H, T, S)
-        cap = CapturedMaps(layer, kind, logits, probs, eff, lam, q_offset)
+        eff, lam = eff.detach().float().cpu(), None if lam is None else lam.detach().float().cpu()
+        cap = CapturedMaps(layer, module.kind, logits, probs, eff, lam, q_offset)
         if self.store:
             self.maps[layer].append(cap)
         if self.callback is not None:
@@ -170,13 +154,9 @@ def capture_attention(model: torch.nn.Module, **kwargs) -> AttentionCapture:
 
 @torch.no_grad()
 def layer_lambdas(model: torch.nn.Module) -> list[Optional[float]]:
-    """The learned lambda per layer: ``lambda_full()`` for ``diff`` layers, ``None`` for layers
-    whose lambda is not a parameter (``standard``; ``diff_v2``'s is per token, see
-    :class:`CapturedMaps`)."""
-    out: list[Optional[float]] = []
-    for m in attention_modules(model):
-        out.append(float(m.lambda_full()) if isinstance(m, DiffAttention) else None)
-    return out
+    """The learned lambda per layer (its kind's ``lambda_reading``): ``diff``'s, ``None`` for layers whose
+    lambda is not a parameter (``standard``; ``diff_v2``'s is per token, see :class:`CapturedMaps`)."""
+    return [m.lambda_reading() for m in attention_modules(model)]
 
 
 def max_abs_attention_logits(model: torch.nn.Module, tokens: Tensor) -> list[float]:

@@ -85,48 +85,25 @@ def halves_to_pairs(w: Tensor, d: int) -> Tensor:
 
 # -- configs ----------------------------------------------------------------------------------------
 
+# the transformers model types difftx reads and writes, and the attention kind each becomes (the kinds name
+# their model type in ``hf_model_type``; these two layouts are what this module converts)
+HF_LAYOUTS = {"diffllama": "diff", "llama": "standard"}
+
 def check_exportable(config: ModelConfig) -> None:
-    """Raise :class:`ConversionError` unless ``config`` has an exact transformers equivalent."""
-    if config.attention == "diff_v2":
-        raise ConversionError(
-            "attention='diff_v2' cannot be exported: transformers has no Differential Transformer V2 class. "
-            "DiffLlama implements V1 only (two softmax maps per head over a 2d-wide value, a scalar lambda "
-            "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
-            "d-wide query heads with a token-dependent sigmoid(lambda_proj(x)) and has no norm; no "
-            "permutation of weights turns one into the other. Export a 'diff' (V1) or 'standard' model instead.")
-    if config.attention == "gated":
-        raise ConversionError(
-            f"attention='gated' (gate={config.gate_kind!r}) cannot be exported: Llama has no output gate on its "
-            "attention heads (sigmoid(x W_g) multiplying each head before o_proj), and no transformers Llama or "
-            "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
-            "RoPE, so it is no exact equivalent either.")
-    if config.attention == "standard":
-        if config.uses_head_norm:
-            raise ConversionError(
-                "attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
-                "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
-                "into the weights.")
-        return
-    if config.attention != "diff":
-        return
-    if not config.subtract:
-        raise ConversionError(
-            "subtract=False (the no-subtraction control, lambda fixed at 0) cannot be exported faithfully: DiffLlama "
-            "always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
-            "exp(lambda_q2.lambda_k2) + lambda_init; its vectors could make lambda 0 only up to rounding, and the "
-            "result would train as DIFF, not as the control.")
-    if not config.uses_head_norm:
-        raise ConversionError(
-            "head_norm=False (use_subln=False) cannot be exported exactly: DiffLlama always applies its per-head "
-            "RMSNorm to (A1 - lambda A2) V, and a model trained without that norm computes a different function.")
-    if config.lambda_init is not None:
-        bad = [i for i in range(config.n_layers)
-               if not math.isclose(config.lambda_init, lambda_init_for_layer(i), rel_tol=0, abs_tol=1e-12)]
-        if bad:
-            raise ConversionError(
-                f"lambda_init={config.lambda_init} (a constant override) cannot be exported exactly: DiffLlama "
-                f"derives lambda_init from the layer index as 0.8 - 0.6*exp(-0.3*l) (both the offset of lambda "
-                f"and the (1 - lambda_init) scale), which differs at layer(s) {bad[:8]}.")
+    """Raise :class:`ConversionError` unless ``config`` has an exact transformers equivalent (the attention
+    kind's ``hf_refusal`` says why not)."""
+    kind = config.kind_class
+    reason = kind.hf_refusal(config)
+    if reason is None and kind.hf_model_type not in HF_LAYOUTS:
+        reason = (f"attention={config.attention!r} names transformers model_type {kind.hf_model_type!r}, which "
+                  f"difftx cannot write (it writes {sorted(HF_LAYOUTS)})")
+    if reason is not None:
+        raise ConversionError(reason)
+
+
+def _is_diff(config: ModelConfig) -> bool:
+    """Whether ``config``'s kind has DiffLlama's layout (paired heads, lambda vectors, a per-head norm)."""
+    return config.kind_class.hf_model_type == "diffllama"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -136,7 +113,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The transformers ``config.json`` (as a dict) of the exported ``config``."""
     check_exportable(config)
-    diff = config.attention == "diff"
+    diff = _is_diff(config)
     n_heads = 2 * config.n_heads if diff else config.n_heads  # transformers counts d-wide heads
     n_kv = 2 * config.kv_groups if diff else config.kv_groups
     out = {
@@ -193,9 +170,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         return ConversionError(f"{source}: {rule}")
 
     model_type = hf.get("model_type")
-    if model_type not in ("diffllama", "llama"):
-        raise refuse(f"model_type {model_type!r} is not supported; difftx imports 'diffllama' (-> attention='diff') "
-                     "and 'llama' (-> attention='standard')")
+    if model_type not in HF_LAYOUTS:
+        raise refuse(f"model_type {model_type!r} is not supported; difftx imports " + " and ".join(
+            f"{t!r} (-> attention={k!r})" for t, k in HF_LAYOUTS.items()))
     diff = model_type == "diffllama"
     D, L, V = need("hidden_size"), need("num_hidden_layers"), need("vocab_size")
     n_heads = need("num_attention_heads")
@@ -235,7 +212,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     try:
         cfg = ModelConfig(
             vocab_size=V, dim=D, n_layers=L, n_heads=n_heads, n_kv_heads=None if n_kv == n_heads else n_kv,
-            attention="diff" if diff else "standard", ffn_hidden=ffn,
+            attention=HF_LAYOUTS[model_type], ffn_hidden=ffn,
             max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=float(theta),
             # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama 1e-6
             norm_eps=float(hf.get("rms_norm_eps", 1e-5 if diff else 1e-6)),
@@ -272,7 +249,7 @@ def hf_names(config: ModelConfig) -> dict[str, str]:
     names = dict(_MODEL_NAMES)
     if not config.tie_embeddings:
         names["lm_head.weight"] = "lm_head.weight"
-    layer = {**_LAYER_NAMES, **(_DIFF_NAMES if config.attention == "diff" else {})}
+    layer = {**_LAYER_NAMES, **(_DIFF_NAMES if _is_diff(config) else {})}
     for i in range(config.n_layers):
         names.update({f"layers.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in layer.items()})
     return names
@@ -282,7 +259,7 @@ def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tens
     """difftx state dict -> transformers state dict (DiffLlama or Llama), exact up to the norm fold:
     the tensors renamed by :func:`hf_names`, the attention rows reordered (see the module doc)."""
     check_exportable(config)
-    diff = config.attention == "diff"
+    diff = _is_diff(config)
     d = config.head_dim
     out = {theirs: state[ours] for ours, theirs in hf_names(config).items()}
     for i in _progress(range(config.n_layers), "to transformers"):
@@ -301,7 +278,7 @@ def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tens
 def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Tensor]:
     """transformers state dict -> difftx state dict: the exact inverse of :func:`to_hf_state` for
     models whose ``subln`` gain is one (DiffLlama has no gain: ours becomes ones)."""
-    diff = config.attention == "diff"
+    diff = _is_diff(config)
     d = config.head_dim
     out = {ours: hf[theirs] for ours, theirs in hf_names(config).items()}
     for i in _progress(range(config.n_layers), "to difftx"):

@@ -25,6 +25,8 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from ..model import loss_rows
+
 
 @dataclass
 class Batch:
@@ -33,8 +35,8 @@ class Batch:
     ``tokens`` ``(B, T+1)`` int64: inputs ``tokens[:, :-1]``, next-token targets ``tokens[:, 1:]``.
     ``doc_ids`` ``(B, T+1)`` or None: packed documents (used when ``TrainConfig.doc_mask``).
     ``loss_mask`` ``(B, T)`` bool or None: the loss is taken at the True positions only (aligned
-    with the targets), and the LM head runs there alone (``Transformer.forward(logits_at=...)``);
-    None: every position.
+    with the targets), and the LM head runs there alone (:func:`batch_loss_rows`); None: every
+    position.
     ``kind``: a name for the batch's task (``"needle"``, ``"lm"``...); the trainer logs the mean
     loss of each kind over each log interval as ``{kind}_loss``. Every rank's batch of one step
     must have the same kind.
@@ -65,6 +67,15 @@ def as_batch(item: Any) -> Batch:
         return item
     tokens, doc_ids = item
     return Batch(tokens, doc_ids)
+
+
+def batch_loss_rows(batch: Batch, device=None, world_size: int = 1) -> dict:
+    """The loss arguments of :meth:`difftx.model.Transformer.forward` for ``batch``: none (the mean over
+    every position), or ``loss_rows`` / ``loss_weights`` of its loss mask (:func:`difftx.model.loss_rows`)."""
+    if batch.loss_mask is None:
+        return {}
+    rows, weights = loss_rows(batch.loss_mask.to(device), batch.mask_total, world_size)
+    return {"loss_rows": rows, "loss_weights": weights}
 
 
 def is_batch_source(data: Any) -> bool:

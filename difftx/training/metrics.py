@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from ..attention import DiffAttention
+from ..attention.modules import AttentionKind
 from ..io import atomic_write
 from .distributed import full_tensor
 
@@ -19,22 +19,15 @@ METRICS_NAME = "metrics.jsonl"  # a run folder's log: one JSON record per line
 
 @torch.no_grad()
 def lambda_per_layer(model: nn.Module) -> Optional[list[float]]:
-    """The learned lambda of each ``DiffAttention`` layer (``None`` for models without one).
+    """The learned lambda of each attention layer (its kind's ``lambda_reading``; ``None`` for models whose
+    kind has none).
 
     Uses the gathered lambda vectors, so it also works on FSDP2-sharded models, where it is a
     collective: every rank must call it.
     """
-    mods = [m for m in model.modules() if isinstance(m, DiffAttention)]
-    if not mods:
-        return None
-    out = []
-    for m in mods:
-        if not m.subtract:  # the no-subtraction control: lambda is fixed at 0
-            out.append(0.0)
-            continue
-        q1, k1, q2, k2 = (full_tensor(p).float() for p in m.lambda_parameters())
-        out.append(float(torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + m.lambda_init))
-    return out
+    values = [m.lambda_reading(full_tensor) for m in model.modules() if isinstance(m, AttentionKind)]
+    values = [v for v in values if v is not None]
+    return values or None
 
 
 def _clean(value: Any) -> Any:

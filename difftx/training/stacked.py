@@ -67,233 +67,16 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
+from torch.func import functional_call
 
-from ..attention.kernels import STORE_MAX_KEYS, _diag_bias
-from ..attention.masks import AttentionMask
-from ..attention.rope import rope_angles
 from ..config import ModelConfig
-from ..model import Transformer
-from ..ops import linear
+from ..model import Transformer, _check_token_ids, loss_rows
 from .batches import Batch
 from .optim import clip_grad_norms_
 
 __all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "load_optimizer_states", "optimizer_state_of",
            "stack_batches", "train_step", "tune_allocator"]
-
-
-# -- the attention core: K*B sequences at once, one lambda per model -------------------------------------------------
-
-@dataclass(frozen=True)
-class _Geometry:
-    """Head layout of one attention layer (the same in every layer of a config)."""
-
-    K: int  # models
-    Hkv: int  # key/value groups
-    R: int  # query heads per group
-    C: int  # maps per head: 2 for DIFF V1, else 1
-    d: int  # query/key width
-    dv: int  # value width
-    scale: float
-
-    @property
-    def q_cols(self) -> int:
-        return self.Hkv * self.R * self.C * self.d
-
-    @property
-    def k_cols(self) -> int:
-        return self.Hkv * self.C * self.d
-
-    @property
-    def v_cols(self) -> int:
-        return self.Hkv * self.dv
-
-
-# Query rows per block of the stacked attention core (a block of rows needs only the keys up to its last row). Smaller
-# blocks skip more of the causal mask's upper half, but were slower at T = 64 on CPU (stack of 5 DIFF models: 64, 32,
-# 16 rows 4%, 7%, 12% slower per step than one 128-row block), as for the chunked kernel (CHUNK_ROWS = 128).
-BLOCK_ROWS = 128
-
-
-def _as_complex(x: Tensor, copy_ok: bool = True) -> Tensor:
-    """``x`` ``(..., 2m)`` as ``m`` complex numbers (pairs ``(2i, 2i+1)``: RoPE's GPT-J convention): a view,
-    or (``copy_ok``, to read from) a copy where an odd stride or offset does not allow one."""
-    pairs = x.unflatten(-1, (-1, 2))
-    if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]):
-        if not copy_ok:
-            raise ValueError("_as_complex: odd strides, no complex view to write to")
-        pairs = pairs.contiguous()
-    return torch.view_as_complex(pairs)
-
-
-def _rotate_into(out: Tensor, x: Tensor, rot: Tensor) -> None:
-    """``out = RoPE(x)``: the complex product ``x * rot`` of each pair (``(x0 cos - x1 sin, x0 sin + x1 cos)``,
-    ``apply_rope``'s arithmetic); ``out``, ``x`` complex views of one shape, ``rot`` broadcastable."""
-    torch.mul(x, rot, out=out)
-
-
-class _Attention:
-    """One call's tensors in the blocked kernel's 3-D form: ``q3 (KB*Hkv*C, T*R, d)`` (rotated),
-    ``k3 (KB*Hkv*C, T, d)`` (rotated), ``v3 (KB*Hkv, T, dv)``; ``neg_lam`` ``(K, 1, 1, 1)``."""
-
-    def __init__(self, qkv: Tensor, lam: Optional[Tensor], rot: Tensor, geo: _Geometry, doc_ids: Optional[Tensor]):
-        g = geo
-        KB, T = qkv.shape[:2]
-        self.geo, self.KB, self.T, self.rot = g, KB, T, rot  # rot: (T, d/2) complex
-        h = g.d // 2
-        self.q3 = qkv.new_empty(KB * g.Hkv * g.C, T * g.R, g.d)
-        self.k3 = qkv.new_empty(KB * g.Hkv * g.C, T, g.d)
-        _rotate_into(self.q_pairs(self.q3), _as_complex(qkv[..., :g.q_cols]).view(KB, T, g.Hkv, g.R, g.C, h),
-                     rot.view(T, 1, 1, 1, h))
-        k_cols = qkv[..., g.q_cols:g.q_cols + g.k_cols]
-        _rotate_into(self.k_pairs(self.k3), _as_complex(k_cols).view(KB, T, g.Hkv, g.C, h), rot.view(T, 1, 1, h))
-        v = qkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).transpose(1, 2)  # (KB, Hkv, T, dv)
-        self.v3 = v.reshape(KB * g.Hkv, T, g.dv)
-        self.neg_lam = None if lam is None else (-lam.detach()).view(g.K, 1, 1, 1)
-        self.mask = None if doc_ids is None else AttentionMask(doc_ids=doc_ids)
-
-    def q_pairs(self, q3: Tensor) -> Tensor:
-        """``q3``'s complex pairs in the projection's order ``(KB, T, Hkv, R, C, d/2)`` (a view)."""
-        g = self.geo
-        return torch.view_as_complex(q3.view(self.KB, g.Hkv, g.C, self.T, g.R, g.d // 2, 2)).permute(0, 3, 1, 4, 2, 5)
-
-    def k_pairs(self, k3: Tensor) -> Tensor:
-        """``k3``'s complex pairs in the projection's order ``(KB, T, Hkv, C, d/2)`` (a view)."""
-        g = self.geo
-        return torch.view_as_complex(k3.view(self.KB, g.Hkv, g.C, self.T, g.d // 2, 2)).permute(0, 3, 1, 2, 4)
-
-    def probs(self, r0: int, r1: int) -> Tensor:
-        """Softmax maps ``(KB*Hkv*C, t*R, r1)`` of query rows ``r0:r1`` (causal: keys ``0..r1-1``)."""
-        R, t, s = self.geo.R, r1 - r0, r1
-        qb, kb = self.q3[:, r0 * R:r1 * R], self.k3[:, :s].transpose(1, 2)
-        bias = _diag_bias(t, R, qb.device, qb.dtype)  # the chunked kernel's, cached per shape
-        if s == t:
-            logits = torch.baddbmm(bias, qb, kb, alpha=self.geo.scale)
-        else:
-            logits = qb.new_empty(qb.shape[0], qb.shape[1], s).baddbmm_(qb, kb, beta=0.0, alpha=self.geo.scale)
-            logits[:, :, r0:s].add_(bias)
-        if self.mask is not None:
-            allowed = self.mask.dense(self.T, self.T, logits.device, rows=slice(r0, r1), keys=s)  # (KB, t, s)
-            logits.view(self.KB, -1, t, R, s).masked_fill_(~allowed[:, None, :, None, :], float("-inf"))
-        return torch.softmax(logits, dim=-1)
-
-    def effective(self, probs: Tensor) -> Tensor:
-        """``(KB*Hkv, t*R, s)``: ``A1 - lam_k A2`` (each model its own lambda), or the map itself."""
-        if self.neg_lam is None:
-            return probs
-        p = probs.view(self.geo.K, -1, 2, *probs.shape[1:])  # (K, B*Hkv, 2, t*R, s)
-        return torch.addcmul(p[:, :, 0], p[:, :, 1], self.neg_lam).view(-1, *probs.shape[1:])
-
-
-class _StackedAttention(torch.autograd.Function):
-    """RoPE + causal (A1 - lambda A2) V for K*B sequences, from the fused projection output ``qkv``
-    ``(KB, T, q|k|v columns)``: returns ``(KB, T, H, dv)``; the backward returns the gradient of
-    ``qkv`` in one tensor and of ``lam`` ``(K,)``. Blocks of ``BLOCK_ROWS`` query rows as in the
-    ``chunked`` kernel, maps kept for blocks of at most ``STORE_MAX_KEYS`` keys (longer ones recomputed)."""
-
-    @staticmethod
-    def forward(ctx, qkv, lam, rot, geo, doc_ids):
-        at = _Attention(qkv, lam, rot, geo, doc_ids)
-        g, T = geo, at.T
-        out = at.v3.new_empty(at.KB * g.Hkv, T * g.R, g.dv)
-        blocks = []
-        for r0 in range(0, T, BLOCK_ROWS):
-            r1 = min(T, r0 + BLOCK_ROWS)
-            probs = at.probs(r0, r1)
-            eff = at.effective(probs)
-            torch.bmm(eff, at.v3[:, :r1], out=out[:, r0 * g.R:r1 * g.R])
-            blocks.append((r0, r1, (probs, eff) if r1 <= STORE_MAX_KEYS else None))
-        ctx.at, ctx.blocks = at, blocks
-        out = out.view(at.KB, g.Hkv, T, g.R, g.dv).transpose(1, 2)
-        return out.reshape(at.KB, T, g.Hkv * g.R, g.dv).contiguous()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):
-        at, g = ctx.at, ctx.at.geo
-        KB, T, R, C = at.KB, at.T, g.R, g.C
-        do3 = dout.view(KB, T, g.Hkv, R, g.dv).transpose(1, 2).reshape(KB * g.Hkv, T * R, g.dv)
-        dq3, dk3, dv3 = torch.empty_like(at.q3), torch.empty_like(at.k3), torch.empty_like(at.v3)
-        dlam = at.v3.new_zeros(g.K) if at.neg_lam is not None else None
-        first = True
-        for r0, r1, stored in reversed(ctx.blocks):  # the last block sees every key: it initialises dk, dv
-            t, s = r1 - r0, r1
-            rows = slice(r0 * R, r1 * R)
-            beta = 0.0 if first else 1.0
-            first = False
-            probs, eff = stored if stored is not None else (None, None)
-            if probs is None:
-                probs = at.probs(r0, r1)
-                eff = at.effective(probs)
-            dob = do3[:, rows]
-            dv3[:, :s].baddbmm_(eff.transpose(1, 2), dob, beta=beta)
-            deff = torch.bmm(dob, at.v3[:, :s].transpose(1, 2))  # (KB*Hkv, t*R, s)
-            p = probs.view(KB * g.Hkv, C, t * R, s)
-            ds = p * deff[:, None]
-            rsum = ds.sum(-1, keepdim=True)
-            ds.addcmul_(p, rsum, value=-1.0)  # softmax backward, linear in dP (dP2 = -lambda dP1)
-            if at.neg_lam is not None:
-                ds.view(g.K, -1, C, t * R, s)[:, :, 1].mul_(at.neg_lam)
-                dlam -= rsum.view(g.K, -1, C, t * R)[:, :, 1].sum((1, 2))  # dL/dlambda = -sum(deff * A2)
-            ds = ds.view(KB * g.Hkv * C, t * R, s)
-            dq3[:, rows].baddbmm_(ds, at.k3[:, :s], beta=0.0, alpha=g.scale)
-            dk3[:, :s].baddbmm_(ds.transpose(1, 2), at.q3[:, rows], beta=beta, alpha=g.scale)
-        dqkv = dout.new_empty(KB, T, g.q_cols + g.k_cols + g.v_cols)
-        back = at.rot.conj().resolve_conj()  # the rotation by the opposite angle
-        h = g.d // 2
-        dq = _as_complex(dqkv[..., :g.q_cols], copy_ok=False).view(KB, T, g.Hkv, R, C, h)
-        _rotate_into(dq, at.q_pairs(dq3), back.view(T, 1, 1, 1, h))
-        dk = _as_complex(dqkv[..., g.q_cols:g.q_cols + g.k_cols], copy_ok=False).view(KB, T, g.Hkv, C, h)
-        _rotate_into(dk, at.k_pairs(dk3), back.view(T, 1, 1, h))
-        dqkv[..., g.q_cols + g.k_cols:].view(KB, T, g.Hkv, g.dv).copy_(dv3.view(KB, g.Hkv, T, g.dv).transpose(1, 2))
-        return dqkv, dlam, None, None, None
-
-
-# -- the fused LM head and loss -------------------------------------------------------------------------------------
-
-# The LM head's width is padded to a multiple of this (zero rows, their logits -inf): a 623-wide head (the
-# compare vocabulary) runs at half the speed of a 640-wide one in MKL on this project's CPU.
-HEAD_PAD = 64
-
-
-class _HeadLoss(torch.autograd.Function):
-    """Each model's next-token cross-entropy from hidden states ``h`` ``(K, N, D)`` and its LM head ``w``
-    ``(K, V, D)``: ``sum_n nll_n * mult_k / div_k`` over the rows with ``valid`` (all rows when None), so
-    ``mult = 1, div = N`` is ``lm_loss``'s mean and ``mult = 1 / total`` the masked sum. One node: the
-    head's product, ``log_softmax`` (as ``F.cross_entropy``) and the closed-form backward
-    ``(softmax - onehot) * weight`` into both products."""
-
-    @staticmethod
-    def forward(ctx, h, w, targets, valid, mult, div):
-        V = w.shape[1]
-        Vp = -(-V // HEAD_PAD) * HEAD_PAD
-        wp = w if Vp == V else F.pad(w, (0, 0, 0, Vp - V))
-        logits = torch.bmm(h, wp.transpose(1, 2))  # (K, N, Vp)
-        if Vp != V:
-            logits[..., V:] = float("-inf")
-        logp = torch.log_softmax(logits.float(), dim=-1)  # in float32 whatever the weights, as lm_loss
-        nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
-        if valid is not None:
-            nll = nll.masked_fill_(~valid, 0.0)
-        ctx.save_for_backward(h, wp, logp, targets, valid, mult, div)
-        ctx.V = V
-        return nll.sum(1) * mult.to(nll.dtype) / div.to(nll.dtype)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        h, wp, logp, targets, valid, mult, div = ctx.saved_tensors
-        K, N = targets.shape
-        row = (g * mult / div).to(logp.dtype)[:, None].expand(K, N)  # dL/dnll_n
-        if valid is not None:
-            row = row * valid
-        dlogits = logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
-        dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
-        dlogits = dlogits.to(wp.dtype)
-        dh = torch.bmm(dlogits, wp) if ctx.needs_input_grad[0] else None
-        dw = torch.bmm(dlogits.transpose(1, 2), h)[:, :ctx.V] if ctx.needs_input_grad[1] else None
-        return dh, dw, None, None, None, None
 
 
 # -- the allocator ---------------------------------------------------------------------------------------------------
@@ -356,10 +139,9 @@ class StackedTransformer(nn.Module):
         self.state_keys = list(tree.state_dict())
         _stack_parameters(tree, k, device, dtype)
         self.model_tree = tree
-        a = tree.layers[0].attn
-        C = a.components
-        self._geo = _Geometry(K=k, Hkv=a.v_groups, R=a.q_heads // (C * a.v_groups), C=C, d=a.head_dim, dv=a.v_width,
-                              scale=1.0 / math.sqrt(a.head_dim))
+        # the one model (meta weights) whose forward vmap runs for each model; not a submodule: no parameters
+        self.__dict__["_one"] = _reference(config)
+        self.native = all(type(b.attn).stacks_natively() for b in tree.layers)
 
     # -- building and reading back --------------------------------------------------------------------------------
     @classmethod
@@ -421,84 +203,39 @@ class StackedTransformer(nn.Module):
         return m
 
     # -- forward --------------------------------------------------------------------------------------------------
-    def hidden(self, tokens: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
-        """Final-normed hidden states ``(K, B*T, D)`` of each model on its tokens ``(K, B, T)``
-        (``doc_ids`` ``(K, B, T)``: packed documents attend within themselves)."""
-        if tokens.dim() != 3 or tokens.shape[0] != self.k:
-            raise ValueError(f"tokens must be (K={self.k}, batch, time), got shape {tuple(tokens.shape)}")
-        c, g, tree = self.config, self._geo, self.model_tree
-        K, B, T = tokens.shape
-        V, D = c.vocab_size, c.dim
-        lo, hi = (int(v) for v in torch.aminmax(tokens))
-        if lo < 0 or hi >= V:
-            raise ValueError(f"tokens: ids must be in [0, vocab_size={V}), got min {lo} and max {hi}")
-        offsets = torch.arange(K, device=tokens.device).mul_(V).view(K, 1, 1)
-        x = F.embedding((tokens + offsets).view(K, B * T), tree.tok_embeddings.weight.view(K * V, D))  # (K, N, D)
-        cos, sin = rope_angles(torch.arange(T, device=tokens.device)[None], g.d, c.rope_theta,
-                               torch.promote_types(x.dtype, torch.float32))
-        rot = torch.complex(cos[0, :, 0].to(x.dtype), sin[0, :, 0].to(x.dtype))  # (T, d/2): cos + i sin
-        docs = None if doc_ids is None else doc_ids.reshape(K * B, T)
-        for block in tree.layers:  # the one model's Block.forward, with the attention's projections and core fused
-            x = self._attention(block.attn, x, block.attn_norm(x), B, T, rot, docs)
-            x = block.mlp(block.mlp_norm(x), residual=x)
-        return tree.norm(x)
-
-    def _attention(self, attn: nn.Module, x: Tensor, h: Tensor, B: int, T: int, rot: Tensor, docs: Optional[Tensor]
-                   ) -> Tensor:
-        """``x + attn(h)`` of one layer, ``h`` the normed ``x`` ``(K, N, D)``: q, k, v and the kind's extra
-        projection in one product, the core over ``K * B`` sequences, then the kind's own ``finish``."""
-        K, N = self.k, B * T
-        extra = getattr(attn, attn.extra_proj) if attn.extra_proj else None
-        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
-                      + ([extra.weight] if extra is not None else []), dim=1)  # (K, q+k+v[+extra], D)
-        proj = linear(h, w)  # (K, N, columns)
-        cols = extra.out_features if extra is not None else 0
-        qkv = (proj[..., :-cols] if cols else proj).view(K * B, T, -1)
-        lam = attn.kernel_lambda()
-        if lam is not None and lam.dim() == 0:  # one constant for every model (DIFF's no-subtraction control)
-            lam = lam.expand(K)
-        out = _StackedAttention.apply(qkv, lam, rot, self._geo, docs)  # (KB, T, heads, dv)
-        out = attn.finish(out.view(K, N, *out.shape[2:]), proj[..., -cols:] if cols else None)
-        return linear(out.reshape(K, N, -1), attn.out_proj.weight, residual=x)
-
-    def _head_weight(self) -> Tensor:
-        return self.model_tree.lm_head.weight  # the embedding when tied
+    def _one_loss(self, params: dict, x: Tensor, y: Tensor, docs: Optional[Tensor], rows: Optional[Tensor],
+                  weights: Optional[Tensor]) -> Tensor:
+        """One model's loss: the one model's own ``forward`` with ``params`` (what ``torch.vmap`` maps over)."""
+        return functional_call(self._one, params, (x,), {"doc_ids": docs, "targets": y, "loss_rows": rows,
+                                                        "loss_weights": weights})
 
     def losses(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
                doc_ids: Optional[Tensor] = None) -> Tensor:
         """Each model's training loss ``(K,)`` on its batch: ``tokens`` ``(K, B, T+1)`` (inputs and
         next-token targets), ``loss_mask`` ``(K, B, T)`` bool or None, ``mask_total``: each model's
         global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
-        ``(K, B, T)`` of the inputs or None. Equal to the trainer's ``lm_loss`` / ``masked_lm_loss``
-        of each model in one process."""
+        ``(K, B, T)`` of the inputs or None. Each is the one model's ``forward(x, targets=y, ...)``
+        (:func:`difftx.model.loss_rows` for a mask, padded to the models' largest count), all ``K`` in one
+        ``torch.vmap`` over the stacked weights."""
         device_type = self.model_tree.tok_embeddings.weight.device.type
         if torch.is_autocast_enabled(device_type):
             raise ValueError("StackedTransformer: autocast is not supported (float32 or float64 weights only); "
                              "train the stack outside torch.autocast")
+        if tokens.dim() != 3 or tokens.shape[0] != self.k:
+            raise ValueError(f"tokens must be (K={self.k}, batch, time+1), got shape {tuple(tokens.shape)}")
+        _check_token_ids(tokens, self.config.vocab_size)  # the map cannot read values
         x, y = tokens[..., :-1], tokens[..., 1:]
-        K, B, T = x.shape
-        h = self.hidden(x, doc_ids)  # (K, N, D)
-        w = self._head_weight()
-        if loss_mask is None:
-            one = h.new_ones(K)
-            return _HeadLoss.apply(h, w, y.reshape(K, B * T), None, one, one * (B * T))
-        return self._masked_losses(h, w, y.reshape(K, B * T), loss_mask.reshape(K, B * T), mask_total)
-
-    @staticmethod
-    def _masked_losses(h: Tensor, w: Tensor, y: Tensor, mask: Tensor, totals: Optional[Sequence]) -> Tensor:
-        """The LM head on each model's loss positions only, padded to the largest count (rows of weight 0):
-        ``masked_lm_loss`` of each model (its sum over ``total`` positions, or its mean when None)."""
-        K = h.shape[0]
-        counts = mask.sum(1)  # (K,)
-        n_max = max(int(counts.max()), 1)
-        # each model's positions in row-major order first (as h[mask]), then its padding
-        order = torch.sort(mask.to(torch.int8), dim=1, descending=True, stable=True).indices[:, :n_max]  # (K, n_max)
-        valid = torch.arange(n_max, device=h.device)[None] < counts[:, None]  # (K, n_max)
-        hs = torch.gather(h, 1, order[..., None].expand(K, n_max, h.shape[-1]))  # (K, n_max, D)
-        totals = [None] * K if totals is None else list(totals)
-        mult = [1.0 if t is None else 1.0 / max(t, 1) for t in totals]  # masked_lm_loss: sum * (1 / total)
-        div = [float(max(c, 1)) if t is None else 1.0 for t, c in zip(totals, counts.tolist())]  # or the mean
-        return _HeadLoss.apply(hs, w, torch.gather(y, 1, order), valid, h.new_tensor(mult), h.new_tensor(div))
+        rows = weights = None
+        if loss_mask is not None:
+            totals = [None] * self.k if mask_total is None else list(mask_total)
+            n_max = max(int(loss_mask[i].sum()) for i in range(self.k))
+            pairs = [loss_rows(loss_mask[i], totals[i], pad_to=max(n_max, 1)) for i in range(self.k)]
+            rows, weights = (torch.stack(t) for t in zip(*pairs))
+        if self.native:  # the one model's forward on its own tree, every weight with its leading K
+            return self.model_tree(x, doc_ids=doc_ids, targets=y, loss_rows=rows, loss_weights=weights)
+        params = dict(self.named_stacked())
+        dims = (0, 0, 0, None if doc_ids is None else 0, None if rows is None else 0, None if rows is None else 0)
+        return torch.vmap(self._one_loss, in_dims=dims)(params, x, y, doc_ids, rows, weights)
 
     def forward(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
                 doc_ids: Optional[Tensor] = None) -> Tensor:

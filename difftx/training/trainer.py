@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
 from ..io import eval_mode
-from ..model import Transformer, lm_loss
+from ..model import Transformer
 from ..provenance import machine
 from . import checkpointing as ckpt
-from .batches import Batch, as_batch, is_batch_source
+from .batches import Batch, as_batch, batch_loss_rows, is_batch_source
 from .config import TrainConfig
 from .distributed import (
     DistInfo,
@@ -133,7 +133,7 @@ def evaluate(model: nn.Module, store, config: TrainConfig, device: torch.device,
             x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (b, T) each
             d = doc_ids[:, :-1].to(device) if config.doc_mask else None
             with _autocast(device, dtype):
-                total += float(lm_loss(model(x, doc_ids=d), y)) * x.shape[0]  # the last batch may be smaller
+                total += float(model(x, doc_ids=d, targets=y)) * x.shape[0]  # the last batch may be smaller
             rows += x.shape[0]
     return total / rows if rows else None
 
@@ -517,12 +517,8 @@ class _Run:
         x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
         d = doc_ids[:, :-1].to(device) if config.doc_mask and doc_ids is not None else None
         with _autocast(device, self.dtype):
-            if batch.loss_mask is None:
-                return lm_loss(self.model(x, doc_ids=d), y) / config.grad_accum
-            m = batch.loss_mask.to(device)  # (B, T): the LM head runs at its True positions only
-            loss = masked_lm_loss(self.model(x, doc_ids=d, logits_at=m), y[m], batch.mask_total,
-                                  self.dist.world_size)
-            return loss / config.grad_accum
+            return self.model(x, doc_ids=d, targets=y, **batch_loss_rows(batch, device, self.dist.world_size)
+                              ) / config.grad_accum
 
     def _accumulate(self) -> tuple[torch.Tensor, dict[str, list], int]:
         """Forward and backward over the step's ``grad_accum`` micro-batches; gradients are reduced
@@ -900,17 +896,6 @@ def _held_sigint() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
     if held:
         raise KeyboardInterrupt
-
-
-def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, total: Optional[int], world_size: int = 1
-                   ) -> torch.Tensor:
-    """Next-token cross-entropy of ``logits`` ``(N, V)`` against ``targets`` ``(N,)`` (this rank's
-    loss positions). ``total``: the loss positions of the global batch; the result is then
-    ``sum * world_size / total``, which data-parallel gradient averaging turns into the mean over
-    the global batch; ``None``: this rank's mean."""
-    if total is None:
-        return F.cross_entropy(logits.float(), targets)
-    return F.cross_entropy(logits.float(), targets, reduction="sum") * (world_size / max(total, 1))
 
 
 def _probe(fn: Callable, model: nn.Module, step: int, logger: MetricsLogger) -> dict:
