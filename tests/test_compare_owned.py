@@ -16,7 +16,7 @@ from difftx.cli import main
 from difftx.compare.run import job_lock
 from test_compare import FAST, as_sets
 from test_compare_data import FAST as TEXT_FAST
-from test_hostile_input import snapshot
+from test_errors import snapshot
 
 
 def _compare(out: Path, *extra: str, seeds: int = 1) -> list[str]:

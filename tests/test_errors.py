@@ -1,6 +1,6 @@
-"""Hostile-but-ordinary input (issue 14): every case ends in one line on stderr naming the file or
-flag, a documented exit code (2 input/usage, 1 runtime failure, 130 interrupted), no traceback,
-and the user's files byte-identical. One test (or a few) per pattern:
+"""Errors on hostile-but-ordinary input (issue 14): every case ends in one line on stderr naming
+the file or flag, a documented exit code (2 input/usage, 1 runtime failure, 130 interrupted), no
+traceback, and the user's files byte-identical. One test (or a few) per pattern:
 
 1. the CLI's error boundary (known errors, unexpected errors, Ctrl-C, output paths checked first);
 2. nothing a user made is overwritten (export / import, the run-folder lock, logs, --resume);

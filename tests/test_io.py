@@ -1,14 +1,19 @@
 """difftx.io, the bottom layer: atomic writes, strict JSON out, JSON in with one error wording,
-eval mode for a block."""
+eval mode for a block; what difftx writes through it (model files, checkpoints, exports) follows
+the umask."""
 
 import json
 import math
+import os
+import stat
+from pathlib import Path
 
 import pytest
 import torch
 
 from difftx.checkpoint import CheckpointError
 from difftx.io import atomic_folder, atomic_write, dumps_strict, eval_mode, read_json, staging_is_stale
+from difftx.training import checkpointing as ckpt
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):
@@ -97,9 +102,55 @@ def test_eval_mode_restores_the_mode_whatever_happens(training):
     assert model.training is training
 
 
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_model_files_follow_the_umask(tmp_path, mask):
+    import difftx
+    from difftx.checkpoint import save_model
+
+    old = os.umask(mask)
+    try:
+        folder = save_model(difftx.Transformer(difftx.preset("test")), tmp_path / "m")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "config.json"):
+        assert _mode(folder / name) == 0o666 & ~mask
+
+
+def test_checkpoint_folders_and_exports_follow_the_umask(tmp_path):
+    import difftx
+
+    model = difftx.Transformer(difftx.preset("test"))
+    old = os.umask(0o027)
+    try:
+        final = ckpt.save_checkpoint(tmp_path / "run", 1, model_state=model.state_dict(), model_config=model.config,
+                                     optim_state={"state": {}, "param_groups": []}, trainer_state={"step": 1},
+                                     train_config={}, keep_last=2)
+        exported = None
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            from difftx.interop.hf import export_hf
+
+            exported = Path(export_hf(final, tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    assert _mode(final) == 0o750
+    assert all(_mode(p) == 0o640 for p in final.iterdir() if p.is_file())
+    assert _mode(tmp_path / "run" / "checkpoints" / "latest") == 0o640
+    if exported is not None:
+        files = [p for p in exported.rglob("*") if p.is_file()]
+        assert files and all(_mode(p) == 0o640 for p in files)
+    assert torch.equal(difftx.checkpoint.load_model(final).tok_embeddings.weight, model.tok_embeddings.weight)
+
+
 def test_io_imports_nothing_from_difftx():
     import ast
-    from pathlib import Path
 
     import difftx.io
 

@@ -4,11 +4,12 @@ scale.json / scale.png; bad input refused in one line with nothing written."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from difftx.cli import main
-from difftx.compare.scale import plan_sizes, shape
+from difftx.compare.scale import plan_sizes, sensitivity, shape
 from test_compare import FAST, as_sets
 
 LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
@@ -187,3 +188,19 @@ def test_crossover_text_reads_every_kind_of_interval():
     assert "[< 1, 2.28e+04]" in _crossover_text({**base, "low": 3.8e-188, "high": 2.28e4}, "straight lines")
     assert "[1e+04, 5e+04]" in _crossover_text({**base, "low": 1e4, "high": 5e4}, "lines")
     assert "none (they do not cross)" in _crossover_text({"params": None, "note": "they do not cross"}, "lines")
+
+
+def test_sensitivity_on_the_floor_fit_and_the_straight_line():
+    """0.01 nats moves the ratio by exp(0.01 / |dL/dlog N|) at the matching baseline size."""
+    floor = {"method": "floor", "params": [1e4, 1e5], "matched_params": [None, 5e4],
+             "fit": {"floor": 1.5, "reference": [2.0, 0.5]}}
+    x = sensitivity(floor, 1, 1.8)
+    slope = -0.5 * 2.0 * 5e4 ** -0.5  # -b (L_B(N_B) - E)
+    assert x["at_params"] == 5e4 and x["dloss_dlog_params"] == pytest.approx(slope)
+    assert x["factor_per_0.01_nats"] == pytest.approx(math.exp(0.01 / abs(slope)))
+    assert sensitivity(floor, 0, 1.8)["at_params"] == 1e4  # no matching size: the arm's own
+    line = {"method": "loglog", "params": [1e4, 1e5], "matched_params": [2e4, 2e5],
+            "loglog": {"fits": {"reference": [[1.0, -0.04], [1.1, -0.04]]}}}
+    y = sensitivity(line, 0, 1.7)  # the issue's example: b = 0.04 at L = 1.7, 0.01 nats ~ x1.16
+    assert y["dloss_dlog_params"] == pytest.approx(-0.068)
+    assert y["factor_per_0.01_nats"] == pytest.approx(1.158, abs=1e-3)

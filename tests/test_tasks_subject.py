@@ -1,14 +1,12 @@
 """What ``difftx compare`` hands to the tasks, as typed objects with JSON in and out
-(difftx.tasks.subject: TaskSpace, CompareTask, TrainRecord), and where a preset is validated
-(fields alone at construction, the rest in difftx.compare.plan.resolve)."""
+(difftx.tasks.subject: TaskSpace, CompareTask, TrainRecord), and the probe cell clipped to the
+subject's needle task (difftx.tasks.common)."""
 
 import json
 from types import SimpleNamespace
 
 import pytest
 
-from difftx.compare.plan import resolve
-from difftx.compare.presets import ComparePreset, get_preset
 from difftx.eval.icl import ICLTask
 from difftx.eval.needle import NeedleTask
 from difftx.tasks.common import probe_cell
@@ -82,19 +80,6 @@ def test_train_record_refuses_what_is_not_one(tmp_path):
         TrainRecord.read(tmp_path)
 
 
-def test_a_preset_checks_its_fields_alone_and_resolve_the_rest():
-    loose = ComparePreset(steps=10, warmup_steps=20)  # each field is fine on its own
-    with pytest.raises(ValueError, match="ComparePreset.warmup_steps: 20 must not exceed steps=10"):
-        resolve(loose)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        loose.with_overrides()
-    with pytest.raises(ValueError, match="ComparePreset.steps: must be a positive integer"):
-        ComparePreset(steps=0)
-    p = get_preset("smoke", tasks={"diagnostics": {"cell": (6, 2)}})  # the diagnostics task clips its cell
-    assert p.task_settings()["diagnostics"].cell == (6, 2)
-    assert resolve(p).space == p.resolve().space
-
-
 def test_the_probe_cell_is_clipped_to_what_the_needle_task_can_pose():
     compare_model = SimpleNamespace(needle=NEEDLE)
     assert probe_cell(compare_model, (6, 2)) == (4, 2)
@@ -103,14 +88,3 @@ def test_the_probe_cell_is_clipped_to_what_the_needle_task_can_pose():
     assert probe_cell(compare_model, (2, 1)) == (2, 1)
     assert probe_cell(SimpleNamespace(needle=NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=2,
                                                         max_query=1)), None) == (2, 1)
-
-
-def test_plan_does_not_import_presets():
-    """The preset is data; resolving it is plan's: no import from plan back to presets."""
-    import ast
-    from pathlib import Path
-
-    import difftx.compare.plan as plan
-
-    tree = ast.parse(Path(plan.__file__).read_text())
-    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("presets")]
