@@ -7,16 +7,17 @@ __version__ = "0.1.0"
 # during start-up is then one line and exit code 130, not a traceback.
 _EXPORTS = {
     "AttentionMask": "attention", "DiffAttention": "attention", "DiffAttentionV2": "attention",
-    "StandardAttention": "attention", "GatedAttention": "attention",
+    "StandardAttention": "attention", "GatedAttention": "attention", "AttentionKind": "attention",
+    "register_attention": "attention",
     "PRESETS": "config", "ModelConfig": "config", "baseline_config": "config", "preset": "config",
     "ARMS": "config", "ARM_SETS": "config", "arm_config": "config",
     "KVCache": "model", "Transformer": "model", "lm_loss": "model",
 }
 
 __all__ = [
-    "ARMS", "ARM_SETS", "AttentionMask", "DiffAttention", "DiffAttentionV2", "GatedAttention", "KVCache",
+    "ARMS", "ARM_SETS", "AttentionKind", "AttentionMask", "DiffAttention", "DiffAttentionV2", "GatedAttention", "KVCache",
     "ModelConfig", "PRESETS", "StandardAttention", "Transformer", "arm_config", "baseline_config", "lm_loss",
-    "preset", "__version__",
+    "preset", "register_attention", "__version__",
 ]
 
 

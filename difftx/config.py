@@ -80,7 +80,9 @@ class ModelConfig:
         if self.ffn_hidden is not None and (not isinstance(self.ffn_hidden, int) or self.ffn_hidden <= 0):
             raise _err("ffn_hidden", f"must be a positive integer or null, got {self.ffn_hidden!r}")
         if self.attention not in ATTENTIONS:
-            raise _err("attention", f"must be one of {tuple(ATTENTIONS)}, got {self.attention!r}")
+            raise _err("attention", f"must be one of {tuple(ATTENTIONS)}, got {self.attention!r} (a kind of your own: "
+                                    f"register it with difftx.register_attention, or load its file with "
+                                    f"difftx --kinds FILE / DIFFTX_KINDS)")
         if self.backend not in backend_names():
             raise _err("backend", f"unknown attention backend {self.backend!r}; choose one of {backend_names()}")
         if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
@@ -266,6 +268,14 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
+def arm_names() -> list[str]:
+    """The names an arm can have: :data:`ARMS`, then every attention kind registered beyond the built-in ones
+    (:func:`~difftx.attention.modules.register_attention`)."""
+    from .attention.modules import ATTENTIONS_BUILTIN
+
+    return [*ARMS, *(n for n, c in ATTENTIONS.items() if c not in ATTENTIONS_BUILTIN and n not in ARMS)]
+
+
 def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
     """The config of ``arm`` (a name of :data:`ARMS`) derived from the DIFF V1 config ``base``.
 
@@ -275,12 +285,17 @@ def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
     it; ``baseline*``, ``gated*`` and ``diff_v2`` start from the plain options. ``diff_v2``
     uses ``n_heads = 2H`` (its ``2H`` output heads have DIFF's component width ``d`` and its kv
     heads the baseline's), so that its own ``baseline_config`` is the ``baseline`` arm.
+    A registered kind (:func:`arm_names`) is the arm of its name: heads of DIFF's query/key width ``d``
+    (``2H / components`` of them, the baseline's count for a one-map kind), options at their defaults.
     """
     if not isinstance(base, ModelConfig) or base.attention != "diff":
         got = base.attention if isinstance(base, ModelConfig) else type(base).__name__
         raise ValueError(f"arm_config: base must be a DIFF V1 ModelConfig (attention='diff'), got {got!r}")
     if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; choose one of {list(ARMS)}")
+        if arm not in arm_names():
+            raise ValueError(f"unknown arm {arm!r}; choose one of {arm_names()}")
+        C = ATTENTIONS[arm].components
+        return base.plain(attention=arm, n_heads=2 * base.n_heads // C, n_kv_heads=2 * base.kv_groups // C)
     baseline = baseline_config(base)
     H, Hkv = base.n_heads, base.kv_groups
     wide = base.replace(attention="standard", n_heads=H, n_kv_heads=Hkv, **_PLAIN)

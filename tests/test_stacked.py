@@ -8,14 +8,11 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from difftx import Transformer
-from difftx.attention import ATTENTIONS, StandardAttention
 from difftx.config import ARMS, ModelConfig, arm_config
 from difftx.model import lm_loss
-from difftx.ops import stacked_like
-from difftx.training import Batch, TrainConfig, train, train_stacked
+from difftx.training import Batch, TrainConfig, train
 from difftx.training.metrics import read_metrics
 from difftx.training.optim import build_optimizer, lr_at
 from difftx.training.stacked import (
@@ -203,38 +200,6 @@ def test_every_arm_one_step_matches(arm):
             for name, p in stack.named_stacked():
                 ref = dict(m.named_parameters())[name].grad
                 torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-6 * float(ref.abs().max()) + 1e-9)
-
-
-class ToyAttention(StandardAttention):
-    """A toy attention kind for the test below: the baseline's heads, each scaled by a learned gain."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.head_gain = torch.nn.Parameter(torch.ones(self.n_heads))
-
-    def finish(self, out, extra):
-        return out * stacked_like(self.head_gain[..., None], out, own_dims=2)  # (H, 1), or (K, 1, H, 1) stacked
-
-
-def test_a_new_attention_kind_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
-    """A kind written once (ToyAttention above) and named in one line: the model builds it, and the stacked
-    trainer trains it as the one-model trainer does, with no other code."""
-    monkeypatch.setitem(ATTENTIONS, "toy", ToyAttention)  # the one registry line
-    cfg = BASE.replace(attention="toy", n_heads=4, dim=32)
-    assert isinstance(Transformer(cfg).layers[0].attn, ToyAttention) and cfg.head_dim == 8
-    steps = 6
-    tcs = [_train_config(cfg, seed, tmp_path / f"stack{seed}").replace(steps=steps, warmup_steps=2)
-           for seed in SEEDS]
-    stacked = train_stacked(tcs, data=[Source() for _ in SEEDS], model_config=cfg)
-    for seed, result in zip(SEEDS, stacked):
-        alone = train(_train_config(cfg, seed, tmp_path / f"alone{seed}").replace(steps=steps, warmup_steps=2),
-                      data=Source(), model_config=cfg)
-        for step in range(1, steps + 1):
-            assert result.losses[step] == pytest.approx(alone.losses[step], rel=1e-5)
-        gains = [load_file(tmp_path / f"{name}{seed}" / "checkpoints" / f"step_{steps:08d}" / "model.safetensors")
-                 ["layers.0.attn.head_gain"] for name in ("stack", "alone")]
-        torch.testing.assert_close(gains[0], gains[1], rtol=1e-4, atol=1e-6)
-        assert not torch.equal(gains[0], torch.ones(4))  # the gain trained
 
 
 def test_refuses_mixed_batches():

@@ -2,8 +2,8 @@
 
 from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, resolve_backend
 from .masks import AttentionMask
-from .modules import (ATTENTIONS, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV, StandardAttention,
-                      lambda_init_for_layer)
+from .modules import (ATTENTIONS, AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV,
+                      StandardAttention, lambda_init_for_layer, load_kinds, register_attention)
 
 try:  # optional fused kernel: registers the "triton" backend when Triton is installed
     from .triton_kernel import register as _register_triton
@@ -13,6 +13,9 @@ else:
     _register_triton()
 
 __all__ = [
-    "ATTENTIONS", "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2", "GatedAttention",
-    "LayerKV", "StandardAttention", "backend_names", "lambda_init_for_layer", "register_backend", "resolve_backend",
+    "ATTENTIONS", "AttentionKind", "AttentionMask", "AttentionMaps", "BACKENDS", "DiffAttention", "DiffAttentionV2",
+    "GatedAttention", "LayerKV", "StandardAttention", "backend_names", "lambda_init_for_layer", "load_kinds",
+    "register_attention", "register_backend", "resolve_backend",
 ]
+
+load_kinds()  # the kinds named in DIFFTX_KINDS (difftx --kinds FILE), in this process and its workers

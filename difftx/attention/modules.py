@@ -267,9 +267,10 @@ class AttentionKind(nn.Module):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        """What one layer of ``config`` holds beyond its :meth:`baseline_config`'s, as ``(parameters, count,
-        reason)`` rows. By default: each parameter of the layer's attention module that the baseline's lacks
-        or holds with another size (counted from the two modules, built without weights)."""
+        """What one layer of ``config`` holds beyond its :meth:`baseline_config`'s, as ``(parameters and why, count,
+        formula)`` rows (the formula in ``D``, ``H``, ``d``, or the count itself). By default: each parameter of
+        the layer's attention module that the baseline's lacks or holds with another size (counted from the two
+        modules, built without weights)."""
         base = cls.baseline_config(config)
         with torch.device("meta"):
             ours = dict(cls.from_config(config, 0).named_parameters())
@@ -282,7 +283,7 @@ class AttentionKind(nn.Module):
                 why = (f"{cls.__name__} only, shape {tuple(ours[name].shape)}" if name not in theirs else
                        f"the baseline only, shape {tuple(theirs[name].shape)}" if name not in ours else
                        f"shape {tuple(ours[name].shape)} against the baseline's {tuple(theirs[name].shape)}")
-                rows.append((name, a - b, why))
+                rows.append((f"{name} ({why})", a - b, str(a - b)))
         return rows
 
     @classmethod
@@ -357,21 +358,25 @@ class StandardAttention(AttentionKind):
     def from_config(cls, config, layer_idx: int) -> "StandardAttention":
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, use_subln=c.uses_head_norm,
-                   norm_eps=c.norm_eps)
+                   norm_eps=c.norm_eps, **c.options_dict())
 
     @classmethod
     def baseline_config(cls, config):
-        """Itself, without its per-head norm if it has one."""
-        return config if config.head_norm is None else config.replace(head_norm=None)
+        """Itself without its per-head norm; a kind built on it: the same heads as plain standard attention."""
+        return config.plain(attention="standard")
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not StandardAttention:  # a kind built on this one: its own parameters, its own export
+            return super().parameter_delta(config)
         if not config.uses_head_norm:
             return []
         return [("subln.weight (per-head RMSNorm gain over the d-wide head)", config.head_dim, "d")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
+        if cls is not StandardAttention:  # a kind built on this one: its own parameters, its own export
+            return super().hf_refusal(config)
         if config.uses_head_norm:
             return ("attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
                     "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
@@ -412,7 +417,8 @@ class GatedAttention(StandardAttention):
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "GatedAttention":
         c = config
-        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind)
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, gate=c.gate_kind,
+                   **c.options_dict())
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -427,6 +433,8 @@ class GatedAttention(StandardAttention):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not GatedAttention:  # a kind built on this one: its own parameters, its own export
+            return super().parameter_delta(config)
         D, H, d = config.dim, config.n_heads, config.head_dim
         if config.gate_kind == "elementwise":
             return [("gate_proj (elementwise W_g: D -> H·d)", D * H * d, "D·H·d")]
@@ -434,6 +442,8 @@ class GatedAttention(StandardAttention):
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
+        if cls is not GatedAttention:  # a kind built on this one: its own parameters, its own export
+            return super().hf_refusal(config)
         return (f"attention='gated' (gate={config.gate_kind!r}) cannot be exported: Llama has no output gate on its "
                 "attention heads (sigmoid(x W_g) multiplying each head before o_proj), and no transformers Llama or "
                 "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
@@ -494,7 +504,7 @@ class DiffAttention(AttentionKind):
     def from_config(cls, config, layer_idx: int) -> "DiffAttention":
         c = config
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
-                   lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract)
+                   lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract, **c.options_dict())
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -516,6 +526,8 @@ class DiffAttention(AttentionKind):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not DiffAttention:  # a kind built on this one: its own parameters, its own export
+            return super().parameter_delta(config)
         d, rows = config.head_dim, []
         if config.subtract:
             rows.append(("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d"))
@@ -525,6 +537,8 @@ class DiffAttention(AttentionKind):
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
+        if cls is not DiffAttention:  # a kind built on this one: its own parameters, its own export
+            return super().hf_refusal(config)
         if not config.subtract:
             return ("subtract=False (the no-subtraction control, lambda fixed at 0) cannot be exported faithfully: "
                     "DiffLlama always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
@@ -631,7 +645,7 @@ class DiffAttentionV2(AttentionKind):
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "DiffAttentionV2":
         c = config
-        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend)
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, **c.options_dict())
 
     @classmethod
     def baseline_config(cls, config):
@@ -641,12 +655,16 @@ class DiffAttentionV2(AttentionKind):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not DiffAttentionV2:  # a kind built on this one: its own parameters, its own export
+            return super().parameter_delta(config)
         D, H, d = config.dim, config.n_heads, config.head_dim
         return [("q_proj rows of the second query head of each pair", D * H * d, "D·H·d"),
                 ("lambda_proj (W_lambda: D -> H)", D * H, "D·H")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
+        if cls is not DiffAttentionV2:  # a kind built on this one: its own parameters, its own export
+            return super().hf_refusal(config)
         return ("attention='diff_v2' cannot be exported: transformers has no Differential Transformer V2 class. "
                 "DiffLlama implements V1 only (two softmax maps per head over a 2d-wide value, a scalar lambda "
                 "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
@@ -693,6 +711,47 @@ def register_attention(name: str, cls: Optional[type] = None, *, replace: bool =
     cls.kind = name
     ATTENTIONS[name] = cls
     return cls
+
+
+KINDS_ENV = "DIFFTX_KINDS"
+
+
+def load_kinds(spec: Optional[str] = None) -> list[str]:
+    """Import the modules that register your attention kinds: ``spec`` (default the ``DIFFTX_KINDS`` environment
+    variable) is a comma-separated list of Python files or importable module names. ``difftx --kinds FILE``
+    sets the variable, so that worker processes import them too. Returns the names it imported."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+    from pathlib import Path
+
+    spec = os.environ.get(KINDS_ENV, "") if spec is None else spec
+    done = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        try:
+            if item.endswith(".py") or os.sep in item:
+                path = Path(item).expanduser().resolve()
+                if not path.is_file():
+                    raise FileNotFoundError(f"no such file: {path}")
+                name = f"difftx_kinds_{path.stem}"
+                if name not in sys.modules:
+                    module_spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(module_spec)
+                    sys.modules[name] = module
+                    try:
+                        module_spec.loader.exec_module(module)
+                    except BaseException:
+                        del sys.modules[name]
+                        raise
+            else:
+                importlib.import_module(item)
+        except Exception as e:  # noqa: BLE001 - one line naming the module, then the original error
+            raise ImportError(f"{KINDS_ENV} / --kinds: cannot import {item!r}: {type(e).__name__}: {e}") from e
+        done.append(item)
+    return done
 
 
 ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, DiffAttention, DiffAttentionV2)

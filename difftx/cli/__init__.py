@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="difftx", description="Differential Transformer toolkit: models, training, evaluation, interop.")
     parser.add_argument("--version", action="version", version=f"difftx {__version__}")
+    parser.add_argument("--kinds", metavar="FILES", default=None,
+                        help="Python files or modules (comma-separated) that register your attention kinds "
+                             "(difftx.register_attention), imported before the command, and by its workers; "
+                             "the same as the DIFFTX_KINDS environment variable")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
         try:
@@ -79,6 +83,25 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def _kinds_option(argv: Optional[Sequence[str]]) -> Optional[str]:
+    """The value of the top-level ``--kinds`` option (before the command), if given."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--kinds", default=None)
+    pre.add_argument("command", nargs="?")
+    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    return known.kinds
+
+
+def _use_kinds(spec: str) -> None:
+    """``--kinds``: kept in the environment (worker processes import the kinds from there), then imported."""
+    import os
+
+    from ..attention.modules import KINDS_ENV, load_kinds
+
+    os.environ[KINDS_ENV] = ",".join(p for p in (os.environ.get(KINDS_ENV, ""), spec) if p)
+    load_kinds(spec)
 
 
 def _unavailable(name: str, error: Exception) -> int:
@@ -108,6 +131,9 @@ def _run(argv: Optional[Sequence[str]], interrupt: "_InterruptWatch") -> tuple[s
         warnings.showwarning = lambda message, category, *a, **k: print(
             f"{prog}: warning: {message}", file=sys.stderr)
         try:
+            kinds = _kinds_option(argv)
+            if kinds:  # before the parser is built: its choices list the kinds
+                _use_kinds(kinds)
             parser = build_parser()
             args = parser.parse_args(argv)
             if not getattr(args, "func", None):

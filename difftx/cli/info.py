@@ -14,8 +14,9 @@ def register(sub) -> None:
                                    "comparison arms derived from a DIFF config instead.")
     p.add_argument("config", nargs="?", default="tiny",
                    help="preset name or path to a config.json / checkpoint folder (default: tiny)")
-    p.add_argument("--attention", choices=["diff", "diff_v2", "standard", "gated"],
-                   help="override the attention kind")
+    p.add_argument("--attention", metavar="KIND",
+                   help="override the attention kind: diff, diff_v2, standard, gated, or one registered by "
+                        "difftx --kinds FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (e.g. --set gate=headwise, --set head_norm=true, "
                         "--set subtract=false); repeatable, applied after --attention")
@@ -71,12 +72,13 @@ def _options(c) -> str:
     out = []
     if c.gate_kind is not None:
         out.append(f"gate={c.gate_kind}")
-    if c.uses_head_norm != (c.attention == "diff"):
+    if c.uses_head_norm != c.kind_class.head_norm_default:
         out.append(f"head_norm={'on' if c.uses_head_norm else 'off'}")
     if not c.subtract:
         out.append("subtract=off")
     if c.lambda_init is not None:
         out.append(f"lambda_init={c.lambda_init:g}")
+    out.extend(f"{k}={v}" for k, v in (c.options or {}).items())
     return " ".join(out)
 
 

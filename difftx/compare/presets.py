@@ -104,12 +104,13 @@ class ComparePreset:
                 raise preset_error(name, f"must be a path (text), got {v!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise preset_error("device", f"must be auto, cpu or cuda, got {self.device!r}")
-        from ..config import ARMS
+        from ..config import arm_names
 
         arms = self.arms
         if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) != len(arms) or \
-                not {"baseline", "diff"} <= set(arms) or not set(arms) <= set(ARMS):
-            raise preset_error("arms", f"need distinct names of {list(ARMS)} including baseline and diff, got {arms!r}")
+                not {"baseline", "diff"} <= set(arms) or not set(arms) <= set(arm_names()):
+            raise preset_error("arms", f"need distinct names of {arm_names()} including baseline and diff, got "
+                                       f"{arms!r}")
         object.__setattr__(self, "arms", tuple(arms))
         if not isinstance(self.tasks, dict):
             raise preset_error("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {self.tasks!r}")

@@ -29,7 +29,6 @@ HF row ``c*d/2 + i`` is difftx row ``2i + c``. Values are not rotated and keep t
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -37,7 +36,6 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ..attention.modules import lambda_init_for_layer
 from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state
 from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json

@@ -1,17 +1,21 @@
 """K models of one :class:`~difftx.config.ModelConfig` trained together as one *stacked* model.
 
-The stack is the one model's module tree (:class:`~difftx.model.Transformer`, built without drawing
+The stack holds the one model's module tree (:class:`~difftx.model.Transformer`, built without drawing
 weights) whose every parameter carries a leading ``K`` dimension: model ``i`` of the stack is
-``{name: p[i]}``, an ordinary state dict under the one model's names. The tree's own modules compute
-each model's part of a layer: the block norms and the MLP (:mod:`difftx.ops` broadcasts a stacked
-weight over ``K``), and each attention kind's ``kernel_lambda`` and ``finish`` (the lambda, gate,
-head norm or V2 pairing, written once in :mod:`difftx.attention.modules`). What only a stack does is
-here: the embedding lookup in ``K`` vocabularies, q, k, v and the kind's extra projection in one batched
-product, the attention core over the ``K * B`` sequences as one batch (one lambda per model), and the
-LM head fused with the loss. So the many small calls of a small model's step are paid once per step
-instead of ``K`` times, and a stacked step matches ``K`` separate steps to float32 rounding. A new
-attention kind (a subclass and a line in :data:`difftx.attention.modules.ATTENTIONS`) trains stacked
-with no code here.
+``{name: p[i]}``, an ordinary state dict under the one model's names. Its loss is the one model's own
+``forward(x, targets=y, ...)`` (one code for the model and the stack), run one of two ways:
+
+- the built-in attention kinds (:meth:`~difftx.attention.modules.AttentionKind.stacks_natively`): the tree
+  itself runs that forward with its ``(K, ...)`` weights; every op the forward calls takes a leading ``K``
+  (:mod:`difftx.ops`; the attention kernels see the ``K * B`` sequences as one batch, each model's lambda
+  for its own);
+- any other kind (one that overrides ``_qkv``, ``finish``, ``forward``...): ``torch.vmap`` over the one model
+  (``torch.func.functional_call`` with each model's weights), which runs the kind's code as written; the
+  model's own Functions have vmap rules that fold ``K`` into their batch. :class:`StackedTransformer` tries
+  such a kind once when it is built and refuses it in one line if the map cannot run it.
+
+So the many small calls of a small model's step are paid once per step instead of ``K`` times, and a
+stacked step matches ``K`` separate steps to float32 rounding.
 
 What the trainer calls (one process, float32; see :func:`train_step` for one whole step)::
 
@@ -27,9 +31,9 @@ What the trainer calls (one process, float32; see :func:`train_step` for one who
 
 Pieces, each equal to what the one-model trainer does:
 
-- :meth:`StackedTransformer.losses`: per-model loss ``(K,)``: :func:`difftx.model.lm_loss` without a
-  loss mask, ``masked_lm_loss`` with one (the LM head runs on each model's mask positions, padded to
-  the largest count with weight 0, so the loss equals ``model(x, logits_at=mask)``'s).
+- :meth:`StackedTransformer.losses`: per-model loss ``(K,)``, the model's ``forward`` with
+  :func:`difftx.model.loss_rows` of a loss mask (each model's rows padded to the largest count with
+  weight 0).
 - :func:`difftx.training.optim.clip_grad_norms_` and :func:`~difftx.training.optim.build_optimizer`
   take a stack as they take one model: each model's gradient clipped by its own norm, and AdamW with
   the groups decided on each parameter's per-model slice (AdamW is elementwise and the step count is
@@ -38,25 +42,19 @@ Pieces, each equal to what the one-model trainer does:
   :func:`optimizer_state_of` / :func:`load_optimizer_states`: one model's weights and AdamW state in
   the trainer's checkpoint format (parameter names as keys), and back.
 
-Supported: every attention kind of :data:`~difftx.attention.modules.ATTENTIONS` and every option of
-:data:`difftx.config.ARMS`, tied embeddings, packed-document masks (``doc_ids``), grad accumulation, float32 and
-float64 weights. Not supported: autocast / float16 / bfloat16 (refused), DDP / FSDP (one process holds
-the whole stack), KV caches (training only; :meth:`StackedTransformer.model` gives an ordinary model for
-probes and evaluation). The attention core is its own blocked materialised kernel (the ``chunked``
-kernel's algorithm with one lambda per model, RoPE fused into its layout copy), whatever
-``ModelConfig.backend`` says; the code is device-agnostic but has only run on CPU, and on a GPU it would
-not be the flash kernel (``sdpa`` / ``triton``) the one-model trainer uses. Not ``torch.func.vmap``: the
-stock model does not vmap (its ``chunked`` kernel, DIFF's lambda and head norm are ``autograd.Function`` s
-without ``setup_context``, and the token-range check reads a value), and for the baseline, where vmap
-runs with the ``eager`` backend, it is slower than separate models (``benchmarks/stack_throughput.py
---vmap``).
+Supported: every attention kind, every option of :data:`difftx.config.ARMS`, tied embeddings, packed-document
+masks (``doc_ids``), grad accumulation, float32 and float64 weights. Not supported: autocast / float16 /
+bfloat16 (refused), DDP / FSDP (one process holds the whole stack), KV caches (training only;
+:meth:`StackedTransformer.model` gives an ordinary model for probes and evaluation). The attention kernel is
+the one the config's ``backend`` resolves to (``chunked`` on CPU); the code is device-agnostic but has only
+run on CPU.
 
 :func:`tune_allocator` (glibc): a stack's step allocates tensors K times a model's, which glibc serves by
 fresh ``mmap`` calls (a page fault per 4 KiB, every step) unless told to keep freed blocks; call it once
 in a process that trains a stack.
 
-Speed against separate models: ``benchmarks/stack_throughput.py``; the measured ratios, and why they
-stay far from K, are in docs/results.md ("Stacked seeds: throughput").
+Speed against separate models: ``benchmarks/stack_throughput.py``; the measured ratios are in
+docs/results.md ("Stacked seeds: throughput").
 """
 
 from __future__ import annotations
@@ -154,7 +152,38 @@ class StackedTransformer(nn.Module):
         stack = cls(config, len(state_dicts), device=device if device is not None else first.device,
                     dtype=first.dtype)
         stack.load_state_dicts(state_dicts)
+        stack.check_runs()
         return stack
+
+    def check_runs(self) -> None:
+        """Try a kind that the stack maps with ``torch.vmap`` once, on 8 tokens of each model: a kind the map
+        cannot run (a value read inside its forward, an op without a batching rule) raises one ValueError now,
+        not mid-run, and a map that computed another loss than model 0's own would too. The built-in kinds
+        need no try (their equality is tested)."""
+        if self.native:
+            return
+        name = self.config.attention
+        kind = type(self.model_tree.layers[0].attn).__name__
+        device = self.model_tree.tok_embeddings.weight.device
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, self.config.vocab_size, (self.k, 1, 9), generator=g).to(device)
+        try:
+            loss = self.losses(tokens)
+            loss.sum().backward()
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ValueError(f"attention kind {name!r} ({kind}) cannot be trained stacked: torch.vmap over its "
+                             f"forward failed ({type(e).__name__}: {first}); train its seeds one by one "
+                             f"(difftx compare --set stack=1)") from e
+        finally:
+            self.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            alone = float(self.model(0)(tokens[0, :, :-1], targets=tokens[0, :, 1:]))
+        stacked = loss[0].item()
+        if not math.isclose(stacked, alone, rel_tol=1e-4):
+            raise ValueError(f"attention kind {name!r} ({kind}) computes another loss stacked ({stacked:.6f}) "
+                             f"than alone ({alone:.6f}): its forward depends on something the map does not carry "
+                             f"(module state, randomness); train its seeds one by one (difftx compare --set stack=1)")
 
     @classmethod
     def from_models(cls, models: Sequence[Transformer]) -> "StackedTransformer":

@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig

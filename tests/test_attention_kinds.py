@@ -1,0 +1,180 @@
+"""A new attention kind is one class and one registration (docs/attention-kinds.md).
+
+Three kinds registered the public way, each a natural first try of a user: QK-norm (overrides ``_qkv``;
+the docs' worked example, run from the page itself), a per-head gain written the ordinary way in ``finish``,
+and a learned per-head temperature with its own initialisation and options (the docs' second example).
+Each trains alone and stacked with the same losses, keeps its initialisation through construction, trains
+its own parameters, runs as a ``difftx compare`` arm, and is refused by the exporter."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import difftx
+from difftx import ModelConfig, Transformer
+from difftx.attention import ATTENTIONS
+from difftx.config import arm_config, arm_names, attention_parameter_delta, baseline_config
+from difftx.training import train, train_stacked
+from difftx.training.stacked import StackedTransformer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_stacked import Source, _train_config  # noqa: E402
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
+STEPS, SEEDS = 20, (11, 12, 13)
+
+
+class HeadGainAttention(difftx.StandardAttention):
+    """A learned gain per head, written as one would for one model."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gain = nn.Parameter(torch.full((self.n_heads,), 0.5))
+
+    def finish(self, out, extra):
+        return out * self.gain[:, None]
+
+
+class ItemAttention(difftx.StandardAttention):
+    """Reads a value inside its forward: torch.vmap cannot map it."""
+
+    def finish(self, out, extra):
+        return out * float(out.abs().max().item() > -1)
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    """The docs' examples (run from the page) and the two kinds above, registered; removed afterwards."""
+    before = dict(ATTENTIONS)
+    namespace: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
+        if "register_attention" in block:
+            exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the documentation's own code
+    difftx.register_attention("headgain", HeadGainAttention)
+    difftx.register_attention("item", ItemAttention)
+    yield namespace
+    ATTENTIONS.clear()
+    ATTENTIONS.update(before)
+
+
+def _config(kind: str, **extra) -> ModelConfig:
+    return ModelConfig(vocab_size=96, dim=32, n_layers=2, n_heads=2, max_seq_len=24, attention=kind, **extra)
+
+
+OWN = {"qknorm": ("q_norm.weight", 1.0), "headgain": ("gain", 0.5), "temperature": ("temperature", 1.0)}
+
+
+@pytest.mark.parametrize("kind", ["qknorm", "headgain", "temperature"])
+def test_a_kind_trains_alone_and_stacked_alike_keeps_its_init_and_trains_its_own_parameters(kind, kinds, tmp_path):
+    cfg = _config(kind)
+    name, value = OWN[kind]
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    for block in model.layers:  # the kind's own initialisation survives the model's
+        assert torch.equal(dict(block.attn.named_parameters())[name], torch.full_like(
+            dict(block.attn.named_parameters())[name], value))
+    tcs = [_train_config(cfg, seed, tmp_path / f"stack{seed}").replace(steps=STEPS, ckpt_interval=STEPS)
+           for seed in SEEDS]
+    stacked = train_stacked(tcs, data=[Source() for _ in SEEDS], model_config=cfg)
+    for seed, result in zip(SEEDS, stacked):
+        alone = train(_train_config(cfg, seed, tmp_path / f"alone{seed}").replace(steps=STEPS, ckpt_interval=STEPS),
+                      data=Source(), model_config=cfg)
+        worst = max(abs(result.losses[s] - alone.losses[s]) / alone.losses[s] for s in range(1, STEPS + 1))
+        assert worst < 1e-5, f"{kind}, seed {seed}: stacked and alone differ by {worst:.1e} (relative)"
+        trained = difftx.checkpoint.load_model(result.last_checkpoint)
+        for block in trained.layers:  # the kind's own parameters moved
+            p = dict(block.attn.named_parameters())[name]
+            assert not torch.allclose(p, torch.full_like(p, value)), f"{kind}: {name} did not train"
+
+
+def test_the_stack_maps_a_kind_that_overrides_a_hook_and_runs_the_built_in_ones_natively(kinds):
+    for kind in ("diff", "diff_v2", "standard", "gated"):
+        assert ATTENTIONS[kind].stacks_natively()
+    for kind in ("qknorm", "headgain", "temperature", "item"):
+        assert not ATTENTIONS[kind].stacks_natively()
+    torch.manual_seed(0)
+    stack = StackedTransformer.from_models([Transformer(_config("headgain")) for _ in range(2)])
+    assert not stack.native
+
+
+def test_a_kind_the_stack_cannot_map_is_refused_in_one_line_when_the_stack_is_built(kinds):
+    torch.manual_seed(0)
+    models = [Transformer(_config("item")) for _ in range(2)]
+    x = torch.randint(0, 96, (2, 9))
+    models[0](x)  # alone it runs
+    with pytest.raises(ValueError, match=r"attention kind 'item' \(ItemAttention\) cannot be trained stacked: "
+                                         r"torch.vmap over its forward failed .*--set stack=1"):
+        StackedTransformer.from_models(models)
+
+
+def test_a_kind_is_an_arm_of_compare(kinds, tmp_path):
+    from difftx.cli import main
+    from test_compare import FAST, as_sets
+
+    assert "qknorm" in arm_names() and "standard" not in arm_names()
+    base = _config("diff")
+    arm = arm_config(base, "qknorm")  # DIFF's query/key width: the baseline's heads
+    assert (arm.attention, arm.n_heads, arm.head_dim) == ("qknorm", 4, base.head_dim)
+    out = tmp_path / "arms"
+    assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+                 "--no-progress", "--arms", "qknorm", *as_sets(FAST)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["arms"]) == ["baseline", "diff", "qknorm"]
+    assert res["arms"]["qknorm"]["config"]["attention"] == "qknorm"
+    assert "qknorm vs baseline" in res["arm_comparisons"]
+
+
+def test_what_a_kind_implies_is_asked_of_its_class(kinds):
+    from difftx.interop.hf import ConversionError, check_exportable
+
+    qk = _config("qknorm")
+    assert baseline_config(qk) == _config("standard")
+    rows = attention_parameter_delta(qk)
+    assert [n for n, _, _ in rows] == ["k_norm.weight (QKNormAttention only, shape (16,))",
+                                       "q_norm.weight (QKNormAttention only, shape (16,))"]
+    assert sum(c for _, c, _ in rows) * qk.n_layers == Transformer(qk).num_parameters() - \
+        Transformer(baseline_config(qk)).num_parameters()
+    with pytest.raises(ConversionError, match="'qknorm' cannot be exported"):
+        check_exportable(qk)
+    check_exportable(_config("standard"))  # the built-ins keep their own rules
+    # options: built by the kind's Options, validated there, passed to its __init__
+    assert Transformer(_config("temperature", options={"init": 0.25})).layers[0].attn.temperature[0] == 0.25
+    with pytest.raises(ValueError, match="init must be positive"):
+        _config("temperature", options={"init": -1.0})
+    with pytest.raises(ValueError, match="ModelConfig.options: .*unexpected keyword argument 'scale'"):
+        _config("temperature", options={"scale": 2.0})
+    with pytest.raises(ValueError, match="takes no options"):
+        _config("qknorm", options={"x": 1})
+    assert ModelConfig.from_dict(_config("temperature", options={"init": 2.0}).to_dict()).options == {"init": 2.0}
+    assert "options" not in _config("diff").to_dict()  # old configs serialise as before
+
+
+def test_register_attention_refuses_what_it_cannot_take(kinds):
+    with pytest.raises(TypeError, match="subclass of difftx.AttentionKind"):
+        difftx.register_attention("bad", nn.Linear)
+    with pytest.raises(ValueError, match="'qknorm' is already QKNormAttention"):
+        difftx.register_attention("qknorm", HeadGainAttention)
+    with pytest.raises(ValueError, match="identifier"):
+        difftx.register_attention("not a name", HeadGainAttention)
+    with pytest.raises(ValueError, match="register it with difftx.register_attention.*--kinds"):
+        _config("unregistered")
+
+
+def test_kinds_from_a_file_on_the_command_line(kinds, tmp_path, capsys, monkeypatch):
+    from difftx.cli import main
+
+    code = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_file"')
+    (tmp_path / "mykinds.py").write_text(code)
+    monkeypatch.setenv("DIFFTX_KINDS", "")  # restored afterwards: --kinds keeps its files there for workers
+    assert main(["--kinds", str(tmp_path / "mykinds.py"), "info", "--attention", "qknorm_file"]) == 0
+    assert "q_norm.weight (QKNormAttention only" in capsys.readouterr().out
+    assert main(["--kinds", str(tmp_path / "missing.py"), "info"]) != 0
+    assert "cannot import" in capsys.readouterr().err
+    ATTENTIONS.pop("qknorm_file", None)
