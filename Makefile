@@ -32,7 +32,8 @@ $(TEST_STAMP): $(STAMP)
 venv: $(TEST_STAMP)
 
 # `difftx compare --preset cpu --seeds 8`: DIFF vs its matched baseline over 8 paired seeds, all evaluations,
-# report in runs/demo/ (about 26 minutes on 2 CPU cores; `.venv/bin/difftx demo` is the one-minute synthetic demo)
+# report in runs/demo/ (13-27 minutes from a fresh clone on 2 CPU cores, the venv included, depending on the CPU:
+# docs/results.md; `.venv/bin/difftx demo` is the one-minute synthetic demo)
 demo: $(STAMP)
 	$(VENV)/bin/difftx compare --preset cpu --seeds 8 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"

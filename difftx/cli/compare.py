@@ -90,13 +90,13 @@ def parse_overrides(items: list[str]) -> dict:
 
 def parse_arms(text: str) -> tuple[str, ...]:
     """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, baseline and diff first."""
-    from ..config import ARM_SETS, ARMS
+    from ..config import ARM_SETS, arm_names
 
     names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ARMS]
+    unknown = [a for a in names if a not in arm_names()]
     if unknown or not names:
-        raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {list(ARMS)} or a set "
-                         f"{list(ARM_SETS)}")
+        raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {arm_names()} or a set "
+                         f"{list(ARM_SETS)} (your own attention kinds: difftx --kinds FILE)")
     return tuple(dict.fromkeys(["baseline", "diff", *names]))
 
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..compare import ComparePreset, run_compare
-    from ..compare.run import parse_shard
+    from ..compare.jobs import parse_shard
     from ..compare.tune import parse_tune, run_tuned
     from ..compare.tune_report import tune_summary
 

@@ -64,7 +64,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..compare.presets import text_overrides
     from ..compare.report import gap_text
-    from ..compare.run import parse_shard
+    from ..compare.jobs import parse_shard
     from ..compare.scale import default_out, run_scale
     from ..compare.tune import parse_tune
     from .compare import parse_arms, parse_overrides

@@ -49,7 +49,7 @@ MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per
 def parse_tune(text: str) -> tuple[str, list]:
     """``"lr=1e-3,3e-3"`` -> ``("lr", [0.001, 0.003])``; the field must be a numeric training field of
     :class:`ComparePreset` (whole numbers for an integer field)."""
-    from .run import NOT_TRAINING_FIELDS
+    from .folder import NOT_TRAINING_FIELDS
 
     field, sep, rest = str(text).partition("=")
     field = field.strip()
@@ -236,7 +236,7 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     from ..provenance import read_machine
     from ..tasks.subject import TrainRecord
     from .evaluate import EVALS_DIR
-    from .run import add_comparisons
+    from .results import add_comparisons
 
     task_names = list(results["tasks"])
     arms = list(grids)

@@ -308,6 +308,34 @@ def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = N
     raise FileNotFoundError(f"tokenizer {str(spec)!r} is not 'byte' and no such file or folder exists")
 
 
+def check_tokenizer_compatible(tok: Tokenizer, vocab_size: int, folder: Union[str, os.PathLike], *,
+                               given: Optional[TokenizerSpec] = None,
+                               saved: Union[None, str, os.PathLike] = None) -> None:
+    """Refuse a tokenizer the model in ``folder`` (``vocab_size`` token ids) cannot be read with:
+    one ``given`` (``--tokenizer``) that is not the one saved beside the model (``saved``: that copy's
+    folder, None where none is saved), or one with more tokens than the model has ids (``ValueError``,
+    one line). A ``given`` one that no saved copy vouches for and whose size differs from the model's
+    is a warning: unless it is the one the model was trained with, its text is garbage."""
+    if given is not None and saved is not None:
+        own = load_tokenizer(saved)
+        if own.name != tok.name:
+            raise ValueError(f"{folder}: --tokenizer {given} ({tok.name}, {tok.vocab_size} tokens) is not the "
+                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
+                             f"{saved}); its text would be garbage: leave --tokenizer out (tokenizer=None) to use "
+                             f"that one")
+    if tok.vocab_size > vocab_size:
+        spec = given if isinstance(given, (str, os.PathLike)) else saved
+        what = tok.name if spec is None or str(spec) == tok.name else f"{spec} ({tok.name})"
+        raise ValueError(f"{folder}: tokenizer {what} has {tok.vocab_size:,} tokens, more than the model's "
+                         f"{vocab_size:,} token ids; use the tokenizer the model was trained with")
+    if given is not None and saved is None and tok.vocab_size != vocab_size:
+        import warnings
+
+        warnings.warn(f"{folder} has no tokenizer saved with it to check --tokenizer {given} against, and their "
+                      f"sizes differ (the model has {vocab_size:,} token ids, the tokenizer {tok.vocab_size:,}): "
+                      f"unless it is the tokenizer the model was trained with, the text is garbage", stacklevel=3)
+
+
 def _iter_training_texts(files_or_texts, text_field: str,
                          texts: Optional[Iterable[str]]) -> Iterator[tuple[str, str]]:
     """(where it comes from, text) of every training text."""

@@ -211,7 +211,7 @@ class TrainRecord:
     heldout_curve: Optional[dict] = None
     stacked: Optional[int] = None  # trained in a stack of this many seeds (wall_s, cpu_s: its share)
     # what it was trained with (the settings that decide its weights, its text; see
-    # difftx.compare.run.training_request): a reuse must ask for the same
+    # difftx.compare.folder.training_request): a reuse must ask for the same
     request: Optional[dict] = None
 
     REQUIRED = ("kind", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
@@ -413,20 +413,12 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
                 raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "
                                  f"{model.config.vocab_size}")
         return Subject(model, folder, compare=task)
-    from ..data import load_tokenizer
+    from ..data.tokenizer import check_tokenizer_compatible, load_tokenizer
 
     tc = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint") \
         if (folder / TRAIN_CONFIG_NAME).is_file() else {}
     tc, missing = resolve_saved_paths(tc, run_folder_of(folder), str(folder / TRAIN_CONFIG_NAME))  # moved runs
-    spec = tokenizer or (folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else "byte")
-    tok = load_tokenizer(spec)
-    if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it
-        own = load_tokenizer(folder / TOKENIZER_DIR)
-        if own.name != tok.name:
-            raise ValueError(f"{folder}: --tokenizer {tokenizer} ({tok.name}, {tok.vocab_size} tokens) is not the "
-                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
-                             f"{folder / TOKENIZER_DIR}); leave --tokenizer out to use that one")
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"{folder}: tokenizer {spec} has {tok.vocab_size} tokens, the model only "
-                         f"{model.config.vocab_size}")
+    saved = folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else None  # the one it was trained with
+    tok = load_tokenizer(tokenizer or saved or "byte")
+    check_tokenizer_compatible(tok, model.config.vocab_size, folder, given=tokenizer, saved=saved)
     return Subject(model, folder, tokenizer=tok, data=data, train_config=tc, missing_paths=missing)

@@ -18,33 +18,17 @@ def load_for_generation(path: Union[str, os.PathLike], tokenizer: Optional[str] 
 
     ``tokenizer`` overrides the one saved in the checkpoint's ``tokenizer/`` folder.
     """
-    from ..data import load_tokenizer
+    from ..data.tokenizer import check_tokenizer_compatible, load_tokenizer
 
     folder = resolve_checkpoint(path)
     model = load_model(folder, device=device)
     model.eval()
-    spec = tokenizer or folder / TOKENIZER_DIR
-    if tokenizer is None and not (folder / TOKENIZER_DIR).exists():
+    saved = folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else None  # the one it was trained with
+    if tokenizer is None and saved is None:
         raise CheckpointError(f"{folder / TOKENIZER_DIR}: no tokenizer saved with this checkpoint; "
                               f"pass one (tokenizer='byte' or a tokenizer.json path)")
-    tok = load_tokenizer(spec)
-    if tokenizer is not None and (folder / TOKENIZER_DIR).exists():  # the one it was trained with is saved beside it
-        own = load_tokenizer(folder / TOKENIZER_DIR)
-        if own.name != tok.name:
-            raise ValueError(f"{folder}: --tokenizer {tokenizer} ({tok.name}, {tok.vocab_size} tokens) is not the "
-                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
-                             f"{folder / TOKENIZER_DIR}); its text would be garbage: leave --tokenizer out "
-                             f"(tokenizer=None) to use that one")
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer {getattr(tok, 'name', spec)} has {tok.vocab_size} tokens but the model in "
-                         f"{folder} only {model.config.vocab_size}")
-    if tokenizer is not None and not (folder / TOKENIZER_DIR).exists() and tok.vocab_size != model.config.vocab_size:
-        import warnings
-
-        warnings.warn(f"{folder} has no tokenizer saved with it to check --tokenizer {tokenizer} against, and their "
-                      f"sizes differ (the model has {model.config.vocab_size:,} token ids, the tokenizer "
-                      f"{tok.vocab_size:,}): unless it is the tokenizer the model was trained with, the text is "
-                      f"garbage", stacklevel=2)
+    tok = load_tokenizer(tokenizer or saved)
+    check_tokenizer_compatible(tok, model.config.vocab_size, folder, given=tokenizer, saved=saved)
     return model, tok, folder
 
 

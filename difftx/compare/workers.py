@@ -1,0 +1,161 @@
+"""Compare's jobs in spawned worker processes (``--workers``), and how SIGINT / SIGTERM stop them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def _sigterm_stops(active: bool) -> Iterator[None]:
+    """SIGTERM (a scheduler) outside training ends the models' loop with
+    :class:`~difftx.compare.train.TrainingInterrupted` (exit code 130, one line), not silently (143);
+    every file written so far is complete. Inside training the trainer's own handler takes over.
+    Main thread only, and only when ``active``."""
+    import signal
+    import threading
+
+    from .train import TrainingInterrupted
+
+    if not active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise TrainingInterrupted("stopped by SIGTERM outside training (an evaluation stopped at once; what was "
+                                  "finished is kept); run the same command again to continue")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+class JobStopped(RuntimeError):
+    """A worker process was asked to stop (SIGTERM) outside training; what it wrote is complete."""
+
+
+_STOPPING: list[str] = []  # in a worker process: the signal that stopped it (it starts no further job)
+_WORKER = {"running": False, "orphaned": False}  # in a worker process: in a job; its parent is gone
+ORPHAN_GRACE_S = 20.0  # a worker whose parent died: the time its job has to stop (a checkpoint) before it exits
+ORPHAN_POLL_S = 0.5
+
+
+def _worker_signals() -> None:
+    """In each worker process: Ctrl-C is the parent's to handle (it reaches the whole process group),
+    and SIGTERM outside training stops the job at once (every file is written atomically); inside
+    training the trainer's own handler finishes the step and writes a checkpoint first. A watcher
+    thread ends the worker when its parent dies (:func:`_watch_parent`)."""
+    import signal
+    import threading
+
+    def stop(signum, frame):
+        _STOPPING.append(signal.Signals(signum).name)
+        raise JobStopped(f"stopped by {_STOPPING[0]}")
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+    try:  # no cross-process lock for the progress bars: a spawned worker shares none, and a killed one would
+        from tqdm.std import TqdmDefaultWriteLock  # leave its named semaphore for the resource tracker to report
+
+        TqdmDefaultWriteLock.mp_lock = None
+    except ImportError:  # pragma: no cover - another tqdm
+        pass
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="difftx-parent-watch").start()
+
+
+def _watch_parent(parent: int) -> None:
+    """Once the worker's parent is gone (even by SIGKILL: the worker is handed to another parent),
+    stop: an idle worker exits at once; a job gets SIGTERM (training finishes its step and writes a
+    checkpoint, an evaluation stops), and the worker exits when it has stopped, or after
+    :data:`ORPHAN_GRACE_S` at the latest. Never waits for a parent that cannot answer."""
+    import signal
+
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    _WORKER["orphaned"] = True
+    if not _WORKER["running"]:
+        os._exit(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(1)
+
+
+def _pool_job(job: Callable[..., dict], *args) -> dict:
+    """``job(*args)`` (:func:`difftx.compare.run._job`) in a worker process; once a signal stopped one
+    job, the worker starts no other (the pool hands each worker a job ahead, which the parent can no
+    longer cancel). A worker whose parent died exits when its job ends."""
+    from .train import TrainingInterrupted
+
+    if _STOPPING or _WORKER["orphaned"]:
+        raise JobStopped(f"not started: stopped by {_STOPPING[0] if _STOPPING else 'the parent ending'}")
+    _WORKER["running"] = True
+    try:
+        return job(*args)
+    except TrainingInterrupted:
+        _STOPPING.append("SIGTERM")
+        raise
+    finally:
+        _WORKER["running"] = False
+        if _WORKER["orphaned"]:
+            os._exit(1)  # nobody reads the result: the pool's queues would block this process forever
+
+
+def _run_pool(job: Callable[..., dict], calls: list[tuple], n_workers: int, done: dict, bar) -> None:
+    """Run ``job(*args)`` (a module-level function: it is pickled by name) for each of ``calls`` in
+    ``n_workers`` spawned processes, filling ``done``. A first SIGINT / SIGTERM to this process cancels
+    the jobs not started and passes SIGTERM on to the workers: a model in training stops after its
+    current step with a checkpoint, an evaluation stops at once; then :class:`TrainingInterrupted`
+    says what to run to continue. A second signal kills the workers."""
+    import multiprocessing as mp
+    import signal
+    import threading
+    from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
+
+    from .train import TrainingInterrupted
+
+    stopped: list[str] = []
+
+    def handle(signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if stopped:  # the second signal: no more waiting
+            for child in mp.active_children():
+                child.kill()
+            raise KeyboardInterrupt
+        stopped.append(name)
+        for fut in futs:
+            fut.cancel()
+        for child in mp.active_children():
+            os.kill(child.pid, signal.SIGTERM)
+
+    ctx = mp.get_context("spawn")
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with ProcessPoolExecutor(max_workers=min(n_workers, len(calls)), mp_context=ctx,
+                             initializer=_worker_signals) as ex:
+        futs = {ex.submit(_pool_job, job, *args): [f"seed{seed}/{args[1]}" for seed in args[2]] for args in calls}
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:
+            for sig in old:
+                signal.signal(sig, handle)
+        try:
+            for fut in as_completed(futs):
+                try:
+                    done.update(fut.result())
+                except (CancelledError, TrainingInterrupted, JobStopped):
+                    if not stopped:
+                        raise
+                    continue
+                bar.update(len(futs[fut]))
+        finally:
+            if main_thread:
+                for sig, h in old.items():
+                    signal.signal(sig, h)
+    if stopped:
+        unfinished = sorted({name for names in futs.values() for name in names} - set(done))
+        raise TrainingInterrupted(f"stopped by {stopped[0]}: {len(done)} model(s) done in this run, {len(unfinished)} "
+                                  f"not finished ({', '.join(unfinished)}); the models in training wrote a checkpoint; "
+                                  f"run the same command again to continue")
+
