@@ -5,45 +5,32 @@ Usage:
     python benchmarks/stack_throughput.py                       # cpu preset's DIFF and baseline, K = 1 2 5 10
     python benchmarks/stack_throughput.py --ks 5 --rounds 20 --arms baseline
     python benchmarks/stack_throughput.py --task needle         # loss on a few answer positions per row
-    python benchmarks/stack_throughput.py --vmap                # also torch.func.vmap over the stock model
+    python benchmarks/stack_throughput.py --general             # also the torch.vmap path of the stack
 
 The models are those of ``difftx compare``'s ``cpu`` preset (D = 64, 2 layers, 2 DIFF heads, its
 623-token vocabulary; the baseline is its parameter-matched arm), on batches of 16 x 64 random tokens
 (``--batch-size``, ``--seq-len``), one thread (``--threads``). A *model-step* is one optimizer step of
-one model as the trainer takes it in one process: forward, loss (``lm_loss``, or with ``--task
-needle`` ``masked_lm_loss`` on 3-9 random positions per row with the LM head run there alone),
-backward, per-model gradient clipping to 1.0, AdamW (``build_optimizer``: foreach, two weight-decay
-groups) at the schedule's learning rate, ``zero_grad``. Each model draws its own batches (data
-preparation is not timed).
+one model as the trainer takes it in one process: forward and loss (the model's ``forward(x, targets=y)``,
+with ``--task needle`` on 3-9 random positions per row, the LM head run there alone), backward, per-model
+gradient clipping to 1.0, AdamW (``build_optimizer``: foreach, two weight-decay groups) at the schedule's
+learning rate, ``zero_grad``. Each model draws its own batches (data preparation is not timed).
 
 ``separate``: K ``Transformer`` models, each with its own optimizer, stepped one after the other.
 ``stacked``: one :class:`~difftx.training.stacked.StackedTransformer` of the K models and
-:func:`~difftx.training.stacked.train_step`. ``vmap`` (``--vmap``, the baseline arm only): the stock
-model under ``torch.func.functional_call`` + ``torch.vmap`` with the ``eager`` attention backend (the
-``chunked`` kernel and DIFF's lambda and head norm are ``autograd.Function`` s without the
-``setup_context`` form that vmap needs), per-model clipping and one AdamW over the stacked weights.
+:func:`~difftx.training.stacked.train_step` (the built-in kinds run the tree with leading-K weights).
+``general`` (``--general``): the same stack forced onto the path of a kind that overrides a forward hook,
+``torch.vmap`` over the one model.
 
 ``--malloc tuned`` (the default) first calls :func:`~difftx.training.stacked.tune_allocator`, which keeps
 glibc from unmapping freed large blocks (a stack's tensors are K times a model's; fresh mappings cost a page
-fault per 4 KiB); it applies to the whole process, so to both candidates. ``--malloc default`` measures
-both with glibc's own thresholds, as the one-model trainer runs today.
+fault per 4 KiB); it applies to the whole process, so to every candidate. ``--malloc default`` measures
+them with glibc's own thresholds, as the one-model trainer runs today.
 
 Rounds alternate the order of the candidates (ABBA), each timed with this process's CPU clock;
-``ratio`` is stacked (or vmap) throughput over separate throughput, the median of the per-round
+``ratio`` is stacked (or general) throughput over separate throughput, the median of the per-round
 paired ratios with its distribution-free 95% interval (:func:`difftx.eval.stats.median_interval`),
-which a machine whose speed drifts between rounds does not bias.
-
-Measured (commit 3abf28f, ``--rounds 20``, one thread of the project's 2-core AMD EPYC with other sessions
-running; stacked/separate, median [95%]):
-
-    K     LM, DIFF           LM, baseline       needle, DIFF       needle, baseline   LM, DIFF (malloc default)
-    1     1.14 [1.12, 1.15]  1.16 [1.11, 1.19]  1.09 [1.07, 1.11]  1.12 [1.09, 1.16]  1.10 [1.08, 1.12]
-    2     1.25 [1.24, 1.33]  1.18 [1.14, 1.29]  1.32 [1.26, 1.37]  1.24 [1.20, 1.31]  1.10 [1.07, 1.20]
-    5     1.40 [1.24, 1.49]  1.26 [1.22, 1.37]  1.25 [1.14, 1.33]  1.26 [1.13, 1.33]  0.99 [0.94, 1.17]
-    10    1.30 [1.27, 1.40]  1.37 [1.23, 1.43]  1.29 [1.15, 1.37]  1.23 [1.20, 1.31]  1.14 [1.06, 1.25]
-
-vmap (baseline, LM): 0.84 [0.77, 0.87], 0.95 [0.89, 1.00], 1.02 [0.96, 1.08], 1.06 [0.98, 1.09] at K = 1, 2,
-5, 10. The issue's goal, 2x at K = 5, is not reached; see :mod:`difftx.training.stacked` for why.
+which a machine whose speed drifts between rounds does not bias. Measured: docs/results.md ("Stacked
+seeds: throughput" and later entries).
 """
 
 from __future__ import annotations
@@ -56,13 +43,13 @@ import time
 
 import torch
 
-from difftx import Transformer, lm_loss
+from difftx import Transformer
 from difftx.eval.stats import median_interval
 from difftx.training.batches import Batch
 from difftx.training.config import TrainConfig
 from difftx.training.optim import build_optimizer
 from difftx.training.stacked import StackedTransformer, train_step, tune_allocator
-from difftx.training.trainer import masked_lm_loss
+from difftx.training.batches import batch_loss_rows
 
 LR = 1e-3  # any value: the step's cost does not depend on it
 
@@ -98,11 +85,7 @@ def one_model_step(model, opt, b: Batch) -> float:
     """The trainer's step of one model in one process."""
     for group in opt.param_groups:
         group["lr"] = LR
-    x, y = b.tokens[:, :-1], b.tokens[:, 1:]
-    if b.loss_mask is None:
-        loss = lm_loss(model(x), y)
-    else:
-        loss = masked_lm_loss(model(x, logits_at=b.loss_mask), y[b.loss_mask], b.mask_total)
+    loss = model(b.tokens[:, :-1], targets=b.tokens[:, 1:], **batch_loss_rows(b))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -124,59 +107,25 @@ class Separate:
 
 
 class Stacked:
-    def __init__(self, cfg, k: int, tc: TrainConfig):
+    def __init__(self, cfg, k: int, tc: TrainConfig, general: bool = False):
         models = []
         for s in range(k):
             torch.manual_seed(s)
             models.append(Transformer(cfg))
         self.stack = StackedTransformer.from_models(models)
+        if general:
+            self.stack.native = False  # torch.vmap over the one model, as for a kind that overrides a hook
         self.opt = build_optimizer(self.stack, tc)
 
     def step(self, batches: list[Batch]) -> None:
         train_step(self.stack, self.opt, [batches], LR, 1.0)
 
 
-class VMapped:
-    """The stock model under functional_call + vmap (baseline arm, eager attention, full LM loss only)."""
-
-    def __init__(self, cfg, k: int, tc: TrainConfig):
-        import difftx.model as model_module
-        from difftx.training.optim import clip_grad_norms_
-
-        model_module._check_token_ids = lambda tokens, vocab: None  # a data-dependent check: not vmappable
-        models = []
-        for s in range(k):
-            torch.manual_seed(s)
-            models.append(Transformer(cfg.replace(backend="eager")))
-        self.base = models[0]
-        self.stack = StackedTransformer.from_models(models)  # only its stacked weights and optimizer are used
-        self.opt = build_optimizer(self.stack, tc)
-        self.clip = clip_grad_norms_
-
-    def step(self, batches: list[Batch]) -> None:
-        from torch.func import functional_call
-
-        if batches[0].loss_mask is not None:
-            raise SystemExit("--vmap: the full LM loss only (--task lm)")
-        tokens = torch.stack([b.tokens for b in batches])
-        params = dict(self.stack.named_stacked())
-
-        def loss(p, t):
-            return lm_loss(functional_call(self.base, p, (t[:, :-1],)), t[:, 1:])
-
-        for group in self.opt.param_groups:
-            group["lr"] = LR
-        torch.vmap(loss)(params, tokens).sum().backward()
-        self.clip(self.stack, 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-
 def bench(arm: str, cfg, k: int, args) -> dict:
     tc = TrainConfig(model="test", seq_len=16, warmup_steps=0)  # only its optimizer settings are used
     cands = {"separate": Separate(cfg, k, tc), "stacked": Stacked(cfg, k, tc)}
-    if args.vmap and arm == "baseline":
-        cands["vmap"] = VMapped(cfg, k, tc)
+    if args.general:
+        cands["general"] = Stacked(cfg, k, tc, general=True)
     data = make_batches(cfg, k, 4, args.batch_size, args.seq_len, args.task, seed=k)
     times: dict[str, list[float]] = {name: [] for name in cands}
     order = list(cands)
@@ -214,7 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--task", default="lm", choices=["lm", "needle"],
                    help="lm: loss on every token; needle: on 3-9 random positions per row (loss masks)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    p.add_argument("--vmap", action="store_true", help="also time torch.func.vmap over the stock baseline model")
+    p.add_argument("--general", action="store_true",
+                   help="also time the stack's general path (torch.vmap over the one model)")
     p.add_argument("--malloc", default="tuned", choices=["tuned", "default"],
                    help="tuned: difftx.training.stacked.tune_allocator() first (both candidates: one process); "
                         "default: glibc's own thresholds")
@@ -229,8 +179,8 @@ def main(argv=None) -> int:
           f"{args.task}, {torch.get_num_threads()} thread(s), CPU clock, {args.rounds} rounds (ABBA), "
           f"malloc {'tuned' if tuned else 'default'}, torch {torch.__version__}")
     print("| arm | K | separate model-steps/CPU-s | stacked model-steps/CPU-s | stacked/separate [95%] |"
-          + (" vmap model-steps/CPU-s | vmap/separate [95%] |" if args.vmap else ""))
-    print("|---|---:|---:|---:|---|" + ("---:|---|" if args.vmap else ""))
+          + (" general model-steps/CPU-s | general/separate [95%] |" if args.general else ""))
+    print("|---|---:|---:|---:|---|" + ("---:|---|" if args.general else ""))
     results = []
     for arm in arms:
         for k in ks:
@@ -238,9 +188,8 @@ def main(argv=None) -> int:
             results.append(r)
             row = (f"| {arm} | {k} | {r['separate']['model_steps_per_cpu_s']:.1f} | "
                    f"{r['stacked']['model_steps_per_cpu_s']:.1f} | {_fmt_ratio(r['stacked']['ratio'])} |")
-            if args.vmap:
-                row += (f" {r['vmap']['model_steps_per_cpu_s']:.1f} | {_fmt_ratio(r['vmap']['ratio'])} |"
-                        if "vmap" in r else " - | - |")
+            if args.general:
+                row += f" {r['general']['model_steps_per_cpu_s']:.1f} | {_fmt_ratio(r['general']['ratio'])} |"
             print(row, flush=True)
     if args.json:
         with open(args.json, "w") as f:

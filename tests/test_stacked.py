@@ -12,11 +12,10 @@ import torch.nn.functional as F
 from difftx import Transformer
 from difftx.config import ARMS, ModelConfig, arm_config
 from difftx.model import lm_loss
-from difftx.training import Batch, TrainConfig, train
+from difftx.training import Batch, TrainConfig, TrainingDivergedError, train
 from difftx.training.metrics import read_metrics
 from difftx.training.optim import build_optimizer, lr_at
 from difftx.training.stacked import (
-    StackDivergedError,
     StackedTransformer,
     load_optimizer_states,
     optimizer_state_of,
@@ -253,7 +252,7 @@ def test_divergence_stops_before_the_update():
         stack.model_tree.norm.weight[1].fill_(float("nan"))
     before = [p.detach().clone() for p in stack.parameters()]
     batches = [Source().make_loader(_train_config(BASE, s, "unused")).next_batch() for s in SEEDS]
-    with pytest.raises(StackDivergedError) as e:
+    with pytest.raises(TrainingDivergedError) as e:
         train_step(stack, opt, [batches], 1e-3, 1.0)
     assert e.value.models == [1] and e.value.what == "loss"
     for p, q in zip(stack.parameters(), before):

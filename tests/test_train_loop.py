@@ -153,15 +153,17 @@ def test_incompatible_checkpoint_is_a_clear_error(tmp_path, corpus, change, culp
 
 
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path, corpus, monkeypatch):
-    calls = {"n": 0}
-    real_loss = trainer_mod.lm_loss
+    from difftx import model as model_mod
 
-    def poisoned(logits, targets):
+    calls = {"n": 0}
+    real_loss = model_mod.head_loss
+
+    def poisoned(*args):
         calls["n"] += 1
-        loss = real_loss(logits, targets)
+        loss = real_loss(*args)
         return loss * float("nan") if calls["n"] >= 5 else loss  # the 5th training step
 
-    monkeypatch.setattr(trainer_mod, "lm_loss", poisoned)
+    monkeypatch.setattr(model_mod, "head_loss", poisoned)
     cfg = _cfg(tmp_path / "run", corpus, eval_interval=0)
     with pytest.raises(TrainingDivergedError) as e:
         train(cfg, data=corpus[2])
@@ -249,23 +251,25 @@ def test_sigterm_saves_and_stops_then_resume_is_exact(tmp_path, corpus, monkeypa
 
     data = corpus[2]
     reference = train(_cfg(tmp_path / "ref", corpus, ckpt_interval=0, eval_interval=0), data=data)
-    calls = {"n": 0}
-    real_loss = trainer_mod.lm_loss
+    from difftx import model as model_mod
 
-    def preempt_during_step_3(logits, targets):
+    calls = {"n": 0}
+    real_loss = model_mod.head_loss
+
+    def preempt_during_step_3(*args):
         calls["n"] += 1
         if calls["n"] == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler would; handled after the step
-        return real_loss(logits, targets)
+        return real_loss(*args)
 
-    monkeypatch.setattr(trainer_mod, "lm_loss", preempt_during_step_3)
+    monkeypatch.setattr(model_mod, "head_loss", preempt_during_step_3)
     cfg = _cfg(tmp_path / "run", corpus, ckpt_interval=0, eval_interval=0)
     before = signal.getsignal(signal.SIGTERM)
     stopped = train(cfg, data=data)
     assert stopped.stopped_by == "SIGTERM" and stopped.step == 3
     assert stopped.last_checkpoint.name == "step_00000003"
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
-    monkeypatch.setattr(trainer_mod, "lm_loss", real_loss)
+    monkeypatch.setattr(model_mod, "head_loss", real_loss)
     rest = train(cfg, data=data, resume=True)
     assert {**stopped.losses, **rest.losses} == reference.losses
 

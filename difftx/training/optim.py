@@ -1,9 +1,10 @@
-"""AdamW parameter groups, gradient clipping and the learning-rate schedule, for one model or a
-stack of K (:mod:`difftx.training.stacked`)."""
+"""AdamW parameter groups, gradient clipping, the update that ends a step (with the divergence check) and the
+learning-rate schedule, for one model or a stack of K (:mod:`difftx.training.stacked`)."""
 
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -63,6 +64,49 @@ def clip_grad_norms_(model: nn.Module, max_norm: float) -> torch.Tensor:
     for g in grads:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
     return norms
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the step stopped before applying its update (no model
+    changed). ``what``: ``"loss"`` or ``"gradient norm"``; ``models``: the models it happened to (indices in
+    a stack, ``[0]`` for one model); ``values``: every model's value."""
+
+    def __init__(self, message: str, what: str = "", models: Sequence[int] = (), values: Sequence[float] = ()):
+        super().__init__(message)
+        self.what, self.models, self.values = what, list(models), list(values)
+
+
+def _stop_unless_finite(optimizer: torch.optim.Optimizer, what: str, values: list[float]) -> None:
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingDivergedError(f"{what} is {values[bad[0]]}", what, bad, values)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def update(model: nn.Module, optimizer: torch.optim.Optimizer, losses: Sequence[float], grad_clip: float,
+           scaler=None, norm_of: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> list[float]:
+    """The end of one optimizer step of one model or a stack, after the backward passes: stop before the update
+    if a loss is not finite, clip each model's gradient to ``grad_clip`` (<= 0: no clipping), stop if a norm is
+    not finite (not with a float16 loss ``scaler``, which skips such a step itself), step and ``zero_grad``.
+    Returns each model's gradient norm before clipping. ``norm_of`` assembles a sharded norm (FSDP2)."""
+    _stop_unless_finite(optimizer, "loss", list(losses))
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norms = norm_of(clip_grad_norms_(model, grad_clip if grad_clip > 0 else float("inf")))
+    values = [float(norms)] if norms.dim() == 0 else norms.tolist()
+    if scaler is None:
+        _stop_unless_finite(optimizer, "gradient norm", values)
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return values
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

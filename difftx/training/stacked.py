@@ -71,9 +71,9 @@ from torch.func import functional_call
 from ..config import ModelConfig
 from ..model import Transformer, _check_token_ids, loss_rows
 from .batches import Batch
-from .optim import clip_grad_norms_
+from .optim import set_lr, update
 
-__all__ = ["StackDivergedError", "StackedTransformer", "StepResult", "load_optimizer_states", "optimizer_state_of",
+__all__ = ["StackedTransformer", "StepResult", "load_optimizer_states", "optimizer_state_of",
            "stack_batches", "train_step", "tune_allocator"]
 
 
@@ -375,34 +375,17 @@ class StepResult:
     kind_losses: list[dict[str, float]]
 
 
-class StackDivergedError(RuntimeError):
-    """A model's loss or gradient norm became NaN/inf; the step stopped before the update (no model was
-    changed). ``models``: the indices in the stack; ``what``: ``"loss"`` or ``"gradient norm"``; ``values``:
-    every model's value."""
-
-    def __init__(self, what: str, models: list[int], values: list[float]):
-        self.what, self.models, self.values = what, models, values
-        super().__init__(f"{what} is not finite for model(s) {models} of the stack: {values}")
-
-
-def _stop_unless_finite(optimizer: torch.optim.Optimizer, what: str, values: list[float]) -> None:
-    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-    if bad:
-        optimizer.zero_grad(set_to_none=True)
-        raise StackDivergedError(what, bad, values)
-
-
 def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Sequence[Batch]],
                lr: float, grad_clip: float, *, doc_mask: bool = True) -> StepResult:
     """One optimizer step of every model, as :func:`difftx.training.train` takes it in one process:
     ``micro_batches[m][i]`` is model ``i``'s ``m``-th micro-batch (``grad_accum`` of them); the loss of
     each is divided by ``grad_accum``; then per-model clipping (``grad_clip`` <= 0: none), AdamW at
-    ``lr`` and ``zero_grad``. ``doc_mask`` (``TrainConfig.doc_mask``): batches' ``doc_ids`` keep packed
-    documents apart. A non-finite loss or gradient norm of any model raises :class:`StackDivergedError`
-    before the update, as the trainer stops before applying it."""
+    ``lr`` and ``zero_grad`` (:func:`difftx.training.optim.update`, the one model's rule). ``doc_mask``
+    (``TrainConfig.doc_mask``): batches' ``doc_ids`` keep packed documents apart. A non-finite loss or
+    gradient norm of any model raises :class:`~difftx.training.optim.TrainingDivergedError` naming the
+    models, before the update."""
     device = stack.model_tree.tok_embeddings.weight.device
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(optimizer, lr)
     accum = len(micro_batches)
     total = torch.zeros(stack.k, device=device)
     kinds: dict[str, list] = {}
@@ -415,10 +398,6 @@ def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micr
         if sb.kind is not None:
             kinds.setdefault(sb.kind, []).append(loss.detach())
     losses = total.tolist()
-    _stop_unless_finite(optimizer, "loss", losses)
-    norms = clip_grad_norms_(stack, grad_clip if grad_clip > 0 else float("inf")).tolist()
-    _stop_unless_finite(optimizer, "gradient norm", norms)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    norms = update(stack, optimizer, losses, grad_clip)
     per_kind = {kind: (torch.stack(v).sum(0) * accum / len(v)).tolist() for kind, v in kinds.items()}
     return StepResult(losses, norms, [{kind: vals[i] for kind, vals in per_kind.items()} for i in range(stack.k)])

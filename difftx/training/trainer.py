@@ -9,7 +9,6 @@ loader does the slicing), so a run on W processes follows the same data as one p
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import sys
 import time
@@ -44,11 +43,7 @@ from .distributed import (
     unwrap,
 )
 from .metrics import METRICS_NAME, MetricsLogger, lambda_per_layer
-from .optim import build_optimizer, clip_grad_norms_, lr_at
-
-
-class TrainingDivergedError(RuntimeError):
-    """The loss or gradient became NaN/inf; the run stopped before applying that update."""
+from .optim import TrainingDivergedError, build_optimizer, lr_at, set_lr, update
 
 
 @dataclass
@@ -557,34 +552,14 @@ class _Run:
                        for (kind, micro), v in zip(kinds.items(), values[1:])}
         return values[0], kind_losses, stop
 
-    def _apply(self, step: int, loss: float) -> float:
-        """Clip the gradient and update the weights; returns the gradient norm before clipping.
-        A non-finite loss or gradient stops the run before the update."""
-        optimizer, scaler, last = self.optimizer, self.scaler, self.result.last_checkpoint
-        if not math.isfinite(loss):
-            raise TrainingDivergedError(_diverged("loss", loss, step, last))
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
-        grad_norm = float(full_tensor(clip_grad_norms_(self.model, max_norm)))
-        if not math.isfinite(grad_norm) and scaler is None:
-            raise TrainingDivergedError(_diverged("gradient norm", grad_norm, step, last))
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
     def step(self, step: int, signal: "_StopSignal") -> _StepOutcome:
-        """One optimizer step at the schedule's learning rate (:func:`_loop` records it)."""
+        """One optimizer step at the schedule's learning rate (:func:`_loop` records it): the micro-batches'
+        forward and backward, then :func:`~difftx.training.optim.update` (a stack's rule too)."""
         lr = lr_at(step, self.config)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(self.optimizer, lr)
         loss_sum, kinds, step_tokens = self._accumulate()
         loss, kind_losses, stop_now = self._reduce(loss_sum, kinds, signal)
-        grad_norm = self._apply(step, loss)
+        grad_norm = update(self.model, self.optimizer, [loss], self.config.grad_clip, self.scaler, full_tensor)[0]
         return _StepOutcome(loss, grad_norm, lr, step_tokens * self.dist.world_size, kind_losses, stop_now)
 
     def record(self, step: int, outcome: _StepOutcome, seconds: float) -> None:
@@ -799,18 +774,13 @@ class _StackedRun:
     def step_all(self, step: int, signal: "_StopSignal") -> list[_StepOutcome]:
         """One optimizer step of every model (:func:`difftx.training.stacked.train_step`, what
         :meth:`_Run.step` does for one model); a model whose loss or gradient is not finite stops the
-        stack before the update."""
-        from .stacked import StackDivergedError, train_step
+        stack before the update (:func:`_loop` names it)."""
+        from .stacked import train_step
 
         config = self.config
         micro = [[as_batch(r.loader.next_batch()) for r in self.runs] for _ in range(config.grad_accum)]
         lr = lr_at(step, config)
-        try:
-            out = train_step(self.stack, self.optimizer, micro, lr, config.grad_clip, doc_mask=config.doc_mask)
-        except StackDivergedError as e:
-            r = self.runs[e.models[0]]
-            raise TrainingDivergedError(f"{r.out_dir}: " + _diverged(e.what, e.values[e.models[0]], step,
-                                                                     r.result.last_checkpoint)) from e
+        out = train_step(self.stack, self.optimizer, micro, lr, config.grad_clip, doc_mask=config.doc_mask)
         tokens = sum(batches[0].tokens[:, :-1].numel() for batches in micro)
         return [_StepOutcome(out.losses[i], out.grad_norms[i], lr, tokens, out.kind_losses[i], signal.requested)
                 for i in range(self.k)]
@@ -859,7 +829,12 @@ def _loop(driver, bar_kw: dict) -> list[TrainResult]:
     try:
         for step in range(first.start_step + 1, first.end_step + 1):
             t = time.perf_counter()
-            outcomes = driver.step_all(step, stop_signal)
+            try:
+                outcomes = driver.step_all(step, stop_signal)
+            except TrainingDivergedError as e:  # the one divergence error, said with the run's context
+                r = runs[e.models[0]] if e.models else first
+                raise TrainingDivergedError((f"{r.out_dir}: " if stacked else "") + _diverged(
+                    e.what, e.values[e.models[0]], step, r.result.last_checkpoint), e.what, e.models, e.values) from e
             share = (time.perf_counter() - t) / len(runs)
             for r, o in zip(runs, outcomes):
                 r.record(step, o, share)
