@@ -232,8 +232,8 @@ def lambda_value(q1: Tensor, k1: Tensor, q2: Tensor, k2: Tensor, lambda_init: fl
     return LambdaFunction.apply(q1, k1, q2, k2, lambda_init)[0]
 
 
-# The LM head's width is padded to a multiple of this (zero rows, their logits -inf) inside the loss: a 623-wide
-# head (the compare vocabulary) runs at half the speed of a 640-wide one in MKL on the project's CPU.
+# The LM head's width is padded to a multiple of this (zero rows, their logits -inf) inside the loss: a width that
+# is not a multiple ran at half the speed in MKL on the project's CPU (docs/results.md, "Stacked seeds: throughput").
 HEAD_PAD = 64
 
 

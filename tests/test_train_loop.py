@@ -15,7 +15,6 @@ import torch
 from difftx.checkpoint import CheckpointError, load_model
 from difftx.training import TrainingDivergedError, train, train_preset
 from difftx.training import checkpointing as ckpt
-from difftx.training import trainer as trainer_mod
 from difftx.training.metrics import read_metrics
 
 

@@ -446,9 +446,8 @@ _warned: set[str] = set()
 
 
 # ``auto`` on CPU: calls with at most this many query rows (decoding, short continuations) use
-# ``eager``, longer ones ``chunked``. Measured with a 1,024-token KV cache, D=512, float32, one
-# layer: chunked / eager = 1.41, 1.34, 1.16, 0.93, 0.97 at 1, 4, 16, 64, 128 query rows (DIFF,
-# 4 heads) and 1.38, 1.30, 1.20, 1.04, 0.72 (baseline, 8 heads).
+# ``eager``, longer ones ``chunked``, which was faster there from 64 rows on (measured: docs/results.md,
+# "2026-11-27: Timings moved out of docstrings").
 AUTO_EAGER_MAX_ROWS = 16
 
 

@@ -37,11 +37,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` of one model or of a stack (equal to one AdamW per model of
-    the stack: every AdamW update is elementwise), the multi-tensor (``foreach``) implementation: on
-    the small CPU models of ``difftx compare`` (31 tensors) a step takes 1.9 ms against 2.7 ms for
-    the per-tensor loop PyTorch picks on CPU. (PyTorch's ``fused`` CPU kernel, 0.4 ms, was not taken:
-    a run that saved checkpoints drifted from one that did not in the last float32 bit, which
-    breaks the bitwise resume guarantee.)"""
+    the stack: every AdamW update is elementwise), the multi-tensor (``foreach``) implementation, faster on
+    the small CPU models of ``difftx compare`` than the per-tensor loop PyTorch picks on CPU. PyTorch's
+    ``fused`` CPU kernel was not taken: a run that saved checkpoints drifted from one that did not in the
+    last float32 bit, which breaks the bitwise resume guarantee. (Measured: docs/results.md, "2026-11-27:
+    Timings moved out of docstrings".)"""
     return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
                              betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
 
