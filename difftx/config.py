@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from .attention.kernels import backend_names
-from .attention.modules import ATTENTIONS  # the attention kinds by name (register_attention adds one)
+from .attention.registry import ATTENTIONS  # the attention kinds by name (register_attention adds one)
 
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
@@ -131,7 +131,7 @@ class ModelConfig:
 
     @property
     def kind_class(self) -> type:
-        """The attention kind's class (:data:`~difftx.attention.modules.ATTENTIONS`), which says what it implies."""
+        """The attention kind's class (:data:`~difftx.attention.registry.ATTENTIONS`), which says what it implies."""
         return ATTENTIONS[self.attention]
 
     @property
@@ -270,7 +270,7 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
 
 def arm_names() -> list[str]:
     """The names an arm can have: :data:`ARMS`, then every attention kind registered beyond the built-in ones
-    (:func:`~difftx.attention.modules.register_attention`)."""
+    (:func:`~difftx.attention.registry.register_attention`)."""
     from .attention.modules import ATTENTIONS_BUILTIN
 
     return [*ARMS, *(n for n, c in ATTENTIONS.items() if c not in ATTENTIONS_BUILTIN and n not in ARMS)]

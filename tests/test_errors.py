@@ -408,7 +408,7 @@ def test_generate_refuses_a_kv_cache_that_cannot_fit(capsys, model_dir, monkeypa
 
 
 def test_needle_context_len_too_short_is_refused_and_too_long_warned(model_dir):
-    from difftx.eval.needle import evaluate_needles_text
+    from difftx.eval.needle_text import evaluate_needles_text
 
     model = difftx.checkpoint.load_model(model_dir)  # max_seq_len 64
     enc = lambda s: list(s.encode())  # noqa: E731

@@ -9,7 +9,6 @@ import torch.nn as nn
 
 from difftx import Transformer, preset
 from difftx.eval.needle import (
-    CITIES,
     ROLE_ANSWER,
     ROLE_BOS,
     ROLE_FILLER,
@@ -19,15 +18,18 @@ from difftx.eval.needle import (
     NeedleTask,
     classify_answer,
     evaluate_needles,
-    evaluate_needles_text,
     make_needle_sample,
-    make_text_needle_sample,
     needle_samples,
-    needle_sentence,
     parse_answer,
     score_sample,
-    score_text_answer,
     training_batch,
+)
+from difftx.eval.needle_text import (
+    CITIES,
+    evaluate_needles_text,
+    make_text_needle_sample,
+    needle_sentence,
+    score_text_answer,
 )
 
 

@@ -18,8 +18,8 @@ from difftx.config import ModelConfig, baseline_config
 from difftx.eval.attention_noise import attention_to_answer
 from difftx.eval.diagnostics import model_head_redundancy
 from difftx.eval.icl import ICLTask
-from difftx.eval.needle import (ROLE_ANSWER, ROLE_FILLER, ROLE_NEEDLE, ROLE_QUERY, NeedleTask,
-                                make_text_needle_sample, needle_samples, text_needle_roles)
+from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, ROLE_NEEDLE, ROLE_QUERY, NeedleTask, needle_samples
+from difftx.eval.needle_text import make_text_needle_sample, text_needle_roles
 from difftx.model import Transformer
 
 NEEDLE = NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)

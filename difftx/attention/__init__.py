@@ -2,8 +2,10 @@
 
 from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, resolve_backend
 from .masks import AttentionMask
-from .modules import (ATTENTIONS, AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention, LayerKV,
-                      StandardAttention, lambda_init_for_layer, load_kinds, register_attention)
+from .cache import LayerKV
+from .modules import (AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention, StandardAttention,
+                      lambda_init_for_layer)
+from .registry import ATTENTIONS, load_kinds, register_attention
 
 try:  # optional fused kernel: registers the "triton" backend when Triton is installed
     from .triton_kernel import register as _register_triton

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..ops import LambdaFunction, at_least_fp32, is_mapped, lambda_value, linear, records_grad, rms_norm
 from .kernels import AttentionMaps, check_backend_name, resolve_backend
+from .cache import LayerKV
 from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
 
@@ -70,54 +71,6 @@ def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
-class LayerKV:
-    """One layer's KV cache: preallocated buffers, filled left to right.
-
-    Stored head-major, ``(B, heads, S_max, width)``, and handed to kernels as ``(B, S, heads, width)``
-    views: each head's keys are then one strided matrix, so a kernel's batched matmul reads the
-    cache in place instead of copying it on every decoding step.
-
-    ``v_parts > 1`` stores each value row as that many contiguous pieces of ``width / v_parts``:
-    the value buffer is ``(B, heads * v_parts, S_max, width / v_parts)`` and :meth:`update` hands
-    the values to kernels as a ``(B, S, heads, v_parts, width / v_parts)`` view. DIFF V1 uses
-    ``v_parts=2`` on CPU (its ``2d``-wide value as two ``d``-wide halves, the baseline's layout),
-    so that a decoding step's ``A V`` is ``d``-wide matrix-vector products over contiguous rows;
-    kernels that do not read this form get the joined ``(B, S, heads, width)`` values (a copy).
-    """
-
-    def __init__(self, k: Tensor, v: Tensor, v_parts: int = 1):
-        self.k, self.v = k, v  # (B, heads, S_max, width); v: (B, heads * v_parts, S_max, width / v_parts)
-        self.v_parts = v_parts
-
-    @classmethod
-    def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,
-              dtype=None, v_parts: int = 1) -> "LayerKV":
-        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``,
-        the values stored in ``v_parts`` contiguous pieces per row (see the class)."""
-        (kh, kd), (vh, vd) = k_shape, v_shape
-        if v_parts < 1 or vd % v_parts:
-            raise ValueError(f"v_parts: {v_parts} does not divide the value width {vd}")
-        return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
-                   torch.zeros(batch, vh * v_parts, max_len, vd // v_parts, device=device, dtype=dtype), v_parts)
-
-    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
-        as ``(B, S, heads, width)`` views (values ``(B, S, heads, v_parts, width / v_parts)`` when
-        ``v_parts > 1``)."""
-        end = pos + k.shape[1]
-        if end > self.k.shape[2]:
-            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
-        self.k[:, :, pos:end] = k.transpose(1, 2)
-        P = self.v_parts
-        if P == 1:
-            self.v[:, :, pos:end] = v.transpose(1, 2)
-            return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
-        B, T, H, w = v.shape
-        self.v[:, :, pos:end] = v.reshape(B, T, H * P, w // P).transpose(1, 2)
-        vs = self.v[:, :, :end]  # (B, H*P, S, w/P)
-        return self.k[:, :, :end].transpose(1, 2), vs.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)
-
-
 # methods a kind may define without leaving the stack's fast path: they build or describe the module, not its forward
 _CONSTRUCTION = frozenset({"__init__", "from_config", "check_config", "baseline_config", "parameter_delta", "hf_refusal",
                            "init_parameters", "capture_maps", "lambda_reading", "extra_repr", "cache_shapes",
@@ -144,7 +97,8 @@ class AttentionKind(nn.Module):
     (its parameter-matched baseline) and :meth:`parameter_delta` (what it adds to it, row by row),
     :meth:`init_parameters` (its initialisation), :meth:`hf_refusal` / ``hf_model_type`` (Hugging Face
     export), :meth:`capture_maps` (attention maps for the evaluations) and :meth:`lambda_reading` (the
-    lambda the metrics log). :func:`register_attention` names a kind for :class:`~difftx.config.ModelConfig`.
+    lambda the metrics log). :func:`~difftx.attention.registry.register_attention` names a kind for
+    :class:`~difftx.config.ModelConfig`.
     """
 
     components = 1
@@ -274,7 +228,7 @@ class AttentionKind(nn.Module):
         base = cls.baseline_config(config)
         with torch.device("meta"):
             ours = dict(cls.from_config(config, 0).named_parameters())
-            theirs = dict(ATTENTIONS[base.attention].from_config(base, 0).named_parameters())
+            theirs = dict(base.kind_class.from_config(base, 0).named_parameters())
         rows = []
         for name in sorted(set(ours) | set(theirs)):
             a = ours[name].numel() if name in ours else 0
@@ -685,76 +639,5 @@ class DiffAttentionV2(AttentionKind):
         return (out[..., 0::2, :].to(lam.dtype) - lam * out[..., 1::2, :].to(lam.dtype)).to(out.dtype)
 
 
-ATTENTIONS: dict[str, type[AttentionKind]] = {}
-"""The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name:
-:func:`register_attention` adds one."""
-
-
-def register_attention(name: str, cls: Optional[type] = None, *, replace: bool = False):
-    """Name an attention kind (a subclass of :class:`AttentionKind`) for ``ModelConfig.attention``; as a function
-    (``register_attention("qknorm", QKNormAttention)``) or a decorator (``@register_attention("qknorm")``).
-    ``replace``: allow taking a name already registered. Returns the class."""
-    if cls is None:
-        return lambda c: register_attention(name, c, replace=replace)
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"register_attention: the name must be an identifier, got {name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, AttentionKind)):
-        raise TypeError(f"register_attention: {name!r} must be a subclass of difftx.AttentionKind (for example of "
-                        f"StandardAttention), got {cls!r}")
-    if name in ATTENTIONS and ATTENTIONS[name] is not cls and not replace:
-        raise ValueError(f"register_attention: {name!r} is already {ATTENTIONS[name].__name__}; pass replace=True "
-                         f"or choose another name")
-    if cls.Options is not None and not dataclasses.is_dataclass(cls.Options):
-        raise TypeError(f"register_attention: {cls.__name__}.Options must be a dataclass, got {cls.Options!r}")
-    if cls.components not in (1, 2) or (cls.extra_proj is not None and not isinstance(cls.extra_proj, str)):
-        raise ValueError(f"register_attention: {cls.__name__}: components must be 1 or 2 and extra_proj a name")
-    cls.kind = name
-    ATTENTIONS[name] = cls
-    return cls
-
-
-KINDS_ENV = "DIFFTX_KINDS"
-
-
-def load_kinds(spec: Optional[str] = None) -> list[str]:
-    """Import the modules that register your attention kinds: ``spec`` (default the ``DIFFTX_KINDS`` environment
-    variable) is a comma-separated list of Python files or importable module names. ``difftx --kinds FILE``
-    sets the variable, so that worker processes import them too. Returns the names it imported."""
-    import importlib
-    import importlib.util
-    import os
-    import sys
-    from pathlib import Path
-
-    spec = os.environ.get(KINDS_ENV, "") if spec is None else spec
-    done = []
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            continue
-        try:
-            if item.endswith(".py") or os.sep in item:
-                path = Path(item).expanduser().resolve()
-                if not path.is_file():
-                    raise FileNotFoundError(f"no such file: {path}")
-                name = f"difftx_kinds_{path.stem}"
-                if name not in sys.modules:
-                    module_spec = importlib.util.spec_from_file_location(name, path)
-                    module = importlib.util.module_from_spec(module_spec)
-                    sys.modules[name] = module
-                    try:
-                        module_spec.loader.exec_module(module)
-                    except BaseException:
-                        del sys.modules[name]
-                        raise
-            else:
-                importlib.import_module(item)
-        except Exception as e:  # noqa: BLE001 - one line naming the module, then the original error
-            raise ImportError(f"{KINDS_ENV} / --kinds: cannot import {item!r}: {type(e).__name__}: {e}") from e
-        done.append(item)
-    return done
-
-
+# the built-in kinds (registered by difftx.attention.registry); their own rules apply to these classes only
 ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, DiffAttention, DiffAttentionV2)
-for _name, _cls in (("diff", DiffAttention), ("diff_v2", DiffAttentionV2), ("standard", StandardAttention),
-                    ("gated", GatedAttention)):
-    register_attention(_name, _cls)

@@ -98,7 +98,7 @@ def _use_kinds(spec: str) -> None:
     """``--kinds``: kept in the environment (worker processes import the kinds from there), then imported."""
     import os
 
-    from ..attention.modules import KINDS_ENV, load_kinds
+    from ..attention.registry import KINDS_ENV, load_kinds
 
     os.environ[KINDS_ENV] = ",".join(p for p in (os.environ.get(KINDS_ENV, ""), spec) if p)
     load_kinds(spec)

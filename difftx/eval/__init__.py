@@ -18,7 +18,8 @@ from .capture import AttentionCapture, CapturedMaps, capture_attention, layer_la
 from .diagnostics import head_redundancy, model_head_redundancy
 from .icl import ICLTask, evaluate_icl_instances
 from .lm import LMResult, ar_hit_mask, bits_per_byte, evaluate_lm, length_extrapolation, token_nll
-from .needle import NeedleResult, NeedleTask, evaluate_needles, evaluate_needles_text, make_needle_sample
+from .needle import NeedleResult, NeedleTask, evaluate_needles, make_needle_sample
+from .needle_text import evaluate_needles_text
 from .outliers import MagnitudeStats, activation_outliers, magnitude_stats
 from .quant import absmax_quantize, quantization_sweep, quantized_kernel, register_quantized_backend
 from .stats import PairedEstimate, paired_estimate, verdict

@@ -91,7 +91,7 @@ def attention_to_answer(model: torch.nn.Module, samples: Sequence[NeedleSample |
     """Per-layer answer / noise masses over needle ``samples`` at the last prompt position
     (the one that emits the first answer token). A sample needs ``prompt`` (token ids) and
     ``roles`` (``ROLE_*`` per position): a synthetic :class:`NeedleSample`, or a natural-language
-    prompt from :func:`difftx.eval.needle.text_needle_probes`; prompts may differ in length.
+    prompt from :func:`difftx.eval.needle_text.text_needle_probes`; prompts may differ in length.
 
     Returns ``{"layers": [LayerMass.to_dict(), ...], "rows": [...]}`` where ``rows`` holds, for
     the first ``keep_rows`` samples, the prompt roles and the effective rows at that position

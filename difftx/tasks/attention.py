@@ -47,7 +47,8 @@ def _key(cell: str) -> str:
 def _cell_prompts(subject, n: int, r: int, depths, samples: int, context_len: int):
     """Prompts of one cell at every depth, and whether the model answers each correctly (``None``
     for the natural-language form, whose answers are not scored here)."""
-    from ..eval.needle import needle_samples, score_sample, text_needle_probes
+    from ..eval.needle import needle_samples, score_sample
+    from ..eval.needle_text import text_needle_probes
     from ..generation import generate
 
     if subject.needle is None:

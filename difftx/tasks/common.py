@@ -26,7 +26,7 @@ def no_needle_task(subject) -> Optional[str]:
 def _most(subject) -> tuple[int, int]:
     """The most needles and queried keys the subject's needle task can pose (a compare model's task
     has its own; the natural-language form is bounded by its city list)."""
-    from ..eval.needle import CITIES
+    from ..eval.needle_text import CITIES
 
     t = subject.needle
     return (t.max_needles, t.max_query) if t is not None else (len(CITIES), len(CITIES))
@@ -54,7 +54,8 @@ def probe_prompts(subject, cell: Optional[tuple[int, int]], samples: int, contex
     """``samples`` prompts of the probe cell (:func:`probe_cell`) at depth 0.5 with a role per
     position (synthetic for a compare model, natural-language for a text model) and a description
     of them."""
-    from ..eval.needle import needle_samples, text_needle_probes
+    from ..eval.needle import needle_samples
+    from ..eval.needle_text import text_needle_probes
 
     n, r = probe_cell(subject, cell)
     if subject.needle is not None:
@@ -69,7 +70,8 @@ def probe_prompts(subject, cell: Optional[tuple[int, int]], samples: int, contex
 def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_len: int = 256,
                 backend: Optional[str] = None, use_cache: bool = True, batch_size: int = 50, progress: bool = False):
     """:class:`difftx.eval.needle.NeedleResult` of the subject's form (same prompts for every model)."""
-    from ..eval.needle import evaluate_needles, evaluate_needles_text
+    from ..eval.needle import evaluate_needles
+    from ..eval.needle_text import evaluate_needles_text
 
     if subject.needle is not None:
         return evaluate_needles(subject.model, subject.needle, grid=grid, depths=depths, lengths=lengths,

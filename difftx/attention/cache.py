@@ -1,0 +1,54 @@
+"""The KV cache of one attention layer: preallocated buffers, filled left to right, read by the kernels in place."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class LayerKV:
+    """One layer's KV cache: preallocated buffers, filled left to right.
+
+    Stored head-major, ``(B, heads, S_max, width)``, and handed to kernels as ``(B, S, heads, width)``
+    views: each head's keys are then one strided matrix, so a kernel's batched matmul reads the
+    cache in place instead of copying it on every decoding step.
+
+    ``v_parts > 1`` stores each value row as that many contiguous pieces of ``width / v_parts``:
+    the value buffer is ``(B, heads * v_parts, S_max, width / v_parts)`` and :meth:`update` hands
+    the values to kernels as a ``(B, S, heads, v_parts, width / v_parts)`` view. DIFF V1 uses
+    ``v_parts=2`` on CPU (its ``2d``-wide value as two ``d``-wide halves, the baseline's layout),
+    so that a decoding step's ``A V`` is ``d``-wide matrix-vector products over contiguous rows;
+    kernels that do not read this form get the joined ``(B, S, heads, width)`` values (a copy).
+    """
+
+    def __init__(self, k: Tensor, v: Tensor, v_parts: int = 1):
+        self.k, self.v = k, v  # (B, heads, S_max, width); v: (B, heads * v_parts, S_max, width / v_parts)
+        self.v_parts = v_parts
+
+    @classmethod
+    def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,
+              dtype=None, v_parts: int = 1) -> "LayerKV":
+        """Zeroed buffers for ``max_len`` positions of keys ``(heads, width)`` and values ``(heads, width)``,
+        the values stored in ``v_parts`` contiguous pieces per row (see the class)."""
+        (kh, kd), (vh, vd) = k_shape, v_shape
+        if v_parts < 1 or vd % v_parts:
+            raise ValueError(f"v_parts: {v_parts} does not divide the value width {vd}")
+        return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
+                   torch.zeros(batch, vh * v_parts, max_len, vd // v_parts, device=device, dtype=dtype), v_parts)
+
+    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
+        as ``(B, S, heads, width)`` views (values ``(B, S, heads, v_parts, width / v_parts)`` when
+        ``v_parts > 1``)."""
+        end = pos + k.shape[1]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
+        self.k[:, :, pos:end] = k.transpose(1, 2)
+        P = self.v_parts
+        if P == 1:
+            self.v[:, :, pos:end] = v.transpose(1, 2)
+            return self.k[:, :, :end].transpose(1, 2), self.v[:, :, :end].transpose(1, 2)
+        B, T, H, w = v.shape
+        self.v[:, :, pos:end] = v.reshape(B, T, H * P, w // P).transpose(1, 2)
+        vs = self.v[:, :, :end]  # (B, H*P, S, w/P)
+        return self.k[:, :, :end].transpose(1, 2), vs.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)
