@@ -316,7 +316,8 @@ class StandardAttention(AttentionKind):
 
     @classmethod
     def baseline_config(cls, config):
-        """Itself without its per-head norm; a kind built on it: the same heads as plain standard attention."""
+        """Plain standard attention with the same heads: itself without its per-head norm; for ``gated``, the heads
+        without the gate (``W_g`` is all it adds); for a kind built on it, the heads without what it adds."""
         return config.plain(attention="standard")
 
     @classmethod
@@ -379,11 +380,6 @@ class GatedAttention(StandardAttention):
         super().check_config(config)
         if config.gate is not None and config.gate not in GATES:
             raise ValueError(f"ModelConfig.gate: must be one of {GATES} (or null: 'elementwise'), got {config.gate!r}")
-
-    @classmethod
-    def baseline_config(cls, config):
-        """The same heads without the gate (the gate's ``W_g`` is all it adds)."""
-        return config.plain(attention="standard")
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
