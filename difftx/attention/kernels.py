@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import flex as _flex
-from ..ops import batch_first, records_grad
+from ..ops import batch_first, is_mapped, records_grad
 from .masks import AttentionMask
 
 
@@ -370,9 +370,12 @@ def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool =
     """
     if return_maps:
         raise ValueError("the 'chunked' backend does not return attention maps; use backend='eager'")
-    keep = records_grad(*(t for t in (q, k, v, lam) if t is not None))  # maps kept for a backward only
+    grad = records_grad(*(t for t in (q, k, v, lam) if t is not None))
+    if not grad and not is_mapped(q):  # inference: the plain forward, nothing kept, no autograd node
+        bl = _Blocks(q, k, v, lam, mask, scale)
+        return _out_layout(bl, _chunked_forward(bl, CHUNK_ROWS, keep=False)[0])
     return _ChunkedAttention.apply(q, k, v, lam, mask.key_valid, mask.doc_ids, mask.causal, mask.q_offset, scale,
-                                   CHUNK_ROWS, keep)[0]
+                                   CHUNK_ROWS, grad)[0]  # maps kept for a backward only
 
 
 def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):

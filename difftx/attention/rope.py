@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..ops import records_grad
+
 
 def rope_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """cos, sin of shape ``(B|1, T, 1, d/2)`` for integer ``positions`` ``(B|1, T)``, computed in
@@ -49,5 +51,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`, in their dtype: each pair
     ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x0 sin + x1 cos)``, the complex product ``(x0 + i x1)(cos + i sin)``."""
     xf = x.to(cos.dtype)
-    out = _Rotate.apply(xf if xf.is_contiguous() else xf.contiguous(), torch.complex(cos, sin))
+    xf = xf if xf.is_contiguous() else xf.contiguous()
+    rot = torch.complex(cos, sin)
+    if records_grad(xf):
+        out = _Rotate.apply(xf, rot)
+    else:  # inference (decoding): the product itself, without a Function's call overhead
+        out = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rot).flatten(-2)
     return out.to(x.dtype)
