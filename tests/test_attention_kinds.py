@@ -114,7 +114,7 @@ def test_a_kind_the_stack_cannot_map_is_refused_in_one_line_when_the_stack_is_bu
         StackedTransformer.from_models(models)
 
 
-def test_a_kind_is_an_arm_of_compare(kinds, tmp_path):
+def test_each_kind_is_an_arm_of_compare(kinds, tmp_path):
     from difftx.cli import main
     from test_compare import FAST, as_sets
 
@@ -124,11 +124,12 @@ def test_a_kind_is_an_arm_of_compare(kinds, tmp_path):
     assert (arm.attention, arm.n_heads, arm.head_dim) == ("qknorm", 4, base.head_dim)
     out = tmp_path / "arms"
     assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
-                 "--no-progress", "--arms", "qknorm", *as_sets(FAST)]) == 0
+                 "--no-progress", "--arms", "qknorm,headgain,temperature", *as_sets(FAST)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["arms"]) == ["baseline", "diff", "qknorm"]
-    assert res["arms"]["qknorm"]["config"]["attention"] == "qknorm"
-    assert "qknorm vs baseline" in res["arm_comparisons"]
+    assert list(res["arms"]) == ["baseline", "diff", "qknorm", "headgain", "temperature"]
+    for kind in ("qknorm", "headgain", "temperature"):
+        assert res["arms"][kind]["config"]["attention"] == kind
+        assert f"{kind} vs baseline" in res["arm_comparisons"]
 
 
 def test_what_a_kind_implies_is_asked_of_its_class(kinds):
