@@ -51,6 +51,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`, in their dtype: each pair
     ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x0 sin + x1 cos)``, the complex product ``(x0 + i x1)(cos + i sin)``."""
     xf = x.to(cos.dtype)
+    if torch.compiler.is_compiling():  # the real form, which the compiler fuses (it does not generate complex code)
+        x0, x1 = xf.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
     xf = xf if xf.is_contiguous() else xf.contiguous()
     rot = torch.complex(cos, sin)
     if records_grad(xf):
