@@ -2,13 +2,20 @@
 
 This is the model part of every checkpoint (the trainer adds optimizer and run state beside
 it). A missing, corrupt or mismatched file raises :class:`CheckpointError` with the path.
+
+Every weights file carries its own SHA-256 (:data:`DIGEST_KEY` in the safetensors metadata: the
+digest of the file with that value zeroed), written with the file; :func:`load_state` checks it
+on every load (:func:`verify_digest`, the one check, also used for the trainer's optimizer state).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import sys
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from safetensors import SafetensorError
@@ -27,6 +34,99 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 
+# -- digests: the bytes written are the bytes read ---------------------------------------------------
+DIGEST_KEY = "difftx_sha256"  # safetensors metadata: SHA-256 of the file with this value written as 64 zeros
+_ZEROS = b"0" * 64
+_DIGEST_FIELD = re.compile(rb'"' + DIGEST_KEY.encode() + rb'"\s*:\s*"([0-9a-f]{64})"')
+_CHUNK = 1 << 23
+_noticed: set[str] = set()  # files without a recorded digest already named on stderr (once per file)
+
+
+def _digest_span(f) -> tuple[Optional[tuple[int, int]], bytes]:
+    """Where a safetensors file's recorded digest lies (byte offsets in the file; ``None`` for none or
+    another kind of file) and the bytes read so far (from the start of ``f``)."""
+    head = f.read(8)
+    if len(head) < 8:
+        return None, head
+    n = int.from_bytes(head, "little")
+    size = os.fstat(f.fileno()).st_size
+    if not 2 <= n <= min(size - 8, 100_000_000):
+        return None, head
+    header = f.read(n)
+    found = _DIGEST_FIELD.search(header) if header[:1] == b"{" else None
+    return (None if found is None else (8 + found.start(1), 8 + found.end(1))), head + header
+
+
+def _sha256(path: Path) -> tuple[Optional[str], str]:
+    """``(recorded, actual)``: the digest a safetensors file records in its header (``None`` if none,
+    or for any other file) and the SHA-256 of the file, with that recorded value read as zeros."""
+    h = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        span, start = _digest_span(f)
+        recorded = None
+        if span is not None:
+            recorded = start[span[0]:span[1]].decode()
+            start = start[:span[0]] + _ZEROS + start[span[1]:]
+        h.update(start)
+        while True:
+            got = f.readinto(buf)
+            if not got:
+                break
+            h.update(view[:got])
+    return recorded, h.hexdigest()
+
+
+def file_sha256(path: PathLike) -> str:
+    """The digest :func:`verify_digest` compares with: a file's SHA-256 (for a safetensors file that
+    records its own, with that value read as zeros)."""
+    return _sha256(Path(path))[1]
+
+
+def verify_digest(path: PathLike, recorded: Optional[str] = None, *, notice: bool = True) -> None:
+    """The check every load of weights (and of a training checkpoint's optimizer state) goes
+    through: the file's SHA-256 must be the one recorded when it was written, in its own header
+    (``model.safetensors``) or, for other files, ``recorded`` (what the checkpoint holds for it).
+    A mismatch is a :class:`CheckpointError` naming the file; a file with no recorded digest
+    (written by an older difftx) is accepted, with a one-line notice on stderr once per file
+    (none with ``notice=False``)."""
+    path = Path(path)
+    try:
+        in_file, actual = _sha256(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    recorded = recorded or in_file
+    if recorded is None:
+        key = os.path.abspath(path)
+        if notice and key not in _noticed:
+            _noticed.add(key)
+            print(f"difftx: note: {path}: no SHA-256 recorded (written by an older difftx or another tool); loaded "
+                  f"without checking its bytes", file=sys.stderr, flush=True)
+        return
+    if actual != recorded:
+        raise CheckpointError(f"{path}: the bytes changed since they were written (SHA-256 {actual[:12]}..., recorded "
+                              f"{recorded[:12]}...): the file is damaged or was edited; it is not used")
+
+
+def save_weights(path: PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file atomically, with its SHA-256 in its own metadata (:data:`DIGEST_KEY`),
+    so the file and its digest are one write."""
+    meta = {**metadata, DIGEST_KEY: _ZEROS.decode()}
+
+    def write(tmp: str) -> None:
+        save_file(tensors, tmp, metadata=meta)
+        _, digest = _sha256(Path(tmp))
+        with open(tmp, "r+b") as f:
+            span, _ = _digest_span(f)
+            if span is None:  # pragma: no cover - safetensors wrote the metadata elsewhere than its header
+                raise CheckpointError(f"{path}: the written header holds no {DIGEST_KEY}")
+            f.seek(span[0])
+            f.write(digest.encode())
+
+    atomic_write(path, write)
+
+
 def _weights(model: Transformer) -> dict[str, torch.Tensor]:
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
@@ -39,7 +139,7 @@ def save_model(model: Transformer, folder: PathLike, metadata: dict | None = Non
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"format": "difftx", **{k: str(v) for k, v in (metadata or {}).items()}}
-    atomic_write(folder / WEIGHTS_NAME, lambda p: save_file(_weights(model), p, metadata=meta))
+    save_weights(folder / WEIGHTS_NAME, _weights(model), meta)
     atomic_write(folder / CONFIG_NAME, lambda p: Path(p).write_text(model.config.to_json() + "\n"))
     return folder
 
@@ -54,13 +154,18 @@ def load_config(folder: PathLike) -> ModelConfig:
 
 
 def load_state(folder: PathLike) -> dict[str, torch.Tensor]:
+    """The tensors of ``folder/model.safetensors``, after checking its bytes are the ones written
+    (:func:`verify_digest`). Every reader of weights (eval, resume, init_from, export, runs,
+    compare's reuse) comes through here."""
     path = Path(folder) / WEIGHTS_NAME
     if not path.is_file():
         raise CheckpointError(f"{path}: weights file missing")
     try:
-        return load_file(str(path))
+        state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read weights ({e})") from e
+    verify_digest(path)
+    return state
 
 
 def check_weights_fit(config: ModelConfig, state: dict[str, torch.Tensor], source: str = "state dict"

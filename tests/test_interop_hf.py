@@ -152,6 +152,11 @@ def test_transformers_model_imports_and_round_trips(kind, tie, tmp_path):
     theirs.save_pretrained(tmp_path / "hf")
     ours_dir = import_hf(tmp_path / "hf", tmp_path / "difftx")
     ours = load_model(ours_dir)  # what `difftx train --init-from` reads
+    from safetensors import safe_open
+
+    from difftx.checkpoint import DIGEST_KEY
+    with safe_open(str(ours_dir / "model.safetensors"), "pt") as f:  # written with its digest, checked on load
+        assert len(f.metadata()[DIGEST_KEY]) == 64
     assert ours.config.attention == ("diff" if kind == "diffllama" else "standard")
     assert ours.config.tie_embeddings == tie
     if kind == "diffllama":

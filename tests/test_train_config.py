@@ -44,6 +44,7 @@ def test_presets_are_valid(name):
     ("model_overrides", {"dim": 33}, "dim"),
     ("model_overrides", {"nonsense": 1}, "unknown ModelConfig field"),
     ("doc_mask", "yes", "true or false"),
+    ("allow_new_data", 1, "true or false"),
     ("val_fraction", 1.5, "(0, 1)"),
     ("seq_len", 4096, "max_seq_len"),
 ])
@@ -177,3 +178,12 @@ def test_lambda_per_layer_matches_the_modules():
     want = [float(m.lambda_full().detach()) for m in model.modules() if isinstance(m, DiffAttention)]
     assert len(got) == 3 and got == pytest.approx(want, abs=1e-6)
     assert lambda_per_layer(Transformer(preset("test", attention="standard"))) is None
+
+
+def test_allow_new_data_is_one_resumes_permission_not_a_change_of_the_run():
+    """``allow_new_data`` (``--allow-new-data``) may differ from the saved config on resume, either way."""
+    from difftx.training.config import check_resume_changes
+
+    saved = train_preset("test")
+    assert check_resume_changes(saved, saved.replace(allow_new_data=True)).allow_new_data is True
+    assert check_resume_changes(saved.replace(allow_new_data=True), saved).allow_new_data is False

@@ -123,6 +123,8 @@ def test_out_dir_with_checkpoints_is_not_overwritten(tmp_path, corpus):
 
 @pytest.mark.parametrize("victim, damage", [
     ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])),
+    ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:-64] + bytes(64))),  # same size, bytes changed
+    ("optimizer.pt", lambda p: p.write_bytes(p.read_bytes()[:200] + b"x" + p.read_bytes()[201:])),
     ("optimizer.pt", lambda p: p.write_bytes(b"not a torch file")),
     ("trainer_state.json", lambda p: p.write_text('{"format": "difftx-train", "version": 1')),
     ("config.json", lambda p: p.write_text("{")),

@@ -44,6 +44,9 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest checkpoint, with its saved train_config.json "
                         "(flags may change only execution settings and raise steps)")
+    p.add_argument("--allow-new-data", action="store_true",
+                   help="with --resume: continue although the training text changed since the checkpoint (refused "
+                        "otherwise); recorded in the run's checkpoints (this command only)")
     p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
     p.add_argument("--attention", choices=["diff", "diff_v2", "standard", "gated"],
                    help="attention kind of the model (same n_heads; --baseline gives the parameter-matched one)")
@@ -92,6 +95,8 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     saved, saved_path, missing, records = None, None, {}, {}
     if args.out is not None and not str(args.out).strip():
         raise ValueError("--out: an empty path; give a folder for the run (or leave --out out for the default)")
+    if getattr(args, "allow_new_data", False) and not getattr(args, "resume", False):
+        raise ValueError("--allow-new-data: only with --resume (it lets a resume continue on changed training text)")
     if getattr(args, "resume", False):
         out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
         saved, saved_path, missing, records = saved_run_config(out_dir)
@@ -109,7 +114,8 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         # the command that started the run): built as a new run, then checked against the saved config
         cfg = load_train_config(args.config, args.overrides, args.preset, notes=notes)
     else:  # `--resume` alone: the saved config, with what the flags below change
-        cfg = saved.with_overrides(args.overrides) if args.overrides else saved
+        base = saved.replace(allow_new_data=False) if saved.allow_new_data else saved  # one command's permission
+        cfg = base.with_overrides(args.overrides) if args.overrides else base
     changes = {}
     if args.out:
         changes["out_dir"] = args.out
@@ -119,6 +125,8 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
         changes["data_source"] = args.data
     if getattr(args, "tokenizer", None):
         changes["tokenizer"] = args.tokenizer
+    if getattr(args, "allow_new_data", False):
+        changes["allow_new_data"] = True
     if args.attention or args.baseline:
         overrides = dict(cfg.model_overrides)
         if args.attention:

@@ -36,7 +36,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 
-from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state
+from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state, save_weights
 from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
@@ -484,7 +484,7 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False
     out = _output_dir(out_folder, [src], overwrite)
     meta = {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"}
     with atomic_folder(out, replace=True) as tmp:
-        _write_safetensors(tmp / WEIGHTS_NAME, state, meta)
+        save_weights(tmp / WEIGHTS_NAME, state, meta)  # with its digest, as every difftx weights file
         atomic_write(tmp / CONFIG_NAME, lambda p: Path(p).write_text(config.to_json() + "\n"))
         if any((src / name).is_file() for name in TOKENIZER_FILES):
             copy_tokenizer(src, tmp / TOKENIZER_SUBDIR)  # where the trainer's --init-from looks for it

@@ -12,7 +12,8 @@ Layout of a run folder::
           model.safetensors      weights                  } loads with difftx.checkpoint.load_model
           tokenizer/             the tokenizer the run used
           optimizer.pt           AdamW state (full, keyed by parameter name)
-          trainer_state.json     step, tokens seen, data-loader and RNG state of every rank
+          trainer_state.json     step, tokens seen, data-loader and RNG state of every rank,
+                                 optimizer.pt's SHA-256 (model.safetensors holds its own)
           train_config.json      the TrainConfig of the run that wrote it
 
 While a run writes to ``OUT`` it holds ``OUT/.lock`` (:func:`lock_run`): a second run on the
@@ -23,7 +24,8 @@ in a staging folder ``checkpoints/.step_....tmp-...`` (:func:`difftx.io.atomic_f
 renamed into place, then ``latest`` is rewritten. A crash at any point leaves the previous
 checkpoint and pointer untouched; staging folders are ignored, and stale ones
 (:func:`difftx.io.staging_is_stale`) are removed by the next run. An existing checkpoint folder is
-never overwritten.
+never overwritten. Every load checks the weights' and the optimizer state's SHA-256 against the
+one recorded when they were written (:func:`difftx.checkpoint.verify_digest`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ import numpy as np
 import torch
 
 from ..checkpoint import (
-    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, save_model,
+    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, file_sha256, load_config, load_state, save_model,
+    verify_digest,
 )
 from ..config import ModelConfig
 from ..io import (
@@ -49,7 +52,9 @@ from ..io import (
     write_json,
 )
 from ..model import Transformer
-from .config import PATH_FIELDS, SAVED_PATHS, differs_from_record, resolve_saved_paths, same_content, saved_form
+from .config import (
+    PATH_FIELDS, SAVED_PATHS, differs_from_record, path_identity, resolve_saved_paths, same_content, saved_form,
+)
 
 PathLike = Union[str, os.PathLike]
 FORMAT = "difftx-train"
@@ -58,6 +63,7 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_NAME = "trainer_state.json"
 OPTIM_NAME = "optimizer.pt"
+DIGESTS = "digests"  # trainer_state.json: {file name: SHA-256} of the checkpoint's files that cannot hold their own
 TRAIN_CONFIG_NAME = "train_config.json"
 TOKENIZER_DIR = "tokenizer"
 LOCK_NAME = ".lock"
@@ -121,9 +127,10 @@ def resolve_checkpoint(path: PathLike) -> Path:
 
 # -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
 def checkpoint_problem(folder: PathLike) -> Optional[str]:
-    """Why ``folder`` is not a complete training checkpoint, from a quick look that reads no
-    tensor (``None`` when it looks complete): each file is there, the JSON files parse, the
-    weights file is as long as its header says, ``optimizer.pt`` is a whole zip archive."""
+    """Why ``folder`` is not a complete training checkpoint, from a look that parses no tensor
+    (``None`` when it looks complete): each file is there, the JSON files parse, the weights file
+    is as long as its header says, ``optimizer.pt`` is a whole zip archive, and both have the
+    SHA-256 recorded when they were written (where one was)."""
     import zipfile
 
     folder = Path(folder)
@@ -154,6 +161,11 @@ def checkpoint_problem(folder: PathLike) -> Optional[str]:
             zipfile.ZipFile(optim).close()  # reads the central directory at the end: a cut file has none
     except (OSError, zipfile.BadZipFile) as e:
         return f"{optim}: incomplete ({e})"
+    try:
+        verify_digest(weights, notice=False)  # a look for the error's hint: nothing said about older files
+        verify_digest(optim, recorded_digest(folder, OPTIM_NAME), notice=False)
+    except CheckpointError as e:
+        return str(e)
     return None
 
 
@@ -333,8 +345,10 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
             _save_weights(model_state, model_config, tmp)
             writing = OPTIM_NAME
             atomic_write(tmp / writing, lambda p: torch.save(optim_state, p))
+            digests = {OPTIM_NAME: file_sha256(tmp / writing)}  # in the same folder, made visible with it
             writing = STATE_NAME
-            write_json(tmp / writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state})
+            write_json(tmp / writing, {"format": FORMAT, "version": FORMAT_VERSION, **trainer_state,
+                                       DIGESTS: digests})
             writing = TRAIN_CONFIG_NAME
             write_json(tmp / writing, saved_form(train_config, run_dir) if train_config else train_config)
             if tokenizer is not None:
@@ -379,7 +393,21 @@ def read_trainer_state(folder: PathLike) -> dict:
     return state
 
 
+def recorded_digest(folder: PathLike, name: str) -> Optional[str]:
+    """The SHA-256 the checkpoint's ``trainer_state.json`` recorded for its file ``name`` (``None``
+    when it has none: written by an older difftx, or unreadable, which reading it names)."""
+    try:
+        state = json.loads((Path(folder) / STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    digests = state.get(DIGESTS) if isinstance(state, dict) else None
+    value = digests.get(name) if isinstance(digests, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 def read_optimizer_state(folder: PathLike) -> dict:
+    """``optimizer.pt`` of a training checkpoint, its bytes checked against the SHA-256 its
+    ``trainer_state.json`` recorded (:func:`difftx.checkpoint.verify_digest`)."""
     path = Path(folder) / OPTIM_NAME
     if not path.is_file():
         raise CheckpointError(f"{path}: optimizer state missing")
@@ -389,6 +417,7 @@ def read_optimizer_state(folder: PathLike) -> dict:
         raise CheckpointError(f"{path}: cannot read optimizer state ({type(e).__name__}: {e})") from e
     if not isinstance(state, dict) or "state" not in state or "param_groups" not in state:
         raise CheckpointError(f"{path}: not an optimizer state dict")
+    verify_digest(path, recorded_digest(folder, OPTIM_NAME))
     return state
 
 
@@ -417,6 +446,45 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
         raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
                               f"{tokenizer_name!r} in this run")
+
+
+def text_change(folder: PathLike, train_config: dict) -> Optional[dict]:
+    """How the training text at the place checkpoint ``folder`` was trained from has changed since it
+    was written: ``None`` when its SHA-256 is the one the checkpoint's ``train_config.json``
+    recorded, or when that cannot be told (the bundled corpus, no SHA-256 recorded, the text given
+    at another path, which :func:`check_compatible` compares). Else the path and the old and new
+    SHA-256 and sizes."""
+    value = train_config.get("data_source")
+    if not isinstance(value, str):
+        return None
+    folder = Path(folder)
+    saved = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint",
+                      error=CheckpointError)
+    records = saved.get(SAVED_PATHS) if isinstance(saved, dict) else None
+    record = records.get("data_source") if isinstance(records, dict) else None
+    if not (isinstance(record, dict) and isinstance(record.get("sha256"), str)
+            and isinstance(saved.get("data_source"), str)):
+        return None
+    found, missing = resolve_saved_paths(saved, run_folder_of(folder))
+    here = os.path.abspath(os.path.expanduser(value))
+    if "data_source" in missing or os.path.abspath(os.path.expanduser(found["data_source"])) != here:
+        return None
+    now = path_identity("data_source", here)
+    if now is None or now.get("sha256") in (None, record["sha256"]):
+        return None
+    return {"data_source": here, "old_sha256": record["sha256"], "new_sha256": now["sha256"],
+            "old_bytes": record.get("bytes"), "new_bytes": now.get("bytes")}
+
+
+def text_change_error(folder: PathLike, change: dict) -> str:
+    """The one-line refusal of a resume on the changed text :func:`text_change` found."""
+    old, new = change.get("old_bytes"), change.get("new_bytes")
+    size = "the same size" if old == new else f"{old:,} bytes then, {new:,} now" if isinstance(old, int) and \
+        isinstance(new, int) else "another size"
+    return (f"{change['data_source']}: the training text changed since the checkpoint {Path(folder).name} was written "
+            f"(SHA-256 {change['old_sha256'][:12]} then, {change['new_sha256'][:12]} now; {size}), so resuming would "
+            f"train on other text; put the run's text back, or pass --allow-new-data (TrainConfig.allow_new_data) to "
+            f"continue on the new text (the checkpoints record it)")
 
 
 def run_folder_of(checkpoint: PathLike) -> Optional[Path]:

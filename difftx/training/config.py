@@ -54,6 +54,7 @@ class TrainConfig:
     val_fraction: Optional[float] = None  # None: the data package's default split
     text_field: str = "text"  # JSONL field holding the text
     doc_mask: bool = True  # block-diagonal attention: packed documents do not see each other
+    allow_new_data: bool = False  # a resume may continue on a data_source whose content changed (recorded)
     # -- batch ----------------------------------------------------------------------------------
     batch_size: int = 16
     seq_len: int = 256
@@ -113,7 +114,7 @@ class TrainConfig:
         if self.val_fraction is not None and not (_is_num(self.val_fraction) and 0 < self.val_fraction < 1):
             raise _err("val_fraction", f"must be in (0, 1) or null, got {self.val_fraction!r}")
         # booleans
-        for name in ("doc_mask", "tensorboard", "progress", "compile"):
+        for name in ("doc_mask", "allow_new_data", "tensorboard", "progress", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
         # positive / non-negative integers
@@ -372,13 +373,25 @@ _identities: dict = {}
 def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
     """What identifies the content at ``path`` (``None`` if nothing there): for ``data_source`` its
     size in bytes, number of files and SHA-256 (:func:`_content_sha256`), for ``tokenizer`` the
-    tokenizer's name (a hash of its ``tokenizer.json``). Computed once per path and modification time."""
+    tokenizer's name (a hash of its ``tokenizer.json``). Computed once per path and modification time
+    (for a ``data_source`` folder, those of every file in it: a file edited in place changes no folder's)."""
     path = Path(path)
     try:
         st = path.stat()
     except OSError:
         return None
-    key = (name, str(path.absolute()), st.st_mtime_ns, st.st_size)
+    key: tuple = (name, str(path.absolute()), st.st_mtime_ns, st.st_size)
+    files: list = []
+    if name != "tokenizer" and path.is_dir():
+        for root, dirs, names in os.walk(path):
+            dirs.sort()
+            for n in sorted(names):
+                try:
+                    f = os.stat(os.path.join(root, n))
+                    files.append((Path(root, n), f.st_size, f.st_mtime_ns))
+                except OSError:
+                    pass
+        key += (tuple((str(p), size, mtime) for p, size, mtime in files),)
     if key in _identities:
         return _identities[key]
     found: Optional[dict] = None
@@ -392,16 +405,8 @@ def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
     elif path.is_file():
         found = {"bytes": st.st_size, "files": 1, "sha256": _content_sha256(path, [path])}
     elif path.is_dir():
-        size, paths = 0, []
-        for root, dirs, names in os.walk(path):
-            dirs.sort()
-            for n in sorted(names):
-                try:
-                    size += os.stat(os.path.join(root, n)).st_size
-                    paths.append(Path(root, n))
-                except OSError:
-                    pass
-        found = {"bytes": size, "files": len(paths), "sha256": _content_sha256(path, paths)}
+        found = {"bytes": sum(size for _, size, _ in files), "files": len(files),
+                 "sha256": _content_sha256(path, [p for p, _, _ in files])}
     _identities[key] = found
     return found
 
@@ -550,8 +555,10 @@ def differs_from_record(name: str, path: str, record: Optional[dict]) -> Optiona
 # decide where and how the run executes and what it logs, not what it computes (``batch_size``
 # only with another number of processes and the same global batch, which the trainer checks).
 # ``steps`` may be raised: the run then continues longer (its decay follows the new length).
+# ``allow_new_data`` is the permission of one command (``--allow-new-data``), not a property of the run.
 RESUME_MAY_CHANGE = ("out_dir", "device", "dtype", "compile", "parallel", "batch_size", "progress", "tensorboard",
-                     "cache_dir", "log_interval", "eval_interval", "ckpt_interval", "keep_last", "steps")
+                     "cache_dir", "log_interval", "eval_interval", "ckpt_interval", "keep_last", "allow_new_data",
+                     "steps")
 
 
 def check_resume_changes(saved: TrainConfig, new: TrainConfig, where: str = "the run's train_config.json", *,

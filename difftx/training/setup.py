@@ -157,6 +157,11 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
         if resume and existing is not None:
             plan["resume_dir"] = existing
             plan["resume_vocab"] = load_config(existing).vocab_size
+            change = ckpt.text_change(existing, config.to_dict())  # before any text is read or tokenized
+            if change is not None and not config.allow_new_data:
+                plan["error"] = ("checkpoint", ckpt.text_change_error(existing, change))
+                return plan
+            plan["new_data"] = change
         elif config.init_from:
             plan["init_dir"] = ckpt.resolve_checkpoint(config.init_from)
             plan["init_config"] = load_config(plan["init_dir"]).to_dict()
@@ -195,6 +200,7 @@ class RunSetup:
         self.start_step, self.tokens_seen, self.train_time = 0, 0, 0.0
         self.loader_states: Optional[list] = None
         self.rng_states: Optional[list] = None
+        self.new_data: list[dict] = []  # each resume that continued on changed text (allow_new_data), for trainer_state
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -308,6 +314,7 @@ class RunSetup:
             self.kept_sums = state.get("log_sums")  # None: a checkpoint at a log step, or from an older difftx
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
+            self._record_new_data(state)
             if self.start_step > config.steps:  # before anything in the run folder is rewritten
                 raise ValueError(f"TrainConfig.steps: {config.steps} is below the step {self.start_step} of the "
                                  f"checkpoint {resume_dir}; resume with steps >= {self.start_step}, or start a new "
@@ -317,6 +324,19 @@ class RunSetup:
                 if note:
                     print(note)
         self._open_loader()
+
+    def _record_new_data(self, state: dict) -> None:
+        """The checkpoint's record of resumes on changed text, and this one's when it is one (said on stderr)."""
+        kept = state.get("new_data")
+        self.new_data = [r for r in kept if isinstance(r, dict)] if isinstance(kept, list) else []
+        change = self.plan.get("new_data")
+        if change is None:
+            return
+        self.new_data.append({"step": self.start_step, **change})
+        if self.dist.is_main:
+            print(f"difftx train: note: {change['data_source']} changed since the checkpoint of step {self.start_step} "
+                  f"(SHA-256 {change['old_sha256'][:12]} then, {change['new_sha256'][:12]} now); continuing on the new "
+                  f"text as allow_new_data asks (recorded in trainer_state.json under new_data)", file=sys.stderr)
 
     def _open_loader(self) -> None:
         dist = self.dist
@@ -328,7 +348,11 @@ class RunSetup:
             # same world size: each rank's own state; another one (same global batch): the loader's
             # position is global, so rank 0's serves every rank
             own = dist.rank if len(self.loader_states) == dist.world_size else 0
-            self.loader.load_state_dict(self.loader_states[own])
+            saved = self.loader_states[own]
+            if self.plan.get("new_data") is not None and isinstance(saved, dict) and hasattr(self.loader, "store"):
+                # new text (allow_new_data): the same position in the stream, over the new text's windows
+                saved = {**saved, "num_tokens": len(self.loader.store), "num_docs": self.loader.store.num_docs}
+            self.loader.load_state_dict(saved)
             ckpt.set_rng_state(self.rng_states[own])
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise CheckpointError(f"{self.resume_dir / ckpt.STATE_NAME}: the saved data-loader / RNG state does "
@@ -389,4 +413,5 @@ class RunSetup:
                 # the sums of the log record in progress (a stop between two records; start_sums)
                 "log_sums": None if self.logs_at(step) else {"kinds": self.kind_log, "grad_norms": self.step_norms,
                                                               "tokens": self.tokens_at_log},
-                "machine": machine(self.device)}  # where this checkpoint was computed (difftx.provenance)
+                "machine": machine(self.device),  # where this checkpoint was computed (difftx.provenance)
+                **({"new_data": self.new_data} if self.new_data else {})}  # resumes that continued on changed text
