@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   - the main job (creates .venv/ if missing)
 #   make test   - the test suite (creates .venv/ if missing)
+#   make test-extras - the tests `make test` skips (optional integrations, torch.compile) in .venv-extras/
 # PyTorch is pinned: on a machine without a GPU this takes the CPU wheel; never a bare `torch`.
 
 PYTHON ?= python3
@@ -10,11 +11,12 @@ TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.difftx-installed
 TEST_STAMP := $(VENV)/.difftx-test-installed
 
-.PHONY: demo test venv bench clean help
+.PHONY: demo test test-extras venv bench clean help
 
 help:
 	@echo "make demo   run the main job on the bundled data (sets up .venv/ first)"
 	@echo "make test   run the test suite on CPU (sets up .venv/ first)"
+	@echo "make test-extras  the tests make test skips: lm-evaluation-harness, TensorBoard, datasets, torch.compile"
 	@echo "make bench  run the attention benchmark"
 
 # the package with what the main job and the README examples need (plots, BPE tokenizers);
@@ -41,8 +43,47 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# `make test-extras`: the four tests `make test` skips, each for its optional integration: lm-evaluation-harness
+# (with accelerate), TensorBoard and datasets, each installed by name from PyPI, and torch.compile
+# (DIFFTX_TEST_COMPILE=1). They run in .venv-extras/, which sees .venv/'s packages (a .pth file: torch
+# $(TORCH_VERSION) is never installed again, and pip may not replace it) and holds the extras, so `make test`'s own
+# environment never changes. An integration whose packages pip cannot get is skipped with one line; a test
+# skipped although its packages installed fails the target. About 2 minutes from nothing (pip downloads, a cold
+# torch.compile cache), 20-30 s once installed (2 CPU cores); .venv-extras/ takes about 0.7 GB.
+EXTRAS_VENV := .venv-extras
+EXTRAS_PY := $(EXTRAS_VENV)/bin/python
+EXTRAS_STAMP := $(EXTRAS_VENV)/.difftx-sees-venv
+EXTRAS_LMEVAL := lm-eval>=0.4.5,<0.5 accelerate>=1.0,<2
+EXTRAS_TENSORBOARD := tensorboard>=2.14,<3
+EXTRAS_DATASETS := datasets>=2.19,<6
+
+$(EXTRAS_STAMP): $(TEST_STAMP)
+	@test -x $(EXTRAS_PY) || $(PY) -m venv $(EXTRAS_VENV)
+	@main=$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	  own=$$($(EXTRAS_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	  echo "import site; site.addsitedir('$$main')" > "$$own/difftx-sees-venv.pth"
+	@$(EXTRAS_PY) -c "import torch, difftx; assert torch.__version__.split('+')[0] == '$(TORCH_VERSION)'"
+	@touch $@
+
+test-extras: $(EXTRAS_STAMP)
+	@log=$(EXTRAS_VENV)/pip.log; : > $$log; tests=""; \
+	part() { \
+	  if $(EXTRAS_PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $$2 >> $$log 2>&1; then tests="$$tests $$3"; \
+	  else echo "make test-extras: $$1 skipped: pip could not install $$2 (see $$log)"; fi; \
+	}; \
+	part lm-evaluation-harness "$(EXTRAS_LMEVAL)" tests/test_interop_lm_eval.py::test_lm_eval_harness_offline_matches_difftx; \
+	part TensorBoard "$(EXTRAS_TENSORBOARD)" tests/test_train_loop.py::test_tensorboard_logging_when_installed; \
+	part datasets "$(EXTRAS_DATASETS)" tests/test_data.py::test_datasets_input_if_installed; \
+	out=$(EXTRAS_VENV)/pytest.log; \
+	{ DIFFTX_TEST_COMPILE=1 $(EXTRAS_PY) -m pytest -q $$tests tests/test_train_loop.py::test_compile_flag_trains \
+	  $(PYTEST_ARGS); echo $$? > $$out.rc; } | tee $$out; \
+	rc=$$(cat $$out.rc); \
+	if [ "$$rc" -eq 0 ] && grep -Eq "[0-9]+ skipped" $$out; then \
+	  echo "make test-extras: a test skipped although its packages installed"; rc=1; fi; \
+	exit $$rc
+
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(EXTRAS_VENV) build *.egg-info
