@@ -91,3 +91,28 @@ def test_demo_smoke(capsys):
     assert main(["demo", "--steps", "3", "--no-progress", "--pairs", "2", "--seq-len", "16"]) == 0
     out = capsys.readouterr().out
     assert "| diff |" in out and "| standard |" in out and "lambda per layer" in out
+
+
+def test_workers_through_set_is_the_workers_option(tmp_path, capsys, monkeypatch):
+    """`--set workers=N` is `--workers N` (issue 41: it was a TypeError, 'multiple values'); both at once, or a
+    bad value, is a one-line usage error before anything trains."""
+    from difftx import compare as compare_pkg
+    from difftx.cli import main
+
+    seen = {}
+
+    def fake(preset, seeds, out, **kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(compare_pkg, "run_compare", fake)
+    with pytest.raises(SystemExit):
+        main(["compare", "--preset", "smoke", "--out", str(tmp_path / "a"), "--set", "workers=2"])
+    assert seen["workers"] == 2  # passed as the option, not twice
+    assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "b"), "--workers", "1", "--set",
+                 "workers=2"]) == 2
+    assert "give the number of workers in one place" in capsys.readouterr().err
+    assert main(["compare", "--preset", "smoke", "--out", str(tmp_path / "c"), "--set", "workers=0"]) == 2
+    assert "must be a positive integer" in capsys.readouterr().err
+    assert main(["scale", "--preset", "scale-cpu", "--out", str(tmp_path / "d"), "--workers", "1", "--set",
+                 "workers=2"]) == 2

@@ -88,6 +88,18 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def take_workers(args: argparse.Namespace, overrides: dict) -> None:
+    """``--set workers=N`` is ``--workers N`` (one setting, two spellings); both at once is refused."""
+    if "workers" not in overrides:
+        return
+    if args.workers is not None:
+        raise ValueError("--workers and --set workers=...: give the number of workers in one place")
+    workers = overrides.pop("workers")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"--set workers={workers!r}: must be a positive integer")
+    args.workers = workers
+
+
 def parse_arms(text: str) -> tuple[str, ...]:
     """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, baseline and diff first."""
     from ..config import ARM_SETS, arm_names
@@ -122,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         raise ValueError(f"--set: unknown preset field(s) {bad}; known: {sorted(known)} (task settings: "
                          "tasks.TASK.SETTING, see `difftx eval TASK --help`)")
+    take_workers(args, overrides)
     if args.arms is not None:
         if "arms" in overrides:
             raise ValueError("--arms and --set arms=...: give the arms in one place")

@@ -67,10 +67,11 @@ def run(args: argparse.Namespace) -> int:
     from ..compare.jobs import parse_shard
     from ..compare.scale import default_out, run_scale
     from ..compare.tune import parse_tune
-    from .compare import parse_arms, parse_overrides
+    from .compare import parse_arms, parse_overrides, take_workers
 
     shard = None if args.shard is None else parse_shard(args.shard)
     overrides = parse_overrides(args.overrides)
+    take_workers(args, overrides)
     if args.data is not None:  # LM on your text (text_overrides sets the mixture)
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)
     elif args.tokenizer is not None or args.heldout is not None:
