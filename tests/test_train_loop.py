@@ -350,3 +350,18 @@ def test_a_stop_between_two_log_records_loses_no_step_of_the_next(tmp_path, corp
                   if "loss" in r] for d in (tmp_path / "resumed", tmp_path / "full"))
     assert [r["step"] for r in got] == [4, 8] and len(got[1]["grad_norms"]) == 4
     assert got == want
+
+
+def test_an_out_dir_inside_the_data_folder_is_refused(tmp_path, capsys):
+    """Issue 41: `train --out` inside `--data` was accepted, and the run then read its own metrics.jsonl as text and
+    could never resume; refused before anything is written, like compare's."""
+    from difftx.cli import main
+
+    data = tmp_path / "texts"
+    data.mkdir()
+    (data / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    assert main(["train", "--data", str(data), "--out", str(data / "run"), "--set", "steps=1", "--set",
+                 "warmup_steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "is inside the data_source folder" in err and len(err.strip().splitlines()) == 1
+    assert not (data / "run").exists()

@@ -134,10 +134,27 @@ def _schedule_change_note(resume_dir: Path, config: TrainConfig, start_step: int
             f"{step} goes from {before:.3g} to {after:.3g}; from here: {warmup}, {decay}")
 
 
+def _inside_data(config: TrainConfig, out_dir: Path) -> Optional[str]:
+    """Why ``out_dir`` cannot be used when it lies inside the ``data_source`` folder (the run's own files would
+    be read back as training text, and a resume would find its text changed), else None."""
+    if not config.data_source:
+        return None
+    data = Path(config.data_source).expanduser().resolve()
+    out = Path(out_dir).expanduser().resolve()
+    if data.is_dir() and (out == data or data in out.parents):
+        return (f"TrainConfig.out_dir: {out_dir} is inside the data_source folder {config.data_source} (the run's "
+                f"metrics and checkpoints would be read back as training text); choose an out_dir outside it")
+    return None
+
+
 def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     """Rank 0's reading of the run folder and ``init_from``: where to start, which tokenizer.
     Errors are returned (not raised) so that they can be raised on every rank."""
     plan: dict = {"resume_dir": None, "init_dir": None, "tokenizer": config.tokenizer}
+    inside = _inside_data(config, out_dir)
+    if inside is not None:  # before the lock: nothing is written there
+        plan["error"] = ("value", inside)
+        return plan
     try:
         ckpt.lock_run(out_dir)  # until train() returns: a second run on this folder is refused
         ckpt.clean_stale(out_dir)
