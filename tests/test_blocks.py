@@ -1,18 +1,19 @@
 """difftx.eval.blocks: intervals over windows of one text, by simulation in the regime they are used
 in (per-window NLL of consecutive windows: an AR(1) series with rho = 0.3 per window, document
-offsets, windows spread over a text with document offsets, and independent windows), for one run
-and for a paired difference; then the block layout itself and its errors.
+offsets, windows spread over a text with document offsets, independent windows, and documents drawn
+from a larger set), for one run and for a paired difference; then the block layout itself, what
+each interval is over (:func:`units`), and the errors.
 
 The t interval over windows is printed beside each coverage (``pytest -s``) to show what the blocks
-fix. About 10 s in all."""
+fix. About 15 s in all."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from difftx.eval.blocks import (MAX_BLOCKS, MIN_BLOCK_TOKENS, MIN_BLOCKS, block_bounds, block_interval, block_means,
-                                paired_block_interval, window_bounds)
+from difftx.eval.blocks import (ESTIMANDS, MAX_BLOCKS, MIN_BLOCK_TOKENS, MIN_BLOCKS, block_bounds, block_interval,
+                                block_means, document_bounds, paired_block_interval, units, window_bounds)
 from difftx.eval.stats import t_mean_interval as t_interval
 
 REPLICATES = 2000
@@ -125,7 +126,7 @@ def test_long_documents_known_make_the_blocks(docs, mean_windows, spread):
     series = offsets + _ar1(rng, REPLICATES, n)
 
     def by_document(r):
-        return block_bounds(tokens, doc_starts=np.flatnonzero(np.diff(doc_ids[r])) + 1)
+        return document_bounds(tokens, np.flatnonzero(np.diff(doc_ids[r])) + 1)
 
     usable = [r for r in range(REPLICATES) if len(by_document(r)) - 1 >= MIN_BLOCKS]
     assert len(usable) > 0.9 * REPLICATES  # the few with fewer than 4 documents get no interval
@@ -187,11 +188,12 @@ def test_block_layout():
     # shorter than one block: one block (and no interval); a shorter last window counts its own tokens
     assert block_bounds([T] * 10) == [0, 10]
     assert block_bounds([100] * 200 + [7]) == [0, 101, 201]  # 20,007 tokens: 2 blocks
-    # documents known: boundaries move forward to the next document start, never inside a document
-    # (15 cuts of 1,000 windows of 128, every 66.7 windows: those up to 400 move to 400, the others to 900)
-    assert block_bounds([T] * 1000, doc_starts=[400, 410, 900]) == [0, 400, 900, 1000]
-    assert block_bounds([T] * 1000, doc_starts=[50, 120, 990]) == [0, 120, 990, 1000]
-    assert block_bounds([T] * 10, doc_starts=[5]) == [0, 10]  # 1,280 tokens: one block either way
+    # documents known: one block per document, whatever its length (no minimum: a document is a unit)
+    assert document_bounds([T] * 1000, [400, 410, 900]) == [0, 400, 410, 900, 1000]
+    assert document_bounds([T] * 10, [5, 0, 5]) == [0, 5, 10]
+    # more than MAX_BLOCKS documents: runs of consecutive documents cut at the start nearest an equal share
+    b = document_bounds([T] * 100, list(range(1, 100, 3)))  # 34 documents of about 3 windows
+    assert len(b) - 1 == MAX_BLOCKS and set(b[1:-1]) <= set(range(1, 100, 3)) and max(np.diff(b)) <= 9
     assert window_bounds(3) == [0, 1, 2, 3]
 
 
@@ -240,6 +242,61 @@ def test_too_few_blocks_give_no_interval_and_bad_input_is_refused():
     with pytest.raises(ValueError, match="starts: one per window"):
         block_bounds([T] * 3, [0, 500, 200])
     with pytest.raises(ValueError, match="doc_starts"):
-        block_bounds([T] * 100, doc_starts=[101])
+        document_bounds([T] * 100, [101])
     with pytest.raises(ValueError, match="no windows"):
         block_interval([], [], [0])
+
+
+def test_units_say_what_the_interval_is_over():
+    """Documents known and the windows in at least 4: blocks of whole documents, over documents like
+    these. In 2 or 3: blocks by position, over windows of this one text, and a note that says why
+    not across documents. Not known (or one document): blocks by position, no note."""
+    tokens = [T] * 1000  # 128,000 tokens: 15 blocks by position
+    four = units(tokens, doc_starts=[250, 500, 750])
+    assert (four.by, four.estimand, four.documents, four.note) == ("document", "documents", 4, None)
+    assert four.bounds == [0, 250, 500, 750, 1000] and four.phrase == ESTIMANDS["documents"] == \
+        "over documents like these"
+    three = units(tokens, doc_starts=[300, 700])
+    assert (three.by, three.estimand, three.documents) == ("position", "windows", 3)
+    assert three.bounds == block_bounds(tokens) and "3 documents, too few" in three.note
+    assert three.phrase == "over windows of this one text"
+    plain, one = units(tokens), units(tokens, doc_starts=[])
+    assert (plain.by, plain.documents, plain.note) == ("position", None, None)
+    assert (one.estimand, one.documents, one.note) == ("windows", 1, None)
+    # many short documents (a JSONL file of paragraphs) under 32,768 tokens: blocks of documents all the same
+    short = units([T] * 100, doc_starts=list(range(5, 100, 5)))
+    assert short.estimand == "documents" and len(short.bounds) - 1 == MAX_BLOCKS
+    assert block_interval(np.arange(100.0), [T] * 100, short.bounds).low is not None
+
+
+@pytest.mark.parametrize("drawn", [2, 4, 8])
+def test_documents_drawn_from_a_larger_set_are_covered_by_blocks_of_documents(drawn):
+    """K of 22 documents (30-90 windows each, offsets SD 0.5, AR(1) windows within each), drawn without
+    replacement: the interval that :func:`units` chooses covers the 22-document mean at 4 and 8
+    documents (blocks by position inside 4 of them do not); at 2 it is not across documents at all
+    (``benchmarks/document_coverage.py`` runs the play-length version)."""
+    rng = np.random.default_rng(38 + drawn)
+    lengths = rng.integers(30, 91, size=22)
+    runs, hits, position_hits, across = 600, 0, 0, 0
+    for _ in range(runs):
+        offsets = rng.normal(0, 0.5, size=22)
+        pick = rng.choice(22, size=drawn, replace=False)
+        per = lengths[pick]
+        x = np.concatenate([offsets[d] + _ar1(rng, 1, int(m))[0] for d, m in zip(pick, per)])
+        tokens = np.full(x.size, T)
+        truth = float((offsets * lengths).sum() / lengths.sum())
+        u = units(tokens, doc_starts=np.cumsum(per)[:-1])
+        pos = block_interval(x, tokens, block_bounds(tokens, min_tokens=1024))  # 16 blocks by position
+        position_hits += pos.low <= truth <= pos.high
+        if u.estimand == "documents":
+            across += 1
+            ci = block_interval(x, tokens, u.bounds)
+            hits += ci.low <= truth <= ci.high
+    print(f"{drawn} of 22 documents: by document {hits / max(across, 1):.3f} ({across} intervals), "
+          f"by position {position_hits / runs:.3f}")
+    if drawn < MIN_BLOCKS:
+        assert across == 0  # no interval across documents below 4
+        return
+    assert across == runs and hits / runs >= 0.90, hits / runs
+    if drawn == 4:  # blocks by position see the dependence within a document only
+        assert position_hits / runs < 0.85, position_hits / runs

@@ -78,6 +78,16 @@ def test_outputs_and_schema(smoke):
     report = (smoke / "report.md").read_text()
     assert "0.85" in report and "**Scale.**" in report  # the paper's numbers, labelled as another scale
     assert "no detectable difference" in report or "DIFF is" in report or "not compared" in report
+    # the answer first: at most three lines, then the verdict table, one line of method, then the setup
+    head = report[:report.index("## Verdicts\n")].splitlines()
+    assert head[0].startswith("# DIFF vs parameter-matched Transformer") and len([x for x in head[1:] if x]) <= 3
+    assert head[2].startswith("**No verdict") and "2 paired seeds" in head[4] and head[6].startswith("Regime: ")
+    # 2 windows of the bundled validation split (its 4 works) lie in 2 documents: too few to be across documents
+    assert "held-out LM intervals over windows of this one text (the windows lie in 2 documents" in head[6]
+    table = report[report.index("## Verdicts\n"):report.index("## Setup")]
+    assert "| pair | metric | difference [unadjusted 95%] | Holm p | verdict |" in table
+    assert "| DIFF - baseline | LM NLL (held-out) | " in table and "too few seeds: 2 of 6" in table
+    assert table.count("Method, in one line") == 1 and "`docs/compare.md`" in table and "**Statistics.**" not in report
     for c in res["comparison"].values():  # gated comparisons carry no verdict of direction
         assert (c["gated"] is None) or (c["better"] is None and ("not compared" in c["verdict"]
                                                                  or "not measured" in c["verdict"]))
@@ -550,7 +560,7 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     assert [x["p_adjusted"] for x in primary] == pytest.approx(holm([x["paired"]["p_value"] for x in primary]))
     report = (out / "report.md").read_text()
     assert "## Arms" in report and "| metric | baseline | diff | gated | no_subtraction |" in report
-    assert "**gated vs baseline**" in report
+    assert "| gated - baseline | LM NLL (held-out) |" in report and "| DIFF - gated |" in report
     # one invocation, but each arm's two seeds trained as one stack: one throughput measurement per stack
     tput = res["arm_comparisons"]["gated vs baseline"]["train_tokens_per_s"]
     assert tput["gated"] == ONE_PER_STACK and tput["paired"]["low"] is None and tput["cis"]["gated"] == [None, None]

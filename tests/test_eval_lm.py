@@ -208,12 +208,22 @@ def test_lm_task_records_blocks_of_consecutive_windows():
     w = np.asarray(res["records"]["window_nll"])
     assert examples == pytest.approx([w[a:b].mean() for a, b in zip(dep["bounds"], dep["bounds"][1:])])
     assert np.mean(examples) == pytest.approx(res["heldout"]["nll"], abs=1e-5)
-    assert "the interval's examples are 4 blocks of windows spanning at least 8,192 tokens of text each" in \
-        _examples_sentence(res)
-    # documents known: blocks of whole documents (three documents: too few for an interval)
+    assert dep["estimand"] == "windows" and dep["documents"] is None and "note" not in dep
+    assert ("The interval's examples are 4 blocks of windows spanning at least 8,192 tokens of text each: it is over "
+            "windows of this one text.") == _examples_sentence(res)
+    # three documents known: too few for an interval across documents, so blocks by position, and it says so
     docs = TASK.run(subject(40_001, offsets=np.array([0, 10_000, 30_000, 40_001])), settings)
-    assert docs["dependence"]["by"] == "document" and docs["dependence"]["bounds"] == [0, 157, 469, 625]
-    assert docs["heldout"]["nll_interval"]["low"] is None
+    dep3 = docs["dependence"]
+    assert (dep3["by"], dep3["estimand"], dep3["documents"]) == ("position", "windows", 3)
+    assert dep3["bounds"] == dep["bounds"] and docs["heldout"]["nll_interval"]["low"] is not None
+    assert "3 documents, too few for an interval over documents like these, which needs 4" in _examples_sentence(docs)
+    # five documents: blocks of whole documents, one each, over documents like these
+    five = TASK.run(subject(40_001, offsets=np.array([0, 6_000, 10_000, 22_000, 30_000, 40_001])), settings)
+    dep5 = five["dependence"]
+    assert (dep5["by"], dep5["estimand"], dep5["documents"]) == ("document", "documents", 5)
+    assert dep5["bounds"] == [0, 94, 157, 344, 469, 625] and five["heldout"]["nll_interval"]["blocks"] == 5
+    assert _examples_sentence(five).endswith("5 blocks of whole documents (5 documents): it is over documents like "
+                                             "these.")
     # windows spread over a long stream: 16 blocks of 4 windows by their place in it
     spread = TASK.run(subject(200_000), LMSettings(windows=64, extrapolation_factors=(1,), batch_size=64))
     assert not spread["dependence"]["consecutive"] and spread["dependence"]["bounds"] == list(range(0, 65, 4))
@@ -294,10 +304,9 @@ def test_eval_lm_and_runs_nll_print_intervals_over_blocks(tmp_path, capsys, monk
     assert (ci["low"], ci["high"]) == pytest.approx((lo, hi), abs=2e-3)  # array_split's groups differ by a window
     assert f"NLL {res['heldout']['nll']:.4f} nats [95% CI {ci['low']:.4f}, {ci['high']:.4f}]" in printed
     flat = " ".join(printed.split())
-    assert ("(NLL interval: every token is scored once, so the text's own mean has no sampling error: the interval "
-            "is about text like it; windows of one text are not independent, so its units are 5 blocks of about "
-            f"{res['windows'] / 5:,.0f} consecutive windows spanning about {res['tokens'] / 5:,.0f} tokens of text "
-            "each (t, 4.0 df))") in flat, printed
+    assert ("(NLL interval: over windows of this one text (every token is scored once, so the text's own mean has "
+            f"no sampling error): its units are 5 blocks of about {res['windows'] / 5:,.0f} consecutive windows "
+            f"spanning about {res['tokens'] / 5:,.0f} tokens of text each (t, 4.0 df))") in flat, printed
     mine = printed[printed.index("NLL "):printed.index("length extrapolation")].splitlines()
     assert len(mine) == 5 and max(len(line) for line in mine) <= 100, mine
 
@@ -307,18 +316,19 @@ def test_eval_lm_and_runs_nll_print_intervals_over_blocks(tmp_path, capsys, monk
     flat = " ".join(capsys.readouterr().out.split())
     spread = json.loads(Path("spread.json").read_text())
     assert not spread["dependence"]["consecutive"] and spread["heldout"]["nll_interval"]["blocks"] == 5
-    assert "about text like it; windows of one text are not independent, so its units are 5 blocks of about 8 " \
-           "windows spanning about" in flat, flat
+    assert "over windows of this one text: its units are 5 blocks of about 8 windows spanning about" in flat, flat
 
-    # the same text as 6 JSONL records: its documents are known, and blocks hold whole ones
+    # the same text as 6 JSONL records: its documents are known, and each block is one of them
     lines = Path("held.txt").read_text().splitlines()
     Path("held.jsonl").write_text("".join(json.dumps({"text": "\n".join(lines[i:i + 134])}) + "\n"
                                           for i in range(0, 800, 134)))
     assert main(["eval", "lm", "a", "--data", "held.jsonl", "--no-progress", "--json", "docs.json"]) == 0
     flat = " ".join(capsys.readouterr().out.split())
     docs = json.loads(Path("docs.json").read_text())
-    assert docs["dependence"]["by"] == "document" and docs["heldout"]["nll_interval"]["blocks"] == 5
-    assert "its units are 5 blocks of about" in flat and "tokens of whole documents each" in flat
+    assert docs["dependence"]["by"] == "document" and docs["heldout"]["nll_interval"]["blocks"] == 6
+    assert docs["dependence"]["estimand"] == "documents" and docs["dependence"]["documents"] == 6
+    assert "(NLL interval: over documents like these (every token is scored once, so the text's own mean has no " \
+           "sampling error): its units are 6 blocks of one document each (about" in flat, flat
 
     assert main(["runs", "a", "b", "--nll", "--data", "held.txt"]) == 0
     table = capsys.readouterr().out
@@ -334,7 +344,8 @@ def test_eval_lm_and_runs_nll_print_intervals_over_blocks(tmp_path, capsys, monk
     paired, p_lo, p_hi = (float(x) for x in re.findall(r"[-+]?\d+\.\d{4}", b_row)[-3:])
     assert paired == pytest.approx(ref["heldout"]["nll"] - res["heldout"]["nll"], abs=2e-4)
     assert (p_lo, p_hi) == pytest.approx((lo, hi), abs=2e-3)
-    assert "- the NLL interval: every token is scored once, so the text's own mean has no sampling error" in table
+    assert "- the NLL interval: over windows of this one text (every token is scored once, so the text's own" \
+        in table
     assert "(t, 4.0 df)" in table
     assert "with the same\n  units (text noise only" in table
 
@@ -370,3 +381,33 @@ def test_scoring_many_windows_keeps_resident_memory_flat():
     growth, shape = float(out[0]), " ".join(out[1:])
     assert shape == "(3200, 128)"
     assert growth < 80, f"resident memory grew by {growth:.0f} MB while scoring 3,200 windows"
+
+
+def test_a_compare_models_documents_are_found_by_their_separator():
+    """A compare model's held-out stream records no document offsets; every packed document opens
+    with the tokenizer's end-of-text (shifted into the model's ids), so the LM task finds them there:
+    the bundled Shakespeare's validation split is its 4 works. A stream that does not open with the
+    separator is not packed (documents not known); recorded offsets win."""
+    import numpy as np
+
+    from difftx.data import prepare_data
+    from difftx.tasks.lm import document_offsets
+
+    class Held:
+        doc_offsets = None
+        tokens = torch.tensor([266, 1, 2, 3, 266, 4, 5, 266, 6])
+
+    class Compare:
+        compare, lm_offset, text = object(), 10, None  # the bundled text: bytes, end-of-text 256
+
+    assert document_offsets(Compare(), Held()) == [0, 4, 7, 9]
+    Held.tokens = torch.tensor([1, 266, 2])
+    assert document_offsets(Compare(), Held()) is None  # not a packed stream
+    Held.doc_offsets = np.array([0, 2, 3])
+    assert document_offsets(Compare(), Held()) == [0, 2, 3]
+    Held.doc_offsets, Held.tokens = None, torch.tensor([266, 1, 266])
+    assert document_offsets(type("TextModel", (), {})(), Held()) is None  # not a compare model: nothing to find
+
+    val = prepare_data(None, "byte", progress=False).val
+    Held.tokens = torch.from_numpy(val.tokens[:].astype("int64")) + 10
+    assert document_offsets(Compare(), Held()) == val.doc_offsets.tolist() and len(val.doc_offsets) == 5

@@ -35,6 +35,12 @@ def test_scale_end_to_end(tmp_path, capsys):
     assert 0 <= eff["fit"]["floor"] and set(eff["lack_of_fit"]) == {"arm", "reference", "rms"}
     assert len(s["heldout_nll"]["diff"]) == 2 and len(s["heldout_nll"]["diff"][0]) == 3
     md = (out / "scale.md").read_text()
+    # the answer first: three lines (arm, gap and ratio at the largest size; how sure; regime), then the table
+    head = [x for x in md[:md.index("## Answer by size")].splitlines()[1:] if x.strip()]
+    assert len(head) == 3 and head[0].startswith("**diff vs baseline at the largest size, 48x2x1")
+    assert "held-out gap" in head[0] and "parameter ratio" in head[0] and head[1].startswith("How sure: 2 paired seeds")
+    assert head[2].startswith("Regime: 3 sizes")
+    assert "| size | arm | gap, nats [95%] (per seed) | p (unadjusted) | parameter ratio [95%] |" in md
     assert "ratio, floor fit [95%]" in md and "ratio, straight line [95%]" in md and "62.2%" in md
     assert "Lack of fit of the straight log-log line" in md and "Floor fit: E = " in md
     assert "floor fit L = E + A N^-b" in printed
@@ -204,3 +210,54 @@ def test_sensitivity_on_the_floor_fit_and_the_straight_line():
     y = sensitivity(line, 0, 1.7)  # the issue's example: b = 0.04 at L = 1.7, 0.01 nats ~ x1.16
     assert y["dloss_dlog_params"] == pytest.approx(-0.068)
     assert y["factor_per_0.01_nats"] == pytest.approx(1.158, abs=1e-3)
+
+
+def test_the_floor_fit_line_names_the_model_and_the_floor_difference():
+    """Issue 38: scale.md says which floor model the ratios come from and gives the difference of the
+    floors (the arm minus the baseline) with its interval; with 3 sizes, that it was assumed 0."""
+    import numpy as np
+
+    from difftx.compare.scale import FLOOR_METHOD_SEPARATE, _floor_fit_text
+    from difftx.eval.floor_fit import parameter_efficiency
+
+    n = np.array([13944.0, 55536.0, 83280.0, 187128.0, 249480.0])
+    rng = np.random.default_rng(0)
+    ref = 1.5 + 0.35 * (n / n[0]) ** -0.3 + rng.normal(0, 0.005, (4, 5))
+    arm = 1.45 + 0.35 * (n / 0.62 / n[0]) ** -0.3 + rng.normal(0, 0.005, (4, 5))
+    fit = parameter_efficiency(n, arm, n, ref).to_dict()["fit"]
+    text = _floor_fit_text(fit, "diff")
+    d = fit["floor_difference"]
+    assert fit["model"] == "separate" and "each arm its own floor" in text
+    assert f"floor difference (diff minus baseline) {d['value']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}] nats" in text
+    assert d["low"] < d["value"] < d["high"] and "with one seed left out" in text
+    assert "its own floor" in FLOOR_METHOD_SEPARATE
+    three = parameter_efficiency(n[:3], arm[:, :3], n[:3], ref[:, :3]).to_dict()["fit"]
+    text = _floor_fit_text(three, "diff")
+    assert text.startswith("Floor fit: E = ") and "shared by both arms" in text and "assumed 0" in text
+
+
+def test_four_sizes_fit_each_arm_its_own_floor_through_run_scale(tmp_path, monkeypatch):
+    """From 4 sizes `difftx scale` gives each arm its own floor: scale.json records the model, both floors
+    and their difference, and scale.md names them (every model's held-out NLL made up: no training)."""
+    import numpy as np
+
+    from difftx.compare import run as run_mod
+    from difftx.compare.scale import run_scale
+
+    def fake_compare(preset, seeds, out, **kw):  # DIFF: its own, lower floor; per-seed noise
+        x = preset.dim * preset.n_layers / 24
+        nll = {"diff": 1.45 + 0.8 * x ** -0.4, "baseline": 1.5 + 0.8 * x ** -0.35}
+        rng = np.random.default_rng(int(x * 10))
+        return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v + rng.normal(0, 0.003)}}}}
+                                  for arm, v in nll.items()} for s in seeds}}
+
+    monkeypatch.setattr(run_mod, "run_compare", fake_compare)
+    monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
+    run_scale("smoke", ["24x1x1", "48x1x1", "48x2x1", "72x2x1"], 3, tmp_path, progress=False, lambda_arm=False)
+    s = json.loads((tmp_path / "scale.json").read_text())
+    fit = s["efficiency"]["diff"]["fit"]
+    assert fit["model"] == "separate" and set(fit["floors"]) == {"arm", "reference"}
+    assert fit["floor_difference"]["value"] == pytest.approx(fit["floors"]["arm"] - fit["floors"]["reference"])
+    md = (tmp_path / "scale.md").read_text()
+    assert "Floor fit, each arm its own floor: E = " in md and "floor difference (diff minus baseline)" in md
+    assert "with its own floor E" in md

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from difftx.eval.stats import (betting_interval, half_width, holm, mean_interval, median_interval, paired_estimate,
-                               rule_power, seeds_for_power, seeds_for_verdict, sign_flip_interval, sign_flip_p, t_cdf,
-                               t_mean_interval, t_quantile, verdict)
+from difftx.eval.stats import (betting_interval, effect_lower_bound, half_width, holm, mean_interval, median_interval,
+                               nct_cdf, paired_estimate, power_plan, rule_power, seeds_for_power, seeds_for_verdict,
+                               sign_flip_interval, sign_flip_p, t_cdf, t_mean_interval, t_quantile, verdict)
 
 REPLICATES = 1000  # per scenario; fixed seeds, so the test is deterministic (about 2 s in all)
 # (seed-level SD, example-level SD): seed-dominated, both, example-dominated, examples only
@@ -306,6 +306,61 @@ def test_seeds_for_power():
     bounded = seeds_for_power([0.3, 0.31, 0.29, 0.3, 0.32, 0.3, 0.28, 0.3], comparisons=3, bounds=(0.0, 1.0))
     assert bounded is not None and bounded > 12
     assert rule_power([0.3] * 8, 5) == 0.0  # below the sign-flip minimum nothing can be rejected
+
+
+def test_effect_lower_bound_is_the_noncentral_t_bound():
+    """The noncentral t CDF meets the central one at noncentrality 0, and the lower 90% bound of
+    mean / SD from 8 normal values holds the true 0.8 in 90% of pilots (within 3 SE)."""
+    for t, df in ((0.5, 4), (2.0, 7), (-1.3, 3), (3.0, 30)):
+        assert nct_cdf(t, df, 0.0) == pytest.approx(t_cdf(t, df), abs=2e-5)
+    rng = np.random.default_rng(4)
+    pilots = rng.normal(0.8, 1.0, (600, 8))
+    t = np.sqrt(8) * pilots.mean(1) / pilots.std(1, ddof=1)
+    held = np.mean([effect_lower_bound(v, 8, 0.9) <= 0.8 for v in t])
+    assert abs(held - 0.9) <= 3 * np.sqrt(0.09 / 600), held
+    assert effect_lower_bound(0.3, 8, 0.9) == 0.0  # not above 0: no bound to plan with
+
+
+def _true_power(truth: np.ndarray, answers, cache: dict) -> np.ndarray:
+    """The rule's power at each answer, from fresh experiments: 1,000 draws of n seeds from the truth."""
+    for a in set(answers):
+        cache.setdefault(a, rule_power(truth, a, reps=1000, seed=1))
+    return np.array([cache[a] for a in answers])
+
+
+def test_seeds_for_power_delivers_its_power():
+    """5-seed pilots of normal differences of 1.2 SD: resampling the pilot as it was answered 6 seeds
+    for pilots whose 5 differences share a sign (about half of them), where the true power is 0.47.
+    Planned for the lower 90% bound of the effect, the answers' true power averages at least 0.8 and
+    few fall below 0.7 (30 pilots; benchmarks/power_delivered.py measures more regimes)."""
+    rng = np.random.default_rng(12)
+    truth = rng.normal(1.2, 1.0, 100_000)
+    answers = [seeds_for_power(rng.normal(1.2, 1.0, 5)) for _ in range(30)]
+    given = [a for a in answers if a is not None]
+    assert len(given) >= 15, answers
+    power = _true_power(truth, given, {})
+    assert power.mean() >= 0.8 and (power < 0.7).mean() <= 0.15, (given, power)
+    assert rule_power(truth, 6, reps=1000, seed=1) < 0.55  # the old answer for a one-signed pilot
+
+
+def test_power_plan_says_what_it_assumed():
+    """The plan keeps the pilot's shape, plans for a smaller effect / SD than the pilot shows, and
+    its sentence (in the verdict) names the effect and spread planned for; an unknown is named."""
+    d = [0.12, 0.05, 0.09, 0.15, -0.02, 0.08, 0.11, 0.06]
+    plan = power_plan(d, comparisons=3)
+    assert plan.seeds is not None and plan.seeds >= seeds_for_verdict(3)
+    assert plan.planned_mean / plan.planned_sd < plan.pilot_mean / plan.pilot_sd
+    assert 0 < plan.planned_mean < plan.pilot_mean and plan.planned_sd >= plan.pilot_sd
+    text = plan.describe(3, "nats")
+    assert f"about {plan.seeds} seeds" in text and "planning for a difference of +" in text and "90% confidence" in text
+    assert plan.to_dict()["planned_mean"] == plan.planned_mean
+    e = paired_estimate([0.3, -0.2, 0.1, 0.25, -0.1, 0.05, 0.2, -0.15], np.zeros(8))  # no verdict: power is said
+    v = verdict(e, "NLL", lower_is_better=True, power_seeds=plan.seeds, power_checked=True, power_plan=plan)
+    assert v.endswith("; " + text.replace(" nats", ""))
+    same = power_plan([0.2] * 6)
+    assert same.seeds is None and same.unknown and "equal" in same.note and "unknown" in same.describe()
+    weak = power_plan([0.1, -0.1, 0.2, -0.15, 0.05])  # the direction is not established: no number is sure
+    assert weak.seeds is None and not weak.unknown and "allow an effect of 0" in weak.describe()
 
 
 def test_p_values_are_stored_to_four_digits():

@@ -57,13 +57,31 @@ def test_parse_tune():
     assert p.lr == 6e-3 and math.isclose(p.min_lr / p.lr, 0.1)  # min_lr follows in the preset's ratio
 
 
-def test_halves_split_the_held_out_stream_and_keep_document_starts():
+def test_halves_are_whole_documents_where_the_documents_are_known():
+    """5 or more documents: the second half gets the last max(ceil(D / 2), 4), enough for an interval
+    over documents like these; 2-4: the cut is the document start nearest the middle, and the split
+    says why the second half's interval is over windows of this one text; one document or none known:
+    the middle token. Each half keeps its document starts (then its length)."""
     from difftx.tasks.subject import HeldOut
 
-    h = HeldOut(torch.arange(10), "text", 1.0, 4, doc_offsets=[0, 3, 7])
-    a, b = T.half(h, 0), T.half(h, 1)
-    assert a.tokens.tolist() == list(range(5)) and b.tokens.tolist() == list(range(5, 10))
-    assert a.doc_offsets == [0, 3] and b.doc_offsets == [0, 2] and "second half" in b.source
+    def split(offsets, n=100):
+        return T.halves(HeldOut(torch.arange(n), "text", 1.0, 4, doc_offsets=offsets))
+
+    a, b, how = split([0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100])  # 10 documents: 5 and 5
+    assert how == {"by": "documents", "documents": [5, 5], "note": None}
+    assert a.tokens.tolist() == list(range(50)) and b.doc_offsets == [0, 10, 20, 30, 40, 50]
+    assert "second half (documents 6-10 of 10, tokens 50-100)" in b.source and "first half" in a.source
+    a, b, how = split([0, 20, 40, 60, 80, 100])  # 5 documents: 1 to choose on, 4 to evaluate
+    assert how["documents"] == [1, 4] and b.doc_offsets == [0, 20, 40, 60, 80] and how["note"] is None
+    a, b, how = split([0, 30, 45, 80, 100])  # 4 documents: the start nearest the middle, and why not 4 in a half
+    assert how["documents"] == [2, 2] and a.doc_offsets == [0, 30, 45] and b.doc_offsets == [0, 35, 55]
+    assert "holds 4 documents" in how["note"] and "over windows of this one text" in how["note"]
+    a, b, how = split([0, 70, 100])  # 2 documents: 1 and 1
+    assert how["documents"] == [1, 1] and a.tokens.numel() == 70
+    a, b, how = split(None)  # documents not known: the middle token
+    assert how["by"] == "tokens" and a.tokens.numel() == 50 and b.doc_offsets is None and "not known" in how["note"]
+    a, b, how = split([0, 100])  # one document
+    assert how["by"] == "tokens" and b.doc_offsets == [0, 50] and "one document" in how["note"]
 
 
 def _fake_scores(monkeypatch, calls: list):
@@ -107,6 +125,14 @@ def test_tune_end_to_end_extends_flags_and_resumes(tmp_path, monkeypatch, capsys
     assert "second half" in tune["heldout_source"] and "first half" in tune["validation_source"]
     report = (out / "report.md").read_text()
     assert report.index("## Tuned `lr` (primary)") < report.index("## Verdicts at the preset's `lr`")
+    opening = [line for line in report[:report.index("## Tuned `lr` (primary)")].splitlines()[1:] if line.strip()]
+    assert len(opening) == 3 and opening[1].startswith("How sure: 2 paired seeds") and "Regime:" in opening[2], opening
+    # the bundled validation split is 4 works: halves of 2 and 2, too few for an interval over documents
+    assert tune["split"] == {"by": "documents", "documents": [2, 2], "note": tune["split"]["note"]}
+    assert "holds 4 documents" in tune["split"]["note"] and "held-out LM intervals over windows of this one text" \
+        in opening[2]
+    assert tune["heldout_estimand"]["phrase"] == "over windows of this one text"
+    assert "Why its LM intervals are not over documents" in report
     assert "at the upper edge of the grid" in report and "plots/tune_lr.png" in report
     assert (out / "plots" / "tune_lr.png").is_file() and _strict(out / "results.json")["tune"]["field"] == "lr"
     c = tune["tuned"]["diff vs baseline"]["lm_nll"]
@@ -276,7 +302,7 @@ def test_tuned_ratios_widen_for_the_choice():
     """scale's tuned ratio: the fit's interval hulled with a jackknife over seeds that redoes every
     choice; with 3 seeds and 3 sizes every size gets one, and it contains the fitted ratio."""
     from difftx.compare.scale import SizePlan, widen_for_the_choice
-    from difftx.eval.efficiency import parameter_efficiency
+    from difftx.eval.floor_fit import parameter_efficiency
 
     rng = np.random.default_rng(1)
     sizes = [10_000, 40_000, 160_000]

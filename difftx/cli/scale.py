@@ -102,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if "skipped" in eff:
             print(f"  {arm}: {eff['skipped']}")
             continue
-        fit = (f"floor fit L = E + A N^-b, E = {eff['fit']['floor']:.4f} shared with the baseline"
-               if eff["method"] == "floor" else "straight log-log line (2 sizes)")
+        fit = _fit_text(eff) if eff["method"] == "floor" else "straight log-log line (2 sizes)"
         print(f"  {arm}: {fit}")
         for sz, r, g in zip(res["sizes"], eff["ratios"], res["gap"][arm]):
             value = "-" if r["value"] is None else f"{r['value']:.3f}"
@@ -111,3 +110,15 @@ def run(args: argparse.Namespace) -> int:
             note = f" ({r['note']})" if r["note"] else ""
             print(f"  {arm} at {sz['name']}: gap {gap_text(g)} nats; N_{arm} / N_baseline = {value}{ci}{note}")
     return 0
+
+
+def _fit_text(eff: dict) -> str:
+    """The floor fit in one line: which model, each floor, and their difference with its interval."""
+    f = eff["fit"]
+    if f.get("model", "shared") == "shared":
+        return f"floor fit L = E + A N^-b, one floor E = {f['floor']:.4f} shared with the baseline"
+    d = f["floor_difference"]
+    diff = "" if d["value"] is None else f"{d['value']:+.4f}" + (
+        f" [{d['low']:+.4f}, {d['high']:+.4f}]" if d["low"] is not None else f" ({d['note']})")
+    return (f"floor fit L = E + A N^-b, a floor per arm: E = {f['floors']['arm']:.4f}, baseline's "
+            f"{f['floors']['reference']:.4f}; difference {diff}")

@@ -1,58 +1,57 @@
 """``report.md``, ``results.json`` and ``plots/`` of a comparison. The assembler writes the
-header and the verdicts; every other section and plot comes from its task
-(:data:`difftx.tasks.TASKS`, in registry order)."""
+opening (at most three lines: which arm, by how much, how sure, in what regime), the verdict table
+and one line of method (the reasoning is in ``docs/compare.md``, "Reading a report"); every other
+section and plot comes from its task (:data:`difftx.tasks.TASKS`, in registry order)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Optional
 
 from ..io import atomic_write
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
 from .schema import results_json
-from .summary import NOT_MEASURED
+from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdict, verdict_rows
 from .tune_report import plot_tune, render_tune
 
 
+VERDICT_HEADER = ["pair", "metric", "difference [unadjusted 95%]", "Holm p", "verdict"]
+METHOD_LINE = ("Method, in one line: each difference is the first arm minus the second over paired seeds, with an "
+               "unadjusted 95% interval; Holm p is adjusted within the primary and within the exploratory family; a "
+               "verdict needs Holm p < 0.05. What each column means and assumes: `docs/compare.md`, \"Reading a "
+               "report\".\n")
+
+
 def render_report(results: dict, plots: dict[str, str]) -> str:
-    """The Markdown report: header, verdicts, one section per task, plots."""
+    """The Markdown report: at most three lines of answer (:func:`opening`), the verdict table, one
+    line of method, then the setup, the regime, the arms, and one section per task, plots."""
     ctx = ReportContext(results)
-    p, arms = results["preset"], results["arms"]
-    out = [f"# DIFF vs parameter-matched Transformer: `{p['name']}` preset\n",
-           f"{p['description']}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order "
-           f"for every model). " + "; ".join(f"{a}: {v['parameters']:,} parameters" for a, v in arms.items())
-           + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. "
-           f"{_execution(results)}Wall time of this invocation: {results['wall_s']:.0f} s (parts already stored are "
-           "not redone).\n",
-           _machine_text(results) + "\n",
-           "**Scale.** The paper's numbers below come from 3B-parameter models; these models are orders of magnitude "
-           "smaller and trained for minutes. Compare the *direction* of differences, not the values.\n",
-           "**Statistics.** Every difference is DIFF - baseline over paired seeds: its mean and an unadjusted 95% "
-           "interval, the hull of a t interval (with evaluation-set noise where the metric has per-example "
-           "values) and the exact sign-flip interval; for a metric with known bounds (accuracies, rates, steps "
-           "within the budget) also a betting interval of the mean difference, which assumes nothing but the "
-           "bounds; kept inside the metric's range (`docs/compare.md`). Its p-value is the largest of the tests'. "
-           "The t and sign-flip tests reject that a seed's two arms are interchangeable; only the betting test "
-           "is a test of the mean, so a verdict on a bounded metric is one on its mean, and one on an unbounded "
-           "metric (an NLL) says that the arms are not interchangeable. Primary metrics are declared up front; "
-           "every other metric is exploratory, and p-values are Holm-adjusted within each family. 'DIFF better / "
-           "worse' is said only where the adjusted test rejects at 0.05; a comparison of a task neither model "
-           "learned is not made. Each arm's interval on a bounded metric (marked *) is distribution-free and "
-           "conservative. " + _seeds_rule(results, len(ctx.seeds)) + "\n",
-           *([render_tune(results["tune"], plots)] if results.get("tune") else []),
-           "## Verdicts" + (f" at the preset's `{results['tune']['field']}`" if results.get("tune") else "") + "\n"]
+    p, tune = results["preset"], results.get("tune")
     C = results["comparison"]
-    primary = [k for k, c in C.items() if c["primary"]]
+    every = {"diff vs baseline": C, **(results.get("arm_comparisons") or {})}
+    out = [f"# DIFF vs parameter-matched Transformer: `{p['name']}` preset"
+           + (f", each arm at its own `{tune['field']}`" if tune else "") + "\n"]
+    if tune:
+        out += opening(tune["tuned"], results, tuned=tune)
+        out.append(render_tune(tune, plots))
+        out.append(f"## Verdicts at the preset's `{tune['field']}` (on the usual held-out text)\n")
+    else:
+        out += opening(every, results)
+        out.append("## Verdicts\n")
+    out.append(table(verdict_rows(every), VERDICT_HEADER))
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
-    out += [f"- {C[k]['verdict']} (primary)" for k in primary] + [f"- {C[k]['verdict']}" for k in found]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
     unmeasured = [c["gated"].replace(NOT_MEASURED + " ", f"{c['label']} ") for c in C.values() if _unmeasured(c)]
-    out.append(f"\n{len(explored)} exploratory comparisons; {len(found)} survive Holm adjustment"
-               + (" (listed above)." if found else ".")
+    out.append(f"{len(explored)} exploratory comparisons of DIFF - baseline; {len(found)} survive Holm adjustment"
+               + (" (in the table)." if found else ".")
                + _not_compared(C)
                + (f" Not measured in this run: {'; '.join(unmeasured)}." if unmeasured else "") + "\n")
+    if not tune:
+        out.append(METHOD_LINE)
+    out.append(_setup(results, ctx))
     out.append(render_regime(results.get("regime") or regime_of(results)))
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
@@ -71,9 +70,98 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> list[str]:
+    """The report's first three lines: which arm, by how much in the metric's unit (DIFF - baseline
+    on the primary metrics: the ones with a verdict, else the closest), how sure (seeds, Holm over
+    the primary family, the seeds a verdict needs) and in what regime (model size, budget, and what
+    the held-out LM interval is over). ``comparisons``: ``{pair: {key: comparison}}``; ``tuned``:
+    the ``tune`` record when these are the tuned comparisons."""
+    primary = [c for c in (comparisons.get("diff vs baseline") or {}).values() if c["primary"]]
+    decided = [c for c in primary if c.get("better")]
+    compared = [c for c in primary if not c.get("gated") and c["paired"].get("mean") is not None]
+    n = len(results["seeds"])
+    if decided:
+        rest = len(primary) - len(decided)
+        answer = ("**" + "; ".join(f"{short_verdict(c)} on {c['label']}: {difference_text(c)}, Holm p "
+                                   f"{adjusted_p_text(c)}" for c in decided) + ".**"
+                  + (f" No verdict on the other {rest} primary metric{'s' if rest != 1 else ''}." if rest else ""))
+    elif compared:
+        lead = min(compared, key=lambda c: (c.get("p_adjusted") is None, c.get("p_adjusted") or 1.0))
+        answer = (f"**No verdict: no primary metric separates DIFF from the baseline.** Closest: {lead['label']}, "
+                  f"DIFF - baseline = {difference_text(lead)}, Holm p {adjusted_p_text(lead)} "
+                  f"({short_verdict(lead)}).")
+    else:
+        answer = "**No verdict: no primary metric was compared** (the verdict table says why)."
+    need = max((c.get("seeds_for_verdict") or 0 for c in primary), default=0)
+    family = max((c.get("family_size") or 0 for c in primary), default=0)
+    sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
+            f"comparison{'s' if family != 1 else ''}, a verdict at Holm p < 0.05")
+    if need:
+        sure += (f"; with this family a verdict needs at least {need} seeds" + (
+            ", so this run can give none: run more (`--seeds`)" if n < need else ""))
+    power = [(c["label"], c["seeds_for_power"]) for c in compared if "seeds_for_power" in c and not c.get("better")]
+    if power and isinstance(power[0][1], int):
+        sure += (f"; 80% power on {power[0][0]} needs about {power[0][1]} seeds (what that assumes: `power_plan` in "
+                 "`results.json`)")
+    if tuned:
+        sure += (f"; each arm's `{tuned['field']}` chosen leave-one-seed-out, the intervals allowing for the choice")
+    return [answer + "\n", sure + ".\n", _regime_line(results, tuned) + "\n"]
+
+
+def _regime_line(results: dict, tuned: Optional[dict]) -> str:
+    """The opening's regime line: the models' size and budget and what the held-out LM interval is over."""
+    p, arms = results["preset"], results["arms"]
+    cfg = (arms.get("diff") or next(iter(arms.values()))).get("config") or {}
+    params = [a["parameters"] for a in arms.values()]
+    low, high = (f"{x / 1e6:.2g}M" for x in (min(params), max(params)))
+    size = low if low == high else f"{low}-{high}"
+    layers = cfg.get("n_layers", "?")
+    reg = (results.get("regime") or {}).get("diff") or {}
+    per = reg.get("tokens_per_param")
+    text = (f"Regime: models of {size} parameters ({layers} layer{'' if layers == 1 else 's'}, width "
+            f"{cfg.get('dim', '?')}), "
+            f"{p['steps']:,} steps of batch {p['batch_size']}"
+            + (f", {per:.3g} text tokens per non-embedding parameter (the paper's 3B: about 330)" if per else ""))
+    about = _lm_estimand(results, tuned)
+    return text + (f"; {about}" if about else "") + "."
+
+
+def _lm_estimand(results: dict, tuned: Optional[dict]) -> Optional[str]:
+    """What the compared held-out LM interval is over (:func:`difftx.tasks.lm.estimand`), in words."""
+    from ..tasks.lm import estimand
+
+    if tuned is not None:
+        e, split = tuned.get("heldout_estimand"), tuned.get("split") or {}
+        if not e:
+            return None
+        why = e.get("note") or split.get("note")
+        return f"held-out LM intervals {e['phrase']}" + (f" ({why})" if why else "")
+    try:
+        lm = results["runs"][str(results["seeds"][0])]["diff"]["tasks"]["lm"]
+    except KeyError:
+        return None
+    if "skipped" in lm or "records" not in lm:
+        return None
+    phrase, why = estimand(lm)
+    return f"held-out LM intervals {phrase}" + (f" ({why})" if why else "")
+
+
+def _setup(results: dict, ctx: ReportContext) -> str:
+    """What was trained, where, and at what scale: the section after the verdicts."""
+    p, arms = results["preset"], results["arms"]
+    return ("## Setup\n\n"
+            f"{p['description']}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order for "
+            "every model). " + "; ".join(f"{a}: {v['parameters']:,} parameters" for a, v in arms.items())
+            + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. {_execution(results)}Wall time of "
+            f"this invocation: {results['wall_s']:.0f} s (parts already stored are not redone).\n\n"
+            + _machine_text(results) + "\n\n"
+            "**Scale.** The paper's numbers below come from 3B-parameter models; these are orders of magnitude smaller "
+            "and trained for minutes: compare the *direction* of differences, not the values.\n")
+
+
 def render_arms(results: dict) -> str:
-    """Every arm side by side (one column each, means over seeds), then each pair's verdicts: the
-    primary ones and those that survive Holm adjustment over all pairs."""
+    """Every arm side by side (one column each, means over seeds); each pair's verdicts are in the
+    report's verdict table."""
     from ..config import ARMS
 
     arms = list(results["arms"])
@@ -92,12 +180,9 @@ def render_arms(results: dict) -> str:
         for comps in results["arm_comparisons"].values():
             means.update(comps[key]["means"] if key in comps else {})
         rows.append([c["label"]] + [fmt(means.get(a), c.get("digits", 3)) for a in arms])
-    out.append("Means over seeds (intervals, per-seed values and every paired difference are in `results.json`):\n")
+    out.append("Means over seeds (intervals, per-seed values and every paired difference are in `results.json`; "
+               "each pair's primary verdicts, and those that survive Holm, are in the verdict table):\n")
     out.append(table(rows, ["metric", *arms]))
-    for pair, comps in results["arm_comparisons"].items():
-        lines = [c["verdict"] + (" (primary)" if c["primary"] else "") for c in comps.values()
-                 if c["primary"] or c.get("better")]
-        out.append(f"**{pair}**\n\n" + "\n".join(f"- {v}" for v in lines) + "\n")
     return "\n".join(out)
 
 
@@ -219,29 +304,6 @@ def _not_compared(C: dict) -> str:
 def _skipped(ctx: ReportContext, task: str) -> bool:
     """Whether ``task`` was skipped on every model (it did not apply: e.g. the needle task without needle batches)."""
     return all("skipped" in ctx.result(task, a, s) for s in ctx.seeds for a in ctx.arms)
-
-
-def _seeds_rule(results: dict, n: int) -> str:
-    """How many seeds a verdict needs here, and whether this run has them."""
-    if n == 1:
-        return "With one seed there is no interval and no conclusion. "
-    need = {}
-    for c in results["comparison"].values():
-        if c.get("seeds_for_verdict") is not None:
-            need.setdefault(c["family"], (c["seeds_for_verdict"], c["family_size"]))
-    order = sorted(need.items(), key=lambda x: x[0] != "primary")
-    parts = [f"{k} ({size} comparisons): {s} seeds" for k, (s, size) in order]
-    text = ("The sign-flip test cannot reach p < 0.05 below 6 paired seeds, and after Holm's adjustment a verdict "
-            "needs more: " + "; ".join(parts) + f". This run has {n} seeds") if parts else ""
-    if parts and n < min(s for s, _ in need.values()):
-        text += ", too few for any verdict: run more seeds (`--seeds`) to get one"
-    powered = [(c["label"], c["seeds_for_power"]) for c in results["comparison"].values()
-               if c["primary"] and "seeds_for_power" in c]
-    if powered:
-        text += (". Those are the fewest seeds at which a verdict is possible, not likely: resampling this run's "
-                 "seed differences, a difference like the observed one reaches 80% power at "
-                 + "; ".join(f"{k} seeds ({label})" if k else f"more than 64 seeds ({label})" for label, k in powered))
-    return text + ". " if text else ""
 
 
 def render_token_efficiency(results: dict) -> str:

@@ -5,9 +5,9 @@ Fig. 3a reports (how large a baseline matches each DIFF size).
 ``run_scale("cpu", ["xs", "s", "m", "l"], seeds=3, out="runs/scale")`` (a compare preset at the
 sizes given), runs a whole ``run_compare`` per size into ``out/size=NAME`` (each reused when
 present and resumable), then fits the held-out LM loss against the non-embedding parameters as
-``L = E + A N^-b`` with the floor ``E`` shared by DIFF and its baseline, beside the paper's
+``L = E + A N^-b`` (each arm its own floor ``E`` from 4 sizes on, one shared with 3), beside the paper's
 straight line ``log L = a + b log N``, with the straight line's lack of fit
-(:mod:`difftx.eval.efficiency`), and writes ``scale.json``,
+(:mod:`difftx.eval.floor_fit`), and writes ``scale.json``,
 ``scale.md`` and ``scale.png``. Beside each ratio: the gap in nats (the size's paired held-out NLL
 difference), the fit's local slope and how far 0.01 nats moves the ratio there (:func:`sensitivity`),
 and each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`), and the gap
@@ -257,7 +257,7 @@ def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
     """``scale.json``: the sizes (each with its DIFF arms' regime, :mod:`difftx.compare.regime`),
     every model's held-out NLL, each arm's paired gap to the baseline per size (``gap``), and its
     parameter efficiency against the baseline with the ratio's sensitivity per size."""
-    from ..eval.efficiency import parameter_efficiency
+    from ..eval.floor_fit import parameter_efficiency
 
     arms = list(plans[0].params)
     losses = {arm: [[_heldout_nll(results[sp.name], s, arm) for sp in plans] for s in seeds] for arm in arms}
@@ -310,7 +310,7 @@ def widen_for_the_choice(eff: dict, plans: list[SizePlan], tunes: list[dict], ar
     fit), hulled with the fit's own interval, which treats the chosen models as given (its jackknife
     refits without a seed but keeps the choices that seed's losses made). Kept under ``selection``
     (per size: the log ratio's jackknife standard error and the interval); needs 3 seeds."""
-    from ..eval.efficiency import parameter_efficiency
+    from ..eval.floor_fit import parameter_efficiency
     from ..eval.stats import t_quantile
     from .tune import choose
 
@@ -418,33 +418,68 @@ def _curvature_text(c: dict) -> str:
     return f"{c['value']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], p = {c['p']:.3g}"
 
 
-FLOOR_METHOD = ("Across the sizes, the seeds' mean held-out loss of both arms is fitted as L = E + A N^-b, with the "
-                "floor E shared by the arms (least squares; E between 0 and the lowest loss). For each DIFF size, "
+FLOOR_METHOD = ("Across the sizes, the seeds' mean held-out loss of both arms is fitted as L = E + A N^-b, with one "
+                "floor E shared by the arms, as 3 sizes cannot place two (least squares; E between 0 and the lowest "
+                "loss). For each DIFF size, "
                 "the baseline size with the same fitted loss gives the ratio N_DIFF / N_baseline (< 1: DIFF needs "
                 "fewer parameters). Its 95% interval leaves out one seed at a time (jackknife standard error, t "
-                "with seeds - 1 degrees of freedom): it assumes independent seeds and curves of that form, which "
-                "simulations of exact power laws and of power laws with a floor cover (`docs/efficiency.md`). A "
+                "with seeds - 1 degrees of freedom): it assumes independent seeds, curves of that form and one "
+                "floor; where DIFF's floor differs, the ratio is biased (`docs/efficiency.md`). A "
                 "ratio whose baseline size lies outside the measured sizes is extrapolated along the fitted curve. "
                 "Beside it, the paper's fit: a straight line log L = a + b log N per arm and seed, with a t "
                 "interval over seeds; it is biased when the loss flattens toward a floor, which the lack of fit "
                 "below measures.")
+FLOOR_METHOD_SEPARATE = (
+    "Across the sizes, the seeds' mean held-out loss of each arm is fitted as L = E + A N^-b with its own floor E "
+    "(least squares; E between 0 and that arm's lowest loss). For each DIFF size, the baseline size with the same "
+    "fitted loss gives the ratio N_DIFF / N_baseline (< 1: DIFF needs fewer parameters); where DIFF's fitted loss "
+    "lies below the baseline's floor, no baseline size reaches it and there is no ratio. Its 95% interval leaves "
+    "out one seed at a time and refits both floors (jackknife standard error, t with seeds - 1 degrees of "
+    "freedom): it assumes independent seeds and curves of that form, whether the floors are equal or not "
+    "(`docs/efficiency.md`). A ratio whose baseline size lies outside the measured sizes is extrapolated along "
+    "the fitted curve. Beside it, the paper's fit: a straight line log L = a + b log N per arm and seed, with a t "
+    "interval over seeds; it is biased when the loss flattens toward a floor, which the lack of fit below "
+    "measures.")
+
+
+def _floor_fit_text(f: dict, arm: str) -> str:
+    """The floor fit's line in ``scale.md``: which floor model, each floor, the difference of the floors
+    (the arm minus the baseline) with its interval, the exponents and the fit's notes."""
+
+    def without(r: Optional[list]) -> str:
+        return f" ({r[0]:.4f} to {r[1]:.4f} with one seed left out)" if r else ""
+
+    if f.get("model", "shared") == "separate":
+        floors, loo = f["floors"], f.get("floors_without_one_seed") or {}
+        d = f["floor_difference"]
+        diff = f"{d['value']:+.4f}" + (f" [{d['low']:+.4f}, {d['high']:+.4f}]" if d["low"] is not None else
+                                       f" ({d['note']})")
+        head = (f"Floor fit, each arm its own floor: E = {floors['reference']:.4f} for the baseline"
+                f"{without(loo.get('reference'))}, {floors['arm']:.4f} for {arm}{without(loo.get('arm'))}; "
+                f"floor difference ({arm} minus baseline) {diff} nats")
+    else:
+        head = (f"Floor fit: E = {f['floor']:.4f} shared by both arms{without(f['floor_without_one_seed'])} "
+                f"(fewer than 4 sizes: the floor difference is assumed 0, not measured)")
+    return (head + f"; exponent b: baseline {f['reference'][1]:.3f}, {arm} {f['arm'][1]:.3f}"
+            + (f". {f['note'][0].upper()}{f['note'][1:]}" if f.get("note") else "") + ".\n")
 
 
 def render_scale(s: dict) -> str:
     """``scale.md``."""
     n = len(s["seeds"])
-    out = ["# DIFF vs baseline across model sizes (parameter efficiency)\n",
-           f"Each size is a whole `difftx compare` (its folder `size=NAME/` has the full report), {n} paired seed(s). "
-           "N: parameters without the vocabulary matrices. Held-out LM NLL (nats/token), mean over seeds.\n"]
-    if s.get("tuned"):
-        out.append(render_tuned(s))
+    out = ["# DIFF vs baseline across model sizes (parameter efficiency)\n", *scale_opening(s)]
+    out.append(render_tuned(s) if s.get("tuned") else scale_verdicts(s))
+    out.append(f"Each size is a whole `difftx compare` (its folder `size=NAME/` has the full report, and says what "
+               f"its LM interval is over), {n} paired seed(s). N: parameters without the vocabulary matrices. Held-out "
+               "LM NLL (nats/token), mean over seeds.\n")
     for arm, eff in s["efficiency"].items():
         out.append(f"## {arm} vs baseline" + (" at the preset's value\n" if s.get("tuned") else "\n"))
         if "skipped" in eff:
             out.append(f"Not measured: {eff['skipped']}.\n")
             continue
         floor = eff.get("method") == "floor"
-        out.append(FLOOR_METHOD + "\n" if floor else
+        separate = floor and (eff.get("fit") or {}).get("model") == "separate"
+        out.append((FLOOR_METHOD_SEPARATE if separate else FLOOR_METHOD) + "\n" if floor else
                    "Two sizes: a floor needs at least 3, so the ratios come from the straight line log L = a + b log N "
                    "per arm and seed, with a t interval over seeds; a ratio whose baseline size lies outside the "
                    "measured sizes is extrapolated.\n")
@@ -471,11 +506,7 @@ def render_scale(s: dict) -> str:
         out.append(_sensitivity_text(eff, s["sizes"]))
         if floor:
             f, lack = eff["fit"], eff["lack_of_fit"]
-            without = f["floor_without_one_seed"]
-            out.append(f"Floor fit: E = {f['floor']:.4f}" + (f" ({without[0]:.4f} to {without[1]:.4f} with one seed "
-                                                             "left out)" if without else "")
-                       + f"; exponent b: baseline {f['reference'][1]:.3f}, {arm} {f['arm'][1]:.3f}"
-                       + (f". {f['note'][0].upper()}{f['note'][1:]}" if f.get("note") else "") + ".\n")
+            out.append(_floor_fit_text(f, arm))
             out.append("Lack of fit of the straight log-log line: the curvature c of log L = a + b x + c x^2 "
                        "(x = log N; c > 0: the curve flattens, as toward a floor), per seed, with a t interval over "
                        "seeds: baseline "
@@ -572,8 +603,9 @@ def _plot(path: Path, s: dict) -> Optional[str]:
         points["baseline"] = ([sz["params"]["baseline"] for sz in s["sizes"]], s["heldout_nll"]["baseline"])
         lines = {names[a]: tuple(np.mean(e["loglog"]["fits"]["arm"], 0)) for a, e in fitted.items()}
         lines["baseline"] = tuple(np.mean(eff["loglog"]["fits"]["reference"], 0))
-        if eff["method"] == "floor":  # each arm's floor curve (E shared with the baseline); the lines beside
-            fits = {names[a]: (e["fit"]["floor"], *e["fit"]["arm"]) for a, e in fitted.items()}
+        if eff["method"] == "floor":  # each arm's floor curve (its own floor, or the one shared); the lines beside
+            fits = {names[a]: ((e["fit"].get("floors") or {}).get("arm", e["fit"]["floor"]), *e["fit"]["arm"])
+                    for a, e in fitted.items()}
             fits["baseline"] = (eff["fit"]["floor"], *eff["fit"]["reference"])
         else:
             fits, lines = lines, None
@@ -582,3 +614,61 @@ def _plot(path: Path, s: dict) -> Optional[str]:
     except ImportError:
         return None
     return path.name
+
+
+# -- scale.md's opening: the answer first (issue 38) ------------------------------------------------------
+
+
+def scale_opening(s: dict) -> list[str]:
+    """``scale.md``'s first three lines: the first arm against the baseline at the largest size (the
+    held-out gap in nats and the parameter ratio, tuned where tuned), how sure (seeds, at how many
+    sizes the gap's interval excludes 0) and the regime (sizes, tokens per parameter)."""
+    arms = [a for a in s["arms"] if a != "baseline"]
+    if not arms or not s["sizes"]:
+        return []
+    arm, last, n = arms[0], len(s["sizes"]) - 1, len(s["seeds"])
+    source = s["tuned"]["tuned"] if s.get("tuned") else s
+    gaps = (source.get("gap") or {}).get(arm) or [None] * len(s["sizes"])
+    eff = (source.get("efficiency") or {}).get(arm) or {}
+    ratio = _ratio(eff["ratios"][last]) if "ratios" in eff else "not measured"
+    far = " (extrapolated)" in ratio
+    top, g = s["sizes"][last], gaps[last]
+    if g is None or g.get("mean") is None:
+        gap = "not measured"
+    elif g.get("low") is None:
+        gap = f"{g['mean']:+.3f} nats (no interval: {g.get('n', n)} seeds; < 0: {arm} better)"
+    else:
+        gap = f"{g['mean']:+.3f} nats [{g['low']:+.3f}, {g['high']:+.3f}] (< 0: {arm} better)"
+    answer = (f"**{arm} vs baseline at the largest size, {top['name']} (N {top['params'][arm]:,}):** held-out gap "
+              f"{gap}; parameter ratio {ratio.replace(' (extrapolated)', '')} (N_{arm} / N_baseline at equal loss"
+              f"{', extrapolated' if far else ''}; < 1: {arm} needs fewer).")
+    apart = [g for g in gaps if g and g.get("low") is not None]
+    clear = sum(1 for g in apart if g["low"] > 0 or g["high"] < 0)
+    none = len(s["sizes"]) - len(apart)
+    sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''} per size; unadjusted 95% intervals; the gap's interval "
+            f"excludes 0 at {clear} of {len(s['sizes'])} sizes"
+            + (f" ({none} with too few seeds for one)" if none else "")
+            + ("; each arm's value chosen leave-one-seed-out, the ratios' intervals allowing for the choice"
+               if s.get("tuned") else "") + ".")
+    per = [z["regime"].get("diff", {}).get("tokens_per_param") for z in s["sizes"] if z.get("regime")]
+    per = [x for x in per if x]
+    params = [z["params"][arm] for z in s["sizes"]]
+    regime = (f"Regime: {len(s['sizes'])} sizes, N {min(params):,}-{max(params):,}"
+              + (f", {min(per):.3g}-{max(per):.3g} training tokens per parameter (the paper's 3B: about 330)"
+                 if per else "") + "; the method of each number: `docs/efficiency.md` and `docs/compare.md`.")
+    return [answer + "\n", sure + "\n", regime + "\n"]
+
+
+def scale_verdicts(s: dict) -> str:
+    """``scale.md``'s verdict table: per size and arm, the held-out gap with its interval and unadjusted
+    p (the size's compare, paired over seeds) and the parameter ratio with its interval."""
+    rows = ["| size | arm | gap, nats [95%] (per seed) | p (unadjusted) | parameter ratio [95%] |",
+            "|---|---|---|---|---|"]
+    for i, z in enumerate(s["sizes"]):
+        for arm in (a for a in s["arms"] if a != "baseline"):
+            g = ((s.get("gap") or {}).get(arm) or [None] * len(s["sizes"]))[i]
+            eff = (s.get("efficiency") or {}).get(arm) or {}
+            p = "-" if not g or g.get("p_value") is None else f"{g['p_value']:.3g}"
+            rows.append(f"| {z['name']} | {arm} | {gap_text(g)} | {p} | "
+                        f"{_ratio(eff['ratios'][i]) if 'ratios' in eff else '-'} |")
+    return "## Answer by size\n\n" + "\n".join(rows) + "\n"

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import (holm, mean_interval, paired_estimate, seeds_for_power, seeds_for_verdict, t_mean_interval,
+from ..eval.stats import (holm, mean_interval, paired_estimate, power_plan, seeds_for_verdict, t_mean_interval,
                           verdict)
 from ..tasks import TASKS
 from ..tasks.reporting import SHORT
@@ -73,7 +73,8 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     pair (``family``: primary or exploratory) and the verdict. DIFF vs baseline also carries the flat
     fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
     A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
-    compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`)."""
+    compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`) and
+    ``power_plan``, the effect and spread it was planned for (:func:`difftx.eval.stats.power_plan`)."""
     out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
     everything = [c for comps in out.values() for c in comps.values()]
     sizes = {}
@@ -89,17 +90,20 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
         names = (SHORT.get(a, a), SHORT.get(b, b))
         c["family_size"] = sizes[c["family"]]
         c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]], ALPHA)
-        # the seeds at which a difference like the observed one reaches 80% power (primary metrics only: a
-        # simulation per comparison; from POWER_MIN_SEEDS seeds on, as fewer say too little about the spread)
+        # the seeds at which the rule reaches 80% power, planned for the pessimistic end of what these seeds show
+        # (primary metrics only: a simulation per comparison; from POWER_MIN_SEEDS seeds on, as fewer say too
+        # little about the spread); the effect and spread planned for are kept and printed with the number
         powered = power and c["primary"] and not c["gated"] and est is not None and est.n >= POWER_MIN_SEEDS
+        plan = None
         if powered:
-            c["seeds_for_power"] = seeds_for_power(np.subtract(*(c["values"][x] for x in (a, b))), sizes["primary"],
-                                                   ALPHA, bounds=c["bounds"])
+            plan = power_plan(np.subtract(*(c["values"][x] for x in (a, b))), sizes["primary"], ALPHA,
+                              bounds=c["bounds"])
+            c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,
                                 family_size=sizes[c["family"]], power_seeds=c.get("seeds_for_power"),
-                                power_checked=powered))
+                                power_checked=powered, power_plan=plan))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out
@@ -258,3 +262,67 @@ def _by_tokens(curve: dict) -> tuple[list, list]:
             last[t] = v
     tokens = sorted(last)
     return tokens, [last[t] for t in tokens]
+
+
+# -- what a report prints of a comparison (the reasoning behind each word: docs/compare.md, "Reading a report") --
+
+
+def short_verdict(c: dict) -> str:
+    """A comparison's verdict in a few words: "DIFF better" / "DIFF worse" (the first arm's name;
+    the Holm-adjusted test rejects at ``ALPHA``), "no detectable difference", "too few seeds: N of M"
+    (fewer seeds than a verdict in its family needs), "no interval: N seeds", or why it was not
+    compared. The whole sentence stays in ``results.json`` (``verdict``)."""
+    if c.get("gated"):
+        return NOT_MEASURED if c["gated"].startswith(NOT_MEASURED) else f"not compared: {c['gated'].split(': ')[0]}"
+    p = c["paired"]
+    n, need = p.get("n"), c.get("seeds_for_verdict")
+    if p.get("mean") is None:
+        return NOT_MEASURED
+    if c.get("better"):
+        a = c["arms"][0]
+        return f"{SHORT.get(a, a)} {'better' if c['better'] == a else 'worse'}"
+    if need and n is not None and n < need:
+        return f"too few seeds: {n} of {need}"
+    if p.get("low") is None:
+        return f"no interval: {n} seed{'s' if n != 1 else ''}"
+    return "no detectable difference"
+
+
+def difference_text(c: dict) -> str:
+    """``+0.093 nats [+0.044, +0.150]``: a comparison's mean difference with its unadjusted 95% interval
+    (the mean alone where there is none; ``-`` where nothing was measured or compared)."""
+    p = c["paired"]
+    if p.get("mean") is None or c.get("gated"):  # not compared: no difference to read
+        return "-"
+    d = max(int(c.get("digits") or 3), 1)
+    unit = f" {c['unit']}" if c.get("unit") else ""
+    ci = "" if p.get("low") is None else f" [{p['low']:+.{d}f}, {p['high']:+.{d}f}]"
+    return f"{p['mean']:+.{d}f}{unit}{ci}"
+
+
+def adjusted_p_text(c: dict) -> str:
+    return "-" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.3g}"
+
+
+def verdict_line(c: dict) -> str:
+    """One verdict line: metric, ``A - B`` = difference [interval], Holm p, verdict."""
+    a, b = (SHORT.get(x, x) for x in c["arms"])
+    if c.get("gated"):
+        return f"{c['label']}: {short_verdict(c)}"
+    return (f"{c['label']}: {a} - {b} = {difference_text(c)}, Holm p {adjusted_p_text(c)}: {short_verdict(c)}")
+
+
+def verdict_rows(comparisons: dict, pairs_: Optional[list] = None) -> list[list[str]]:
+    """Rows ``[pair, metric, difference [95%], Holm p, verdict]`` of a verdict table: every primary
+    comparison of each pair (``comparisons``: ``{pair: {key: comparison}}``), then the exploratory
+    ones that survive Holm."""
+    rows = []
+    for pair in pairs_ or list(comparisons):
+        comps = comparisons[pair]
+        chosen = [c for c in comps.values() if c["primary"]] + [c for c in comps.values()
+                                                                 if not c["primary"] and c.get("better")]
+        for c in chosen:
+            a, b = (SHORT.get(x, x) for x in c["arms"])
+            rows.append([f"{a} - {b}", c["label"] + ("" if c["primary"] else " (exploratory)"), difference_text(c),
+                         adjusted_p_text(c), short_verdict(c)])
+    return rows

@@ -11,7 +11,11 @@ folder ``out/tune/FIELD=VALUE``. Then, for each model, two scores on text it nev
 - the **held-out evaluation**, which is reported: the LM task on the second half of the validation
   split (with ``--heldout FILE``, the model's own evaluation of that file).
 
-So the choice never reads the evaluated text. For seed ``s`` an arm's value is the one with the
+So the choice never reads the evaluated text. Where the split's documents are known, the halves are
+whole documents (:func:`halves`): the second gets at least ``MIN_BLOCKS`` (4) of them where the
+split holds 5 or more, so that its LM interval can be over documents like these; with 2-4
+documents the cut is the document start nearest the middle, and ``split_note`` says why its
+interval is over windows of this one text instead. For seed ``s`` an arm's value is the one with the
 lowest mean validation loss over the *other* seeds (leave-one-seed-out, :func:`choose`): the
 difference reported for seed ``s`` carries no selection on its own noise. An arm whose best value
 (mean over all seeds) sits at an edge of its grid gets one more value beyond it (x2 or /2), at
@@ -43,6 +47,7 @@ from .tune_report import label
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
 TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1
+SCORE_VERSION = 2  # of SCORE_FILE; 2: the validation split cut by documents where they are known
 MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per arm
 
 
@@ -182,11 +187,11 @@ def _scores(p: ComparePreset, folder: Path, seeds: list, arm: str, progress: boo
         if path.is_file():
             try:
                 got = read_json(path, "the tuning scores of a compare model")
-                got = got if isinstance(got, dict) and got.get("version") == TUNE_VERSION else None
+                got = got if isinstance(got, dict) and got.get("version") == SCORE_VERSION else None
             except ValueError:
                 got = None
         if got is None:
-            got = {"version": TUNE_VERSION, **score_model(f, p)}
+            got = {"version": SCORE_VERSION, **score_model(f, p)}
             text = dumps_strict(got)
             atomic_write(path, lambda t, text=text: Path(t).write_text(text + "\n"))
         out.append(got)
@@ -196,37 +201,77 @@ def _scores(p: ComparePreset, folder: Path, seeds: list, arm: str, progress: boo
 def score_model(f: Path, p: ComparePreset) -> dict:
     """A trained compare model's validation loss (the mean NLL over the first half of its corpus's
     validation split, or all of it when the held-out text is a separate file) and, where the
-    held-out text is that split, the LM task on its second half (else None: its own evaluation)."""
+    held-out text is that split, the LM task on its second half (else None: its own evaluation);
+    ``split``: how the split was cut (:func:`halves`)."""
     from ..tasks import TASKS, load_subject
+    from ..tasks.lm import document_offsets
     from ..tasks.runner import run_task
     from ..training.distributed import resolve_device
 
     settings = p.task_settings()["lm"]
     subject = load_subject(f / "model", device=resolve_device(p.device))
     text = subject.text
+    split = None
     if text is not None and text.heldout is not None:
         task = dataclasses.replace(subject.compare, text=dataclasses.replace(text, heldout=None))
         choose_on, report_on = dataclasses.replace(subject, compare=task, _heldout=None).heldout(), None
     else:
         whole = subject.heldout()
-        choose_on, report_on = half(whole, 0), half(whole, 1)
+        whole = dataclasses.replace(whole, doc_offsets=document_offsets(subject, whole))
+        choose_on, report_on, split = halves(whole)
     quick = dataclasses.replace(settings, extrapolation_factors=(1,))
     val = run_task(TASKS["lm"], dataclasses.replace(subject, _heldout=choose_on), quick)
     held = None if report_on is None else run_task(TASKS["lm"], dataclasses.replace(subject, _heldout=report_on),
                                                    settings)
-    return {"validation": val["heldout"]["nll"], "validation_source": choose_on.source, "heldout": held}
+    return {"validation": val["heldout"]["nll"], "validation_source": choose_on.source, "heldout": held,
+            "split": split}
 
 
-def half(h, which: int):
-    """The first (0) or second (1) half of a held-out stream, by tokens (documents cut at the middle
-    keep their starts within the half)."""
-    cut = h.tokens.numel() // 2
-    lo, hi = (0, cut) if which == 0 else (cut, h.tokens.numel())
-    docs = None
-    if h.doc_offsets is not None:
-        docs = sorted({0, *(int(o) - lo for o in h.doc_offsets if lo <= int(o) < hi)})
-    return dataclasses.replace(h, tokens=h.tokens[lo:hi], doc_offsets=docs,
-                               source=f"{h.source}, {'first' if which == 0 else 'second'} half (tokens {lo:,}-{hi:,})")
+def halves(h) -> tuple:
+    """``(first, second, split)``: the held-out stream ``h`` cut in two, the first to choose on and the
+    second to evaluate, and how it was cut. Where its documents are known (``h.doc_offsets``: their
+    starts, then the length) and number ``D >= MIN_BLOCKS + 1``, the cut is between documents and the
+    second half gets the last ``max(ceil(D / 2), MIN_BLOCKS)`` of them: enough for an interval over
+    documents like these, the rest (at least one) to choose on. With 2 to ``MIN_BLOCKS`` documents,
+    the cut is at the document start nearest the middle, and neither half has enough (``split["note"]``
+    says so). Otherwise (one document, or none known) the cut is at the middle token. ``split``:
+    ``{"by": "documents" | "tokens", "documents": [first, second] or None, "note": why the second
+    half's interval is over windows of this one text, or None}``."""
+    from ..eval.blocks import ESTIMANDS, MIN_BLOCKS
+
+    n = h.tokens.numel()
+    starts = None if h.doc_offsets is None else sorted({int(o) for o in h.doc_offsets if 0 <= int(o) < n} | {0})
+    count = 0 if starts is None else len(starts)
+    if count > MIN_BLOCKS:
+        second = max(math.ceil(count / 2), MIN_BLOCKS)
+        cut, note = starts[count - second], None
+    elif count >= 2:
+        cut = min(starts[1:], key=lambda o: (abs(o - n / 2), o))
+        note = (f"the validation split holds {count} documents, and the evaluated half would need {MIN_BLOCKS} for "
+                f"an interval {ESTIMANDS['documents']} with at least one left to choose on, so the second half's "
+                f"intervals are {ESTIMANDS['windows']}")
+    else:
+        cut = n // 2
+        note = (f"the validation split's documents are not known, so the second half's intervals are "
+                f"{ESTIMANDS['windows']}" if starts is None else
+                f"the validation split is one document, cut at its middle token, so the second half's intervals are "
+                f"{ESTIMANDS['windows']}")
+    by_docs = count >= 2
+    parts = []
+    for which, (lo, hi) in enumerate(((0, cut), (cut, n))):
+        docs = None
+        if starts is not None:
+            docs = sorted({0, *(o - lo for o in starts if lo <= o < hi)}) + [hi - lo]
+        held = [o for o in (starts or []) if lo <= o < hi]
+        what = (f"{'first' if which == 0 else 'second'} half ("
+                + (f"documents {starts.index(held[0]) + 1}-{starts.index(held[-1]) + 1} of {count}, "
+                   if by_docs else "")
+                + f"tokens {lo:,}-{hi:,})")
+        parts.append(dataclasses.replace(h, tokens=h.tokens[lo:hi], doc_offsets=docs, source=f"{h.source}, {what}"))
+    split = {"by": "documents" if by_docs else "tokens",
+             "documents": [sum(1 for o in starts if o < cut), sum(1 for o in starts if o >= cut)] if by_docs else None,
+             "note": note}
+    return parts[0], parts[1], split
 
 
 def assemble(results: dict, settings: dict, field: str, shared, grids: dict, folder: dict, scores: dict,
@@ -269,7 +314,8 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     first = scores[arms[0]][shared][0]
     tune = {"schema": TUNE_SCHEMA, "schema_version": TUNE_VERSION, "field": field, "shared_value": shared,
             "grid": {arm: grids[arm] for arm in arms}, "extended": extended, "at_edge": edge, "best": best,
-            "validation_source": first["validation_source"],
+            "validation_source": first["validation_source"], "split": first.get("split"),
+            "heldout_estimand": _estimand(first["heldout"]),
             "heldout_source": (first["heldout"] or {}).get("source") if first["heldout"] else
             "the comparison's own held-out text (its LM evaluation)",
             "validation_nll": {arm: {label(field, v): [x["validation"] for x in scores[arm][v]] for v in grids[arm]}
@@ -280,6 +326,17 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
             "chosen": {arm: {str(s): v for s, v in chosen[arm].items()} for arm in arms},
             "tuned": _primary(tuned), "shared": _primary(shared_half)}
     return tune, tuned, shared_half
+
+
+def _estimand(held: Optional[dict]) -> Optional[dict]:
+    """What the held-out half's LM interval is over (:func:`difftx.tasks.lm.estimand`), or None
+    (the comparison's own held-out text: its LM section says)."""
+    from ..tasks.lm import estimand
+
+    if not held or "skipped" in held:
+        return None
+    phrase, why = estimand(held)
+    return {"phrase": phrase, "note": why, "documents": (held.get("dependence") or {}).get("documents")}
 
 
 def _nll(tasks: dict) -> Optional[float]:

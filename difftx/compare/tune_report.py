@@ -1,5 +1,6 @@
-"""What ``--tune`` shows (:mod:`difftx.compare.tune`): the section that opens ``report.md``, the
-lines the command prints and ``plots/tune_FIELD.png``, all read from the ``tune`` record."""
+"""What ``--tune`` shows (:mod:`difftx.compare.tune`): the section after ``report.md``'s opening
+lines (the tuned verdict table, one line of method, the choices), the lines the command prints and
+``plots/tune_FIELD.png``, all read from the ``tune`` record."""
 
 from __future__ import annotations
 
@@ -13,28 +14,42 @@ def label(field: str, value) -> str:
 
 
 def _gap(c: dict) -> str:
-    p = c["paired"]
-    if p["mean"] is None:
-        return "-"
-    ci = "" if p["low"] is None else f" [{p['low']:+.4f}, {p['high']:+.4f}]"
-    return f"{p['mean']:+.4f}{ci}" + (f", Holm p {c['p_adjusted']:.3g}" if c.get("p_adjusted") is not None else "")
+    from .summary import difference_text
+
+    return difference_text(c)
+
+
+TUNE_METHOD = ("Method, in one line: for seed s, each arm's value is the one with the lowest mean validation loss over "
+               "the other seeds; both comparisons are scored on held-out text the choice never read; the tuned "
+               "interval is the hull of the comparison's own and a jackknife over seeds that redoes every choice, its "
+               "Holm p the larger of the two. Why, and what each column means: `docs/compare.md`, \"Tuning each arm\" "
+               "and \"Reading a report\".\n")
 
 
 def render_tune(tune: dict, plots: dict) -> str:
-    """The report's first section: the tuned comparison (primary) beside the one at the preset's value."""
+    """The tuned comparison (primary): its verdict table beside the difference at the preset's value,
+    one line of method, where the choice and the evaluation read, each arm's values and choices, and
+    the figure. The report's opening lines (:func:`difftx.compare.report.opening`) come before it."""
+    from ..tasks.reporting import SHORT
+    from .summary import adjusted_p_text, short_verdict
+
     field, shared = tune["field"], tune["shared_value"]
     lines = [f"## Tuned `{field}` (primary)\n",
-             f"Every arm trained at every value of `{field}` for every seed; for seed s, each arm's value is the one "
-             f"with the lowest mean validation loss over the other seeds (leave-one-seed-out), so no seed's reported "
-             f"difference was chosen on its own noise. Validation loss: {tune['validation_source']}. Held-out "
-             f"evaluation (what is compared below): {tune['heldout_source']}. Both comparisons below are scored on "
-             "it; the rest of this report is the comparison at the preset's value on its usual held-out text. Each "
-             "seed's choice reads the other seeds, so the seeds' tuned differences are not independent: the tuned "
-             "interval is the hull of the comparison's own and a jackknife over seeds of the whole procedure (the "
-             "choices redone without each seed in turn; from 3 seeds), its p-value the larger of the two, "
-             "Holm-adjusted over the tuned primary comparisons.\n",
-             f"| arm | values of `{field}` | best (mean over seeds) | chosen per seed (seed: value) |",
-             "|---|---|---|---|"]
+             f"| pair | metric | at the preset's `{field}` = {shared:g} | tuned [unadjusted 95%] | Holm p | verdict |",
+             "|---|---|---|---|---|---|"]
+    for pair, metrics in tune["tuned"].items():
+        for key, c in metrics.items():
+            s = tune["shared"].get(pair, {}).get(key)
+            a, b = (SHORT.get(x, x) for x in c["arms"])
+            lines.append(f"| {a} - {b} | {c['label']} | {'-' if s is None else _gap(s)} | {_gap(c)} | "
+                         f"{adjusted_p_text(c)} | {short_verdict(c)} |")
+    split = tune.get("split") or {}
+    lines += ["", TUNE_METHOD,
+              f"Validation loss (chooses): {tune['validation_source']}. Held-out evaluation (compared): "
+              f"{tune['heldout_source']}." + (f" Why its LM intervals are not over documents: {split['note']}."
+                                               if split.get("note") else "") + "\n",
+              f"| arm | values of `{field}` | best (mean over seeds) | chosen per seed (seed: value) |",
+              "|---|---|---|---|"]
     for arm, grid in tune["grid"].items():
         ext = tune["extended"].get(arm) or []
         note = f" (added at the edge: {', '.join(f'{v:g}' for v in ext)})" if ext else ""
@@ -43,12 +58,6 @@ def render_tune(tune: dict, plots: dict) -> str:
                                            if edge else "")
         picks = ", ".join(f"{s}: {v:g}" for s, v in tune["chosen"][arm].items())
         lines.append(f"| {arm} | {', '.join(f'{v:g}' for v in grid)}{note} | {best} | {picks} |")
-    lines += ["", f"| pair | metric | at the preset's `{field}` = {shared:g} | tuned | verdict (tuned) |",
-              "|---|---|---|---|---|"]
-    for pair, metrics in tune["tuned"].items():
-        for key, c in metrics.items():
-            s = tune["shared"].get(pair, {}).get(key)
-            lines.append(f"| {pair} | {c['label']} | {'-' if s is None else _gap(s)} | {_gap(c)} | {c['verdict']} |")
     lines.append("")
     if plots.get("tuning sensitivity"):
         lines.append(f"![validation loss against {field}]({plots['tuning sensitivity']})\n")

@@ -52,8 +52,11 @@ and its smallest p-value is ``2 / 2^(n - ties)``. :class:`PairedEstimate` counts
 the verdict names them when they are why no verdict is possible.
 
 Power. :func:`seeds_for_verdict` is the least number of seeds at which a verdict is *possible*;
-:func:`seeds_for_power` is the number at which the rule finds a difference like the observed one in
-80% of repeats (seeds resampled from the observed differences, so the seeds' modes are kept).
+:func:`seeds_for_power` (:func:`power_plan`, with what it assumed) is the number at which the rule
+finds a difference in 80% of repeats, planned for the pessimistic end of what the observed seeds show:
+the lower 90% bound of their effect / SD, with their shape (a lottery's modes) kept. Planned for the
+observed differences as they are, the true power at the answer was 0.43-0.73 for effects of 0.5-1.2
+SD from pilots of 5 and 8 seeds (benchmarks/power_delivered.py).
 
 One arm's mean (:func:`mean_interval`) has no symmetry to lean on: the lottery makes it skewed. For
 a metric with known bounds (accuracies, rates) its interval is the hull of the t interval and a
@@ -356,17 +359,63 @@ def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
 
 
 POWER_MAX_SEEDS = 64
+POWER_CONFIDENCE = 0.9  # the confidence of the pessimistic effect a power plan is made for
 
 
-def _t_p_values(x: np.ndarray) -> np.ndarray:
-    """Two-sided one-sample t p-values of ``mean = 0`` for each row of ``x`` ``(reps, n)``; 1 for
-    a row without spread and mean 0, the sign-flip's job otherwise (here 0)."""
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """The standard normal CDF, elementwise (erfc by its Chebyshev fit, relative error below 1.2e-7)."""
+    z = np.abs(np.asarray(x, dtype=np.float64)) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.5 * z)
+    poly = (-1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
+        0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+    erfc = t * np.exp(-z * z + poly)
+    return np.where(np.asarray(x) >= 0, 1.0 - 0.5 * erfc, 0.5 * erfc)
+
+
+@functools.lru_cache(maxsize=64)
+def _chi_grid(df: int) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``u`` and trapezoid weights (summing to 1) of the chi distribution with ``df`` degrees
+    of freedom, the law of ``sqrt(chi2_df)``, over the range that holds all but a negligible part of it."""
+    centre = math.sqrt(df)
+    u = np.linspace(max(centre - 12.0, 1e-12), centre + 12.0, 4001)
+    logf = (df - 1) * np.log(u) - u * u / 2
+    w = np.exp(logf - logf.max())
+    w[[0, -1]] *= 0.5
+    return u, w / w.sum()
+
+
+def nct_cdf(t: float, df: int, ncp: float) -> float:
+    """``P(T <= t)`` for the noncentral t with ``df`` degrees of freedom and noncentrality ``ncp``:
+    ``T = (Z + ncp) / sqrt(V / df)``, so ``P(T <= t) = E[Phi(t sqrt(V / df) - ncp)]`` over the chi
+    law of ``sqrt(V)`` (a quadrature on 4,001 points; absolute error well below 1e-4)."""
+    u, w = _chi_grid(int(df))
+    return float(np.dot(w, _normal_cdf(t * u / math.sqrt(df) - ncp)))
+
+
+def effect_lower_bound(t: float, n: int, confidence: float = POWER_CONFIDENCE) -> float:
+    """The one-sided lower ``confidence`` bound of the standardised effect ``delta = mean / SD`` of
+    normal values, from ``t = sqrt(n) mean / sd`` of ``n`` of them: the ``delta`` at which the
+    noncentral t with ``n - 1`` degrees of freedom and noncentrality ``sqrt(n) delta`` has ``t`` at
+    its ``confidence`` quantile (exact for normal values). 0 where the bound is not above 0."""
+    df = n - 1
+    if not t > 0 or t_cdf(t, df) <= confidence:
+        return 0.0
+    lo, hi = 0.0, 2.0 * t + 10.0
+    while nct_cdf(t, df, hi) >= confidence:
+        hi *= 2.0
+    while hi - lo > 1e-7 * max(1.0, hi):  # the CDF at t falls as the noncentrality grows
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if nct_cdf(t, df, mid) >= confidence else (lo, mid)
+    return lo / math.sqrt(n)
+
+
+def _t_rejects(x: np.ndarray, level: float) -> np.ndarray:
+    """Whether the two-sided one-sample t test of ``mean = 0`` rejects at ``level`` for each row of
+    ``x`` ``(reps, n)`` (``|t|`` above the t quantile: the p-value below ``level``, without computing
+    it); a row without spread rejects where its mean is not 0 (its t p-value 0, the sign-flip's job)."""
     n = x.shape[1]
     m, sd = x.mean(1), x.std(1, ddof=1)
-    out = np.empty(x.shape[0])
-    for i, (mi, si) in enumerate(zip(m, sd)):
-        out[i] = (1.0 if mi == 0 else 0.0) if si == 0 else 2.0 * (1.0 - t_cdf(abs(mi) / (si / math.sqrt(n)), n - 1))
-    return out
+    return np.where(sd > 0, np.abs(m) * math.sqrt(n) > t_quantile(1 - level / 2, n - 1) * sd, m != 0)
 
 
 def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 0.05,
@@ -385,25 +434,123 @@ def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 
     obs = np.abs(x.sum(1))
     hits = (np.abs(x @ signs.T) >= obs[:, None] * (1 - 1e-12)).sum(1)
     p_sf = hits / signs.shape[0] if n <= 12 else (hits + 1) / (signs.shape[0] + 1)
-    p = np.maximum(p_sf, _t_p_values(x))
+    reject = (p_sf * comparisons < alpha) & _t_rejects(x, alpha / comparisons)  # the largest p, below alpha
     if bounds is not None:
         span = float(bounds[1] - bounds[0])
         v = (x + span) / (2 * span)
         # the bets of paired_estimate (tuned for alpha), whose p-value Holm then multiplies
         p_bet = np.array([min(1.0, 1.0 / betting_capital(row, [0.5], alpha)[0]) for row in v])
-        p = np.maximum(p, p_bet)
-    return float((p * comparisons < alpha).mean())
+        reject &= p_bet * comparisons < alpha
+    return float(reject.mean())
 
 
-def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
-                    bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
-                    reps: int = 300) -> Optional[int]:
-    """The fewest seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which
-    :func:`rule_power` reaches ``power`` for differences like the observed ``d``; ``None`` when it
-    does not within ``max_seeds`` (or ``d`` has fewer than 2 values, or a mean of 0)."""
+@dataclass
+class PowerPlan:
+    """What :func:`power_plan` assumed and found. ``seeds``: the fewest seeds at which the verdict rule
+    reaches ``power`` for the planned differences; ``None`` where ``max_seeds`` do not (including where
+    the pilot does not bound its effect above 0, so no number of seeds is sure to), or where the plan is
+    ``unknown`` (fewer than 2 differences, or all equal: no spread to plan with); ``note`` says why.
+    The pilot: ``pilot_n`` differences with mean ``pilot_mean`` and SD ``pilot_sd``; the plan: the
+    pilot's shape moved to mean ``planned_mean`` and SD ``planned_sd``, whose ratio is the lower
+    ``confidence`` bound of the pilot's ``mean / SD``."""
+
+    seeds: Optional[int]
+    power: float
+    confidence: float
+    pilot_n: int
+    pilot_mean: float
+    pilot_sd: Optional[float]
+    planned_mean: Optional[float] = None
+    planned_sd: Optional[float] = None
+    max_seeds: int = POWER_MAX_SEEDS
+    note: Optional[str] = None
+    unknown: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self, digits: int = 3, unit: str = "") -> str:
+        """One clause: the seeds for the power, and the effect and spread planned for."""
+        u = f" {unit}" if unit else ""
+        f = f"{{:+.{digits}f}}"
+        g = f"{{:.{digits}g}}"
+        pct, conf = round(100 * self.power), round(100 * self.confidence)
+        if self.unknown:
+            return f"the seeds for {pct}% power are unknown: {self.note}"
+        if self.planned_mean is None:
+            return f"{pct}% power is not reached within {self.max_seeds} seeds: {self.note}"
+        plan = (f"planning for a difference of {f.format(self.planned_mean)}{u} (SD {g.format(self.planned_sd)}): "
+                f"the smallest effect / SD that these {self.pilot_n} seeds' {f.format(self.pilot_mean)} "
+                f"(SD {g.format(self.pilot_sd)}) allow at {conf}% confidence, their shape kept")
+        if self.seeds is None:
+            return f"{pct}% power is not reached within {self.max_seeds} seeds, {plan}"
+        return f"{pct}% power needs about {self.seeds} seeds, {plan}"
+
+
+def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
+               bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
+               reps: int = 300, confidence: float = POWER_CONFIDENCE) -> PowerPlan:
+    """How many seeds the verdict rule needs for ``power``, planned from the pilot differences ``d``
+    (one per seed) so that the answer holds for the effect the pilot *guarantees*, not the one it
+    happened to show.
+
+    Resampling the pilot as it is answers too few seeds: a pilot that overstates the effect (half of
+    them do) gives a number at which the true power is far below ``power``, and a pilot of 5 whose
+    differences all share a sign resamples to experiments whose differences always share it. So:
+
+    1. The effect: the lower ``confidence`` bound ``delta_L`` of the standardised effect ``mean / SD``
+       (:func:`effect_lower_bound`, the noncentral t: exact for normal differences). The pilot's t
+       statistic says how far its ``mean / SD`` can be from the truth, the uncertainty of its mean and
+       of its SD both counted, so a small pilot is planned for a much smaller effect than it shows.
+       A bound not above 0 gives ``None``: the pilot does not show the direction, so no number of
+       seeds is sure to reach ``power``.
+    2. Mean and spread: ``mean / SD = delta_L`` holds at many pairs; the plan moves the mean down and
+       the SD up in proportion to their shares of the variance of ``mean / SD`` (``1 / n`` and
+       ``delta^2 / (2 (n - 1))``), so consistent gains (a precise mean, an uncertain SD) keep their
+       mean, which the bounded test of the mean (``bounds``) needs.
+    3. The shape: the plan is the pilot's own differences, centred, stretched to the planned SD and
+       moved to the planned mean, so the seeds' modes (a retrieval lottery) are kept; after the move
+       some differences cross 0, as the truth's would.
+    4. The rule: :func:`rule_power` (the whole verdict rule, Holm's first step over ``comparisons``)
+       resamples the plan, and a bisection finds the fewest seeds (from :func:`seeds_for_verdict` up
+       to ``max_seeds``) at which it reaches ``power``.
+
+    A pilot without spread (every difference the same) gives ``None`` and ``unknown``: its spread, and
+    so the seeds, are unknown. benchmarks/power_delivered.py measures the true power at the answers
+    (the results log, 2026-11-27). At most about 0.3 s per call."""
     x = np.asarray(d, dtype=np.float64)
-    if x.size < 2 or float(x.mean()) == 0.0:
-        return None
+    n0 = int(x.size)
+    mean = float(x.mean()) if n0 else 0.0
+    sd = float(x.std(ddof=1)) if n0 >= 2 else None
+    base = dict(power=power, confidence=confidence, pilot_n=n0, pilot_mean=mean, pilot_sd=sd, max_seeds=max_seeds)
+    if n0 < 2:
+        return PowerPlan(None, note="fewer than 2 seeds: no spread to plan with", unknown=True, **base)
+    if sd <= 1e-12 * float(np.abs(x).max()):  # equal up to rounding
+        return PowerPlan(None, note=f"all {n0} differences are equal: their spread, and so the seeds, are unknown",
+                         unknown=True, **base)
+    ratio = abs(mean) / sd
+    low = effect_lower_bound(math.sqrt(n0) * ratio, n0, confidence)
+    if low <= 0.0:
+        return PowerPlan(None, note=(f"at {round(100 * confidence)}% confidence, these {n0} seeds' {mean:+.3g} "
+                                     f"(SD {sd:.3g}) allow an effect of 0, so no number of seeds is sure to reach "
+                                     f"it"), **base)
+    shrink = math.log(max(ratio / low, 1.0))
+    mean_share = (1 / n0) / (1 / n0 + ratio ** 2 / (2 * (n0 - 1)))
+    planned_sd = sd * math.exp((1 - mean_share) * shrink)
+    planned_mean = math.copysign(low * planned_sd, mean)
+    plan = planned_mean + (x - mean) * (planned_sd / sd) * math.sqrt(n0 / (n0 - 1))
+    if bounds is not None:
+        span = float(bounds[1] - bounds[0])
+        plan = np.clip(plan, -span, span)
+    base.update(planned_mean=planned_mean, planned_sd=planned_sd)
+    seeds = _fewest_seeds(plan, comparisons, alpha, power, bounds, max_seeds, reps)
+    return PowerPlan(seeds, **base)
+
+
+def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
+                  bounds: Optional[tuple[float, float]], max_seeds: int, reps: int) -> Optional[int]:
+    """The fewest seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which :func:`rule_power`
+    resampling ``x`` reaches ``power``; ``None`` when ``max_seeds`` do not."""
     lo = seeds_for_verdict(comparisons, alpha)
     if rule_power(x, max_seeds, comparisons, alpha, bounds, reps) < power:
         return None
@@ -414,6 +561,14 @@ def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.0
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if rule_power(x, mid, comparisons, alpha, bounds, reps) >= power else (mid, hi)
     return hi
+
+
+def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
+                    bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
+                    reps: int = 300, confidence: float = POWER_CONFIDENCE) -> Optional[int]:
+    """The seeds of :func:`power_plan` (``None``: not within ``max_seeds``, or unknown); call
+    :func:`power_plan` for what it assumed, which a report prints next to the number."""
+    return power_plan(d, comparisons, alpha, power, bounds, max_seeds, reps, confidence).seeds
 
 
 def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
@@ -551,14 +706,16 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
-            family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False) -> str:
+            family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
+            power_plan: Optional[PowerPlan] = None) -> str:
     """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
     over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
     difference", and why: too few seeds for any verdict (ties counted), a difference that does not
     survive the adjustment, a bounded metric whose seeds lean one way but whose mean is not
     established, or the range the unadjusted interval allows; with ``power_checked``, the seeds at
     which a difference like this one reaches 80% power (``power_seeds``; ``None``: beyond what was
-    simulated). Always "at this scale and budget"."""
+    simulated), or with ``power_plan`` (:func:`power_plan`) those seeds with the effect and spread they
+    were planned for. Always "at this scale and budget"."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
@@ -571,7 +728,9 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
         if adjusted else ""
     needed = seeds_for_verdict(family_size or 1, alpha)
     power = ""
-    if power_checked:
+    if power_checked and power_plan is not None:
+        power = "; " + power_plan.describe(digits, unit)
+    elif power_checked:
         power = (f"; resampling these {est.n} seeds' differences, a difference like this one reaches 80% power at "
                  f"about {power_seeds} seeds" if power_seeds else
                  f"; resampling these {est.n} seeds' differences, a difference like this one does not reach 80% "

@@ -88,7 +88,7 @@ class LMTask(Task):
                      "distinct_tokens": distinct, "stream_tokens": int(held.tokens.numel()), "heldout": heldout,
                      "records": {"window_nll": [w for w, _ in per_window], "window_tokens": [n for _, n in per_window]}}
         out["dependence"] = _dependence(starts, out["records"]["window_tokens"], seq_len,
-                                        getattr(held, "doc_offsets", None))
+                                        document_offsets(subject, held))
         heldout["nll_interval"] = nll_interval(out).to_dict()
         try:
             ext = length_extrapolation(subject.model, held.tokens, seq_len, factors=s.extrapolation_factors,
@@ -186,22 +186,68 @@ def scored_tokens(res: dict) -> str:
 
 def _dependence(starts: list[int], tokens: list[int], seq_len: int, doc_offsets) -> dict:
     """How the windows relate (recorded in the result): whether they are ``consecutive`` (less than
-    one window of text between neighbours on average), the text they ``span``, and the ``bounds``
-    of the blocks of windows that are the units of every interval over them
-    (:func:`difftx.eval.blocks.block_bounds`: blocks spanning at least ``min_block_tokens`` of text,
-    ``by`` position, or whole documents where the text's documents are known)."""
-    from ..eval.blocks import MIN_BLOCK_TOKENS, block_bounds
+    one window of text between neighbours on average), the text they ``span``, and the units of
+    every interval over them (:func:`difftx.eval.blocks.units`): the ``bounds`` of its blocks, cut
+    ``by`` document (where the text's documents are known and the windows lie in at least 4) or by
+    position (blocks spanning at least ``min_block_tokens``), its ``estimand`` ("documents": over
+    documents like these; "windows": over windows of this one text), the ``documents`` the windows
+    lie in (``None``: not known) and a ``note`` where documents are known but too few."""
+    from ..eval.blocks import MIN_BLOCK_TOKENS, units
 
     spacing = (starts[-1] - starts[0]) / (len(starts) - 1) if len(starts) > 1 else math.inf
     doc_starts = None
-    if doc_offsets is not None and len(doc_offsets) > 2:  # more than one document: blocks of whole documents
+    if doc_offsets is not None and len(doc_offsets) >= 2 and starts:
         import numpy as np
 
         doc = np.searchsorted(np.asarray(doc_offsets), np.asarray(starts) + 1, side="right")  # first prediction's
         doc_starts = (np.flatnonzero(np.diff(doc)) + 1).tolist()
-    return {"consecutive": spacing < 2 * seq_len, "span": starts[-1] + tokens[-1] - starts[0] if starts else 0,
-            "min_block_tokens": MIN_BLOCK_TOKENS, "by": "document" if doc_starts else "position",
-            "bounds": block_bounds(tokens, starts, doc_starts=doc_starts) if starts else [0, 0]}
+    u = units(tokens, starts, doc_starts=doc_starts) if starts else None
+    out = {"consecutive": spacing < 2 * seq_len, "span": starts[-1] + tokens[-1] - starts[0] if starts else 0,
+           "min_block_tokens": MIN_BLOCK_TOKENS, "by": u.by if u else "position",
+           "bounds": u.bounds if u else [0, 0], "estimand": u.estimand if u else "windows",
+           "documents": u.documents if u else None}
+    if u is not None and u.note:
+        out["note"] = u.note
+    return out
+
+
+def document_offsets(subject, held) -> Optional[list[int]]:
+    """Where the held-out stream's documents start (then its length), or ``None`` where that is not
+    known: ``held.doc_offsets`` where the stream records them (a text model's validation split, or
+    ``--data`` a JSONL file or a folder of files), else, for a compare model, the places of the
+    separator that opens every packed document (its tokenizer's end-of-text in the model's ids:
+    the bundled Shakespeare's works, the records or files of ``compare --data``). A stream that does
+    not open with the separator is not a packed one: ``None``."""
+    recorded = getattr(held, "doc_offsets", None)
+    if recorded is not None:
+        return [int(o) for o in recorded]
+    sep = _separator(subject)
+    tokens = held.tokens
+    if sep is None or tokens.numel() == 0 or int(tokens[0]) != sep:
+        return None
+    return (tokens == sep).nonzero().flatten().tolist() + [int(tokens.numel())]
+
+
+def _separator(subject) -> Optional[int]:
+    """A compare model's document separator in its own ids (``None``: not a compare model trained on
+    text, or its tokenizer cannot be read)."""
+    compare = getattr(subject, "compare", None)
+    offset = getattr(subject, "lm_offset", None) if compare is not None else None
+    if offset is None:
+        return None
+    text = getattr(subject, "text", None)
+    if text is None:  # the bundled Shakespeare, in bytes
+        from ..data.tokenizer import ByteTokenizer
+
+        return offset + ByteTokenizer().eos_id
+    try:
+        from ..data import load_tokenizer
+        from ..training.checkpointing import TOKENIZER_DIR
+
+        saved = Path(subject.folder) / TOKENIZER_DIR
+        return offset + int(load_tokenizer(str(saved) if saved.is_dir() else text.tokenizer).eos_id)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be read: documents not known
+        return None
 
 
 def window_layout(res: dict) -> list[int]:
@@ -237,41 +283,65 @@ def nll_interval(res: dict, reference: Optional[dict] = None):
     return block_interval(values, tokens, window_layout(res))
 
 
+def estimand(res: dict) -> tuple[str, Optional[str]]:
+    """What the NLL interval of ``res`` is about: ``(phrase, why)``, the phrase "over documents like
+    these" (blocks of whole documents) or "over windows of this one text" (blocks by position; also
+    a result recorded before the estimand was), and where documents are known but too few, why there
+    is no interval across them (else ``None``)."""
+    from ..eval.blocks import ESTIMANDS
+
+    dep = res.get("dependence") or {}
+    key = dep.get("estimand") or ("documents" if dep.get("by") == "document" else "windows")
+    return ESTIMANDS[key], dep.get("note")
+
+
 def interval_about(res: dict, ci=None) -> str:
-    """One sentence: what the NLL interval of ``res`` is about and what its units are."""
+    """One sentence: what the NLL interval of ``res`` is about (:func:`estimand`) and its units."""
     from ..eval.blocks import MIN_BLOCKS
 
     dep = res.get("dependence") or {}
     ci = ci if ci is not None else nll_interval(res)
     if "bounds" not in dep:  # a result recorded before blocks were
         return "a t interval over windows, taken as independent"
-    units = "whole documents" if dep["by"] == "document" else "text"
+    phrase, why = estimand(res)
+    documents = dep["by"] == "document"
     if ci.low is None:
-        have = (f"its documents make {_blocks(ci.blocks)}" if dep["by"] == "document" else
+        have = (f"its documents make {_blocks(ci.blocks)}" if documents else
                 f"the windows span {dep['span']:,} tokens")
-        return (f"none: windows of one text are not independent, and an interval that allows for it needs "
-                f"{MIN_BLOCKS} blocks spanning at least {dep['min_block_tokens']:,} tokens of {units} each; {have}")
+        need = (f"{MIN_BLOCKS} documents" if documents else
+                f"{MIN_BLOCKS} blocks spanning at least {dep['min_block_tokens']:,} tokens each")
+        return (f"none: windows of one text are not independent, and an interval {phrase} needs {need}; {have}"
+                + (f"; {why}" if why else ""))
     whole = res.get("distinct_tokens") == (res.get("stream_tokens") or 0) - 1
-    about = ("every token is scored once, so the text's own mean has no sampling error: the interval is about "
-             "text like it" if whole else "about text like it")
+    head = phrase + (" (every token is scored once, so the text's own mean has no sampling error)" if whole else "")
     windows = res["windows"] / ci.blocks
-    return (f"{about}; windows of one text are not independent, so its units are {_blocks(ci.blocks)} of about "
-            f"{windows:,.0f} {'consecutive ' if dep['consecutive'] else ''}window{'s' if windows >= 1.5 else ''} "
-            f"spanning about {dep['span'] / ci.blocks:,.0f} tokens of {units} each (t, {ci.df:.1f} df)")
+    shape = (f"{windows:,.0f} {'consecutive ' if dep['consecutive'] else ''}window{'s' if windows >= 1.5 else ''} "
+             f"spanning about {dep['span'] / ci.blocks:,.0f} tokens")
+    if documents:
+        per = dep.get("documents") or ci.blocks
+        what = "one document" if per == ci.blocks else f"about {per / ci.blocks:,.1f} whole documents"
+        units = f"{_blocks(ci.blocks)} of {what} each (about {shape})"
+    else:
+        units = f"{_blocks(ci.blocks)} of about {shape} of text each"
+    return (f"{head}: its units are {units} (t, {ci.df:.1f} df)" + (f"; {why}" if why else ""))
 
 
 def _examples_sentence(r: dict) -> str:
-    """The report's sentence on the examples of the text part of the interval."""
+    """The report's sentence on the examples of the text part of the interval, and what it is about."""
     dep = r.get("dependence") or {}
     if "bounds" not in dep:
         return "The windows are the examples of the interval."
     blocks = len(dep["bounds"]) - 1
-    units = "whole documents" if dep["by"] == "document" else "text"
+    phrase, why = estimand(r)
+    why = f" ({why})" if why else ""
     if blocks < 2:
         return (f"The windows make {_blocks(blocks)} spanning at least {dep['min_block_tokens']:,} tokens: the "
-                "interval is over seeds alone (text noise is not in it).")
-    return (f"Windows of one text are not independent, so the interval's examples are {_blocks(blocks)} of windows "
-            f"spanning at least {dep['min_block_tokens']:,} tokens of {units} each.")
+                f"interval is over seeds alone (text noise is not in it){why}.")
+    if dep["by"] == "document":
+        return (f"The interval's examples are {_blocks(blocks)} of whole documents ({dep.get('documents') or blocks} "
+                f"documents): it is {phrase}.")
+    return (f"The interval's examples are {_blocks(blocks)} of windows spanning at least "
+            f"{dep['min_block_tokens']:,} tokens of text each: it is {phrase}{why}.")
 
 
 def _blocks(n: int) -> str:

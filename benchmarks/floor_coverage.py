@@ -1,0 +1,107 @@
+"""Coverage of the floor fit's parameter-ratio interval when the arms' floors differ (issue 38, item 1):
+before (one floor shared by both arms, the fit up to issue 38) and after (the fit in use: each arm its
+own floor from 4 sizes on; where the sizes do not place the floors, a floor at a bound of its range in
+the fit or without one seed, the interval spans the one-floor fit's too), side by side on the same
+simulated sweeps.
+
+    python benchmarks/floor_coverage.py [--runs 1000] [--seeds 3,5,8,12] [--cases all] [--sizes now]
+
+The sweeps are those of ``tests/test_efficiency.py`` (its generator, imported from there) at the sizes
+``scale-cpu`` trains now (5 scaled copies, 14k-249k non-embedding parameters): the baseline's loss
+``E + A N^-b``, DIFF's its curve at ``N / 0.62`` with its floor moved by ``dE`` (DIFF minus the baseline)
+and, in some cases, its own exponent; noise of 0.01 nats per seed shared by the arms, 0.005 per arm and
+``sd`` per model and size (``--sizes former``: the 4 sizes over 10x that ``scale-cpu`` trained before).
+Printed per case and number of seeds: the coverage of the 95% interval at each size (of the true
+ratio at that size), before / after; the lowest of them; the median width of the interval at the
+largest size (as a factor: high / low); the share of runs where an interval is open-ended (from a
+ratio of 0, or with no upper end); the share where it spans the one-floor fit too; the floor
+difference (after; the truth is ``dE``): its median, the share of runs that give it an interval (none
+where a floor sits at a bound of its range, in the fit or without one seed) and that interval's
+coverage."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import test_efficiency as sim  # noqa: E402
+
+from difftx.eval.floor_fit import floor_ratios  # noqa: E402
+
+SIZES = {"now": sim.SCALE_NOW, "former": sim.SCALE}
+# name: (floor, b, drop, sd, dE, b_arm)
+CASES = {
+    "floor 1.69, b 0.34, sd 0.01, dE 0": (1.69, 0.34, 0.8, 0.01, 0.0, None),
+    "floor 1.69, b 0.34, sd 0.01, dE -0.025": (1.69, 0.34, 0.8, 0.01, -0.025, None),
+    "floor 1.69, b 0.34, sd 0.01, dE -0.05": (1.69, 0.34, 0.8, 0.01, -0.05, None),
+    "floor 1.69, b 0.34, sd 0.01, dE +0.05": (1.69, 0.34, 0.8, 0.01, 0.05, None),
+    "floor 1.69, b 0.34 / DIFF 0.28, sd 0.01, dE -0.05": (1.69, 0.34, 0.8, 0.01, -0.05, 0.28),
+    "floor 1.69, b 0.34 / DIFF 0.42, sd 0.01, dE 0": (1.69, 0.34, 0.8, 0.01, 0.0, 0.42),
+    "floor 1.0, b 0.1, sd 0.02, dE 0": (1.0, 0.1, 0.8, 0.02, 0.0, None),
+    "floor 1.0, b 0.1, sd 0.02, dE -0.05": (1.0, 0.1, 0.8, 0.02, -0.05, None),
+    "power law, b 0.042, sd 0.01": (0.0, 0.042, 1.8, 0.01, 0.0, None),
+    "power law, b 0.3, sd 0.005": (0.0, 0.3, 3.0, 0.005, 0.0, None),
+}
+
+
+def coverage(got: dict, truth: np.ndarray) -> np.ndarray:
+    """Per size, the share of runs whose interval holds the true log ratio (an unbounded interval holds
+    it; a missing ratio or interval does not)."""
+    with np.errstate(invalid="ignore"):
+        return ((got["log_low"] <= truth) & (truth <= got["log_high"])).mean(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=1000, help="simulated sweeps per cell (default 1000)")
+    ap.add_argument("--seeds", default="3,5,8,12", help="numbers of paired seeds")
+    ap.add_argument("--cases", default="all", help="case names' indices (0-based, comma-separated) or all")
+    ap.add_argument("--sizes", default="now", choices=sorted(SIZES), help="scale-cpu's sizes now (5) or former (4)")
+    args = ap.parse_args()
+    sizes = SIZES[args.sizes]
+    names = list(CASES) if args.cases == "all" else [list(CASES)[int(i)] for i in args.cases.split(",")]
+    print(f"{args.runs} runs per cell; sizes {', '.join(f'{x:,.0f}' for x in sizes)}; true ratio 0.62 at equal "
+          "floors and exponents.\n")
+    print("| case | seeds | true ratio (first-last size) | coverage per size: before (one floor) "
+          "| after (model in use) | lowest: before / after | width at the largest (high/low, median): before / after "
+          "| open-ended after | spanning one floor too "
+          "| floor difference (after): median estimate, share with an interval, coverage there |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    t0 = time.time()
+    for name in names:
+        c = list(CASES).index(name)  # the case's seeds do not depend on which cases run
+        floor, b, drop, sd, dE, b_arm = CASES[name]
+        truth = sim._true_log_ratio(floor, b, drop, sizes=sizes, dfloor=dE, b_arm=b_arm)
+        for n in (int(x) for x in args.seeds.split(",")):
+            rng = np.random.default_rng(10_000 * c + n)
+            arm, ref = sim._floor_seeds(rng, args.runs, n, floor, b, drop, sd, sizes=sizes, dfloor=dE, b_arm=b_arm)
+            before = floor_ratios(sizes, arm, sizes, ref, model="shared")
+            after = floor_ratios(sizes, arm, sizes, ref)
+            cb, ca = coverage(before, truth), coverage(after, truth)
+            widths = []
+            for got in (before, after):
+                w = (got["log_high"] - got["log_low"])[:, -1]
+                widths.append(float(np.median(np.exp(np.where(np.isnan(w), np.inf, w)))))
+            unbounded = float(np.mean(np.isinf(after["log_high"]).any(1) | np.isinf(after["log_low"]).any(1)))
+            spans = float(after["spans_shared"].mean())
+            d, dh = after["floor_difference"], after["floor_half"]
+            with np.errstate(invalid="ignore"):
+                given = ~np.isnan(dh)
+                dcov = float(np.mean(np.abs(d - dE)[given] <= dh[given])) if given.any() else math.nan
+            print(f"| {name} | {n} | {math.exp(truth[0]):.3f}-{math.exp(truth[-1]):.3f} | "
+                  f"{' '.join(f'{x:.3f}' for x in cb)} | {' '.join(f'{x:.3f}' for x in ca)} | "
+                  f"{cb.min():.3f} / {ca.min():.3f} | {widths[0]:.2f} / {widths[1]:.2f} | {unbounded:.3f} | "
+                  f"{spans:.2f} | "
+                  f"{float(np.median(d)):+.3f}, {float(given.mean()):.2f}, {dcov:.3f} |", flush=True)
+    print(f"\n{time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
