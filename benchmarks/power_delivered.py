@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from difftx.eval.stats import (POWER_CONFIDENCE, POWER_MAX_SEEDS, paired_estimate, power_plan, rule_power,
+from difftx.eval.stats import (POWER_CONFIDENCE, POWER_MAX_SEEDS, _fewest_seeds, paired_estimate, power_plan,
                                seeds_for_verdict, t_quantile)
 
 ALPHA = 0.05
@@ -56,16 +56,7 @@ def seeds_for_power_before(d, comparisons: int = 1, alpha: float = 0.05, power: 
     x = np.asarray(d, dtype=np.float64)
     if x.size < 2 or float(x.mean()) == 0.0:
         return None
-    lo = seeds_for_verdict(comparisons, alpha)
-    if rule_power(x, max_seeds, comparisons, alpha, bounds, reps) < power:
-        return None
-    hi = max_seeds
-    if rule_power(x, lo, comparisons, alpha, bounds, reps) >= power:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if rule_power(x, mid, comparisons, alpha, bounds, reps) >= power else (mid, hi)
-    return hi
+    return _fewest_seeds(x, comparisons, alpha, power, bounds, max_seeds, reps)  # the same search, on d itself
 # -- end of the old logic ---------------------------------------------------------------------------------------
 
 
