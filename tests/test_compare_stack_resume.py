@@ -66,7 +66,17 @@ def _same(got: dict, want: dict) -> None:
             assert got["comparison"][key]["values"] == c["values"], key
 
 
-def test_ctrl_c_inside_the_checkpoint_writes_is_held_until_all_are_written(tmp_path, uninterrupted, monkeypatch):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT handled as Python's default (KeyboardInterrupt) for the test: a shell starts a background job with
+    SIGINT ignored, and an ignored Ctrl-C would interrupt nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_inside_the_checkpoint_writes_is_held_until_all_are_written(tmp_path, uninterrupted, monkeypatch,
+                                                                           ctrl_c_raises):
     out = tmp_path / "run"
     fired = _hook(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGINT))
     assert main(_cmd(out)) == 130 and fired
