@@ -130,7 +130,6 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         ctx.saved = output[1]
-        ctx.mark_non_differentiable(*(o for o in output[1:] if isinstance(o, Tensor)))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
