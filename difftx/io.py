@@ -7,7 +7,9 @@
 - :func:`dumps_strict`: strict JSON out (no NaN or Infinity);
 - :func:`read_json`: JSON in, with one error wording for a missing or corrupt file;
 - :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode;
-- :func:`open_lock_file`: a lock file opened (or created) without following a symbolic link.
+- :func:`open_lock_file`: a lock file opened (or created) without following a symbolic link;
+- :func:`own_folder`: a folder difftx names inside an output folder, made real (a symbolic link there
+  is replaced, never written through).
 """
 
 from __future__ import annotations
@@ -58,6 +60,43 @@ def open_lock_file(path: PathLike) -> int:
         if os.path.islink(path):
             raise FileExistsError(e.errno, "a symbolic link, which is not followed; remove it", str(path)) from None
         raise
+
+
+def own_folder(path: PathLike, *, below: Optional[PathLike] = None) -> Path:
+    """``path``, a folder difftx names inside an output folder (``plots``, ``evals``, ``checkpoints``,
+    ``tune/...``, ``seed0/diff`` ...), created where missing and never a symbolic link: a link there
+    (to anyone's folder) is removed and a real folder made in its place, with a one-line notice on
+    stderr; the link's target is left as it was. Every folder from ``below`` (exclusive; the output
+    folder the user gave, which may itself be a link) down to ``path`` is owned this way; without
+    ``below`` only ``path`` itself is. Files are safe already: :func:`atomic_write` renames over a
+    link at a file's name, replacing the link, not its target."""
+    import sys
+
+    path = Path(path)
+    top = path.parent if below is None else Path(below)
+    try:
+        parts = path.relative_to(top).parts
+    except ValueError:
+        raise ValueError(f"own_folder: {path} is not inside {top}") from None
+    top.mkdir(parents=True, exist_ok=True)
+    here = top
+    for part in parts:
+        here = here / part
+        if here.is_symlink():
+            try:
+                target = os.readlink(here)
+                os.unlink(here)
+            except FileNotFoundError:  # another writer (a shard) replaced it first
+                target = None
+            if target is not None:
+                print(f"{here}: was a symbolic link (to {target}); replaced by a folder of its own, the link's "
+                      "target left as it was (difftx never writes through a link in its output folders)",
+                      file=sys.stderr, flush=True)
+        try:
+            here.mkdir(exist_ok=True)
+        except FileExistsError:  # a file at a folder's name
+            raise FileExistsError(f"{here}: a file where difftx writes a folder; move it away") from None
+    return path
 
 
 def _likely_write_errno(path: PathLike) -> Optional[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import atomic_write, dumps_strict
+from ..io import atomic_write, dumps_strict, own_folder
 from ..tasks import TASKS, load_subject
 from ..tasks.runner import run_task
 from ..training.distributed import resolve_device
@@ -26,8 +26,7 @@ def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progre
     model is stored as ``{"skipped": reason}``; each result carries ``wall_s``."""
     from tqdm.auto import tqdm
 
-    out_dir = folder / EVALS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = own_folder(folder / EVALS_DIR)
     subject = None
     results = {}
     names = list(only or settings)

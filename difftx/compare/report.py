@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from ..io import atomic_write
+from ..io import atomic_write, own_folder
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
@@ -397,9 +397,10 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
         return {}
     ctx = ReportContext(results)
     made: dict[str, str] = {}
+    plots = own_folder(out / "plots")
     for name, task in TASKS.items():
         if name in results["tasks"] and not _skipped(ctx, name):
-            for label, path in task.plots(ctx, out / "plots").items():
+            for label, path in task.plots(ctx, plots).items():
                 made[label] = str(Path(path).relative_to(out))
     e = (results.get("token_efficiency") or {}).get("diff")
     if e and "skipped" not in e:
@@ -411,13 +412,13 @@ def make_plots(out: Path, results: dict) -> dict[str, str]:
                   for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
         matched = [(t, None if r["value"] is None else t / r["value"], loss)
                    for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"]["diff"])]
-        path = plot_token_efficiency(curves, matched, out / "plots" / "token_efficiency.png", overall=e["overall"])
+        path = plot_token_efficiency(curves, matched, plots / "token_efficiency.png", overall=e["overall"])
         made["token efficiency (paper Fig. 3b)"] = str(path.relative_to(out))
     gaps = {arm: e["gap"] for arm, e in (results.get("token_efficiency") or {}).items() if e.get("gap")}
     if gaps:
         from ..eval.plots import plot_gap_along_training
 
-        path = plot_gap_along_training(gaps, out / "plots" / "gap_along_training.png")
+        path = plot_gap_along_training(gaps, plots / "gap_along_training.png")
         made["held-out loss gap along training"] = str(path.relative_to(out))
     if results.get("tune"):
         made["tuning sensitivity"] = str(plot_tune(out, results["tune"]).relative_to(out))

@@ -41,7 +41,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..io import read_json
+from ..io import own_folder, read_json
 from ..training.distributed import broadcast_object, on_main
 from ..tasks.subject import TRAIN_RECORD
 from .evaluate import EVALS_DIR, evaluate_model
@@ -113,6 +113,7 @@ def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int)
             return False
         return True
 
+    on_main(lambda: own_folder(f / EVALS_DIR))  # a link there is replaced, never read as this model's results
     missing = broadcast_object(on_main(lambda: [e for e in plan.tasks if not usable(e)], share=True))
     if missing:
         # evaluation receives its part of the plan alone: the task settings (and the device)
@@ -234,6 +235,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     request = training_request(p, text)
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))
+    on_main(lambda: [own_folder(f, below=out) for j in jobs for f in j[2]])  # seedS/ARM: real folders, not links
     if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
 

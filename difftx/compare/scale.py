@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..io import atomic_write, dumps_strict
+from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
 from .presets import ComparePreset, get_preset
 from .report import gap_text
@@ -192,7 +192,7 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     results, offset = {}, 0
     for sp in plans:
-        where = out / f"size={sp.name}"
+        where = own_folder(out / f"size={sp.name}")
         if tune is not None:
             res = run_tuned(sp.preset, seed_list, where, tune, progress=progress, workers=workers, shard=shard,
                             shard_offset=offset)

@@ -21,7 +21,7 @@ import torch
 
 from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
-from ..io import eval_mode
+from ..io import eval_mode, own_folder
 from ..provenance import write_machine
 from ..tasks.common import NO_NEEDLES
 from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
@@ -141,7 +141,7 @@ class _Setup:
 
     @classmethod
     def make(cls, kind: str, plan: ComparePlan, seed: int, folder: Path, world_size: int, progress: bool) -> "_Setup":
-        space, run_dir = plan.space, folder / "train"
+        space, run_dir = plan.space, own_folder(folder / "train")
         tc = plan.schedule.train_config(model=plan.arms[kind], batch_size=plan.mixture.batch_size, seed=seed,
                                         out_dir=run_dir, device=plan.execution.device, world_size=world_size,
                                         progress=progress)
@@ -158,9 +158,9 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
 
     space, folder, run_dir, seed = plan.space, setup.folder, setup.run_dir, setup.seed
     model = load_model(result.last_checkpoint)
-    save_model(model, folder / "model", {"seed": seed, "kind": kind, "preset": plan.name})
+    save_model(model, own_folder(folder / "model"), {"seed": seed, "kind": kind, "preset": plan.name})
     if plan.text is not None:  # your own text: its tokenizer saved beside the model
-        load_tokenizer(plan.text.tokenizer).save(folder / "model" / TOKENIZER_DIR)
+        load_tokenizer(plan.text.tokenizer).save(own_folder(folder / "model" / TOKENIZER_DIR))
     CompareTask(space, plan.mixture.lm_seq_len, plan.text).write(folder / "model")
     history, probes, probe_s, curve = [], [], 0.0, []
     for r in read_metrics(run_dir / METRICS_NAME):  # one trajectory, also across resumes

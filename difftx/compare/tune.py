@@ -41,7 +41,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..io import atomic_write, dumps_strict, read_json
+from ..io import atomic_write, dumps_strict, own_folder, read_json
 from .presets import ComparePreset, get_preset, lr_overrides
 from .tune_report import label
 
@@ -138,13 +138,14 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
     if shard is not None:
         offset = shard_offset
         for v in order:
-            run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, shard=shard,
-                        shard_offset=offset)
+            run_compare(points[v], seed_list, own_folder(folder[v], below=out), progress=progress, workers=workers,
+                        shard=shard, shard_offset=offset)
             offset += len(seed_list) * len(base.arms)
         return {"shard": list(shard), "models": offset - shard_offset}
     results = run_compare(points[shared], seed_list, out, progress=progress, workers=workers)
     for v in order[1:]:
-        run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, report=False)
+        run_compare(points[v], seed_list, own_folder(folder[v], below=out), progress=progress, workers=workers,
+                    report=False)
     arms = list(base.arms)
     grids = {arm: list(grid) for arm in arms}
     scores = {arm: {v: _scores(points[v], folder[v], seed_list, arm, progress) for v in grid} for arm in arms}
@@ -162,7 +163,8 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
             except ValueError:  # beyond what the preset allows (a learning rate under its warmup rule...)
                 continue
             folder[v] = out / TUNE_DIR / label(field, v)
-            run_compare(points[v], seed_list, folder[v], progress=progress, workers=workers, only_arms=who)
+            run_compare(points[v], seed_list, own_folder(folder[v], below=out), progress=progress, workers=workers,
+                        only_arms=who)
             for arm in who:
                 grids[arm] = sorted(grids[arm] + [v])
                 extended[arm].append(v)

@@ -48,7 +48,7 @@ from ..checkpoint import (
 )
 from ..config import ModelConfig
 from ..io import (
-    atomic_folder, atomic_write, open_lock_file, pid_alive, read_json, remove_stale_staging, write_error,
+    atomic_folder, atomic_write, open_lock_file, own_folder, pid_alive, read_json, remove_stale_staging, write_error,
     write_json,
 )
 from ..model import Transformer
@@ -332,8 +332,7 @@ def save_checkpoint(run_dir: PathLike, step: int, *, model_state: dict, model_co
                     keep_last: int = 3) -> Path:
     """Write checkpoint ``step`` of the run in ``run_dir`` atomically, point ``latest`` at it and
     prune all but the newest ``keep_last``. Returns the checkpoint folder."""
-    root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = own_folder(checkpoints_dir(run_dir))
     final = root / step_dir_name(step)
     if final.exists():
         raise CheckpointError(f"{final}: a checkpoint for step {step} already exists; refusing to overwrite it")

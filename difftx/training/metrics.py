@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..attention.modules import AttentionKind
-from ..io import atomic_write
+from ..io import atomic_write, own_folder
 from .distributed import full_tensor
 
 METRICS_NAME = "metrics.jsonl"  # a run folder's log: one JSON record per line
@@ -74,6 +74,8 @@ class MetricsLogger:
             atomic_write(self.path, lambda p: Path(p).write_text("".join(k + "\n" for k in kept)))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
+        if self.path.is_symlink():  # a dangling link (a live one was replaced or removed above): never followed
+            self.path.unlink()
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard_dir is not None:
             try:
@@ -84,7 +86,7 @@ class MetricsLogger:
                 if say_if_missing:
                         print(TENSORBOARD_MISSING, file=sys.stderr)
             else:
-                self._tb = SummaryWriter(str(tensorboard_dir))
+                self._tb = SummaryWriter(str(own_folder(tensorboard_dir)))
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ..checkpoint import CONFIG_NAME, CheckpointError, load_config
+from ..io import atomic_write
 from . import checkpointing as ckpt
 
 PathLike = Union[str, os.PathLike]
@@ -270,7 +271,6 @@ def plot_runs(summaries: Sequence[RunSummary], path: PathLike, *, title: Optiona
         raise ModuleNotFoundError(f"plotting needs matplotlib, which is not installed ({e}); "
                                   f"pip install matplotlib (or difftx[eval])", name="matplotlib") from None
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4))
     try:
         for i, s in enumerate(summaries):
@@ -290,7 +290,7 @@ def plot_runs(summaries: Sequence[RunSummary], path: PathLike, *, title: Optiona
         if title:
             fig.suptitle(title)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        atomic_write(path, lambda p: fig.savefig(p, dpi=120, format=path.suffix[1:] or "png"))  # a link is replaced
     finally:
         plt.close(fig)
     return path
