@@ -6,6 +6,9 @@
 - :func:`pid_alive`: whether a process of this host still runs;
 - :func:`dumps_strict`: strict JSON out (no NaN or Infinity);
 - :func:`read_json`: JSON in, with one error wording for a missing or corrupt file;
+- :func:`read_record` / :func:`check_record`: a run file (a JSON object) whose fields are checked
+  against a declared type, the file and the field named on a mismatch;
+- :func:`seal` / :func:`unsealed`: a JSON object carrying the SHA-256 of its own content, checked on read;
 - :func:`eval_mode`: a model in eval mode for the length of a block, then back in its mode;
 - :func:`open_lock_file`: a lock file opened (or created) without following a symbolic link;
 - :func:`own_folder`: a folder difftx names inside an output folder, made real (a symbolic link there
@@ -307,6 +310,111 @@ def read_json(path: PathLike, what: str, *, error: type[Exception] = ValueError)
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e}); expected {what}") from None
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "posint": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "str": (lambda v: isinstance(v, str), "text"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_one(value: Any, kind: str, name: str, where: str) -> None:
+    optional = kind.endswith("?")
+    kind = kind.rstrip("?~")
+    if value is None and optional:
+        return
+    ok, desc = _KINDS[kind]
+    if not ok(value):
+        raise ValueError(f"{where}: field {name!r} is {_shown(value)}, expected {desc}"
+                         f"{' or null' if optional else ''}")
+
+
+def check_record(data: Any, fields: dict[str, str], where: str, what: str = "a record") -> dict:
+    """``data`` itself, after checking it is a JSON object whose fields have the declared kinds;
+    else a ``ValueError`` naming ``where`` (the file) and the field. ``fields`` maps a name to a kind:
+    ``int`` (non-negative), ``posint``, ``number``, ``str``, ``bool``, ``list``, ``dict``; a final
+    ``?`` allows null or a missing field, a final ``~`` a missing field only. A name ``a.b`` is field ``b`` of the object at ``a``; ``a[].b``
+    is field ``b`` of every object in the list ``a`` (each element must be an object)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: not {what} (not a JSON object)")
+    for name, kind in fields.items():
+        _check_path(data, name.split("."), kind, "", where)
+    return data
+
+
+def _check_path(obj: dict, parts: list[str], kind: str, prefix: str, where: str) -> None:
+    """Check the field ``parts`` of ``obj`` (found at ``prefix`` in the record) against ``kind``."""
+    head, rest = parts[0], parts[1:]
+    each = head.endswith("[]")
+    key = head[:-2] if each else head
+    name = f"{prefix}.{key}" if prefix else key
+    if key not in obj:
+        if kind[-1] in "?~" or rest:  # a missing parent: its own entry says whether it may be missing
+            return
+        raise ValueError(f"{where}: field {name!r} is missing")
+    value = obj[key]
+    if not rest:
+        _check_one(value, kind, name, where)
+        return
+    if value is None:
+        return
+    if each and not isinstance(value, list):
+        raise ValueError(f"{where}: field {name!r} is {_shown(value)}, expected a list")
+    for i, item in enumerate(value if each else [value]):
+        at = f"{name}[{i}]" if each else name
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: field {at!r} is {_shown(item)}, expected an object")
+        _check_path(item, rest, kind, at, where)
+
+
+def read_record(path: PathLike, what: str, fields: dict[str, str], *, error: type[Exception] = ValueError) -> dict:
+    """The JSON object in ``path`` (``what`` it should hold), its fields checked by
+    :func:`check_record`; a missing file, one that is not JSON, not an object, or a field of another
+    kind raises ``error`` naming the file (and the field)."""
+    data = read_json(path, what, error=error)
+    try:
+        return check_record(data, fields, str(path), what)
+    except ValueError as e:
+        raise error(str(e)) from None
+
+
+SEAL_KEY = "difftx_sha256"  # a sealed JSON object's digest of its other fields
+
+
+def _digest_of(data: dict) -> str:
+    import hashlib
+
+    body = {k: v for k, v in data.items() if k != SEAL_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def seal(data: dict) -> dict:
+    """``data`` with :data:`SEAL_KEY` set to the SHA-256 of its other fields (canonical JSON): a
+    reader (:func:`unsealed`) can tell the file was not changed since difftx wrote it."""
+    return {**{k: v for k, v in data.items() if k != SEAL_KEY}, SEAL_KEY: _digest_of(data)}
+
+
+def unsealed(data: Any, where: str) -> Any:
+    """``data`` without its seal, after checking it (a ``ValueError`` naming ``where`` when the content
+    differs from what was sealed). An object without a seal (written by an older difftx) is returned
+    as it is."""
+    if not isinstance(data, dict) or SEAL_KEY not in data:
+        return data
+    if data[SEAL_KEY] != _digest_of(data):
+        raise ValueError(f"{where}: changed since difftx wrote it (its content does not match its "
+                         f"{SEAL_KEY} {str(data[SEAL_KEY])[:12]}...)")
+    return {k: v for k, v in data.items() if k != SEAL_KEY}
 
 
 @contextmanager

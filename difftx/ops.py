@@ -256,7 +256,9 @@ class HeadLoss(torch.autograd.Function):
             logits[..., V:] = float("-inf")
         logp = torch.log_softmax(logits.float(), dim=-1)
         nll = logp.gather(-1, targets[..., None]).squeeze(-1).neg_()  # (K, N)
-        loss = (nll * weights.to(nll.dtype)).sum(1)
+        # summed in float64 (each float32 product exact there): a model's loss does not depend on how many
+        # zero-weight rows pad it to the longest of a stack, which would reorder a float32 sum
+        loss = (nll.double() * weights.double()).sum(1).to(nll.dtype)
         return loss[0] if one else loss, _Saved(h=h, wp=wp, logp=logp, one=one, V=V, w_dtype=w.dtype)
 
     @staticmethod

@@ -177,10 +177,21 @@ def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
     for extra, why in ((["--seeds", "1", "--tune", "lr=0.001"], "at least 2 seeds"),
                        (["--seeds", "2", "--tune", "lr=0.003"], "a value besides the preset's"),
                        (["--seeds", "2", "--tune", "lr=0.001", "--sweep", "lr=0.1,0.2"], "choose one"),
-                       (["--seeds", "2", "--tune", "lr=0.001", "--set", "lr=0.002"], "in one place")):
+                       (["--seeds", "2", "--tune", "lr=0.001", "--set", "lr=0.002"], "in one place"),
+                       # values the trainer would refuse: refused before anything trains (issue 41 item 5)
+                       (["--seeds", "2", "--tune", "lr=inf"], "ComparePreset.lr: must be a positive number, got inf"),
+                       (["--seeds", "2", "--tune", "weight_decay=-1"], "ComparePreset.weight_decay: must be a non-neg"),
+                       (["--seeds", "2", "--tune", "grad_clip=0.5,inf"], "ComparePreset.grad_clip: must be a non-neg"),
+                       (["--seeds", "1", "--set", "lr=inf"], "ComparePreset.lr: must be a positive number, got inf"),
+                       (["--seeds", "1", "--set", "weight_decay=-1"], "ComparePreset.weight_decay: must be a non-")):
         assert main(base + extra) == 2
-        assert why in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x").exists()
+    scale = ["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--seeds", "2", "--out", str(tmp_path / "s"),
+             "--no-progress", "--tune", "weight_decay=0.5,-1"]
+    assert main(scale) == 2 and "weight_decay: must be a non-negative" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 def test_scale_tuned_opens_with_the_tuned_gaps(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,7 @@
 """Every registered evaluation task on one trained model, each result stored in its own file
-(``evals/NAME.json``, strict JSON) so an interrupted comparison resumes where it stopped.
+(``evals/NAME.json``, strict JSON, sealed with the SHA-256 of its content: :func:`difftx.io.seal`)
+so an interrupted comparison resumes where it stopped, and a file changed since (by hand, by a
+tool) is never read as a result: :func:`read_eval` refuses it, and the comparison redoes it.
 
 The tasks load the model through :func:`difftx.tasks.load_subject`, exactly as ``difftx eval``
 does, and their prompts and windows depend only on their settings (never on the model), so
@@ -10,12 +12,33 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import atomic_write, dumps_strict, own_folder
+from ..io import SEAL_KEY, atomic_write, dumps_strict, own_folder, read_json, seal, unsealed
 from ..tasks import TASKS, load_subject
 from ..tasks.runner import run_task
 from ..training.distributed import resolve_device
 
 EVALS_DIR = "evals"  # beside a compare model's folder: one NAME.json per task
+
+
+def read_eval(path: Path, task: str) -> dict:
+    """The stored result of ``task`` at ``path``; a ``ValueError`` naming the file when it is missing,
+    not JSON, empty or not an object, changed since it was written (its seal does not match), or
+    written without a seal (by a difftx before 2026-11-28: its types were never checked, so it is
+    redone like a damaged one; an evaluation gives the same result again)."""
+    data = read_json(path, f"the {task} evaluation of a compare model")
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path}: empty or not a JSON object")
+    if SEAL_KEY not in data:
+        raise ValueError(f"{path}: written without its {SEAL_KEY} seal (by an older difftx)")
+    return unsealed(data, str(path))
+
+
+def write_eval(path: Path, result: dict) -> dict:
+    """Store ``result`` at ``path`` (strict JSON, sealed, atomically); returns it as it reads back."""
+    data = json.loads(dumps_strict(result))
+    text = json.dumps(seal(data), allow_nan=False)
+    atomic_write(path, lambda p: Path(p).write_text(text + "\n"))
+    return data
 
 
 def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progress: bool = True,
@@ -37,16 +60,11 @@ def evaluate_model(folder: Path, settings: dict, *, device: str = "auto", progre
         path = out_dir / f"{name}.json"
         if path.is_file():
             try:
-                stored = json.loads(path.read_text())
-                if isinstance(stored, dict) and stored:  # else (empty, not an object): evaluate again
-                    results[name] = stored
-                    continue
-            except json.JSONDecodeError:  # a torn file from an older run: evaluate again
+                results[name] = read_eval(path, name)
+                continue
+            except ValueError:  # torn, empty, not an object, changed since written: evaluate again
                 pass
         if subject is None:
             subject = load_subject(folder / "model", device=resolve_device(device))
-        res = run_task(TASKS[name], subject, settings[name])
-        text = dumps_strict(res)
-        atomic_write(path, lambda p, text=text: Path(p).write_text(text + "\n"))
-        results[name] = json.loads(text)
+        results[name] = write_eval(path, run_task(TASKS[name], subject, settings[name]))
     return results

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..io import atomic_write, open_lock_file, read_json
+from ..io import atomic_write, open_lock_file
 from .plan import ComparePlan
 
 
@@ -105,9 +105,8 @@ def _first_save_cut(runs: list[Path], latest: list) -> bool:
         return False
     run, name = saved[0]
     try:
-        every = read_json(ckpt.checkpoints_dir(run) / name / ckpt.TRAIN_CONFIG_NAME, "a checkpoint's config")
-        every = every["ckpt_interval"]
-    except (ValueError, KeyError, TypeError):
+        every = ckpt.read_train_config(ckpt.checkpoints_dir(run) / name / ckpt.TRAIN_CONFIG_NAME)["ckpt_interval"]
+    except (ValueError, KeyError, ckpt.CheckpointError):
         return False
     return all(len(ckpt.list_checkpoints(r)) == 1 for r, _ in saved) and int(name.split("_")[1]) <= every
 

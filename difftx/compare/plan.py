@@ -177,15 +177,42 @@ def task_settings(tasks: dict) -> dict:
     return out
 
 
-def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
-    """Raise ``ValueError`` naming the fields when ``preset``'s fields do not fit together (each
-    field alone was checked when it was made). Returns what the checks build: the task settings,
-    the needle task and the ICL task (None without ICL batches; its ids from 0)."""
+def stacks(plan: "ComparePlan", distributed: bool) -> bool:
+    """Whether the comparison trains its models as stacks (:func:`difftx.compare.run.stack_size` says
+    how many together): in one process, when ``stack`` asks for K > 1, or by default (``stack=0``) on a
+    CPU. Then every model, a stack's only one included, trains through the stacked path: a model's
+    arithmetic does not depend on how many others share its stack, so shards that stack the models
+    otherwise give the same models as one invocation (``benchmarks/shard_equality.py``)."""
+    from ..training.distributed import resolve_device
+
+    asked = plan.execution.stack
+    return not distributed and (asked > 1 or asked == 0 and resolve_device(plan.execution.device).type == "cpu")
+
+
+def check_schedule(preset: Any) -> Schedule:
+    """The optimisation schedule of ``preset``, checked by the trainer's own rules (a ``ValueError``
+    naming the field: ``lr=inf`` or ``weight_decay=-1`` is refused here, before anything is trained)."""
     p = preset
     if p.warmup_steps > p.steps:
         raise preset_error("warmup_steps", f"{p.warmup_steps} must not exceed steps={p.steps}")
     if not (p.lr > 0 and 0 <= p.min_lr <= p.lr):
         raise preset_error("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {p.lr}, {p.min_lr}")
+    plan = Schedule(steps=p.steps, lr=p.lr, min_lr=p.min_lr, warmup_steps=p.warmup_steps,
+                    weight_decay=p.weight_decay, grad_clip=p.grad_clip, log_every=p.log_every)
+    try:  # every rule TrainConfig has for these fields (finite numbers, ...), on a stand-in model
+        plan.train_config(model=ModelConfig(vocab_size=8, dim=8, n_layers=1, n_heads=1, max_seq_len=8),
+                          batch_size=p.batch_size, seed=0, out_dir="unused")
+    except ValueError as e:
+        raise ValueError(str(e).replace('TrainConfig.', 'ComparePreset.')) from None
+    return plan
+
+
+def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
+    """Raise ``ValueError`` naming the fields when ``preset``'s fields do not fit together (each
+    field alone was checked when it was made). Returns what the checks build: the task settings,
+    the needle task and the ICL task (None without ICL batches; its ids from 0)."""
+    p = preset
+    check_schedule(p)
     if p.data is None and (p.tokenizer not in (None, "byte") or p.heldout is not None):
         raise preset_error("tokenizer/heldout", "apply to your own text only (--data)")
     tasks = task_settings(p.tasks)
@@ -241,8 +268,7 @@ def resolve(preset: Any) -> ComparePlan:
                        attention="diff", max_seq_len=longest)
     return ComparePlan(
         name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
-        schedule=Schedule(steps=preset.steps, lr=preset.lr, min_lr=preset.min_lr, warmup_steps=preset.warmup_steps,
-                          weight_decay=preset.weight_decay, grad_clip=preset.grad_clip, log_every=preset.log_every),
+        schedule=check_schedule(preset),
         mixture=Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
                         lm_seq_len=preset.lm_seq_len),
         probes=Probes(every=preset.probe_every if needle else 0, samples=preset.probe_samples, grid=grid),

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..io import read_json
 from ..provenance import machine, read_machine
 from ..tasks.subject import TrainRecord
-from .evaluate import EVALS_DIR
+from .evaluate import EVALS_DIR, read_eval
 from .folder import COMPARE_FILE
 from .plan import ComparePlan
 from .presets import ComparePreset
@@ -53,8 +53,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         runs[str(s)] = {}
         for k in plan.arms:
             f = out / f"seed{s}" / k
-            evals = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model")
-                     for e in settings}
+            evals = {e: read_eval(f / EVALS_DIR / f"{e}.json", e) for e in settings}
             runs[str(s)][k] = {"train": TrainRecord.read(f).to_dict(), "tasks": evals, "machine": read_machine(f)}
     first = runs[str(seeds[0])]
     how = execution(plan.execution.device)

@@ -41,15 +41,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..io import own_folder, read_json
+from ..io import own_folder
 from ..training.distributed import broadcast_object, on_main
 from ..tasks.subject import TRAIN_RECORD
-from .evaluate import EVALS_DIR, evaluate_model
+from .evaluate import EVALS_DIR, evaluate_model, read_eval
 from .folder import (COMPARE_FILE, EXECUTION_FIELDS, NOT_TRAINING_FIELDS, RECORDING_FIELDS, REMOVED_FIELDS,
                      TRAIN_RUN_FILES, _check_folder, _record_folder, check_owned, check_reuse, text_identity,
                      training_request)
 from .jobs import _rank, align_stack, job_lock, parse_shard, plan_jobs, plan_models, shard_jobs
-from .plan import ComparePlan, resolve
+from .plan import ComparePlan, resolve, stacks
 from .presets import ComparePreset, get_preset
 from .results import add_comparisons, collect_results, execution, versions
 from .train import train_models
@@ -105,9 +105,7 @@ def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int)
         if not path.is_file():
             return False
         try:
-            data = read_json(path, f"the {task} evaluation of a compare model")
-            if not isinstance(data, dict) or not data:
-                raise ValueError(f"{path}: empty or not a JSON object")
+            read_eval(path, task)
         except ValueError as e:
             print(f"difftx compare: redoing an evaluation: {e}", file=sys.stderr, flush=True)
             return False
@@ -132,15 +130,11 @@ def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -
     5-10) and as many as fit in a quarter of the memory per worker (:func:`_model_bytes`); on a GPU
     none (its presets train in bfloat16, which a stack does not). Never under torchrun (data
     parallel, one model at a time)."""
-    from ..training.distributed import resolve_device
-
     asked = plan.execution.stack
-    if distributed or asked == 1 or seeds <= 1:
+    if not stacks(plan, distributed) or seeds <= 1:
         return 1
     if asked > 1:
         return asked
-    if resolve_device(plan.execution.device).type != "cpu":
-        return 1
     per_arm = max(1, workers // len(plan.arms))
     fits = max(1, int(_memory_bytes() / 4 / workers // max(_model_bytes(plan), 1)))  # a quarter of the memory
     return max(1, min(MAX_STACK, -(-seeds // per_arm), fits))

@@ -190,6 +190,11 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
             overrides = {**overrides, "arms": (*arms, LAMBDA_ARM)}
     plans = plan_sizes(preset, sizes, tokens_per_param=tokens_per_param, **overrides)
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if tune is not None:  # every size's grid checked before the first model trains
+        from .tune import grid_points
+
+        for sp in plans:
+            grid_points(sp.preset, tune, seed_list, shard)
     results, offset = {}, 0
     for sp in plans:
         where = own_folder(out / f"size={sp.name}")

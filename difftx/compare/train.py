@@ -27,7 +27,7 @@ from ..tasks.common import NO_NEEDLES
 from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
-from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes
+from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes, stacks
 from .stream import CompareStream, lm_streams
 
 PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
@@ -96,7 +96,7 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
         what = f"{kind} ({what[len(kind) + 1:]})"
         try:  # a signal's line says what compare needs: its command again (it has no --resume)
             with stop_hint("run the same compare command again to continue"):
-                results = _train(setups, cfg, resume, bar)
+                results = _train(setups, cfg, resume, bar, stacks(plan, dist.distributed))
         except TrainingDivergedError as e:
             raise TrainingDivergedError(f"training {what} diverged: {e}") from e
         for s, result in zip(setups, results):
@@ -114,12 +114,12 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
             destroy_distributed()
 
 
-def _train(setups: list, cfg, resume: bool, bar: dict) -> list:
-    """Train the models of ``setups`` (one alone, more as a stack); resume=True continues an interrupted
-    run (without a checkpoint folder: a quiet fresh start)."""
+def _train(setups: list, cfg, resume: bool, bar: dict, stacked: bool) -> list:
+    """Train the models of ``setups`` (one alone unless ``stacked``, more as a stack); resume=True
+    continues an interrupted run (without a checkpoint folder: a quiet fresh start)."""
     from ..training import train, train_stacked
 
-    if len(setups) == 1:
+    if len(setups) == 1 and not stacked:
         s = setups[0]
         return [train(s.config, resume=resume, data=s.stream, model_config=cfg, probes=s.probes.probes,
                       progress_bar=bar)]

@@ -41,13 +41,16 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..io import atomic_write, dumps_strict, own_folder, read_json
+from ..io import atomic_write, check_record, dumps_strict, own_folder
+from .evaluate import EVALS_DIR, read_eval, write_eval
+from .plan import check
 from .presets import ComparePreset, get_preset, lr_overrides
 from .tune_report import label
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
 TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1
 SCORE_VERSION = 2  # of SCORE_FILE; 2: the validation split cut by documents where they are known
+SCORE_FIELDS = {"version": "int", "validation": "number", "heldout": "dict?"}
 MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per arm
 
 
@@ -107,7 +110,25 @@ def point_preset(base: ComparePreset, field: str, value) -> ComparePreset:
     preset's own value, ``base`` itself (no rounding of ``min_lr`` may make it another comparison)."""
     if value == getattr(base, field):
         return base
-    return base.with_overrides(**(lr_overrides(base, value) if field == "lr" else {field: value}))
+    point = base.with_overrides(**(lr_overrides(base, value) if field == "lr" else {field: value}))
+    check(point)  # the fields together, by the trainer's rules too: refused before anything is trained
+    return point
+
+
+def grid_points(base: ComparePreset, tune: tuple[str, Sequence], seeds: list, shard=None) -> dict:
+    """``{value: the preset at it}`` for the grid of ``tune`` (its values and the preset's own), every
+    point checked as a whole (:func:`point_preset`): a value the trainer would refuse (``lr=inf``,
+    ``weight_decay=-1``) is a ``ValueError`` here, before anything is trained or written."""
+    field, values = tune
+    shared = getattr(base, field)
+    grid = sorted(set(values) | {shared})
+    if len(grid) < 2:
+        raise ValueError(f"--tune {field}: the grid needs a value besides the preset's {shared}")
+    if shard is None and len(seeds) < 2:
+        raise ValueError("--tune: leave-one-seed-out needs at least 2 seeds")
+    if base.lm_every == 0:
+        raise ValueError("--tune: the choice reads a validation loss, which needs LM batches (lm_every > 0)")
+    return {v: point_preset(base, field, v) for v in grid}
 
 
 def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike,
@@ -121,18 +142,11 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
     from .run import run_compare
 
     base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
-    field, values = tune
-    shared = getattr(base, field)
-    grid = sorted(set(values) | {shared})
-    if len(grid) < 2:
-        raise ValueError(f"--tune {field}: the grid needs a value besides the preset's {shared}")
+    field = tune[0]
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if shard is None and len(seed_list) < 2:
-        raise ValueError("--tune: leave-one-seed-out needs at least 2 seeds")
-    if base.lm_every == 0:
-        raise ValueError("--tune: the choice reads a validation loss, which needs LM batches (lm_every > 0)")
+    points = grid_points(base, tune, seed_list, shard)
+    shared, grid = getattr(base, field), sorted(points)
     out = Path(out_dir)
-    points = {v: point_preset(base, field, v) for v in grid}  # every value checked before anything is trained
     folder = {v: out if v == shared else out / TUNE_DIR / label(field, v) for v in grid}
     order = [shared] + [v for v in grid if v != shared]  # the folder's own compare first: it owns `out`
     if shard is not None:
@@ -187,15 +201,13 @@ def _scores(p: ComparePreset, folder: Path, seeds: list, arm: str, progress: boo
         path = f / SCORE_FILE
         got = None
         if path.is_file():
-            try:
-                got = read_json(path, "the tuning scores of a compare model")
-                got = got if isinstance(got, dict) and got.get("version") == SCORE_VERSION else None
+            try:  # sealed and typed: a file changed since, or of an older version, is scored again
+                got = check_record(read_eval(path, "tuning scores"), SCORE_FIELDS, str(path))
+                got = got if got["version"] == SCORE_VERSION else None
             except ValueError:
                 got = None
         if got is None:
-            got = {"version": SCORE_VERSION, **score_model(f, p)}
-            text = dumps_strict(got)
-            atomic_write(path, lambda t, text=text: Path(t).write_text(text + "\n"))
+            got = write_eval(path, {"version": SCORE_VERSION, **score_model(f, p)})
         out.append(got)
     return out
 
@@ -282,7 +294,6 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     plan's ``{task: Settings}``)."""
     from ..provenance import read_machine
     from ..tasks.subject import TrainRecord
-    from .evaluate import EVALS_DIR
     from .results import add_comparisons
 
     task_names = list(results["tasks"])
@@ -293,8 +304,7 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     @functools.lru_cache(maxsize=None)
     def entry(v, s, arm) -> dict:  # read once; callers copy what they change
         f = folder[v] / f"seed{s}" / arm
-        tasks = {e: read_json(f / EVALS_DIR / f"{e}.json", f"the {e} evaluation of a compare model")
-                 for e in task_names}
+        tasks = {e: read_eval(f / EVALS_DIR / f"{e}.json", e) for e in task_names}
         held = scores[arm][v][seeds.index(s)]["heldout"]
         if held is not None and "lm" in tasks:
             tasks["lm"] = held

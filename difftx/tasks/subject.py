@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..io import read_json, write_json
+from ..io import check_record, read_json, write_json
 
 if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` stays light
     import torch
@@ -216,6 +216,16 @@ class TrainRecord:
 
     REQUIRED = ("kind", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
     WHEN_SET = ("probes_skipped", "heldout_curve", "stacked", "request")
+    # the kinds its readers (the training task, the report) rely on (difftx.io.check_record)
+    FIELDS = {"kind": "str", "seed": "int", "config": "dict", "parameters": "int", "steps": "posint",
+              "history": "list", "history[].step": "int", "history[].lr": "number?", "history[].lm_loss": "number?",
+              "history[].needle_loss": "number?", "history[].icl_loss": "number?", "history[].grad_norm": "number?",
+              "history[].grad_norms": "list?", "history[].tokens": "int?", "history[].time_s": "number?",
+              "history[].lambda": "list?", "probes": "list?", "probes[].step": "int", "probes[].accuracy": "dict?",
+              "probe_s": "number?", "wall_s": "number", "cpu_s": "number", "device": "str?", "threads": "int?",
+              "world_size": "int?", "resumed_from": "int?", "invocation": "str?", "probes_skipped": "str?",
+              "heldout_curve": "dict?", "heldout_curve.steps": "list?", "heldout_curve.tokens": "list?",
+              "heldout_curve.loss": "list?", "stacked": "int?", "request": "dict?"}
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -229,7 +239,7 @@ class TrainRecord:
         unknown, missing = sorted(set(data) - known), [k for k in cls.REQUIRED if k not in data]
         if unknown or missing:
             raise ValueError(f"{where}: not a training record (unknown field(s) {unknown}, missing {missing})")
-        return cls(**data)
+        return cls(**check_record(data, cls.FIELDS, where, "a training record"))
 
     def write(self, folder: str | os.PathLike) -> Path:
         return write_json(Path(folder) / TRAIN_RECORD, self.to_dict(), sort_keys=False)
@@ -389,7 +399,9 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
     import torch
 
     from ..checkpoint import load_model
-    from ..training.checkpointing import TOKENIZER_DIR, TRAIN_CONFIG_NAME, resolve_checkpoint, run_folder_of
+    from ..training.checkpointing import (
+        TOKENIZER_DIR, TRAIN_CONFIG_NAME, read_train_config, resolve_checkpoint, run_folder_of,
+    )
     from ..training.config import resolve_saved_paths
     from ..training.distributed import resolve_device
 
@@ -415,8 +427,8 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
         return Subject(model, folder, compare=task)
     from ..data.tokenizer import check_tokenizer_compatible, load_tokenizer
 
-    tc = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint") \
-        if (folder / TRAIN_CONFIG_NAME).is_file() else {}
+    tc = read_train_config(folder / TRAIN_CONFIG_NAME, error=ValueError) if (folder / TRAIN_CONFIG_NAME).is_file() \
+        else {}
     tc, missing = resolve_saved_paths(tc, run_folder_of(folder), str(folder / TRAIN_CONFIG_NAME))  # moved runs
     saved = folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).exists() else None  # the one it was trained with
     tok = load_tokenizer(tokenizer or saved or "byte")

@@ -48,8 +48,8 @@ from ..checkpoint import (
 )
 from ..config import ModelConfig
 from ..io import (
-    atomic_folder, atomic_write, open_lock_file, own_folder, pid_alive, read_json, remove_stale_staging, write_error,
-    write_json,
+    atomic_folder, atomic_write, check_record, open_lock_file, own_folder, pid_alive, read_json, read_record,
+    remove_stale_staging, write_error, write_json,
 )
 from ..model import Transformer
 from .config import (
@@ -138,8 +138,7 @@ def checkpoint_problem(folder: PathLike) -> Optional[str]:
         load_config(folder)
         read_trainer_state(folder)
         if (folder / TRAIN_CONFIG_NAME).exists():
-            read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint",
-                      error=CheckpointError)
+            read_train_config(folder / TRAIN_CONFIG_NAME)
     except CheckpointError as e:
         return str(e)
     weights = folder / WEIGHTS_NAME
@@ -372,6 +371,22 @@ def prune_checkpoints(run_dir: PathLike, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+# train_config.json (a run's, and the copy in each checkpoint): the fields read without TrainConfig
+TRAIN_CONFIG_FIELDS = {"steps": "posint", "batch_size": "posint", "seq_len": "posint?", "ckpt_interval": "int?",
+                       "data_source": "str?", "tokenizer": "str?", "saved_paths": "dict?"}
+
+
+def read_train_config(path: PathLike, *, error: type[Exception] = CheckpointError) -> dict:
+    """The training config saved at ``path`` (a run's ``train_config.json`` or a checkpoint's copy),
+    its fields checked (:data:`TRAIN_CONFIG_FIELDS`): ``error`` naming the file and the field."""
+    return read_record(path, "the training config of a difftx run", TRAIN_CONFIG_FIELDS, error=error)
+
+
+STATE_FIELDS = {"step": "int", "world_size": "posint", "loaders": "list", "rng": "list", "tokens_seen": "int~",
+                "train_time_s": "number?", "val_split_tokens": "int?", "tokenizer": "str?", DIGESTS: "dict?",
+                "machine": "dict?"}  # trainer_state.json: what its readers (resume, `difftx runs`) rely on
+
+
 def read_trainer_state(folder: PathLike) -> dict:
     path = Path(folder) / STATE_NAME
     state = read_json(path, "the trainer state of a difftx training checkpoint", error=CheckpointError)
@@ -381,15 +396,10 @@ def read_trainer_state(folder: PathLike) -> dict:
     if state.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: unsupported trainer-state version {state.get('version')!r} "
                               f"(this difftx reads version {FORMAT_VERSION})")
-    for key in ("step", "loaders", "rng", "world_size"):
-        if key not in state:
-            raise CheckpointError(f"{path}: corrupt trainer state (no {key!r})")
-    for key in ("step", "world_size", "tokens_seen"):
-        value = state.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (key == "world_size" and not value):
-            raise CheckpointError(f"{path}: corrupt trainer state ({key!r} is {value!r}, expected a "
-                                  f"{'positive' if key == 'world_size' else 'non-negative'} integer)")
-    return state
+    try:
+        return check_record(state, STATE_FIELDS, str(path), "a difftx training state")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def recorded_digest(folder: PathLike, name: str) -> Optional[str]:
@@ -430,7 +440,7 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
         diff = {k: (v, getattr(model_config, k)) for k, v in saved.to_dict().items() if getattr(model_config, k) != v}
         raise CheckpointError(f"{folder / CONFIG_NAME}: incompatible model (checkpoint vs this run: {diff})")
     path = folder / TRAIN_CONFIG_NAME
-    saved_train = read_json(path, "the training config saved with the checkpoint", error=CheckpointError)
+    saved_train = read_train_config(path)
     diff = {k: (saved_train.get(k), train_config.get(k)) for k in RESUME_MUST_MATCH
             if not _same_setting(k, saved_train, train_config.get(k), folder)}
     if diff:
@@ -457,8 +467,7 @@ def text_change(folder: PathLike, train_config: dict) -> Optional[dict]:
     if not isinstance(value, str):
         return None
     folder = Path(folder)
-    saved = read_json(folder / TRAIN_CONFIG_NAME, "the training config saved with the checkpoint",
-                      error=CheckpointError)
+    saved = read_train_config(folder / TRAIN_CONFIG_NAME)
     records = saved.get(SAVED_PATHS) if isinstance(saved, dict) else None
     record = records.get("data_source") if isinstance(records, dict) else None
     if not (isinstance(record, dict) and isinstance(record.get("sha256"), str)

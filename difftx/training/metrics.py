@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..attention.modules import AttentionKind
-from ..io import atomic_write, own_folder
+from ..io import atomic_write, check_record, own_folder
 from .distributed import full_tensor
 
 METRICS_NAME = "metrics.jsonl"  # a run folder's log: one JSON record per line
@@ -118,6 +118,25 @@ class MetricsLogger:
             self._tb.close()
 
 
+# the fields of a metrics record that its readers (`difftx runs`, compare's train.json) rely on
+RECORD_FIELDS = {"step": "int", "loss": "number?", "val_loss": "number?", "lr": "number?", "grad_norm": "number?",
+                 "tokens": "int?", "tokens_per_s": "number?", "time_s": "number?", "val_tokens": "int?",
+                 "lambda": "list?", "grad_norms": "list?", "probe": "dict?", "probe_s": "number?"}
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """All records of a metrics JSONL file."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The records of a metrics JSONL file, each checked against :data:`RECORD_FIELDS` (a
+    ``ValueError`` naming the file, the line and the field). A line that is not JSON (cut short by a
+    crash, or by a run still writing) is skipped; a missing or unreadable file gives no records."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        out.append(check_record(rec, RECORD_FIELDS, f"{path} line {i}", "a metrics record"))
+    return out

@@ -58,8 +58,8 @@ def clip_grad_norms_(model: nn.Module, max_norm: float) -> torch.Tensor:
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return torch.zeros(model.k)
-    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (P, K)
-    norms = torch.linalg.vector_norm(per_tensor, dim=0)  # (K,)
+    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads], dim=1)  # (K, P)
+    norms = torch.linalg.vector_norm(per_tensor, dim=1)  # (K,): each a contiguous row, summed as for K = 1
     coef = torch.clamp(max_norm / (norms + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))

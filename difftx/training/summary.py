@@ -13,7 +13,6 @@ reads them.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -21,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ..checkpoint import CONFIG_NAME, CheckpointError, load_config
-from ..io import atomic_write
+from ..io import atomic_write, read_record
 from . import checkpointing as ckpt
 
 PathLike = Union[str, os.PathLike]
-from .metrics import METRICS_NAME  # noqa: E402 - where compare and the CLI have imported it from
+from .metrics import METRICS_NAME, read_metrics  # noqa: E402 - METRICS_NAME: where compare and the CLI import it from
 
 
 @dataclass
@@ -58,29 +57,13 @@ class RunSummary:
         return str(self.path)
 
 
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+CONFIG_FIELDS = {"steps": "posint", "data_source": "str?", "tokenizer": "str?", "saved_paths": "dict?"}
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    """The records of ``metrics.jsonl``; a line cut short (a crash, a run still writing) is skipped."""
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            out.append(rec)
-    return out
+def _read_config(path: Path) -> dict:
+    """A run's ``train_config.json`` ({} when there is none), its fields checked (a ``ValueError``
+    naming the file and the field)."""
+    return read_record(path, "the training config of a difftx run", CONFIG_FIELDS) if path.is_file() else {}
 
 
 def _finite(v: Any) -> bool:
@@ -102,7 +85,7 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
         raise ValueError(f"{path}: not a difftx run folder: no {ckpt.TRAIN_CONFIG_NAME}, {METRICS_NAME} or "
                          f"{ckpt.CHECKPOINTS}/{hint}; give a folder written by `difftx train --out`")
     s = RunSummary(path=path)
-    train_cfg = _read_json(cfg_path) or {}
+    train_cfg = _read_config(cfg_path)
     s.steps_total = train_cfg.get("steps")
     s.data_source, s.tokenizer = train_cfg.get("data_source"), train_cfg.get("tokenizer")
     s.saved_paths = train_cfg.get("saved_paths") or {}
@@ -114,8 +97,8 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
     state: dict = {}
     if latest is not None:
         s.checkpoint = latest
-        state = _read_json(latest / ckpt.STATE_NAME) or {}
-        train_cfg = train_cfg or _read_json(latest / ckpt.TRAIN_CONFIG_NAME) or {}
+        state = ckpt.read_trainer_state(latest)
+        train_cfg = train_cfg or _read_config(latest / ckpt.TRAIN_CONFIG_NAME)
         s.steps_total = s.steps_total or train_cfg.get("steps")
         try:
             model_cfg = load_config(latest)
@@ -133,7 +116,7 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
         except (TypeError, ValueError):
             pass
 
-    records = _read_metrics(metrics_path)
+    records = read_metrics(metrics_path)
     s.train_curve = [(r["step"], float(r["loss"])) for r in records if _finite(r.get("loss"))]
     s.val_curve = [(r["step"], float(r["val_loss"])) for r in records if _finite(r.get("val_loss"))]
     if s.train_curve:
