@@ -240,13 +240,13 @@ def test_an_interrupted_model_resumes_mid_training_exactly(tmp_path, monkeypatch
 
     p = get_preset("smoke", **{**FAST, "steps": 12, "log_every": 2, "probe_every": 4}).resolve()
     full = train_model("diff", p, 0, tmp_path / "full", progress=False)
-    real = difftx.training.train
-    monkeypatch.setattr(difftx.training, "train", lambda *a, **k: real(*a, **k, stop_at=6))
+    real = difftx.training.train_stacked  # on a CPU a model alone trains as a stack of one
+    monkeypatch.setattr(difftx.training, "train_stacked", lambda *a, **k: real(*a, **k, stop_at=6))
     with pytest.raises(TrainingInterrupted, match="after step 6"):
         train_model("diff", p, 0, tmp_path / "cut", progress=False)
     assert not (tmp_path / "cut" / "train.json").exists()
     assert (tmp_path / "cut" / "train" / "checkpoints").is_dir()
-    monkeypatch.setattr(difftx.training, "train", real)
+    monkeypatch.setattr(difftx.training, "train_stacked", real)
     resumed = train_model("diff", p, 0, tmp_path / "cut", progress=False)
     assert resumed["resumed_from"] == 6 and full["resumed_from"] is None
     untimed = lambda hist: [{k: v for k, v in h.items() if k != "time_s"} for h in hist]  # noqa: E731
