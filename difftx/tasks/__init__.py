@@ -16,7 +16,7 @@ from .common import EVAL_SEED
 from .subject import Subject, load_subject
 
 # built-in task modules, in report order
-BUILTIN = ("needle", "training", "lm", "attention", "outliers", "quant", "icl", "diagnostics")
+BUILTIN = ("needle", "training", "lm", "attention", "outliers", "quant", "icl", "diagnostics", "recall")
 
 TASKS: dict[str, Task] = {}
 

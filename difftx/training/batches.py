@@ -44,6 +44,9 @@ class Batch:
     rank's rows). The masked loss is then ``sum / mask_total`` over the global batch, as one
     process with ``W*B`` rows would compute it, even when the ranks hold different numbers of
     loss positions; None: this rank's own mean.
+    ``targets`` ``(B, T)`` int64 or None: the token to predict at each input position, when it is not
+    the next input token (associative recall: the value of a queried key, where the next input is
+    noise); None: ``tokens[:, 1:]``.
     """
 
     tokens: torch.Tensor
@@ -51,6 +54,11 @@ class Batch:
     loss_mask: Optional[torch.Tensor] = None
     kind: Optional[str] = None
     mask_total: Optional[int] = None
+    targets: Optional[torch.Tensor] = None
+
+    def target_tokens(self) -> torch.Tensor:
+        """``(B, T)``: :attr:`targets`, else the next input tokens."""
+        return self.tokens[:, 1:] if self.targets is None else self.targets
 
 
 class BatchLoader(Protocol):

@@ -176,7 +176,7 @@ class _Run(RunSetup):
         """One micro-batch's loss, divided by ``grad_accum`` (its share of the step's gradient)."""
         config, device = self.config, self.device
         tokens, doc_ids = batch.tokens, batch.doc_ids  # (B, T+1) each
-        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)  # (B, T): inputs, next-token targets
+        x, y = tokens[:, :-1].to(device), batch.target_tokens().to(device)  # (B, T): inputs, their targets
         d = doc_ids[:, :-1].to(device) if config.doc_mask and doc_ids is not None else None
         with _autocast(device, self.dtype):
             return self.model(x, doc_ids=d, targets=y, **batch_loss_rows(batch, device, self.dist.world_size)

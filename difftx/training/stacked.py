@@ -239,11 +239,12 @@ class StackedTransformer(nn.Module):
                                                         "loss_weights": weights})
 
     def losses(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
-               doc_ids: Optional[Tensor] = None) -> Tensor:
+               doc_ids: Optional[Tensor] = None, targets: Optional[Tensor] = None) -> Tensor:
         """Each model's training loss ``(K,)`` on its batch: ``tokens`` ``(K, B, T+1)`` (inputs and
         next-token targets), ``loss_mask`` ``(K, B, T)`` bool or None, ``mask_total``: each model's
         global count of loss positions (``Batch.mask_total``; None entries: its own mean), ``doc_ids``
-        ``(K, B, T)`` of the inputs or None. Each is the one model's ``forward(x, targets=y, ...)``
+        ``(K, B, T)`` of the inputs or None, ``targets`` ``(K, B, T)`` or None (the next tokens). Each is the one
+        model's ``forward(x, targets=y, ...)``
         (:func:`difftx.model.loss_rows` for a mask, padded to the models' largest count), all ``K`` in one
         ``torch.vmap`` over the stacked weights."""
         device_type = self.model_tree.tok_embeddings.weight.device.type
@@ -253,7 +254,9 @@ class StackedTransformer(nn.Module):
         if tokens.dim() != 3 or tokens.shape[0] != self.k:
             raise ValueError(f"tokens must be (K={self.k}, batch, time+1), got shape {tuple(tokens.shape)}")
         _check_token_ids(tokens, self.config.vocab_size)  # the map cannot read values
-        x, y = tokens[..., :-1], tokens[..., 1:]
+        if targets is not None:
+            _check_token_ids(targets, self.config.vocab_size)
+        x, y = tokens[..., :-1], (tokens[..., 1:] if targets is None else targets)
         rows = weights = None
         if loss_mask is not None:
             totals = [None] * self.k if mask_total is None else list(mask_total)
@@ -267,9 +270,9 @@ class StackedTransformer(nn.Module):
         return torch.vmap(self._one_loss, in_dims=dims)(params, x, y, doc_ids, rows, weights)
 
     def forward(self, tokens: Tensor, loss_mask: Optional[Tensor] = None, mask_total: Optional[Sequence] = None,
-                doc_ids: Optional[Tensor] = None) -> Tensor:
+                doc_ids: Optional[Tensor] = None, targets: Optional[Tensor] = None) -> Tensor:
         """:meth:`losses`."""
-        return self.losses(tokens, loss_mask, mask_total, doc_ids)
+        return self.losses(tokens, loss_mask, mask_total, doc_ids, targets)
 
 
 # -- batches ---------------------------------------------------------------------------------------------------------
@@ -277,13 +280,15 @@ class StackedTransformer(nn.Module):
 @dataclass
 class StackedBatch:
     """``K`` models' batches of one step: ``tokens (K, B, T+1)``; ``loss_mask (K, B, T)`` or None;
-    ``mask_total`` per model; ``kind`` (the same for every model, or None); ``doc_ids (K, B, T+1)`` or None."""
+    ``mask_total`` per model; ``kind`` (the same for every model, or None); ``doc_ids (K, B, T+1)`` or None;
+    ``targets (K, B, T)`` or None (the next tokens)."""
 
     tokens: Tensor
     loss_mask: Optional[Tensor] = None
     mask_total: Optional[list] = None
     kind: Optional[str] = None
     doc_ids: Optional[Tensor] = None
+    targets: Optional[Tensor] = None
 
 
 def stack_batches(batches: Sequence[Batch], device=None) -> StackedBatch:
@@ -294,9 +299,11 @@ def stack_batches(batches: Sequence[Batch], device=None) -> StackedBatch:
     shapes = {tuple(b.tokens.shape) for b in batches}
     kinds = {b.kind for b in batches}
     masked = {b.loss_mask is not None for b in batches}
-    if len(shapes) != 1 or len(kinds) != 1 or len(masked) != 1:
+    targeted = {b.targets is not None for b in batches}
+    if len(shapes) != 1 or len(kinds) != 1 or len(masked) != 1 or len(targeted) != 1:
         raise ValueError(f"stack_batches: the models' batches of one step differ (shapes {sorted(shapes)}, kinds "
-                         f"{sorted(map(str, kinds))}, loss masks {sorted(masked)}); a stack needs one shape and kind")
+                         f"{sorted(map(str, kinds))}, loss masks {sorted(masked)}, targets {sorted(targeted)}); a "
+                         "stack needs one shape and kind")
     tokens = torch.stack([b.tokens for b in batches]).to(device)
     mask = totals = None
     if masked.pop():
@@ -305,7 +312,8 @@ def stack_batches(batches: Sequence[Batch], device=None) -> StackedBatch:
     docs = None
     if all(b.doc_ids is not None for b in batches):
         docs = torch.stack([b.doc_ids for b in batches]).to(device)
-    return StackedBatch(tokens, mask, totals, kinds.pop(), docs)
+    targets = torch.stack([b.targets for b in batches]).to(device) if targeted.pop() else None
+    return StackedBatch(tokens, mask, totals, kinds.pop(), docs, targets)
 
 
 # -- optimizer state per model: the trainer's checkpoint format ------------------------------------------------------
@@ -392,7 +400,7 @@ def train_step(stack: StackedTransformer, optimizer: torch.optim.Optimizer, micr
     for batches in micro_batches:
         sb = stack_batches(batches, device)
         docs = sb.doc_ids[..., :-1] if doc_mask and sb.doc_ids is not None else None
-        loss = stack.losses(sb.tokens, sb.loss_mask, sb.mask_total, docs) / accum  # (K,)
+        loss = stack.losses(sb.tokens, sb.loss_mask, sb.mask_total, docs, sb.targets) / accum  # (K,)
         loss.sum().backward()
         total += loss.detach()
         if sb.kind is not None:
