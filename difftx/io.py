@@ -343,8 +343,9 @@ def check_record(data: Any, fields: dict[str, str], where: str, what: str = "a r
     """``data`` itself, after checking it is a JSON object whose fields have the declared kinds;
     else a ``ValueError`` naming ``where`` (the file) and the field. ``fields`` maps a name to a kind:
     ``int`` (non-negative), ``posint``, ``number``, ``str``, ``bool``, ``list``, ``dict``; a final
-    ``?`` allows null or a missing field, a final ``~`` a missing field only. A name ``a.b`` is field ``b`` of the object at ``a``; ``a[].b``
-    is field ``b`` of every object in the list ``a`` (each element must be an object)."""
+    ``?`` allows null or a missing field, a final ``~`` a missing field only. A name ``a.b`` is field
+    ``b`` of the object at ``a``; ``a[].b`` is field ``b`` of every object in the list ``a`` (each
+    element must be an object)."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: not {what} (not a JSON object)")
     for name, kind in fields.items():

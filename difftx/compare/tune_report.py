@@ -90,6 +90,7 @@ def plot_tune(out: Path, tune: dict) -> Optional[Path]:
         per_value = [tune["validation_nll"][arm][label(field, v)] for v in grid]
         curves[arm] = [(grid, [row[i] for row in per_value]) for i in range(len(per_value[0]))]
     logx = all(v > 0 for g in tune["grid"].values() for v in g) and field in ("lr", "min_lr", "weight_decay")
-    return plot_seed_curves(curves, own_folder(out / "plots") / f"tune_{field}.png", ylabel="validation NLL", xlabel=field,
+    path = own_folder(out / "plots") / f"tune_{field}.png"
+    return plot_seed_curves(curves, path, ylabel="validation NLL", xlabel=field,
                             title=f"validation loss against {field} (best marked)", color_by_model=False,
                             logx=logx, marks=tune["best"])

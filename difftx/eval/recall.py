@@ -85,8 +85,9 @@ class RecallSpec:
                              f"need {self.n_pairs + self.reassigned} distinct values, the vocabulary has {values}")
         need = self.context + 2 * self.n_pairs
         if need > self.seq_len:
-            raise ValueError(f"RecallSpec: {self.n_pairs} pairs{' (and the keys bound again)' if self.reassigned else ''}"
-                             f" and their queries need seq_len >= {need}, got {self.seq_len}")
+            again = " (and the keys bound again)" if self.reassigned else ""
+            raise ValueError(f"RecallSpec: {self.n_pairs} pairs{again} and their queries need seq_len >= {need}, got "
+                             f"{self.seq_len}")
 
     @property
     def reassigned(self) -> int:
