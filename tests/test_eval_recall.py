@@ -214,3 +214,24 @@ def test_a_model_learns_recall_from_the_source(tmp_path):
     stacked = train_stacked([config(tmp_path / f"s{i}", seed=i, steps=20) for i in (0, 1)],
                             data=[RecallSource([spec], seed=i) for i in (0, 1)], model_config=mc)
     assert [r.step for r in stacked] == [20, 20]
+
+
+def test_attention_mass_splits_each_query_row():
+    """At every query, each layer's L1-normalised row: its mass on the binding asked for (the key and its
+    value) and on every other position read sum to 1 (the absolute variant); a file's examples say nothing
+    of where the binding is, so they are refused."""
+    from difftx.config import ModelConfig
+    from difftx.eval.recall import attention_mass
+    from difftx.model import Transformer
+
+    torch.manual_seed(0)
+    ex = generate(RecallSpec(vocab_size=64, seq_len=32, n_pairs=4), 6, seed=0)
+    for kind in ("diff", "standard"):
+        model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq_len=32, attention=kind))
+        res = attention_mass(model, ex, batch_size=4)
+        assert res["queries"] == 24 and len(res["layers"]) == 2
+        for layer in res["layers"]:
+            assert layer["answer_mean"]["absolute"] + layer["noise_mean"]["absolute"] == pytest.approx(1.0, abs=1e-5)
+            assert 0 < layer["answer_mean"]["absolute"] < 1
+    with pytest.raises(ValueError, match="needs generated examples"):
+        attention_mass(model, RecallExamples(ex.inputs, ex.labels))

@@ -120,6 +120,11 @@ class RecallExamples:
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
 
+    def head(self, n: int) -> "RecallExamples":
+        """The first ``n`` examples."""
+        cut = (lambda t: None if t is None else t[:n])
+        return RecallExamples(self.inputs[:n], self.labels[:n], cut(self.key_pos), cut(self.rebound), self.source)
+
 
 def _gaps(rng: np.random.Generator, space: int, count: int, power_a: float) -> np.ndarray:
     """``count`` distinct gaps in ``0 .. space - 1``, gap ``g`` with probability proportional to
@@ -304,3 +309,44 @@ class RecallLoader:
             raise ValueError(f"RecallLoader: the state is of seed {state.get('seed')}, this source's is "
                              f"{self.source.seed}")
         self.step = int(state["step"])
+
+
+@torch.no_grad()
+def attention_mass(model: torch.nn.Module, examples: RecallExamples, *, batch_size: int = 32,
+                   device: Union[str, torch.device] = "cpu") -> dict:
+    """The attention noise of recall (the paper's measurement, as :mod:`difftx.eval.attention_noise`
+    takes it for needles): at every scored position, each layer's attention row (the effective map,
+    ``A1 - lam * A2`` for DIFF) normalised by its L1 norm, and its mass on the binding asked for (the
+    key's position and its value's) against every other position read. Per layer: the mean over
+    queries, then the mean and the best over heads, for each variant (signed, absolute, positive).
+    Generated examples only (a file does not say where a query's binding is)."""
+    from .attention_noise import layer_mass
+    from .capture import capture_attention
+
+    if examples.key_pos is None:
+        raise ValueError("attention_mass: needs generated examples (a file does not say where each query's key is)")
+    model.eval()
+    rows: list[list[torch.Tensor]] = []
+    answer, noise = [], []
+    for start in range(0, len(examples), batch_size):
+        x = examples.inputs[start:start + batch_size].to(device)
+        kp = examples.key_pos[start:start + batch_size]
+        with capture_attention(model) as cap:
+            model(x, logits_at=(examples.labels[start:start + batch_size] != IGNORE).to(device))
+        b, q = torch.nonzero(kp >= 0, as_tuple=True)
+        S = x.shape[1]
+        pos = torch.arange(S)
+        k = kp[b, q]
+        ans = (pos[None] == k[:, None]) | (pos[None] == k[:, None] + 1)  # (N, S): the key and its value
+        answer.append(ans)
+        noise.append((pos[None] <= q[:, None]) & ~ans)  # everything else the query reads
+        for layer in range(len(cap.maps)):
+            eff = cap.last(layer).effective  # (B, H, T, S)
+            if len(rows) <= layer:
+                rows.append([])
+            rows[layer].append(eff[b, :, q, :])  # (N, H, S)
+    answer_keys, noise_keys = torch.cat(answer), torch.cat(noise)
+    return {"queries": int(answer_keys.shape[0]), "answer": "the queried key's position and its value's",
+            "noise": "every other position the query reads",
+            "layers": [layer_mass(torch.cat(r), answer_keys, noise_keys, layer).to_dict()
+                       for layer, r in enumerate(rows)]}

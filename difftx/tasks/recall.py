@@ -28,11 +28,12 @@ class RecallSettings:
     reassign: float = setting(0.5, "reassigned: the share of keys bound again")
     power_a: float = setting(0.01, "the gap law of the queries: P(gap g) ~ a (g+1)^(a-1); 1 is uniform")
     samples: int = setting(256, "generated examples")
+    attention_samples: int = setting(64, "generated examples whose attention to the queried key is measured (0: none)")
     batch_size: int = setting(64, "examples per forward pass")
 
     def __post_init__(self) -> None:
         positive(self, "seq_len", "n_pairs", "samples", "batch_size")
-        positive(self, "vocab_size", allow_zero=True)
+        positive(self, "vocab_size", "attention_samples", allow_zero=True)
         if not self.examples:
             self.spec(self.vocab_size or 1 << 20)  # every other field checked now (the model gives V later)
 
@@ -61,7 +62,7 @@ class RecallTask(Task):
         return None
 
     def run(self, subject, s: RecallSettings, *, progress: bool = False) -> dict:
-        from ..eval.recall import generate, read_examples, score
+        from ..eval.recall import attention_mass, generate, read_examples, score
 
         model = subject.model
         if s.examples:
@@ -74,6 +75,8 @@ class RecallTask(Task):
             examples = generate(spec, s.samples, seed=EVAL_SEED)
         device = next(model.parameters()).device
         res = score(model, examples, batch_size=s.batch_size, device=device)
+        if spec is not None and s.attention_samples:
+            res["attention_mass"] = attention_mass(model, examples.head(s.attention_samples), device=device)
         return {**res, "spec": None if spec is None else spec.to_dict(),
                 "chance": None if spec is None else 1.0 / (spec.vocab_size - spec.vocab_size // 2)}
 
@@ -93,6 +96,11 @@ class RecallTask(Task):
         print(line)
         if "accuracy_rebound" in result:
             print(f"  keys bound again: {result['accuracy_rebound']:.4f}; the others: {result['accuracy_kept']:.4f}")
+        if "attention_mass" in result:
+            a = result["attention_mass"]
+            print(f"  attention at the queries ({a['queries']}; L1-normalised effective map, mean over heads): "
+                  + "; ".join(f"layer {m['layer']} on the binding {m['answer_mean']['absolute']:.3f}, elsewhere "
+                              f"{m['noise_mean']['absolute']:.3f}" for m in a["layers"]))
 
 
 TASK = RecallTask()
