@@ -8,7 +8,9 @@ frontier of a model is its mean accuracy over the pair grid (plain MQAR, trainin
 under its accuracy-against-pairs curve. Printed: per cell each arm's mean accuracy, and per arm
 other than the baseline its paired difference from the baseline with the verdict rule's interval
 (``difftx.eval.stats.paired_estimate``, bounded metric) and, for the frontier, the seeds that 80%
-power needs (``difftx.eval.stats.power_plan``).
+power needs (``difftx.eval.stats.power_plan``); then the attention noise at the first cell (plain MQAR,
+training length, fewest pairs): each layer's L1-normalised attention mass on the binding a query asks for
+(``difftx.eval.recall.attention_mass``, absolute variant, mean over heads), per arm and its paired difference.
 
     python benchmarks/recall_pilot.py [--arms diff,baseline,diff_lambda_0.8] [--seeds 4] [--steps 1500]
                                       [--dim 64] [--layers 2] [--heads 2] [--vocab 256] [--train-len 64]
@@ -33,7 +35,7 @@ def _ints(text: str) -> list[int]:
 def main() -> None:
     from difftx.checkpoint import load_model
     from difftx.config import ModelConfig, arm_config
-    from difftx.eval.recall import RecallSource, RecallSpec, generate, score
+    from difftx.eval.recall import RecallSource, RecallSpec, attention_mass, generate, score
     from difftx.eval.stats import mean_interval, paired_estimate, power_plan
     from difftx.training import TrainConfig, train_stacked
 
@@ -67,6 +69,8 @@ def main() -> None:
     examples = {c: generate(RecallSpec(vocab_size=a.vocab, seq_len=c[1], n_pairs=c[2], variant=c[0]), a.samples,
                             seed=1234) for c in cells}
     acc: dict = {}  # arm -> cell -> [per seed]
+    mass: dict = {}  # arm -> [per seed: per layer answer mass]
+    probe = cells[0]
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.out or tmp)
@@ -83,6 +87,8 @@ def main() -> None:
                 model = load_model(r.last_checkpoint)
                 for c in cells:
                     acc.setdefault(arm, {}).setdefault(c, []).append(score(model, examples[c])["accuracy"])
+                layers = attention_mass(model, examples[probe].head(64))["layers"]
+                mass.setdefault(arm, []).append([m["answer_mean"]["absolute"] for m in layers])
             print(f"# {arm}: {a.seeds} seeds trained and scored in {time.time() - t:.0f} s", flush=True)
     front = [c for c in cells if c[0] == "mqar" and c[1] == a.train_len]
     frontier = {arm: [float(np.mean([acc[arm][c][s] for c in front])) for s in range(a.seeds)] for arm in arms}
@@ -113,6 +119,16 @@ def main() -> None:
         if arm != "baseline":
             d = np.array(frontier[arm]) - np.array(frontier["baseline"])
             print(f"  {arm} - baseline: {power_plan(d, bounds=(-1.0, 1.0)).describe()}")
+    print(f"\nattention mass on the binding asked for, at {probe[0]}, length {probe[1]}, {probe[2]} pairs (absolute, "
+          "mean over heads; per layer, mean over seeds):")
+    for arm in arms:
+        per_layer = np.array(mass[arm])  # (seeds, layers)
+        line = ", ".join(f"layer {i}: {v:.3f}" for i, v in enumerate(per_layer.mean(0)))
+        if arm != "baseline":
+            e = paired_estimate(per_layer[:, -1], np.array(mass["baseline"])[:, -1], bounds=(0.0, 1.0))
+            ci = "" if e.low is None else f" [{e.low:+.3f}, {e.high:+.3f}]"
+            line += f"; last layer - baseline {e.mean:+.3f}{ci}"
+        print(f"  {arm}: {line}")
 
 
 if __name__ == "__main__":
