@@ -58,8 +58,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="keep the trained models here (default: a temporary folder)")
     a = ap.parse_args()
     arms = [x for x in a.arms.split(",") if x]
-    if "baseline" not in arms:
-        raise SystemExit("--arms: include baseline (the differences are against it)")
+    if "baseline" not in arms and len(arms) > 1:
+        raise SystemExit("--arms: include baseline (the differences are against it), or give one arm alone")
+    others = [arm for arm in arms if arm != "baseline" and "baseline" in arms]  # arms compared with the baseline
     lengths, pairs, variants = _ints(a.lengths), _ints(a.eval_pairs), [v for v in a.variants.split(",") if v]
     specs = [RecallSpec(vocab_size=a.vocab, seq_len=a.train_len, n_pairs=p) for p in _ints(a.train_pairs)]
     base = ModelConfig(vocab_size=a.vocab, dim=a.dim, n_layers=a.layers, n_heads=a.heads, attention="diff",
@@ -96,17 +97,15 @@ def main() -> None:
           f"steps on pairs {a.train_pairs} at length {a.train_len}; {a.samples} examples a cell; "
           f"{time.time() - t0:.0f} s\n")
     head = "| variant | length | pairs | " + " | ".join(arms) + " | " + " | ".join(
-        f"{arm} - baseline [95% CI]" for arm in arms if arm != "baseline") + " |"
+        f"{arm} - baseline [95% CI]" for arm in others) + " |"
     print(head)
-    print("|" + "---|" * (3 + len(arms) + len(arms) - 1))
+    print("|" + "---|" * (3 + len(arms) + len(others)))
     rows = [(c, acc) for c in cells] + [(("frontier", a.train_len, "mean"), None)]
     for c, _ in rows:
         vals = {arm: (frontier[arm] if c[0] == "frontier" else acc[arm][c]) for arm in arms}
         means = [f"{np.mean(vals[arm]):.3f}" for arm in arms]
         diffs = []
-        for arm in arms:
-            if arm == "baseline":
-                continue
+        for arm in others:
             e = paired_estimate(vals[arm], vals["baseline"], bounds=(0.0, 1.0))
             ci = "" if e.low is None else f" [{e.low:+.3f}, {e.high:+.3f}]"
             diffs.append(f"{e.mean:+.3f}{ci}")
@@ -116,7 +115,7 @@ def main() -> None:
         lo = mean_interval(frontier[arm], bounds=(0.0, 1.0))
         print(f"frontier of {arm}: per seed {', '.join(f'{x:.3f}' for x in frontier[arm])}; mean {lo[0]:.3f}"
               + ("" if lo[1] is None else f" [{lo[1]:.3f}, {lo[2]:.3f}]"))
-        if arm != "baseline":
+        if arm in others:
             d = np.array(frontier[arm]) - np.array(frontier["baseline"])
             print(f"  {arm} - baseline: {power_plan(d, bounds=(-1.0, 1.0)).describe()}")
     print(f"\nattention mass on the binding asked for, at {probe[0]}, length {probe[1]}, {probe[2]} pairs (absolute, "
@@ -124,7 +123,7 @@ def main() -> None:
     for arm in arms:
         per_layer = np.array(mass[arm])  # (seeds, layers)
         line = ", ".join(f"layer {i}: {v:.3f}" for i, v in enumerate(per_layer.mean(0)))
-        if arm != "baseline":
+        if arm in others:
             e = paired_estimate(per_layer[:, -1], np.array(mass["baseline"])[:, -1], bounds=(0.0, 1.0))
             ci = "" if e.low is None else f" [{e.low:+.3f}, {e.high:+.3f}]"
             line += f"; last layer - baseline {e.mean:+.3f}{ci}"

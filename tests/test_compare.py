@@ -178,7 +178,7 @@ def test_paired_data_order_depends_on_the_seed_only():
     # the trainer's batch source gives the same batches, the same for both arms of a seed (the
     # stream knows nothing of the model)
     loader = CompareStream(mix, space, 0, lm).make_loader(batch_size=mix.batch_size)
-    for kind, tokens, mask in a:
+    for kind, tokens, mask, _ in a:
         got = loader.next_batch()
         assert got.kind == kind and torch.equal(got.tokens, tokens)
         assert (got.loss_mask is None) == (mask is None) and (mask is None or torch.equal(got.loss_mask, mask))
@@ -299,9 +299,11 @@ def test_the_stream_is_rank_sliced_and_resumable():
 
 
 def test_batch_shares_follow_the_schedule():
-    assert get_preset("cpu").resolve().mixture.shares() == {"needle": 0.75, "lm": 0.125, "icl": 0.125}
+    assert get_preset("cpu").resolve().mixture.shares() == {"needle": 0.75, "lm": 0.125, "icl": 0.125, "recall": 0.0}
     none = get_preset("cpu", icl_every=0, lm_every=0).resolve().mixture
-    assert none.shares() == {"needle": 1.0, "lm": 0.0, "icl": 0.0}
+    assert none.shares() == {"needle": 1.0, "lm": 0.0, "icl": 0.0, "recall": 0.0}
+    mixed = get_preset("cpu", recall_every=3).resolve().mixture  # recall takes every 3rd step that is neither
+    assert mixed.shares() == pytest.approx({"needle": 0.5, "lm": 0.125, "icl": 0.125, "recall": 0.25})
     mix = get_preset("smoke", **FAST).resolve().mixture
     assert [mix.step_kind(s) for s in range(1, 13)].count("icl") == 12 * mix.shares()["icl"] == 2
 
@@ -359,7 +361,7 @@ def test_batch_loss_on_masked_positions_equals_the_full_loss():
     model = Transformer(plan.arms["diff"])
     rng = random.Random(3)
     for step in (1, 3, 4):  # needle, LM and ICL batches
-        kind, tokens, mask = batch_for_step(step, plan.mixture, plan.space, rng, lm_streams()[0])
+        kind, tokens, mask, _ = batch_for_step(step, plan.mixture, plan.space, rng, lm_streams()[0])
         tgt = tokens[:, 1:] if mask is None else tokens[:, 1:].masked_fill(~mask, -100)
         full = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tgt.flatten(),
                                                  ignore_index=-100)

@@ -138,8 +138,6 @@ def test_score_counts_every_labelled_position():
     model.wrong = {0, 5}  # two wrong answers: example 0's first query and example 1's second
     res = score(model, ex, batch_size=100)
     assert res["accuracy"] == 38 / 40 and res["records"]["correct"][:3] == [3, 3, 4]
-    with pytest.raises(ValueError, match="exceed the model's max_seq_len 64"):
-        score(model, RecallExamples(torch.zeros(1, 80, dtype=torch.long), torch.zeros(1, 80, dtype=torch.long)))
 
 
 @pytest.fixture(scope="module")
@@ -155,17 +153,18 @@ def test_eval_recall_command(tmp_path, capsys, trained_run):
     out = tmp_path / "r.json"
     assert main(["eval", "recall", str(trained_run), "--examples", str(path), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "recall accuracy" in printed and "48 queries in 12 examples of 32 tokens" in printed
+    assert "recall accuracy" in printed and "48 queries in 12 examples" in printed
     res = json.loads(out.read_text())
     assert res["records"]["labelled"] == [4] * 12 and len(res["records"]["correct"]) == 12
-    assert res["settings"]["examples"] == str(path) and res["spec"] is None
-    assert main(["eval", "recall", str(trained_run), "--seq-len", "32", "--n-pairs", "4", "--samples", "8",
-                 "--variant", "reassigned", "--json", str(out)]) == 0
+    assert res["settings"]["examples"] == str(path) and res["cells"][0]["cell"] == "file"
+    assert main(["eval", "recall", str(trained_run), "--lengths", "32,64", "--pairs", "4", "--samples", "8",
+                 "--variants", "reassigned", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["spec"]["vocab_size"] == 257 and res["examples"] == 8 and "accuracy_rebound" in res
-    assert res["chance"] == pytest.approx(1 / 129)
-    code, err = run_cli(capsys, "eval", "recall", str(trained_run), "--seq-len", "31")
-    assert code == 2 and "seq_len: must be even" in err
+    assert res["spec"]["vocab_size"] == 257 and res["examples"] == 16 and "accuracy_rebound" in res["cells"][0]
+    assert [c["cell"] for c in res["cells"]] == ["reassigned L=32 P=4", "reassigned L=64 P=4"]
+    assert res["chance"] == pytest.approx(1 / 129) and res["frontier"] is None  # no plain-MQAR cell
+    code, err = run_cli(capsys, "eval", "recall", str(trained_run), "--lengths", "31")
+    assert code == 2 and "must be even" in err
 
 
 def test_recall_source_batches_split_by_rank_and_resume():

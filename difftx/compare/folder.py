@@ -20,6 +20,8 @@ EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stac
 RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")
 # preset fields an older difftx recorded in compare.json, with the one value they always had
 REMOVED_FIELDS = {"extra": {}}
+# preset fields a newer difftx added, with the value that means what an older compare.json without them did
+ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16]}
 COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 
@@ -59,7 +61,7 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
         _check_text(meta, data.get("text"), text)
-        old = {k: v for k, v in old.items() if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}
+        old = {**ADDED_FIELDS, **{k: v for k, v in old.items() if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}}
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
                          and k not in RECORDING_FIELDS)
         if changed:

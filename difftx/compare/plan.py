@@ -2,8 +2,8 @@
 :class:`~difftx.compare.presets.ComparePreset` (the rules that tie its fields together) and turns
 it into a :class:`ComparePlan`, and each later step receives only its part:
 
-- ``space`` (:class:`~difftx.tasks.subject.TaskSpace`): the shared vocabulary of the needle, LM
-  and ICL tasks;
+- ``space`` (:class:`~difftx.tasks.subject.TaskSpace`): the shared vocabulary of the needle, LM,
+  ICL and recall tasks;
 - ``arms``: the model config of every arm (``{"baseline": ..., "diff": ..., ...}``, see
   :data:`difftx.config.ARMS`);
 - ``schedule`` (:class:`Schedule`): optimizer and learning-rate schedule, read by the trainer;
@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..config import ModelConfig, arm_config
 from ..eval.icl import ICLTask
 from ..eval.needle import NeedleTask
+from ..eval.recall import RecallBlock
 from ..tasks import TASKS, settings_from_dict
 from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
 
 if TYPE_CHECKING:
     from ..training.config import TrainConfig
 
-BATCH_KINDS = ("needle", "lm", "icl")
+BATCH_KINDS = ("needle", "lm", "icl", "recall")
 
 
 @dataclass(frozen=True)
@@ -62,25 +63,30 @@ def curve_steps(total: int, points: int) -> tuple:
 @dataclass(frozen=True)
 class Mixture:
     """Which batch optimizer step ``s`` (from 1) draws: LM every ``lm_every``-th step, ICL every
-    ``icl_every``-th other step, the needle task otherwise (0: never). ``batch_size`` is the
-    global batch (all processes together); LM batches are windows of ``lm_seq_len`` predictions."""
+    ``icl_every``-th other step, associative recall every ``recall_every``-th step that is neither,
+    the needle task otherwise (0: never). ``batch_size`` is the global batch (all processes
+    together); LM batches are windows of ``lm_seq_len`` predictions."""
 
     batch_size: int
     lm_every: int
     icl_every: int
     lm_seq_len: int
+    recall_every: int = 0
 
     def step_kind(self, step: int) -> str:
-        """``"lm"``, ``"icl"`` or ``"needle"``: the kind of batch of optimizer step ``step`` (from 1)."""
+        """``"lm"``, ``"icl"``, ``"recall"`` or ``"needle"``: the kind of batch of optimizer step ``step``
+        (from 1)."""
         if self.lm_every and step % self.lm_every == 0:
             return "lm"
         if self.icl_every and step % self.icl_every == 0:
             return "icl"
+        if self.recall_every and step % self.recall_every == 0:
+            return "recall"
         return "needle"
 
     def shares(self) -> dict[str, float]:
         """Share of the training steps of each batch kind (over one period of the schedule)."""
-        period = math.lcm(self.lm_every or 1, self.icl_every or 1)
+        period = math.lcm(self.lm_every or 1, self.icl_every or 1, self.recall_every or 1)
         kinds = [self.step_kind(s) for s in range(1, period + 1)]
         return {k: kinds.count(k) / period for k in BATCH_KINDS}
 
@@ -118,8 +124,9 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Probes:
-    """Needle accuracy on ``samples`` fixed prompts per ``grid`` cell every ``every`` steps of
-    training (0: none)."""
+    """Needle accuracy on ``samples`` fixed prompts per ``grid`` cell, and recall accuracy on ``samples``
+    fixed examples (the training length, the most training pairs), every ``every`` steps of training
+    (0: none)."""
 
     every: int
     samples: int
@@ -207,6 +214,31 @@ def check_schedule(preset: Any) -> Schedule:
     return plan
 
 
+def mixture_of(preset: Any) -> Mixture:
+    """The batch mixture of ``preset``."""
+    return Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
+                   lm_seq_len=preset.lm_seq_len, recall_every=preset.recall_every)
+
+
+def check_recall(preset: Any, tasks: dict) -> Optional[RecallBlock]:
+    """The recall block of ``preset`` (None without recall batches; its ids from 0), checked with the recall
+    evaluation's grid: each pair count, length and variant of ``tasks["recall"]`` must fit the vocabulary."""
+    p = preset
+    if not p.recall_every:
+        return None
+    if not mixture_of(p).shares()["recall"]:
+        raise preset_error("recall_every", f"{p.recall_every}: every recall step would be an LM or ICL step")
+    try:
+        block = RecallBlock(vocab_size=p.recall_vocab, seq_len=p.recall_len, pairs=p.recall_pairs)
+    except ValueError as e:
+        raise preset_error("recall_vocab/recall_len/recall_pairs", str(e)) from None
+    try:
+        tasks["recall"].grid(block)
+    except ValueError as e:
+        raise preset_error("tasks.recall", str(e)) from None
+    return block
+
+
 def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
     """Raise ``ValueError`` naming the fields when ``preset``'s fields do not fit together (each
     field alone was checked when it was made). Returns what the checks build: the task settings,
@@ -248,8 +280,10 @@ def resolve(preset: Any) -> ComparePlan:
     from ..data import load_tokenizer
 
     tasks, needle, icl = check(preset)
+    recall = check_recall(preset, tasks)
     grid = tasks["needle"].grid
-    if preset.lm_every == 1:  # every step an LM batch: no needle batches, no needle ids
+    mixture = mixture_of(preset)
+    if not mixture.shares()["needle"]:  # every step another kind of batch (LM, recall): no needle ids
         needle = None
     lm = preset.lm_every > 0
     text, lm_vocab = None, BYTE_VOCAB
@@ -262,16 +296,17 @@ def resolve(preset: Any) -> ComparePlan:
     if icl is not None:  # its ids after the needle's and the text's
         icl = dataclasses.replace(icl, first_id=(needle.vocab_size if needle else 0) + (lm_vocab if lm else 0))
     space = TaskSpace(needle, lm, icl, lm_vocab)
+    if recall is not None:  # its ids after every other task's
+        space = dataclasses.replace(space, recall=dataclasses.replace(recall, first_id=space.vocab_size))
     longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
-                  icl.prompt_len + 1 if icl else 0)
+                  icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0)
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest)
     return ComparePlan(
         name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
         schedule=check_schedule(preset),
-        mixture=Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
-                        lm_seq_len=preset.lm_seq_len),
-        probes=Probes(every=preset.probe_every if needle else 0, samples=preset.probe_samples, grid=grid),
+        mixture=mixture,
+        probes=Probes(every=preset.probe_every if needle or recall else 0, samples=preset.probe_samples, grid=grid),
         tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
                                                 stack=preset.stack),
         curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)

@@ -24,6 +24,10 @@ class ComparePreset:
     ``icl_every``-th step that is not an LM step is a batch of the synthetic in-context
     classification task (:mod:`difftx.eval.icl`, label maps drawn per sequence, loss on every
     label token); ``icl_every = 0`` trains none and skips the ICL order-robustness evaluation.
+    Every ``recall_every``-th step that is neither is a batch of multi-query associative recall
+    (:mod:`difftx.eval.recall`: ``recall_vocab`` tokens, ``recall_len`` positions, a pair count of
+    ``recall_pairs`` drawn per batch, loss on every query); ``recall_every = 1`` (with no LM or ICL
+    steps) trains recall alone, as the ``recall-cpu`` preset does.
     ``data`` (with ``tokenizer`` and ``heldout``) puts your text in place of the Shakespeare bytes;
     :meth:`on_text` also makes every step an LM batch (``difftx compare --data``). Every model
     records its held-out loss at ``curve_points`` log-spaced steps on ``curve_windows`` windows.
@@ -57,7 +61,8 @@ class ComparePreset:
     lm_seq_len: int = 128
     log_every: int = 25
     # retrieval during training: every probe_every steps, needle accuracy on probe_samples fixed prompts
-    # per grid cell (depth 50%); shows when each model learns the task (0: no probes)
+    # per grid cell (depth 50%) and recall accuracy on probe_samples fixed examples; shows when each model learns
+    # the task (0: no probes)
     probe_every: int = 0
     probe_samples: int = 10
     threads: int | None = None  # torch threads per process (None: leave as is)
@@ -71,6 +76,11 @@ class ComparePreset:
     icl_features_per_class: int = 1  # 1: each class is one feature token (recall of the label map)
     icl_input_len: int = 1
     icl_demos: int = 8  # demonstrations per prompt (a multiple of icl_classes)
+    # -- associative recall (MQAR): every k-th step that is neither LM nor ICL (0: no recall training or grid) --
+    recall_every: int = 0
+    recall_vocab: int = 256  # keys from the lower half, values from the upper half
+    recall_len: int = 64  # the training length (the evaluation grid also goes beyond it)
+    recall_pairs: tuple = (4, 8, 16)  # key-value pair counts of the training mixture (one per batch)
     # -- your own text (difftx compare --data): LM batches of this corpus instead of Shakespeare bytes --
     data: str | None = None  # what `difftx train --data` takes: a text file, a folder, a JSONL file
     tokenizer: str | None = None  # "byte" (None: byte) or a tokenizer.json / folder
@@ -84,11 +94,11 @@ class ComparePreset:
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
                      "batch_size", "lm_seq_len", "log_every", "workers", "icl_classes", "icl_features_per_class",
-                     "icl_input_len", "icl_demos", "probe_samples", "curve_windows"):
+                     "icl_input_len", "icl_demos", "probe_samples", "curve_windows", "recall_vocab", "recall_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise preset_error(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack"):
+        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack", "recall_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise preset_error(name, f"must be a non-negative integer, got {v!r}")
@@ -102,6 +112,18 @@ class ComparePreset:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise preset_error(name, f"must be a path (text), got {v!r}")
+        pairs = self.recall_pairs
+        if isinstance(pairs, int) and not isinstance(pairs, bool):
+            pairs = (pairs,)
+        elif isinstance(pairs, str):  # --set recall_pairs=4,8,16
+            try:
+                pairs = tuple(int(x) for x in pairs.split(","))
+            except ValueError:
+                raise preset_error("recall_pairs", f"must be positive pair counts, got {pairs!r}") from None
+        if not isinstance(pairs, (tuple, list)) or not pairs or \
+                not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pairs):
+            raise preset_error("recall_pairs", f"must be positive pair counts, got {self.recall_pairs!r}")
+        object.__setattr__(self, "recall_pairs", tuple(pairs))
         if self.device not in ("auto", "cpu", "cuda"):
             raise preset_error("device", f"must be auto, cpu or cuda, got {self.device!r}")
         from ..config import arm_names
@@ -170,7 +192,7 @@ class ComparePreset:
         return preset
 
 
-MIXTURE_FIELDS = ("lm_every", "icl_every", "probe_every")
+MIXTURE_FIELDS = ("lm_every", "icl_every", "probe_every", "recall_every")
 
 
 def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, heldout: str | None = None, *,
@@ -184,10 +206,10 @@ def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, hel
         given = sorted(set(MIXTURE_FIELDS) & set(overrides))
         if given:
             raise ValueError(f"--set {', '.join(given)}: --data trains on the text alone; add --synthetic to mix in "
-                             "the needle and ICL tasks")
+                             "the needle, ICL and recall tasks")
     out = {**overrides, "data": data, "tokenizer": tokenizer, "heldout": heldout}
     if not synthetic:
-        out.update(lm_every=1, icl_every=0, probe_every=0)
+        out.update(lm_every=1, icl_every=0, probe_every=0, recall_every=0)
         out.setdefault("description", "language modelling on your text alone (compare --data): the preset's model "
                                       "and schedule, every step an LM batch")
     tasks = dict(overrides.get("tasks", {}))
@@ -221,6 +243,16 @@ PRESETS: dict[str, ComparePreset] = {
         tasks={"needle": {"samples_per_cell": 50, "heatmap_lengths": (48, 64, 128)}, "attention": {"samples": 10},
                "lm": {"windows": 512, "extrapolation_windows": 32}, "outliers": {"tokens": 4096},
                "quant": {"needle_samples": 4}, "icl": {"instances": 40, "queries": 10, "orders": 4}}),
+    # associative recall alone (MQAR, Zoology's definition): where the recall frontier of DIFF moves against the
+    # baseline and against lambda_init 0.8 (docs/compare.md "Associative recall"; the grid: results log 2026-11-28)
+    "recall-cpu": ComparePreset(
+        name="recall-cpu", description="~0.1M-parameter models trained on multi-query associative recall alone (4, 8 "
+                                       "and 16 pairs at length 64), scored on a grid past training",
+        arms=("baseline", "diff", "diff_lambda_0.8"), dim=64, n_layers=2, n_heads=2, steps=2400, batch_size=32,
+        lr=3e-3, min_lr=3e-4, warmup_steps=150, lm_every=0, icl_every=0, probe_every=100, probe_samples=32,
+        recall_every=1, recall_vocab=256, recall_len=64, recall_pairs=(4, 8, 16), log_every=50, threads=1, workers=2,
+        stack=4,
+        tasks={"recall": {"samples": 128, "pairs": (4, 8, 16, 24, 32), "lengths": (64, 128, 256)}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
     "gpu-small": ComparePreset(
         name="gpu-small", description="~100M parameters (untested here: no GPU on the development machine)",

@@ -377,7 +377,7 @@ def _mix(results: dict) -> str:
     shares = results["mixture"]["shares"]
     text = results.get("text")
     lm = "LM (Shakespeare bytes)" if not text else f"LM ({text['source']}, tokenizer {text['tokenizer']})"
-    names = {"needle": "needle", "lm": lm, "icl": "ICL"}
+    names = {"needle": "needle", "lm": lm, "icl": "ICL", "recall": "associative recall (MQAR)"}
     out = "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
     if not shares["needle"]:
         out += "; no needle probes during training (no needle batches)"

@@ -5,7 +5,9 @@ Optimizer step ``s`` (from 1) draws one global batch of ``mixture.step_kind(s)``
 multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
 answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
 bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context
-classification batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), as the plan's
+classification batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), and every
+``recall_every``-th step that is neither an associative-recall batch
+(:meth:`difftx.eval.recall.RecallBlock.training_batch`, loss on the queries), as the plan's
 :class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
 vocabulary (:class:`difftx.tasks.subject.TaskSpace`).
 
@@ -60,25 +62,32 @@ def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Rand
     return torch.from_numpy(w) + offset
 
 
+Drawn = tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+
+
 def draw_batch(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,
-               lm_train: Optional[np.ndarray], batch_size: int) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
-    """``(kind, tokens (B, T+1), loss_mask (B, T) or None)``: the global batch of step ``step``
-    (from 1), ``batch_size`` rows; depends only on the step, the mixture and the state of ``rng``."""
+               lm_train: Optional[np.ndarray], batch_size: int) -> Drawn:
+    """``(kind, tokens (B, T+1), loss_mask (B, T) or None, targets (B, T) or None)``: the global batch
+    of step ``step`` (from 1), ``batch_size`` rows; depends only on the step, the mixture and the state
+    of ``rng``. ``targets`` (recall batches) is the token to predict where it is not the next input."""
     kind = mixture.step_kind(step)
     if kind == "lm":
         if lm_train is None:
             raise ValueError("an LM step needs the byte stream (lm_train)")
-        return "lm", lm_batch(lm_train, batch_size, mixture.lm_seq_len, rng, space.lm_offset), None
+        return "lm", lm_batch(lm_train, batch_size, mixture.lm_seq_len, rng, space.lm_offset), None, None
     if kind == "icl":
         assert space.icl is not None
         tokens, mask = icl_task.training_batch(space.icl, batch_size, rng)
-        return "icl", tokens, mask
+        return "icl", tokens, mask, None
+    if kind == "recall":
+        assert space.recall is not None
+        return ("recall", *space.recall.training_batch(batch_size, rng))
     tokens, mask = needle_batch(space.needle, batch_size, rng)
-    return "needle", tokens, mask
+    return "needle", tokens, mask, None
 
 
 def batch_for_step(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,
-                   lm_train: Optional[np.ndarray]) -> tuple[str, torch.Tensor, Optional[torch.Tensor]]:
+                   lm_train: Optional[np.ndarray]) -> Drawn:
     """:func:`draw_batch` with the mixture's (global) batch size."""
     return draw_batch(step, mixture, space, rng, lm_train, mixture.batch_size)
 
@@ -120,11 +129,13 @@ class CompareLoader:
     def next_batch(self) -> Batch:
         self.step += 1
         s = self.stream
-        kind, tokens, mask = draw_batch(self.step, s.mixture, s.space, self.rng, s.lm_train, self.global_batch)
+        kind, tokens, mask, targets = draw_batch(self.step, s.mixture, s.space, self.rng, s.lm_train,
+                                                 self.global_batch)
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         if mask is None:
             return Batch(tokens[lo:hi], kind=kind)
-        return Batch(tokens[lo:hi], loss_mask=mask[lo:hi], kind=kind, mask_total=int(mask.sum()))
+        return Batch(tokens[lo:hi], loss_mask=mask[lo:hi], kind=kind, mask_total=int(mask.sum()),
+                     targets=None if targets is None else targets[lo:hi])
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready: the generator's state and the step (the same on every rank)."""

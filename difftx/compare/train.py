@@ -23,7 +23,7 @@ from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
 from ..io import eval_mode, own_folder
 from ..provenance import write_machine
-from ..tasks.common import NO_NEEDLES
+from ..tasks.common import NO_NEEDLES, NO_NEEDLES_RECALL
 from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
@@ -183,7 +183,8 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
     record = TrainRecord(
         kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
-        probes_skipped=NO_NEEDLES if space.needle is None else None, heldout_curve=heldout_curve,
+        probes_skipped=None if space.needle is not None else NO_NEEDLES_RECALL if space.recall and not space.lm
+        else NO_NEEDLES, heldout_curve=heldout_curve,
         request=None if request is None else {**request, "kind": kind, "seed": seed}, **share)
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
     record.write(folder)
@@ -208,7 +209,11 @@ def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
     stream (:func:`difftx.eval.lm.spread_windows`; the file given, the corpus's validation split, or
     the bundled Shakespeare's)."""
     space = plan.space
-    needle = lambda m: needle_probe(m, plan.probes, space)  # noqa: E731
+
+    def needle(m: torch.nn.Module) -> dict:  # the probes of the tasks the model trains on
+        return {**(needle_probe(m, plan.probes, space) if space.needle is not None else {}),
+                **(recall_probe(m, plan.probes, space) if space.recall is not None else {})}
+
     if not plan.curve.steps:
         return TrainingProbes((plan.probes.every, needle), {})
     from ..eval.lm import spread_windows
@@ -251,6 +256,21 @@ def lm_tokens(mixture: Mixture, step: int) -> int:
     ICL batches are not counted)."""
     lm_steps = sum(1 for s in range(1, step + 1) if mixture.step_kind(s) == "lm")
     return lm_steps * mixture.batch_size * mixture.lm_seq_len
+
+
+def recall_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:
+    """Recall accuracy during training: ``{"recall": {cell: accuracy}}``, greedy accuracy at every query of
+    ``probes.samples`` fixed examples of plain MQAR at the training length with the most training pairs
+    (the model is put back in its previous mode; touches no random state)."""
+    from ..eval.recall import generate, score
+    from ..tasks.recall import cell_name
+
+    block = space.recall
+    spec = block.spec(max(block.pairs))
+    examples = block.shifted(generate(spec, probes.samples, seed=PROBE_SEED))
+    with eval_mode(model), torch.no_grad():
+        res = score(model, examples, batch_size=64, device=next(model.parameters()).device)
+    return {"recall": {cell_name((spec.variant, spec.seq_len, spec.n_pairs)): res["accuracy"]}}
 
 
 def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:

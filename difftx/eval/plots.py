@@ -422,3 +422,35 @@ def plot_parameter_efficiency(points: Mapping[str, tuple[Sequence[float], Sequen
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_recall_grid(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]], path: PathLike, *,
+                     title: str = "Associative recall: accuracy against pairs") -> Path:
+    """One panel per group (``curves[arm][group] = [(pairs, mean accuracy), ...]``, a group being a variant
+    and a length), one line per arm."""
+    plt = _plt()
+    arms = list(curves)
+    groups = list(dict.fromkeys(g for arm in arms for g in curves[arm]))
+    cols = min(3, max(len(groups), 1))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    for k, g in enumerate(groups):
+        ax = axes[k // cols][k % cols]
+        for i, arm in enumerate(arms):
+            pts = curves[arm].get(g) or []
+            ax.plot([p for p, _ in pts], [a for _, a in pts], marker="o", label=arm, color=_color(arm, i))
+        ax.set_xscale("log", base=2)
+        ticks = sorted({p for arm in arms for p, _ in curves[arm].get(g) or []})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_ylim(0, 1.05)
+        ax.set_title(g, fontsize=9)
+        if k // cols == rows - 1 or k + cols >= len(groups):
+            ax.set_xlabel("key-value pairs")
+    for k in range(len(groups), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    axes[0][0].set_ylabel("accuracy (mean over seeds)")
+    axes[0][0].legend(frameon=False, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -126,6 +126,72 @@ class RecallExamples:
         return RecallExamples(self.inputs[:n], self.labels[:n], cut(self.key_pos), cut(self.rebound), self.source)
 
 
+@dataclass(frozen=True)
+class RecallBlock:
+    """Associative recall as one task of a shared vocabulary (``difftx compare``'s recall batches):
+    MQAR of ``vocab_size`` tokens at ``seq_len``, trained on a mixture of ``pairs`` (one pair count a
+    batch, drawn at random), its ids shifted by ``first_id`` (after the other tasks' blocks)."""
+
+    vocab_size: int = 256
+    seq_len: int = 64
+    pairs: tuple = (4, 8, 16)
+    power_a: float = 0.01
+    first_id: int = 0
+
+    def __post_init__(self) -> None:
+        pairs = self.pairs
+        if isinstance(pairs, int) and not isinstance(pairs, bool):
+            pairs = (pairs,)
+        if not isinstance(pairs, (tuple, list)) or not pairs or len(set(pairs)) != len(pairs):
+            raise ValueError(f"RecallBlock.pairs: must be distinct pair counts, got {self.pairs!r}")
+        object.__setattr__(self, "pairs", tuple(pairs))
+        if not isinstance(self.first_id, int) or isinstance(self.first_id, bool) or self.first_id < 0:
+            raise ValueError(f"RecallBlock.first_id: must be a non-negative integer, got {self.first_id!r}")
+        self.specs()  # each pair count checked against the vocabulary and the length
+
+    @property
+    def end(self) -> int:
+        """The first id after this block."""
+        return self.first_id + self.vocab_size
+
+    def spec(self, n_pairs: int, seq_len: Optional[int] = None, variant: str = "mqar",
+             reassign: float = 0.5) -> RecallSpec:
+        """The examples of ``n_pairs`` pairs in this block's vocabulary (at ``seq_len``: the training length
+        by default)."""
+        return RecallSpec(vocab_size=self.vocab_size, seq_len=seq_len or self.seq_len, n_pairs=n_pairs,
+                          variant=variant, power_a=self.power_a, reassign=reassign)
+
+    def specs(self) -> list[RecallSpec]:
+        """The training mixture: one spec per pair count."""
+        return [self.spec(p) for p in self.pairs]
+
+    def shifted(self, examples: "RecallExamples") -> "RecallExamples":
+        """``examples`` (ids from 0) in this block's ids."""
+        if not self.first_id:
+            return examples
+        k = self.first_id
+        labels = torch.where(examples.labels == IGNORE, examples.labels, examples.labels + k)
+        return RecallExamples(examples.inputs + k, labels, examples.key_pos, examples.rebound, examples.source)
+
+    def training_batch(self, batch_size: int, rng) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens (B, T+1), loss_mask (B, T), targets (B, T))`` of one training batch: a pair count and a
+        generator seed drawn from ``rng`` (a ``random.Random``), the loss at the queries against their values
+        (the next input there is noise); the last column of ``tokens`` is never read."""
+        spec = self.specs()[rng.randrange(len(self.pairs))]
+        ex = self.shifted(generate(spec, batch_size, seed=rng.getrandbits(63)))
+        mask = ex.labels != IGNORE
+        tokens = torch.cat([ex.inputs, ex.inputs[:, -1:]], dim=1)
+        return tokens, mask, torch.where(mask, ex.labels, ex.inputs)
+
+    def to_dict(self) -> dict:
+        return {"vocab_size": self.vocab_size, "seq_len": self.seq_len, "pairs": list(self.pairs),
+                "power_a": self.power_a, "first_id": self.first_id}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RecallBlock":
+        return cls(**{**data, "pairs": tuple(data["pairs"])})
+
+
 def _gaps(rng: np.random.Generator, space: int, count: int, power_a: float) -> np.ndarray:
     """``count`` distinct gaps in ``0 .. space - 1``, gap ``g`` with probability proportional to
     ``power_a (g + 1)^(power_a - 1)`` (drawn one after another without replacement)."""
@@ -234,11 +300,9 @@ def read_examples(path: PathLike, vocab_size: Optional[int] = None) -> RecallExa
 def score(model: torch.nn.Module, examples: RecallExamples, *, batch_size: int = 64,
           device: Union[str, torch.device] = "cpu") -> dict:
     """Greedy accuracy of ``model`` at every scored position: its most likely next token equals the
-    label. Returns the overall accuracy (scored positions pooled) and per example its ``labelled`` and
+    label (examples longer than the model's ``max_seq_len`` are read as RoPE reads them: past training).
+    Returns the overall accuracy (scored positions pooled) and per example its ``labelled`` and
     ``correct`` counts; for generated examples also the accuracy on keys bound again and on the others."""
-    if examples.inputs.shape[1] > model.config.max_seq_len:
-        raise ValueError(f"examples of {examples.inputs.shape[1]} tokens exceed the model's max_seq_len "
-                         f"{model.config.max_seq_len}")
     if int(examples.inputs.max()) >= model.config.vocab_size:
         raise ValueError(f"a token ({int(examples.inputs.max())}) is outside the model's vocabulary "
                          f"0..{model.config.vocab_size - 1}")

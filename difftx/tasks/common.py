@@ -15,12 +15,46 @@ DEFAULT_CELL = (4, 2)  # probe cell of attention / quant / diagnostics, clipped 
 PROBE_DEPTH = 0.5
 NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
               "--data and difftx scale train; compare --data --synthetic adds the needle task)")
+NO_NEEDLES_RECALL = "the model was trained on associative recall alone (no needle batches)"
+
+
+def first_learned_step(probes: list[dict], cell: str, threshold: float, key: str = "accuracy") -> Optional[int]:
+    """The first probed step whose accuracy (``probe[key]``) at ``cell`` reaches ``threshold`` (None: never)."""
+    return next((p["step"] for p in probes if p[key].get(cell, 0.0) >= threshold), None)
+
+
+def learning_steps(r: dict) -> Optional[float]:
+    """Steps until a task was learned (``r["learned_step"]``, from probes during training); a model that had not learned it by its last probe
+    counts as that step (censored: each seed's paired difference moves toward 0, though the mean over
+    seeds can move either way, e.g. +1000 and -3000 with the second censored to -500 give +250
+    instead of -1000; the sign-flip p-value stays exact under exchangeable arms). ``None`` without
+    probes."""
+    at = r["learned_step"] if r["learned_step"] is not None else r["last_probe_step"]
+    return None if at is None else float(at)
+
+
+def learning_bounds(r: dict) -> Optional[tuple[float, float]]:
+    """Steps until learned lie in ``[0, last probe step]`` (the censoring bound)."""
+    return None if r.get("last_probe_step") is None else (0.0, float(r["last_probe_step"]))
+
+
+def recall_prompts(subject, n: int) -> tuple["torch.Tensor", str]:
+    """``(n, L)`` generated MQAR examples in the ids of a compare model trained on recall batches (its
+    most pairs, at its training length; the evaluation seed) and what they are."""
+    from ..eval.recall import generate
+
+    block = subject.recall
+    spec = block.spec(max(block.pairs))
+    return block.shifted(generate(spec, n, seed=EVAL_SEED)).inputs, f"recall examples ({spec.n_pairs} pairs, " \
+        f"length {spec.seq_len})"
 
 
 def no_needle_task(subject) -> Optional[str]:
     """Why a needle task does not apply to ``subject`` (a compare model trained without needle
     batches), else ``None``."""
-    return NO_NEEDLES if subject.needle is None and subject.is_compare_model else None
+    if subject.needle is not None or not subject.is_compare_model:
+        return None
+    return NO_NEEDLES_RECALL if subject.recall is not None and not subject.has_text else NO_NEEDLES
 
 
 def _most(subject) -> tuple[int, int]:

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Task, parse_cell, positive, setting
-from .common import probe_prompts
+from .common import probe_prompts, recall_prompts
 from .reporting import ReportContext, fmt, table
 
 
 @dataclass(frozen=True)
 class DiagnosticsSettings:
-    samples: int = setting(8, "needle prompts (compare models) or held-out windows (text models)")
+    samples: int = setting(8, "needle prompts (compare models; recall examples without needles) or held-out "
+                              "windows (text models)")
     cell: Optional[tuple] = setting(None, "needle cell N/R of the prompts (default 4/2), clipped to the most the "
                                           "model's needle task has", parse_cell)
     batch_size: int = setting(4, "sequences per forward (bounds the memory of the captured maps)")
@@ -40,6 +41,9 @@ class DiagnosticsTask(Task):
             probes, info = probe_prompts(subject, s.cell, s.samples)
             tokens = torch.tensor([p.prompt for p in probes])  # (samples, context_len)
             on = {"source": "needle prompts", **info}
+        elif subject.recall is not None and not subject.has_text:
+            tokens, source = recall_prompts(subject, s.samples)
+            on = {"source": source, "n_samples": len(tokens), "seq_len": int(tokens.shape[1])}
         else:
             held = subject.heldout()
             tokens = spread_windows(held.tokens, held.train_len, s.samples)[0][:, :-1]  # (samples, seq_len)

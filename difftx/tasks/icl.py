@@ -37,7 +37,7 @@ class ICLTask(Task):
         if subject.text is not None and subject.needle is None:
             return ("the model was trained without ICL batches (compare --data trains on the text alone; --synthetic "
                     "adds the ICL task)")
-        if subject.needle is None:
+        if subject.needle is None and not subject.is_compare_model:
             return "a text model has no synthetic ICL task (train one with `difftx compare --set icl_every=4`)"
         return "the model was trained without ICL batches (icl_every = 0; `--set icl_every=4` adds them)"
 

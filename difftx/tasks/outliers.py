@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import Metric, Task, positive, setting
-from .common import probe_prompts
+from .common import probe_prompts, recall_prompts
 from .reporting import NAMES, SHORT, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 5)",
@@ -19,7 +19,8 @@ STATS = ("top1", "top2", "top3", "top10", "top100", "median", "top1_over_median"
 
 @dataclass(frozen=True)
 class OutlierSettings:
-    tokens: int = setting(4096, "token budget: held-out text windows (or needle prompts without text)")
+    tokens: int = setting(4096, "token budget: held-out text windows (or needle prompts, or recall examples, without "
+                                "text)")
 
     def __post_init__(self) -> None:
         positive(self, "tokens")
@@ -41,6 +42,8 @@ class OutlierTask(Task):
             held = subject.heldout()
             w, _ = spread_windows(held.tokens, held.train_len, max(1, s.tokens // held.train_len))
             tokens, source = w[:, :-1], held.source
+        elif subject.needle is None and subject.recall is not None:
+            tokens, source = recall_prompts(subject, max(1, s.tokens // subject.recall.seq_len))
         else:
             n = max(1, s.tokens // subject.needle.context_len)
             tokens = torch.tensor([p.prompt for p in probe_prompts(subject, None, n)[0]])

@@ -6,7 +6,8 @@ them through :func:`load_subject`, so they score a model with the very same code
 - a model trained by ``difftx compare`` (its folder holds ``compare_task.json``): the synthetic
   needle task with its own token ids (when it was trained on needle batches), held-out
   Shakespeare bytes or your held-out text (``compare --data``) shifted past them (when it was
-  trained on LM batches) and the synthetic ICL task (when it was trained on ICL batches);
+  trained on LM batches), the synthetic ICL task (when it was trained on ICL batches) and
+  associative recall in its own ids (when it was trained on recall batches);
 - a text model trained by ``difftx train`` (a tokenizer saved with it, or given): held-out text
   and the natural-language needle form.
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` 
 
     from ..eval.icl import ICLTask
     from ..eval.needle import NeedleTask
+    from ..eval.recall import RecallBlock
 
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
 TRAIN_RECORD = "train.json"  # beside a compare model's folder: its training record
@@ -46,12 +48,14 @@ class TaskSpace:
     """The shared vocabulary of a compare model: needle-task ids first (none without needle
     batches), then (with LM batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte
     tokenizer's end-of-text, or your tokenizer's) shifted by ``lm_offset``, then (with ICL batches)
-    the ICL task's ids, which start at ``icl.first_id``."""
+    the ICL task's ids, which start at ``icl.first_id``, then (with recall batches) the recall task's,
+    from ``recall.first_id``."""
 
     needle: Optional[NeedleTask]
     lm: bool
     icl: Optional[ICLTask] = None
     lm_vocab: int = BYTE_VOCAB
+    recall: Optional[RecallBlock] = None
 
     @property
     def lm_offset(self) -> int:
@@ -59,22 +63,26 @@ class TaskSpace:
 
     @property
     def vocab_size(self) -> int:
+        if self.recall is not None:
+            return self.recall.end
         return self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
 
     def to_dict(self) -> dict:
         """JSON-ready (``lm_offset`` included for a reader's convenience); :meth:`from_dict` reads it back."""
         return {"needle_task": self.needle.to_dict() if self.needle else None, "lm": self.lm,
                 "lm_offset": self.lm_offset, "icl_task": self.icl.to_dict() if self.icl else None,
-                "lm_vocab": self.lm_vocab}
+                "lm_vocab": self.lm_vocab, "recall_task": self.recall.to_dict() if self.recall else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> TaskSpace:
         from ..eval.icl import ICLTask
         from ..eval.needle import NeedleTask
+        from ..eval.recall import RecallBlock
 
         return cls(needle=NeedleTask(**data["needle_task"]) if data.get("needle_task") else None,
                    lm=bool(data.get("lm")), icl=ICLTask(**data["icl_task"]) if data.get("icl_task") else None,
-                   lm_vocab=data.get("lm_vocab", BYTE_VOCAB))
+                   lm_vocab=data.get("lm_vocab", BYTE_VOCAB),
+                   recall=RecallBlock.from_dict(data["recall_task"]) if data.get("recall_task") else None)
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,7 @@ class TrainRecord:
               "history[].needle_loss": "number?", "history[].icl_loss": "number?", "history[].grad_norm": "number?",
               "history[].grad_norms": "list?", "history[].tokens": "int?", "history[].time_s": "number?",
               "history[].lambda": "list?", "probes": "list?", "probes[].step": "int", "probes[].accuracy": "dict?",
+              "probes[].recall": "dict?",
               "probe_s": "number?", "wall_s": "number", "cpu_s": "number", "device": "str?", "threads": "int?",
               "world_size": "int?", "resumed_from": "int?", "invocation": "str?", "probes_skipped": "str?",
               "heldout_curve": "dict?", "heldout_curve.steps": "list?", "heldout_curve.tokens": "list?",
@@ -294,6 +303,11 @@ class Subject:
     def icl(self) -> Optional[ICLTask]:
         """The synthetic ICL task of a compare model trained on ICL batches."""
         return self.compare.space.icl if self.compare is not None else None
+
+    @property
+    def recall(self) -> Optional[RecallBlock]:
+        """The associative-recall task of a compare model trained on recall batches."""
+        return self.compare.space.recall if self.compare is not None else None
 
     @property
     def lm_offset(self) -> Optional[int]:
@@ -420,6 +434,7 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
         space = task.space
         for need, what in ((space.needle.vocab_size if space.needle else 0, "needle task"),
                            (space.icl.vocab_size if space.icl else 0, "ICL task"),
+                           (space.recall.end if space.recall else 0, "recall task"),
                            (space.lm_offset + space.lm_vocab if space.lm else 0, "text")):
             if need > model.config.vocab_size:
                 raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Metric, Task, positive, setting
+from .common import first_learned_step, learning_bounds, learning_steps
 from .reporting import NAMES, SHORT, ReportContext, fmt, pair, call, table
 from .subject import TRAIN_RECORD
 
@@ -69,26 +70,6 @@ def at_equal(axis: str):
     return get
 
 
-def first_learned_step(probes: list[dict], cell: str, threshold: float) -> Optional[int]:
-    """The first probed step whose accuracy at ``cell`` reaches ``threshold`` (None: never)."""
-    return next((p["step"] for p in probes if p["accuracy"].get(cell, 0.0) >= threshold), None)
-
-
-def learning_steps(r: dict) -> Optional[float]:
-    """Steps until retrieval was learned; a model that had not learned it by its last probe
-    counts as that step (censored: each seed's paired difference moves toward 0, though the mean over
-    seeds can move either way, e.g. +1000 and -3000 with the second censored to -500 give +250
-    instead of -1000; the sign-flip p-value stays exact under exchangeable arms). ``None`` without
-    probes."""
-    at = r["learned_step"] if r["learned_step"] is not None else r["last_probe_step"]
-    return None if at is None else float(at)
-
-
-def _learning_bounds(r: dict) -> Optional[tuple[float, float]]:
-    """Steps until learned lie in ``[0, last probe step]`` (the censoring bound)."""
-    return None if r.get("last_probe_step") is None else (0.0, float(r["last_probe_step"]))
-
-
 def _logged(record: dict, key: str) -> list[dict]:
     """The history records of a training record that hold ``key`` (a loss of one batch kind)."""
     return [h for h in record.get("history", []) if key in h]
@@ -126,7 +107,7 @@ class TrainingTask(Task):
 
     def run(self, subject, s: TrainingSettings, *, progress: bool = False) -> dict:
         rec = subject.history()
-        probes = rec.probes or []
+        probes = [p for p in rec.probes or [] if p.get("accuracy")]  # the needle probes (recall's: the recall task)
         first = next(iter(probes[0]["accuracy"])) if probes else None
         step = first_learned_step(probes, first, s.learned_at) if first else None
         hist = rec.history
@@ -158,7 +139,7 @@ class TrainingTask(Task):
         return [Metric("needle_learned_step", f"training steps until the first needle cell is learned (probe "
                        f"accuracy >= {s.learned_at}; a model that did not learn it counts as its last probe step)",
                        True, learning_steps, "steps", primary=True, digits=0,
-                       learned=lambda r: r["learned_step"] is not None, bounds_of=_learning_bounds),
+                       learned=lambda r: r["learned_step"] is not None, bounds_of=learning_bounds),
                 Metric("train_tokens_per_s", "training throughput (tokens/s, measured while the model trained)", False,
                        lambda r: r["cost"]["tokens_per_s"], "tokens/s", digits=0, same_run=True),
                 Metric("loss_at_equal_time", "training loss at equal wall-clock (the smaller of the two training "
