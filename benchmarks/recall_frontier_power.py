@@ -5,11 +5,11 @@ Reads a ``difftx compare`` folder whose models ran the recall grid (``results.js
 cells as they were measured, and for each pair of arms and each reading: the paired differences' mean,
 their standard deviation and the standardised effect (mean / SD, the quantity power grows with), then the
 share of ``--draws`` experiments of N seeds, resampled with replacement from the measured seeds, in which
-the compare rule (``difftx.eval.stats.paired_estimate``: the bounded interval for the frontier, the t /
-sign-flip rule for the pair count) excludes zero. Resampling the measured seeds keeps what a model does on
+the compare rule (``difftx.eval.stats.paired_estimate`` with each reading's range: [0, 1] for the frontier,
+the grid's fewest to most pairs for the pair count, where it is censored) rejects at 0.05 / ``--family`` (Holm's first step over the comparison's primary family). Resampling the measured seeds keeps what a model does on
 the grid (its lottery of learning the circuit included), so both readings are judged on the same seeds.
 
-    python benchmarks/recall_frontier_power.py RUN_FOLDER [--seeds 5,8,12] [--draws 400]
+    python benchmarks/recall_frontier_power.py RUN_FOLDER [--seeds 5,8,12] [--draws 400] [--family 3]
 """
 
 from __future__ import annotations
@@ -24,21 +24,24 @@ import numpy as np
 def main() -> None:
     from difftx.compare.summary import pairs
     from difftx.eval.stats import paired_estimate
-    from difftx.tasks.recall import frontier, pairs_at_half
+    from difftx.tasks.recall import frontier, pairs_at_half, pairs_range
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="a difftx compare folder whose models ran the recall grid")
     ap.add_argument("--seeds", default="5,8,12", help="experiment sizes (seeds) to simulate")
     ap.add_argument("--draws", type=int, default=400, help="simulated experiments per size")
+    ap.add_argument("--family", type=int, default=3, help="Holm family: the test at 0.05 / family (its first step)")
     a = ap.parse_args()
     res = json.loads((a.run / "results.json").read_text())
     arms, seeds = list(res["arms"]), [str(s) for s in res["seeds"]]
     cells = {arm: [res["runs"][s][arm]["tasks"]["recall"]["cells"] for s in seeds] for arm in arms}
-    readings = {"recall_frontier": (frontier, (0.0, 1.0)), "recall_pairs_at_half": (pairs_at_half, None)}
+    first = res["runs"][seeds[0]][arms[0]]["tasks"]["recall"]
+    readings = {"recall_frontier": (frontier, (0.0, 1.0)), "recall_pairs_at_half": (pairs_at_half, pairs_range(first))}
     values = {name: {arm: np.array([f(c) for c in cells[arm]]) for arm in arms} for name, (f, _) in readings.items()}
     sizes = [int(x) for x in a.seeds.split(",")]
     rng = np.random.default_rng(0)
-    print(f"# {a.run}: {len(seeds)} measured seeds; {a.draws} resampled experiments per size\n")
+    print(f"# {a.run}: {len(seeds)} measured seeds; {a.draws} resampled experiments per size; a verdict at p < "
+          f"0.05 / {a.family}\n")
     print("| pair | reading | mean difference | SD | mean / SD | " + " | ".join(f"power at {n}" for n in sizes) + " |")
     print("|" + "---|" * (5 + len(sizes)))
     for x, y in pairs(arms):
@@ -51,7 +54,7 @@ def main() -> None:
                 for _ in range(a.draws):
                     pick = rng.integers(0, len(d), size=n)
                     e = paired_estimate(values[name][x][pick], values[name][y][pick], bounds=bounds)
-                    hits += e.low is not None and (e.low > 0 or e.high < 0)
+                    hits += e.p_value is not None and e.p_value < 0.05 / a.family
                 power.append(hits / a.draws)
             print(f"| {x} - {y} | {name} | {d.mean():+.3f} | {sd:.3f} | "
                   f"{(d.mean() / sd if sd > 0 else float('nan')):+.2f} | " + " | ".join(f"{p:.2f}" for p in power)

@@ -15,7 +15,7 @@ from .attention.registry import ATTENTIONS  # the attention kinds by name (regis
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
 # compares these dicts) and stays readable by an older difftx.
-_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None}
+_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None, "rope": True}
 
 
 def _err(field: str, rule: str) -> ValueError:
@@ -59,6 +59,7 @@ class ModelConfig:
     ffn_hidden: Optional[int] = None  # SwiGLU width; default 8/3 * dim rounded up to a multiple of 64
     max_seq_len: int = 256  # training context; longer inputs work (RoPE), this is what presets train on
     rope_theta: float = 10000.0
+    rope: bool = True  # False: no positional encoding at all (NoPE: causal attention alone orders the tokens)
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
@@ -101,7 +102,7 @@ class ModelConfig:
 
     def _check_options(self) -> None:
         kind, accepts = self.attention, self.kind_class.config_fields
-        for name in ("use_subln", "subtract"):
+        for name in ("use_subln", "subtract", "rope"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.head_norm is not None and not isinstance(self.head_norm, bool):
@@ -180,7 +181,7 @@ class ModelConfig:
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """All fields, except those added later (``gate``, ``head_norm``, ``subtract``) while they
+        """All fields, except those added later (``gate``, ``head_norm``, ``subtract``, ``rope``) while they
         hold their defaults: a config that does not use them serialises exactly as before."""
         data = asdict(self)
         for name, default in _LATER_FIELDS.items():
@@ -255,6 +256,10 @@ ARMS: dict[str, str] = {
     "baseline_wide": "standard attention, H heads of width 2d (paper Table 6: Transformer 8 x 256)",
     "baseline_wide_head_norm": "standard attention, H heads of width 2d, with a per-head RMSNorm "
                                "(paper Table 6: + GroupNorm)",
+    "temperature": "the baseline's heads with a learned softmax temperature per head (exp(t_h) times the logits, "
+                   "t_h = 0 at initialisation): does DIFF only sharpen?",
+    "diff_nope": "DIFF without RoPE (NoPE: no positional encoding)",
+    "baseline_nope": "the baseline without RoPE (NoPE: no positional encoding)",
 }
 
 ARM_SETS: dict[str, tuple[str, ...]] = {
@@ -315,6 +320,9 @@ def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
         "baseline_head_norm": lambda: baseline.replace(head_norm=True),
         "baseline_wide": lambda: wide,
         "baseline_wide_head_norm": lambda: wide.replace(head_norm=True),
+        "temperature": lambda: baseline.replace(attention="temperature"),
+        "diff_nope": lambda: base.replace(rope=False),
+        "baseline_nope": lambda: baseline.replace(rope=False),
     }
     return derived[arm]()
 

@@ -21,8 +21,12 @@ from .ops import embedding, head_loss, is_mapped, linear, rms_norm, swiglu
 
 
 def make_attention(config: ModelConfig, layer_idx: int) -> nn.Module:
-    """Layer ``layer_idx``'s attention module: the kind ``config.attention`` names in :data:`ATTENTIONS`."""
-    return ATTENTIONS[config.attention].from_config(config, layer_idx)
+    """Layer ``layer_idx``'s attention module: the kind ``config.attention`` names in :data:`ATTENTIONS`
+    (without RoPE when ``config.rope`` is false)."""
+    module = ATTENTIONS[config.attention].from_config(config, layer_idx)
+    if not config.rope:
+        module.rope = False
+    return module
 
 
 class SwiGLU(nn.Module):

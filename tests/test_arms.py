@@ -219,8 +219,8 @@ def _base(**kw):
     return ModelConfig(**{**dict(vocab_size=50, dim=32, n_layers=2, n_heads=2, max_seq_len=32), **kw})
 
 
-MODEL_ARMS = ["gated", "gated_headwise", "no_subtraction", "baseline_head_norm", "diff_no_head_norm",
-              "baseline_wide_head_norm"]
+MODEL_ARMS = ["gated", "gated_headwise", "no_subtraction", "baseline_head_norm", "diff_no_head_norm", "temperature",
+              "baseline_wide_head_norm", "diff_nope", "baseline_nope"]
 
 
 @pytest.mark.parametrize("arm", MODEL_ARMS)
@@ -377,6 +377,7 @@ TINY_COUNTS = {
     "baseline_head_norm": (139_616, 2 * 16), "baseline_wide": (139_584, 0),
     "baseline_wide_head_norm": (139_648, 2 * 32),
     "gated_matched": (139_712, 2 * 64 * 4 * 16),  # gate +8,192, SwiGLU 192 -> 171 hidden units: -8,064
+    "temperature": (139_592, 2 * 4), "diff_nope": (139_776, 192), "baseline_nope": (139_584, 0),
 }
 
 
@@ -393,7 +394,7 @@ def test_every_arm_builds_with_the_documented_parameter_count(base):
         "baseline": 0, "diff": 6 * d, "diff_v2": D * 2 * H * d + D * 2 * H, "gated": D * 2 * H * d,
         "gated_headwise": D * 2 * H, "no_subtraction": 2 * d, "diff_no_head_norm": 4 * d, "diff_lambda_0.8": 6 * d,
         "diff_lambda_0.5": 6 * d, "baseline_head_norm": d, "baseline_wide": 0, "baseline_wide_head_norm": 2 * d,
-        "gated_matched": D * 2 * H * d,
+        "gated_matched": D * 2 * H * d, "temperature": 2 * H, "diff_nope": 6 * d, "baseline_nope": 0,
     }
     n_baseline = Transformer(baseline_config(base)).num_parameters()
     for arm in ARMS:
@@ -404,6 +405,8 @@ def test_every_arm_builds_with_the_documented_parameter_count(base):
         assert delta == L * expected_delta[arm] == L * sum(r[1] for r in attention_parameter_delta(cfg)), arm
         if arm == "gated_matched":  # its narrower MLP pays for the gate: within one hidden unit (3 D) per layer
             assert abs(n - n_baseline) <= L * 3 * D and cfg.hidden_dim < base.hidden_dim
+        elif arm in ("diff_nope", "baseline_nope"):  # their baseline is the baseline without RoPE
+            assert baseline_config(cfg) == baseline_config(base).replace(rope=False), arm
         elif arm not in ("baseline_wide", "baseline_wide_head_norm"):
             assert baseline_config(cfg) == baseline_config(base), arm  # one shared baseline
         else:

@@ -2,7 +2,7 @@
 
 Three kinds registered the public way, each a natural first try of a user: QK-norm (overrides ``_qkv``;
 the docs' worked example, run from the page itself), a per-head gain written the ordinary way in ``finish``,
-and a learned per-head temperature with its own initialisation and options (the docs' second example).
+and a learned per-head query scale with its own initialisation and options (the docs' second example).
 Each trains alone and stacked with the same losses, keeps its initialisation through construction, trains
 its own parameters, runs as a ``difftx compare`` arm, and is refused by the exporter."""
 
@@ -68,10 +68,10 @@ def _config(kind: str, **extra) -> ModelConfig:
     return ModelConfig(vocab_size=96, dim=32, n_layers=2, n_heads=2, max_seq_len=24, attention=kind, **extra)
 
 
-OWN = {"qknorm": ("q_norm.weight", 1.0), "headgain": ("gain", 0.5), "temperature": ("temperature", 1.0)}
+OWN = {"qknorm": ("q_norm.weight", 1.0), "headgain": ("gain", 0.5), "qscale": ("scale", 1.0)}
 
 
-@pytest.mark.parametrize("kind", ["qknorm", "headgain", "temperature"])
+@pytest.mark.parametrize("kind", ["qknorm", "headgain", "qscale"])
 def test_a_kind_trains_alone_and_stacked_alike_keeps_its_init_and_trains_its_own_parameters(kind, kinds, tmp_path):
     cfg = _config(kind)
     name, value = OWN[kind]
@@ -97,7 +97,7 @@ def test_a_kind_trains_alone_and_stacked_alike_keeps_its_init_and_trains_its_own
 def test_the_stack_maps_a_kind_that_overrides_a_hook_and_runs_the_built_in_ones_natively(kinds):
     for kind in ("diff", "diff_v2", "standard", "gated"):
         assert ATTENTIONS[kind].stacks_natively()
-    for kind in ("qknorm", "headgain", "temperature", "item"):
+    for kind in ("qknorm", "headgain", "qscale", "item"):
         assert not ATTENTIONS[kind].stacks_natively()
     torch.manual_seed(0)
     stack = StackedTransformer.from_models([Transformer(_config("headgain")) for _ in range(2)])
@@ -124,10 +124,10 @@ def test_each_kind_is_an_arm_of_compare(kinds, tmp_path):
     assert (arm.attention, arm.n_heads, arm.head_dim) == ("qknorm", 4, base.head_dim)
     out = tmp_path / "arms"
     assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
-                 "--no-progress", "--arms", "qknorm,headgain,temperature", *as_sets(FAST)]) == 0
+                 "--no-progress", "--arms", "qknorm,headgain,qscale", *as_sets(FAST)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["arms"]) == ["baseline", "diff", "qknorm", "headgain", "temperature"]
-    for kind in ("qknorm", "headgain", "temperature"):
+    assert list(res["arms"]) == ["baseline", "diff", "qknorm", "headgain", "qscale"]
+    for kind in ("qknorm", "headgain", "qscale"):
         assert res["arms"][kind]["config"]["attention"] == kind
         assert f"{kind} vs baseline" in res["arm_comparisons"]
 
@@ -146,14 +146,14 @@ def test_what_a_kind_implies_is_asked_of_its_class(kinds):
         check_exportable(qk)
     check_exportable(_config("standard"))  # the built-ins keep their own rules
     # options: built by the kind's Options, validated there, passed to its __init__
-    assert Transformer(_config("temperature", options={"init": 0.25})).layers[0].attn.temperature[0] == 0.25
+    assert Transformer(_config("qscale", options={"init": 0.25})).layers[0].attn.scale[0] == 0.25
     with pytest.raises(ValueError, match="init must be positive"):
-        _config("temperature", options={"init": -1.0})
-    with pytest.raises(ValueError, match="ModelConfig.options: .*unexpected keyword argument 'scale'"):
-        _config("temperature", options={"scale": 2.0})
+        _config("qscale", options={"init": -1.0})
+    with pytest.raises(ValueError, match="ModelConfig.options: .*unexpected keyword argument 'gain'"):
+        _config("qscale", options={"gain": 2.0})
     with pytest.raises(ValueError, match="takes no options"):
         _config("qknorm", options={"x": 1})
-    assert ModelConfig.from_dict(_config("temperature", options={"init": 2.0}).to_dict()).options == {"init": 2.0}
+    assert ModelConfig.from_dict(_config("qscale", options={"init": 2.0}).to_dict()).options == {"init": 2.0}
     assert "options" not in _config("diff").to_dict()  # old configs serialise as before
 
 

@@ -19,7 +19,7 @@ from difftx.eval.recall import IGNORE, RecallBlock
 
 # the smoke preset on recall alone, tiny: 3 arms, 2 seeds
 RECALL = {"steps": 12, "warmup_steps": 1, "log_every": 4, "recall_every": 1, "lm_every": 0, "icl_every": 0,
-          "probe_every": 0, "recall_vocab": 32, "recall_len": 16, "recall_pairs": [2, 3],
+          "probe_every": 4, "probe_samples": 3, "recall_vocab": 32, "recall_len": 16, "recall_pairs": [2, 3],
           "arms": ["baseline", "diff", "diff_lambda_0.8"],
           "tasks": {"recall": {"samples": 6, "attention_samples": 2}, "outliers": {"tokens": 64},
                     "diagnostics": {"samples": 2}}}
@@ -124,12 +124,21 @@ def test_every_arm_gets_a_frontier_and_paired_differences(recall_run):
             assert "mqar L=16 P=2" in cells and "reassigned L=64 P=6" in cells  # past training: 2x pairs, 4x length
             assert [c["beyond"] for c in r["cells"] if c["cell"].startswith("mqar L=16")] == [False, False]
             assert r["attention_mass"]["cell"] == "mqar L=16 P=2" and len(r["attention_mass"]["layers"]) == 1
+            probes = res["runs"][seed][arm]["train"]["probes"]  # recall probes every 4 steps and at the last
+            assert [p["step"] for p in probes] == [4, 8, 12] and list(probes[0]["recall"]) == ["mqar L=16 P=3"]
+            learning = r["learning"]
+            assert learning["steps"] == [4, 8, 12] and learning["accuracy"] == [p["recall"]["mqar L=16 P=3"]
+                                                                                for p in probes]
+            want = next((p["step"] for p in probes if p["recall"]["mqar L=16 P=3"] >= 0.5), None)
+            assert learning["learned_step"] == want and learning["last_probe_step"] == 12
             assert res["runs"][seed][arm]["tasks"]["needle"]["skipped"].startswith("the model was trained on "
                                                                                     "associative recall alone")
     for key in ("diff vs baseline", "diff vs diff_lambda_0.8", "diff_lambda_0.8 vs baseline"):
         comps = res["comparison"] if key == "diff vs baseline" else res["arm_comparisons"][key]
         c = comps["recall_frontier"]
         assert c["primary"] and c["bounds"] == [0.0, 1.0] and len(c["values"][c["arms"][0]]) == 2
+        assert comps["recall_pairs_at_half"]["bounds"] == [2.0, 6.0]  # censored at the grid's ends
+        assert not comps["recall_learned_step"]["primary"]
         want = [res["runs"][s][c["arms"][0]]["tasks"]["recall"]["frontier"] for s in ("0", "1")]
         assert c["values"][c["arms"][0]] == pytest.approx(want)
     report = (recall_run / "report.md").read_text()
@@ -206,3 +215,20 @@ def test_a_folder_from_before_recall_is_still_resumed(tmp_path):
     _check_folder(tmp_path, preset)  # the same comparison
     with pytest.raises(ValueError, match="other settings.*recall_every"):
         _check_folder(tmp_path, get_preset("smoke", recall_every=5))
+
+
+def test_tune_chooses_each_arms_learning_rate_on_fresh_recall_examples(tmp_path):
+    """`--tune lr=...` on recall alone: each model's validation loss is its recall loss on fresh examples of the
+    training mixture (never the evaluation's), and the tuned comparison compares the recall metrics."""
+    out = tmp_path / "tuned"
+    sets = _sets({k: v for k, v in RECALL.items() if k != "arms"})
+    assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+                 "--no-progress", "--tune", "lr=0.01", *sets]) == 0
+    res = json.loads((out / "results.json").read_text())
+    tune = res["tune"]
+    assert "recall loss at the queries" in tune["validation_source"]
+    assert "recall evaluation" in tune["heldout_source"]
+    assert set(tune["chosen"]["diff"].values()) <= set(tune["grid"]["diff"]) and 0.01 in tune["grid"]["diff"]
+    assert "recall_frontier" in tune["tuned"]["diff vs baseline"]
+    scores = json.loads((out / "seed0" / "diff" / "tune_scores.json").read_text())
+    assert scores["validation"] > 0 and scores["heldout"] is None

@@ -103,6 +103,7 @@ class AttentionKind(nn.Module):
 
     components = 1
     extra_proj: Optional[str] = None
+    rope = True  # RoPE on q and k; False: no positional encoding at all (NoPE; ModelConfig.rope, set by the model)
     kind: str = ""  # its name in ATTENTIONS (set by register_attention)
     hf_model_type: Optional[str] = None  # the transformers model_type that computes exactly this kind, if any
     config_fields: frozenset = frozenset()  # built-in option fields of ModelConfig this kind reads
@@ -151,10 +152,11 @@ class AttentionKind(nn.Module):
         q = linear(x, self.q_proj.weight).unflatten(-1, (self.q_heads, self.head_dim))  # (..., T, Hq, d)
         k = linear(x, self.k_proj.weight).unflatten(-1, (self.kv_heads, self.head_dim))  # (..., T, Hk, d)
         v = linear(x, self.v_proj.weight).unflatten(-1, (self.v_groups, self.v_width))  # (..., T, Hv, dv)
-        if positions is None:
-            positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, at_least_fp32(x.dtype))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rope:
+            if positions is None:
+                positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
+            cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, at_least_fp32(x.dtype))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(offset, k, v)  # (B, S, ...)
         return q, k, v
@@ -413,6 +415,48 @@ class GatedAttention(StandardAttention):
         return (out.to(g.dtype) * g).to(out.dtype)
 
 
+class TemperatureAttention(StandardAttention):
+    """Standard multi-head (GQA) attention with a learned softmax temperature per head: head ``h``'s logits
+    ``q·k / sqrt(d)`` are multiplied by ``exp(t_h)`` (``log_temperature``, one value per query head, 0 at
+    initialisation: the baseline's function). The control of the question "does DIFF only sharpen its
+    attention?": it can sharpen (or flatten) each head's map, and cannot subtract one map from another. ``H``
+    parameters per layer more than the baseline."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
+                 backend: str = "auto"):
+        super().__init__(dim, n_heads, n_kv_heads, rope_theta, backend=backend)
+        self.log_temperature = nn.Parameter(torch.zeros(n_heads))
+
+    hf_model_type = None
+    config_fields = frozenset()
+
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "TemperatureAttention":
+        c = config
+        return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, **c.options_dict())
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not TemperatureAttention:  # a kind built on this one: its own parameters
+            return super().parameter_delta(config)
+        return [("log_temperature (one learned log-temperature per head)", config.n_heads, "2H")]
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        return ("attention='temperature' cannot be exported: Llama scales every head's logits by 1/sqrt(d), and a "
+                "learned per-head temperature folded into q_proj would be a different parameter than the one trained "
+                "(export the baseline instead)")
+
+    def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
+        """The baseline's q, k, v with each head's q scaled by ``exp(t_h)`` (a stack's ``(K, H)`` temperatures
+        scale each model's own queries)."""
+        q, k, v = super()._qkv(x, positions, cache, offset)
+        t = self.log_temperature.exp()  # (H,) or (K, H) in a stack
+        lead = t.shape[:-1]
+        t = t.reshape(*lead, *([1] * (q.dim() - len(lead) - 2)), t.shape[-1], 1)  # (..., 1, 1, H, 1)
+        return (q.to(t.dtype) * t).to(q.dtype), k, v
+
+
 class DiffAttention(AttentionKind):
     """Differential attention, V1 (SPEC section 1), in the paper's exact form.
 
@@ -636,4 +680,4 @@ class DiffAttentionV2(AttentionKind):
 
 
 # the built-in kinds (registered by difftx.attention.registry); their own rules apply to these classes only
-ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, DiffAttention, DiffAttentionV2)
+ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, TemperatureAttention, DiffAttention, DiffAttentionV2)

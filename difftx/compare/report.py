@@ -72,7 +72,8 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
 
 def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> list[str]:
     """The report's first three lines: which arm, by how much in the metric's unit (DIFF - baseline
-    on the primary metrics: the ones with a verdict, else the closest), how sure (seeds, Holm over
+    on the primary metrics: the ones with a verdict, else the closest; then every other pair of arms
+    with a verdict on a primary metric), how sure (seeds, Holm over
     the primary family, the seeds a verdict needs) and in what regime (model size, budget, and what
     the held-out LM interval is over). ``comparisons``: ``{pair: {key: comparison}}``; ``tuned``:
     the ``tune`` record when these are the tuned comparisons."""
@@ -92,6 +93,12 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
                   f"({short_verdict(lead)}).")
     else:
         answer = "**No verdict: no primary metric was compared** (the verdict table says why)."
+    others = [c for pair_, comps in comparisons.items() if pair_ != "diff vs baseline"
+              for c in comps.values() if c["primary"] and c.get("better")]
+    if others:  # the other arms' verdicts on the same primary metrics (more arms: --arms)
+        answer += (" Other arms: " + "; ".join(f"{c['arms'][0]} - {c['arms'][1]} on {c['label']}: "
+                                               f"{difference_text(c)}, Holm p {adjusted_p_text(c)} "
+                                               f"({c['better']} better)" for c in others) + ".")
     need = max((c.get("seeds_for_verdict") or 0 for c in primary), default=0)
     family = max((c.get("family_size") or 0 for c in primary), default=0)
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "

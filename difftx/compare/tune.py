@@ -126,8 +126,9 @@ def grid_points(base: ComparePreset, tune: tuple[str, Sequence], seeds: list, sh
         raise ValueError(f"--tune {field}: the grid needs a value besides the preset's {shared}")
     if shard is None and len(seeds) < 2:
         raise ValueError("--tune: leave-one-seed-out needs at least 2 seeds")
-    if base.lm_every == 0:
-        raise ValueError("--tune: the choice reads a validation loss, which needs LM batches (lm_every > 0)")
+    if base.lm_every == 0 and base.recall_every == 0:
+        raise ValueError("--tune: the choice reads a validation loss, which needs LM batches (lm_every > 0) or "
+                         "recall batches (recall_every > 0)")
     return {v: point_preset(base, field, v) for v in grid}
 
 
@@ -224,6 +225,8 @@ def score_model(f: Path, p: ComparePreset) -> dict:
 
     settings = p.task_settings()["lm"]
     subject = load_subject(f / "model", device=resolve_device(p.device))
+    if not subject.has_text:  # recall alone: the loss on fresh examples of the training mixture
+        return recall_validation(subject)
     text = subject.text
     split = None
     if text is not None and text.heldout is not None:
@@ -239,6 +242,24 @@ def score_model(f: Path, p: ComparePreset) -> dict:
                                                    settings)
     return {"validation": val["heldout"]["nll"], "validation_source": choose_on.source, "heldout": held,
             "split": split}
+
+
+VALIDATION_SEED = 98765  # the recall examples --tune chooses on (the evaluation's are EVAL_SEED's)
+
+
+def recall_validation(subject) -> dict:
+    """A compare model trained on recall alone: its validation loss is the mean NLL at every query of 64
+    fresh examples of each training pair count at the training length (:data:`VALIDATION_SEED`, never
+    the evaluation's examples); the compared evaluation is the model's own recall task."""
+    from ..eval.recall import generate, recall_nll
+
+    block, device = subject.recall, next(subject.model.parameters()).device
+    losses = [recall_nll(subject.model, block.shifted(generate(spec, 64, seed=VALIDATION_SEED + i)), device=device)
+              for i, spec in enumerate(block.specs())]
+    return {"validation": sum(losses) / len(losses), "heldout": None, "split": None,
+            "heldout_source": "each model's own recall evaluation (the grid's examples, never chosen on)",
+            "validation_source": f"the recall loss at the queries of 64 fresh examples of each training pair count "
+                                 f"({', '.join(map(str, block.pairs))}) at length {block.seq_len}"}
 
 
 def halves(h) -> tuple:
@@ -329,7 +350,7 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
             "validation_source": first["validation_source"], "split": first.get("split"),
             "heldout_estimand": _estimand(first["heldout"]),
             "heldout_source": (first["heldout"] or {}).get("source") if first["heldout"] else
-            "the comparison's own held-out text (its LM evaluation)",
+            first.get("heldout_source") or "the comparison's own held-out text (its LM evaluation)",
             "validation_nll": {arm: {label(field, v): [x["validation"] for x in scores[arm][v]] for v in grids[arm]}
                                for arm in arms},
             # the held-out LM NLL of every model (the evaluated half), so a reader can redo the choice

@@ -326,6 +326,23 @@ def score(model: torch.nn.Module, examples: RecallExamples, *, batch_size: int =
     return out
 
 
+@torch.no_grad()
+def recall_nll(model: torch.nn.Module, examples: RecallExamples, *, batch_size: int = 64,
+               device: Union[str, torch.device] = "cpu") -> float:
+    """The mean negative log-likelihood (nats) of the label at every scored position: the loss recall is
+    trained on, read on examples the model never saw (``difftx compare --tune`` chooses by it)."""
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(examples), batch_size):
+        x = examples.inputs[start:start + batch_size].to(device)
+        y = examples.labels[start:start + batch_size].to(device)
+        mask = y != IGNORE
+        logits = model(x, logits_at=mask).double()  # (N, V) at the scored positions
+        total += float(torch.nn.functional.cross_entropy(logits, y[mask], reduction="sum"))
+        count += int(mask.sum())
+    return total / count
+
+
 class RecallSource:
     """A batch source (``difftx.training.train(config, data=RecallSource(...), model_config=...)``) of
     recall examples: step ``s`` draws the global batch of ``specs[s % len(specs)]`` (a mixture of

@@ -92,6 +92,9 @@ def check_exportable(config: ModelConfig) -> None:
     kind's ``hf_refusal`` says why not)."""
     kind = config.kind_class
     reason = kind.hf_refusal(config)
+    if reason is None and not config.rope:
+        reason = ("rope=false (NoPE) cannot be exported: Llama and DiffLlama always rotate q and k by RoPE, and no "
+                  "rope setting of theirs turns it off")
     if reason is None and kind.hf_model_type not in HF_LAYOUTS:
         reason = (f"attention={config.attention!r} names transformers model_type {kind.hf_model_type!r}, which "
                   f"difftx cannot write (it writes {sorted(HF_LAYOUTS)})")
