@@ -1,7 +1,8 @@
 """A pilot of the recall benchmark: arms trained on a mixture of multi-query associative recall (MQAR)
 difficulties, scored on a grid of pairs, variants and lengths, with paired intervals over seeds.
 
-Each arm's seeds train together as one stack (``difftx.training.train_stacked``) on
+One arm alone (``--arms baseline``) is trained and scored without differences, so that arms can run side by
+side in separate processes. Each arm's seeds train together as one stack (``difftx.training.train_stacked``) on
 ``difftx.eval.recall.RecallSource`` (a mixture of pair counts at the training length, in turn); every
 model is then scored (``difftx.eval.recall.score``) on the same generated examples of each cell. The
 frontier of a model is its mean accuracy over the pair grid (plain MQAR, training length): the area

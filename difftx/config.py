@@ -269,6 +269,8 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
                         "diff_lambda_0.8", "diff_lambda_0.5", "baseline_head_norm"),
     # other ways to remove attention noise, and the control that removes DIFF's subtraction
     "alternatives": ("baseline", "diff", "diff_v2", "gated", "gated_matched", "gated_headwise", "no_subtraction"),
+    # recall-cpu's arms and the controls of its question: does DIFF only sharpen? is RoPE's pattern the noise?
+    "recall-controls": ("baseline", "diff", "diff_lambda_0.8", "temperature", "diff_nope", "baseline_nope"),
     "all": tuple(ARMS),
 }
 

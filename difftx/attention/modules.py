@@ -439,7 +439,7 @@ class TemperatureAttention(StandardAttention):
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
         if cls is not TemperatureAttention:  # a kind built on this one: its own parameters
             return super().parameter_delta(config)
-        return [("log_temperature (one learned log-temperature per head)", config.n_heads, "2H")]
+        return [("log_temperature (one learned log-temperature per head)", config.n_heads, "H")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:

@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--arms", default=None, metavar="ARMS",
                    help="the arms trained for every seed: comma-separated names (baseline and diff always "
                         "included) or a named set: default (baseline,diff), paper-ablations (paper Table 6), "
-                        "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), all; see "
+                        "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), "
+                        "recall-controls (diff_lambda_0.8, temperature, diff_nope, baseline_nope), all; see "
                         "`difftx info --arms`")
     p.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "

@@ -78,6 +78,8 @@ def _options(c) -> str:
         out.append("subtract=off")
     if c.lambda_init is not None:
         out.append(f"lambda_init={c.lambda_init:g}")
+    if not c.rope:
+        out.append("rope=off")
     out.extend(f"{k}={v}" for k, v in (c.options or {}).items())
     return " ".join(out)
 
@@ -140,7 +142,7 @@ def _print_arms(cfg, arms) -> int:
 
     print(f"arms derived from: dim={cfg.dim} n_layers={cfg.n_layers} n_heads={cfg.n_heads} "
           f"kv_groups={cfg.kv_groups} (DIFF component width d={cfg.head_dim}) vocab_size={cfg.vocab_size}")
-    head = f"{'arm':24s} {'attention':9s} {'heads x width':>13s} {'kv':>3s} {'parameters':>12s} {'vs baseline':>12s}"
+    head = f"{'arm':24s} {'attention':11s} {'heads x width':>13s} {'kv':>3s} {'parameters':>12s} {'vs baseline':>12s}"
     print(f"{head}  added per layer")
     for arm in arms:
         c = arm_config(cfg, arm)
@@ -148,9 +150,10 @@ def _print_arms(cfg, arms) -> int:
         delta = n - parameter_count(baseline_config(c))
         opts = _options(c)
         kind = c.attention
-        print(f"{arm:24s} {kind:9s} {f'{c.n_heads} x {c.head_dim}':>13s} {c.kv_groups:>3d} {n:>12,} {delta:>+12,}  "
+        print(f"{arm:24s} {kind:11s} {f'{c.n_heads} x {c.head_dim}':>13s} {c.kv_groups:>3d} {n:>12,} {delta:>+12,}  "
               f"{_delta_text(c)}{'  [' + opts + ']' if opts else ''}")
     print("vs baseline: the arm's parameters minus those of its own baseline_config (standard attention without "
-          "the arm's additions: the 'baseline' arm for diff*, no_subtraction, diff_v2, gated* and baseline_head_norm; "
-          "'baseline_wide' for baseline_wide_head_norm)")
+          "the arm's additions: the 'baseline' arm for diff*, no_subtraction, diff_v2, gated*, temperature and "
+          "baseline_head_norm; 'baseline_wide' for baseline_wide_head_norm; the baseline without RoPE for the NoPE "
+          "arms)")
     return 0
