@@ -29,8 +29,9 @@ class ModelConfig:
     Head counts mean what each attention kind makes of them: for ``diff`` and ``diff_v2``,
     ``n_heads`` is the number of *differential* heads (``diff``: component width
     ``dim / (2 n_heads)``; ``diff_v2``: ``2 n_heads`` query heads of width ``dim / n_heads``);
-    for ``standard`` and ``gated`` it is the number of ordinary heads. ``n_kv_heads`` defaults
-    to ``n_heads``.
+    for ``standard`` and ``gated`` it is the number of ordinary heads; for ``converted`` (a standard model made
+    differential by ``difftx convert``) it is the source's heads, each of width ``dim / n_heads`` with two
+    query/key components and one value. ``n_kv_heads`` defaults to ``n_heads``.
 
     Options of the attention kinds (docs/design.md §5b), each validated here:
 
@@ -91,7 +92,7 @@ class ModelConfig:
         H, Hkv, D = self.n_heads, self.kv_groups, self.dim
         if H % Hkv:
             raise _err("n_kv_heads", f"n_heads={H} must be divisible by n_kv_heads={Hkv}")
-        C = self.components
+        C = self.width_parts
         if C > 1 and D % (C * H):
             raise _err("dim", f"{D} must be divisible by {C}*n_heads={C * H} ({C} components per differential head)")
         if D % H:
@@ -142,9 +143,16 @@ class ModelConfig:
         return self.kind_class.components
 
     @property
+    def width_parts(self) -> int:
+        """``d``-wide parts of the model width per head: ``dim = width_parts * n_heads * head_dim`` (the kind's
+        ``width_parts``, by default its ``components``: 2 for ``diff``; 1 for ``converted``, whose two components
+        share one ``d``-wide value)."""
+        return self.kind_class.width_parts or self.components
+
+    @property
     def head_dim(self) -> int:
         """Query/key width per (sub-)head: ``d`` of SPEC sections 1-2."""
-        return self.dim // (self.components * self.n_heads)
+        return self.dim // (self.width_parts * self.n_heads)
 
     @property
     def uses_head_norm(self) -> bool:

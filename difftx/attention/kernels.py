@@ -15,7 +15,9 @@ groups, ``R = H // Hkv`` heads per group, ``d`` query/key width, ``C`` maps per 
   sub-heads ``2h`` / ``2h+1`` the two components of head ``h``; ``k (B, S, 2Hkv, d)`` paired
   the same way per group; ``v (B, S, Hkv, 2d)``. Head ``h`` uses keys ``2g``, ``2g+1`` and
   value ``g`` with ``g = h // R``. Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)``; the
-  per-head norm is the module's job.
+  per-head norm is the module's job. The value may have any width ``dv`` (a converted model's
+  heads, :mod:`difftx.attention.converted`, have ``dv = d``); only the fused ``triton`` kernel
+  needs ``2d`` and hands other widths to ``sdpa``.
 
 Split values: a KV cache may hold each value row as ``P`` contiguous pieces (``LayerKV`` with
 ``v_parts``) and hand over ``v (B, S, Hkv, P, dv / P)``; a kernel whose ``split_values``
@@ -386,7 +388,8 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
     path. Of the stock arrangements, the fastest measured (SPEC section 6) is one call over
     all ``2H`` sub-heads with q and k zero-padded to ``2d`` (dot products unchanged): it
     costs twice the baseline's matmuls but computes each softmax once, where the four-call
-    form on ``d``-wide value halves computes each twice.
+    form on ``d``-wide value halves computes each twice. A value as wide as q and k (a
+    converted model's, ``dv = d``) needs no padding.
     """
     if return_maps:
         raise ValueError("the 'sdpa' backend does not return attention maps; use backend='eager'")
@@ -403,18 +406,19 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
             attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=HC != Hkv,
         )  # (B, H, T, dv)
         return out.transpose(1, 2)
-    Hkv = v.shape[2]
+    Hkv, dv = v.shape[2], v.shape[3]  # dv: 2d (DIFF), d (a converted model)
     H, R = HC // 2, HC // (2 * Hkv)
     # component-major order, so that SDPA's GQA rule (query i -> kv i // R) pairs correctly
     qc = q.view(B, T, Hkv, R, 2, d).permute(0, 4, 2, 3, 1, 5).reshape(B, 2 * H, T, d)  # (B, 2H, T, d)
     kc = k.view(B, S, Hkv, 2, d).permute(0, 3, 2, 1, 4).reshape(B, 2 * Hkv, S, d)  # (B, 2Hkv, S, d)
-    vc = v.transpose(1, 2).unsqueeze(1).expand(B, 2, Hkv, S, 2 * d).reshape(B, 2 * Hkv, S, 2 * d)
+    vc = v.transpose(1, 2).unsqueeze(1).expand(B, 2, Hkv, S, dv).reshape(B, 2 * Hkv, S, dv)
+    if dv > d:  # q and k zero-padded to the value's width: dot products unchanged
+        qc, kc = F.pad(qc, (0, dv - d)), F.pad(kc, (0, dv - d))
     out = F.scaled_dot_product_attention(
-        F.pad(qc, (0, d)), F.pad(kc, (0, d)), vc,
-        attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=R > 1,
-    ).view(B, 2, H, T, 2 * d)
+        qc, kc, vc, attn_mask=attn_mask, is_causal=plain, scale=scale, enable_gqa=R > 1,
+    ).view(B, 2, H, T, dv)
     dt = _acc_dtype(out.dtype)
-    out = out[:, 0].to(dt) - per_sequence(lam, B, 4).to(dt) * out[:, 1].to(dt)  # (B, H, T, 2d)
+    out = out[:, 0].to(dt) - per_sequence(lam, B, 4).to(dt) * out[:, 1].to(dt)  # (B, H, T, dv)
     return out.to(v.dtype).transpose(1, 2)
 
 

@@ -102,6 +102,9 @@ class AttentionKind(nn.Module):
     """
 
     components = 1
+    # d-wide parts of the model width per head, dim = width_parts * n_heads * d; None: components (DIFF's heads are
+    # two d-wide halves of a 2d-wide head; ConvertedAttention's two components share one d-wide value: 1)
+    width_parts: Optional[int] = None
     extra_proj: Optional[str] = None
     rope = True  # RoPE on q and k; False: no positional encoding at all (NoPE; ModelConfig.rope, set by the model)
     kind: str = ""  # its name in ATTENTIONS (set by register_attention)
@@ -679,5 +682,8 @@ class DiffAttentionV2(AttentionKind):
         return (out[..., 0::2, :].to(lam.dtype) - lam * out[..., 1::2, :].to(lam.dtype)).to(out.dtype)
 
 
+from .converted import ConvertedAttention  # noqa: E402 - built on DiffAttention, defined above
+
 # the built-in kinds (registered by difftx.attention.registry); their own rules apply to these classes only
-ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, TemperatureAttention, DiffAttention, DiffAttentionV2)
+ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, TemperatureAttention, DiffAttention, DiffAttentionV2,
+                      ConvertedAttention)

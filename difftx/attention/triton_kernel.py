@@ -528,6 +528,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], m
         return "standard attention (lam is None)"
     if lam.numel() != 1:
         return f"lam must be a scalar, got shape {tuple(lam.shape)}"
+    if v.shape[-1] != 2 * q.shape[-1]:
+        return f"value width {v.shape[-1]} is not 2d = {2 * q.shape[-1]} (the fused kernel takes DIFF's values)"
     if not (q.is_cuda or INTERPRET):
         return f"tensors on {q.device.type} (the kernel needs CUDA, or TRITON_INTERPRET=1)"
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:

@@ -1,0 +1,115 @@
+"""The ``converted`` attention kind: a pretrained model's standard attention made differential (issue 40).
+
+A model converted by :func:`difftx.interop.convert.convert_model` keeps its source's ``H`` heads of width
+``d = dim / H`` and its kv groups (GQA as in the source). Each head gains a second query/key component of
+the same width ``d``, the *negative* one, and keeps ONE ``d``-wide value, the source head's::
+
+    O_h = (softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V
+
+``Q1``/``K1`` are the source head's query and key. ``lambda`` is one scalar per layer, re-parameterised
+as in DIFF V1: ``lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init``, with ``lambda_init = 0``.
+
+Function at conversion: the lambda vectors start as two equal pairs (``lq2 = lq1``, ``lk2 = lk1``, drawn
+``N(0, 0.1)`` as DIFF's). Then ``lambda`` is exactly 0, so each head computes the source's attention,
+while lambda's gradient is not 0 (with all four vectors at zero it would be, and lambda would never move).
+
+No per-head norm: ``RMSNorm(O_h)`` differs from ``O_h``, so a norm would change the function at step 0.
+DIFF's ``(1 - lambda_init)`` factor is 1 here. ``head_norm=True`` is refused by the config.
+
+Layout (rows of the projections, RoPE on every ``d``-wide query/key sub-head as in every difftx kind)::
+
+    q_proj   (H,   c, d): sub-head 2h + c, c = 0 the positive (source) component, c = 1 the negative one
+    k_proj   (Hkv, c, d): sub-head 2g + c, the same pairing per kv group
+    v_proj   (Hkv, d):    the source's values
+    out_proj columns (H, d): the source's
+
+This is the kernels' differential contract with a value as wide as q and k (``dv = d``): ``eager``,
+``chunked``, ``sdpa`` and ``flex`` take it; the fused ``triton`` kernel is written for DIFF's ``2d``-wide
+values and hands these calls to ``sdpa``. The parameter-matched baseline is the source: standard attention
+with the same heads.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from .modules import LAMBDA_INIT_STD, AttentionKind, DiffAttention, _check_heads
+
+
+class ConvertedAttention(DiffAttention):
+    """A converted model's attention (see the module doc): ``n_heads`` heads of width ``d = dim / n_heads``
+    over ``n_kv_heads`` kv groups, each with two ``d``-wide query/key components and one ``d``-wide value;
+    ``lambda = exp(lq1.lk1) - exp(lq2.lk2)`` (``lambda_init = 0``), no per-head norm."""
+
+    width_parts = 1  # a head's output is d wide: dim = n_heads * d, as in the source
+    hf_model_type = None
+    config_fields = frozenset()
+    head_norm_default = False
+
+    def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
+                 rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5):
+        if not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
+        n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
+        AttentionKind.__init__(self, dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
+        self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
+        self.lambda_init = 0.0
+        self.subtract = True
+        self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
+        self.subln = None
+        self.reset_lambda()
+
+    @classmethod
+    def from_config(cls, config, layer_idx: int) -> "ConvertedAttention":
+        c = config
+        return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
+                   **c.options_dict())
+
+    @classmethod
+    def baseline_config(cls, config):
+        """The source: standard attention with the same ``H`` heads of width ``d`` and ``Hkv`` kv groups."""
+        return config.plain(attention="standard")
+
+    @classmethod
+    def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
+        if cls is not ConvertedAttention:  # a kind built on this one: its own parameters
+            return AttentionKind.parameter_delta.__func__(cls, config)
+        D, H, Hkv, d = config.dim, config.n_heads, config.kv_groups, config.head_dim
+        return [("q_proj rows of the negative query components", D * H * d, "D·H·d"),
+                ("k_proj rows of the negative key components", D * Hkv * d, str(D * Hkv * d)),
+                ("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d")]
+
+    @classmethod
+    def hf_refusal(cls, config) -> Optional[str]:
+        return ("attention='converted' cannot be exported: no transformers class computes it. DiffLlama's heads "
+                "read a value twice as wide as their query/key, apply a per-head RMSNorm and scale by "
+                "(1 - lambda_init) with lambda_init from its depth schedule; a converted head has a d-wide value, "
+                "no norm and lambda_init 0, and the norm is not linear, so no choice of weights makes one the other")
+
+    def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
+        """The projections as every kind's; ``lambda_q1``, ``lambda_k1`` ``N(0, 0.1)`` and the second pair equal
+        to the first (``lambda`` exactly 0 at initialisation, with a gradient)."""
+        AttentionKind.init_parameters(self, draw, std)
+        draw("lambda_q1", LAMBDA_INIT_STD)
+        draw("lambda_k1", LAMBDA_INIT_STD)
+        self._pair_lambda()
+
+    def reset_lambda(self, std: float = LAMBDA_INIT_STD) -> None:
+        nn.init.normal_(self.lambda_q1, mean=0.0, std=std)
+        nn.init.normal_(self.lambda_k1, mean=0.0, std=std)
+        self._pair_lambda()
+
+    def _pair_lambda(self) -> None:
+        with torch.no_grad():
+            self.lambda_q2.copy_(self.lambda_q1)
+            self.lambda_k2.copy_(self.lambda_k1)
+
+    def cache_value_parts(self, device=None) -> int:
+        """1: the cached values are ``d`` wide, one piece per row."""
+        return 1
