@@ -457,6 +457,25 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
     return hf_cfg, state
 
 
+def read_hf_model(src: Path) -> tuple[dict, ModelConfig, dict[str, Tensor]]:
+    """A transformers DiffLlama or Llama folder read as difftx reads it: its ``config.json`` (dict), the difftx
+    :class:`ModelConfig` and the difftx state dict (tensors in their stored dtype), after checking every weight's
+    name and shape. A tied config with a stored head that differs from the embedding is read untied, as
+    transformers loads it. Raises :class:`ConversionError` naming the field or file."""
+    hf_cfg, hf_state = load_hf_folder(src)
+    config = config_from_hf(hf_cfg, str(src / "config.json"))
+    head, embedding = hf_state.get("lm_head.weight"), hf_state.get("model.embed_tokens.weight")
+    if config.tie_embeddings and head is not None:
+        if embedding is not None and head.shape == embedding.shape and not torch.equal(head, embedding):
+            # transformers keeps a stored head that differs from the embedding (it does not tie them): so do we
+            config = config.replace(tie_embeddings=False)
+        else:  # a stored copy of the embedding: tied
+            hf_state.pop("lm_head.weight")
+    expected_hf = to_hf_state(config, _expected_state(config))
+    _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
+    return hf_cfg, config, to_difftx_state(config, hf_state)
+
+
 def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False) -> Path:
     """Convert a local transformers DiffLlama (-> ``diff``) or Llama (-> ``standard``) folder into
     a difftx model folder that :func:`difftx.checkpoint.load_model` and the trainer's
@@ -472,18 +491,7 @@ def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False
     if not src.is_dir():
         raise ConversionError(f"{src}: not a folder (expected a Hugging Face model folder)")
     _output_dir(out_folder, [src], overwrite)  # before reading the weights
-    hf_cfg, hf_state = load_hf_folder(src)
-    config = config_from_hf(hf_cfg, str(src / "config.json"))
-    head, embedding = hf_state.get("lm_head.weight"), hf_state.get("model.embed_tokens.weight")
-    if config.tie_embeddings and head is not None:
-        if embedding is not None and head.shape == embedding.shape and not torch.equal(head, embedding):
-            # transformers keeps a stored head that differs from the embedding (it does not tie them): so do we
-            config = config.replace(tie_embeddings=False)
-        else:  # a stored copy of the embedding: tied
-            hf_state.pop("lm_head.weight")
-    expected_hf = to_hf_state(config, _expected_state(config))
-    _check_shapes(hf_state, expected_hf, str(src), ignore=lambda k: k.endswith("rotary_emb.inv_freq"))
-    state = to_difftx_state(config, hf_state)
+    hf_cfg, config, state = read_hf_model(src)
     out = _output_dir(out_folder, [src], overwrite)
     meta = {"format": "difftx", "source": f"transformers:{hf_cfg['model_type']}"}
     with atomic_folder(out, replace=True) as tmp:

@@ -1,0 +1,47 @@
+"""``difftx convert``: a standard-attention model (difftx ``standard`` or transformers Llama) made differential."""
+
+from __future__ import annotations
+
+import argparse
+
+METHODS = ("zero", "mirror", "random")  # difftx.interop.convert.METHODS (not imported here: it imports torch)
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "convert", help="make a standard / Llama model differential, with the same function at conversion",
+        description="Convert a difftx 'standard' model folder (or a training run folder: its latest checkpoint) or "
+                    "a local transformers Llama folder (config.json + safetensors) into a difftx model of the "
+                    "'converted' attention kind: each head keeps its query, key and value and gains a negative "
+                    "query/key component, mixed in by a learned lambda that starts at 0. The converted model's "
+                    "float32 logits are checked against the source's before anything is written. Fine-tune it with "
+                    "`difftx train --init-from OUT`. Nothing is downloaded. See docs/interop.md.")
+    p.add_argument("src", help="difftx 'standard' model, checkpoint or run folder, or transformers Llama folder")
+    p.add_argument("out", help="output difftx model folder (created; an existing one must be empty, see --overwrite)")
+    p.add_argument("--method", choices=METHODS, default="zero",
+                   help="the negative component's query/key rows: zero (zeros; that map stays uniform under "
+                        "training), mirror (a copy of the positive one) or random (normal draws with the model's "
+                        "init_std); default: zero")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the random draws: the lambda vectors and, with --method random, the negative "
+                        "rows (default: 0)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT when it is a non-empty folder (refused otherwise; never a run or a comparison)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..interop.convert import convert_model
+    from ..interop.hf import replaced
+
+    if args.seed < 0:
+        raise ValueError(f"--seed: must be a non-negative integer, got {args.seed}")
+    gone = replaced(Path(args.out)) if args.overwrite else None
+    res = convert_model(args.src, args.out, method=args.method, seed=args.seed, overwrite=args.overwrite)
+    if gone:
+        print(f"replaced {gone}")
+    print(f"converted {args.src} ({res.source}) -> {res.out} (attention='converted', method={res.method}, "
+          f"seed={res.seed}); {res.summary()}")
+    return 0

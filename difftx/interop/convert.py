@@ -1,0 +1,241 @@
+"""Convert a pretrained standard-attention model to differential attention (issue 40, first slice).
+
+:func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama folder (read as
+``difftx import`` reads it: GQA, tied embeddings and the RoPE layout included), and writes a difftx model
+folder of the ``converted`` attention kind (:mod:`difftx.attention.converted`). Every head keeps the source's
+query, key and value; it gains a negative query/key component and computes
+``(softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V``. ``lambda`` starts at exactly 0.
+
+Methods, for the negative component's query and key rows:
+
+- ``zero``: zeros. The second map is then uniform over the visible keys (their running mean), and it stays
+  so under training: with both ``Q2`` and ``K2`` zero, each one's gradient is zero. Only lambda learns,
+  on that mean. The first recipe of axolotl's converter.
+- ``mirror``: a copy of the positive component. The second map starts equal to the first; once lambda
+  moves, the two components get gradients of opposite signs and part. Axolotl's mirror recipe.
+- ``random``: normal draws with the model's ``init_std``, from ``seed``. The second map starts as a fresh,
+  nearly uniform one, and is learned from there.
+
+All three preserve the function at conversion, because lambda is 0 there: the second map is computed and
+multiplied by zero. Learning the negative map, and lambda, is what training does (``difftx train --init-from
+OUT``). Before anything is written, the converted model's float32 logits are compared with the source's on a
+few rows of random tokens; a relative difference above ``1e-5`` is refused. ``seed`` also draws the lambda
+vectors (two equal pairs, ``N(0, 0.1)``; see the kind's doc).
+
+Refused, each with one line naming the field: another transformers ``model_type`` than ``llama`` (Qwen2's
+q/k/v biases and Mistral's sliding window are not read by difftx), what ``difftx import`` refuses (RoPE
+scaling, biases, missing or mismatched weights, ...), a difftx model of another kind or with a per-head norm,
+and an OUT folder that is not empty (``overwrite`` as for ``difftx import``). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..attention.modules import LAMBDA_INIT_STD
+from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, \
+    save_weights
+from ..config import ModelConfig
+from ..io import atomic_folder, atomic_write, write_json
+from ..model import Transformer
+from .hf import TOKENIZER_SUBDIR, ConversionError, PathLike, _output_dir, read_hf_model, resolve_model_folder
+from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer
+
+METHODS = ("zero", "mirror", "random")
+KIND = "converted"
+CONVERSION_NAME = "conversion.json"  # written beside the model: source, method, seed and the logits check
+CHECK_ROWS, CHECK_TOKENS = 4, 32  # random token rows (and their length, at most max_seq_len) of the logits check
+CHECK_TOLERANCE = 1e-5  # max |converted - source| / max |source| over those logits, float32
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What :func:`convert_model` wrote and the check it made."""
+
+    out: Path
+    source: str  # "transformers:llama" or "difftx:standard"
+    method: str
+    seed: int
+    max_rel_error: float  # max |converted - source| / max |source| over the checked logits
+    rows: int
+    tokens: int
+
+    def summary(self) -> str:
+        return (f"logits check: max relative difference {self.max_rel_error:.1e} over {self.rows} rows of "
+                f"{self.tokens} random tokens (limit {CHECK_TOLERANCE:.0e}, float32); lambda 0 in every layer")
+
+
+# -- reading the source ---------------------------------------------------------------------------------------------
+
+def _hf_model_type(src: Path) -> Optional[str]:
+    """The ``model_type`` of ``src/config.json`` when it is a transformers config, else None (a difftx one)."""
+    path = src / CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if "model_type" not in data:
+        return None
+    model_type = data["model_type"]
+    where = f"{path}: model_type {model_type!r}"
+    if model_type == "llama":
+        return model_type
+    if model_type == "diffllama":
+        raise ConversionError(f"{where} is differential attention already; convert reads 'llama' folders (read this "
+                              f"one with `difftx import`)")
+    if model_type == "qwen2":
+        raise ConversionError(f"{where}: Qwen2's q/k/v projections carry biases, which difftx's bias-free projections "
+                              f"cannot hold; convert reads 'llama' folders only")
+    if model_type == "mistral":
+        window, context = data.get("sliding_window"), data.get("max_position_embeddings")
+        if window and isinstance(context, int) and window < context:
+            raise ConversionError(f"{path}: sliding_window={window} is shorter than the context "
+                                  f"(max_position_embeddings={context}): difftx attends to the whole context and "
+                                  f"cannot compute Mistral's windowed attention")
+        raise ConversionError(f"{where} is not read by difftx (sliding_window={window!r}); convert reads 'llama' "
+                              f"folders only")
+    raise ConversionError(f"{where} is not supported; convert reads transformers 'llama' folders and difftx "
+                          f"'standard' models")
+
+
+def read_source(src: PathLike) -> tuple[str, ModelConfig, dict[str, Tensor], Path]:
+    """``(source kind, config, difftx state dict, folder read)`` of a transformers Llama folder or a difftx
+    ``standard`` model folder (a training run folder means its latest checkpoint); tensors in their stored
+    dtype. Raises :class:`ConversionError` naming the field or file."""
+    src = Path(src)
+    if not src.is_dir():
+        raise ConversionError(f"{src}: not a folder (expected a transformers Llama folder or a difftx 'standard' "
+                              f"model folder)")
+    model_type = _hf_model_type(src)
+    if model_type is not None:
+        _, config, state = read_hf_model(src)
+        return f"transformers:{model_type}", config, state, src
+    folder = resolve_model_folder(src)
+    try:
+        config = load_config(folder)
+        state = check_weights_fit(config, load_state(folder), str(folder / WEIGHTS_NAME))
+    except CheckpointError as e:
+        raise ConversionError(str(e)) from e
+    where = folder / CONFIG_NAME
+    if config.attention != "standard":
+        raise ConversionError(f"{where}: attention={config.attention!r}; convert turns 'standard' models (and "
+                              f"transformers Llama folders) differential")
+    if config.uses_head_norm:
+        raise ConversionError(f"{where}: head_norm=true; the converted kind has no per-head norm (one would change "
+                              f"the function at conversion), so this model cannot be converted exactly")
+    if config.tie_embeddings:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}  # stored once, as the embedding
+    return "difftx:standard", config, state, folder
+
+
+# -- the conversion -------------------------------------------------------------------------------------------------
+
+def converted_config(config: ModelConfig) -> ModelConfig:
+    """The ``converted`` config of a standard ``config``: the same heads, kv groups, width and everything else."""
+    return config.plain(attention=KIND)
+
+
+def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str = "zero", seed: int = 0
+                    ) -> dict[str, Tensor]:
+    """The state dict of :func:`converted_config` ``(config)`` from a standard model's ``state``: the source's
+    tensors, each layer's q/k rows paired with the negative component's (``method``), and the lambda vectors
+    (``lq2 = lq1``, ``lk2 = lk1``, ``N(0, 0.1)`` from ``seed``: lambda exactly 0)."""
+    if method not in METHODS:
+        raise ConversionError(f"method: must be one of {list(METHODS)}, got {method!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConversionError(f"seed: must be a non-negative integer, got {seed!r}")
+    g = torch.Generator().manual_seed(seed)
+    D, H, Hkv, d = config.dim, config.n_heads, config.kv_groups, config.head_dim
+    out = dict(state)
+    for i in range(config.n_layers):
+        a = f"layers.{i}.attn."
+        lq, lk = (torch.randn(d, generator=g) * LAMBDA_INIT_STD for _ in range(2))  # drawn first: equal across methods
+        for name, heads in (("q_proj.weight", H), ("k_proj.weight", Hkv)):
+            pos = state[a + name]  # (heads * d, D), RoPE-interleaved rows per head
+            if method == "zero":
+                neg = torch.zeros_like(pos)
+            elif method == "mirror":
+                neg = pos.clone()
+            else:
+                neg = (torch.randn(pos.shape, generator=g) * config.init_std).to(pos.dtype)
+            out[a + name] = torch.stack([pos.view(heads, d, D), neg.view(heads, d, D)], 1).reshape(2 * heads * d, D)
+        out.update({a + "lambda_q1": lq, a + "lambda_k1": lk, a + "lambda_q2": lq.clone(), a + "lambda_k2": lk.clone()})
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def float32_model(config: ModelConfig, state: dict[str, Tensor], source: str = "state dict") -> Transformer:
+    """A float32 model of ``config`` holding ``state`` (no random initialisation drawn)."""
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.to_empty(device="cpu")
+    state = check_weights_fit(config, {k: v.float() for k, v in state.items()}, source)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def logits_difference(source: Transformer, converted: Transformer, seed: int = 0) -> tuple[float, int, int]:
+    """``(max |converted - source| / max |source|, rows, tokens)`` of both models' logits on random token rows
+    (eager kernel, float32)."""
+    c = source.config
+    T = min(CHECK_TOKENS, c.max_seq_len)
+    x = torch.randint(0, c.vocab_size, (CHECK_ROWS, T), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        a, b = source(x, backend="eager"), converted(x, backend="eager")
+    return float((a - b).abs().max() / a.abs().max()), CHECK_ROWS, T
+
+
+def convert_model(src: PathLike, out: PathLike, *, method: str = "zero", seed: int = 0,
+                  overwrite: bool = False) -> Conversion:
+    """Convert the standard-attention model in ``src`` (a transformers Llama folder, or a difftx ``standard`` model,
+    checkpoint or run folder) into a ``converted`` difftx model folder ``out`` that
+    :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read: ``config.json``,
+    ``model.safetensors`` (the source's dtype; the lambda vectors float32), :data:`CONVERSION_NAME`, and the
+    source's tokenizer in ``tokenizer/``. See the module doc for ``method`` and what is refused.
+
+    The converted model's float32 logits are checked against the source's first; a relative difference above
+    :data:`CHECK_TOLERANCE` is a :class:`ConversionError` and nothing is written. ``out`` follows
+    ``difftx import``'s rule: a non-empty folder is refused unless ``overwrite`` (never a run or a comparison);
+    the folder is assembled beside it and renamed into place."""
+    if method not in METHODS:
+        raise ConversionError(f"method: must be one of {list(METHODS)}, got {method!r}")
+    src = Path(src)
+    _output_dir(out, [src], overwrite)  # before reading the weights
+    source, config, state, folder = read_source(src)
+    conv_config = converted_config(config)
+    conv_state = converted_state(config, state, method, seed)
+    src_model = float32_model(config, state, str(folder))
+    conv_model = float32_model(conv_config, conv_state, "the converted weights")
+    lambdas = [block.attn.lambda_reading() for block in conv_model.layers]
+    if any(lam != 0.0 for lam in lambdas):  # pragma: no cover - the pairs are equal by construction
+        raise ConversionError(f"lambda: not 0 after conversion ({lambdas}); nothing written")
+    err, rows, tokens = logits_difference(src_model, conv_model, seed)
+    if not err <= CHECK_TOLERANCE:
+        raise ConversionError(f"logits check: the converted model's float32 logits differ from the source's by "
+                              f"{err:.2e} (relative), above {CHECK_TOLERANCE:.0e}; nothing written")
+    result = Conversion(Path(out), source, method, seed, err, rows, tokens)
+    record = {"source": str(folder.resolve()), "source_kind": source, "method": method, "seed": seed,
+              "attention": KIND, "lambda": 0.0,
+              "logits_check": {"rows": rows, "tokens": tokens, "max_rel_error": err, "tolerance": CHECK_TOLERANCE}}
+    out = _output_dir(out, [src, folder], overwrite)
+    meta = {"format": "difftx", "source": source, "converted": method, "seed": str(seed)}
+    with atomic_folder(out, replace=True) as tmp:
+        save_weights(tmp / WEIGHTS_NAME, conv_state, meta)
+        atomic_write(tmp / CONFIG_NAME, lambda p: Path(p).write_text(conv_config.to_json() + "\n"))
+        write_json(tmp / CONVERSION_NAME, record, indent=2)
+        if source.startswith("transformers:"):
+            if any((folder / name).is_file() for name in TOKENIZER_FILES):
+                copy_tokenizer(folder, tmp / TOKENIZER_SUBDIR)
+        elif (folder / TOKENIZER_SUBDIR).is_dir():  # a training checkpoint's tokenizer
+            shutil.copytree(folder / TOKENIZER_SUBDIR, tmp / TOKENIZER_SUBDIR)
+    return result
