@@ -78,7 +78,7 @@ def test_compare_on_my_text_end_to_end(run, texts, capsys):
     for name in ("results.json", "report.md", "compare.json"):
         assert (run / name).is_file(), name
     res = json.loads((run / "results.json").read_text())
-    assert res["mixture"]["shares"] == {"needle": 0.0, "lm": 1.0, "icl": 0.0} and res["needle_task"] is None
+    assert res["mixture"]["shares"] == {"needle": 0.0, "lm": 1.0, "icl": 0.0, "recall": 0.0} and res["needle_task"] is None
     assert res["text"]["source"] == str(texts / "corpus.txt") and res["text"]["tokenizer"] == "byte"
     report = (run / "report.md").read_text()
     for task in ("needle", "attention", "icl"):  # evaluations that need the synthetic tasks: skipped, with reasons
@@ -86,7 +86,8 @@ def test_compare_on_my_text_end_to_end(run, texts, capsys):
             for arm in ("baseline", "diff"):
                 assert "without needle batches" in res["runs"][seed][arm]["tasks"][task].get("skipped", "") or \
                     "without ICL batches" in res["runs"][seed][arm]["tasks"][task].get("skipped", "")
-    assert report.count("Not measured: the model was trained without") == 3
+    assert report.count("Not measured: the model was trained without") == 4  # needle, attention, ICL, recall
+    assert "without recall batches" in res["runs"]["0"]["diff"]["tasks"]["recall"]["skipped"]
     assert "no needle probes during training" in report
     train = res["runs"]["0"]["diff"]["train"]
     assert train["probes"] == [] and "without needle batches" in train["probes_skipped"]
