@@ -266,7 +266,7 @@ def test_the_converted_model_fine_tunes_and_its_lambda_moves(tmp_path, monkeypat
 
     monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
     _llama(LLAMAS["llama-gqa"], seed=3, vocab=257).save_pretrained(tmp_path / "hf")  # the byte tokenizer's vocab
-    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "conv")]) == 0  # method zero
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "conv"), "--method", "zero"]) == 0
     text = tmp_path / "text.txt"
     text.write_text("Shall I compare thee to a summer's day? Thou art more lovely and more temperate.\n" * 40)
     sets = ["steps=3", "batch_size=2", "seq_len=32", "warmup_steps=1", "eval_interval=0", "ckpt_interval=0",

@@ -18,10 +18,10 @@ def register(sub) -> None:
                     "`difftx train --init-from OUT`. Nothing is downloaded. See docs/interop.md.")
     p.add_argument("src", help="difftx 'standard' model, checkpoint or run folder, or transformers Llama folder")
     p.add_argument("out", help="output difftx model folder (created; an existing one must be empty, see --overwrite)")
-    p.add_argument("--method", choices=METHODS, default="zero",
+    p.add_argument("--method", choices=METHODS, default="mirror",
                    help="the negative component's query/key rows: zero (zeros; that map stays uniform under "
                         "training), mirror (a copy of the positive one) or random (normal draws with the model's "
-                        "init_std); default: zero")
+                        "init_std); default: mirror")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed of the random draws: the lambda vectors and, with --method random, the negative "
                         "rows (default: 0)")

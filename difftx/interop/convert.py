@@ -146,7 +146,7 @@ def converted_config(config: ModelConfig) -> ModelConfig:
     return config.plain(attention=KIND)
 
 
-def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str = "zero", seed: int = 0
+def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str = "mirror", seed: int = 0
                     ) -> dict[str, Tensor]:
     """The state dict of :func:`converted_config` ``(config)`` from a standard model's ``state``: the source's
     tensors, each layer's q/k rows paired with the negative component's (``method``), and the lambda vectors
@@ -195,7 +195,7 @@ def logits_difference(source: Transformer, converted: Transformer, seed: int = 0
     return float((a - b).abs().max() / a.abs().max()), CHECK_ROWS, T
 
 
-def convert_model(src: PathLike, out: PathLike, *, method: str = "zero", seed: int = 0,
+def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed: int = 0,
                   overwrite: bool = False) -> Conversion:
     """Convert the standard-attention model in ``src`` (a transformers Llama folder, or a difftx ``standard`` model,
     checkpoint or run folder) into a ``converted`` difftx model folder ``out`` that
