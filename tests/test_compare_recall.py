@@ -232,3 +232,32 @@ def test_tune_chooses_each_arms_learning_rate_on_fresh_recall_examples(tmp_path)
     assert "recall_frontier" in tune["tuned"]["diff vs baseline"]
     scores = json.loads((out / "seed0" / "diff" / "tune_scores.json").read_text())
     assert scores["validation"] > 0 and scores["heldout"] is None
+
+
+def test_recall_batches_mix_with_the_other_tasks(tmp_path):
+    """Recall every 5th step beside needle, LM and ICL batches: every task runs, the probes hold both the needle
+    accuracy and the recall accuracy, and the recall grid is scored in the block's ids after the others'."""
+    out = tmp_path / "mixed"
+    sets = _sets({"steps": 10, "warmup_steps": 1, "log_every": 5, "probe_every": 5, "probe_samples": 1,
+                  "recall_every": 5, "recall_vocab": 32, "recall_len": 16, "recall_pairs": [2, 3],
+                  "tasks": {"recall": {"samples": 2, "attention_samples": 1, "lengths": [16], "variants": "mqar"},
+                            "needle": {"samples_per_cell": 1, "grid": "1/1", "depths": [0.0]},
+                            "attention": {"samples": 1, "cells": "1/1", "depths": [0.0]}, "lm": {"windows": 2},
+                            "outliers": {"tokens": 64}, "icl": {"instances": 2, "queries": 2, "orders": 2},
+                            "quant": {"bits": [4], "needle_samples": 1, "cells": "1/1", "depths": [0.0]},
+                            "diagnostics": {"cell": "1/1"}}})
+    assert main(["compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1",
+                 "--no-progress", *sets]) == 0
+    res = json.loads((out / "results.json").read_text())
+    shares = res["mixture"]["shares"]
+    assert all(shares[k] > 0 for k in ("needle", "lm", "icl", "recall"))
+    run = res["runs"]["0"]["diff"]
+    assert not [name for name, r in run["tasks"].items() if "skipped" in r]
+    assert {"accuracy", "recall"} <= set(run["train"]["probes"][0])
+    from difftx.tasks.subject import CompareTask
+
+    space = CompareTask.read(out / "seed0" / "diff" / "model").space
+    recall = run["tasks"]["recall"]
+    assert recall["trained"]["first_id"] == space.icl.vocab_size == space.vocab_size - 32  # after every other id
+    assert [c["cell"] for c in recall["cells"]] == ["mqar L=16 P=2", "mqar L=16 P=3"]
+    assert recall["learning"]["steps"] == [5, 10]

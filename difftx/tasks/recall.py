@@ -59,7 +59,7 @@ class RecallSettings:
                                      "first probe with at least this accuracy")
 
     def __post_init__(self) -> None:
-        from ..eval.recall import VARIANTS
+        from ..eval.recall import VARIANTS, RecallSpec
 
         positive(self, "samples", "batch_size")
         if not (isinstance(self.learned_at, (int, float)) and 0 < self.learned_at <= 1):
@@ -75,8 +75,12 @@ class RecallSettings:
         bad = [v for v in _variants(self.variants) if v not in VARIANTS]
         if bad or not _variants(self.variants):
             raise ValueError(f"RecallSettings.variants: must name some of {VARIANTS}, got {self.variants!r}")
-        if not self.examples:
-            self.grid(None, 1 << 20)  # every other field checked now (the model gives V later)
+        if not self.examples:  # the fields checked now; whether the grid fits, once the model gives V (and its block)
+            for variant in _variants(self.variants):
+                RecallSpec(vocab_size=1 << 20, seq_len=8, n_pairs=1, variant=variant, power_a=self.power_a,
+                           reassign=self.reassign)
+            if self.pairs and self.lengths:
+                self.grid(None, 1 << 20)
 
     def grid(self, block=None, vocab_size: Optional[int] = None) -> list:
         """The cells ``[(variant, length, pairs), ...]`` that fit the vocabulary (``block``'s, a
