@@ -101,6 +101,7 @@ def test_the_compare_loader_keeps_the_targets_and_resumes():
     ({"recall_every": -1}, "recall_every: must be a non-negative integer"),
     ({"recall_every": 1, "tasks": {"recall": {"lengths": (7,)}}}, "RecallSettings.lengths: must be even"),
     ({"recall_every": 1, "tasks": {"recall": {"variants": "noisy"}}}, "variants: must name some of"),
+    ({"recall_every": 1, "tasks": {"recall": {"vocab_size": 64}}}, "recall block has 256 tokens"),
 ])
 def test_bad_recall_fields_are_named(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -15,6 +15,7 @@ import torch
 
 from difftx.checkpoint import load_model
 from difftx.config import ModelConfig
+from difftx.model import Transformer
 from difftx.training import TrainConfig, train, train_preset
 from difftx.training import checkpointing as ckpt
 from difftx.training.metrics import read_metrics
@@ -63,11 +64,15 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
 
 
-@pytest.mark.parametrize("attention", ["diff", "standard"])
-def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention):
+@pytest.mark.parametrize("attention, rope", [("diff", True), ("standard", True), ("temperature", True),
+                                             ("converted", True), ("diff", False)])
+def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention, rope):
+    """Every built-in kind (and NoPE, rope=False) trains 50 steps stacked as alone, and keeps its own init."""
     torch.set_num_threads(1)
     model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2 if attention == "diff" else 4,
-                        max_seq_len=16, attention=attention)
+                        max_seq_len=16, attention=attention, rope=rope)
+    if attention == "temperature":  # its log-temperatures start at 0: the baseline's function
+        assert all(not b.attn.log_temperature.any() for b in Transformer(model).layers)
     alone, together = [Recording() for _ in SEEDS], [Recording() for _ in SEEDS]
     sep = [train(_config(tmp_path, "sep", s), data=src, model_config=model, probes=(10, _probe))
            for s, src in zip(SEEDS, alone)]
@@ -91,6 +96,8 @@ def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention)
         wa = load_model(a.last_checkpoint).state_dict()
         wb = load_model(b.last_checkpoint).state_dict()
         assert all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5) for k in wa)
+        if attention == "temperature":  # its own parameters trained
+            assert all(k.endswith("log_temperature") <= bool(wb[k].abs().max() > 0) for k in wb)
     assert len({round(r.losses[50], 6) for r in st}) == len(SEEDS)  # three different models
 
 

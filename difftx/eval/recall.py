@@ -177,7 +177,7 @@ class RecallBlock:
         """``(tokens (B, T+1), loss_mask (B, T), targets (B, T))`` of one training batch: a pair count and a
         generator seed drawn from ``rng`` (a ``random.Random``), the loss at the queries against their values
         (the next input there is noise); the last column of ``tokens`` is never read."""
-        spec = self.specs()[rng.randrange(len(self.pairs))]
+        spec = self.spec(self.pairs[rng.randrange(len(self.pairs))])
         ex = self.shifted(generate(spec, batch_size, seed=rng.getrandbits(63)))
         mask = ex.labels != IGNORE
         tokens = torch.cat([ex.inputs, ex.inputs[:, -1:]], dim=1)

@@ -88,6 +88,9 @@ class RecallSettings:
         not fit (too many pairs for the length) is left out, and a grid with no cell is a ``ValueError``."""
         from ..eval.recall import RecallSpec
 
+        if block is not None and self.vocab_size and self.vocab_size != block.vocab_size:
+            raise ValueError(f"RecallSettings.vocab_size: {self.vocab_size}, but the model's recall block has "
+                             f"{block.vocab_size} tokens (leave it 0 for a compare model)")
         V = block.vocab_size if block is not None else (self.vocab_size or vocab_size)
         pairs = self.pairs or (_default_pairs(block.pairs) if block is not None else (8,))
         lengths = self.lengths or ((block.seq_len, 2 * block.seq_len, 4 * block.seq_len) if block is not None
