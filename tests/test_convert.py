@@ -175,6 +175,31 @@ def test_difftx_standard_run_converts_with_its_tokenizer(tmp_path, capsys):
     assert err <= TOLERANCE
 
 
+def test_a_lambda_offset_says_it_holds_the_function_only_at_a_warmups_first_step(tmp_path, capsys):
+    from difftx.training.optim import set_lambda_scale
+
+    cfg = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, attention="standard", max_seq_len=48)
+    model = _non_trivial(Transformer(cfg), seed=6)
+    save_model(model, tmp_path / "src")
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--lambda-init", "0.8"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "with lambda scaled to 0" in out[0]
+    assert out[1].startswith("note: lambda_init=0.8") and "does NOT compute the source's function" in out[1]
+    record = json.loads((tmp_path / "out" / CONVERSION_NAME).read_text())
+    assert record["lambda_init"] == 0.8 and record["logits_check"]["lambda_scale"] == 0.0
+    ours = load_model(tmp_path / "out")
+    assert ours.config == cfg.replace(attention="converted", lambda_init=0.8)
+    x = tokens(shape=(2, 48))
+    with torch.no_grad():
+        assert rel_error(ours(x), model(x)) > 1e-2  # as loaded: lambda 0.8
+        set_lambda_scale(ours, 0.0)
+        assert rel_error(ours(x), model(x)) <= TOLERANCE
+    for bad in ("1.0", "-0.1"):
+        assert main(["convert", str(tmp_path / "src"), str(tmp_path / f"bad{bad}"), "--lambda-init", bad]) == 2
+        assert "lambda_init: must be a number in [0, 1)" in capsys.readouterr().err
+        assert not (tmp_path / f"bad{bad}").exists()
+
+
 def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export():
     cfg = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, attention="converted")
     assert ATTENTIONS["converted"] is ConvertedAttention and ConvertedAttention in ATTENTIONS_BUILTIN
@@ -191,8 +216,9 @@ def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export():
         export_hf(model, "never-written")
     with pytest.raises(ValueError, match="ModelConfig.head_norm: true applies only"):
         cfg.replace(head_norm=True)
-    with pytest.raises(ValueError, match="ModelConfig.lambda_init: applies only"):
-        cfg.replace(lambda_init=0.5)
+    with pytest.raises(ValueError, match=r"ModelConfig.lambda_init: a converted model's lambda offset must be in "):
+        cfg.replace(lambda_init=1.0)
+    assert baseline_config(cfg.replace(lambda_init=0.5)) == base  # an offset reached by a warm-up (TrainConfig)
 
 
 def _moved(model: Transformer) -> Transformer:

@@ -101,6 +101,37 @@ def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention,
     assert len({round(r.losses[50], 6) for r in st}) == len(SEEDS)  # three different models
 
 
+def test_a_lambda_warmup_starts_at_the_source_and_trains_stacked_as_alone(tmp_path):
+    """TrainConfig.lambda_warmup: lambda is scaled by (step - 1) / N, so the first step of a converted model with
+    lambda_init 0.8 computes what lambda_init 0 computes; alone and stacked, the same losses and scales are logged;
+    the trained model subtracts its whole lambda."""
+    from difftx.training.optim import lambda_scale_at
+
+    torch.set_num_threads(1)
+    model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=16, attention="converted",
+                        lambda_init=0.8)
+    kw = dict(steps=30, ckpt_interval=0, lambda_warmup=10)
+    sep = [train(_config(tmp_path, "sep", s, **kw), data=ToySource(), model_config=model) for s in SEEDS[:2]]
+    st = train_stacked([_config(tmp_path, "st", s, **kw) for s in SEEDS[:2]], data=[ToySource() for _ in SEEDS[:2]],
+                       model_config=model)
+    zero = train(_config(tmp_path, "zero", 0, steps=1, warmup_steps=1, ckpt_interval=0), data=ToySource(),
+                 model_config=model.replace(lambda_init=None))
+    offset = train(_config(tmp_path, "nowarm", 0, steps=1, warmup_steps=1, ckpt_interval=0), data=ToySource(),
+                   model_config=model)
+    assert sep[0].losses[1] == zero.losses[1] != offset.losses[1]  # step 1 subtracts nothing
+    for s, a, b in zip(SEEDS, sep, st):
+        assert all(_close(a.losses[k], b.losses[k]) for k in a.losses), s
+        la, lb = _logged(tmp_path / f"sep{s}"), _logged(tmp_path / f"st{s}")
+        tc = _config(tmp_path, "sep", s, **kw)
+        assert [r["lambda_scale"] for r in la] == [r["lambda_scale"] for r in lb] == \
+            [min(1.0, (r["step"] - 1) / 10) for r in la] == [lambda_scale_at(r["step"], tc) for r in la]
+        assert la[-1]["lambda_scale"] == 1.0 and all(x > 0.5 for x in la[-1]["lambda"])  # 0.8 + its learned part
+        assert all(b.attn.lambda_scale == 1.0 for b in load_model(a.last_checkpoint).layers)
+    assert "lambda_scale" not in _logged(tmp_path / "nowarm0")[0]
+    with pytest.raises(ValueError, match="lambda_warmup=30 must be below steps=30"):
+        _config(tmp_path, "bad", 0, steps=30, lambda_warmup=30)
+
+
 def test_stack_resume_is_bitwise_and_train_continues_its_checkpoints(tmp_path):
     torch.set_num_threads(1)
     model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, max_seq_len=16)

@@ -7,7 +7,9 @@ the same width ``d``, the *negative* one, and keeps ONE ``d``-wide value, the so
     O_h = (softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V
 
 ``Q1``/``K1`` are the source head's query and key. ``lambda`` is one scalar per layer, re-parameterised
-as in DIFF V1: ``lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init``, with ``lambda_init = 0``.
+as in DIFF V1: ``lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init``, with ``lambda_init = 0`` by default
+(``ModelConfig.lambda_init`` in ``[0, 1)`` is an offset, reached from 0 by a lambda warm-up in training,
+``TrainConfig.lambda_warmup``: the model as loaded subtracts it).
 
 Function at conversion: the lambda vectors start as two equal pairs (``lq2 = lq1``, ``lk2 = lk1``, drawn
 ``N(0, 0.1)`` as DIFF's). Then ``lambda`` is exactly 0, so each head computes the source's attention,
@@ -31,10 +33,12 @@ with the same heads.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 
 from .modules import LAMBDA_INIT_STD, AttentionKind, DiffAttention, _check_heads
 
@@ -42,21 +46,22 @@ from .modules import LAMBDA_INIT_STD, AttentionKind, DiffAttention, _check_heads
 class ConvertedAttention(DiffAttention):
     """A converted model's attention (see the module doc): ``n_heads`` heads of width ``d = dim / n_heads``
     over ``n_kv_heads`` kv groups, each with two ``d``-wide query/key components and one ``d``-wide value;
-    ``lambda = exp(lq1.lk1) - exp(lq2.lk2)`` (``lambda_init = 0``), no per-head norm."""
+    ``lambda = exp(lq1.lk1) - exp(lq2.lk2)`` + ``lambda_init`` (0 unless set), no per-head norm."""
 
     width_parts = 1  # a head's output is d wide: dim = n_heads * d, as in the source
     hf_model_type = None
-    config_fields = frozenset()
+    config_fields = frozenset({"lambda_init"})
     head_norm_default = False
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
-                 rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5):
+                 rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
+                 lambda_init: Optional[float] = None):
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
         AttentionKind.__init__(self, dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
-        self.lambda_init = 0.0
+        self.lambda_init = 0.0 if lambda_init is None else float(lambda_init)
         self.subtract = True
         self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
@@ -69,7 +74,18 @@ class ConvertedAttention(DiffAttention):
     def from_config(cls, config, layer_idx: int) -> "ConvertedAttention":
         c = config
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
-                   **c.options_dict())
+                   lambda_init=c.lambda_init, **c.options_dict())
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        AttentionKind.check_config.__func__(cls, config)
+        v = config.lambda_init
+        if v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < 1:
+            raise ValueError(f"ModelConfig.lambda_init: a converted model's lambda offset must be in [0, 1) (0, the "
+                             f"default, keeps the source's function; a larger one is reached by a lambda warm-up, "
+                             f"TrainConfig.lambda_warmup), got {v!r}")
 
     @classmethod
     def baseline_config(cls, config):
@@ -109,6 +125,11 @@ class ConvertedAttention(DiffAttention):
         with torch.no_grad():
             self.lambda_q2.copy_(self.lambda_q1)
             self.lambda_k2.copy_(self.lambda_k1)
+
+    def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
+        """Each head's ``(A1 - lambda A2) V`` as the core computed it: no norm, and no ``(1 - lambda_init)`` scale
+        (DIFF's scale belongs to its norm)."""
+        return out
 
     def cache_value_parts(self, device=None) -> int:
         """1: the cached values are ``d`` wide, one piece per row."""

@@ -495,6 +495,9 @@ class DiffAttention(AttentionKind):
 
     hf_model_type = "diffllama"
     config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm"})
+    # the factor the trainer ramps lambda by during a warm-up (TrainConfig.lambda_warmup, set_lambda_scale); an
+    # attribute of the module, never saved: a model loaded or built subtracts its full lambda
+    lambda_scale: float = 1.0
     head_norm_default = True
 
     @classmethod
@@ -562,7 +565,7 @@ class DiffAttention(AttentionKind):
 
     def capture_maps(self, x: Tensor, maps: AttentionMaps) -> tuple[Tensor, Optional[Tensor]]:
         """``A1 - lambda A2`` and the scalar lambda."""
-        return maps.effective, self.lambda_full().detach()
+        return maps.effective, self.kernel_lambda().detach()
 
     def lambda_reading(self, gather: Callable[[Tensor], Tensor] = lambda p: p) -> Optional[float]:
         """``exp(q1.k1) - exp(q2.k2) + lambda_init`` from the gathered vectors (0 for the no-subtraction
@@ -616,7 +619,10 @@ class DiffAttention(AttentionKind):
                               self.norm_eps)
 
     def kernel_lambda(self) -> Tensor:
-        return self.lambda_full()
+        """``lambda_scale * lambda``: the trainer's warm-up factor (``TrainConfig.lambda_warmup``) times the
+        re-parameterised lambda; the factor is 1 outside a warm-up and is not saved with the model."""
+        lam = self.lambda_full()
+        return lam if self.lambda_scale == 1.0 else lam * self.lambda_scale
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
         return self.head_norm(out)

@@ -25,6 +25,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed of the random draws: the lambda vectors and, with --method random, the negative "
                         "rows (default: 0)")
+    p.add_argument("--lambda-init", type=float, default=0.0, metavar="X",
+                   help="a constant offset of lambda in [0, 1), reached by fine-tuning with a lambda warm-up "
+                        "(`difftx train --set lambda_warmup=N`); above 0 the model as loaded does not compute the "
+                        "source's function, only the warm-up's first step does (default: 0, the source's function)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it is a non-empty folder (refused otherwise; never a run or a comparison)")
     p.set_defaults(func=run)
@@ -39,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise ValueError(f"--seed: must be a non-negative integer, got {args.seed}")
     gone = replaced(Path(args.out)) if args.overwrite else None
-    res = convert_model(args.src, args.out, method=args.method, seed=args.seed, overwrite=args.overwrite)
+    res = convert_model(args.src, args.out, method=args.method, seed=args.seed, overwrite=args.overwrite,
+                        lambda_init=args.lambda_init)
     if gone:
         print(f"replaced {gone}")
     print(f"converted {args.src} ({res.source}) -> {res.out} (attention='converted', method={res.method}, "
           f"seed={res.seed}); {res.summary()}")
+    if res.warning():
+        print(f"note: {res.warning()}")
     return 0

@@ -21,7 +21,8 @@ RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldo
 # preset fields an older difftx recorded in compare.json, with the one value they always had
 REMOVED_FIELDS = {"extra": {}}
 # preset fields a newer difftx added, with the value that means what an older compare.json without them did
-ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16]}
+ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16],
+                "lambda_warmup": 0}
 COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 

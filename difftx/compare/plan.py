@@ -103,6 +103,7 @@ class Schedule:
     weight_decay: float
     grad_clip: float
     log_every: int
+    lambda_warmup: int = 0
 
     def train_config(self, *, model: ModelConfig, batch_size: int, seed: int, out_dir: str | os.PathLike,
                      device: str = "auto", world_size: int = 1, progress: bool = False) -> TrainConfig:
@@ -118,6 +119,7 @@ class Schedule:
         return TrainConfig(model=model.to_dict(), seq_len=model.max_seq_len, batch_size=batch_size // world_size,
                            steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps,
                            decay="cosine", weight_decay=self.weight_decay, grad_clip=self.grad_clip, seed=seed,
+                           lambda_warmup=self.lambda_warmup,
                            eval_interval=0, log_interval=self.log_every, ckpt_interval=ckpt_every, keep_last=1,
                            out_dir=str(out_dir), tensorboard=False, progress=progress, device=device)
 
@@ -205,7 +207,8 @@ def check_schedule(preset: Any) -> Schedule:
     if not (p.lr > 0 and 0 <= p.min_lr <= p.lr):
         raise preset_error("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {p.lr}, {p.min_lr}")
     plan = Schedule(steps=p.steps, lr=p.lr, min_lr=p.min_lr, warmup_steps=p.warmup_steps,
-                    weight_decay=p.weight_decay, grad_clip=p.grad_clip, log_every=p.log_every)
+                    weight_decay=p.weight_decay, grad_clip=p.grad_clip, log_every=p.log_every,
+                    lambda_warmup=p.lambda_warmup)
     try:  # every rule TrainConfig has for these fields (finite numbers, ...), on a stand-in model
         plan.train_config(model=ModelConfig(vocab_size=8, dim=8, n_layers=1, n_heads=1, max_seq_len=8),
                           batch_size=p.batch_size, seed=0, out_dir="unused")

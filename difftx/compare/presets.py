@@ -57,6 +57,8 @@ class ComparePreset:
     warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # differential arms: lambda ramped linearly from 0 to the model's own over this many steps (0: none)
+    lambda_warmup: int = 0
     lm_every: int = 4  # every k-th step is an LM batch (0: none)
     lm_seq_len: int = 128
     log_every: int = 25
@@ -98,7 +100,8 @@ class ComparePreset:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise preset_error(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack", "recall_every"):
+        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack", "recall_every",
+                     "lambda_warmup"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise preset_error(name, f"must be a non-negative integer, got {v!r}")

@@ -176,7 +176,8 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
             history.append({"step": r["step"], "lr": r["lr"],
                             **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
                             "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
-                            "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda")})
+                            "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda"),
+                            **({"lambda_scale": r["lambda_scale"]} if "lambda_scale" in r else {})})
     heldout_curve = {**setup.probes.curve, "steps": [c[0] for c in curve],
                      "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
                      "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)} if plan.curve.steps else None

@@ -66,10 +66,21 @@ class Conversion:
     max_rel_error: float  # max |converted - source| / max |source| over the checked logits
     rows: int
     tokens: int
+    lambda_init: float = 0.0
 
     def summary(self) -> str:
+        where = "lambda 0 in every layer" if not self.lambda_init else \
+            "with lambda scaled to 0, as at the first step of a lambda warm-up"
         return (f"logits check: max relative difference {self.max_rel_error:.1e} over {self.rows} rows of "
-                f"{self.tokens} random tokens (limit {CHECK_TOLERANCE:.0e}, float32); lambda 0 in every layer")
+                f"{self.tokens} random tokens (limit {CHECK_TOLERANCE:.0e}, float32), {where}")
+
+    def warning(self) -> Optional[str]:
+        """What the user must know when the model as loaded does not compute the source's function."""
+        if not self.lambda_init:
+            return None
+        return (f"lambda_init={self.lambda_init}: the converted model as loaded subtracts lambda = {self.lambda_init} "
+                f"+ its learned part, so it does NOT compute the source's function; it does at the first step of a "
+                f"lambda warm-up (`difftx train --init-from OUT --set lambda_warmup=N`)")
 
 
 # -- reading the source ---------------------------------------------------------------------------------------------
@@ -141,9 +152,10 @@ def read_source(src: PathLike) -> tuple[str, ModelConfig, dict[str, Tensor], Pat
 
 # -- the conversion -------------------------------------------------------------------------------------------------
 
-def converted_config(config: ModelConfig) -> ModelConfig:
-    """The ``converted`` config of a standard ``config``: the same heads, kv groups, width and everything else."""
-    return config.plain(attention=KIND)
+def converted_config(config: ModelConfig, lambda_init: float = 0.0) -> ModelConfig:
+    """The ``converted`` config of a standard ``config``: the same heads, kv groups, width and everything else;
+    ``lambda_init`` the constant offset of lambda (0: the source's function as loaded)."""
+    return config.plain(attention=KIND, lambda_init=float(lambda_init) if lambda_init else None)
 
 
 def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str = "mirror", seed: int = 0
@@ -196,7 +208,7 @@ def logits_difference(source: Transformer, converted: Transformer, seed: int = 0
 
 
 def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed: int = 0,
-                  overwrite: bool = False) -> Conversion:
+                  overwrite: bool = False, lambda_init: float = 0.0) -> Conversion:
     """Convert the standard-attention model in ``src`` (a transformers Llama folder, or a difftx ``standard`` model,
     checkpoint or run folder) into a ``converted`` difftx model folder ``out`` that
     :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read: ``config.json``,
@@ -206,27 +218,40 @@ def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed:
     The converted model's float32 logits are checked against the source's first; a relative difference above
     :data:`CHECK_TOLERANCE` is a :class:`ConversionError` and nothing is written. ``out`` follows
     ``difftx import``'s rule: a non-empty folder is refused unless ``overwrite`` (never a run or a comparison);
-    the folder is assembled beside it and renamed into place."""
+    the folder is assembled beside it and renamed into place.
+
+    ``lambda_init`` (in ``[0, 1)``) is a constant offset of lambda, reached during fine-tuning by a lambda warm-up
+    (``TrainConfig.lambda_warmup``); above 0 the model as loaded does not compute the source's function, so the
+    logits check is made with lambda scaled to 0, as the warm-up's first step computes it
+    (:meth:`Conversion.warning` says so)."""
     if method not in METHODS:
         raise ConversionError(f"method: must be one of {list(METHODS)}, got {method!r}")
+    if isinstance(lambda_init, bool) or not isinstance(lambda_init, (int, float)) or not 0 <= lambda_init < 1:
+        raise ConversionError(f"lambda_init: must be a number in [0, 1), got {lambda_init!r}")
     src = Path(src)
     _output_dir(out, [src], overwrite)  # before reading the weights
     source, config, state, folder = read_source(src)
-    conv_config = converted_config(config)
+    conv_config = converted_config(config, lambda_init)
     conv_state = converted_state(config, state, method, seed)
     src_model = float32_model(config, state, str(folder))
     conv_model = float32_model(conv_config, conv_state, "the converted weights")
-    lambdas = [block.attn.lambda_reading() for block in conv_model.layers]
-    if any(lam != 0.0 for lam in lambdas):  # pragma: no cover - the pairs are equal by construction
+    lambdas = [block.attn.lambda_reading() for block in conv_model.layers]  # the offset alone (float32)
+    if any(abs(lam - lambda_init) > 1e-6 for lam in lambdas):  # pragma: no cover - the pairs are equal by construction
         raise ConversionError(f"lambda: not 0 after conversion ({lambdas}); nothing written")
+    if lambda_init:  # the first step of a warm-up: lambda scaled to 0
+        from ..training.optim import set_lambda_scale
+
+        set_lambda_scale(conv_model, 0.0)
     err, rows, tokens = logits_difference(src_model, conv_model, seed)
     if not err <= CHECK_TOLERANCE:
         raise ConversionError(f"logits check: the converted model's float32 logits differ from the source's by "
                               f"{err:.2e} (relative), above {CHECK_TOLERANCE:.0e}; nothing written")
-    result = Conversion(Path(out), source, method, seed, err, rows, tokens)
+    result = Conversion(Path(out), source, method, seed, err, rows, tokens, float(lambda_init))
     record = {"source": str(folder.resolve()), "source_kind": source, "method": method, "seed": seed,
-              "attention": KIND, "lambda": 0.0,
-              "logits_check": {"rows": rows, "tokens": tokens, "max_rel_error": err, "tolerance": CHECK_TOLERANCE}}
+              "attention": KIND, "lambda": float(lambda_init), "lambda_init": float(lambda_init),
+              "function_preserving": "as loaded" if not lambda_init else "at lambda scale 0 (a warm-up's first step)",
+              "logits_check": {"rows": rows, "tokens": tokens, "max_rel_error": err, "tolerance": CHECK_TOLERANCE,
+                               "lambda_scale": 0.0 if lambda_init else 1.0}}
     out = _output_dir(out, [src, folder], overwrite)
     meta = {"format": "difftx", "source": source, "converted": method, "seed": str(seed)}
     with atomic_folder(out, replace=True) as tmp:

@@ -64,6 +64,9 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4  # decayed to at the last step
     warmup_steps: int = 100
+    # steps over which the subtracted lambda of a differential model is ramped linearly from 0 to its own (a
+    # factor lambda_scale = (step - 1) / lambda_warmup, 0 at the first step); 0: no warm-up
+    lambda_warmup: int = 0
     decay: str = "cosine"  # cosine | linear | constant
     beta1: float = 0.9
     beta2: float = 0.95
@@ -122,10 +125,13 @@ class TrainConfig:
             v = getattr(self, name)
             if not _is_int(v) or v <= 0:
                 raise _err(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "eval_interval", "ckpt_interval", "seed"):
+        for name in ("warmup_steps", "eval_interval", "ckpt_interval", "seed", "lambda_warmup"):
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
+        if self.lambda_warmup >= self.steps:
+            raise _err("lambda_warmup", f"lambda_warmup={self.lambda_warmup} must be below steps={self.steps} (the "
+                                        f"last step would still scale lambda down, unlike the saved model)")
         if self.warmup_steps > self.steps:
             raise _err("warmup_steps", f"warmup_steps={self.warmup_steps} must not exceed steps={self.steps} "
                                        f"(lower warmup_steps, or raise steps)")

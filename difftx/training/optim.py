@@ -109,6 +109,24 @@ def update(model: nn.Module, optimizer: torch.optim.Optimizer, losses: Sequence[
     return values
 
 
+def lambda_scale_at(step: int, config: TrainConfig) -> float:
+    """The lambda warm-up factor of optimizer step ``step`` (counted from 1): ``(step - 1) / lambda_warmup``
+    up to 1, so the first step's forward subtracts nothing (a converted model computes its source's function
+    there); 1 without a warm-up."""
+    n = config.lambda_warmup
+    return 1.0 if not n else min(1.0, (step - 1) / n)
+
+
+def set_lambda_scale(model: nn.Module, scale: float) -> None:
+    """Set the lambda warm-up factor of every differential attention layer of ``model`` (a model or a stack's
+    tree): their core subtracts ``scale * lambda`` (:meth:`~difftx.attention.modules.DiffAttention.kernel_lambda`)."""
+    from ..attention.modules import DiffAttention
+
+    for m in model.modules():
+        if isinstance(m, DiffAttention):
+            m.lambda_scale = float(scale)
+
+
 def lr_at(step: int, config: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (counted from 1): linear warmup over
     ``warmup_steps`` to ``lr``, then cosine / linear decay to ``min_lr`` at ``steps`` (or constant)."""

@@ -19,7 +19,7 @@ from .batches import Batch, as_batch, batch_loss_rows
 from .config import TrainConfig
 from .distributed import all_reduce_mean, full_state_dicts, full_tensor, is_sharded
 from .metrics import MetricsLogger, lambda_per_layer
-from .optim import TrainingDivergedError, build_optimizer, lr_at, set_lr, update
+from .optim import TrainingDivergedError, build_optimizer, lambda_scale_at, lr_at, set_lambda_scale, set_lr, update
 from .setup import RunSetup, TrainResult
 from .signals import STOP_HINT, _held_sigint, _StopSignal
 
@@ -225,6 +225,8 @@ class _Run(RunSetup):
         forward and backward, then :func:`~difftx.training.optim.update` (a stack's rule too)."""
         lr = lr_at(step, self.config)
         set_lr(self.optimizer, lr)
+        if self.config.lambda_warmup:
+            set_lambda_scale(self.bare, lambda_scale_at(step, self.config))
         loss_sum, kinds, step_tokens = self._accumulate()
         loss, kind_losses, stop_now = self._reduce(loss_sum, kinds, signal)
         grad_norm = update(self.model, self.optimizer, [loss], self.config.grad_clip, self.scaler, full_tensor)[0]
@@ -260,6 +262,8 @@ class _Run(RunSetup):
         self.logger.log({"step": step, "loss": outcome.loss, "lr": outcome.lr, "grad_norm": outcome.grad_norm,
                          "grad_norms": self.step_norms, "tokens_per_s": tok_s, "tokens": self.result.tokens_seen,
                          "time_s": time_s, "lambda": lambdas,
+                         **({"lambda_scale": lambda_scale_at(step, self.config)} if self.config.lambda_warmup
+                            else {}),
                          **{f"{k}_loss": v / n for k, (v, n) in self.kind_log.items() if n}})
         self.kind_log, self.step_norms = {}, []
         post = {"loss": f"{outcome.loss:.4f}", "tok/s": f"{tok_s:,.0f}"}
@@ -325,6 +329,11 @@ class _StackedRun:
         config = self.config
         micro = [[as_batch(r.loader.next_batch()) for r in self.runs] for _ in range(config.grad_accum)]
         lr = lr_at(step, config)
+        if config.lambda_warmup:  # the stack computes; each run's own module is probed
+            scale = lambda_scale_at(step, config)
+            self.stack.set_lambda_scale(scale)
+            for r in self.runs:
+                set_lambda_scale(r.bare, scale)
         out = train_step(self.stack, self.optimizer, micro, lr, config.grad_clip, doc_mask=config.doc_mask)
         tokens = sum(batches[0].tokens[:, :-1].numel() for batches in micro)
         return [_StepOutcome(out.losses[i], out.grad_norms[i], lr, tokens, out.kind_losses[i], signal.requested)

@@ -141,6 +141,14 @@ class StackedTransformer(nn.Module):
         self.__dict__["_one"] = _reference(config)
         self.native = all(type(b.attn).stacks_natively() for b in tree.layers)
 
+    def set_lambda_scale(self, scale: float) -> None:
+        """The lambda warm-up factor of every model of the stack (:func:`difftx.training.optim.set_lambda_scale`
+        on the tree and on the one model that ``torch.vmap`` runs)."""
+        from .optim import set_lambda_scale
+
+        for tree in (self.model_tree, self._one):
+            set_lambda_scale(tree, scale)
+
     # -- building and reading back --------------------------------------------------------------------------------
     @classmethod
     def from_state_dicts(cls, config: ModelConfig, state_dicts: Sequence[dict], *, device=None
