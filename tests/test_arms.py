@@ -309,7 +309,7 @@ def test_arm_trains(arm):
     (dict(attention="gated", head_norm=True), "head_norm", "applies only to attention in"),
     (dict(use_subln=False, head_norm=True), "head_norm", "contradicts use_subln=false"),
     (dict(attention="standard", use_subln=False), "use_subln", "only to attention='diff'"),
-    (dict(attention="gated", lambda_init=0.8), "lambda_init", r"only to attention in \('diff', 'converted'\)"),
+    (dict(attention="gated", lambda_init=0.8), "lambda_init", r"only to attention in \('diff', 'converted', 'dex'\)"),
     (dict(head_norm="yes"), "head_norm", "true, false or null"),
     (dict(subtract="no"), "subtract", "true or false"),
     (dict(lambda_init=float("nan")), "lambda_init", "finite number"),

@@ -95,7 +95,7 @@ def test_a_kind_trains_alone_and_stacked_alike_keeps_its_init_and_trains_its_own
 
 
 def test_the_stack_maps_a_kind_that_overrides_a_hook_and_runs_the_built_in_ones_natively(kinds):
-    for kind in ("diff", "diff_v2", "standard", "gated", "temperature", "converted"):
+    for kind in ("diff", "diff_v2", "standard", "gated", "temperature", "converted", "dex"):
         assert ATTENTIONS[kind].stacks_natively()
     for kind in ("qknorm", "headgain", "qscale", "item"):
         assert not ATTENTIONS[kind].stacks_natively()

@@ -81,7 +81,19 @@ def llamas(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("method", METHODS)
+def check_against_transformers(ours: Transformer, theirs, label: str) -> None:
+    """``ours``' logits on each kernel within :data:`TOLERANCE` of transformers' forward ``theirs`` (printed with
+    ``label`` under ``pytest -s``)."""
+    x = tokens()
+    with torch.no_grad():
+        ref = theirs(x).logits
+        for backend in ("eager", "chunked", "sdpa"):
+            err = rel_error(ours(x, backend=backend), ref)
+            print(f"{label} {backend}: max relative difference to transformers {err:.2e}")
+            assert err <= TOLERANCE, (backend, err)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "dex"])  # dex: tests/test_convert_dex.py
 @pytest.mark.parametrize("family", list(LLAMAS))
 def test_transformers_llama_converts_with_the_same_logits(family, method, llamas, tmp_path):
     folder, theirs = llamas[family]
@@ -95,13 +107,7 @@ def test_transformers_llama_converts_with_the_same_logits(family, method, llamas
     assert res.max_rel_error <= TOLERANCE and res.method == method and res.source == "transformers:llama"
     record = json.loads((tmp_path / "out" / CONVERSION_NAME).read_text())
     assert record["method"] == method and record["seed"] == 4 and record["logits_check"]["tolerance"] == TOLERANCE
-    x = tokens()
-    with torch.no_grad():
-        ref = theirs(x).logits
-        for backend in ("eager", "chunked", "sdpa"):
-            err = rel_error(ours(x, backend=backend), ref)
-            print(f"{family} {method} {backend}: max relative difference to transformers {err:.2e}")  # pytest -s
-            assert err <= TOLERANCE, (backend, err)
+    check_against_transformers(ours, theirs, f"{family} {method}")
     for block in ours.layers:
         attn = block.attn
         assert isinstance(attn, ConvertedAttention) and attn.lambda_full().item() == 0.0
@@ -232,14 +238,23 @@ def _moved(model: Transformer) -> Transformer:
 def test_every_kernel_the_stack_and_the_kv_cache_take_a_d_wide_value():
     from difftx.attention import AttentionMask
     from difftx.attention.triton_kernel import unsupported_reason
-    from difftx.training.stacked import StackedTransformer
 
     cfg = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, attention="converted",
                       max_seq_len=40)
     torch.manual_seed(0)
     model = _moved(Transformer(cfg))
     assert all(abs(b.attn.lambda_full().item()) > 0.01 for b in model.layers)
-    x = tokens(shape=(2, 30))
+    grads = check_kernels_agree(model, tokens(shape=(2, 30)))
+    assert grads["layers.0.attn.lambda_q1"].abs().max() > 0
+    # the fused kernel is written for DIFF's 2d-wide values: it hands these calls to sdpa
+    q, k, v = torch.zeros(1, 4, 8, 16), torch.zeros(1, 4, 4, 16), torch.zeros(1, 4, 2, 16)
+    assert "value width 16 is not 2d = 32" in unsupported_reason(q, k, v, torch.tensor(0.5), AttentionMask())
+    # stacked: each model's loss and gradients as its own
+    check_stack_equals_alone([model, _moved(Transformer(cfg))])
+
+
+def check_kernels_agree(model: Transformer, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every kernel's logits and gradients on ``x`` equal the eager kernel's; returns the eager gradients."""
     with torch.no_grad():
         ref = model(x, backend="eager")
         for backend in ("chunked", "sdpa", "flex"):
@@ -249,18 +264,20 @@ def test_every_kernel_the_stack_and_the_kv_cache_take_a_d_wide_value():
         model.zero_grad()
         model(x, backend=backend).square().mean().backward()
         grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert grads["eager"]["layers.0.attn.lambda_q1"].abs().max() > 0
     for backend in ("chunked", "sdpa"):
         for name, g in grads[backend].items():
             torch.testing.assert_close(g, grads["eager"][name], rtol=1e-4, atol=1e-7, msg=f"{backend} {name}")
-    # the fused kernel is written for DIFF's 2d-wide values: it hands these calls to sdpa
-    q, k, v = torch.zeros(1, 4, 8, 16), torch.zeros(1, 4, 4, 16), torch.zeros(1, 4, 2, 16)
-    assert "value width 16 is not 2d = 32" in unsupported_reason(q, k, v, torch.tensor(0.5), AttentionMask())
-    # stacked: each model's loss and gradients as its own
-    models = [model, _moved(Transformer(cfg))]
-    stack = StackedTransformer.from_models(models)
+    return grads["eager"]
+
+
+def check_stack_equals_alone(models: list, stack=None) -> None:
+    """A native stack of ``models`` (or ``stack``, built of them) computes each one's loss and gradients."""
+    from difftx.training.stacked import StackedTransformer
+
+    stack = StackedTransformer.from_models(models) if stack is None else stack
     assert stack.native
-    seq = tokens(3, shape=(2, 2, 17))
+    seq = tokens(3, shape=(len(models), 2, 17))
+    stack.zero_grad()
     losses = stack.losses(seq)
     losses.sum().backward()
     for i, m in enumerate(models):
@@ -287,20 +304,26 @@ def test_kv_cache_decoding_equals_the_full_forward(moved, llamas, tmp_path):
     torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=1e-4, atol=1e-5)
 
 
-def test_the_converted_model_fine_tunes_and_its_lambda_moves(tmp_path, monkeypatch, capsys):
+def fine_tune(tmp_path: Path, monkeypatch, capsys, convert_args: list[str], *sets: str) -> tuple:
+    """``(converted, tuned)``: a GQA Llama (byte vocabulary) converted with ``convert_args``, then 3 steps of
+    ``difftx train --init-from`` (``sets`` added) on a short text."""
     from difftx.training.checkpointing import resolve_checkpoint
 
     monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
     _llama(LLAMAS["llama-gqa"], seed=3, vocab=257).save_pretrained(tmp_path / "hf")  # the byte tokenizer's vocab
-    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "conv"), "--method", "zero"]) == 0
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "conv"), *convert_args]) == 0
     text = tmp_path / "text.txt"
     text.write_text("Shall I compare thee to a summer's day? Thou art more lovely and more temperate.\n" * 40)
     sets = ["steps=3", "batch_size=2", "seq_len=32", "warmup_steps=1", "eval_interval=0", "ckpt_interval=0",
-            "log_interval=1", "tensorboard=false", "device=cpu"]
+            "log_interval=1", "tensorboard=false", "device=cpu", *sets]
     assert main(["train", "--preset", "test", "--init-from", str(tmp_path / "conv"), "--data", str(text),
                  "--out", str(tmp_path / "run"), "--no-progress", *[a for s in sets for a in ("--set", s)]]) == 0
     capsys.readouterr()
-    start, tuned = load_model(tmp_path / "conv"), load_model(resolve_checkpoint(tmp_path / "run"))
+    return load_model(tmp_path / "conv"), load_model(resolve_checkpoint(tmp_path / "run"))
+
+
+def test_the_converted_model_fine_tunes_and_its_lambda_moves(tmp_path, monkeypatch, capsys):
+    start, tuned = fine_tune(tmp_path, monkeypatch, capsys, ["--method", "zero"])
     assert tuned.config == start.config
     for a, b in zip(start.layers, tuned.layers):
         lam = b.attn.lambda_reading()

@@ -65,7 +65,7 @@ def _close(a: float, b: float) -> bool:
 
 
 @pytest.mark.parametrize("attention, rope", [("diff", True), ("standard", True), ("temperature", True),
-                                             ("converted", True), ("diff", False)])
+                                             ("converted", True), ("dex", True), ("diff", False)])
 def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention, rope):
     """Every built-in kind (and NoPE, rope=False) trains 50 steps stacked as alone, and keeps its own init."""
     torch.set_num_threads(1)
@@ -87,8 +87,10 @@ def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention,
         for ra, rb in zip(la, lb):  # every logged loss: the step's, each kind's, gradient norms, lambda
             for key in ("loss", "copy_loss", "lm_loss", "grad_norm"):
                 assert _close(ra[key], rb[key]), (s, ra["step"], key)
-            assert all(_close(x, y) for x, y in zip(ra["grad_norms"] + (ra["lambda"] or []),
-                                                     rb["grad_norms"] + (rb["lambda"] or [])))
+            assert all(_close(x, y) for x, y in zip(ra["grad_norms"], rb["grad_norms"]))
+            # lambda = exp(q1.k1) - exp(q2.k2) + lambda_init: near 0 it resolves only what float32 resolves near 1
+            assert all(math.isclose(x, y, rel_tol=1e-5, abs_tol=5e-7)
+                       for x, y in zip(ra["lambda"] or [], rb["lambda"] or []))
         assert sorted(a.probes) == sorted(b.probes) == [10, 20, 30, 40, 50]
         assert all(math.isclose(a.probes[k]["logit_sum"], b.probes[k]["logit_sum"], rel_tol=1e-4, abs_tol=1e-4)
                    for k in a.probes)

@@ -59,7 +59,8 @@ class ConvertedAttention(DiffAttention):
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
-        AttentionKind.__init__(self, dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
+        C = self.components  # query/key components per head: 2 here, 1 for a kind with one map (dex)
+        AttentionKind.__init__(self, dim, C * n_heads, C * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
         self.lambda_init = 0.0 if lambda_init is None else float(lambda_init)
         self.subtract = True

@@ -689,7 +689,8 @@ class DiffAttentionV2(AttentionKind):
 
 
 from .converted import ConvertedAttention  # noqa: E402 - built on DiffAttention, defined above
+from .dex import DexAttention  # noqa: E402 - built on ConvertedAttention
 
 # the built-in kinds (registered by difftx.attention.registry); their own rules apply to these classes only
 ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, TemperatureAttention, DiffAttention, DiffAttentionV2,
-                      ConvertedAttention)
+                      ConvertedAttention, DexAttention)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .modules import (AttentionKind, ConvertedAttention, DiffAttention, DiffAttentionV2, GatedAttention,
-                      StandardAttention, TemperatureAttention)
+from .modules import (AttentionKind, ConvertedAttention, DexAttention, DiffAttention, DiffAttentionV2,
+                      GatedAttention, StandardAttention, TemperatureAttention)
 
 ATTENTIONS: dict[str, type[AttentionKind]] = {}
 """The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name:
@@ -80,5 +80,5 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
 
 for _name, _cls in (("diff", DiffAttention), ("diff_v2", DiffAttentionV2), ("standard", StandardAttention),
                     ("gated", GatedAttention), ("temperature", TemperatureAttention),
-                    ("converted", ConvertedAttention)):
+                    ("converted", ConvertedAttention), ("dex", DexAttention)):
     register_attention(_name, _cls)

@@ -1,12 +1,13 @@
-"""Convert a pretrained standard-attention model to differential attention (issue 40, first slice).
+"""Convert a pretrained standard-attention model to differential attention (issue 40).
 
 :func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama folder (read as
 ``difftx import`` reads it: GQA, tied embeddings and the RoPE layout included), and writes a difftx model
-folder of the ``converted`` attention kind (:mod:`difftx.attention.converted`). Every head keeps the source's
-query, key and value; it gains a negative query/key component and computes
-``(softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V``. ``lambda`` starts at exactly 0.
+folder of the ``converted`` attention kind (:mod:`difftx.attention.converted`), or of the ``dex`` kind
+(:mod:`difftx.attention.dex`) for the method ``dex``.
 
-Methods, for the negative component's query and key rows:
+With ``zero``, ``mirror`` and ``random``, every head keeps the source's query, key and value; it gains a negative
+query/key component and computes ``(softmax(Q1 K1^T / sqrt(d)) - lambda * softmax(Q2 K2^T / sqrt(d))) V``.
+``lambda`` starts at exactly 0. The method sets the negative component's query and key rows:
 
 - ``zero``: zeros. The second map is then uniform over the visible keys (their running mean), and it stays
   so under training: with both ``Q2`` and ``K2`` zero, each one's gradient is zero. Only lambda learns,
@@ -16,11 +17,20 @@ Methods, for the negative component's query and key rows:
 - ``random``: normal draws with the model's ``init_std``, from ``seed``. The second map starts as a fresh,
   nearly uniform one, and is learned from there.
 
-All three preserve the function at conversion, because lambda is 0 there: the second map is computed and
-multiplied by zero. Learning the negative map, and lambda, is what training does (``difftx train --init-from
+``dex`` (after DEX, Kong et al. 2025, arXiv 2505.16333) keeps each head's one softmax map and takes the difference
+on the value side of selected heads: ``O_h = A_h V_h (I - lambda W)``, ``W`` one learned ``d x d`` map per layer
+(the identity at conversion), ``lambda`` from 0 as above. No second map is computed. ``dex_heads`` chooses the
+heads: ``"all"`` (the default), a count or a fraction of each layer's heads, the ones whose attention is the most
+diffuse (the highest mean attention entropy, normalised by the log of the keys each row sees) on a calibration
+sample: the bundled corpus's held-out text through the source's tokenizer when it has one difftx reads, else
+random tokens from ``seed`` (a data-free stand-in, recorded as such). The selection and every head's entropy are
+recorded in :data:`CONVERSION_NAME`.
+
+Every method preserves the function at conversion, because lambda is 0 there: the second map (the value-side term)
+is computed and multiplied by zero. Learning it, and lambda, is what training does (``difftx train --init-from
 OUT``). Before anything is written, the converted model's float32 logits are compared with the source's on a
 few rows of random tokens; a relative difference above ``1e-5`` is refused. ``seed`` also draws the lambda
-vectors (two equal pairs, ``N(0, 0.1)``; see the kind's doc).
+vectors (two equal pairs, ``N(0, 0.1)``; see the kinds' docs).
 
 Refused, each with one line naming the field: another transformers ``model_type`` than ``llama`` (Qwen2's
 q/k/v biases and Mistral's sliding window are not read by difftx), what ``difftx import`` refuses (RoPE
@@ -31,10 +41,11 @@ and an OUT folder that is not empty (``overwrite`` as for ``difftx import``). No
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -48,8 +59,10 @@ from ..model import Transformer
 from .hf import TOKENIZER_SUBDIR, ConversionError, PathLike, _output_dir, read_hf_model, resolve_model_folder
 from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer
 
-METHODS = ("zero", "mirror", "random")
+METHODS = ("zero", "mirror", "random", "dex")
 KIND = "converted"
+DEX_KIND = "dex"  # the kind of the method "dex"
+DEX_SAMPLE_ROWS, DEX_SAMPLE_TOKENS = 8, 128  # the calibration sample of the head selection (at most max_seq_len)
 CONVERSION_NAME = "conversion.json"  # written beside the model: source, method, seed and the logits check
 CHECK_ROWS, CHECK_TOKENS = 4, 32  # random token rows (and their length, at most max_seq_len) of the logits check
 CHECK_TOLERANCE = 1e-5  # max |converted - source| / max |source| over those logits, float32
@@ -67,12 +80,17 @@ class Conversion:
     rows: int
     tokens: int
     lambda_init: float = 0.0
+    attention: str = KIND  # the converted model's kind: "converted", or "dex" for the method dex
+    heads: Optional[tuple] = None  # dex: the selected heads of each layer
+    head_rule: Optional[str] = None  # dex: how they were chosen
 
     def summary(self) -> str:
         where = "lambda 0 in every layer" if not self.lambda_init else \
             "with lambda scaled to 0, as at the first step of a lambda warm-up"
+        dex = "" if self.heads is None else \
+            f"; DEX on {sum(map(len, self.heads))} heads in {len(self.heads)} layers ({self.head_rule})"
         return (f"logits check: max relative difference {self.max_rel_error:.1e} over {self.rows} rows of "
-                f"{self.tokens} random tokens (limit {CHECK_TOLERANCE:.0e}, float32), {where}")
+                f"{self.tokens} random tokens (limit {CHECK_TOLERANCE:.0e}, float32), {where}{dex}")
 
     def warning(self) -> Optional[str]:
         """What the user must know when the model as loaded does not compute the source's function."""
@@ -172,7 +190,7 @@ def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str =
     out = dict(state)
     for i in range(config.n_layers):
         a = f"layers.{i}.attn."
-        lq, lk = (torch.randn(d, generator=g) * LAMBDA_INIT_STD for _ in range(2))  # drawn first: equal across methods
+        lam = _lambda_pairs(g, d, a)  # drawn first: equal across methods
         for name, heads in (("q_proj.weight", H), ("k_proj.weight", Hkv)):
             pos = state[a + name]  # (heads * d, D), RoPE-interleaved rows per head
             if method == "zero":
@@ -182,8 +200,154 @@ def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str =
             else:
                 neg = (torch.randn(pos.shape, generator=g) * config.init_std).to(pos.dtype)
             out[a + name] = torch.stack([pos.view(heads, d, D), neg.view(heads, d, D)], 1).reshape(2 * heads * d, D)
-        out.update({a + "lambda_q1": lq, a + "lambda_k1": lk, a + "lambda_q2": lq.clone(), a + "lambda_k2": lk.clone()})
+        out.update(lam)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def _lambda_pairs(g: torch.Generator, d: int, prefix: str) -> dict[str, Tensor]:
+    """One layer's lambda vectors as two equal pairs (``lq2 = lq1``, ``lk2 = lk1``, ``N(0, 0.1)`` from ``g``):
+    lambda exactly 0, with a gradient."""
+    lq, lk = (torch.randn(d, generator=g) * LAMBDA_INIT_STD for _ in range(2))
+    return {prefix + "lambda_q1": lq, prefix + "lambda_k1": lk, prefix + "lambda_q2": lq.clone(),
+            prefix + "lambda_k2": lk.clone()}
+
+
+# -- the dex method -------------------------------------------------------------------------------------------------
+
+def dex_config(config: ModelConfig, heads: Optional[Sequence[Sequence[int]]] = None,
+               lambda_init: float = 0.0) -> ModelConfig:
+    """The ``dex`` config of a standard ``config``: the same heads and everything else; ``heads`` the selected
+    heads of each layer (None: every head); ``lambda_init`` the constant offset of lambda (0: the source's
+    function as loaded)."""
+    options = None if heads is None else {"heads": [[int(h) for h in layer] for layer in heads]}
+    return config.plain(attention=DEX_KIND, lambda_init=float(lambda_init) if lambda_init else None, options=options)
+
+
+def dex_state(config: ModelConfig, state: dict[str, Tensor], seed: int = 0) -> dict[str, Tensor]:
+    """The state dict of :func:`dex_config` ``(config)`` from a standard model's ``state``: the source's tensors,
+    each layer's ``dex_map`` the identity (float32) and its lambda vectors as two equal pairs from ``seed``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConversionError(f"seed: must be a non-negative integer, got {seed!r}")
+    g = torch.Generator().manual_seed(seed)
+    d = config.head_dim
+    out = dict(state)
+    for i in range(config.n_layers):
+        a = f"layers.{i}.attn."
+        out.update(_lambda_pairs(g, d, a))
+        out[a + "dex_map"] = torch.eye(d)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def dex_head_count(spec: Union[None, str, int, float], n_heads: int) -> Optional[int]:
+    """The heads per layer ``spec`` asks for: None for every head (``None``, ``"all"``, the count ``n_heads``, the
+    fraction 1.0); else a count from 1 to ``n_heads - 1``. An integer is a count, a float ``F`` in ``(0, 1]`` a
+    fraction (``ceil(F * H)`` heads). Raises :class:`ConversionError` naming ``dex_heads``."""
+    value = spec
+    if isinstance(spec, str):
+        text = spec.strip().lower()
+        if text == "all":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                value = spec
+    if value is None:
+        return None
+    rule = f"'all', a count of heads per layer (1 to {n_heads}) or a fraction in (0, 1]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConversionError(f"dex_heads: must be {rule}, got {spec!r}")
+    if isinstance(value, float):
+        if not 0 < value <= 1:
+            raise ConversionError(f"dex_heads: a fraction must be in (0, 1] (a count is a whole number), got {spec!r}")
+        count = math.ceil(value * n_heads - 1e-9)
+    else:
+        count = int(value)
+        if not 1 <= count <= n_heads:
+            raise ConversionError(f"dex_heads: must be {rule}; the source has {n_heads} heads per layer, got {spec!r}")
+    return None if count >= n_heads else count
+
+
+def head_entropies(model: Transformer, tokens: Tensor) -> Tensor:
+    """``(L, H)``: each head's mean attention entropy on ``tokens`` ``(B, T)``, every query row's entropy divided
+    by the log of the keys it sees (1 for a uniform map, 0 for one key), the first row (one key) left out."""
+    from ..eval.capture import capture_attention
+
+    found: dict[int, Tensor] = {}
+
+    def add(cap) -> None:
+        p = cap.probs  # (B, H, T, S), causal from key 0
+        ent = -(p * p.clamp_min(1e-30).log()).sum(-1)[..., 1:]  # (B, H, T - 1)
+        keys = torch.arange(2, p.shape[-2] + 1, dtype=ent.dtype)  # row t sees t + 1 keys
+        found[cap.layer] = (ent / keys.log()).mean((0, 2))
+
+    with torch.no_grad(), capture_attention(model, store=False, callback=add):
+        model(tokens)
+    return torch.stack([found[i] for i in range(len(found))])
+
+
+def _bundled_heldout_text() -> tuple[str, str]:
+    """The first held-out document of the bundled corpus: ``(text, origin)``."""
+    from ..data.sources import bundled_source, iter_documents
+
+    for doc in iter_documents([bundled_source()]):
+        if doc.split == "val":
+            return doc.text, doc.origin
+    raise ConversionError("the bundled corpus has no held-out document")  # pragma: no cover - it has several
+
+
+def dex_sample(source: str, folder: Path, config: ModelConfig, seed: int = 0) -> tuple[Tensor, str]:
+    """The calibration sample of the head selection, ``(tokens (rows, T), what they are)``: the bundled corpus's
+    held-out text through the source's tokenizer (a transformers folder's ``tokenizer.json``, a difftx checkpoint's
+    ``tokenizer/``) when it has one whose ids fit the model; else random tokens from ``seed``."""
+    from ..data.tokenizer import load_tokenizer
+
+    T = min(DEX_SAMPLE_TOKENS, config.max_seq_len)
+    n = DEX_SAMPLE_ROWS * T
+    path = folder / "tokenizer.json" if source.startswith("transformers:") else folder / TOKENIZER_SUBDIR
+    if path.exists():
+        try:
+            tok = load_tokenizer(path)
+        except (OSError, ValueError, ImportError) as e:
+            raise ConversionError(f"{path}: cannot read the source's tokenizer for the head selection's sample "
+                                  f"({e}); choose the heads without it (dex_heads='all')") from e
+        if tok.vocab_size <= config.vocab_size:
+            text, origin = _bundled_heldout_text()
+            ids = tok.encode(text[:64 * n])
+            if len(ids) >= n:
+                return torch.tensor(ids[:n]).view(DEX_SAMPLE_ROWS, T), \
+                    f"{DEX_SAMPLE_ROWS} rows of {T} tokens of the bundled {origin} through the source's tokenizer"
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.vocab_size, (DEX_SAMPLE_ROWS, T), generator=g), \
+        f"{DEX_SAMPLE_ROWS} rows of {T} random tokens (no tokenizer of the source that difftx reads)"
+
+
+def select_dex_heads(entropy: Tensor, count: int) -> list[list[int]]:
+    """Per layer, the ``count`` heads of the highest ``entropy`` ``(L, H)`` (ties: the lower index), sorted."""
+    return [sorted(sorted(range(len(row)), key=lambda h: (-float(row[h]), h))[:count]) for row in entropy]
+
+
+def _choose_dex_heads(spec, src_model: Transformer, source: str, folder: Path, config: ModelConfig,
+                      seed: int) -> tuple[Optional[list[list[int]]], dict]:
+    """``(heads or None for every head, the record of the choice)`` for ``dex_heads=spec``."""
+    H, L = config.n_heads, config.n_layers
+    if isinstance(spec, (list, tuple)):  # explicit per-layer lists (the Python API)
+        heads = [list(layer) for layer in spec]
+        try:
+            dex_config(config, heads)
+        except ValueError as e:
+            raise ConversionError(f"dex_heads: {e}") from e
+        return heads, {"rule": "given", "heads": heads}
+    count = dex_head_count(spec, H)
+    if count is None:
+        return None, {"rule": "all", "heads": [list(range(H)) for _ in range(L)]}
+    tokens, what = dex_sample(source, folder, config, seed)
+    entropy = head_entropies(src_model, tokens)
+    heads = select_dex_heads(entropy, count)
+    return heads, {"rule": f"the {count} of {H} heads per layer of the highest attention entropy", "sample": what,
+                   "heads": heads, "entropy": [[round(float(e), 6) for e in row] for row in entropy]}
 
 
 def float32_model(config: ModelConfig, state: dict[str, Tensor], source: str = "state dict") -> Transformer:
@@ -208,12 +372,17 @@ def logits_difference(source: Transformer, converted: Transformer, seed: int = 0
 
 
 def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed: int = 0,
-                  overwrite: bool = False, lambda_init: float = 0.0) -> Conversion:
+                  overwrite: bool = False, lambda_init: float = 0.0,
+                  dex_heads: Union[None, str, int, float, Sequence[Sequence[int]]] = None) -> Conversion:
     """Convert the standard-attention model in ``src`` (a transformers Llama folder, or a difftx ``standard`` model,
-    checkpoint or run folder) into a ``converted`` difftx model folder ``out`` that
-    :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read: ``config.json``,
-    ``model.safetensors`` (the source's dtype; the lambda vectors float32), :data:`CONVERSION_NAME`, and the
-    source's tokenizer in ``tokenizer/``. See the module doc for ``method`` and what is refused.
+    checkpoint or run folder) into a ``converted`` difftx model folder ``out`` (a ``dex`` one for the method
+    ``dex``) that :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read: ``config.json``,
+    ``model.safetensors`` (the source's dtype; the lambda vectors and ``dex_map`` float32), :data:`CONVERSION_NAME`,
+    and the source's tokenizer in ``tokenizer/``. See the module doc for ``method`` and what is refused.
+
+    ``dex_heads`` (method ``dex`` only): ``"all"`` (None, the default), a count (int) or fraction (float in
+    ``(0, 1]``) of each layer's heads, chosen by their attention entropy (see the module doc), or explicit lists
+    of head indices, one per layer.
 
     The converted model's float32 logits are checked against the source's first; a relative difference above
     :data:`CHECK_TOLERANCE` is a :class:`ConversionError` and nothing is written. ``out`` follows
@@ -228,12 +397,19 @@ def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed:
         raise ConversionError(f"method: must be one of {list(METHODS)}, got {method!r}")
     if isinstance(lambda_init, bool) or not isinstance(lambda_init, (int, float)) or not 0 <= lambda_init < 1:
         raise ConversionError(f"lambda_init: must be a number in [0, 1), got {lambda_init!r}")
+    if dex_heads is not None and method != "dex":
+        raise ConversionError(f"dex_heads: applies only to method 'dex' (got method {method!r})")
     src = Path(src)
     _output_dir(out, [src], overwrite)  # before reading the weights
     source, config, state, folder = read_source(src)
-    conv_config = converted_config(config, lambda_init)
-    conv_state = converted_state(config, state, method, seed)
     src_model = float32_model(config, state, str(folder))
+    kind, dex = KIND, None
+    if method == "dex":
+        kind = DEX_KIND
+        heads, dex = _choose_dex_heads(dex_heads, src_model, source, folder, config, seed)
+        conv_config, conv_state = dex_config(config, heads, lambda_init), dex_state(config, state, seed)
+    else:
+        conv_config, conv_state = converted_config(config, lambda_init), converted_state(config, state, method, seed)
     conv_model = float32_model(conv_config, conv_state, "the converted weights")
     lambdas = [block.attn.lambda_reading() for block in conv_model.layers]  # the offset alone (float32)
     if any(abs(lam - lambda_init) > 1e-6 for lam in lambdas):  # pragma: no cover - the pairs are equal by construction
@@ -246,12 +422,16 @@ def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed:
     if not err <= CHECK_TOLERANCE:
         raise ConversionError(f"logits check: the converted model's float32 logits differ from the source's by "
                               f"{err:.2e} (relative), above {CHECK_TOLERANCE:.0e}; nothing written")
-    result = Conversion(Path(out), source, method, seed, err, rows, tokens, float(lambda_init))
+    result = Conversion(Path(out), source, method, seed, err, rows, tokens, float(lambda_init), kind,
+                        None if dex is None else tuple(tuple(h) for h in dex["heads"]),
+                        None if dex is None else dex["rule"])
     record = {"source": str(folder.resolve()), "source_kind": source, "method": method, "seed": seed,
-              "attention": KIND, "lambda": float(lambda_init), "lambda_init": float(lambda_init),
+              "attention": kind, "lambda": float(lambda_init), "lambda_init": float(lambda_init),
               "function_preserving": "as loaded" if not lambda_init else "at lambda scale 0 (a warm-up's first step)",
               "logits_check": {"rows": rows, "tokens": tokens, "max_rel_error": err, "tolerance": CHECK_TOLERANCE,
                                "lambda_scale": 0.0 if lambda_init else 1.0}}
+    if dex is not None:
+        record["dex"] = dex
     out = _output_dir(out, [src, folder], overwrite)
     meta = {"format": "difftx", "source": source, "converted": method, "seed": str(seed)}
     with atomic_folder(out, replace=True) as tmp:
