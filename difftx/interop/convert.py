@@ -1,7 +1,8 @@
 """Convert a pretrained standard-attention model to differential attention (issue 40).
 
-:func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama folder (read as
-``difftx import`` reads it: GQA, tied embeddings and the RoPE layout included), and writes a difftx model
+:func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama or Mistral folder
+(read as ``difftx import`` reads it: GQA, tied embeddings and the RoPE layout included; a Mistral sliding window
+must cover the whole context), and writes a difftx model
 folder of the ``converted`` attention kind (:mod:`difftx.attention.converted`), or of the ``dex`` kind
 (:mod:`difftx.attention.dex`) for the method ``dex``.
 
@@ -32,10 +33,11 @@ OUT``). Before anything is written, the converted model's float32 logits are com
 few rows of random tokens; a relative difference above ``1e-5`` is refused. ``seed`` also draws the lambda
 vectors (two equal pairs, ``N(0, 0.1)``; see the kinds' docs).
 
-Refused, each with one line naming the field: another transformers ``model_type`` than ``llama`` (Qwen2's
-q/k/v biases and Mistral's sliding window are not read by difftx), what ``difftx import`` refuses (RoPE
-scaling, biases, missing or mismatched weights, ...), a difftx model of another kind or with a per-head norm,
-and an OUT folder that is not empty (``overwrite`` as for ``difftx import``). Nothing is downloaded.
+Refused, each with one line naming the field: another transformers ``model_type`` than ``llama`` and
+``mistral`` (Qwen2's q/k/v biases are not read by difftx), what ``difftx import`` refuses (a Mistral sliding
+window shorter than the context, RoPE scaling, biases, missing or mismatched weights, ...), a difftx model of
+another kind or with a per-head norm, and an OUT folder that is not empty (``overwrite`` as for ``difftx
+import``). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -117,25 +119,18 @@ def _hf_model_type(src: Path) -> Optional[str]:
     if "model_type" not in data:
         return None
     model_type = data["model_type"]
+    from .hf import HF_REFUSED
+
     where = f"{path}: model_type {model_type!r}"
-    if model_type == "llama":
-        return model_type
+    if model_type in ("llama", "mistral"):  # read as `difftx import` reads them: a Mistral window shorter than the
+        return model_type                   # context is refused there, in one line naming sliding_window
     if model_type == "diffllama":
-        raise ConversionError(f"{where} is differential attention already; convert reads 'llama' folders (read this "
-                              f"one with `difftx import`)")
-    if model_type == "qwen2":
-        raise ConversionError(f"{where}: Qwen2's q/k/v projections carry biases, which difftx's bias-free projections "
-                              f"cannot hold; convert reads 'llama' folders only")
-    if model_type == "mistral":
-        window, context = data.get("sliding_window"), data.get("max_position_embeddings")
-        if window and isinstance(context, int) and window < context:
-            raise ConversionError(f"{path}: sliding_window={window} is shorter than the context "
-                                  f"(max_position_embeddings={context}): difftx attends to the whole context and "
-                                  f"cannot compute Mistral's windowed attention")
-        raise ConversionError(f"{where} is not read by difftx (sliding_window={window!r}); convert reads 'llama' "
-                              f"folders only")
-    raise ConversionError(f"{where} is not supported; convert reads transformers 'llama' folders and difftx "
-                          f"'standard' models")
+        raise ConversionError(f"{where} is differential attention already; convert reads 'llama' and 'mistral' "
+                              f"folders (read this one with `difftx import`)")
+    if model_type in HF_REFUSED:
+        raise ConversionError(f"{where}: {HF_REFUSED[model_type]}; convert reads 'llama' and 'mistral' folders only")
+    raise ConversionError(f"{where} is not supported; convert reads transformers 'llama' and 'mistral' folders and "
+                          f"difftx 'standard' models")
 
 
 def read_source(src: PathLike) -> tuple[str, ModelConfig, dict[str, Tensor], Path]:

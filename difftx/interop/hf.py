@@ -1,7 +1,9 @@
 """Hugging Face ``transformers`` folders <-> difftx model folders (SPEC section 4).
 
 ``diff`` models map to ``DiffLlamaForCausalLM`` (model_type ``diffllama``), ``standard``
-models to ``LlamaForCausalLM`` (model_type ``llama``); ``diff_v2``, ``gated`` and the options
+models to ``LlamaForCausalLM`` (model_type ``llama``); a ``MistralForCausalLM`` folder (model_type
+``mistral``) whose sliding window covers its whole context is read as a ``standard`` model too (it
+computes what Llama computes); ``diff_v2``, ``gated`` and the options
 that change what a head computes (no per-head norm or a constant ``lambda_init`` for ``diff``,
 the no-subtraction control, a per-head norm for ``standard``) have no equivalent. The
 converters only move tensors between safetensors files, so this module does not import
@@ -86,6 +88,23 @@ def halves_to_pairs(w: Tensor, d: int) -> Tensor:
 # the transformers model types difftx reads and writes, and the attention kind each becomes (the kinds name
 # their model type in ``hf_model_type``; these two layouts are what this module converts)
 HF_LAYOUTS = {"diffllama": "diff", "llama": "standard"}
+# the model types difftx reads: those it writes, and Mistral. MistralForCausalLM is LlamaForCausalLM without its
+# bias switches (no biases at all) plus a sliding-window mask: query i sees keys i - sliding_window + 1 .. i. A
+# window of at least max_position_embeddings (difftx's max_seq_len) hides no key of any sequence that long, so
+# such a folder is read as a Llama one; a shorter window is refused (see _check_window).
+HF_READS = {**HF_LAYOUTS, "mistral": "standard"}
+# transformers' defaults (the config classes') for the fields a config.json may leave out, where they matter here
+_HF_DEFAULTS = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "diffllama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5},
+    "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "num_key_value_heads": 8,
+                "sliding_window": 4096},
+}
+# model types refused for a known reason (the same line from `difftx import` and `difftx convert`)
+HF_REFUSED = {
+    "qwen2": "Qwen2's q/k/v projections carry biases (attention biases: self_attn.q_proj.bias, k_proj.bias and "
+             "v_proj.bias in every layer, always on), which difftx's bias-free projections cannot hold",
+}
 
 def check_exportable(config: ModelConfig) -> None:
     """Raise :class:`ConversionError` unless ``config`` has an exact transformers equivalent (the attention
@@ -151,11 +170,25 @@ def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     return out
 
 
+def _check_window(window, context: int, source: str) -> None:
+    """Refuse a Mistral ``sliding_window`` that hides keys from a sequence of ``context`` tokens (null: none)."""
+    if window is None:
+        return
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConversionError(f"{source}: sliding_window must be null or an integer >= 1, got {window!r}")
+    if window < context:
+        raise ConversionError(f"{source}: sliding_window={window} is shorter than the context "
+                              f"(max_position_embeddings={context}): difftx attends to the whole context and cannot "
+                              f"compute Mistral's windowed attention")
+
+
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
-    """The difftx :class:`ModelConfig` of a DiffLlama or Llama ``config.json`` dict.
+    """The difftx :class:`ModelConfig` of a DiffLlama, Llama or Mistral ``config.json`` dict (fields it leaves
+    out take their transformers class's default).
 
     Raises :class:`ConversionError` (naming ``source``) for anything difftx cannot represent
-    exactly: biases, non-SiLU MLPs, scaled or partial RoPE, odd head counts in DiffLlama, ...
+    exactly: biases, non-SiLU MLPs, scaled or partial RoPE, odd head counts in DiffLlama, a
+    Mistral sliding window shorter than the context, Qwen2's attention biases, ...
     """
     def need(key: str):
         if key not in hf:
@@ -171,16 +204,22 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         return ConversionError(f"{source}: {rule}")
 
     model_type = hf.get("model_type")
-    if model_type not in HF_LAYOUTS:
-        raise refuse(f"model_type {model_type!r} is not supported; difftx imports " + " and ".join(
-            f"{t!r} (-> attention={k!r})" for t, k in HF_LAYOUTS.items()))
+    if model_type in HF_REFUSED:
+        raise refuse(f"model_type {model_type!r}: {HF_REFUSED[model_type]}")
+    if model_type not in HF_READS:
+        raise refuse(f"model_type {model_type!r} is not supported; difftx imports " + ", ".join(
+            f"{t!r} (-> attention={k!r})" for t, k in HF_READS.items()))
     diff = model_type == "diffllama"
+    defaults = _HF_DEFAULTS[model_type]
     D, L, V = need("hidden_size"), need("num_hidden_layers"), need("vocab_size")
     n_heads = need("num_attention_heads")
-    n_kv = n_heads if hf.get("num_key_value_heads") is None else whole("num_key_value_heads",
-                                                                        hf["num_key_value_heads"])
+    n_kv = hf.get("num_key_value_heads", defaults.get("num_key_value_heads"))  # an explicit null: one per head
+    n_kv = n_heads if n_kv is None else whole("num_key_value_heads", n_kv)
     head_dim = D // n_heads if hf.get("head_dim") is None else whole("head_dim", hf["head_dim"])
-    for key in ("sliding_window", "quantization_config"):
+    context = whole("max_position_embeddings", hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
+    if model_type == "mistral":  # a field of Mistral's, read; any other model type with a window is refused
+        _check_window(hf.get("sliding_window", defaults["sliding_window"]), context, source)
+    for key in ("quantization_config",) if model_type == "mistral" else ("sliding_window", "quantization_config"):
         if hf.get(key):
             raise refuse(f"{key}={hf[key]!r}: difftx attends to the whole context with unquantised weights; "
                          "it cannot represent this model exactly")
@@ -213,10 +252,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     try:
         cfg = ModelConfig(
             vocab_size=V, dim=D, n_layers=L, n_heads=n_heads, n_kv_heads=None if n_kv == n_heads else n_kv,
-            attention=HF_LAYOUTS[model_type], ffn_hidden=ffn,
-            max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=float(theta),
-            # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama 1e-6
-            norm_eps=float(hf.get("rms_norm_eps", 1e-5 if diff else 1e-6)),
+            attention=HF_READS[model_type], ffn_hidden=ffn,
+            max_seq_len=context, rope_theta=float(theta),
+            # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama and Mistral 1e-6
+            norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             init_std=float(hf.get("initializer_range", 0.02)))
     except (TypeError, ValueError) as e:
@@ -458,7 +497,7 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
 
 
 def read_hf_model(src: Path) -> tuple[dict, ModelConfig, dict[str, Tensor]]:
-    """A transformers DiffLlama or Llama folder read as difftx reads it: its ``config.json`` (dict), the difftx
+    """A transformers DiffLlama, Llama or Mistral folder read as difftx reads it: its ``config.json`` (dict), the difftx
     :class:`ModelConfig` and the difftx state dict (tensors in their stored dtype), after checking every weight's
     name and shape. A tied config with a stored head that differs from the embedding is read untied, as
     transformers loads it. Raises :class:`ConversionError` naming the field or file."""
@@ -477,7 +516,8 @@ def read_hf_model(src: Path) -> tuple[dict, ModelConfig, dict[str, Tensor]]:
 
 
 def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False) -> Path:
-    """Convert a local transformers DiffLlama (-> ``diff``) or Llama (-> ``standard``) folder into
+    """Convert a local transformers DiffLlama (-> ``diff``), Llama or Mistral (-> ``standard``; a Mistral
+    sliding window must cover the whole context) folder into
     a difftx model folder that :func:`difftx.checkpoint.load_model` and the trainer's
     ``--init-from`` read: ``config.json``, ``model.safetensors`` and the tokenizer files (if
     any) in ``tokenizer/``, as training checkpoints keep them.
