@@ -13,8 +13,9 @@ def register(sub) -> None:
                                    "batches), run the paper's evaluations on both and write results.json, report.md "
                                    "and plots/ into --out. Re-running with the same --out resumes: finished "
                                    "trainings and evaluations are not redone.")
-    p.add_argument("--preset", default="cpu",
-                   help="smoke | cpu | gpu-small (default cpu: about 3 min per seed on 2 CPU cores; 8 seeds: 25 min)")
+    p.add_argument("--preset", default=None,
+                   help="smoke | cpu | recall-cpu | from-cpu | gpu-small (default cpu: about 3 min per seed on 2 CPU "
+                        "cores, 8 seeds: 25 min; with --from: from-cpu)")
     p.add_argument("--seeds", type=positive_int, default=1,
                    help="number of paired seeds 0..K-1 (default 1; intervals from 6 seeds, verdicts on the 3 primaries "
                         "from 7; make demo uses 8; seeds already in --out are reused)")
@@ -64,6 +65,16 @@ def register(sub) -> None:
     p.add_argument("--synthetic", action="store_true",
                    help="with --data: also train and evaluate the preset's synthetic needle and ICL tasks (its "
                         "mixture, your text in place of Shakespeare; --set lm_every=... changes it)")
+    p.add_argument("--from", dest="source", metavar="SRC",
+                   help="is a converted model better than its source fine-tuned the same way? SRC is a difftx "
+                        "'standard' model or run folder or a transformers Llama folder; per seed, the source (arm "
+                        "baseline) and its conversion (arm diff, `difftx convert`) are fine-tuned on --data with the "
+                        "same steps, batches and learning rate, and compared on held-out NLL and, with recall "
+                        "batches, the recall grid; the preset's model fields are not used (default preset from-cpu, "
+                        "--out runs/compare-from-SRCNAME-DATANAME)")
+    p.add_argument("--method", default=None, metavar="NAME",
+                   help="with --from: the conversion method (difftx convert --method: zero, mirror, random, or dex "
+                        "on every head; default mirror)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -123,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")
+    args.preset = args.preset or ("from-cpu" if args.source is not None else "cpu")
     shard = None if args.shard is None else parse_shard(args.shard)
     if shard is not None and args.sweep:
         raise ValueError("--shard and --sweep: shard each point's folder on its own (--out DIR/FIELD=VALUE --set ...)")
@@ -140,13 +152,22 @@ def run(args: argparse.Namespace) -> int:
         if "arms" in overrides:
             raise ValueError("--arms and --set arms=...: give the arms in one place")
         overrides["arms"] = parse_arms(args.arms)
+    if args.source is not None:
+        _from_source(args, overrides)
+    elif args.method is not None:
+        raise ValueError("--method goes with --from (the conversion of a source)")
     if args.data is not None:
         from ..compare.presets import text_overrides
 
-        overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout, synthetic=args.synthetic)
+        overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout,
+                                   synthetic=args.synthetic or args.source is not None)
     elif args.tokenizer is not None or args.heldout is not None or args.synthetic:
         raise ValueError("--tokenizer, --heldout and --synthetic go with --data (your own text)")
     out = args.out or f"runs/compare-{args.preset}" + (f"-{_stem(args.data)}" if args.data is not None else "")
+    if args.source is not None and args.out is None:
+        from ..compare.source import default_name
+
+        out = f"runs/compare-{default_name(args.source)}-{_stem(args.data)}"
     if args.sweep:
         return _sweep(args, out, overrides)
     if tune is not None:
@@ -186,6 +207,20 @@ def run(args: argparse.Namespace) -> int:
         if c["primary"]:
             print("  " + c["verdict"] + (f" (at the preset's {tune[0]})" if tune is not None else ""))
     return 0
+
+
+def _from_source(args: argparse.Namespace, overrides: dict) -> None:
+    """``--from``: the source and method as preset fields."""
+    if args.data is None:
+        raise ValueError("--from SRC needs your text: --data TEXT (the source and its conversion are fine-tuned on it)")
+    if args.arms is not None:
+        raise ValueError("--arms goes without --from (a comparison from a source has the arms baseline and diff)")
+    for name in ("source", "convert_method"):
+        if name in overrides:
+            raise ValueError(f"--set {name}=...: give it as --from / --method")
+    overrides["source"] = args.source
+    if args.method is not None:
+        overrides["convert_method"] = args.method
 
 
 def _stem(path: str) -> str:

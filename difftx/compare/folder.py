@@ -22,7 +22,7 @@ RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldo
 REMOVED_FIELDS = {"extra": {}}
 # preset fields a newer difftx added, with the value that means what an older compare.json without them did
 ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16],
-                "lambda_warmup": 0}
+                "lambda_warmup": 0, "source": None, "convert_method": "mirror", "convert_lambda_init": 0.0}
 COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 
@@ -103,13 +103,15 @@ def _check_text(meta: Path, old: dict | None, new: dict | None) -> None:
 NOT_TRAINING_FIELDS = (*EXECUTION_FIELDS, *RECORDING_FIELDS, "name", "tasks")
 
 
-def training_request(preset: ComparePreset, text: dict | None) -> dict:
+def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None) -> dict:
     """What a model is trained with, kept in its ``train.json`` (with its seed and arm): the preset
-    fields that decide its weights, and its text (tokenizer and the hash of the training tokens;
-    None: the bundled corpus). A later run reuses the model only if it asks for the same
-    (:func:`check_reuse`)."""
+    fields that decide its weights, its text (tokenizer and the hash of the training tokens;
+    None: the bundled corpus) and, from a source (``--from``), the source's folder and the hash of its
+    config and weights (:func:`difftx.compare.source.source_identity`). A later run reuses the model only
+    if it asks for the same (:func:`check_reuse`)."""
     fields = {k: v for k, v in preset.to_dict().items() if k not in NOT_TRAINING_FIELDS}
-    return {"preset": fields, "text": None if text is None else {k: text[k] for k in ("tokenizer", "train_sha256")}}
+    out = {"preset": fields, "text": None if text is None else {k: text[k] for k in ("tokenizer", "train_sha256")}}
+    return {**out, "source": source} if source is not None else out
 
 
 def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
@@ -127,13 +129,16 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                    **{f"config.{k}": (rec.config or {}).get(k) for k in cfg}}
             if rec.request is not None:
                 old, new = rec.request.get("preset") or {}, request["preset"]
-                got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"))
-                asked.update({k: new[k] for k in old if k in new}, text=request["text"])
+                got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"),
+                           source=rec.request.get("source"))
+                asked.update({k: new[k] for k in old if k in new}, text=request["text"], source=request.get("source"))
             wrong = [k for k in asked if got[k] != asked[k]]
             if wrong:
                 k = wrong[0]
                 show = {"text": lambda t: "the bundled corpus" if t is None else
-                        f"text {t['train_sha256'][:12]}... (tokenizer {t['tokenizer']})"}.get(k, repr)
+                        f"text {t['train_sha256'][:12]}... (tokenizer {t['tokenizer']})",
+                        "source": lambda t: "no source" if t is None else
+                        f"{t['folder']} (config and weights {t['sha256'][:12]}...)"}.get(k, repr)
                 raise ValueError(f"{Path(f) / TRAIN_RECORD}: this model was trained with {k} {show(got[k])}, not "
                                  f"{show(asked[k])} as asked (differs in {wrong}); use another --out, or delete "
                                  f"{f} to train it again")

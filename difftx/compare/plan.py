@@ -15,7 +15,9 @@ it into a :class:`ComparePlan`, and each later step receives only its part:
   held-out text (``--data``);
 - ``tasks``: every registered evaluation task's validated settings;
 - ``execution`` (:class:`Execution`): threads, parallel workers and device (how it runs, not
-  what it computes).
+  what it computes);
+- ``source`` (:class:`~difftx.compare.source.Source` or None): ``--from``'s pretrained model, whose
+  config, vocabulary and tokenizer the two arms take (:func:`resolve_from`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
 
 if TYPE_CHECKING:
     from ..training.config import TrainConfig
+    from .source import Source
 
 BATCH_KINDS = ("needle", "lm", "icl", "recall")
 
@@ -161,6 +164,7 @@ class ComparePlan:
     execution: Execution
     curve: Curve = Curve((), 0)
     text: Optional[TextData] = None
+    source: Optional["Source"] = None  # compare --from: the pretrained model both arms start from
 
 
 def preset_error(name: str, rule: str) -> ValueError:
@@ -284,6 +288,8 @@ def resolve(preset: Any) -> ComparePlan:
 
     tasks, needle, icl = check(preset)
     recall = check_recall(preset, tasks)
+    if preset.source is not None:
+        return resolve_from(preset, tasks, needle, icl, recall)
     grid = tasks["needle"].grid
     mixture = mixture_of(preset)
     if not mixture.shares()["needle"]:  # every step another kind of batch (LM, recall): no needle ids
@@ -313,3 +319,57 @@ def resolve(preset: Any) -> ComparePlan:
         tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
                                                 stack=preset.stack),
         curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)
+
+
+def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Optional[ICLTask],
+                 recall: Optional[RecallBlock]) -> ComparePlan:
+    """:func:`resolve` for a comparison from a pretrained source (``preset.source``, ``difftx compare --from``):
+    the arms are the source and its conversion (:func:`difftx.compare.source.source_arms`; the preset's model
+    fields are not used), the text is tokenized with the source's tokenizer unless ``tokenizer`` is given, and
+    the batches are LM and recall batches only, recall in the ids ``0 .. recall_vocab - 1`` of the source's
+    vocabulary."""
+    from pathlib import Path
+
+    from ..data import load_tokenizer
+    from .source import Source, read_source_model, source_arms
+
+    p = preset
+    mixture = mixture_of(p)
+    if p.data is None:
+        raise preset_error("source", "a comparison from a source trains on your text: give it (--data TEXT)")
+    if tuple(p.arms) != ("baseline", "diff"):
+        raise preset_error("arms", f"a comparison from a source has two arms, the source (baseline) and its "
+                                   f"conversion (diff); got {list(p.arms)}")
+    if mixture.shares()["needle"] or icl is not None or not p.lm_every:
+        raise preset_error("lm_every/icl_every/recall_every", "a comparison from a source trains on LM and recall "
+                                                              "batches only (the needle and ICL tasks need ids the "
+                                                              "source's vocabulary does not have): every step must be "
+                                                              "an LM step or a recall step, with lm_every > 0")
+    kind, config, folder, src_tok = read_source_model(p.source)
+    where = f"ComparePreset.source: {p.source}"
+    tok = p.tokenizer or src_tok
+    if tok is None:
+        raise preset_error("tokenizer", f"{p.source} has no tokenizer folder: give the one it was trained with "
+                                        "(--tokenizer DIR, or byte)")
+    tok = tok if tok == "byte" else str(Path(tok).expanduser().resolve())
+    lm_vocab = load_tokenizer(tok).vocab_size
+    if lm_vocab > config.vocab_size:
+        raise preset_error("tokenizer", f"{tok} has {lm_vocab} tokens, more than the source's vocab_size "
+                                        f"{config.vocab_size}")
+    if recall is not None and recall.vocab_size > config.vocab_size:
+        raise preset_error("recall_vocab", f"{recall.vocab_size} exceeds the source's vocab_size {config.vocab_size}")
+    longest = max(p.lm_seq_len, p.recall_len if recall is not None else 0)
+    if longest > config.max_seq_len:
+        raise ValueError(f"{where}: its max_seq_len {config.max_seq_len} is shorter than the training sequences "
+                         f"({longest}: lm_seq_len / recall_len)")
+    text = TextData(str(Path(p.data).expanduser().resolve()), tok,
+                    None if p.heldout is None else str(Path(p.heldout).expanduser().resolve()))
+    space = TaskSpace(None, True, None, lm_vocab, recall)  # recall ids from 0: the source's own
+    source = Source(str(Path(p.source).expanduser().resolve()), kind, folder, src_tok, p.convert_method,
+                    float(p.convert_lambda_init))
+    return ComparePlan(
+        name=p.name, space=space, arms=source_arms(config, p.convert_method, p.convert_lambda_init), schedule=check_schedule(p),
+        mixture=mixture, probes=Probes(every=p.probe_every if recall else 0, samples=p.probe_samples,
+                                       grid=tasks["needle"].grid),
+        tasks=tasks, execution=Execution(threads=p.threads, workers=p.workers, device=p.device, stack=p.stack),
+        curve=Curve(curve_steps(p.steps, p.curve_points), p.curve_windows), text=text, source=source)

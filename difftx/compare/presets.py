@@ -87,6 +87,10 @@ class ComparePreset:
     data: str | None = None  # what `difftx train --data` takes: a text file, a folder, a JSONL file
     tokenizer: str | None = None  # "byte" (None: byte) or a tokenizer.json / folder
     heldout: str | None = None  # a held-out text file scored whole (None: the corpus's validation split)
+    # -- a pretrained source (difftx compare --from): the source fine-tuned against its conversion --------
+    source: str | None = None  # a difftx 'standard' model / run folder or a transformers Llama folder
+    convert_method: str = "mirror"  # the conversion's method (difftx convert --method)
+    convert_lambda_init: float = 0.0  # the converted arm's lambda offset (difftx convert --lambda-init)
     # -- held-out loss along training: at curve_points log-spaced steps, on curve_windows fixed windows --
     curve_points: int = 10  # 0: no curve
     curve_windows: int = 8
@@ -111,7 +115,7 @@ class ComparePreset:
                 raise preset_error(name, f"must be a number, got {v!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
             raise preset_error("threads", f"must be a positive integer or None, got {self.threads!r}")
-        for name in ("data", "tokenizer", "heldout"):
+        for name in ("data", "tokenizer", "heldout", "source"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise preset_error(name, f"must be a path (text), got {v!r}")
@@ -127,6 +131,13 @@ class ComparePreset:
                 not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pairs):
             raise preset_error("recall_pairs", f"must be positive pair counts, got {self.recall_pairs!r}")
         object.__setattr__(self, "recall_pairs", tuple(pairs))
+        from ..cli.convert import METHODS
+
+        if self.convert_method not in METHODS:
+            raise preset_error("convert_method", f"must be one of {list(METHODS)}, got {self.convert_method!r}")
+        v = self.convert_lambda_init
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise preset_error("convert_lambda_init", f"must be a number in [0, 1), got {v!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise preset_error("device", f"must be auto, cpu or cuda, got {self.device!r}")
         from ..config import arm_names
@@ -256,6 +267,18 @@ PRESETS: dict[str, ComparePreset] = {
         recall_every=1, recall_vocab=256, recall_len=64, recall_pairs=(4, 8, 16), log_every=50, threads=1, workers=2,
         stack=4,
         tasks={"recall": {"samples": 128, "pairs": (4, 8, 16, 24, 32), "lengths": (64, 128, 256)}}),
+    # compare --from SRC --data TEXT: a small pretrained source and its conversion fine-tuned alike (LM and recall
+    # batches in turn; the model comes from the source). Measured: results log 2026-11-28, docs/compare.md
+    "from-cpu": ComparePreset(
+        name="from-cpu", description="a pretrained source fine-tuned as it is and converted to differential "
+                                     "attention: 300 steps of batch 16, LM batches of your text and recall batches "
+                                     "(4 and 8 pairs at length 64, 64 ids of the source's vocabulary) in turn",
+        steps=300, batch_size=16, lr=1e-3, min_lr=1e-4, warmup_steps=30, lm_every=2, icl_every=0, recall_every=1,
+        recall_vocab=64, recall_len=64, recall_pairs=(4, 8), lm_seq_len=128, probe_every=50, probe_samples=32,
+        log_every=25, threads=1, workers=2, curve_points=6,
+        tasks={"recall": {"samples": 64, "pairs": (4, 8, 12, 16), "lengths": (64, 128)},
+               "lm": {"extrapolation_factors": (1,)}, "outliers": {"tokens": 4096},
+               "quant": {"lm_windows": 16}}),
     # GPU presets: written for users with hardware, NOT run on this project's machines
     "gpu-small": ComparePreset(
         name="gpu-small", description="~100M parameters (untested here: no GPU on the development machine)",

@@ -32,7 +32,9 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
     p, tune = results["preset"], results.get("tune")
     C = results["comparison"]
     every = {"diff vs baseline": C, **(results.get("arm_comparisons") or {})}
-    out = [f"# DIFF vs parameter-matched Transformer: `{p['name']}` preset"
+    title = "A converted model vs its source, fine-tuned alike" if p.get("source") else \
+        "DIFF vs parameter-matched Transformer"
+    out = [f"# {title}: `{p['name']}` preset"
            + (f", each arm at its own `{tune['field']}`" if tune else "") + "\n"]
     if tune:
         out += opening(tune["tuned"], results, tuned=tune)
@@ -53,6 +55,10 @@ def render_report(results: dict, plots: dict[str, str]) -> str:
         out.append(METHOD_LINE)
     out.append(_setup(results, ctx))
     out.append(render_regime(results.get("regime") or regime_of(results)))
+    if p.get("source"):
+        from .source import render_source
+
+        out.append(render_source(results))
     if results.get("arm_comparisons"):
         out.append(render_arms(results))
     if results.get("token_efficiency"):

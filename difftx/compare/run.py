@@ -184,6 +184,9 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
     from ..training.distributed import destroy_distributed, init_distributed, is_initialized, under_torchrun
 
     p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
+    if p.source is not None and under_torchrun():
+        raise ValueError("compare --from runs in one process (each model's starting weights are written into its "
+                         "folder when it starts); run it without torchrun")
     owns_group = under_torchrun() and not is_initialized()
     # the other ranks wait in a collective while rank 0 evaluates: allow them hours, not torch's default
     if owns_group:
@@ -226,7 +229,12 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     k = stack_size(plan, most, n_workers, distributed)  # how this invocation trains its models, not which
     jobs = [j for j in plan_jobs(plan, seed_list, out, k, shard, shard_offset)
             if only_arms is None or j[0] in only_arms]
-    request = training_request(p, text)
+    source = None
+    if plan.source is not None:  # the source's content decides the weights too (a path can be trained again)
+        from .source import source_identity
+
+        source = on_main(lambda: source_identity(plan.source), share=True)
+    request = training_request(p, text, source)
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))
     on_main(lambda: [own_folder(f, below=out) for j in jobs for f in j[2]])  # seedS/ARM: real folders, not links

@@ -145,6 +145,10 @@ class _Setup:
         tc = plan.schedule.train_config(model=plan.arms[kind], batch_size=plan.mixture.batch_size, seed=seed,
                                         out_dir=run_dir, device=plan.execution.device, world_size=world_size,
                                         progress=progress)
+        if plan.source is not None:  # compare --from: the source, or its conversion with this seed
+            from .source import initial_weights
+
+            tc = tc.replace(init_from=str(initial_weights(plan.source, kind, seed, folder)))
         stream = CompareStream(plan.mixture, space, seed,
                                lm_streams(text=plan.text)[0] if plan.text is not None and space.lm else None)
         return cls(seed, folder, run_dir, tc, stream, training_probes(plan, stream),
@@ -190,6 +194,10 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
     record.write(folder)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now
+    if plan.source is not None:
+        from .source import drop_initial_weights
+
+        drop_initial_weights(folder)
     return record.to_dict()
 
 

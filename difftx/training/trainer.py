@@ -96,7 +96,8 @@ def _check_probes(probes: Optional[tuple[int, Callable]]) -> tuple[int | frozens
 
 # -- stacked seeds ---------------------------------------------------------------------------------
 
-STACK_FREE_FIELDS = ("seed", "out_dir", "progress")  # what the models of one stack may differ in
+# what the models of one stack may differ in (each run loads its own init_from before the stack is built)
+STACK_FREE_FIELDS = ("seed", "out_dir", "progress", "init_from")
 
 
 def train_stacked(configs: Sequence[TrainConfig], *, data: Sequence[Any], model_config: ModelConfig,
