@@ -271,10 +271,10 @@ PRESETS: dict[str, ComparePreset] = {
     # batches in turn; the model comes from the source). Measured: results log 2026-11-28, docs/compare.md
     "from-cpu": ComparePreset(
         name="from-cpu", description="a pretrained source fine-tuned as it is and converted to differential "
-                                     "attention: 300 steps of batch 16, LM batches of your text and recall batches "
+                                     "attention: 1,200 steps of batch 16, LM batches of your text and recall batches "
                                      "(4 and 8 pairs at length 64, 64 ids of the source's vocabulary) in turn",
-        steps=300, batch_size=16, lr=1e-3, min_lr=1e-4, warmup_steps=30, lm_every=2, icl_every=0, recall_every=1,
-        recall_vocab=64, recall_len=64, recall_pairs=(4, 8), lm_seq_len=128, probe_every=50, probe_samples=32,
+        steps=1200, batch_size=16, lr=1e-3, min_lr=1e-4, warmup_steps=100, lm_every=2, icl_every=0, recall_every=1,
+        recall_vocab=64, recall_len=64, recall_pairs=(4, 8), lm_seq_len=128, probe_every=100, probe_samples=32,
         log_every=25, threads=1, workers=2, curve_points=6,
         tasks={"recall": {"samples": 64, "pairs": (4, 8, 12, 16), "lengths": (64, 128)},
                "lm": {"extrapolation_factors": (1,)}, "outliers": {"tokens": 4096},

@@ -172,7 +172,8 @@ def render_source(results: dict) -> str:
         + (" on every head" if p["convert_method"] == "dex" else "") + ", the model's seed drawing its lambda "
         "vectors"
         + (" and its negative query/key rows" if p["convert_method"] == "random" else "")
-        + f"), fine-tuned the same way: same steps, batches and learning rate. The converted model's {start}.\n",
+        + f"), fine-tuned the same way: same steps, batches and learning rate. The converted model's {start}. "
+        "Everywhere in this report, DIFF is the converted model and the baseline is the source.\n",
         table(rows, ["cost", "source (baseline)", "converted (diff)", "converted / source - 1"]),
         "\nParameters and the KV cache are exact. The throughput is each arm's own measurement while it trained; "
         "the arms trained side by side, so it is as comparable as the machine was quiet.\n"])
