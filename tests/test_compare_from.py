@@ -115,6 +115,15 @@ def test_the_dex_method_converts_every_head(source, tmp_path):
     assert "(`difftx convert --method dex` on every head, " in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_each_arm_is_tuned_on_its_own_when_asked(source, tmp_path, capsys):
+    assert main(["compare", "--from", str(source / "src"), "--data", str(source / "text.txt"), "--seeds", "2",
+                 "--out", str(tmp_path / "out"), "--no-progress", "--tune", "lr=0.002", *SMALL]) == 0
+    printed = capsys.readouterr().out
+    assert "tuned lr (validation loss, leave-one-seed-out)" in printed and "tuned, diff vs baseline: LM NLL" in printed
+    tune = json.loads((tmp_path / "out" / "results.json").read_text())["tune"]
+    assert tune["field"] == "lr" and set(tune["chosen"]) >= {"baseline", "diff"}
+
+
 def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
