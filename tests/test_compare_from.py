@@ -62,7 +62,8 @@ def test_each_arm_starts_from_the_source_or_its_conversion_with_its_seed(source,
         base = load_model(folder / "baseline" / "model").state_dict()
         assert all(torch.allclose(base[k], src[k], atol=1e-6) for k in src)
         convert_model(source / "src", tmp_path / f"conv{seed}", seed=seed)
-        want, got = load_model(tmp_path / f"conv{seed}").state_dict(), load_model(folder / "diff" / "model").state_dict()
+        want = load_model(tmp_path / f"conv{seed}").state_dict()
+        got = load_model(folder / "diff" / "model").state_dict()
         assert want.keys() == got.keys() and all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
         assert not (folder / "diff" / "init").exists() and not (folder / "baseline" / "init").exists()
     lq = [load_model(tmp_path / "out" / f"seed{s}" / "diff" / "model").layers[0].attn.lambda_q1 for s in (0, 1)]

@@ -368,7 +368,8 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
     source = Source(str(Path(p.source).expanduser().resolve()), kind, folder, src_tok, p.convert_method,
                     float(p.convert_lambda_init))
     return ComparePlan(
-        name=p.name, space=space, arms=source_arms(config, p.convert_method, p.convert_lambda_init), schedule=check_schedule(p),
+        name=p.name, space=space, arms=source_arms(config, p.convert_method, p.convert_lambda_init),
+        schedule=check_schedule(p),
         mixture=mixture, probes=Probes(every=p.probe_every if recall else 0, samples=p.probe_samples,
                                        grid=tasks["needle"].grid),
         tasks=tasks, execution=Execution(threads=p.threads, workers=p.workers, device=p.device, stack=p.stack),

@@ -92,8 +92,8 @@ def source_arms(config: ModelConfig, method: str, lambda_init: float) -> dict[st
 def initial_weights(source: Source, kind: str, seed: int, folder: Path) -> Path:
     """The model folder the model of arm ``kind`` and ``seed`` starts from: for the baseline, the source itself
     (a difftx folder) or its import into ``folder/init``; for ``diff``, the source converted with ``seed`` into
-    ``folder/init`` (``dex``: every head). Written once (complete or absent); :func:`drop_initial_weights` removes it once the model is
-    trained."""
+    ``folder/init`` (``dex``: every head). Written once (complete or absent); :func:`drop_initial_weights`
+    removes it once the model is trained."""
     from ..checkpoint import CONFIG_NAME
     from ..interop.convert import convert_model
     from ..interop.hf import import_hf
