@@ -15,7 +15,11 @@ from .attention.registry import ATTENTIONS  # the attention kinds by name (regis
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
 # compares these dicts) and stays readable by an older difftx.
-_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None, "rope": True}
+_LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None, "rope": True, "init": "normal",
+                 "out_scale": None}
+
+INITS = ("normal", "torch")  # ModelConfig.init: how the weights are drawn (Transformer.reset_parameters)
+OUT_SCALE_SCHEDULE = "schedule"  # ModelConfig.out_scale: 1 - the depth schedule's lambda_init at each layer
 
 
 def _err(field: str, rule: str) -> ValueError:
@@ -45,7 +49,16 @@ class ModelConfig:
       ``diff``-only name of the same switch, kept so that older configs load unchanged
       (``use_subln=False`` means ``head_norm=False``); see :attr:`uses_head_norm`.
     - ``lambda_init`` (``diff`` only): a constant in (0, 1) instead of the depth schedule.
+    - ``out_scale`` (``diff`` and ``standard``): the constant each head's output is multiplied by before
+      ``out_proj`` (after the per-head norm, if any). ``None`` is the kind's own: ``1 - lambda_init`` for ``diff``
+      (the paper's), 1 for ``standard``. A number ``> 0`` decouples it from ``lambda_init``; ``"schedule"`` is
+      ``1 - lambda_init_for_layer(l)`` at layer ``l`` (the depth schedule's scale, for the baseline too).
     - ``options``: the options of a registered kind (a dict its ``Options`` type takes; docs/attention-kinds.md).
+
+    ``init`` (every kind) says how :meth:`~difftx.model.Transformer.reset_parameters` draws the weights:
+    ``"normal"`` is ``N(0, init_std)`` for every linear map and embedding; ``"torch"`` is PyTorch's module
+    defaults (``nn.Linear``: uniform in ``+-1/sqrt(fan_in)``, Kaiming-uniform with ``a = sqrt(5)``;
+    ``nn.Embedding``: ``N(0, 1)``). The lambda vectors are ``N(0, 0.1)`` under either.
 
     Each field above is checked against the kind: a kind reads the built-in fields it lists in its
     ``config_fields`` and validates the rest itself (``AttentionKind.check_config``).
@@ -63,13 +76,15 @@ class ModelConfig:
     rope: bool = True  # False: no positional encoding at all (NoPE: causal attention alone orders the tokens)
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
-    init_std: float = 0.02
+    init_std: float = 0.02  # the standard deviation of init="normal"
+    init: str = "normal"  # "normal": N(0, init_std) everywhere; "torch": PyTorch's module defaults (see above)
     backend: str = "auto"
     lambda_init: Optional[float] = None  # diff only: a constant instead of the depth schedule (ablations)
     use_subln: bool = True  # diff only: older name of head_norm (False turns the norm off; kept for old configs)
     gate: Optional[str] = None  # gated only: "elementwise" (default) or "headwise"
     head_norm: Optional[bool] = None  # per-head RMSNorm; None: the attention kind's default (on for diff only)
     subtract: bool = True  # diff only: False is the no-subtraction control (lambda fixed at 0)
+    out_scale: Optional[float | str] = None  # diff/standard: each head's output scale; None: 1 - lambda_init / 1
     options: Optional[dict] = field(default=None, hash=False)  # a registered kind's own options
 
     def __post_init__(self) -> None:
@@ -106,6 +121,14 @@ class ModelConfig:
         for name in ("use_subln", "subtract", "rope"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.init not in INITS:
+            raise _err("init", f"must be one of {INITS} (normal: N(0, init_std) everywhere; torch: PyTorch's module "
+                               f"defaults), got {self.init!r}")
+        v = self.out_scale
+        if v is not None and v != OUT_SCALE_SCHEDULE and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise _err("out_scale", f"must be a positive number, {OUT_SCALE_SCHEDULE!r} (1 - the depth schedule's "
+                                    f"lambda_init at each layer) or null (the kind's own), got {v!r}")
         if self.head_norm is not None and not isinstance(self.head_norm, bool):
             raise _err("head_norm", f"must be true, false or null (the attention kind's default), "
                                     f"got {self.head_norm!r}")
@@ -189,11 +212,11 @@ class ModelConfig:
 
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """All fields, except those added later (``gate``, ``head_norm``, ``subtract``, ``rope``) while they
-        hold their defaults: a config that does not use them serialises exactly as before."""
+        """All fields, except those added later (``gate``, ``head_norm``, ``subtract``, ``rope``, ``init``,
+        ``out_scale``) while they hold their defaults: a config that does not use them serialises exactly as before."""
         data = asdict(self)
         for name, default in _LATER_FIELDS.items():
-            if data[name] is default:
+            if data[name] is default or (isinstance(default, str) and data[name] == default):
                 del data[name]
         return data
 
@@ -235,7 +258,8 @@ def baseline_config(config: ModelConfig) -> ModelConfig:
 
 
 # the option fields at their defaults: what a config without any ablation, gate or kind options holds
-_PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True, options=None)
+_PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True, options=None,
+              out_scale=None)
 
 
 def attention_parameter_delta(config: ModelConfig) -> list[tuple[str, int, str]]:
@@ -260,6 +284,22 @@ ARMS: dict[str, str] = {
     "diff_no_head_norm": "DIFF without the per-head RMSNorm (paper Table 6)",
     "diff_lambda_0.8": "DIFF with a constant lambda_init = 0.8 (paper Table 6)",
     "diff_lambda_0.5": "DIFF with a constant lambda_init = 0.5 (paper Table 6)",
+    "diff_lambda_0.2": "DIFF with a constant lambda_init = 0.2 (its output scale 1 - lambda_init = 0.8)",
+    "diff_lambda_0.4": "DIFF with a constant lambda_init = 0.4 (output scale 0.6)",
+    "diff_lambda_0.6": "DIFF with a constant lambda_init = 0.6 (output scale 0.4)",
+    "diff_out_0.2": "DIFF with the depth schedule's lambda_init and each head's output scaled by 0.2 instead of "
+                    "1 - lambda_init (the scale of lambda_init 0.8, without its lambda)",
+    "diff_lambda_0.8_out_0.8": "DIFF with lambda_init = 0.8 and each head's output scaled by 0.8 instead of 0.2 "
+                               "(the lambda of 0.8, without its scale)",
+    "baseline_out_0.2": "the baseline with each head's output scaled by 0.2 (DIFF lambda_init 0.8's scale, no "
+                        "subtraction)",
+    "baseline_out_0.8": "the baseline with each head's output scaled by 0.8",
+    "baseline_out_schedule": "the baseline with each head's output scaled by 1 - the depth schedule's lambda_init "
+                             "(DIFF's own scale, no subtraction)",
+    "baseline_head_norm_out_0.2": "the baseline with a per-head RMSNorm and each head's output scaled by 0.2",
+    "baseline_head_norm_out_0.8": "the baseline with a per-head RMSNorm and each head's output scaled by 0.8",
+    "baseline_head_norm_out_schedule": "the baseline with a per-head RMSNorm scaled by 1 - the depth schedule's "
+                                       "lambda_init (DIFF's norm and scale, no subtraction)",
     "baseline_head_norm": "the baseline (2H heads of width d) with a per-head RMSNorm",
     "baseline_wide": "standard attention, H heads of width 2d (paper Table 6: Transformer 8 x 256)",
     "baseline_wide_head_norm": "standard attention, H heads of width 2d, with a per-head RMSNorm "
@@ -279,6 +319,15 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
     "alternatives": ("baseline", "diff", "diff_v2", "gated", "gated_matched", "gated_headwise", "no_subtraction"),
     # recall-cpu's arms and the controls of its question: does DIFF only sharpen? is RoPE's pattern the noise?
     "recall-controls": ("baseline", "diff", "diff_lambda_0.8", "temperature", "diff_nope", "baseline_nope"),
+    # the regime map's ingredients (docs/compare.md "The regime map"): lambda_init as a constant, the output scale
+    # decoupled from it, the per-head norm, and the baseline with the same scales, with and without the norm
+    "regime": ("baseline", "diff", "diff_lambda_0.2", "diff_lambda_0.4", "diff_lambda_0.6", "diff_lambda_0.8",
+               "diff_out_0.2", "diff_lambda_0.8_out_0.8", "diff_no_head_norm", "baseline_out_0.2", "baseline_out_0.8",
+               "baseline_head_norm", "baseline_head_norm_out_0.2", "baseline_head_norm_out_0.8"),
+    # the subtraction against the scale alone: lambda_init 0.8, its scale without the lambda, its lambda without
+    # the scale, and the baseline at both scales
+    "regime-scale": ("baseline", "diff", "diff_lambda_0.8", "diff_out_0.2", "diff_lambda_0.8_out_0.8",
+                     "baseline_out_0.2", "baseline_out_0.8", "baseline_head_norm_out_0.2"),
     "all": tuple(ARMS),
 }
 
@@ -325,8 +374,13 @@ def arm_config(base: ModelConfig, arm: str) -> ModelConfig:
                                                   ffn_hidden=base.hidden_dim - round(2 * H * base.head_dim / 3)),
         "no_subtraction": lambda: base.replace(subtract=False),
         "diff_no_head_norm": lambda: base.replace(head_norm=False),
-        "diff_lambda_0.8": lambda: base.replace(lambda_init=0.8),
-        "diff_lambda_0.5": lambda: base.replace(lambda_init=0.5),
+        **{f"diff_lambda_{v}": (lambda v=v: base.replace(lambda_init=float(v)))
+           for v in ("0.2", "0.4", "0.5", "0.6", "0.8")},
+        "diff_out_0.2": lambda: base.replace(out_scale=0.2),
+        "diff_lambda_0.8_out_0.8": lambda: base.replace(lambda_init=0.8, out_scale=0.8),
+        **{f"baseline{norm}_out_{v}": (lambda v=v, norm=norm: baseline.replace(
+            head_norm=True if norm else None, out_scale=v if v == "schedule" else float(v)))
+           for v in ("0.2", "0.8", "schedule") for norm in ("", "_head_norm")},
         "baseline_head_norm": lambda: baseline.replace(head_norm=True),
         "baseline_wide": lambda: wide,
         "baseline_wide_head_norm": lambda: wide.replace(head_norm=True),

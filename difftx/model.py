@@ -7,6 +7,7 @@ Legend: ``B`` batch, ``T`` new tokens, ``S`` cached + new tokens, ``D`` model wi
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Optional
 
@@ -102,8 +103,13 @@ class Transformer(nn.Module):
         return int(torch.randint(0, 2**62, (1,), device="cpu").item())
 
     def reset_parameters(self, base: Optional[int] = None) -> None:
-        """Normal(0, init_std) linears and embeddings; unit norm gains; each attention module as its kind's
-        ``init_parameters`` says (the projections as here, DIFF's lambda ~ N(0, 0.1)).
+        """Draw every parameter as ``config.init`` says; unit norm gains; each attention module as its kind's
+        ``init_parameters`` says (which parameters it draws, and the lambda vectors' ``N(0, 0.1)``).
+
+        ``init="normal"``: every linear map and embedding ``N(0, init_std)``. ``init="torch"``: PyTorch's module
+        defaults, each parameter by the module that holds it: an ``nn.Linear`` weight uniform in
+        ``+-1/sqrt(fan_in)`` (``kaiming_uniform_`` with ``a = sqrt(5)``), an ``nn.Embedding`` weight ``N(0, 1)``;
+        a parameter of no such module (the lambda vectors) keeps the normal draw its kind asks for.
 
         Paired initialisation: one number ``base`` is drawn from the global RNG (by the
         constructor, before anything else draws), and every parameter is then drawn from its own
@@ -112,15 +118,24 @@ class Transformer(nn.Module):
         the same name and shape (embeddings, projections, MLP, head), which takes initialisation
         noise out of their paired difference."""
         base = self._draw_base() if base is None else base
-        std = self.config.init_std
+        std, torch_init = self.config.init_std, self.config.init == "torch"
+        owners = {f"{m_name}.{p_name}" if m_name else p_name: module for m_name, module in self.named_modules()
+                  for p_name, _ in module.named_parameters(recurse=False)}
 
         def draw(name: str, sd: float) -> None:  # the paired draw of one parameter, by its name in the model
             p = params[name]
             if p.is_meta:  # built to be loaded into (checkpoint loading): nothing to draw
                 return
             g = torch.Generator().manual_seed((base + zlib.crc32(name.encode()) * 1_000_003) % 2**63)
+            owner = owners.get(name) if torch_init else None
             with torch.no_grad():
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device="cpu").mul_(sd))
+                if isinstance(owner, nn.Linear):  # U(-1/sqrt(fan_in), 1/sqrt(fan_in)), nn.Linear's default
+                    bound = 1.0 / math.sqrt(p.shape[-1])
+                    value = torch.rand(p.shape, generator=g, dtype=torch.float32, device="cpu").mul_(2 * bound)
+                    p.copy_(value.sub_(bound))
+                else:  # N(0, 1) for an nn.Embedding under "torch" (its default), else N(0, sd)
+                    sd = 1.0 if isinstance(owner, nn.Embedding) else sd
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device="cpu").mul_(sd))
 
         params = dict(self.named_parameters())
         for i, block in enumerate(self.layers):  # each attention kind initialises its own module

@@ -43,8 +43,9 @@ def _softmax_rows(scores, allowed):
     return torch.softmax(scores, dim=-1)
 
 
-def naive_diff_attention(m, x, positions=None, allowed=None):
-    """DiffAttention V1 per SPEC section 1, head by head. x (B, T, D) float64."""
+def naive_diff_attention(m, x, positions=None, allowed=None, lam_init=None, out_scale=None):
+    """DiffAttention V1 per SPEC section 1, head by head. x (B, T, D) float64. ``lam_init``: a constant instead of
+    the depth schedule; ``out_scale``: each head's scale instead of ``1 - lam_init`` (the regime map's arms)."""
     B, T, D = x.shape
     H, Hkv, d = m.n_heads, m.n_kv_heads, m.head_dim
     n_rep = H // Hkv
@@ -53,7 +54,8 @@ def naive_diff_attention(m, x, positions=None, allowed=None):
     q = x @ m.q_proj.weight.T  # (B, T, 2H*d)
     k = x @ m.k_proj.weight.T  # (B, T, 2Hkv*d)
     v = x @ m.v_proj.weight.T  # (B, T, Hkv*2d)
-    lam_init = 0.8 - 0.6 * math.exp(-0.3 * m.layer_idx)
+    lam_init = 0.8 - 0.6 * math.exp(-0.3 * m.layer_idx) if lam_init is None else lam_init
+    out_scale = 1 - lam_init if out_scale is None else out_scale
     lam = (torch.exp((m.lambda_q1 * m.lambda_k1).sum()) - torch.exp((m.lambda_q2 * m.lambda_k2).sum()) + lam_init)
     heads = []
     for h in range(H):
@@ -67,7 +69,7 @@ def naive_diff_attention(m, x, positions=None, allowed=None):
         a2 = _softmax_rows(q2 @ k2.transpose(-1, -2) / math.sqrt(d), allowed)
         o = a1 @ vg - lam * (a2 @ vg)  # (B, T, 2d)
         o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + m.norm_eps) * m.subln.weight
-        heads.append((1 - lam_init) * o)
+        heads.append(out_scale * o)
     return torch.cat(heads, dim=-1) @ m.out_proj.weight.T
 
 
@@ -161,3 +163,12 @@ def naive_no_subtraction(m, x, positions=None, allowed=None, lambda_init=None):
             o = _naive_rms(o, m.subln.weight, m.norm_eps)
         heads.append((1 - lam_init) * o)
     return torch.cat(heads, dim=-1) @ m.out_proj.weight.T
+
+
+def naive_standard_scaled(m, x, scale, norm, positions=None, allowed=None):
+    """Standard attention whose heads (each normalised by its own RMSNorm with gain ``subln.weight`` when ``norm``)
+    are multiplied by the constant ``scale`` before the output projection: the regime map's baseline controls."""
+    heads = naive_standard_heads(m, x, positions, allowed)
+    if norm:
+        heads = [_naive_rms(y, m.subln.weight, m.norm_eps) for y in heads]
+    return torch.cat([scale * y for y in heads], dim=-1) @ m.out_proj.weight.T

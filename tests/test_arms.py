@@ -220,7 +220,8 @@ def _base(**kw):
 
 
 MODEL_ARMS = ["gated", "gated_headwise", "no_subtraction", "baseline_head_norm", "diff_no_head_norm", "temperature",
-              "baseline_wide_head_norm", "diff_nope", "baseline_nope"]
+              "baseline_wide_head_norm", "diff_nope", "baseline_nope", "diff_lambda_0.8_out_0.8",
+              "baseline_head_norm_out_schedule"]
 
 
 @pytest.mark.parametrize("arm", MODEL_ARMS)
@@ -378,6 +379,10 @@ TINY_COUNTS = {
     "baseline_wide_head_norm": (139_648, 2 * 32),
     "gated_matched": (139_712, 2 * 64 * 4 * 16),  # gate +8,192, SwiGLU 192 -> 171 hidden units: -8,064
     "temperature": (139_592, 2 * 4), "diff_nope": (139_776, 192), "baseline_nope": (139_584, 0),
+    **{a: (139_776, 192) for a in ("diff_lambda_0.2", "diff_lambda_0.4", "diff_lambda_0.6", "diff_out_0.2",
+                                   "diff_lambda_0.8_out_0.8")},
+    **{f"baseline_out_{v}": (139_584, 0) for v in ("0.2", "0.8", "schedule")},
+    **{f"baseline_head_norm_out_{v}": (139_616, 2 * 16) for v in ("0.2", "0.8", "schedule")},
 }
 
 
@@ -395,6 +400,10 @@ def test_every_arm_builds_with_the_documented_parameter_count(base):
         "gated_headwise": D * 2 * H, "no_subtraction": 2 * d, "diff_no_head_norm": 4 * d, "diff_lambda_0.8": 6 * d,
         "diff_lambda_0.5": 6 * d, "baseline_head_norm": d, "baseline_wide": 0, "baseline_wide_head_norm": 2 * d,
         "gated_matched": D * 2 * H * d, "temperature": 2 * H, "diff_nope": 6 * d, "baseline_nope": 0,
+        **{a: 6 * d for a in ("diff_lambda_0.2", "diff_lambda_0.4", "diff_lambda_0.6", "diff_out_0.2",
+                              "diff_lambda_0.8_out_0.8")},
+        **{f"baseline_out_{v}": 0 for v in ("0.2", "0.8", "schedule")},
+        **{f"baseline_head_norm_out_{v}": d for v in ("0.2", "0.8", "schedule")},
     }
     n_baseline = Transformer(baseline_config(base)).num_parameters()
     for arm in ARMS:

@@ -198,7 +198,10 @@ def test_every_arm_one_step_matches(arm):
             assert float(got[i].detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
             for name, p in stack.named_stacked():
                 ref = dict(m.named_parameters())[name].grad
-                torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=1e-6 * float(ref.abs().max()) + 1e-9)
+                # a lambda vector's gradient is a sum with cancellation (A1 - lambda A2 at lambda near 0.8): float32
+                # sums in another order differ by up to ~4e-4 of its largest element (float64: ~1e-6)
+                tol = (1e-3 if "lambda_" in name else 1e-6) * float(ref.abs().max()) + 1e-9
+                torch.testing.assert_close(p.grad[i], ref, rtol=1e-4, atol=tol)
 
 
 def test_refuses_mixed_batches():

@@ -30,6 +30,16 @@ def lambda_init_for_layer(layer_idx: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * layer_idx)
 
 
+def head_output_scale(out_scale, layer_idx: int, default: float) -> float:
+    """The constant a head's output is multiplied by at layer ``layer_idx`` (``ModelConfig.out_scale``): ``default``
+    (the kind's own) for None, ``1 - lambda_init_for_layer(layer_idx)`` for ``"schedule"``, else the number."""
+    if out_scale is None:
+        return float(default)
+    if out_scale == "schedule":
+        return 1.0 - lambda_init_for_layer(layer_idx)
+    return float(out_scale)
+
+
 def _check_positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -300,24 +310,27 @@ class StandardAttention(AttentionKind):
     ``use_subln=True`` adds a per-head RMSNorm over each ``d``-wide head output before
     ``out_proj`` (one learnable gain ``subln.weight`` of width ``d`` shared by the heads, eps
     ``norm_eps``, computed in float32): paper Table 6's "Transformer + per-head norm". There is
-    no ``(1 - lambda_init)`` factor (that belongs to DIFF's lambda).
+    no ``(1 - lambda_init)`` factor (that belongs to DIFF's lambda) unless ``out_scale`` gives one:
+    each head's output (normalised or not) is then multiplied by that constant, the control that
+    separates DIFF's subtraction from its output scale (``ModelConfig.out_scale``).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
-                 backend: str = "auto", use_subln: bool = False, norm_eps: float = 1e-5):
+                 backend: str = "auto", use_subln: bool = False, norm_eps: float = 1e-5, out_scale: float = 1.0):
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
         super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.norm_eps = n_heads, n_kv_heads, norm_eps
         self.subln = nn.RMSNorm(d, eps=norm_eps, elementwise_affine=True) if use_subln else None
+        self.out_scale = float(out_scale)
 
     hf_model_type = "llama"
-    config_fields = frozenset({"head_norm"})
+    config_fields = frozenset({"head_norm", "out_scale"})
 
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "StandardAttention":
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, use_subln=c.uses_head_norm,
-                   norm_eps=c.norm_eps, **c.options_dict())
+                   norm_eps=c.norm_eps, out_scale=head_output_scale(c.out_scale, layer_idx, 1.0), **c.options_dict())
 
     @classmethod
     def baseline_config(cls, config):
@@ -341,11 +354,14 @@ class StandardAttention(AttentionKind):
             return ("attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
                     "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
                     "into the weights.")
+        if config.out_scale is not None:
+            return (f"attention='standard' with out_scale={config.out_scale!r} is not exported: Llama has no head "
+                    f"output scale (it would fold into o_proj, a reparameterisation this export does not write).")
         return None
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
-        """The kernel's per-head output ``(..., H, d)``, normalised if ``subln``."""
-        return out if self.subln is None else _rms_head_norm(out, self.subln.weight, 1.0, self.norm_eps)
+        """The kernel's per-head output ``(..., H, d)``, normalised if ``subln``, times ``out_scale``."""
+        return _rms_head_norm(out, None if self.subln is None else self.subln.weight, self.out_scale, self.norm_eps)
 
 
 GATES = ("elementwise", "headwise")
@@ -477,13 +493,16 @@ class DiffAttention(AttentionKind):
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
-                 lambda_init: Optional[float] = None, use_subln: bool = True, subtract: bool = True):
+                 lambda_init: Optional[float] = None, use_subln: bool = True, subtract: bool = True,
+                 out_scale: Optional[float] = None):
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 2)
         super().__init__(dim, 2 * n_heads, 2 * n_kv_heads, n_kv_heads, d, 2 * d, dim, rope_theta, backend)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
         self.lambda_init = lambda_init_for_layer(layer_idx) if lambda_init is None else float(lambda_init)
+        # each head's output scale: the paper's 1 - lambda_init unless given (ModelConfig.out_scale decouples them)
+        self.out_scale = 1.0 - self.lambda_init if out_scale is None else float(out_scale)
         self.subtract = bool(subtract)
         if self.subtract:
             self.lambda_q1 = nn.Parameter(torch.zeros(d, dtype=torch.float32))
@@ -494,7 +513,7 @@ class DiffAttention(AttentionKind):
         self.reset_lambda()
 
     hf_model_type = "diffllama"
-    config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm"})
+    config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm", "out_scale"})
     # the factor the trainer ramps lambda by during a warm-up (TrainConfig.lambda_warmup, set_lambda_scale); an
     # attribute of the module, never saved: a model loaded or built subtracts its full lambda
     lambda_scale: float = 1.0
@@ -503,8 +522,10 @@ class DiffAttention(AttentionKind):
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "DiffAttention":
         c = config
+        lam = lambda_init_for_layer(layer_idx) if c.lambda_init is None else float(c.lambda_init)
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
-                   lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract, **c.options_dict())
+                   lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract,
+                   out_scale=head_output_scale(c.out_scale, layer_idx, 1.0 - lam), **c.options_dict())
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -544,6 +565,9 @@ class DiffAttention(AttentionKind):
                     "DiffLlama always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
                     "exp(lambda_q2.lambda_k2) + lambda_init; its vectors could make lambda 0 only up to rounding, "
                     "and the result would train as DIFF, not as the control.")
+        if config.out_scale is not None:
+            return (f"out_scale={config.out_scale!r} cannot be exported exactly: DiffLlama scales each head by "
+                    f"1 - lambda_init with lambda_init from the layer index (0.8 - 0.6*exp(-0.3*l)).")
         if not config.uses_head_norm:
             return ("head_norm=False (use_subln=False) cannot be exported exactly: DiffLlama always applies its "
                     "per-head RMSNorm to (A1 - lambda A2) V, and a model trained without that norm computes a "
@@ -614,9 +638,9 @@ class DiffAttention(AttentionKind):
         return cached[1]
 
     def head_norm(self, o: Tensor) -> Tensor:
-        """``(1 - lambda_init) * RMSNorm_2d(o)`` on ``o`` ``(..., H, 2d)``, computed in float32."""
-        return _rms_head_norm(o, None if self.subln is None else self.subln.weight, 1.0 - self.lambda_init,
-                              self.norm_eps)
+        """``out_scale * RMSNorm_2d(o)`` on ``o`` ``(..., H, 2d)``, computed in float32; ``out_scale`` is the
+        paper's ``1 - lambda_init`` unless the config decouples it."""
+        return _rms_head_norm(o, None if self.subln is None else self.subln.weight, self.out_scale, self.norm_eps)
 
     def kernel_lambda(self) -> Tensor:
         """``lambda_scale * lambda``: the trainer's warm-up factor (``TrainConfig.lambda_warmup``) times the

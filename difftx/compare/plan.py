@@ -310,7 +310,7 @@ def resolve(preset: Any) -> ComparePlan:
     longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
                   icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0)
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
-                       attention="diff", max_seq_len=longest)
+                       attention="diff", max_seq_len=longest, init=preset.init)
     return ComparePlan(
         name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
         schedule=check_schedule(preset),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
+from ..config import INITS
 from .plan import ComparePlan, preset_error, resolve, task_settings
 
 
@@ -44,6 +45,7 @@ class ComparePreset:
     dim: int = 64
     n_layers: int = 2
     n_heads: int = 2  # differential heads (the baseline: 2x as many standard heads of the same width d)
+    init: str = "normal"  # every arm's initialisation (ModelConfig.init): "normal" N(0, 0.02) or "torch" defaults
     # -- needle task -----------------------------------------------------------------------------
     context_len: int = 128
     n_keys: int = 64
@@ -113,6 +115,9 @@ class ComparePreset:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
                 raise preset_error(name, f"must be a number, got {v!r}")
+        if self.init not in INITS:
+            raise preset_error("init", f"must be one of {INITS} (normal: N(0, 0.02) for every weight; torch: "
+                                       f"PyTorch's module defaults), got {self.init!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
             raise preset_error("threads", f"must be a positive integer or None, got {self.threads!r}")
         for name in ("data", "tokenizer", "heldout", "source"):

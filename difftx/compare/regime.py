@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..attention.modules import lambda_init_for_layer
+from ..attention.modules import head_output_scale, lambda_init_for_layer
 from ..config import ModelConfig
 
 PAPER_LAYERS = 24  # the depth the schedule's mean is compared with (the paper's models are 24-28 layers deep)
@@ -28,7 +28,11 @@ def regime(cfg: ModelConfig, tokens: Optional[float], non_embedding: int) -> dic
         lambdas, schedule = [float(cfg.lambda_init)] * cfg.n_layers, f"constant {cfg.lambda_init:g}"
     else:
         lambdas, schedule = [lambda_init_for_layer(i) for i in range(cfg.n_layers)], "depth schedule"
-    return {"attention": cfg.attention, "n_layers": cfg.n_layers, "lambda_init": lambdas, "lambda_schedule": schedule,
+    scales = [head_output_scale(cfg.out_scale, i, 1.0 - lam) for i, lam in enumerate(lambdas)]
+    return {"attention": cfg.attention, "init": cfg.init, "init_std": cfg.init_std, "n_layers": cfg.n_layers,
+            "lambda_init": lambdas, "lambda_schedule": schedule, "out_scale": scales,
+            "out_scale_source": "1 - lambda_init" if cfg.out_scale is None else f"out_scale={cfg.out_scale}",
+            "head_norm": cfg.uses_head_norm,
             "lambda_init_mean": sum(lambdas) / len(lambdas), "paper_lambda_init_mean": PAPER_LAMBDA_MEAN,
             "paper_layers": PAPER_LAYERS, "diff_heads": cfg.n_heads, "head_width": cfg.head_dim,
             "context": cfg.max_seq_len, "ffn_hidden": cfg.hidden_dim, "ffn_ratio": cfg.hidden_dim / cfg.dim,
@@ -57,13 +61,16 @@ def regime_lines(regimes: dict) -> list[str]:
     (2.67 x dim ...); 4,096,000 training tokens, 73.6 per non-embedding parameter ...``."""
     out = []
     for arm, r in regimes.items():
-        lams = ", ".join(f"{x:.2f}" for x in r["lambda_init"][:8]) + (", ..." if len(r["lambda_init"]) > 8 else "")
+        lams = _values(r["lambda_init"])
+        scale = ("" if "out_scale" not in r else  # results written before the output scale was recorded
+                 f"; each head's output scaled by {_values(r['out_scale'])} ({r['out_scale_source']}), "
+                 f"{'after a' if r['head_norm'] else 'with no'} per-head norm")
         tokens = ("training tokens not recorded" if r["tokens"] is None else
                   f"{r['tokens']:,.0f} training tokens, {r['tokens_per_param']:.3g} per non-embedding parameter "
                   f"({r['non_embedding_params']:,})")
         out.append(f"{arm}: {r['n_layers']} layer(s), lambda_init {lams} ({r['lambda_schedule']}; mean "
                    f"{r['lambda_init_mean']:.2f} against {r['paper_lambda_init_mean']:.2f} over {r['paper_layers']} "
-                   f"layers); {r['diff_heads']} DIFF head(s) of width {r['head_width']}; context {r['context']}; "
+                   f"layers){scale}; {r['diff_heads']} DIFF head(s) of width {r['head_width']}; context {r['context']}; "
                    f"feed-forward width {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim; the paper's 8/3 = 2.67); "
                    f"{tokens}")
     return out
@@ -73,11 +80,29 @@ REGIME_NOTE = ("Against the paper's recipe (" + PAPER_RECIPE + "). A gap measure
                "(depth, lambda_init, head width, budget) as much as the architecture's.")
 
 
+def _values(xs: list) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs[:8]) + (", ..." if len(xs) > 8 else "")
+
+
+def init_line(regimes: dict) -> str:
+    """How the weights were drawn (``ModelConfig.init``, the same for every arm of a comparison), or '' for
+    results written before it was recorded."""
+    r = next((r for r in regimes.values() if "init" in r), None)
+    if r is None:
+        return ""
+    if r["init"] == "torch":
+        return ("Initialisation `torch`: PyTorch's module defaults (each linear map uniform in +-1/sqrt(fan_in), "
+                "embeddings N(0, 1)), lambda vectors N(0, 0.1); paired across arms (same draws for shared tensors).")
+    return (f"Initialisation `normal`: every linear map and embedding N(0, {r['init_std']:g}), lambda vectors "
+            f"N(0, 0.1); paired across arms (same draws for shared tensors).")
+
+
 def render_regime(regimes: dict) -> str:
     """The report section (compare and scale)."""
     if not regimes:
         return ""
-    return "\n".join(["## Regime (against the paper's recipe)\n", REGIME_NOTE + "\n"]
+    init = init_line(regimes)
+    return "\n".join(["## Regime (against the paper's recipe)\n", REGIME_NOTE + (" " + init if init else "") + "\n"]
                      + [f"- {line}" for line in regime_lines(regimes)]) + "\n"
 
 

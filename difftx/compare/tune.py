@@ -28,6 +28,9 @@ a section at the top of ``report.md`` (with ``results.json`` under ``tune``) and
 ``plots/tune_FIELD.png`` (validation loss against the value per arm: seeds faint, means bold, each
 arm's best value marked) hold the result (:mod:`difftx.compare.tune_report` renders them).
 
+A named setting is tuned the same way (:data:`CHOICE_FIELDS`: ``--tune init=normal,torch`` chooses each
+arm's initialisation per seed); its grid is the names given and the preset's, never extended.
+
 On a cluster, ``shard=(K, N)`` spreads the models of every value over the invocations; the run
 without ``shard`` trains the extensions (they depend on every seed's scores) and assembles.
 """
@@ -41,6 +44,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..config import INITS
 from ..io import atomic_write, check_record, dumps_strict, own_folder
 from .evaluate import EVALS_DIR, read_eval, write_eval
 from .plan import check
@@ -48,6 +52,7 @@ from .presets import ComparePreset, get_preset, lr_overrides
 from .tune_report import label
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
+CHOICE_FIELDS = {"init": INITS}  # preset fields --tune takes by name: {field: its choices}
 TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1
 SCORE_VERSION = 2  # of SCORE_FILE; 2: the validation split cut by documents where they are known
 SCORE_FIELDS = {"version": "int", "validation": "number", "heldout": "dict?"}
@@ -56,7 +61,8 @@ MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per
 
 def parse_tune(text: str) -> tuple[str, list]:
     """``"lr=1e-3,3e-3"`` -> ``("lr", [0.001, 0.003])``; the field must be a numeric training field of
-    :class:`ComparePreset` (whole numbers for an integer field)."""
+    :class:`ComparePreset` (whole numbers for an integer field) or one of :data:`CHOICE_FIELDS`
+    (``"init=normal,torch"``: names from its choices)."""
     from .folder import NOT_TRAINING_FIELDS
 
     field, sep, rest = str(text).partition("=")
@@ -64,8 +70,14 @@ def parse_tune(text: str) -> tuple[str, list]:
     known = {f.name: f for f in dataclasses.fields(ComparePreset)}
     numeric = sorted(n for n, f in known.items() if isinstance(getattr(ComparePreset, n, None), (int, float))
                      and not isinstance(getattr(ComparePreset, n), bool) and n not in NOT_TRAINING_FIELDS)
+    if sep and field in CHOICE_FIELDS:
+        values = [v.strip() for v in rest.split(",") if v.strip()]
+        bad = [v for v in values if v not in CHOICE_FIELDS[field]]
+        if bad or not values or len(set(values)) != len(values):
+            raise ValueError(f"--tune {field}: need distinct values from {CHOICE_FIELDS[field]}, got {rest!r}")
+        return field, values
     if not sep or field not in numeric:
-        raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of {numeric}")
+        raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of {numeric + sorted(CHOICE_FIELDS)}")
     cast = int if isinstance(getattr(ComparePreset, field), int) and field not in ("lr", "min_lr") else float
     try:
         values = [cast(v) for v in rest.split(",") if v.strip()]
@@ -94,7 +106,9 @@ def choose(scores: dict, n_seeds: int) -> list:
 def beyond_edge(values: Sequence, scores: dict) -> Optional[tuple[str, float]]:
     """``("upper" | "lower", new value)`` when the value with the lowest mean loss over all seeds is
     the largest (x2) or the smallest (/2; whole numbers for an integer field, never 0) of
-    ``values``; None otherwise."""
+    ``values``; None otherwise, and None for named choices (no value lies beyond them)."""
+    if any(isinstance(v, str) for v in values):
+        return None
     grid = sorted(values)
     best = min(grid, key=lambda v: sum(scores[v]) / len(scores[v]))
     if best == grid[-1]:

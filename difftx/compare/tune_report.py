@@ -11,8 +11,13 @@ from ..io import own_folder
 
 
 def label(field: str, value) -> str:
-    """A value's folder name: ``lr=0.003``."""
-    return f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
+    """A value's folder name: ``lr=0.003``, ``init=torch``."""
+    return f"{field}={shown(value)}"
+
+
+def shown(value) -> str:
+    """A tuned value as printed: a float in ``%g`` (``0.003``), anything else as it is (``torch``)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _gap(c: dict) -> str:
@@ -37,7 +42,7 @@ def render_tune(tune: dict, plots: dict) -> str:
 
     field, shared = tune["field"], tune["shared_value"]
     lines = [f"## Tuned `{field}` (primary)\n",
-             f"| pair | metric | at the preset's `{field}` = {shared:g} | tuned [unadjusted 95%] | Holm p | verdict |",
+             f"| pair | metric | at the preset's `{field}` = {shown(shared)} | tuned [unadjusted 95%] | Holm p | verdict |",
              "|---|---|---|---|---|---|"]
     for pair, metrics in tune["tuned"].items():
         for key, c in metrics.items():
@@ -54,12 +59,12 @@ def render_tune(tune: dict, plots: dict) -> str:
               "|---|---|---|---|"]
     for arm, grid in tune["grid"].items():
         ext = tune["extended"].get(arm) or []
-        note = f" (added at the edge: {', '.join(f'{v:g}' for v in ext)})" if ext else ""
+        note = f" (added at the edge: {', '.join(shown(v) for v in ext)})" if ext else ""
         edge = tune["at_edge"].get(arm)
-        best = f"{tune['best'][arm]:g}" + (f" **at the {edge} edge of the grid: the true best may lie beyond**"
+        best = shown(tune['best'][arm]) + (f" **at the {edge} edge of the grid: the true best may lie beyond**"
                                            if edge else "")
-        picks = ", ".join(f"{s}: {v:g}" for s, v in tune["chosen"][arm].items())
-        lines.append(f"| {arm} | {', '.join(f'{v:g}' for v in grid)}{note} | {best} | {picks} |")
+        picks = ", ".join(f"{s}: {shown(v)}" for s, v in tune["chosen"][arm].items())
+        lines.append(f"| {arm} | {', '.join(shown(v) for v in grid)}{note} | {best} | {picks} |")
     lines.append("")
     if plots.get("tuning sensitivity"):
         lines.append(f"![validation loss against {field}]({plots['tuning sensitivity']})\n")
@@ -71,7 +76,7 @@ def tune_summary(tune: dict) -> str:
     lines = [f"  tuned {tune['field']} (validation loss, leave-one-seed-out):"]
     for arm, picks in tune["chosen"].items():
         edge = tune["at_edge"].get(arm)
-        lines.append(f"    {arm}: " + ", ".join(f"seed {s} {v:g}" for s, v in picks.items())
+        lines.append(f"    {arm}: " + ", ".join(f"seed {s} {shown(v)}" for s, v in picks.items())
                      + (f" (best at the {edge} edge of the grid)" if edge else ""))
     for pair, metrics in tune["tuned"].items():
         for c in metrics.values():
@@ -89,7 +94,7 @@ def plot_tune(out: Path, tune: dict) -> Optional[Path]:
     for arm, grid in tune["grid"].items():
         per_value = [tune["validation_nll"][arm][label(field, v)] for v in grid]
         curves[arm] = [(grid, [row[i] for row in per_value]) for i in range(len(per_value[0]))]
-    logx = all(v > 0 for g in tune["grid"].values() for v in g) and field in ("lr", "min_lr", "weight_decay")
+    logx = field in ("lr", "min_lr", "weight_decay") and all(v > 0 for g in tune["grid"].values() for v in g)
     path = own_folder(out / "plots") / f"tune_{field}.png"
     return plot_seed_curves(curves, path, ylabel="validation NLL", xlabel=field,
                             title=f"validation loss against {field} (best marked)", color_by_model=False,
