@@ -125,11 +125,18 @@ def test_every_arm_gets_a_frontier_and_paired_differences(recall_run):
             assert "mqar L=16 P=2" in cells and "reassigned L=64 P=6" in cells  # past training: 2x pairs, 4x length
             assert [c["beyond"] for c in r["cells"] if c["cell"].startswith("mqar L=16")] == [False, False]
             assert r["attention_mass"]["cell"] == "mqar L=16 P=2" and len(r["attention_mass"]["layers"]) == 1
-            probes = res["runs"][seed][arm]["train"]["probes"]  # recall probes every 4 steps and at the last
-            assert [p["step"] for p in probes] == [4, 8, 12] and list(probes[0]["recall"]) == ["mqar L=16 P=3"]
+            roles, ratio = r["attention_roles"], r["attention_output_ratio"]  # on the attention examples
+            assert roles["cell"] == ratio["cell"] == "mqar L=16 P=2" and roles["queries"] == ratio["positions"] == 4
+            assert sum(roles["uniform"].values()) == pytest.approx(1.0) and len(roles["layers"]) == 1
+            assert len(roles["layers"][0]["share"]["value"]) == res["arms"][arm]["config"]["n_heads"]  # per head
+            assert len(ratio["ratio"]) == 1 and ratio["ratio"][0] > 0
+            probes = res["runs"][seed][arm]["train"]["probes"]  # the initial model, every 4 steps and the last
+            assert [p["step"] for p in probes] == [0, 4, 8, 12] and list(probes[0]["recall"]) == ["mqar L=16 P=3"]
+            assert all(len(p["attention_output_ratio"]) == 1 for p in probes)
+            assert all((len(p.get("lambda") or []) == 1) == (arm != "baseline") for p in probes)  # λ of DIFF
             learning = r["learning"]
-            assert learning["steps"] == [4, 8, 12] and learning["accuracy"] == [p["recall"]["mqar L=16 P=3"]
-                                                                                for p in probes]
+            assert learning["steps"] == [0, 4, 8, 12] and learning["accuracy"] == [p["recall"]["mqar L=16 P=3"]
+                                                                                   for p in probes]
             want = next((p["step"] for p in probes if p["recall"]["mqar L=16 P=3"] >= 0.5), None)
             assert learning["learned_step"] == want and learning["last_probe_step"] == 12
             assert res["runs"][seed][arm]["tasks"]["needle"]["skipped"].startswith("the model was trained on "
@@ -145,6 +152,10 @@ def test_every_arm_gets_a_frontier_and_paired_differences(recall_run):
     report = (recall_run / "report.md").read_text()
     assert "## Multi-query associative recall" in report and "diff_lambda_0.8 - baseline" in report
     assert "100% associative recall (MQAR)" in report
+    assert "Where each layer's heads look from a query" in report and "| diff_lambda_0.8 | 0 |" in report
+    assert "| arm | layer | at step 0 | at the last probe | trained |" in report
+    assert {"recall_probe.png", "recall_output_ratio.png", "recall_lambda.png"} <= {
+        p.name for p in (recall_run / "plots").iterdir()}
 
 
 def test_eval_recall_on_a_compare_model_repeats_compare(recall_run, tmp_path):
@@ -254,11 +265,13 @@ def test_recall_batches_mix_with_the_other_tasks(tmp_path):
     assert all(shares[k] > 0 for k in ("needle", "lm", "icl", "recall"))
     run = res["runs"]["0"]["diff"]
     assert not [name for name, r in run["tasks"].items() if "skipped" in r]
-    assert {"accuracy", "recall"} <= set(run["train"]["probes"][0])
+    first, second = run["train"]["probes"][:2]  # the initial model: the recall probe alone
+    assert first["step"] == 0 and "accuracy" not in first and {"recall", "attention_output_ratio"} <= set(first)
+    assert {"accuracy", "recall", "attention_output_ratio"} <= set(second)
     from difftx.tasks.subject import CompareTask
 
     space = CompareTask.read(out / "seed0" / "diff" / "model").space
     recall = run["tasks"]["recall"]
     assert recall["trained"]["first_id"] == space.icl.vocab_size == space.vocab_size - 32  # after every other id
     assert [c["cell"] for c in recall["cells"]] == ["mqar L=16 P=2", "mqar L=16 P=3"]
-    assert recall["learning"]["steps"] == [5, 10]
+    assert recall["learning"]["steps"] == [0, 5, 10]

@@ -223,3 +223,49 @@ def test_the_regime_section_states_the_initialisation_the_output_scale_and_the_n
         {"diff": regime(base.replace(init="normal"), None, 1)})
     old = {k: v for k, v in rs["diff"].items() if k not in ("init", "out_scale", "out_scale_source", "head_norm")}
     assert "scaled" not in regime_lines({"diff": old})[0] and "Initialisation" not in render_regime({"diff": old})
+
+
+def test_tune_chooses_each_arms_initialisation_by_name(tmp_path):
+    """`--tune init=normal,torch` on recall alone: the other value's models are initialised as it says, each seed's
+    choice is one of the names (left out of its own choice), and report.md prints the names."""
+    import json
+
+    from difftx.cli import main
+    from test_compare_recall import RECALL, _sets
+
+    out = tmp_path / "tuned"
+    sets = _sets({**{k: v for k, v in RECALL.items() if k != "arms"}, "arms": ["baseline", "diff"]})
+    assert main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
+                 "--no-progress", "--tune", "init=normal,torch", *sets]) == 0
+    tune = json.loads((out / "results.json").read_text())["tune"]
+    assert tune["field"] == "init" and tune["shared_value"] == "normal"
+    assert tune["grid"]["diff"] == ["normal", "torch"] and set(tune["chosen"]["diff"].values()) <= {"normal", "torch"}
+    cfg = json.loads((out / "tune" / "init=torch" / "seed0" / "diff" / "model" / "config.json").read_text())
+    assert cfg["init"] == "torch" and "init" not in json.loads((out / "seed0" / "diff" / "model" /
+                                                                "config.json").read_text())
+    report = (out / "report.md").read_text()
+    assert "`init` = normal" in report and "Initialisation `normal`" in report and "edge" not in report
+    assert tune["at_edge"] == {"baseline": None, "diff": None}
+
+
+def test_scale_and_train_take_init():
+    from difftx.compare.scale import plan_sizes
+    from difftx.training import TrainConfig
+
+    plans = plan_sizes("smoke", ["32x1x1", "48x1x1"], init="torch")
+    assert {p.preset.init for p in plans} == {"torch"} and all(r["init"] == "torch" for p in plans
+                                                                for r in p.regime.values())
+    assert TrainConfig(model_overrides={"init": "torch"}).model_config().init == "torch"
+
+
+def test_a_folder_from_before_init_resumes_as_normal_and_refuses_torch(tmp_path):
+    import json
+
+    from difftx.compare.folder import COMPARE_FILE, _check_folder
+    from difftx.compare.schema import SCHEMA_VERSION
+
+    old = {k: v for k, v in get_preset("smoke").to_dict().items() if k != "init"}
+    (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "preset": old}))
+    _check_folder(tmp_path, get_preset("smoke"))
+    with pytest.raises(ValueError, match=r"other settings \(differs in \['init'\]\)"):
+        _check_folder(tmp_path, get_preset("smoke", init="torch"))

@@ -80,6 +80,10 @@ def _options(c) -> str:
         out.append(f"lambda_init={c.lambda_init:g}")
     if not c.rope:
         out.append("rope=off")
+    if c.out_scale is not None:
+        out.append(f"out_scale={c.out_scale}")
+    if c.init != "normal":
+        out.append(f"init={c.init}")
     out.extend(f"{k}={v}" for k, v in (c.options or {}).items())
     return " ".join(out)
 
@@ -142,7 +146,8 @@ def _print_arms(cfg, arms) -> int:
 
     print(f"arms derived from: dim={cfg.dim} n_layers={cfg.n_layers} n_heads={cfg.n_heads} "
           f"kv_groups={cfg.kv_groups} (DIFF component width d={cfg.head_dim}) vocab_size={cfg.vocab_size}")
-    head = f"{'arm':24s} {'attention':11s} {'heads x width':>13s} {'kv':>3s} {'parameters':>12s} {'vs baseline':>12s}"
+    w = max(24, *(len(a) for a in arms))
+    head = f"{'arm':{w}s} {'attention':11s} {'heads x width':>13s} {'kv':>3s} {'parameters':>12s} {'vs baseline':>12s}"
     print(f"{head}  added per layer")
     for arm in arms:
         c = arm_config(cfg, arm)
@@ -150,7 +155,7 @@ def _print_arms(cfg, arms) -> int:
         delta = n - parameter_count(baseline_config(c))
         opts = _options(c)
         kind = c.attention
-        print(f"{arm:24s} {kind:11s} {f'{c.n_heads} x {c.head_dim}':>13s} {c.kv_groups:>3d} {n:>12,} {delta:>+12,}  "
+        print(f"{arm:{w}s} {kind:11s} {f'{c.n_heads} x {c.head_dim}':>13s} {c.kv_groups:>3d} {n:>12,} {delta:>+12,}  "
               f"{_delta_text(c)}{'  [' + opts + ']' if opts else ''}")
     print("vs baseline: the arm's parameters minus those of its own baseline_config (standard attention without "
           "the arm's additions: the 'baseline' arm for diff*, no_subtraction, diff_v2, gated*, temperature and "

@@ -21,14 +21,20 @@ def register(sub) -> None:
                                    "heads, context, tokens per parameter); the gap along training per size. Every size "
                                    "trains DIFF, the baseline and DIFF with lambda_init 0.8. With --tune, every size "
                                    "is a tuned comparison and the report opens with the tuned gaps. Run again on the "
-                                   "same --out, it trains nothing and re-fits. See docs/efficiency.md.")
+                                   "same --out, it trains nothing and re-fits. A comparison that trains recall "
+                                   "without LM batches (--preset recall-scale-cpu, or recall-cpu with --sizes) has no "
+                                   "loss to fit: its sizes are a map of depth and width, in any order (no rule that "
+                                   "parameters grow, no floor fit), and scale.md, scale.json and scale.png give per "
+                                   "size and arm the recall frontier, the step recall was learned and the last "
+                                   "layer's attention on the binding, each against the baseline as the size's "
+                                   "compare compared it. See docs/efficiency.md.")
     p.add_argument("--preset", default="scale-cpu",
-                   help="a scale preset (scale-cpu, scale-gpu: sizes, seeds and settings) or a compare preset (smoke, "
-                        "cpu, gpu-small) with --sizes (default scale-cpu)")
+                   help="a scale preset (scale-cpu, scale-gpu, recall-scale-cpu: sizes, seeds and settings) or a "
+                        "compare preset (smoke, cpu, recall-cpu, gpu-small) with --sizes (default scale-cpu)")
     p.add_argument("--sizes", default=None, metavar="S1,S2,...",
-                   help="model sizes from small to large: names (xs, s, m, l, xl, xxl, 10m, 40m, 85m, 290m, 680m) or "
-                        "DIMxLAYERSxHEADS, e.g. a depth sweep at fixed width: 48x2x2,48x4x2,48x8x2 (default: the scale "
-                        "preset's)")
+                   help="model sizes from small to large (in any order for recall without LM): names (xs, s, m, l, "
+                        "xl, xxl, 10m, 40m, 85m, 290m, 680m) or DIMxLAYERSxHEADS, e.g. a depth sweep at fixed width: "
+                        "48x2x2,48x4x2,48x8x2 (default: the scale preset's)")
     p.add_argument("--seeds", type=positive_int, default=None, help="paired seeds per size (default: the scale "
                                                                        "preset's, else 3)")
     p.add_argument("--out", default=None, type=output_dir, help="output folder (default runs/scale-PRESET)")
@@ -91,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
               "finished, run the same command without --shard to assemble")
         return 0
     print(f"\nwrote {out}/scale.md and {out}/scale.json" + (f" and {out}/{res['plot']}" if res.get("plot") else ""))
+    if res.get("kind") == "recall":
+        from ..compare.scale_recall import recall_lines
+
+        print("\n".join(recall_lines(res)))
+        return 0
     if res.get("tuned"):
         t = res["tuned"]
         print(f"  tuned {t['field']} (primary; gaps on {t['heldout_source']}):")

@@ -22,7 +22,8 @@ RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldo
 REMOVED_FIELDS = {"extra": {}}
 # preset fields a newer difftx added, with the value that means what an older compare.json without them did
 ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16],
-                "lambda_warmup": 0, "source": None, "convert_method": "mirror", "convert_lambda_init": 0.0}
+                "lambda_warmup": 0, "source": None, "convert_method": "mirror", "convert_lambda_init": 0.0,
+                "init": "normal"}
 COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 

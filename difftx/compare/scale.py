@@ -19,6 +19,12 @@ With ``tune``, every size is a tuned comparison (:mod:`difftx.compare.tune`).
 
 On a cluster, ``shard=(K, N)`` spreads every (size, seed, arm) model over N invocations (see
 :func:`difftx.compare.run.run_compare`); one more run without ``shard`` assembles.
+
+A comparison that trains associative recall without LM batches (``recall-scale-cpu``, or ``recall-cpu`` at the
+sizes given) has no loss to fit: its sizes are a map of depth and width, in any order (no rule that parameters
+grow), and ``scale.json`` / ``scale.md`` / ``scale.png`` give per size and arm the recall frontier, the step recall
+was learned and the last layer's attention on the binding, each against the baseline as the size's compare
+compared it (:mod:`difftx.compare.scale_recall`).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
 from .presets import ComparePreset, get_preset
 from .report import gap_text
-from .tune_report import label
+from .tune_report import label, shown
 
-SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 2  # 2: the floor fit; the line under "loglog"
+# 2: the floor fit; the line under "loglog". 3: "kind" ("lm": the fit; "recall": the recall map, under "recall")
+SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 3
 
 # named model shapes (dim, layers, DIFF heads), scaled copies: every width a multiple of 24, so the default
 # feed-forward width (8/3 of it, rounded up to a multiple of 64) is exactly 8/3 of it; DIFF heads of width 24
@@ -76,6 +83,14 @@ SCALE_PRESETS: dict[str, ScalePreset] = {
         "DIFF heads of width 128, for one GPU (untested: written for users with hardware, never run here)",
         "gpu-small", ("10m", "40m", "85m", "290m", "680m"), 3,
         {**LM_ONLY, "steps": 5000, "curve_points": 10}),
+    # a depth/width map of recall, not a loss fit: width 64 at 2, 4 and 8 layers, and width 128 at 2 layers with 4
+    # DIFF heads, so every size's heads have the same width (16: dim / (2 x DIFF heads))
+    "recall-scale-cpu": ScalePreset(
+        "recall-scale-cpu", "associative recall alone (the recall-cpu preset) at width 64 with 2, 4 and 8 layers "
+        "and at width 128 with 2 layers (4 DIFF heads: every head of width 16), 7 seeds, the baseline, DIFF and DIFF "
+        "with lambda_init 0.8; a map of depth and width (the frontier, the step recall was learned and the "
+        "attention on the binding per size), not a loss fit", "recall-cpu",
+        ("64x2x2", "64x4x2", "64x8x2", "128x2x4"), 7),
 }
 LAMBDA_ARM = "diff_lambda_0.8"  # scale's default extra arm: DIFF with the paper's deep-layer lambda_init at every layer
 
@@ -89,6 +104,13 @@ def shape(name: str) -> tuple[int, int, int]:
         raise ValueError(f"--sizes: unknown size {name!r}; name one of {sorted(SHAPES)} or give DIMxLAYERSxHEADS "
                          "(e.g. 64x3x2)")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def recall_without_lm(preset: ComparePreset) -> bool:
+    """Whether ``preset`` trains associative recall and no LM batches: ``difftx scale`` then maps the recall
+    readings over the sizes instead of fitting a loss (:mod:`difftx.compare.scale_recall`)."""
+    shares = preset.resolve().mixture.shares()
+    return shares["lm"] == 0 and shares["recall"] > 0
 
 
 @dataclass
@@ -106,17 +128,23 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
                **overrides) -> list[SizePlan]:
     """Every size's preset, validated before anything is trained: at least 2 sizes, named once,
     heads that divide each width, and non-embedding parameters that increase with the order given;
-    with each DIFF arm's regime (:mod:`difftx.compare.regime`) at the size's token budget."""
+    with each DIFF arm's regime (:mod:`difftx.compare.regime`) at the size's token budget. A preset
+    that trains recall without LM batches (:func:`recall_without_lm`) fits no loss: its sizes are a
+    map of depth and width, taken in any order, and ``tokens_per_param`` (LM tokens) does not apply."""
     from .regime import non_embedding_parameters, regimes
     from .train import lm_tokens
 
     if len(sizes) < 2:
-        raise ValueError(f"--sizes: a fit needs at least 2 sizes, got {list(sizes)}")
+        raise ValueError(f"--sizes: a scale sweep needs at least 2 sizes, got {list(sizes)}")
     if len(set(sizes)) != len(sizes):
         raise ValueError(f"--sizes: each size once, got {list(sizes)}")
     if tokens_per_param is not None and not (isinstance(tokens_per_param, (int, float)) and tokens_per_param > 0):
         raise ValueError(f"--tokens-per-param: must be a positive number, got {tokens_per_param!r}")
     base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
+    recall = recall_without_lm(base)
+    if recall and tokens_per_param is not None:
+        raise ValueError("--tokens-per-param: counts LM tokens, and this comparison trains recall without LM batches "
+                         "(give the steps with --set steps=N)")
     out: list[SizePlan] = []
     for name in sizes:
         dim, layers, heads = shape(name)
@@ -134,7 +162,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
             p = p.with_overrides(steps=steps, warmup_steps=min(p.warmup_steps, max(steps // 20, 1)))
         out.append(SizePlan(name, dim, layers, heads, p, params, regimes(plan.arms, lm_tokens(plan.mixture, p.steps))))
     for a, b in zip(out, out[1:]):
-        if b.params["baseline"] <= a.params["baseline"]:
+        if not recall and b.params["baseline"] <= a.params["baseline"]:
             raise ValueError(f"--sizes: give them from small to large; {b.name} ({b.params['baseline']:,} "
                              f"non-embedding parameters) is not larger than {a.name} ({a.params['baseline']:,})")
     return out
@@ -161,7 +189,11 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     ``preset`` is a scale preset (:data:`SCALE_PRESETS`: its compare preset, sizes, seeds, field
     overrides and ``tokens_per_param`` are the defaults; ``overrides`` go on top of its own) or a
     compare preset (a name or a :class:`ComparePreset`; then ``sizes`` is needed, and ``seeds``
-    defaults to 3). ``out`` defaults to :func:`default_out`."""
+    defaults to 3). ``out`` defaults to :func:`default_out`.
+
+    A preset that trains recall without LM batches (:func:`recall_without_lm`, e.g. ``recall-scale-cpu``)
+    fits nothing: the sizes are a map of depth and width, and the summary is the recall readings per size
+    and arm (:func:`difftx.compare.scale_recall.recall_summary`); ``tune`` is refused there."""
     from .run import run_compare
     from .tune import run_tuned
 
@@ -189,6 +221,10 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
         if LAMBDA_ARM not in arms:
             overrides = {**overrides, "arms": (*arms, LAMBDA_ARM)}
     plans = plan_sizes(preset, sizes, tokens_per_param=tokens_per_param, **overrides)
+    recall = recall_without_lm(plans[0].preset)
+    if recall and tune is not None:
+        raise ValueError("--tune: a recall scale (recall without LM batches) has no tuned summary; tune one size with "
+                         "`difftx compare --tune`")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     if tune is not None:  # every size's grid checked before the first model trains
         from .tune import grid_points
@@ -209,6 +245,15 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
         results[sp.name] = res
     if shard is not None:
         return {"shard": list(shard), "sizes": [sp.name for sp in plans]}
+    if recall:
+        from .scale_recall import plot_recall_scale, recall_summary, render_recall_scale
+
+        summary = recall_summary(size_entries(plans), results, seed_list)
+        summary["plot"] = plot_recall_scale(out / "scale.png", summary)
+        summary["machine"] = machine(plans[0].preset.device)
+        atomic_write(out / "scale.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
+        atomic_write(out / "scale.md", lambda p: Path(p).write_text(render_recall_scale(summary)))
+        return summary
     summary = summarise(plans, results, seed_list)
     if tune is not None:
         summary["tuned"] = tuned_summary(plans, results, seed_list)
@@ -258,6 +303,14 @@ def sensitivity(eff: dict, i: int, arm_loss: float) -> dict:
     return {"fit": eff["method"], "at_params": at, "dloss_dlog_params": slope, "factor_per_0.01_nats": factor}
 
 
+def size_entries(plans: list[SizePlan]) -> list[dict]:
+    """``scale.json``'s ``sizes``: each size's shape, steps, non-embedding parameters per arm, DIFF head width
+    (``head_width``; ``None`` without a DIFF arm's regime) and each DIFF arm's regime."""
+    return [{"name": sp.name, "dim": sp.dim, "n_layers": sp.n_layers, "n_heads": sp.n_heads,
+             "head_width": (sp.regime.get("diff") or {}).get("head_width"), "steps": sp.preset.steps,
+             "params": sp.params, "regime": sp.regime} for sp in plans]
+
+
 def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
     """``scale.json``: the sizes (each with its DIFF arms' regime, :mod:`difftx.compare.regime`),
     every model's held-out NLL, each arm's paired gap to the baseline per size (``gap``), and its
@@ -278,11 +331,8 @@ def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
         eff["sensitivity"] = [sensitivity(eff, i, sum(row[i] for row in losses[arm]) / len(seeds))
                               for i in range(len(plans))]
         efficiency[arm] = eff
-    return {"schema": SCALE_SCHEMA, "schema_version": SCALE_VERSION, "seeds": seeds, "arms": arms,
-            "sizes": [{"name": sp.name, "dim": sp.dim, "n_layers": sp.n_layers, "n_heads": sp.n_heads,
-                       "steps": sp.preset.steps, "params": sp.params, "regime": sp.regime}
-                      for sp in plans],
-            "heldout_nll": losses, "gap": gaps, "efficiency": efficiency,
+    return {"schema": SCALE_SCHEMA, "schema_version": SCALE_VERSION, "kind": "lm", "seeds": seeds, "arms": arms,
+            "sizes": size_entries(plans), "heldout_nll": losses, "gap": gaps, "efficiency": efficiency,
             "gap_along_training": {arm: [(results[sp.name].get("token_efficiency") or {}).get(arm, {}).get("gap")
                                          for sp in plans] for arm in gaps},
             "paper": PAPER}
@@ -374,9 +424,9 @@ def render_tuned(s: dict) -> str:
     for i, sz in enumerate(s["sizes"]):
         info = t["sizes"][sz["name"]]
         for arm in s["arms"]:
-            picks = ", ".join(f"{v:g}" for v in info["chosen"][arm].values())
+            picks = ", ".join(shown(v) for v in info["chosen"][arm].values())
             edge = info["at_edge"].get(arm)
-            chosen = f"{picks} ({info['best'][arm]:g}" + (f", at the {edge} edge" if edge else "") + ")"
+            chosen = f"{picks} ({shown(info['best'][arm])}" + (f", at the {edge} edge" if edge else "") + ")"
             if arm == "baseline":
                 rows.append(f"| {sz['name']} | {arm} | {chosen} | | | | |")
                 continue

@@ -294,7 +294,7 @@ def difference_text(c: dict) -> str:
     p = c["paired"]
     if p.get("mean") is None or c.get("gated"):  # not compared: no difference to read
         return "-"
-    d = max(int(c.get("digits") or 3), 1)
+    d = max(int(3 if c.get("digits") is None else c["digits"]), 1)  # a whole-number metric (digits 0): one decimal
     unit = f" {c['unit']}" if c.get("unit") else ""
     ci = "" if p.get("low") is None else f" [{p['low']:+.{d}f}, {p['high']:+.{d}f}]"
     return f"{p['mean']:+.{d}f}{unit}{ci}"

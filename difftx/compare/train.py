@@ -211,44 +211,53 @@ class TrainingProbes:
 
 
 def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
-    """The needle probes (every ``plan.probes.every`` steps and the last) and the held-out loss
-    curve (at ``plan.curve.steps``, :func:`heldout_loss`) as one trainer probe. Both leave training
-    as it was: eval mode, no gradients, no random state. The curve's windows are fixed:
-    ``plan.curve.windows`` disjoint windows of the LM training length spread evenly over the held-out
-    stream (:func:`difftx.eval.lm.spread_windows`; the file given, the corpus's validation split, or
-    the bundled Shakespeare's)."""
+    """The needle and recall probes (every ``plan.probes.every`` steps and the last; the recall probe
+    also on the initial model, step 0) and the held-out loss curve (at ``plan.curve.steps``,
+    :func:`heldout_loss`) as one trainer probe. They leave training as it was: eval mode, no gradients,
+    no random state. The curve's windows are fixed: ``plan.curve.windows`` disjoint windows of the LM
+    training length spread evenly over the held-out stream (:func:`difftx.eval.lm.spread_windows`; the
+    file given, the corpus's validation split, or the bundled Shakespeare's)."""
     space = plan.space
 
     def needle(m: torch.nn.Module) -> dict:  # the probes of the tasks the model trains on
         return {**(needle_probe(m, plan.probes, space) if space.needle is not None else {}),
                 **(recall_probe(m, plan.probes, space) if space.recall is not None else {})}
 
-    if not plan.curve.steps:
-        return TrainingProbes((plan.probes.every, needle), {})
-    from ..eval.lm import spread_windows
-
-    if plan.text is not None:
-        held, source = plan.text.heldout_tokens()
-    else:
-        held, source = lm_streams()[1], "held-out bundled Shakespeare (bytes)"
-    stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.lm_offset
-    windows, _ = spread_windows(stream_ids, plan.mixture.lm_seq_len, plan.curve.windows)  # (N, T+1)
     every, last = plan.probes.every, plan.schedule.steps
+    # the recall probe also reads the initial model (step 0): its mechanism at initialisation
+    start = {0} if every and space.recall is not None else set()
+    if not plan.curve.steps and not start:
+        return TrainingProbes((every, needle), {})
+    windows, info = None, {}
+    if plan.curve.steps:
+        from ..eval.lm import spread_windows
+
+        if plan.text is not None:
+            held, source = plan.text.heldout_tokens()
+        else:
+            held, source = lm_streams()[1], "held-out bundled Shakespeare (bytes)"
+        stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.lm_offset
+        windows, _ = spread_windows(stream_ids, plan.mixture.lm_seq_len, plan.curve.windows)  # (N, T+1)
+        info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.lm_seq_len,
+                "distinct_tokens": int(windows.shape[0]) * plan.mixture.lm_seq_len}
     needle_steps = set(range(every, last + 1, every)) | {last} if every else set()
     curve_steps = set(plan.curve.steps)
 
     def probe(model: torch.nn.Module) -> dict:
-        step = stream.loader.step  # one batch per optimizer step: the step just taken
-        out = needle(model) if step in needle_steps else {}
+        step = stream.loader.step  # one batch per optimizer step: the step just taken (0: none yet)
+        if step in needle_steps:
+            out = needle(model)
+        elif step in start:
+            out = recall_probe(model, plan.probes, space)
+        else:
+            out = {}
         if step in curve_steps:
             t = time.perf_counter()
             out["heldout_loss"] = heldout_loss(model, windows)
             out["heldout_s"] = time.perf_counter() - t
         return out
 
-    info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.lm_seq_len,
-            "distinct_tokens": int(windows.shape[0]) * plan.mixture.lm_seq_len}
-    return TrainingProbes((tuple(sorted(needle_steps | curve_steps)), probe), info)
+    return TrainingProbes((tuple(sorted(start | needle_steps | curve_steps)), probe), info)
 
 
 def heldout_loss(model: torch.nn.Module, windows: torch.Tensor) -> float:
@@ -268,18 +277,30 @@ def lm_tokens(mixture: Mixture, step: int) -> int:
 
 
 def recall_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:
-    """Recall accuracy during training: ``{"recall": {cell: accuracy}}``, greedy accuracy at every query of
-    ``probes.samples`` fixed examples of plain MQAR at the training length with the most training pairs
-    (the model is put back in its previous mode; touches no random state)."""
-    from ..eval.recall import generate, score
+    """Recall during training, on ``probes.samples`` fixed examples of plain MQAR at the training length
+    with the most training pairs: ``recall`` (``{cell: accuracy}``, greedy accuracy at every query),
+    ``attention_output_ratio`` (per layer, the RMS of the attention output against the residual stream it
+    is added to, mean over the queries: :func:`difftx.eval.residual.attention_residual_ratio`) and, for a
+    model with a learned λ, ``lambda`` per layer (as the training history logs it). The model is put back
+    in its previous mode; touches no random state."""
+    from ..eval.recall import IGNORE, generate, score
+    from ..eval.residual import attention_residual_ratio
     from ..tasks.recall import cell_name
+    from ..training.metrics import lambda_per_layer
 
     block = space.recall
     spec = block.spec(max(block.pairs))
     examples = block.shifted(generate(spec, probes.samples, seed=PROBE_SEED))
+    device = next(model.parameters()).device
     with eval_mode(model), torch.no_grad():
-        res = score(model, examples, batch_size=64, device=next(model.parameters()).device)
-    return {"recall": {cell_name((spec.variant, spec.seq_len, spec.n_pairs)): res["accuracy"]}}
+        res = score(model, examples, batch_size=64, device=device)
+        ratio = attention_residual_ratio(model, examples.inputs, examples.labels != IGNORE, device=device)
+        lambdas = lambda_per_layer(model)  # a collective under FSDP2, as the probe is
+    out = {"recall": {cell_name((spec.variant, spec.seq_len, spec.n_pairs)): res["accuracy"]},
+           "attention_output_ratio": ratio["ratio"]}
+    if lambdas:
+        out["lambda"] = lambdas
+    return out
 
 
 def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:

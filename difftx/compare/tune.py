@@ -356,8 +356,9 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
     selection_aware(tuned, settings, tasks_at, validation)
     means = {arm: {v: sum(x["validation"] for x in scores[arm][v]) / len(seeds) for v in grids[arm]} for arm in arms}
     best = {arm: min(grids[arm], key=means[arm].get) for arm in arms}
-    edge = {arm: ("upper" if best[arm] == max(grids[arm]) else "lower" if best[arm] == min(grids[arm]) else None)
-            for arm in arms}
+    named = field in CHOICE_FIELDS  # named choices have no edge: nothing lies beyond them
+    edge = {arm: (None if named else "upper" if best[arm] == max(grids[arm]) else
+                  "lower" if best[arm] == min(grids[arm]) else None) for arm in arms}
     first = scores[arms[0]][shared][0]
     tune = {"schema": TUNE_SCHEMA, "schema_version": TUNE_VERSION, "field": field, "shared_value": shared,
             "grid": {arm: grids[arm] for arm in arms}, "extended": extended, "at_edge": edge, "best": best,

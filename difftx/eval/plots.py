@@ -197,10 +197,24 @@ def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequen
     axis; ``marks[name]``: an x value marked on that name's curve by a dotted line (a chosen value)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.4, 3.6))
+    _seed_lines(ax, curves, mean=mean, color_by_model=color_by_model, marks=marks)
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return _save(fig, path)
+
+
+def _seed_lines(ax, curves: Mapping[str, Sequence[tuple[Sequence[float], Sequence[Optional[float]]]]], *,
+                mean: bool = True, color_by_model: bool = True, marks: Optional[Mapping[str, float]] = None) -> None:
+    """The lines of :func:`plot_seed_curves` on ``ax``: every seed faint, the mean over seeds bold."""
     for i, (name, seeds) in enumerate(curves.items()):
         color = _color(name.split()[0], i) if color_by_model else f"C{i}"
         if marks and name in marks:
-            ax.axvline(marks[name], color=color, ls=":", lw=1.2, label=f"{name}: best {marks[name]:g}")
+            ax.axvline(marks[name], color=color, ls=":", lw=1.2, label=f"{name}: best {_shown(marks[name])}")
         series = [[(x, y) for x, y in zip(xs, ys) if x is not None and y is not None] for xs, ys in seeds]
         series = [pts for pts in series if pts]
         if not series:
@@ -216,13 +230,36 @@ def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequen
                     label=f"{name}: mean of {seeds_text}")
     if mean and any(len(seeds) > 1 for seeds in curves.values()):
         ax.plot([], [], color="gray", lw=0.8, alpha=0.5, label="one seed (faint)")
-    if logx:
-        ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def plot_seed_panels(panels: Mapping[str, Mapping[str, Sequence[tuple[Sequence[float], Sequence[Optional[float]]]]]],
+                     path: PathLike, *, ylabel: str, title: str, xlabel: str = "step", logy: bool = False,
+                     ylim: Optional[tuple[float, float]] = None) -> Path:
+    """One panel per key of ``panels`` (an arm), each drawn as :func:`plot_seed_curves` draws its curves
+    (``panels[panel][name] = [(xs, ys) per seed]``, a name such as a layer: one colour per name, every
+    seed faint, the mean over seeds bold); the panels share the y axis. ``logy``: a log y axis."""
+    plt = _plt()
+    names = list(panels)
+    cols = min(3, max(len(names), 1))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        _seed_lines(ax, panels[name], color_by_model=False)
+        if logy:
+            ax.set_yscale("log")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False, fontsize=7)
+    for k in range(len(names), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    for r in range(rows):
+        axes[r][0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -454,3 +491,8 @@ def plot_recall_grid(curves: Mapping[str, Mapping[str, Sequence[tuple[int, float
     fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _shown(value) -> str:
+    """A marked value in a legend: a number in ``%g``, a name (``torch``) as it is."""
+    return str(value) if isinstance(value, str) else f"{value:g}"

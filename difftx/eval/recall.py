@@ -29,6 +29,7 @@ Variants, each probing a kind of attention noise:
 :func:`generate` draws examples (a seed gives the same examples on every machine: numpy's PCG64);
 :func:`read_examples` / :func:`write_examples` read and write them as JSONL, one example a line,
 ``{"inputs": [...], "labels": [...]}`` (Zoology's layout); :func:`score` scores a model on them;
+:func:`attention_mass` and :func:`attention_by_role` read where its queries attend;
 :class:`RecallSource` is a training batch source of them (``difftx.training.train(config, data=...)``).
 """
 
@@ -431,3 +432,105 @@ def attention_mass(model: torch.nn.Module, examples: RecallExamples, *, batch_si
             "noise": "every other position the query reads",
             "layers": [layer_mass(torch.cat(r), answer_keys, noise_keys, layer).to_dict()
                        for layer, r in enumerate(rows)]}
+
+
+# the roles a position plays for a query, relative to the binding it asks for (key_pos k, query position q); a
+# position takes the first role it fits, so the roles split the positions the query reads
+ROLES = ("key", "value", "next_pair", "recent", "elsewhere")
+ROLE_TEXT = {"key": "the queried key's position (key_pos)", "value": "its value's (key_pos + 1)",
+             "next_pair": "the following pair's key and value (key_pos + 2, + 3), inside the pairs",
+             "recent": "the query itself and the position before it (q, q - 1)",
+             "elsewhere": "every other position the query reads"}
+
+
+def role_masks(q: torch.Tensor, key_pos: torch.Tensor, pairs_end: torch.Tensor, S: int) -> torch.Tensor:
+    """``(N, len(ROLES), S)`` bool: for queries at positions ``q`` ``(N,)`` asking for the binding whose key
+    is at ``key_pos`` ``(N,)``, with the bindings in ``0 .. pairs_end - 1`` ``(N,)``, which of the ``S``
+    positions plays each role of :data:`ROLES` (each position read, ``0 .. q``, plays exactly one)."""
+    pos = torch.arange(S)[None]  # (1, S)
+    k, q, end = key_pos[:, None], q[:, None], pairs_end[:, None]
+    wants = [pos == k, pos == k + 1, ((pos == k + 2) | (pos == k + 3)) & (pos < end), (pos == q) | (pos == q - 1),
+             pos <= q]
+    taken = torch.zeros(k.shape[0], S, dtype=torch.bool)
+    out = []
+    for want in wants:
+        mine = want & (pos <= q) & ~taken
+        out.append(mine)
+        taken |= mine
+    return torch.stack(out, 1)
+
+
+@torch.no_grad()
+def attention_by_role(model: torch.nn.Module, examples: RecallExamples, *, batch_size: int = 32,
+                      device: Union[str, torch.device] = "cpu") -> dict:
+    """Where each head looks from a query, by the role each position plays for the binding asked for
+    (:data:`ROLES`: the key, its value, the next pair, the query and the position before it, elsewhere):
+    a wider reading than :func:`attention_mass`, for a model that recalls by another route (a head that
+    reads the value after a matching key, one that copies the previous token). At every scored
+    position, each layer's effective map row (``A1 - lam * A2`` for DIFF) per head gives, per role:
+    ``share``, its mass in the L1-normalised row (``|row| / sum |row|``; the roles sum to 1), and
+    ``signed``, the plain signed mass of the row (the roles sum to the row's total: 1 for softmax,
+    ``1 - lam`` for DIFF). Each is the mean over queries, per head (``share[role][h]``), with the mean
+    over heads beside it (``share_mean``, ``signed_mean``). ``uniform[role]``: what a uniform map over
+    the causal row puts on the role (its positions / the positions read, mean over queries). The pairs
+    region (for the next pair) ends after the latest binding any query of the example asks for, which
+    is the region's last for generated examples (every binding of it is queried). Generated examples
+    only."""
+    from ..io import eval_mode
+    from .capture import capture_attention
+
+    if examples.key_pos is None:
+        raise ValueError("attention_by_role: needs generated examples (a file does not say where each query's key "
+                         "is)")
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"attention_by_role: batch_size must be a positive integer, got {batch_size!r}")
+    R = len(ROLES)
+    share: list[torch.Tensor] = []  # per layer (H, R), summed over queries
+    signed: list[torch.Tensor] = []
+    uniform = torch.zeros(R, dtype=torch.float64)
+    n = 0
+    with eval_mode(model):
+        for start in range(0, len(examples), batch_size):
+            x = examples.inputs[start:start + batch_size].to(device)
+            kp = examples.key_pos[start:start + batch_size]
+            if not bool((kp >= 0).any()):
+                continue
+            with capture_attention(model) as cap:
+                model(x, logits_at=(kp >= 0).to(device))
+            b, q = torch.nonzero(kp >= 0, as_tuple=True)
+            end = kp.max(1).values[b] + 2  # the pairs end after the latest binding asked for
+            masks = role_masks(q, kp[b, q], end, x.shape[1]).double()  # (N, R, S)
+            uniform += (masks.sum(-1) / (q[:, None] + 1).double()).sum(0)
+            n += int(b.numel())
+            for layer in range(len(cap.maps)):
+                rows = cap.last(layer).effective[b, :, q, :].double()  # (N, H, S)
+                norm = rows.abs() / rows.abs().sum(-1, keepdim=True).clamp_min(1e-30)
+                got = (torch.einsum("nhs,nrs->hr", norm, masks), torch.einsum("nhs,nrs->hr", rows, masks))
+                if len(share) <= layer:
+                    share.append(torch.zeros_like(got[0]))
+                    signed.append(torch.zeros_like(got[1]))
+                share[layer] += got[0]
+                signed[layer] += got[1]
+    if not n:
+        raise ValueError("attention_by_role: the examples have no scored query")
+
+    def per_role(t: torch.Tensor) -> dict:  # (H, R) summed -> {role: [per head]}
+        return {role: (t[:, i] / n).tolist() for i, role in enumerate(ROLES)}
+
+    def mean_role(t: torch.Tensor) -> dict:
+        return {role: float(t[:, i].mean() / n) for i, role in enumerate(ROLES)}
+
+    return {"queries": n, "roles": dict(ROLE_TEXT), "uniform": {r: float(u / n) for r, u in zip(ROLES, uniform)},
+            "layers": [{"layer": i, "heads": int(s.shape[0]), "share": per_role(s), "signed": per_role(g),
+                        "share_mean": mean_role(s), "signed_mean": mean_role(g)}
+                       for i, (s, g) in enumerate(zip(share, signed))]}
+
+
+def best_heads(layer: dict, variant: str = "share") -> dict:
+    """Per role, ``(head, mass)`` of the head of ``layer`` (an entry of :func:`attention_by_role`'s
+    ``layers``) with the most ``variant`` mass on it."""
+    out = {}
+    for role, per_head in layer[variant].items():
+        h = max(range(len(per_head)), key=lambda i: per_head[i])
+        out[role] = (h, per_head[h])
+    return out

@@ -52,8 +52,9 @@ class RecallSettings:
     reassign: float = setting(0.5, "reassigned: the share of keys bound again")
     power_a: float = setting(0.01, "the gap law of the queries: P(gap g) ~ a (g+1)^(a-1); 1 is uniform")
     samples: int = setting(256, "generated examples per cell")
-    attention_samples: int = setting(64, "examples whose attention to the queried key is measured (0: none), of the "
-                                         "first plain-MQAR cell at the training length")
+    attention_samples: int = setting(64, "examples whose attention is read (on the binding, by role, and each "
+                                         "layer's output against the residual stream; 0: none), of the first "
+                                         "plain-MQAR cell at the training length")
     batch_size: int = setting(64, "examples per forward pass")
     learned_at: float = setting(0.5, "a compare model probed during training (probe_every) learned recall at its "
                                      "first probe with at least this accuracy")
@@ -141,7 +142,8 @@ class RecallTask(Task):
         return None
 
     def run(self, subject, s: RecallSettings, *, progress: bool = False) -> dict:
-        from ..eval.recall import attention_mass, generate, read_examples, score
+        from ..eval.recall import IGNORE, attention_by_role, attention_mass, generate, read_examples, score
+        from ..eval.residual import attention_residual_ratio
 
         model = subject.model
         device = next(model.parameters()).device
@@ -160,7 +162,7 @@ class RecallTask(Task):
         train_pairs = list(block.pairs) if block is not None else None
         out_cells, records = [], {"cell": [], "labelled": [], "correct": []}
         probe = next((c for c in cells if c[0][0] == FIRST_VARIANT and c[0][1] == (train_len or c[0][1])), cells[0])
-        attention = None
+        attention = roles = ratio = None
         it = cells
         if progress:
             from tqdm.auto import tqdm
@@ -175,9 +177,12 @@ class RecallTask(Task):
             for k in ("labelled", "correct"):
                 records[k] += res["records"][k]
             records["cell"] += [cell_name(cell)] * len(examples)
-            if cell == probe[0] and s.attention_samples:
-                attention = attention_mass(model, examples.head(s.attention_samples), device=device)
-                attention["cell"] = cell_name(cell)
+            if cell == probe[0] and s.attention_samples:  # the attention readings, all on the same examples
+                head = examples.head(s.attention_samples)
+                attention = {**attention_mass(model, head, device=device), "cell": cell_name(cell)}
+                roles = {**attention_by_role(model, head, device=device), "cell": cell_name(cell)}
+                ratio = {**attention_residual_ratio(model, head.inputs, head.labels != IGNORE, batch_size=s.batch_size,
+                                                    device=device), "cell": cell_name(cell)}
         scored = sum(records["labelled"])
         out = {"accuracy": sum(records["correct"]) / scored, "scored": scored, "examples": len(records["cell"]),
                "source": "generated", "cells": out_cells, "records": records,
@@ -188,6 +193,8 @@ class RecallTask(Task):
                "frontier": frontier(out_cells), "pairs_at_half": pairs_at_half(out_cells)}
         if attention is not None:
             out["attention_mass"] = attention
+            out["attention_roles"] = roles
+            out["attention_output_ratio"] = ratio
         learning = _learning(subject, s.learned_at)
         if learning is not None:
             out["learning"] = learning
@@ -284,6 +291,7 @@ class RecallTask(Task):
                    + " and the last layer's attention mass on the binding a query asks for (the key and its value; "
                    "L1-normalised effective map, mean over heads and queries):\n")
         out.append(table(rows, ["arm", "frontier", "pairs at 50%", "learned at", "attention on the binding"]))
+        out += _mechanism_sections(ctx, self.name, arms)
         keys = [k for k in ctx.metric_keys(self.name) if k != "recall_accuracy"]
         verdicts = [ctx.results["comparison"].get(k) for k in keys]
         for pair_, comps in (ctx.results.get("arm_comparisons") or {}).items():
@@ -319,6 +327,18 @@ class RecallTask(Task):
                   "effective map, mean over heads): "
                   + "; ".join(f"layer {m['layer']} on the binding {m['answer_mean']['absolute']:.3f}, elsewhere "
                               f"{m['noise_mean']['absolute']:.3f}" for m in a["layers"]))
+        if "attention_roles" in result:
+            from ..eval.recall import best_heads
+
+            a = result["attention_roles"]
+            print("  the head with the most attention on each role (share of its L1-normalised row; uniform "
+                  "map: " + ", ".join(f"{ROLE_LABELS[k]} {v:.3f}" for k, v in a["uniform"].items()) + "):")
+            for layer in a["layers"]:
+                print(f"    layer {layer['layer']}: " + ", ".join(f"{ROLE_LABELS[k]} h{h} {v:.3f}" for k, (h, v)
+                                                                 in best_heads(layer).items()))
+        if "attention_output_ratio" in result:
+            print("  attention output / residual stream (RMS, at the queries) per layer: "
+                  + ", ".join(f"{v:.3f}" for v in result["attention_output_ratio"]["ratio"]))
 
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
@@ -333,7 +353,115 @@ class RecallTask(Task):
                 mean = sum(p[i]["accuracy"] for p in per) / len(per)
                 curves.setdefault(a, {}).setdefault(f"{c['variant']}, length {c['seq_len']}", []).append(
                     (c["n_pairs"], mean))
-        return {"recall grid": P.plot_recall_grid(curves, folder / "recall_grid.png")}
+        made = {"recall grid": P.plot_recall_grid(curves, folder / "recall_grid.png")}
+        made.update(_training_plots(ctx, arms, folder))
+        return made
+
+
+ROLE_LABELS = {"key": "key", "value": "value", "next_pair": "next pair", "recent": "self/recent",
+               "elsewhere": "elsewhere"}
+
+
+def _runs(ctx: ReportContext, task: str, arm: str) -> list[dict]:
+    return [ctx.result(task, arm, sd) for sd in ctx.seeds]
+
+
+def _trains(ctx: ReportContext, arm: str) -> list[dict]:
+    return [ctx.results["runs"][sd][arm]["train"] for sd in ctx.seeds]
+
+
+def _probed(train: dict, key: str) -> list[dict]:
+    """The recall probes of a training record that carry ``key``."""
+    return [p for p in train.get("probes") or [] if p.get(key) is not None]
+
+
+def _mechanism_sections(ctx: ReportContext, task: str, arms: list) -> list[str]:
+    """The report's lines on the mechanism per layer: where each layer's heads look from a query (by role),
+    and the size of each attention layer's output against the residual stream. Results without them (stored
+    by an older difftx) leave them out."""
+    from ..eval.recall import ROLES, best_heads
+
+    out = []
+    if all("attention_roles" in r for a in arms for r in _runs(ctx, task, a)):
+        r0 = ctx.result(task, arms[0])["attention_roles"]
+        uniform = {k: sum(r["attention_roles"]["uniform"][k] for r in _runs(ctx, task, arms[0])) / len(ctx.seeds)
+                   for k in ROLES}
+        rows = []
+        for a in arms:
+            per = [r["attention_roles"]["layers"] for r in _runs(ctx, task, a)]
+            for i in range(len(per[0])):
+                best = [best_heads(layers[i]) for layers in per]
+                rows.append([a, str(i)] + [f"{sum(b[k][1] for b in best) / len(best):.3f} ("
+                                           + ", ".join(f"h{b[k][0]}" for b in best) + ")" for k in ROLES])
+        out.append(f"Where each layer's heads look from a query ({r0['queries']} queries of {r0.get('cell', '-')} per "
+                   "model): per arm and layer, the head with the most attention on each role (the share of its "
+                   "L1-normalised effective row, mean over queries and seeds; in brackets each seed's head). Key: the "
+                   "queried key; value: its value; next pair: the following pair's key and value; self/recent: the "
+                   "query and the position before it; elsewhere: the rest. In each header, what a uniform map over the "
+                   "causal row puts there:\n")
+        out.append(table(rows, ["arm", "layer"] + [f"{ROLE_LABELS[k]} (uniform {uniform[k]:.3f})" for k in ROLES]))
+    if all("attention_output_ratio" in r for a in arms for r in _runs(ctx, task, a)):
+        def mean(values: list) -> str:  # over seeds; '-' where a seed has none
+            return "-" if not values or None in values else fmt(sum(values) / len(values))
+
+        rows = []
+        for a in arms:
+            probed = [_probed(t, "attention_output_ratio") for t in _trains(ctx, a)]
+            start = [ps[0]["attention_output_ratio"] if ps and ps[0]["step"] == 0 else None for ps in probed]
+            last = [ps[-1]["attention_output_ratio"] if ps else None for ps in probed]
+            trained = [r["attention_output_ratio"]["ratio"] for r in _runs(ctx, task, a)]
+            for i in range(len(trained[0])):
+                rows.append([a, str(i), mean([v and v[i] for v in start]), mean([v and v[i] for v in last]),
+                             mean([v[i] for v in trained])])
+        out.append("The size of each attention layer's output against the residual stream it is added to: the RMS of "
+                   "the attention output over the RMS of the block's input, mean over the queries, then over seeds; at "
+                   "initialisation and at the last recall probe (the probe examples), and of the trained model on the "
+                   "examples above ('-': not probed):\n")
+        out.append(table(rows, ["arm", "layer", "at step 0", "at the last probe", "trained"]))
+    return out
+
+
+def _training_plots(ctx: ReportContext, arms: list, folder: Path) -> dict[str, Path]:
+    """Along training, from the recall probes (and λ from the training history): the probe accuracy per arm, the
+    attention output / residual ratio per layer and arm, and λ per layer per DIFF arm (every seed faint, the mean
+    over seeds bold)."""
+    from ..eval import plots as P
+
+    made = {}
+    trains = {a: _trains(ctx, a) for a in arms}
+    acc = {a: [([p["step"] for p in ps], [next(iter(p["recall"].values())) for p in ps])
+               for t in trains[a] for ps in [_probed(t, "recall")] if ps] for a in arms}
+    acc = {a: seeds for a, seeds in acc.items() if seeds}
+    if acc:
+        cell = next(iter(_probed(trains[next(iter(acc))][0], "recall")[0]["recall"]))
+        made["recall probe accuracy during training"] = P.plot_seed_curves(
+            acc, folder / "recall_probe.png", ylabel=f"recall accuracy ({cell})",
+            title="Associative recall during training (probe examples)")
+    ratio: dict = {}
+    for a in arms:
+        for t in trains[a]:
+            ps = _probed(t, "attention_output_ratio")
+            for i in range(len(ps[0]["attention_output_ratio"]) if ps else 0):
+                ratio.setdefault(a, {}).setdefault(f"L{i}", []).append(
+                    ([p["step"] for p in ps], [p["attention_output_ratio"][i] for p in ps]))
+    if ratio:
+        made["attention output against the residual during training"] = P.plot_seed_panels(
+            ratio, folder / "recall_output_ratio.png", ylabel="RMS(attention out) / RMS(residual)", logy=True,
+            title="Each layer's attention output against the residual stream (recall probe queries)")
+    lam: dict = {}
+    for a in arms:
+        for t in trains[a]:
+            points = [(p["step"], p["lambda"]) for p in _probed(t, "lambda") if p["step"] == 0]  # initialisation
+            points += [(h["step"], h["lambda"]) for h in t.get("history") or [] if h.get("lambda")]
+            for i in range(len(points[0][1]) if points else 0):
+                if any(v[i] is not None for _, v in points):
+                    lam.setdefault(a, {}).setdefault(f"L{i}", []).append(([st for st, _ in points],
+                                                                          [v[i] for _, v in points]))
+    if lam:
+        made["lambda per layer during training (recall)"] = P.plot_seed_panels(
+            lam, folder / "recall_lambda.png", ylabel="λ",
+            title="λ per layer during training (step 0: initialisation)")
+    return made
 
 
 def _learning(subject, learned_at: float) -> Optional[dict]:

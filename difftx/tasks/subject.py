@@ -230,7 +230,7 @@ class TrainRecord:
               "history[].needle_loss": "number?", "history[].icl_loss": "number?", "history[].grad_norm": "number?",
               "history[].grad_norms": "list?", "history[].tokens": "int?", "history[].time_s": "number?",
               "history[].lambda": "list?", "probes": "list?", "probes[].step": "int", "probes[].accuracy": "dict?",
-              "probes[].recall": "dict?",
+              "probes[].recall": "dict?", "probes[].attention_output_ratio": "list?", "probes[].lambda": "list?",
               "probe_s": "number?", "wall_s": "number", "cpu_s": "number", "device": "str?", "threads": "int?",
               "world_size": "int?", "resumed_from": "int?", "invocation": "str?", "probes_skipped": "str?",
               "heldout_curve": "dict?", "heldout_curve.steps": "list?", "heldout_curve.tokens": "list?",

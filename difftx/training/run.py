@@ -146,7 +146,7 @@ class _Run(RunSetup):
         every = self.probe_every
         if isinstance(every, frozenset):
             return step in every
-        return bool(every) and (step % every == 0 or step == self.config.steps)
+        return bool(every) and step > 0 and (step % every == 0 or step == self.config.steps)
 
     def validates_at(self, step: int) -> bool:
         config = self.config
@@ -282,6 +282,15 @@ class _Run(RunSetup):
         if self.probes_at(step):
             self.result.probes[step] = _probe(self.probe_fn, self._eval_model(), step, self.logger)
 
+    def probe_start(self) -> None:
+        """The probe hook on the initial model (step 0), before the first step of a run that starts
+        afresh, when its steps (a set) hold 0; a warm-up's lambda factor is the first step's."""
+        if self.start_step or not isinstance(self.probe_every, frozenset) or 0 not in self.probe_every:
+            return
+        if self.config.lambda_warmup:
+            set_lambda_scale(self.bare, lambda_scale_at(1, self.config))
+        self.probe(0)
+
     def validate(self, step: int, bar) -> None:
         """A validation pass every ``eval_interval`` steps and at the last step of the schedule."""
         if not self.validates_at(step):
@@ -373,6 +382,8 @@ def _loop(driver, bar_kw: dict) -> list[TrainResult]:
     runs = driver.runs
     first = runs[0]
     stacked = len(runs) > 1
+    for r in runs:  # the initial model, where its probe steps ask for it (before the throughput clock starts)
+        r.probe_start()
     bar = first.begin(bar_kw, banner=not stacked)
     for r in runs[1:]:
         r.start_sums()

@@ -47,7 +47,8 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     ``probes``: ``(every, fn)``: ``fn(model) -> dict`` runs every ``every`` steps and at the last
     step (``config.steps``), model in eval mode, without gradients, on every rank (FSDP2 needs
     them all); logged to ``metrics.jsonl`` as ``{"step", "probe", "probe_s"}`` and kept in
-    ``TrainResult.probes``. ``every`` = 0 disables it; a set of steps runs it at those steps only.
+    ``TrainResult.probes``. ``every`` = 0 disables it; a set of steps runs it at those steps only
+    (0 among them: also on the initial model, before the first step, unless the run resumes).
     ``progress_bar``: extra ``tqdm`` arguments for the progress bar (e.g. ``desc``, ``position``).
 
     Under ``torchrun`` every process calls this; the process group is created (and destroyed at
