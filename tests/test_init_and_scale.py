@@ -256,6 +256,10 @@ def test_scale_and_train_take_init():
     assert {p.preset.init for p in plans} == {"torch"} and all(r["init"] == "torch" for p in plans
                                                                 for r in p.regime.values())
     assert TrainConfig(model_overrides={"init": "torch"}).model_config().init == "torch"
+    from difftx.compare.scale import _regime_table, size_entries
+
+    table = _regime_table(size_entries(plans))
+    assert "Initialisation `torch`" in table and "| 0.80 (norm) |" in table
 
 
 def test_a_folder_from_before_init_resumes_as_normal_and_refuses_torch(tmp_path):
