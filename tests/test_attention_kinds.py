@@ -164,6 +164,8 @@ def test_register_attention_refuses_what_it_cannot_take(kinds):
         difftx.register_attention("qknorm", HeadGainAttention)
     with pytest.raises(ValueError, match="identifier"):
         difftx.register_attention("not a name", HeadGainAttention)
+    with pytest.raises(ValueError, match="'standard' is a built-in kind \\(StandardAttention\\)"):
+        difftx.register_attention("standard", HeadGainAttention, replace=True)
     with pytest.raises(ValueError, match="register it with difftx.register_attention.*--kinds"):
         _config("unregistered")
 
@@ -176,6 +178,29 @@ def test_kinds_from_a_file_on_the_command_line(kinds, tmp_path, capsys, monkeypa
     monkeypatch.setenv("DIFFTX_KINDS", "")  # restored afterwards: --kinds keeps its files there for workers
     assert main(["--kinds", str(tmp_path / "mykinds.py"), "info", "--attention", "qknorm_file"]) == 0
     assert "q_norm.weight (QKNormAttention only" in capsys.readouterr().out
-    assert main(["--kinds", str(tmp_path / "missing.py"), "info"]) != 0
-    assert "cannot import" in capsys.readouterr().err
+    assert main(["--kinds", str(tmp_path / "missing.py"), "info"]) == 2
+    assert f"no such file: {tmp_path / 'missing.py'}" in capsys.readouterr().err
     ATTENTIONS.pop("qknorm_file", None)
+
+
+@pytest.mark.parametrize("body, line, what", [
+    ("import torch\n\ndef broken(:\n    pass\n", 3, "SyntaxError"),
+    ("import difftx\nx = 1\nundefined_name + 1\n", 3, "NameError: name 'undefined_name' is not defined"),
+    ("import difftx\n\n\nclass Mine(difftx.StandardAttention):\n    pass\n\n\n"
+     "difftx.register_attention('diff', Mine, replace=True)\n", 8, "'diff' is a built-in kind (DiffAttention)"),
+    ("import no_such_package_here\n", 1, "ModuleNotFoundError"),
+])
+def test_a_bad_kinds_file_is_bad_input_named_by_file_and_line(body, line, what, tmp_path, capsys, monkeypatch):
+    """A kinds file that does not import, or shadows a built-in kind, exits 2 with one line: the file, the line, why;
+    the built-in kind is left as it was."""
+    from difftx.attention.modules import DiffAttention
+    from difftx.cli import main
+
+    (tmp_path / "bad.py").write_text(body)
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    assert main(["--kinds", str(tmp_path / "bad.py"), "info", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"cannot import {tmp_path / 'bad.py'}:{line}: " in err and what in err, err
+    assert ATTENTIONS["diff"] is DiffAttention
+    assert main(["--kinds", "no_such_module_either", "info", "tiny"]) == 2
+    assert "cannot import 'no_such_module_either': no such module" in capsys.readouterr().err

@@ -25,6 +25,10 @@ def register_attention(name: str, cls: Optional[type] = None, *, replace: bool =
     if not (isinstance(cls, type) and issubclass(cls, AttentionKind)):
         raise TypeError(f"register_attention: {name!r} must be a subclass of difftx.AttentionKind (for example of "
                         f"StandardAttention), got {cls!r}")
+    builtin = _BUILTIN.get(name)
+    if builtin is not None and cls is not builtin:  # a built-in name stays the built-in kind, replace or not
+        raise ValueError(f"register_attention: {name!r} is a built-in kind ({builtin.__name__}); registering another "
+                         f"class under it would change every model and arm of that name: choose another name")
     if name in ATTENTIONS and ATTENTIONS[name] is not cls and not replace:
         raise ValueError(f"register_attention: {name!r} is already {ATTENTIONS[name].__name__}; pass replace=True "
                          f"or choose another name")
@@ -38,6 +42,23 @@ def register_attention(name: str, cls: Optional[type] = None, *, replace: bool =
 
 
 KINDS_ENV = "DIFFTX_KINDS"
+
+
+class KindsError(ValueError):
+    """A kinds file (``--kinds`` / ``DIFFTX_KINDS``) that is missing, does not import, or registers what it may not:
+    bad input, said in one line naming the file and the line (the command line exits 2)."""
+
+
+def _where(e: BaseException, path) -> str:
+    """``FILE:LINE`` of the error inside the kinds file ``path`` (the innermost frame there), or the file alone."""
+    if isinstance(e, SyntaxError) and e.filename and e.lineno:
+        return f"{e.filename}:{e.lineno}"
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if path is not None and tb.tb_frame.f_code.co_filename == str(path):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{path}:{line}" if line is not None else str(path)
 
 
 def load_kinds(spec: Optional[str] = None) -> list[str]:
@@ -55,11 +76,13 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
     for item in (part.strip() for part in spec.split(",")):
         if not item:
             continue
+        path = None
         try:
             if item.endswith(".py") or os.sep in item:
                 path = Path(item).expanduser().resolve()
                 if not path.is_file():
-                    raise FileNotFoundError(f"no such file: {path}")
+                    raise KindsError(f"{KINDS_ENV} / --kinds: no such file: {path} (give the Python file that "
+                                     f"registers your attention kinds)")
                 name = f"difftx_kinds_{path.stem}"
                 if name not in sys.modules:
                     module_spec = importlib.util.spec_from_file_location(name, path)
@@ -72,13 +95,24 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
                         raise
             else:
                 importlib.import_module(item)
-        except Exception as e:  # noqa: BLE001 - one line naming the module, then the original error
-            raise ImportError(f"{KINDS_ENV} / --kinds: cannot import {item!r}: {type(e).__name__}: {e}") from e
+        except KindsError:
+            raise
+        except ModuleNotFoundError as e:
+            if path is None and e.name == item:  # the module named is not there (not an import inside it)
+                raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {item!r}: no such module (give a Python "
+                                 f"file, or a module on the path)") from e
+            where = _where(e, path) if path is not None else item
+            raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {where}: {type(e).__name__}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - one line naming the file and line, then the original error
+            where = _where(e, path) if path is not None else item
+            what = e.msg if isinstance(e, SyntaxError) else str(e)
+            raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {where}: {type(e).__name__}: {what}") from e
         done.append(item)
     return done
 
 
-for _name, _cls in (("diff", DiffAttention), ("diff_v2", DiffAttentionV2), ("standard", StandardAttention),
-                    ("gated", GatedAttention), ("temperature", TemperatureAttention),
-                    ("converted", ConvertedAttention), ("dex", DexAttention)):
+_BUILTIN: dict[str, type[AttentionKind]] = {
+    "diff": DiffAttention, "diff_v2": DiffAttentionV2, "standard": StandardAttention, "gated": GatedAttention,
+    "temperature": TemperatureAttention, "converted": ConvertedAttention, "dex": DexAttention}
+for _name, _cls in _BUILTIN.items():
     register_attention(_name, _cls)
