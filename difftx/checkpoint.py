@@ -144,12 +144,23 @@ def save_model(model: Transformer, folder: PathLike, metadata: dict | None = Non
     return folder
 
 
+# fields of a transformers config.json that a difftx config never has
+HF_CONFIG_KEYS = ("architectures", "hidden_size", "model_type", "num_attention_heads", "num_hidden_layers",
+                  "intermediate_size", "torch_dtype", "transformers_version")
+
+
 def load_config(folder: PathLike) -> ModelConfig:
     path = Path(folder) / CONFIG_NAME
     data = read_json(path, "the model config of a difftx checkpoint", error=CheckpointError)
     try:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as e:
+        hf = sorted(k for k in HF_CONFIG_KEYS if isinstance(data, dict) and k in data)
+        if hf:  # a Hub-style folder where a difftx checkpoint was expected: say what it is and what reads it
+            raise CheckpointError(f"{path}: this looks like a Hugging Face transformers folder (its config has "
+                                  f"{', '.join(hf[:3])}), not a difftx checkpoint: read it with `difftx import "
+                                  f"{Path(folder)} OUT`, or make it differential with `difftx convert {Path(folder)} "
+                                  f"OUT`, then use OUT") from e
         raise CheckpointError(f"{path}: invalid model config: {e}") from e
 
 
