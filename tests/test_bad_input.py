@@ -30,3 +30,70 @@ def test_a_difftx_config_with_a_bad_field_is_still_named_as_such(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "bogus": 1}))
     with pytest.raises(CheckpointError, match=r"invalid model config: ModelConfig: unknown field\(s\) \['bogus'\]"):
         load_config(tmp_path)
+
+
+# -- no output over an input ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A standard-attention model folder (what `convert` reads), byte vocabulary."""
+    import torch
+
+    import difftx
+    from difftx.checkpoint import save_model
+
+    folder = tmp_path_factory.mktemp("src") / "model"
+    torch.manual_seed(0)
+    save_model(difftx.Transformer(difftx.preset("test").replace(vocab_size=257, attention="standard")), folder)
+    return folder
+
+
+def _same(path):
+    from pathlib import Path
+
+    p = Path(path)
+    return p.read_bytes() if p.is_file() else sorted((f.name, f.read_bytes()) for f in p.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize("task, flag", [("recall", "--examples"), ("lm", "--data"), ("lm", "--tokenizer")])
+def test_eval_json_never_replaces_what_the_command_reads(task, flag, source, tmp_path, capsys):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"inputs": [1, 2, 3]}\n')
+    link = tmp_path / "link.json"
+    link.symlink_to(mine)  # the same file by another name: links are followed for the test
+    for out in (mine, link):
+        code = main(["eval", task, str(source), flag, str(mine), "--json", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"--json {out}: is {flag} {mine}, which this command reads" in err, err
+        assert mine.read_text() == '{"inputs": [1, 2, 3]}\n'
+
+
+def test_convert_never_writes_where_a_run_prunes_or_over_its_source(source, tmp_path, capsys):
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_00000040"
+    step.mkdir(parents=True)
+    (run / "train_config.json").write_text("{}")
+    code = main(["convert", str(source), str(step / "conv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "lies inside" in err and "`difftx train --resume` prunes it" in err, err
+    assert not (step / "conv").exists()
+    before = _same(source)
+    for out in (source, source.parent):  # the source itself, or a folder holding it, replaced: refused
+        code = main(["convert", str(source), str(out), "--overwrite"])
+        err = capsys.readouterr().err
+        assert code == 2 and "which this command reads" in err, err
+    assert _same(source) == before
+    for cmd in (["export", str(source)], ["import", str(source)]):
+        assert main([*cmd, str(source.parent), "--overwrite"]) == 2
+        assert "which this command reads" in capsys.readouterr().err
+    assert _same(source) == before
+
+
+def test_a_new_file_inside_a_model_folder_and_a_seed_folder_of_a_comparison(source, tmp_path, capsys):
+    seed = tmp_path / "cmp" / "seed0" / "diff"
+    seed.mkdir(parents=True)
+    (tmp_path / "cmp" / "compare.json").write_text("{}")
+    assert main(["convert", str(source), str(seed / "conv")]) == 2
+    assert "a seed folder of the comparison" in capsys.readouterr().err
+    assert main(["eval", "lm", str(source), "--json", str(source / "lm.json"), "--no-progress"]) == 0

@@ -117,6 +117,52 @@ def check_not_owned(path, flag: str, overwrite: bool = False) -> None:
                          "choose another path, or pass --overwrite to replace it")
 
 
+def _resolved(path) -> Path:
+    """``path`` with every link followed (for the test alone; nothing is written through it here)."""
+    return Path(path).expanduser().resolve()
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """Whether ``a`` is ``b`` or lies inside it."""
+    return a == b or b in a.parents
+
+
+def managed_folder(path) -> str | None:
+    """The folder difftx manages and prunes that ``path`` would lie inside, said in words, or None: a training
+    run's ``checkpoints/`` (pruned on resume) or a comparison's ``seedS/ARM/`` folder (rewritten when its model is
+    trained again)."""
+    p = _resolved(path)
+    for up in (p, *p.parents):
+        if up.name == "checkpoints" and ((up.parent / "train_config.json").is_file() or (up / "latest").exists()):
+            return f"{up}, the checkpoints folder of a training run (`difftx train --resume` prunes it)"
+        if up.name.startswith("seed") and up.name[4:].isdigit() and (up.parent / "compare.json").is_file():
+            return f"{up}, a seed folder of the comparison in {up.parent} (compare rewrites it)"
+    return None
+
+
+def check_not_input(out, flag: str, inputs: dict) -> None:
+    """Refuse (one-line ValueError naming ``flag``) an output ``out`` that is or contains anything the same command
+    reads (``inputs``: ``{its flag or name: path or None}``: a file, or a folder such as a model or a tokenizer), or
+    that lies inside a folder difftx manages and prunes (:func:`managed_folder`). A new file or folder inside an
+    input folder is fine (``eval lm RUN --json RUN/lm.json``); the files difftx keeps there are guarded by
+    :func:`check_not_owned`. Paths are compared with links followed. ``None`` (not given) passes."""
+    if out is None:
+        return
+    o = _resolved(out)
+    for name, path in inputs.items():
+        if path is None or str(path) in ("", "byte"):
+            continue
+        i = _resolved(path)
+        if _inside(i, o):
+            how = "is" if o == i else "contains"
+            raise ValueError(f"{flag} {out}: {how} {name} {path}, which this command reads; writing there would "
+                             f"replace or damage it: choose another path")
+    managed = managed_folder(out)
+    if managed:
+        raise ValueError(f"{flag} {out}: lies inside {managed}; what is written there can be deleted: choose "
+                         f"another path")
+
+
 def check_output_file(path, flag: str) -> None:
     """:func:`output_file` for a value already parsed (``None``: not given): a ValueError naming
     ``flag`` when ``path`` cannot be written."""

@@ -49,8 +49,11 @@ def run(args: argparse.Namespace) -> int:
     from ..interop.convert import convert_model
     from ..interop.hf import replaced
 
+    from .args import check_not_input
+
     if args.seed < 0:
         raise ValueError(f"--seed: must be a non-negative integer, got {args.seed}")
+    check_not_input(args.out, "OUT", {"SRC": args.src})
     gone = replaced(Path(args.out)) if args.overwrite else None
     if args.dex_heads is not None and args.method != "dex":
         raise ValueError(f"--dex-heads: applies only to --method dex (got --method {args.method})")

@@ -78,9 +78,11 @@ def run(args: argparse.Namespace) -> int:
     from ..tasks import get_task
     from ..tasks.runner import evaluate_checkpoint
 
-    from .args import check_not_owned
+    from .args import check_not_input, check_not_owned
 
     check_not_owned(args.json_out, "--json", args.overwrite)
+    check_not_input(args.json_out, "--json", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer,
+                                               "--data": args.data, "--examples": getattr(args, "set_examples", None)})
     settings = settings_from_args(args.task, args)
     # a missing or corrupt checkpoint is a CheckpointError: the boundary (difftx.cli.main) makes it exit code 2
     res = evaluate_checkpoint(args.task, args.checkpoint, settings=settings, tokenizer=args.tokenizer,

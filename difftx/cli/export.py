@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..interop.hf import export_hf, replaced, resolve_model_folder
 
+    from .args import check_not_input
+
+    check_not_input(args.out_dir, "OUT_DIR", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer})
     src = resolve_model_folder(args.checkpoint)
     gone = replaced(Path(args.out_dir)) if args.overwrite else None
     out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite)
