@@ -97,3 +97,17 @@ def test_a_new_file_inside_a_model_folder_and_a_seed_folder_of_a_comparison(sour
     assert main(["convert", str(source), str(seed / "conv")]) == 2
     assert "a seed folder of the comparison" in capsys.readouterr().err
     assert main(["eval", "lm", str(source), "--json", str(source / "lm.json"), "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["dangling", "to an empty folder"])
+def test_a_link_at_out_is_refused_before_any_work(kind, source, tmp_path, capsys):
+    target = tmp_path / "elsewhere"
+    if kind != "dangling":
+        target.mkdir()
+    out = tmp_path / "out"
+    out.symlink_to(target)
+    for cmd in (["convert", str(source), str(out)], ["export", str(source), str(out)]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert f"is a symbolic link to {target}" in err and ("does not exist" in err) == (kind == "dangling"), err
+        assert out.is_symlink() and (not target.exists() or not any(target.iterdir()))

@@ -140,14 +140,20 @@ def managed_folder(path) -> str | None:
     return None
 
 
-def check_not_input(out, flag: str, inputs: dict) -> None:
+def check_not_input(out, flag: str, inputs: dict, folder: bool = False) -> None:
     """Refuse (one-line ValueError naming ``flag``) an output ``out`` that is or contains anything the same command
     reads (``inputs``: ``{its flag or name: path or None}``: a file, or a folder such as a model or a tokenizer), or
     that lies inside a folder difftx manages and prunes (:func:`managed_folder`). A new file or folder inside an
     input folder is fine (``eval lm RUN --json RUN/lm.json``); the files difftx keeps there are guarded by
-    :func:`check_not_owned`. Paths are compared with links followed. ``None`` (not given) passes."""
+    :func:`check_not_owned`. Paths are compared with links followed. ``None`` (not given) passes. ``folder``: the
+    output is a folder written as a whole, which is never a symbolic link (a dangling one, or one to a folder)."""
     if out is None:
         return
+    if folder and Path(out).is_symlink():  # a folder output is written as a whole: never through a link, and said so
+        target = os.readlink(out)
+        state = "which does not exist" if not Path(out).exists() else "a folder elsewhere"
+        raise ValueError(f"{flag} {out}: is a symbolic link to {target} ({state}); difftx does not write a model "
+                         f"folder through a link: give the folder's own path")
     o = _resolved(out)
     for name, path in inputs.items():
         if path is None or str(path) in ("", "byte"):

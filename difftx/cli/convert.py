@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seed < 0:
         raise ValueError(f"--seed: must be a non-negative integer, got {args.seed}")
-    check_not_input(args.out, "OUT", {"SRC": args.src})
+    check_not_input(args.out, "OUT", {"SRC": args.src}, folder=True)
     gone = replaced(Path(args.out)) if args.overwrite else None
     if args.dex_heads is not None and args.method != "dex":
         raise ValueError(f"--dex-heads: applies only to --method dex (got --method {args.method})")

@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .args import check_not_input
 
-    check_not_input(args.out_dir, "OUT_DIR", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer})
+    check_not_input(args.out_dir, "OUT_DIR", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer},
+                    folder=True)
     src = resolve_model_folder(args.checkpoint)
     gone = replaced(Path(args.out_dir)) if args.overwrite else None
     out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite)

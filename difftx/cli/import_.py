@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .args import check_not_input
 
-    check_not_input(args.out_checkpoint, "OUT", {"the transformers folder": args.hf_dir})
+    check_not_input(args.out_checkpoint, "OUT", {"the transformers folder": args.hf_dir}, folder=True)
     gone = replaced(Path(args.out_checkpoint)) if args.overwrite else None
     out = import_hf(args.hf_dir, args.out_checkpoint, overwrite=args.overwrite)
     if gone:
