@@ -153,6 +153,24 @@ def _model_bytes(plan: ComparePlan) -> int:
     return worst
 
 
+def check_fits(plan: ComparePlan, memory: int) -> None:
+    """Refuse (one line naming the sizes and the estimate) a comparison one of whose models alone would not fit in
+    ``memory`` bytes while it trains (:func:`_model_bytes`, a generous estimate): it would be killed by the kernel
+    partway, with nothing said. Checked before anything is written."""
+    need = _model_bytes(plan)
+    if need <= memory:
+        return
+    cfg = max(plan.arms.values(), key=lambda c: c.vocab_size * c.dim + c.n_layers * c.dim ** 2)
+    ids = plan.space
+    parts = [f"{name} {n:,}" for name, n in (("needle", ids.needle.vocab_size if ids.needle else 0),
+                                             ("recall (recall_vocab)", ids.recall.vocab_size if ids.recall else 0))
+             if n]
+    raise ValueError(f"one model of this comparison would need about {need / 2**30:,.1f} GiB to train (vocabulary "
+                     f"{cfg.vocab_size:,} ids{': ' + ', '.join(parts) if parts else ''}; dim {cfg.dim}, n_layers "
+                     f"{cfg.n_layers}, batch_size {plan.mixture.batch_size} x {cfg.max_seq_len} tokens), more than "
+                     f"this machine's {memory / 2**30:,.1f} GiB: give smaller values")
+
+
 def _memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -212,6 +230,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds: must be distinct, got {seed_list}")
     plan = resolve(p)  # once: every later step receives its part of the plan
+    check_fits(plan, _memory_bytes())
     n_workers = plan.execution.workers if workers is None else workers
     if n_workers <= 0:
         raise ValueError(f"workers: must be positive, got {n_workers}")
