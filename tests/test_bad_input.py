@@ -133,3 +133,12 @@ def test_a_comparison_too_large_for_the_machine_is_refused_before_anything_is_wr
     code = main(["scale", "--preset", "smoke", "--sizes", "32x1x1,64x1x1", "--set", "recall_every=2",
                  "--set", "recall_vocab=100000000", "--out", str(tmp_path / "sc"), "--no-progress"])
     assert code == 2 and "size 32x1x1 (32x1x1): one model of this comparison" in capsys.readouterr().err
+
+
+def test_recall_lengths_far_beyond_the_models_context_are_refused_at_once(source, capsys):
+    from difftx.tasks.recall import MAX_EXTRAPOLATION
+
+    ctx = 64  # the test preset's max_seq_len
+    code = main(["eval", "recall", str(source), "--lengths", "100000", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"length(s) [100000] exceed {MAX_EXTRAPOLATION}x the model's context ({ctx} tokens" in err
