@@ -39,9 +39,9 @@ def _fmt(r, d=3) -> str:
 
 def _regime_text(cfg: ModelConfig) -> str:
     r = regime(cfg, None, 1) if cfg.attention == "diff" else None
-    scale = "" if r is None else (" λ_init " + "/".join(f"{x:.2f}" for x in r["lambda_init"][:3])
-                                  + (".." if cfg.n_layers > 3 else "") + ", scale "
-                                  + "/".join(f"{x:.2f}" for x in r["out_scale"][:3]) + (".." if cfg.n_layers > 3 else ""))
+    more = ".." if cfg.n_layers > 3 else ""
+    scale = "" if r is None else (" λ_init " + "/".join(f"{x:.2f}" for x in r["lambda_init"][:3]) + more
+                                  + ", scale " + "/".join(f"{x:.2f}" for x in r["out_scale"][:3]) + more)
     if r is None and cfg.out_scale is not None:
         scale = f" scale {cfg.out_scale}"
     return f"{cfg.init}, {cfg.n_layers}L x {cfg.dim}{scale}{', norm' if cfg.uses_head_norm else ''}"

@@ -136,7 +136,8 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
             base = baseline_config(model)
             overrides.update(attention=base.attention, n_heads=base.n_heads, n_kv_heads=base.n_kv_heads,
                              lambda_init=None, use_subln=True)
-            for name in ("gate", "head_norm", "subtract", "out_scale"):  # only where used: older runs' overrides stay as they were
+            # only where used: older runs' overrides stay as they were
+            for name in ("gate", "head_norm", "subtract", "out_scale"):
                 if name in overrides or getattr(model, name) != getattr(base, name):
                     overrides[name] = getattr(base, name)
         changes["model_overrides"] = overrides

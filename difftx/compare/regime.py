@@ -70,7 +70,8 @@ def regime_lines(regimes: dict) -> list[str]:
                   f"({r['non_embedding_params']:,})")
         out.append(f"{arm}: {r['n_layers']} layer(s), lambda_init {lams} ({r['lambda_schedule']}; mean "
                    f"{r['lambda_init_mean']:.2f} against {r['paper_lambda_init_mean']:.2f} over {r['paper_layers']} "
-                   f"layers){scale}; {r['diff_heads']} DIFF head(s) of width {r['head_width']}; context {r['context']}; "
+                   f"layers){scale}; {r['diff_heads']} DIFF head(s) of width {r['head_width']}; "
+                   f"context {r['context']}; "
                    f"feed-forward width {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim; the paper's 8/3 = 2.67); "
                    f"{tokens}")
     return out

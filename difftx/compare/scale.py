@@ -641,7 +641,8 @@ def _regime_table(sizes: list) -> str:
     if not rows:
         return ""
     head = ("| size | arm | layers | lambda_init per layer (mean) | head output scale per layer | DIFF heads x width | "
-            "context | feed-forward width | tokens per non-embedding parameter |\n|---|---|---|---|---|---|---|---|---|\n")
+            "context | feed-forward width | tokens per non-embedding parameter |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
     init = init_line(sizes[0].get("regime") or {})
     return ("## Regime (against the paper's recipe)\n\n" + REGIME_NOTE + (" " + init if init else "") + "\n\n" + head
             + "\n".join(rows) + "\n")

@@ -77,7 +77,8 @@ def parse_tune(text: str) -> tuple[str, list]:
             raise ValueError(f"--tune {field}: need distinct values from {CHOICE_FIELDS[field]}, got {rest!r}")
         return field, values
     if not sep or field not in numeric:
-        raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of {numeric + sorted(CHOICE_FIELDS)}")
+        raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of "
+                         f"{numeric + sorted(CHOICE_FIELDS)}")
     cast = int if isinstance(getattr(ComparePreset, field), int) and field not in ("lr", "min_lr") else float
     try:
         values = [cast(v) for v in rest.split(",") if v.strip()]

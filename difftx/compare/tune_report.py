@@ -42,7 +42,8 @@ def render_tune(tune: dict, plots: dict) -> str:
 
     field, shared = tune["field"], tune["shared_value"]
     lines = [f"## Tuned `{field}` (primary)\n",
-             f"| pair | metric | at the preset's `{field}` = {shown(shared)} | tuned [unadjusted 95%] | Holm p | verdict |",
+             f"| pair | metric | at the preset's `{field}` = {shown(shared)} | tuned [unadjusted 95%] | Holm p "
+             "| verdict |",
              "|---|---|---|---|---|---|"]
     for pair, metrics in tune["tuned"].items():
         for key, c in metrics.items():
