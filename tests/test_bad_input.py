@@ -142,3 +142,38 @@ def test_recall_lengths_far_beyond_the_models_context_are_refused_at_once(source
     code = main(["eval", "recall", str(source), "--lengths", "100000", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and f"length(s) [100000] exceed {MAX_EXTRAPOLATION}x the model's context ({ctx} tokens" in err
+
+
+def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp_path, capsys, monkeypatch):
+    """The kinds file's SHA-256 is in each model's train.json; a re-run after an edit is refused, naming the file;
+    the file as it was is reused."""
+    import re
+    from pathlib import Path
+
+    from difftx.attention.registry import ATTENTIONS
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_edit"')
+    kinds = tmp_path / "edit_kinds.py"
+    kinds.write_text(code)
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    out = tmp_path / "cmp"
+    argv = ["--kinds", str(kinds), "compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1",
+            "--no-progress", "--arms", "baseline,diff,qknorm_edit", "--set", "steps=4", "--set", "warmup_steps=1",
+            "--set", "lm_every=0", "--set", "icl_every=0", "--set", "recall_every=1", "--set", "recall_vocab=32",
+            "--set", "recall_len=16", "--set", "recall_pairs=2,3", "--set", "probe_every=0",
+            "--set", "tasks.recall.samples=4", "--set", "tasks.recall.attention_samples=1"]
+    try:
+        assert main(argv) == 0
+        rec = json.loads((out / "seed0" / "qknorm_edit" / "train.json").read_text())
+        assert rec["request"]["kinds"]["qknorm_edit"]["file"] == str(kinds.resolve())
+        capsys.readouterr()
+        kinds.write_text(code + "\n# edited\n")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "this model was trained with code " + str(kinds.resolve()) in err and "differs in ['code']" in err
+        assert str(out / "seed0" / "qknorm_edit" / "train.json") in err  # the built-in arms are not affected
+        kinds.write_text(code)
+        assert main(argv) == 0  # the code it trained with: reused
+    finally:
+        ATTENTIONS.pop("qknorm_edit", None)

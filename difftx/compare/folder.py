@@ -104,14 +104,45 @@ def _check_text(meta: Path, old: dict | None, new: dict | None) -> None:
 NOT_TRAINING_FIELDS = (*EXECUTION_FIELDS, *RECORDING_FIELDS, "name", "tasks")
 
 
-def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None) -> dict:
+def kinds_code(plan: ComparePlan) -> dict:
+    """``{kind: {"file", "sha256"}}`` for every attention kind of the plan's arms that is not built into difftx (a
+    kind registered from ``--kinds`` / ``DIFFTX_KINDS`` or by your code): the file that defines it and the SHA-256 of
+    its bytes, so that a model trained with that code is not reused once the file is edited (:func:`check_reuse`).
+    A kind whose file cannot be found (defined interactively) has ``sha256`` None."""
+    import hashlib
+    import inspect
+
+    from ..attention.modules import ATTENTIONS_BUILTIN
+
+    out = {}
+    for cfg in plan.arms.values():
+        cls = cfg.kind_class
+        if cls in ATTENTIONS_BUILTIN or cfg.attention in out:
+            continue
+        try:
+            path = Path(inspect.getsourcefile(cls) or "")
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        except (TypeError, OSError):
+            path, digest = Path(""), None
+        out[cfg.attention] = {"file": str(path) if digest else None, "sha256": digest}
+    return out
+
+
+def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None,
+                     kinds: dict | None = None) -> dict:
     """What a model is trained with, kept in its ``train.json`` (with its seed and arm): the preset
     fields that decide its weights, its text (tokenizer and the hash of the training tokens;
     None: the bundled corpus) and, from a source (``--from``), the source's folder and the hash of its
-    config and weights (:func:`difftx.compare.source.source_identity`). A later run reuses the model only
-    if it asks for the same (:func:`check_reuse`)."""
+    config and weights (:func:`difftx.compare.source.source_identity`), the code of the attention kinds not built
+    into difftx (``kinds``, :func:`kinds_code`) and the difftx version. A later run reuses the model only
+    if it asks for the same (:func:`check_reuse`; the version is recorded, not compared)."""
+    from .. import __version__
+
     fields = {k: v for k, v in preset.to_dict().items() if k not in NOT_TRAINING_FIELDS}
-    out = {"preset": fields, "text": None if text is None else {k: text[k] for k in ("tokenizer", "train_sha256")}}
+    out = {"preset": fields, "text": None if text is None else {k: text[k] for k in ("tokenizer", "train_sha256")},
+           "difftx": __version__}
+    if kinds:
+        out["kinds"] = kinds
     return {**out, "source": source} if source is not None else out
 
 
@@ -133,13 +164,19 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                 got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"),
                            source=rec.request.get("source"))
                 asked.update({k: new[k] for k in old if k in new}, text=request["text"], source=request.get("source"))
+                attention = plan.arms[kind].attention
+                was = (rec.request.get("kinds") or {}).get(attention)
+                if was is not None:  # a kind of your own: its file as it was when this model trained
+                    got["code"], asked["code"] = was, (request.get("kinds") or {}).get(attention)
             wrong = [k for k in asked if got[k] != asked[k]]
             if wrong:
                 k = wrong[0]
                 show = {"text": lambda t: "the bundled corpus" if t is None else
                         f"text {t['train_sha256'][:12]}... (tokenizer {t['tokenizer']})",
                         "source": lambda t: "no source" if t is None else
-                        f"{t['folder']} (config and weights {t['sha256'][:12]}...)"}.get(k, repr)
+                        f"{t['folder']} (config and weights {t['sha256'][:12]}...)",
+                        "code": lambda t: "no file" if t is None else
+                        f"{t['file']} (SHA-256 {str(t['sha256'])[:12]}...)"}.get(k, repr)
                 raise ValueError(f"{Path(f) / TRAIN_RECORD}: this model was trained with {k} {show(got[k])}, not "
                                  f"{show(asked[k])} as asked (differs in {wrong}); use another --out, or delete "
                                  f"{f} to train it again")
