@@ -91,9 +91,11 @@ def _roundtrip(obj):
     return torch.load(buf, weights_only=True)
 
 
-@pytest.mark.parametrize("arm", ["diff", "baseline"])
+# the regime map's arms too: a head output scale decoupled from lambda_init, a scaled normed baseline, torch's init
+@pytest.mark.parametrize("arm", ["diff", "baseline", "diff_out_0.2", "baseline_head_norm_out_0.2@torch"])
 def test_stack_matches_separate_training_and_resumes_bitwise(arm, tmp_path):
-    cfg = arm_config(BASE, arm)
+    name, _, init = arm.partition("@")
+    cfg = arm_config(BASE.replace(init=init or "normal"), name)
     # the reference: each seed trained by the trainer on its own
     ref_source, ref = Source(), {}
     for seed in SEEDS:

@@ -35,7 +35,7 @@ def head_output_scale(out_scale, layer_idx: int, default: float) -> float:
     (the kind's own) for None, ``1 - lambda_init_for_layer(layer_idx)`` for ``"schedule"``, else the number."""
     if out_scale is None:
         return float(default)
-    if out_scale == "schedule":
+    if out_scale == "schedule":  # ModelConfig's OUT_SCALE_SCHEDULE
         return 1.0 - lambda_init_for_layer(layer_idx)
     return float(out_scale)
 
@@ -522,10 +522,10 @@ class DiffAttention(AttentionKind):
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "DiffAttention":
         c = config
-        lam = lambda_init_for_layer(layer_idx) if c.lambda_init is None else float(c.lambda_init)
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
                    lambda_init=c.lambda_init, use_subln=c.uses_head_norm, subtract=c.subtract,
-                   out_scale=head_output_scale(c.out_scale, layer_idx, 1.0 - lam), **c.options_dict())
+                   out_scale=None if c.out_scale is None else head_output_scale(c.out_scale, layer_idx, 1.0),
+                   **c.options_dict())
 
     @classmethod
     def check_config(cls, config) -> None:
