@@ -177,3 +177,50 @@ def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp
         assert main(argv) == 0  # the code it trained with: reused
     finally:
         ATTENTIONS.pop("qknorm_edit", None)
+
+
+def test_a_run_of_a_kind_of_your_own_is_not_resumed_once_its_file_is_edited(tmp_path, capsys, monkeypatch):
+    """Each checkpoint of `difftx train` records the kinds file's SHA-256 (and the difftx version); `--resume` after
+    an edit is refused in one line naming the file, before anything is written; the file as it was resumes."""
+    import re
+    from pathlib import Path
+
+    from difftx import __version__
+    from difftx.attention.registry import ATTENTIONS
+    from difftx.training import checkpointing as ckpt
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_resume"')
+    kinds = tmp_path / "resume_kinds.py"
+    kinds.write_text(code)
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    fast = ["--preset", "test", "--set", "eval_interval=2", "--set", "log_interval=2", "--set", "batch_size=2",
+            "--set", "ckpt_interval=2", "--no-progress"]
+    try:
+        assert main(["--kinds", str(kinds), "train", *fast, "--set", "steps=2", "--set",
+                     "model_overrides.attention=qknorm_resume", "--out", str(out)]) == 0
+        state = json.loads((ckpt.latest_checkpoint(out) / ckpt.STATE_NAME).read_text())
+        assert state["kind_code"]["file"] == str(kinds.resolve()) and state["difftx"] == __version__
+        resume = ["--kinds", str(kinds), "train", "--out", str(out), "--resume", "--set", "steps=4", "--no-progress"]
+        kinds.write_text(code + "\n# edited\n")
+        capsys.readouterr()
+        assert main(resume) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "attention kind 'qknorm_resume' was trained with the code in " + \
+            str(kinds.resolve()) in err[0] and "--init-from" in err[0], err
+        assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_00000002"]  # nothing written
+        kinds.write_text(code)
+        assert main(resume) == 0
+        assert [p.name for p in ckpt.list_checkpoints(out)][-1] == "step_00000004"
+    finally:
+        ATTENTIONS.pop("qknorm_resume", None)
+
+
+def test_a_built_in_kind_records_no_code_file():
+    from difftx.attention.registry import code_change, kind_code
+
+    assert kind_code("diff") is None and code_change("diff", None) is None
+    with pytest.raises(ValueError, match="'nope' is not registered"):
+        kind_code("nope")

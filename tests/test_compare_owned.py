@@ -83,7 +83,7 @@ def test_out_inside_the_data_folder_is_refused_before_training(tmp_path, capsys)
     data = tmp_path / "data"
     _text(data / "a.txt")
     _refused(capsys, _on_text(data / "cmp", data), data, "inside the --data folder")
-    _refused(capsys, _on_text(data, data), data, "inside the --data folder")
+    _refused(capsys, _on_text(data, data), data, "is --data")
 
 
 @pytest.fixture(scope="module")

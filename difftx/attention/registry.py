@@ -44,6 +44,44 @@ def register_attention(name: str, cls: Optional[type] = None, *, replace: bool =
 KINDS_ENV = "DIFFTX_KINDS"
 
 
+def kind_code(name: str) -> Optional[dict]:
+    """The code behind attention kind ``name`` when it is not built into difftx (a kind registered from ``--kinds`` /
+    ``DIFFTX_KINDS`` or by your code): ``{"file", "sha256"}`` of the file that defines its class, so that a model
+    trained with it is not reused or resumed once the file is edited. None for a built-in kind (its code is
+    difftx's, recorded by version); ``file`` and ``sha256`` None for a class defined interactively. A name that is
+    not registered raises ``ValueError``."""
+    import hashlib
+    import inspect
+    from pathlib import Path
+
+    if name not in ATTENTIONS:
+        raise ValueError(f"attention kind {name!r} is not registered")
+    cls = ATTENTIONS[name]
+    if _BUILTIN.get(name) is cls:
+        return None
+    try:
+        path = Path(inspect.getsourcefile(cls) or "")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    except (TypeError, OSError):
+        path, digest = Path(""), None
+    return {"file": str(path) if digest else None, "sha256": digest}
+
+
+def code_change(name: str, recorded: Optional[dict]) -> Optional[str]:
+    """How the code of attention kind ``name`` differs from ``recorded`` (what :func:`kind_code` gave when a model
+    was trained with it), said as "FILE (SHA-256 OLD... then, NEW... now)"; None when it is the same, or nothing was
+    recorded (a built-in kind, or an older difftx)."""
+    if not isinstance(recorded, dict):
+        return None
+    now = kind_code(name) if name in ATTENTIONS else None
+    if now == recorded:
+        return None
+    then = str(recorded.get("sha256"))[:12]
+    current = "not registered" if name not in ATTENTIONS else "built in" if now is None else \
+        f"{now['file']} with SHA-256 {str(now['sha256'])[:12]}..."
+    return f"{recorded.get('file')} (SHA-256 {then}... then; now {current})"
+
+
 class KindsError(ValueError):
     """A kinds file (``--kinds`` / ``DIFFTX_KINDS``) that is missing, does not import, or registers what it may not:
     bad input, said in one line naming the file and the line (the command line exits 2)."""

@@ -140,22 +140,35 @@ def managed_folder(path) -> str | None:
     return None
 
 
+def kinds_files() -> list[str]:
+    """The Python files ``--kinds`` / ``DIFFTX_KINDS`` names (module names are not files): inputs of every command."""
+    from ..attention.registry import KINDS_ENV
+
+    items = (part.strip() for part in os.environ.get(KINDS_ENV, "").split(","))
+    return [item for item in items if item and (item.endswith(".py") or os.sep in item)]
+
+
 def check_not_input(out, flag: str, inputs: dict, folder: bool = False) -> None:
     """Refuse (one-line ValueError naming ``flag``) an output ``out`` that is or contains anything the same command
-    reads (``inputs``: ``{its flag or name: path or None}``: a file, or a folder such as a model or a tokenizer), or
-    that lies inside a folder difftx manages and prunes (:func:`managed_folder`). A new file or folder inside an
-    input folder is fine (``eval lm RUN --json RUN/lm.json``); the files difftx keeps there are guarded by
-    :func:`check_not_owned`. Paths are compared with links followed. ``None`` (not given) passes. ``folder``: the
-    output is a folder written as a whole, which is never a symbolic link (a dangling one, or one to a folder)."""
+    reads (``inputs``: ``{its flag or name: path, a list of paths, or None}``: a file, or a folder such as a model
+    or a tokenizer; the kinds files of ``--kinds`` are added), or that lies inside a folder difftx manages and
+    prunes (:func:`managed_folder`). A new file or folder inside an input folder is fine (``eval lm RUN --json
+    RUN/lm.json``); the files difftx keeps there are guarded by :func:`check_not_owned`. Paths are compared with
+    links followed. ``None`` (not given) passes. A link to nothing is refused; ``folder``: the output is a folder
+    written as a whole, which is never a symbolic link (one to a folder is refused too)."""
     if out is None:
         return
-    if folder and Path(out).is_symlink():  # a folder output is written as a whole: never through a link, and said so
+    if Path(out).is_symlink() and (folder or not Path(out).exists()):
         target = os.readlink(out)
-        state = "which does not exist" if not Path(out).exists() else "a folder elsewhere"
-        raise ValueError(f"{flag} {out}: is a symbolic link to {target} ({state}); difftx does not write a model "
-                         f"folder through a link: give the folder's own path")
+        if not Path(out).exists():
+            raise ValueError(f"{flag} {out}: is a symbolic link to {target}, which does not exist; difftx does not "
+                             f"write through a link to nothing: give the output's own path")
+        raise ValueError(f"{flag} {out}: is a symbolic link to {target} (a folder elsewhere); difftx does not write "
+                         f"a model folder through a link: give the folder's own path")
     o = _resolved(out)
-    for name, path in inputs.items():
+    named = [(name, p) for name, paths in {**inputs, "the kinds file": kinds_files()}.items()
+             for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
+    for name, path in named:
         if path is None or str(path) in ("", "byte"):
             continue
         i = _resolved(path)

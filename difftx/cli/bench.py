@@ -55,11 +55,18 @@ def register(sub) -> None:
 def run_checked(args: argparse.Namespace) -> int:
     """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
     the timing, not after it)."""
-    from .args import check_not_owned, check_output_file
+    from pathlib import Path
+
+    from .args import check_not_input, check_not_owned, check_output_file
 
     for flag in ("json", "plot"):
         check_output_file(getattr(args, flag, None), f"--{flag}")
         check_not_owned(getattr(args, flag, None), f"--{flag}", getattr(args, "overwrite", False))
+        check_not_input(getattr(args, flag, None), f"--{flag}", {})
+    json_out, plot = getattr(args, "json", None), getattr(args, "plot", None)
+    if json_out is not None and plot is not None and Path(json_out).resolve() == Path(plot).resolve():
+        raise ValueError(f"--json {json_out} and --plot {plot}: the same file; the plot would replace the rows: "
+                         f"give two paths")
     return run(args)
 
 

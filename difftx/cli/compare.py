@@ -169,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
         from ..compare.source import default_name
 
         out = f"runs/compare-{default_name(args.source)}-{_stem(args.data)}"
+    from .args import check_not_input
+
+    check_not_input(out, "--out", {"--data": args.data, "--heldout": args.heldout, "--tokenizer": args.tokenizer,
+                                   "--from": args.source})
     if args.sweep:
         return _sweep(args, out, overrides)
     if tune is not None:

@@ -35,12 +35,13 @@ def run(args: argparse.Namespace) -> int:
 
     from pathlib import Path
 
-    from .args import check_not_owned, check_output_file
+    from .args import check_not_input, check_not_owned, check_output_file
 
     if args.plot and not Path(args.plot).suffix:
         args.plot += ".png"  # what matplotlib writes for a name without a suffix: say so, and check that file
     check_output_file(args.plot, "--plot")
     check_not_owned(args.plot, "--plot")
+    check_not_input(args.plot, "--plot", {"the run": list(args.runs), "--data": args.data})
     # ValueError naming a folder that is not a run; a compare model's model/ stands for its train/ run
     summaries = [summarize_run(_compare_run(Path(r)) or r) for r in args.runs]
     columns, notes = extra_columns(args, summaries)

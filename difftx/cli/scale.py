@@ -89,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] if args.sizes else None
     out = args.out or default_out(args.preset)
+    from .args import check_not_input
+
+    check_not_input(out, "--out", {"--data": args.data, "--heldout": args.heldout, "--tokenizer": args.tokenizer})
     res = run_scale(args.preset, sizes, args.seeds, out, tokens_per_param=args.tokens_per_param,
                     progress=not args.no_progress, workers=args.workers, shard=shard,
                     lambda_arm=not args.no_lambda_arm, tune=tune, **overrides)

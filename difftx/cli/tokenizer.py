@@ -31,9 +31,10 @@ def run_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..data.tokenizer import TOKENIZER_FILE, train_bpe
-    from .args import check_not_owned
+    from .args import check_not_input, check_not_owned
 
     check_not_owned(Path(args.out) / TOKENIZER_FILE, "--out", args.overwrite)
+    check_not_input(Path(args.out) / TOKENIZER_FILE, "--out", {"--input": list(args.input or [])})
     tok = train_bpe(args.input, vocab_size=args.vocab_size, out_dir=args.out, text_field=args.text_field,
                     min_frequency=args.min_frequency)
     print(f"wrote {Path(args.out) / TOKENIZER_FILE}: vocab_size={tok.vocab_size} eos_id={tok.eos_id} name={tok.name}")

@@ -161,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
     main_rank = int(os.environ.get("RANK", "0")) == 0
     notes: list[str] = []
     cfg = build_config(args, notes)
+    from .args import check_not_input
+
+    check_not_input(cfg.out_dir, "--out", {"--data": cfg.data_source, "--tokenizer": cfg.tokenizer,
+                                           "--init-from": cfg.init_from})
     for note in notes if main_rank else ():
         print(f"difftx train: note: {note}", file=sys.stderr)
     if args.print_config:

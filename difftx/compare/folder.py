@@ -105,27 +105,13 @@ NOT_TRAINING_FIELDS = (*EXECUTION_FIELDS, *RECORDING_FIELDS, "name", "tasks")
 
 
 def kinds_code(plan: ComparePlan) -> dict:
-    """``{kind: {"file", "sha256"}}`` for every attention kind of the plan's arms that is not built into difftx (a
-    kind registered from ``--kinds`` / ``DIFFTX_KINDS`` or by your code): the file that defines it and the SHA-256 of
-    its bytes, so that a model trained with that code is not reused once the file is edited (:func:`check_reuse`).
-    A kind whose file cannot be found (defined interactively) has ``sha256`` None."""
-    import hashlib
-    import inspect
+    """``{kind: {"file", "sha256"}}`` for every attention kind of the plan's arms that is not built into difftx
+    (:func:`difftx.attention.registry.kind_code`), so that a model trained with that code is not reused once the file
+    is edited (:func:`check_reuse`)."""
+    from ..attention.registry import kind_code
 
-    from ..attention.modules import ATTENTIONS_BUILTIN
-
-    out = {}
-    for cfg in plan.arms.values():
-        cls = cfg.kind_class
-        if cls in ATTENTIONS_BUILTIN or cfg.attention in out:
-            continue
-        try:
-            path = Path(inspect.getsourcefile(cls) or "")
-            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        except (TypeError, OSError):
-            path, digest = Path(""), None
-        out[cfg.attention] = {"file": str(path) if digest else None, "sha256": digest}
-    return out
+    codes = {cfg.attention: kind_code(cfg.attention) for cfg in plan.arms.values()}
+    return {k: v for k, v in codes.items() if v is not None}
 
 
 def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None,

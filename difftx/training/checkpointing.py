@@ -384,7 +384,7 @@ def read_train_config(path: PathLike, *, error: type[Exception] = CheckpointErro
 
 STATE_FIELDS = {"step": "int", "world_size": "posint", "loaders": "list", "rng": "list", "tokens_seen": "int~",
                 "train_time_s": "number?", "val_split_tokens": "int?", "tokenizer": "str?", DIGESTS: "dict?",
-                "machine": "dict?"}  # trainer_state.json: what its readers (resume, `difftx runs`) rely on
+                "machine": "dict?", "difftx": "str?", "kind_code": "dict?"}  # trainer_state.json: what its readers (resume, `difftx runs`) rely on
 
 
 def read_trainer_state(folder: PathLike) -> dict:
@@ -455,6 +455,19 @@ def check_compatible(folder: PathLike, model_config: ModelConfig, train_config: 
     if tokenizer_name is not None and state.get("tokenizer") not in (None, tokenizer_name):
         raise CheckpointError(f"{folder / STATE_NAME}: tokenizer {state.get('tokenizer')!r} in the checkpoint, "
                               f"{tokenizer_name!r} in this run")
+
+
+def check_kind_code(folder: PathLike, attention: str, recorded: Optional[dict]) -> None:
+    """Raise :class:`CheckpointError` (one line) when checkpoint ``folder`` was trained with attention kind
+    ``attention`` from a file of your own (``recorded``: its ``trainer_state.json``'s ``kind_code``) that has changed
+    since (:func:`difftx.attention.registry.code_change`): resuming would continue the model with other code."""
+    from ..attention.registry import code_change
+
+    change = code_change(attention, recorded)
+    if change is not None:
+        raise CheckpointError(f"{Path(folder) / STATE_NAME}: attention kind {attention!r} was trained with the code "
+                              f"in {change}; resuming would continue it with other code: put the file back as it "
+                              f"was, or start a new run from this checkpoint (--init-from)")
 
 
 def text_change(folder: PathLike, train_config: dict) -> Optional[dict]:

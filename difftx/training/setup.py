@@ -13,6 +13,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from .. import __version__
+from ..attention.registry import kind_code
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
 from ..model import Transformer
@@ -301,6 +303,7 @@ class RunSetup:
         if dist.is_main:
             try:
                 state = ckpt.read_trainer_state(resume_dir)
+                ckpt.check_kind_code(resume_dir, self.model_config.attention, state.get("kind_code"))
                 ckpt.check_compatible(resume_dir, self.model_config, self.train_dict, dist.world_size,
                                       _tokenizer_name(self.tokenizer), state)
                 model_sd = ckpt.load_model_state(resume_dir, self.model_config)
@@ -419,6 +422,13 @@ class RunSetup:
             raise RuntimeError(f"rank 0 failed to write the checkpoint of step {step}: {message}")
         result.last_checkpoint = last
 
+    def _kind_code(self) -> dict:
+        """``{"kind_code": {"file", "sha256"}}`` when the model's attention kind is not built into difftx (the file
+        that defines it, :func:`difftx.attention.registry.kind_code`), so that a resume after the file is edited is
+        refused; else empty."""
+        code = kind_code(self.model_config.attention)
+        return {} if code is None else {"kind_code": code}
+
     def _trainer_state(self, step: int, loaders: list, rngs: list) -> dict:
         """``trainer_state.json``: what a resume needs besides the weights and optimizer."""
         result, train_time = self.result, self.train_time
@@ -431,4 +441,5 @@ class RunSetup:
                 "log_sums": None if self.logs_at(step) else {"kinds": self.kind_log, "grad_norms": self.step_norms,
                                                               "tokens": self.tokens_at_log},
                 "machine": machine(self.device),  # where this checkpoint was computed (difftx.provenance)
+                "difftx": __version__, **self._kind_code(),  # the code it was computed with
                 **({"new_data": self.new_data} if self.new_data else {})}  # resumes that continued on changed text
