@@ -136,7 +136,7 @@ def test_a_comparison_too_large_for_the_machine_is_refused_before_anything_is_wr
 
 
 def test_recall_lengths_far_beyond_the_models_context_are_refused_at_once(source, capsys):
-    from difftx.tasks.recall import MAX_EXTRAPOLATION
+    from difftx.tasks.common import MAX_EXTRAPOLATION
 
     ctx = 64  # the test preset's max_seq_len
     code = main(["eval", "recall", str(source), "--lengths", "100000", "--no-progress"])
@@ -224,3 +224,24 @@ def test_a_built_in_kind_records_no_code_file():
     assert kind_code("diff") is None and code_change("diff", None) is None
     with pytest.raises(ValueError, match="'nope' is not registered"):
         kind_code("nope")
+
+
+@pytest.mark.parametrize("task, args, says", [
+    ("needle", ["--heatmap-lengths", "100000"], "needle --context-len / --heatmap-lengths: length(s) [100000] exceed "
+                                                "2048 tokens (text prompts: 8x 256; the model's context is 64)"),
+    ("attention", ["--context-len", "100000"], "attention --context-len: length(s) [100000] exceed 2048 tokens"),
+    ("lm", ["--seq-len", "100000"], "lm --seq-len / --extrapolation-factors (windows of 100000 x 4): length(s) "
+                                    "[400000] exceed 8x the model's context (64 tokens, max_seq_len)"),
+    ("lm", ["--extrapolation-factors", "1,10000"], "(windows of 64 x 10000): length(s) [640000] exceed 8x"),
+    ("recall", ["--samples", "100000000"], "recall --samples / --batch-size: 100,000,000 sequence(s) of 64 tokens in "
+                                           "batches of 64 would need about 95.4 GiB, more than the 24.0 GiB"),
+])
+def test_every_eval_size_is_bounded_before_work(task, args, says, source, capsys, monkeypatch):
+    """Lengths past 8x the model's context (2048 tokens at least for the natural-language needle prompts, which need
+    room for their sentences) and sizes past the machine's memory: one line, exit 2, before any prompt is made."""
+    from difftx import generation
+
+    monkeypatch.setattr(generation, "available_memory", lambda device: 24 << 30)
+    code = main(["eval", task, str(source), *args, "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err

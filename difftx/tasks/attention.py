@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Metric, Task, parse_cells, positive, setting
-from .common import EVAL_SEED, fitting_cells, no_needle_task
+from .common import EVAL_SEED, check_context, fitting_cells, no_needle_task
 from .reporting import NAMES, ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
@@ -76,6 +76,8 @@ class AttentionTask(Task):
         from ..eval.attention_noise import attention_report
 
         cells = fitting_cells(subject, s.cells, at_least_one=True)
+        check_context([s.context_len] if subject.needle is None else [], subject.model, "attention --context-len",
+                      text=True)
         out: dict = {"form": "synthetic" if subject.needle is not None else "text", "depths": list(s.depths),
                      "samples_per_depth": s.samples, "cells": {},
                      "dropped_cells": [f"{n}/{r}" for n, r in s.cells if (n, r) not in cells]}

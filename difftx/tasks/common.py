@@ -16,6 +16,42 @@ PROBE_DEPTH = 0.5
 NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
               "--data and difftx scale train; compare --data --synthetic adds the needle task)")
 NO_NEEDLES_RECALL = "the model was trained on associative recall alone (no needle batches)"
+MAX_EXTRAPOLATION = 8  # an evaluation's sequences: at most this many times the model's context (RoPE extrapolation)
+
+
+TEXT_CONTEXT = 256  # the natural-language needle prompts' default length, whatever the model's context
+
+
+def check_context(lengths, model, what: str, *, text: bool = False) -> None:
+    """Refuse (one line naming ``what``, the flag) sequences longer than :data:`MAX_EXTRAPOLATION` times the model's
+    context (``max_seq_len``, what it trained on): beyond it the scores say little, and their cost grows with the
+    square of the length. Before any work. ``text``: natural-language needle prompts, which need room for their
+    sentences whatever the context: up to :data:`MAX_EXTRAPOLATION` times :data:`TEXT_CONTEXT` at least."""
+    context = model.config.max_seq_len
+    limit = MAX_EXTRAPOLATION * max(context, TEXT_CONTEXT if text else 0)
+    too_long = sorted({int(n) for n in lengths if n > limit})
+    if too_long:
+        base = f"{MAX_EXTRAPOLATION}x the model's context ({context} tokens, max_seq_len)"
+        if limit > MAX_EXTRAPOLATION * context:
+            base = (f"{limit} tokens (text prompts: {MAX_EXTRAPOLATION}x {TEXT_CONTEXT}; the model's context is "
+                    f"{context})")
+        raise ValueError(f"{what}: length(s) {too_long} exceed {base}: give lengths up to {limit}")
+
+
+def check_memory(model, batch: int, length: int, what: str, examples: int = 0) -> None:
+    """Refuse (one line naming ``what`` and the estimate) an evaluation whose batch of ``batch`` x ``length`` tokens,
+    with ``examples`` sequences of ``length`` held at once, needs more than 80% of the memory available on the
+    model's device: the logits, two attention maps per head and layer in flight, and the examples' token arrays."""
+    from ..generation import _fmt_bytes, available_memory
+
+    cfg = model.config
+    need = 4 * batch * length * cfg.vocab_size + 4 * 2 * batch * cfg.n_heads * length ** 2 + 16 * examples * length
+    device = next(model.parameters()).device
+    avail = available_memory(device)
+    if avail is not None and need > 0.8 * avail:
+        raise ValueError(f"{what}: {examples or batch:,} sequence(s) of {length:,} tokens in batches of {batch:,} "
+                         f"would need about {_fmt_bytes(need)}, more than the {_fmt_bytes(avail)} of memory available "
+                         f"on {device.type}; ask for fewer")
 
 
 def first_learned_step(probes: list[dict], cell: str, threshold: float, key: str = "accuracy") -> Optional[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Metric, Task, positive, setting
-from .common import window_nll
+from .common import check_context, window_nll
 from .reporting import SHORT, ReportContext
 
 DEFAULT_WINDOWS = 512
@@ -61,6 +61,8 @@ class LMTask(Task):
 
         held = subject.heldout()
         seq_len = s.seq_len or held.train_len
+        check_context([seq_len * max(s.extrapolation_factors)], subject.model,
+                      f"lm --seq-len / --extrapolation-factors (windows of {seq_len} x {max(s.extrapolation_factors)})")
         n = s.windows if s.windows is not None else (0 if subject.data is not None else DEFAULT_WINDOWS)
         windows, tail = spread_windows(held.tokens, seq_len, n, overlap=s.overlap)
         if n == 0:  # consecutive windows, then the tail

@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..needle_cells import DEFAULT_DEPTHS, DEFAULT_GRID
 from .base import Metric, Task, parse_cell, parse_cells, positive, setting
-from .common import DEFAULT_CELL, fitting_cells, no_needle_task, run_needles
+from .common import DEFAULT_CELL, check_context, fitting_cells, no_needle_task, run_needles
 from .common import probe_prompts  # noqa: F401 - where tasks written before difftx.tasks.common import it from
 from .reporting import NAMES, SHORT, ReportContext, call, ci, fmt, pair, table
 
@@ -53,6 +53,9 @@ class NeedleTask(Task):
 
     def run(self, subject, s: NeedleSettings, *, progress: bool = False) -> dict:
         grid = fitting_cells(subject, s.grid, at_least_one=True)
+        text = subject.needle is None  # the synthetic form has its trained length
+        check_context([*([s.context_len] if text else []), *s.heatmap_lengths], subject.model,
+                      "needle --context-len / --heatmap-lengths", text=text)
         res = run_needles(subject, grid, s.depths, s.samples_per_cell, context_len=s.context_len,
                           batch_size=s.batch_size, progress=progress)
         out = {"grid": res.to_dict(), "dropped_cells": [f"{n}/{r}" for n, r in s.grid if (n, r) not in grid],

@@ -26,23 +26,10 @@ from pathlib import Path
 from typing import Optional
 
 from .base import Metric, Task, parse_numbers, positive, setting
-from .common import EVAL_SEED, first_learned_step, learning_bounds, learning_steps
+from .common import EVAL_SEED, check_context, check_memory, first_learned_step, learning_bounds, learning_steps
 from .reporting import ReportContext, fmt, table
 
 FIRST_VARIANT = "mqar"
-MAX_EXTRAPOLATION = 8  # recall examples at most this many times the model's context (RoPE extrapolation)
-
-
-def check_lengths(lengths: list, context: int, what: str) -> None:
-    """Refuse (one line) recall examples longer than :data:`MAX_EXTRAPOLATION` times the model's context
-    (``max_seq_len``, what it trained on): beyond it the scores say nothing about recall, and their cost grows
-    with the square of the length."""
-    too_long = sorted({int(L) for L in lengths if L > MAX_EXTRAPOLATION * context})
-    if too_long:
-        raise ValueError(f"recall {what}: length(s) {too_long} exceed {MAX_EXTRAPOLATION}x the model's context "
-                         f"({context} tokens, max_seq_len): give lengths up to {MAX_EXTRAPOLATION * context}")
-
-
 def _variants(text: str) -> tuple:
     return tuple(v.strip() for v in str(text).split(",") if v.strip())
 
@@ -160,13 +147,16 @@ class RecallTask(Task):
         device = next(model.parameters()).device
         if s.examples:
             examples = read_examples(s.examples, vocab_size=model.config.vocab_size)
-            check_lengths([examples.inputs.shape[1]], model.config.max_seq_len, f"--examples {s.examples}")
+            check_context([examples.inputs.shape[1]], model, f"recall --examples {s.examples}")
             res = score(model, examples, batch_size=s.batch_size, device=device)
             return {**res, "cells": [{"cell": "file", **_cell_summary(res)}],
                     "records": {**res["records"], "cell": ["file"] * res["examples"]}}
         block = subject.recall
         cells = s.grid(block, model.config.vocab_size)
-        check_lengths([spec.seq_len for _, spec in cells], model.config.max_seq_len, "--lengths")
+        check_context([spec.seq_len for _, spec in cells], model, "recall --lengths")
+        for _, spec in cells:
+            check_memory(model, min(s.batch_size, s.samples), spec.seq_len, "recall --samples / --batch-size",
+                         examples=s.samples)
         need = max(spec.vocab_size for _, spec in cells) + (block.first_id if block is not None else 0)
         if need > model.config.vocab_size:
             raise ValueError(f"recall: vocab_size {need} exceeds the model's {model.config.vocab_size}")

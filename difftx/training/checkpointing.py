@@ -382,9 +382,10 @@ def read_train_config(path: PathLike, *, error: type[Exception] = CheckpointErro
     return read_record(path, "the training config of a difftx run", TRAIN_CONFIG_FIELDS, error=error)
 
 
+# trainer_state.json: what its readers (resume, `difftx runs`) rely on
 STATE_FIELDS = {"step": "int", "world_size": "posint", "loaders": "list", "rng": "list", "tokens_seen": "int~",
                 "train_time_s": "number?", "val_split_tokens": "int?", "tokenizer": "str?", DIGESTS: "dict?",
-                "machine": "dict?", "difftx": "str?", "kind_code": "dict?"}  # trainer_state.json: what its readers (resume, `difftx runs`) rely on
+                "machine": "dict?", "difftx": "str?", "kind_code": "dict?"}
 
 
 def read_trainer_state(folder: PathLike) -> dict:
