@@ -20,10 +20,13 @@ def test_a_transformers_folder_where_a_checkpoint_is_expected_says_what_reads_it
     with pytest.raises(CheckpointError, match=r"looks like a Hugging Face transformers folder .*`difftx import "
                                               r".*hub OUT`.*`difftx convert .*hub OUT`"):
         load_config(folder)
-    assert main(["generate", str(folder), "--prompt", "a", "--max-new-tokens", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "looks like a Hugging Face transformers folder" in err and "unknown field" not in err
-    assert len(err.strip().splitlines()) == 1
+    for cmd in (["generate", str(folder), "--prompt", "a", "--max-new-tokens", "1"], ["runs", str(folder)],
+                ["train", "--preset", "test", "--init-from", str(folder), "--out", str(tmp_path / "r")],
+                ["eval", "lm", str(folder)], ["export", str(folder), str(tmp_path / "hf")]):
+        assert main(cmd) == 2, cmd
+        err = capsys.readouterr().err
+        assert "looks like a Hugging Face transformers folder" in err and "unknown field" not in err, (cmd, err)
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_a_difftx_config_with_a_bad_field_is_still_named_as_such(tmp_path):

@@ -80,8 +80,14 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
         raise ValueError(f"{path}: not a run folder (a file); give the folder a `difftx train --out` wrote")
     cfg_path, metrics_path = path / ckpt.TRAIN_CONFIG_NAME, path / METRICS_NAME
     if not (cfg_path.is_file() or metrics_path.is_file() or ckpt.checkpoints_dir(path).is_dir()):
-        hint = (" (it is a checkpoint folder: give the run folder that holds its checkpoints/)"
-                if (path / CONFIG_NAME).is_file() else "")
+        hint = ""
+        if (path / CONFIG_NAME).is_file():
+            try:  # a transformers folder says so (what reads it), a difftx checkpoint names its run
+                load_config(path)
+                hint = " (it is a checkpoint folder: give the run folder that holds its checkpoints/)"
+            except CheckpointError as e:
+                if "transformers folder" in str(e):
+                    raise ValueError(str(e)) from None
         raise ValueError(f"{path}: not a difftx run folder: no {ckpt.TRAIN_CONFIG_NAME}, {METRICS_NAME} or "
                          f"{ckpt.CHECKPOINTS}/{hint}; give a folder written by `difftx train --out`")
     s = RunSummary(path=path)
