@@ -108,6 +108,24 @@ def machine(device: Any = None) -> dict:
             "cuda": _cuda(device)}
 
 
+@functools.lru_cache(maxsize=1)
+def difftx_commit() -> Optional[str]:
+    """The git commit of the difftx source this process runs (``git rev-parse HEAD`` in its checkout), or None
+    for an installed copy, a machine without git, or a checkout git cannot read."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = done.stdout.strip()
+    return out if done.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", out) else None
+
+
 MACHINE_FILE = "machine.json"  # beside a compare model's train.json: the machine that trained it
 
 

@@ -11,7 +11,7 @@ import torch
 
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
-from difftx.compare.schema import validate_results
+from difftx.compare.schema import read_results, validate_results
 from difftx.compare.summary import DIFFERENT_RUNS, ONE_PER_STACK
 from difftx.compare.stream import CompareStream
 from difftx.compare.stream import batch_for_step, lm_streams
@@ -54,7 +54,20 @@ def test_outputs_and_schema(smoke):
     text = (smoke / "results.json").read_text()
     res = json.loads(text, parse_constant=lambda c: pytest.fail(f"results.json holds {c}: not strict JSON"))
     validate_results(res)
-    assert res["seeds"] == [0, 1] and res["schema_version"] == 2
+    assert res["seeds"] == [0, 1] and res["schema_version"] == 3
+    assert json.loads((smoke / "compare.json").read_text())["schema_version"] == 2  # the folder's version
+    old = json.loads(text)  # a version 2 file (before the mean stood beside the verdict) still reads
+    old["schema_version"] = 2
+    for comps in [old["comparison"], *old.get("arm_comparisons", {}).values()]:
+        for c in comps.values():
+            for k in ("mean_p_adjusted", "mean_established", "seeds_for_mean"):
+                c.pop(k, None)
+    (smoke.parent / "v2.json").write_text(json.dumps(old))
+    assert read_results(smoke.parent / "v2.json")["schema_version"] == 2
+    old["schema_version"] = 1
+    (smoke.parent / "v1.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="results schema version 1; this difftx reads versions 2, 3"):
+        read_results(smoke.parent / "v1.json")
     # the smoke model has one head per layer: no pair of heads, so head redundancy is null with its reason
     diag = res["runs"]["0"]["baseline"]["tasks"]["diagnostics"]
     assert diag["head_redundancy"] == [None] or diag["head_redundancy"][0] is not None
@@ -330,7 +343,8 @@ def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
     assert c["baseline"] == [6.0, 6.0] and c["gated"] is None
     # steps lie in [0, last probe step]: the comparison is bounded there (intervals inside the budget)
     last = max(r[k]["tasks"]["training"]["last_probe_step"] for r in res["runs"].values() for k in r)
-    assert c["bounds"] == [0.0, float(last)] and c["paired"]["tests"] == "the mean"
+    assert c["bounds"] == [0.0, float(last)] and c["paired"]["tests"] == "exchangeability"
+    assert c["paired"]["betting_p"] is not None and "mean_established" in c  # the mean, beside the verdict
     for r in res["runs"].values():
         for k in r:
             r[k]["tasks"]["training"]["learned_step"] = None
@@ -474,7 +488,7 @@ def _assert_close(a, b, where: str) -> None:
 def test_a_folder_of_an_older_results_schema_is_refused(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "compare.json").write_text(json.dumps({"preset": get_preset("smoke").to_dict()}))
-    with pytest.raises(ValueError, match="schema version 1.*new --out"):
+    with pytest.raises(ValueError, match="folder version 1.*new --out"):
         run_compare("smoke", 1, tmp_path / "old", progress=False, workers=1)
 
 
@@ -683,3 +697,33 @@ def test_stack_size_rule(monkeypatch):
     jobs = run_mod.plan_jobs(cpu, [0, 1, 2, 3, 4], Path("out"), 2)
     assert [(k, s) for k, s, _ in jobs] == [("baseline", (0, 1)), ("diff", (0, 1)), ("baseline", (2, 3)),
                                            ("diff", (2, 3)), ("baseline", (4,)), ("diff", (4,))]
+
+
+def test_a_second_look_is_recorded_and_adjusted(smoke, tmp_path):
+    """Adding a seed to a folder already read is a second look: recorded (seeds, date, commit) in results.json, its
+    p-values (verdict and mean) doubled, the report saying so; reading the same seeds again is the same look."""
+    import shutil
+
+    from difftx.compare.summary import all_comparisons
+
+    out = tmp_path / "looks"
+    shutil.copytree(smoke, out)
+    argv = ["compare", "--preset", "smoke", "--out", str(out), "--workers", "1", "--no-progress", *as_sets(FAST)]
+    assert main([*argv, "--seeds", "3"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [x["seeds"] for x in res["looks"]] == [[0, 1], [0, 1, 2]] and res["look"] == 2
+    assert res["looks"][1]["date"] == res["created"]
+    assert "second look at 3 seeds (this folder was read before at 2 seeds), adjusted: p-values x2" in \
+        (out / "report.md").read_text()
+    settings = get_preset("smoke", **FAST).task_settings()
+    once = all_comparisons({**res, "look": 1}, settings, power=False)["diff vs baseline"]
+    twice = all_comparisons(res, settings, power=False)["diff vs baseline"]
+    checked = [k for k, c in once.items() if c["p_adjusted"] is not None]
+    assert checked and all(twice[k]["p_adjusted"] == min(1.0, 2 * once[k]["p_adjusted"]) for k in checked)
+    assert all(twice[k].get("mean_p_adjusted") == (None if once[k].get("mean_p_adjusted") is None else
+                                                   min(1.0, 2 * once[k]["mean_p_adjusted"])) for k in checked)
+    assert main([*argv, "--seeds", "3"]) == 0  # the same seeds: the same look
+    assert json.loads((out / "results.json").read_text())["look"] == 2
+    assert main([*argv, "--seeds", "2"]) == 0  # the first look's seeds: read as the first look
+    res = json.loads((out / "results.json").read_text())
+    assert res["look"] == 1 and len(res["looks"]) == 2

@@ -219,7 +219,7 @@ def test_a_compare_model_without_recall_batches_takes_a_file_only(tmp_path, caps
 def test_a_folder_from_before_recall_is_still_resumed(tmp_path):
     """A compare.json written before the recall fields existed reads as recall_every = 0."""
     from difftx.compare.folder import ADDED_FIELDS, COMPARE_FILE, _check_folder
-    from difftx.compare.schema import SCHEMA_VERSION
+    from difftx.compare.schema import FOLDER_VERSION as SCHEMA_VERSION
 
     preset = get_preset("smoke")
     old = {k: v for k, v in preset.to_dict().items() if k not in ADDED_FIELDS}

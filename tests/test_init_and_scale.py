@@ -248,7 +248,7 @@ def test_a_folder_from_before_init_resumes_as_normal_and_refuses_torch(tmp_path)
     import json
 
     from difftx.compare.folder import COMPARE_FILE, _check_folder
-    from difftx.compare.schema import SCHEMA_VERSION
+    from difftx.compare.schema import FOLDER_VERSION as SCHEMA_VERSION
 
     old = {k: v for k, v in get_preset("smoke").to_dict().items() if k != "init"}
     (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "preset": old}))

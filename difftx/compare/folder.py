@@ -10,7 +10,7 @@ from ..io import atomic_write, dumps_strict, read_json
 from ..tasks.subject import TRAIN_RECORD, TrainRecord
 from .plan import ComparePlan
 from .presets import ComparePreset
-from .schema import SCHEMA_VERSION, check_version
+from .schema import FOLDER_VERSION, check_version
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
@@ -75,7 +75,7 @@ def _record_folder(out: Path, preset: ComparePreset, text: dict | None = None) -
     """Write ``compare.json`` (after :func:`_check_folder` and :func:`check_reuse`)."""
     meta, new = out / COMPARE_FILE, preset.to_dict()
     out.mkdir(parents=True, exist_ok=True)
-    record = {"schema_version": SCHEMA_VERSION, "preset": new}
+    record = {"schema_version": FOLDER_VERSION, "preset": new}
     text = dumps_strict({**record, "text": text} if text is not None else record, indent=1)
     atomic_write(meta, lambda p: Path(p).write_text(text + "\n"))
 

@@ -18,11 +18,13 @@ from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdi
 from .tune_report import plot_tune, render_tune
 
 
-VERDICT_HEADER = ["pair", "metric", "difference [unadjusted 95%]", "Holm p", "verdict"]
+VERDICT_HEADER = ["pair", "metric", "difference [unadjusted 95%]", "Holm p", "verdict", "mean difference"]
 METHOD_LINE = ("Method, in one line: each difference is the first arm minus the second over paired seeds, with an "
                "unadjusted 95% interval; Holm p is adjusted within the primary and within the exploratory family; a "
-               "verdict needs Holm p < 0.05. What each column means and assumes: `docs/compare.md`, \"Reading a "
-               "report\".\n")
+               "verdict needs Holm p < 0.05 and says the two arms of a seed are not interchangeable (t and exact "
+               "sign-flip tests); for a bounded metric the last column says whether the mean difference is "
+               "established (the betting test, Holm-adjusted alike). What each column means and assumes: "
+               "`docs/compare.md`, \"Reading a report\".\n")
 
 
 def render_report(results: dict, plots: dict[str, str]) -> str:
@@ -90,7 +92,7 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
     if decided:
         rest = len(primary) - len(decided)
         answer = ("**" + "; ".join(f"{short_verdict(c)} on {c['label']}: {difference_text(c)}, Holm p "
-                                   f"{adjusted_p_text(c)}" for c in decided) + ".**"
+                                   f"{adjusted_p_text(c)}{_mean_clause(c)}" for c in decided) + ".**"
                   + (f" No verdict on the other {rest} primary metric{'s' if rest != 1 else ''}." if rest else ""))
     elif compared:
         lead = min(compared, key=lambda c: (c.get("p_adjusted") is None, c.get("p_adjusted") or 1.0))
@@ -109,6 +111,11 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
     family = max((c.get("family_size") or 0 for c in primary), default=0)
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
             f"comparison{'s' if family != 1 else ''}, a verdict at Holm p < 0.05")
+    look = int(results.get("look") or 1)
+    if look > 1:
+        before = ", ".join(str(len(x["seeds"])) for x in results["looks"][:look - 1])
+        sure += (f"; {_ORDINAL.get(look, f'look {look}')} look at {n} seeds (this folder was read before at "
+                 f"{before} seeds), adjusted: p-values x{look}")
     if need:
         sure += (f"; with this family a verdict needs at least {need} seeds" + (
             ", so this run can give none: run more (`--seeds`)" if n < need else ""))
@@ -119,6 +126,24 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
     if tuned:
         sure += (f"; each arm's `{tuned['field']}` chosen leave-one-seed-out, the intervals allowing for the choice")
     return [answer + "\n", sure + ".\n", _regime_line(results, tuned) + "\n"]
+
+
+_ORDINAL = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}
+
+
+def _mean_clause(c: dict) -> str:
+    """``, lower in 7 of 7 seeds, mean difference not yet established (about 11 seeds)`` beside a verdict: the seeds'
+    count on the verdict's side, and for a bounded metric the second estimand."""
+    p = c["paired"]
+    side = "lower" if (p.get("mean") or 0) < 0 else "higher"
+    count = p.get("lower" if side == "lower" else "higher")
+    seeds = f", {side} in {count} of {p['n']} seeds" if count is not None else ""
+    if c.get("gated") or c.get("mean_established") is None:
+        return seeds
+    if c["mean_established"]:
+        return seeds + ", mean difference established"
+    more = f" (about {c['seeds_for_mean']} seeds)" if c.get("seeds_for_mean") else ""
+    return seeds + f", mean difference not yet established{more}"
 
 
 def _regime_line(results: dict, tuned: Optional[dict]) -> str:

@@ -78,7 +78,37 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
         results["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
+    results["looks"], results["look"] = record_looks(out, seeds, results["created"])
     return add_comparisons(results, settings)
+
+
+def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict], int]:
+    """Every reading of the folder's comparison with another set of seeds (``{"seeds", "date", "commit"}``, oldest
+    first), from the ``results.json`` already there, with this one added when its seeds are new; and which of them
+    this one is (1-based). A file written before looks were recorded counts as one look at its seeds; an unreadable
+    one as none. Reading the same seeds again is the same look; the comparisons' p-values are multiplied by its
+    number (:func:`difftx.eval.stats.look_adjusted`)."""
+    import json
+
+    from ..provenance import difftx_commit
+
+    looks: list[dict] = []
+    try:
+        old = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict):
+        recorded = old.get("looks")
+        if isinstance(recorded, list) and all(isinstance(x, dict) and isinstance(x.get("seeds"), list)
+                                              for x in recorded):
+            looks = recorded
+        elif isinstance(old.get("seeds"), list):
+            looks = [{"seeds": old["seeds"], "date": old.get("created"), "commit": None}]
+    mine = sorted(int(s) for s in seeds)
+    for i, x in enumerate(looks, start=1):
+        if sorted(x["seeds"]) == mine:
+            return looks, i
+    return looks + [{"seeds": mine, "date": now, "commit": difftx_commit()}], len(looks) + 1
 
 
 def add_comparisons(results: dict, settings: dict) -> dict:

@@ -9,7 +9,9 @@ import json
 from ..io import dumps_strict
 
 SCHEMA = "difftx.compare.results"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: two estimands (the verdict on exchangeability; the mean's betting test beside it)
+READABLE_VERSIONS = (2, 3)  # results.json files this difftx reads (version 2: the verdict's p held the betting p)
+FOLDER_VERSION = 2  # compare.json: what the models and evaluations of a folder are (reused while it is the same)
 
 TOP_LEVEL = {
     "schema": str, "schema_version": int, "created": str, "versions": dict, "preset": dict, "mixture": dict,
@@ -37,20 +39,38 @@ def _check(obj: dict, spec: dict, where: str) -> None:
 
 
 def check_version(data: dict, where: str) -> None:
-    """Refuse a file of another schema version with a clear message."""
+    """Refuse a comparison folder (``compare.json``) of another version with a clear message."""
     found = data.get("schema_version", 1)
-    if found != SCHEMA_VERSION:
-        raise ValueError(f"{where}: written by a difftx with results schema version {found}; this difftx reads "
-                         f"version {SCHEMA_VERSION}. Its models and evaluations are not reused: compare into a new "
+    if found != FOLDER_VERSION:
+        raise ValueError(f"{where}: written by a difftx with comparison folder version {found}; this difftx reads "
+                         f"version {FOLDER_VERSION}. Its models and evaluations are not reused: compare into a new "
                          "--out (the old folder stays as it is)")
 
 
-def validate_results(results: dict) -> None:
-    """Raise ``ValueError`` naming the first field that does not follow the schema."""
+def read_results(path) -> dict:
+    """A ``results.json`` of any version this difftx reads (:data:`READABLE_VERSIONS`), validated; a version 2
+    file's ``paired.p_value`` of a bounded metric is the larger of the exchangeability and betting p-values, and
+    it has no ``mean_established``."""
+    from pathlib import Path
+
+    from ..io import read_json
+
+    data = read_json(Path(path), "the results of a comparison")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a comparison's results (not a JSON object)")
+    validate_results(data, where=str(path))
+    return data
+
+
+def validate_results(results: dict, where: str = "results.json") -> None:
+    """Raise ``ValueError`` naming the first field that does not follow the schema (any of
+    :data:`READABLE_VERSIONS`)."""
     _check(results, TOP_LEVEL, "top level")
     if results["schema"] != SCHEMA:
         raise ValueError(f"results.json: schema should be {SCHEMA!r}, got {results['schema']!r}")
-    check_version(results, "results.json")
+    if results["schema_version"] not in READABLE_VERSIONS:
+        raise ValueError(f"{where}: results schema version {results['schema_version']}; this difftx reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     for k in VERSION_KEYS:
         if k not in results["versions"]:
             raise ValueError(f"results.json: versions lacks {k!r}")

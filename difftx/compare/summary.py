@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import (holm, mean_interval, paired_estimate, power_plan, seeds_for_verdict, t_mean_interval,
-                          verdict)
+from ..eval.stats import (holm, look_adjusted, mean_interval, paired_estimate, power_plan, seeds_for_mean,
+                          seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
 from ..tasks.reporting import SHORT
 
@@ -70,20 +70,30 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     ``results``: per-seed values of both arms (``values``), each arm's mean with its interval
     (``means``, ``cis``), the paired estimate of A - B (``paired``), the learning gate (``gated``:
     ``None`` or why it was not compared), the Holm-adjusted p-value within its family over *every*
-    pair (``family``: primary or exploratory) and the verdict. DIFF vs baseline also carries the flat
+    pair (``family``: primary or exploratory; times ``results["look"]`` when the folder is read again after seeds
+    were added, :func:`difftx.eval.stats.look_adjusted`) and the verdict. A bounded metric also gets the mean's
+    betting p-value adjusted alike (``mean_p_adjusted``), ``mean_established`` and, for a primary not established,
+    ``seeds_for_mean`` (:func:`difftx.eval.stats.seeds_for_mean`). DIFF vs baseline also carries the flat
     fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
     A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
     compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`) and
     ``power_plan``, the effect and spread it was planned for (:func:`difftx.eval.stats.power_plan`)."""
     out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
     everything = [c for comps in out.values() for c in comps.values()]
+    look = int(results.get("look") or 1)  # a folder read again after seeds were added: p-values x look
     sizes = {}
     for family in ("primary", "exploratory"):
         chosen = [c for c in everything if c["family"] == family and c["gated"] is None
                   and c["paired"]["p_value"] is not None]
         sizes[family] = len(chosen)
         for c, p in zip(chosen, holm([c["paired"]["p_value"] for c in chosen])):
-            c["p_adjusted"] = p
+            c["p_adjusted"] = look_adjusted(p, look)
+        # the second estimand, the mean difference of a bounded metric: its betting p, Holm-adjusted over the same
+        # family (the metrics of the family that have one)
+        bounded = [c for c in chosen if c["paired"].get("betting_p") is not None]
+        for c, p in zip(bounded, holm([c["paired"]["betting_p"] for c in bounded])):
+            c["mean_p_adjusted"] = look_adjusted(p, look)
+            c["mean_established"] = c["mean_p_adjusted"] < ALPHA
     for c in everything:
         m, est = c.pop("_metric"), c.pop("_est")
         a, b = c["arms"]
@@ -99,11 +109,15 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
             plan = power_plan(np.subtract(*(c["values"][x] for x in (a, b))), sizes["primary"], ALPHA,
                               bounds=c["bounds"])
             c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
+        if c.get("mean_established") is False and c["primary"]:  # how many seeds the mean needs, as observed
+            c["seeds_for_mean"] = seeds_for_mean(np.subtract(*(c["values"][x] for x in (a, b))), c["bounds"],
+                                                 sizes["primary"], ALPHA)
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,
                                 family_size=sizes[c["family"]], power_seeds=c.get("seeds_for_power"),
-                                power_checked=powered, power_plan=plan))
+                                power_checked=powered, power_plan=plan, mean_p=c.get("mean_p_adjusted"),
+                                mean_seeds=c.get("seeds_for_mean"), look=look))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out
@@ -300,6 +314,17 @@ def difference_text(c: dict) -> str:
     return f"{p['mean']:+.{d}f}{unit}{ci}"
 
 
+def mean_text(c: dict) -> str:
+    """The second estimand of a bounded metric in a few words: "established", "not yet: about N seeds" (as observed,
+    :func:`difftx.eval.stats.seeds_for_mean`), "not yet"; "-" for a metric without bounds (no test of its mean) or
+    one not compared."""
+    if c.get("gated") or c.get("mean_established") is None:
+        return "-"
+    if c["mean_established"]:
+        return "established"
+    return f"not yet: about {c['seeds_for_mean']} seeds" if c.get("seeds_for_mean") else "not yet"
+
+
 def adjusted_p_text(c: dict) -> str:
     return "-" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.3g}"
 
@@ -313,7 +338,7 @@ def verdict_line(c: dict) -> str:
 
 
 def verdict_rows(comparisons: dict, pairs_: Optional[list] = None) -> list[list[str]]:
-    """Rows ``[pair, metric, difference [95%], Holm p, verdict]`` of a verdict table: every primary
+    """Rows ``[pair, metric, difference [95%], Holm p, verdict, mean]`` of a verdict table: every primary
     comparison of each pair (``comparisons``: ``{pair: {key: comparison}}``), then the exploratory
     ones that survive Holm."""
     rows = []
@@ -324,5 +349,5 @@ def verdict_rows(comparisons: dict, pairs_: Optional[list] = None) -> list[list[
         for c in chosen:
             a, b = (SHORT.get(x, x) for x in c["arms"])
             rows.append([f"{a} - {b}", c["label"] + ("" if c["primary"] else " (exploratory)"), difference_text(c),
-                         adjusted_p_text(c), short_verdict(c)])
+                         adjusted_p_text(c), short_verdict(c), mean_text(c)])
     return rows

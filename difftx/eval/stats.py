@@ -28,23 +28,27 @@ assumes no distribution: under the null
 the two arms of a seed are exchangeable, so each difference is as likely positive as negative. Its
 smallest p-value is ``2 / 2^n``, 0.0625 at 5 seeds: no verdict is possible below 6 seeds, and
 :func:`seeds_for_verdict` says how many a Holm family needs. The p-value is the larger of the t
-and the sign-flip p-values (never 0: a constant difference gets the sign-flip p), and the betting
-p-value joins them for a bounded metric (below). The interval is the hull of the t interval and the
-sign-flip interval (:func:`sign_flip_interval`), with the betting one for a bounded metric, clipped
-to the metric's range; it is ``None`` where it is unbounded (below 6 seeds), with the reason in
-``PairedEstimate.note``. These intervals are unadjusted: verdicts use the Holm-adjusted p-value.
+and the sign-flip p-values (never 0: a constant difference gets the sign-flip p). The interval is
+the hull of the t interval and the sign-flip interval (:func:`sign_flip_interval`), with the betting
+one for a bounded metric (below), clipped to the metric's range; it is ``None`` where it is unbounded
+(below 6 seeds), with the reason in ``PairedEstimate.note``. These intervals are unadjusted: verdicts
+use the Holm-adjusted p-value.
 
-What each test rejects. The t test and the sign-flip test reject *exchangeability*: that a seed's
-two arms are interchangeable, so its difference is as likely +d as -d. Under that null a verdict is
-valid at any distribution, but a verdict is not a statement about means: where most seeds gain a
-little and a few fail badly (equal means, skewed differences), both tests reject at rates far above
-5%. So a metric with known bounds (accuracies, rates, steps within a budget) also gets a test of the
-*mean* that assumes nothing else: the betting interval of the paired differences, which lie in
-``[-(high - low), high - low]`` (:func:`betting_interval`). Its interval joins the hull and its
-p-value joins the maximum, so a verdict on a bounded metric is a verdict on the mean difference. It
-is wide at few seeds because it must be: at 8 seeds it rejects only differences of most of the range.
-An unbounded metric (an NLL) has no finite-sample test of its mean; its verdict is one of
-exchangeability, and a report says so.
+Two estimands. The t test and the sign-flip test reject *exchangeability*: that a seed's two arms
+are interchangeable, so its difference is as likely +d as -d. Under that null a verdict is valid at
+any distribution, and verdicts are drawn on it for every metric, worded as what it is ("the arms are
+not interchangeable: DIFF lower in 7 of 7 seeds"). It is not a statement about means: where most seeds
+gain a little and a few fail badly (equal means, skewed differences), both tests reject at rates far
+above 5% (benchmarks/verdict_rates.py). So a metric with known bounds (accuracies, rates, steps within
+a budget) also gets a test of the *mean* that assumes nothing else, stated beside the verdict ("mean
+established", or "not yet established: about N seeds", :func:`seeds_for_mean`): the betting test of the
+paired differences, which lie in ``[-(high - low), high - low]`` (:func:`betting_interval`,
+``betting_p``), whose interval joins the printed hull so that the interval covers the mean. It is
+wide at few seeds because it must be: at 8 seeds it rejects only differences of most of the range. An
+unbounded metric (an NLL) has no finite-sample test of its mean; the verdict alone speaks for it.
+
+Second looks. A folder read again after seeds were added has its p-values (both estimands) multiplied
+by the number of the look (:func:`look_adjusted`), a Bonferroni step per look.
 
 Ties. Seeds whose two arms score the same value (two models that both never learned within the
 budget, censored at the same step) carry no sign: the sign-flip test is decided by the other seeds,
@@ -163,15 +167,18 @@ def round_p(p: Optional[float]) -> Optional[float]:
 class PairedEstimate:
     """DIFF - baseline: ``mean`` with its two-sided, unadjusted interval ``[low, high]`` at
     ``confidence`` (``None`` with one seed, or where no distribution-free test can back one: ``note``
-    says why), ``p_value`` (the largest of ``p_t``, ``sign_flip_p`` and, for a bounded metric,
-    ``betting_p``: the level at which the interval just reaches 0) and what the interval covers
-    (``method``). ``p_t`` is ``None`` where the differences have no spread (a t test is undefined
-    there). ``ties``: seeds whose two arms scored the same value (no sign for the sign-flip test)."""
+    says why; for a bounded metric it holds the betting interval, so it covers the mean), two estimands'
+    tests: ``p_value``, the test that the two arms of a seed are interchangeable (the larger of ``p_t``
+    and ``sign_flip_p``: what verdicts are drawn on, for every metric), and for a bounded metric
+    ``betting_p``, the test of the mean difference (stated beside the verdict: "mean established" or
+    not), and what the interval covers (``method``). ``p_t`` is ``None`` where the differences have no
+    spread (a t test is undefined there). ``ties``: seeds whose two arms scored the same value (no sign
+    for the sign-flip test); ``lower`` / ``higher``: seeds where the first arm scored below / above."""
 
     mean: float
     low: Optional[float]
     high: Optional[float]
-    p_value: Optional[float]
+    p_value: Optional[float]  # exchangeability: the larger of p_t and sign_flip_p (what verdicts are drawn on)
     sign_flip_p: Optional[float]
     n: int  # seeds
     n_examples: int  # aligned examples per seed (1: seed-level only)
@@ -181,9 +188,11 @@ class PairedEstimate:
     baseline_mean: float
     p_t: Optional[float] = None  # the two-level t test alone
     note: Optional[str] = None  # why there is no interval, when there is none
-    betting_p: Optional[float] = None  # the bounded test of the mean (metrics with bounds only)
+    betting_p: Optional[float] = None  # the bounded test of the mean (metrics with bounds only), stated beside
     ties: int = 0
-    tests: str = "exchangeability"  # what the p-value rejects: "exchangeability", or "the mean" (bounded metrics)
+    tests: str = "exchangeability"  # what the p-value rejects (every metric; the mean: betting_p)
+    lower: int = 0  # seeds whose first arm scored below the second
+    higher: int = 0  # ... above
 
     @property
     def unadjusted_excludes_zero(self) -> bool:
@@ -348,6 +357,27 @@ def betting_interval(x: Sequence[float], low: float, high: float, confidence: fl
     return low + scale * lo, low + scale * hi, p
 
 
+MEAN_MAX_SEEDS = 64  # seeds_for_mean looks this far
+
+
+def seeds_for_mean(d: Sequence[float], bounds: tuple[float, float], comparisons: int = 1, alpha: float = 0.05,
+                   most: int = MEAN_MAX_SEEDS) -> Optional[int]:
+    """The fewest seeds at which the betting test of the mean difference (:func:`betting_interval` over
+    ``[-(high - low), high - low]``, at ``alpha / comparisons``: Holm's first step) would reject a mean of 0 if
+    the seeds' differences ``d`` went on as these ones (cycled in their order): a plan as observed, so it keeps a
+    pilot's luck. ``None`` when it does not within ``most`` seeds, or the differences average 0."""
+    x = np.asarray(d, dtype=np.float64)
+    if x.size == 0 or x.mean() == 0:
+        return None
+    span = float(bounds[1] - bounds[0])
+    level = alpha / max(comparisons, 1)
+    for m in range(max(x.size, 2), most + 1):
+        p = betting_interval(np.resize(x, m), -span, span, 1 - level, point=0.0, grid=3)[2]
+        if p < level:
+            return m
+    return None
+
+
 def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
     """The fewest paired seeds at which the exact sign-flip test (smallest p ``2 / 2^n``) can reject
     at ``alpha`` after Holm's adjustment over ``comparisons`` tests (whose first step multiplies
@@ -419,28 +449,32 @@ def _t_rejects(x: np.ndarray, level: float) -> np.ndarray:
 
 
 def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 0.05,
-               bounds: Optional[tuple[float, float]] = None, reps: int = 300, seed: int = 0) -> float:
-    """The share of ``reps`` repeats in which the verdict rule (the largest of the t, sign-flip and,
-    with ``bounds``, betting p-values, times ``comparisons`` as Holm's first step) rejects at
-    ``alpha``, each repeat drawing ``n`` seeds' differences with replacement from the observed ``d``
-    (so the seeds' modes, e.g. a retrieval lottery, are kept). The sign-flip p-value is exact up to
-    12 seeds, then estimated from 2,000 random flips (ample for a level of 0.05 / comparisons)."""
+               bounds: Optional[tuple[float, float]] = None, reps: int = 300, seed: int = 0,
+               estimand: str = "exchangeability") -> float:
+    """The share of ``reps`` repeats in which a rule rejects at ``alpha`` (its p-value times ``comparisons``,
+    Holm's first step), each repeat drawing ``n`` seeds' differences with replacement from the observed ``d``
+    (so the seeds' modes, e.g. a retrieval lottery, are kept). ``estimand`` "exchangeability": the verdict rule,
+    the larger of the t and sign-flip p-values; "mean": the betting test of the mean difference (``bounds``
+    needed). The sign-flip p-value is exact up to 12 seeds, then estimated from 2,000 random flips (ample for a
+    level of 0.05 / comparisons)."""
+    if estimand not in ("exchangeability", "mean") or (estimand == "mean" and bounds is None):
+        raise ValueError(f"rule_power: estimand must be 'exchangeability', or 'mean' with bounds; got {estimand!r}")
     x0 = np.asarray(d, dtype=np.float64)
     rng = np.random.default_rng(seed)
-    if n < seeds_for_verdict(comparisons, alpha):
+    if estimand == "exchangeability" and n < seeds_for_verdict(comparisons, alpha):
         return 0.0
     x = x0[rng.integers(0, x0.size, (reps, n))]
-    signs = _signs(n, max_exact=12, draws=2000, seed=seed)
-    obs = np.abs(x.sum(1))
-    hits = (np.abs(x @ signs.T) >= obs[:, None] * (1 - 1e-12)).sum(1)
-    p_sf = hits / signs.shape[0] if n <= 12 else (hits + 1) / (signs.shape[0] + 1)
-    reject = (p_sf * comparisons < alpha) & _t_rejects(x, alpha / comparisons)  # the largest p, below alpha
-    if bounds is not None:
+    if estimand == "mean":
         span = float(bounds[1] - bounds[0])
         v = (x + span) / (2 * span)
         # the bets of paired_estimate (tuned for alpha), whose p-value Holm then multiplies
         p_bet = np.array([min(1.0, 1.0 / betting_capital(row, [0.5], alpha)[0]) for row in v])
-        reject &= p_bet * comparisons < alpha
+        return float((p_bet * comparisons < alpha).mean())
+    signs = _signs(n, max_exact=12, draws=2000, seed=seed)
+    obs = np.abs(x.sum(1))
+    hits = (np.abs(x @ signs.T) >= obs[:, None] * (1 - 1e-12)).sum(1)
+    p_sf = hits / signs.shape[0] if n <= 12 else (hits + 1) / (signs.shape[0] + 1)
+    reject = (p_sf * comparisons < alpha) & _t_rejects(x, alpha / comparisons)  # the larger p, below alpha
     return float(reject.mean())
 
 
@@ -489,7 +523,7 @@ class PowerPlan:
 
 def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
                bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
-               reps: int = 300, confidence: float = POWER_CONFIDENCE) -> PowerPlan:
+               reps: int = 300, confidence: float = POWER_CONFIDENCE, estimand: str = "exchangeability") -> PowerPlan:
     """How many seeds the verdict rule needs for ``power``, planned from the pilot differences ``d``
     (one per seed) so that the answer holds for the effect the pilot *guarantees*, not the one it
     happened to show.
@@ -511,9 +545,9 @@ def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, po
     3. The shape: the plan is the pilot's own differences, centred, stretched to the planned SD and
        moved to the planned mean, so the seeds' modes (a retrieval lottery) are kept; after the move
        some differences cross 0, as the truth's would.
-    4. The rule: :func:`rule_power` (the whole verdict rule, Holm's first step over ``comparisons``)
-       resamples the plan, and a bisection finds the fewest seeds (from :func:`seeds_for_verdict` up
-       to ``max_seeds``) at which it reaches ``power``.
+    4. The rule: :func:`rule_power` (the verdict rule, or with ``estimand="mean"`` the betting test of the
+       mean; Holm's first step over ``comparisons``) resamples the plan, and a bisection finds the fewest
+       seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which it reaches ``power``.
 
     A pilot without spread (every difference the same) gives ``None`` and ``unknown``: its spread, and
     so the seeds, are unknown. benchmarks/power_delivered.py measures the true power at the answers
@@ -543,32 +577,37 @@ def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, po
         span = float(bounds[1] - bounds[0])
         plan = np.clip(plan, -span, span)
     base.update(planned_mean=planned_mean, planned_sd=planned_sd)
-    seeds = _fewest_seeds(plan, comparisons, alpha, power, bounds, max_seeds, reps)
+    seeds = _fewest_seeds(plan, comparisons, alpha, power, bounds, max_seeds, reps, estimand)
     return PowerPlan(seeds, **base)
 
 
 def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
-                  bounds: Optional[tuple[float, float]], max_seeds: int, reps: int) -> Optional[int]:
-    """The fewest seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which :func:`rule_power`
-    resampling ``x`` reaches ``power``; ``None`` when ``max_seeds`` do not."""
-    lo = seeds_for_verdict(comparisons, alpha)
-    if rule_power(x, max_seeds, comparisons, alpha, bounds, reps) < power:
+                  bounds: Optional[tuple[float, float]], max_seeds: int, reps: int,
+                  estimand: str = "exchangeability") -> Optional[int]:
+    """The fewest seeds (from :func:`seeds_for_verdict`, or 2 for the mean, up to ``max_seeds``) at which
+    :func:`rule_power` resampling ``x`` reaches ``power``; ``None`` when ``max_seeds`` do not."""
+    def reaches(n: int) -> bool:
+        return rule_power(x, n, comparisons, alpha, bounds, reps, estimand=estimand) >= power
+
+    lo = seeds_for_verdict(comparisons, alpha) if estimand == "exchangeability" else 2
+    if not reaches(max_seeds):
         return None
     hi = max_seeds  # power at hi reaches the target; bisect for the fewest seeds that do (power grows with n)
-    if rule_power(x, lo, comparisons, alpha, bounds, reps) >= power:
+    if reaches(lo):
         return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if rule_power(x, mid, comparisons, alpha, bounds, reps) >= power else (mid, hi)
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
     return hi
 
 
 def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
                     bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
-                    reps: int = 300, confidence: float = POWER_CONFIDENCE) -> Optional[int]:
+                    reps: int = 300, confidence: float = POWER_CONFIDENCE,
+                    estimand: str = "exchangeability") -> Optional[int]:
     """The seeds of :func:`power_plan` (``None``: not within ``max_seeds``, or unknown); call
     :func:`power_plan` for what it assumed, which a report prints next to the number."""
-    return power_plan(d, comparisons, alpha, power, bounds, max_seeds, reps, confidence).seeds
+    return power_plan(d, comparisons, alpha, power, bounds, max_seeds, reps, confidence, estimand).seeds
 
 
 def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
@@ -607,12 +646,12 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
     p_t, p_sf = _p_value(mean, parts), sign_flip_p(d)
     s_lo, s_hi = sign_flip_interval(d, confidence)
     low, high, note = min(mean - h, s_lo), max(mean + h, s_hi), None
-    p_bet, tests = None, "exchangeability"
+    p_bet = None
     if bounds is not None:
         span = float(bounds[1] - bounds[0])
         b_lo, b_hi, p_bet = betting_interval(d, -span, span, confidence, point=0.0)
         low, high = min(low, b_lo), max(high, b_hi)
-        method, tests = method + ", exact sign-flip and betting (bounded mean)", "the mean"
+        method += ", exact sign-flip and betting (bounded mean)"
     else:
         method += " and exact sign-flip"
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -621,9 +660,10 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
                 f"{seeds_for_verdict(1, 1 - confidence)} paired seeds")
     elif bounds is not None:
         low, high = max(low, -span), min(high, span)
-    p = max(x for x in (p_t, p_sf, p_bet) if x is not None)
+    p = max(x for x in (p_t, p_sf) if x is not None)  # exchangeability; the mean's own test is betting_p
     return PairedEstimate(mean, low, high, p, p_sf, n, D.shape[1], confidence, method, float(a.mean()),
-                          float(b.mean()), p_t=p_t, note=note, betting_p=p_bet, ties=ties, tests=tests)
+                          float(b.mean()), p_t=p_t, note=note, betting_p=p_bet, ties=ties,
+                          lower=int((d < 0).sum()), higher=int((d > 0).sum()))
 
 
 def t_mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None,
@@ -689,6 +729,17 @@ def median_interval(values: Sequence[float],
 # -- multiplicity -----------------------------------------------------------------------------
 
 
+def look_adjusted(p: Optional[float], look: int) -> Optional[float]:
+    """``p`` at the ``look``-th reading of a comparison that gained seeds since the first (1: the first, as it is):
+    times ``look``, at most 1. A Bonferroni step per look, so a verdict read again after more seeds were added keeps
+    its error near the nominal level; benchmarks/verdict_rates.py measures it (any verdict over 2 and 3 looks)."""
+    if p is None:
+        return None
+    if look < 1:
+        raise ValueError(f"look_adjusted: look must be >= 1, got {look}")
+    return min(1.0, p * look)
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error control), in the input order."""
     p = np.asarray(p_values, dtype=np.float64)
@@ -707,7 +758,8 @@ def holm(p_values: Sequence[float]) -> list[float]:
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
             family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
-            power_plan: Optional[PowerPlan] = None) -> str:
+            power_plan: Optional[PowerPlan] = None, mean_p: Optional[float] = None,
+            mean_seeds: Optional[int] = None, look: int = 1) -> str:
     """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
     over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
     difference", and why: too few seeds for any verdict (ties counted), a difference that does not
@@ -715,7 +767,13 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     established, or the range the unadjusted interval allows; with ``power_checked``, the seeds at
     which a difference like this one reaches 80% power (``power_seeds``; ``None``: beyond what was
     simulated), or with ``power_plan`` (:func:`power_plan`) those seeds with the effect and spread they
-    were planned for. Always "at this scale and budget"."""
+    were planned for. Always "at this scale and budget".
+
+    The verdict is on exchangeability ("the arms are not interchangeable: DIFF lower in 7 of 7 seeds"). A
+    bounded metric (``est.betting_p``) then says whether its mean difference is established: ``mean_p`` (the
+    betting p, Holm-adjusted like the verdict's; default ``est.betting_p``) below ``alpha``, or not yet, with
+    ``mean_seeds`` (:func:`seeds_for_mean`) when known. ``look``: the reading of a folder that gained seeds since
+    its first (``adjusted_p`` and ``mean_p`` already multiplied by it, :func:`look_adjusted`), named in the text."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
@@ -725,7 +783,7 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     p = est.p_value if not adjusted else adjusted_p
     over = f"{est.n} paired seeds{'' if est.n_examples == 1 else f' x {est.n_examples} examples'}"
     holm_p = f"; Holm-adjusted p = {adjusted_p:.3g}" + (f" over {family_size} comparisons" if family_size else "") \
-        if adjusted else ""
+        + (f", x{look} for look {look} of this folder" if look > 1 else "") if adjusted else ""
     needed = seeds_for_verdict(family_size or 1, alpha)
     power = ""
     if power_checked and power_plan is not None:
@@ -740,21 +798,34 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
                       "conclusion at this scale and budget" + power
     ci = (f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
           f"{over}; p = {est.p_value:.3g}{holm_p})")
+    mean = _mean_words(est, alpha, mean_p, mean_seeds)
     if p < alpha:
         better = "better" if (est.mean < 0) == lower_is_better else "worse"
-        return head + ci + f": {names[0]} is {better} at this scale and budget"
+        side, k = ("lower", est.lower) if est.mean < 0 else ("higher", est.higher)
+        return (head + ci + f": {names[0]} is {better} at this scale and budget (the arms are not interchangeable: "
+                f"{names[0]} {side} in {k} of {est.n} seeds){mean}")
     informative = est.n - est.ties
-    leaning = max(x for x in (est.p_t, est.sign_flip_p) if x is not None)
     if est.n < needed:
         why = f"a verdict among {family_size} comparisons needs at least {needed} seeds"
     elif est.ties and informative < needed:
         why = (f"{est.ties} of {est.n} seeds tie (both models scored the same, e.g. both censored at the budget) and "
                f"carry no sign: {informative} informative seeds, and a verdict needs at least {needed}")
-    elif est.betting_p is not None and leaning < alpha <= est.betting_p:
-        why = (f"the seeds' differences lean one way (t and sign-flip p = {leaning:.3g}), but the bounded test of "
-               f"the mean (betting p = {est.betting_p:.3g}) does not establish the mean difference")
     elif adjusted and est.p_value < alpha:
         why = "the unadjusted interval excludes 0, but the difference does not survive the Holm adjustment"
     else:
         why = f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}"
-    return head + ci + f": no detectable difference at this scale and budget; {why}" + power
+    return head + ci + f": no detectable difference at this scale and budget; {why}{mean}" + power
+
+
+def _mean_words(est: PairedEstimate, alpha: float, mean_p: Optional[float], mean_seeds: Optional[int]) -> str:
+    """``; the mean difference is established (betting p = ...)`` or ``... not yet established ...: about N
+    seeds``, for a bounded metric (empty otherwise): the second estimand, stated beside the verdict."""
+    if est.betting_p is None:
+        return ""
+    p = est.betting_p if mean_p is None else mean_p
+    which = "betting p" if mean_p is None or mean_p == est.betting_p else "Holm-adjusted betting p"
+    if p < alpha:
+        return f"; the mean difference is established ({which} = {p:.3g})"
+    more = "" if est.mean == 0 else (f": about {mean_seeds} seeds if the differences go on as these" if mean_seeds
+                                     else f": not within {MEAN_MAX_SEEDS} seeds at these differences")
+    return f"; the mean difference is not yet established ({which} = {p:.3g}){more}"

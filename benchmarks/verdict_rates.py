@@ -1,0 +1,133 @@
+"""The two estimands of a paired comparison, simulated in the regimes they are used in (issue 48).
+
+Table 1, false verdicts per comparison under identical arms (each seed's two models drawn from the same
+distribution: the null of exchangeability), for the verdict (t and exact sign-flip, Holm over a family of
+``--family`` independent comparisons) and for the mean's betting test (Holm alike), at 5-14 seeds:
+
+- ``lottery``: each model learns with probability 0.5 (accuracy 0.95 + noise) or not (0.1 + noise);
+- ``skew``: an accuracy in [0.55, 0.9], minus 0.5 in one seed in ten (a rare failure), plus noise;
+- ``ties``: steps until learned within a budget of 4,500, censored there in 40% of models (ties at the budget).
+
+Table 2, equal means with skewed differences (90% of seeds +0.056, 10% -0.5: the arms are not interchangeable,
+their means are equal): the rate of a directional verdict, and of a claimed mean difference.
+
+Table 3, second looks: a comparison read at 7 seeds, then again with more seeds in the same folder (7 -> 14, and
+7 -> 10 -> 14), under identical arms: the chance that *any* look gives a verdict, with every look at the nominal
+level ("unadjusted") and with the rule in use (look k's p-values times k).
+
+    python benchmarks/verdict_rates.py [--runs 2000] [--family 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import zlib
+
+import numpy as np
+
+from difftx.eval.stats import holm, look_adjusted, paired_estimate
+
+ALPHA = 0.05
+
+
+def draw(kind: str, rng, n: int) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+    """One comparison's per-seed values of two identical arms, and the metric's bounds."""
+    if kind == "lottery":
+        learned = rng.random((2, n)) < 0.5
+        v = np.where(learned, 0.95, 0.1) + rng.normal(0, 0.02, (2, n))
+        return np.clip(v[0], 0, 1), np.clip(v[1], 0, 1), (0.0, 1.0)
+    if kind == "skew":
+        v = rng.uniform(0.55, 0.9, (2, n)) - 0.5 * (rng.random((2, n)) < 0.1) + rng.normal(0, 0.01, (2, n))
+        return np.clip(v[0], 0, 1), np.clip(v[1], 0, 1), (0.0, 1.0)
+    if kind == "ties":
+        steps = np.round(rng.uniform(600, 3000, (2, n)) / 100) * 100
+        v = np.where(rng.random((2, n)) < 0.4, 4500.0, steps)
+        return v[0], v[1], (0.0, 4500.0)
+    raise ValueError(kind)
+
+
+def _family(kind: str, rng, n: int, family: int) -> tuple[list[float], list[float]]:
+    """Holm-adjusted verdict and mean p-values of ``family`` independent comparisons."""
+    est = [paired_estimate(a, b, bounds=bounds) for a, b, bounds in (draw(kind, rng, n) for _ in range(family))]
+    return holm([e.p_value for e in est]), holm([e.betting_p for e in est])
+
+
+def _rng(*key) -> np.random.Generator:
+    """A generator fixed by ``key`` (the same numbers on every run and machine)."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def identical_arms(runs: int, family: int) -> None:
+    print(f"Table 1: false verdicts per comparison, identical arms, Holm over {family} ({runs} runs a cell)\n")
+    print("| regime | seeds | verdict (not interchangeable) | mean established |")
+    print("|---|---|---|---|")
+    for kind in ("lottery", "skew", "ties"):
+        for n in (5, 7, 10, 14):
+            rng = _rng(kind, n)
+            verdicts = claims = 0
+            for _ in range(runs):
+                pv, pm = _family(kind, rng, n, family)
+                verdicts += sum(p < ALPHA for p in pv)
+                claims += sum(p < ALPHA for p in pm)
+            print(f"| {kind} | {n} | {verdicts / (runs * family):.4f} | {claims / (runs * family):.4f} |")
+    print()
+
+
+def equal_means(runs: int) -> None:
+    print(f"Table 2: equal means, skewed differences (90% +0.056, 10% -0.5), one comparison ({runs} runs)\n")
+    print("| seeds | directional verdict | mean difference claimed |")
+    print("|---|---|---|")
+    for n in (7, 10, 14):
+        rng = np.random.default_rng(500 + n)
+        base = rng.uniform(0.55, 0.9, (runs, n))
+        fail = rng.random((runs, n)) < 0.1
+        diff = np.clip(base + np.where(fail, -0.5, 0.05 / 0.9) + rng.normal(0, 0.01, (runs, n)), 0, 1)
+        est = [paired_estimate(d, b, bounds=(0.0, 1.0)) for d, b in zip(diff, base)]
+        print(f"| {n} | {np.mean([e.p_value < ALPHA for e in est]):.3f} | "
+              f"{np.mean([e.betting_p < ALPHA for e in est]):.3f} |")
+    print()
+
+
+def looks(runs: int, family: int) -> None:
+    print(f"Table 3: any false verdict over the looks of one folder, identical arms, Holm over {family} "
+          f"({runs} runs a cell)\n")
+    print("| regime | looks (seeds) | unadjusted: verdict / mean | rule in use: verdict / mean |")
+    print("|---|---|---|---|")
+    for kind in ("lottery", "skew", "ties"):
+        for plan in ((7, 14), (7, 10, 14)):
+            rng = _rng(kind, plan)
+            hits = np.zeros((2, 2))
+            for _ in range(runs):
+                data = [draw(kind, rng, plan[-1]) for _ in range(family)]
+                any_v = np.zeros((2, family), bool)  # [unadjusted, adjusted] x comparison
+                any_m = np.zeros((2, family), bool)
+                for k, n in enumerate(plan, start=1):
+                    est = [paired_estimate(a[:n], b[:n], bounds=bounds) for a, b, bounds in data]
+                    pv, pm = holm([e.p_value for e in est]), holm([e.betting_p for e in est])
+                    any_v[0] |= np.array(pv) < ALPHA
+                    any_m[0] |= np.array(pm) < ALPHA
+                    any_v[1] |= np.array([look_adjusted(p, k) for p in pv]) < ALPHA
+                    any_m[1] |= np.array([look_adjusted(p, k) for p in pm]) < ALPHA
+                hits += np.array([[any_v[0].mean(), any_m[0].mean()], [any_v[1].mean(), any_m[1].mean()]])
+            r = hits / runs
+            print(f"| {kind} | {' -> '.join(map(str, plan))} | {r[0, 0]:.4f} / {r[0, 1]:.4f} | "
+                  f"{r[1, 0]:.4f} / {r[1, 1]:.4f} |")
+    print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=2000, help="simulated families per cell (default 2000)")
+    ap.add_argument("--family", type=int, default=3, help="comparisons in a Holm family (default 3: the primaries)")
+    ap.add_argument("--only", choices=("identical", "equal", "looks"), default=None, help="one table")
+    args = ap.parse_args()
+    if args.only in (None, "identical"):
+        identical_arms(args.runs, args.family)
+    if args.only in (None, "equal"):
+        equal_means(args.runs)
+    if args.only in (None, "looks"):
+        looks(args.runs, args.family)
+
+
+if __name__ == "__main__":
+    main()
