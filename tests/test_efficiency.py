@@ -212,7 +212,7 @@ def test_crossover_interval_covers_where_the_lines_meet():
         c = parameter_efficiency(SIZES, rows["arm"], SIZES, rows["ref"]).crossover
         if c.low is not None:
             bounded += 1
-            hits += c.low <= 5e5 <= c.high
+            hits += c.low <= 5e5 <= (c.high or math.inf)  # widened for a lack of fit, it may be open above
         else:
             hits += 1  # an unbounded interval covers everything
     assert hits / 500 >= 0.93 and bounded > 400
@@ -358,7 +358,8 @@ def test_each_arm_its_own_floor_covers_when_the_floors_differ(truth, seeds):
     if b > 0.3:
         assert given.all()  # a curve that bends places both floors in every run
     if seeds == 12 and b > 0.3:
-        shared = _cover(floor_ratios(SCALE_NOW, arm, SCALE_NOW, ref, model="shared"), true)
+        shared = _cover(floor_ratios(SCALE_NOW, arm, SCALE_NOW, ref, model="shared", lack_of_fit=False,
+                                     size_check=False), true)  # as before issue 48: no allowance for its misfit
         assert shared[-1] < 0.7, shared
 
 
@@ -434,7 +435,8 @@ def test_floors_the_sizes_do_not_place_widen_the_interval_to_both_models():
     assert auto.fit["model"] == "separate" and auto.fit["interval_spans_shared"]
     assert "spans the fit with one shared floor" in auto.fit["note"] and not sep.fit["interval_spans_shared"]
     for a, s, o in zip(auto.ratios, sep.ratios, one.ratios):
-        assert a.value == s.value and a.low == min(s.low, o.low) and a.high == max(s.high, o.high)
+        # at least both (the fit without the smallest size may widen it further: issue 48)
+        assert a.value == s.value and a.low <= min(s.low, o.low) and a.high >= max(s.high, o.high)
     d = auto.fit["floor_difference"]
     assert d["value"] is not None and d["low"] is None and "do not place the floors" in d["note"]
     json.dumps(auto.to_dict(), allow_nan=False)
