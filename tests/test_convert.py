@@ -219,7 +219,7 @@ def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export():
     assert model.num_parameters() - source.num_parameters() == cfg.n_layers * delta
     assert [b.attn.lambda_full().item() for b in model.layers] == [0.0, 0.0]  # a fresh one starts at lambda 0 too
     with pytest.raises(ConversionError, match="attention='converted' cannot be exported"):
-        export_hf(model, "never-written")
+        export_hf(model, "never-written", remote_code=False)  # no transformers class (the default: difftx's code)
     with pytest.raises(ValueError, match="ModelConfig.head_norm: true applies only"):
         cfg.replace(head_norm=True)
     with pytest.raises(ValueError, match=r"ModelConfig.lambda_init: a converted model's lambda offset must be in "):

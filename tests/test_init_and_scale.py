@@ -117,7 +117,7 @@ def test_configs_round_trip_and_older_configs_serialise_as_before():
 def test_export_refuses_a_decoupled_output_scale(arm, match, tmp_path):
     model = Transformer(arm_config(ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=2), arm))
     with pytest.raises(ConversionError, match=match):
-        export_hf(model, tmp_path / "hf")
+        export_hf(model, tmp_path / "hf", remote_code=False)  # no Llama / DiffLlama (default: difftx's code)
 
 
 # -- initialisation ---------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ every head of every layer). ``ModelConfig(attention="dex", options={"heads": [[0
 
 Since ``I - lambda W`` is linear and ``out_proj`` follows, a DEX head's operation could be folded into
 ``out_proj``: with ``out_proj`` trained too it adds no function the source could not compute, only another
-parameterisation of it (the learning dynamics DEX is about). Export refuses rather than fold it.
+parameterisation of it (the learning dynamics DEX is about). Export does not fold it: it writes difftx's own
+modeling code (``trust_remote_code``), which keeps lambda and W.
 The parameter-matched baseline is the source: standard attention with the same heads.
 """
 

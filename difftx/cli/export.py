@@ -9,13 +9,15 @@ FORMATS = ("hf",)
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "export", help="export a model folder to Hugging Face transformers (DiffLlama / Llama)",
+        "export", help="export a model folder to Hugging Face transformers (DiffLlama / Llama / difftx's code)",
         description="Convert a difftx model or checkpoint folder (config.json + model.safetensors) into a "
-                    "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads without "
-                    "custom code: 'diff' -> DiffLlamaForCausalLM, 'standard' -> LlamaForCausalLM. "
-                    "'diff_v2', 'gated', DIFF's ablations (no per-head norm, a constant lambda_init, the "
-                    "no-subtraction control) and 'standard' with a per-head norm have no transformers equivalent "
-                    "and are refused before anything is written. The tokenizer (tokenizer.json, or difftx's byte "
+                    "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads: 'diff' -> "
+                    "DiffLlamaForCausalLM and 'standard' -> LlamaForCausalLM, without custom code; every other "
+                    "built-in kind (diff_v2, gated, temperature, converted, dex, NoPE, DIFF's ablations, 'standard' "
+                    "with a per-head norm or output scale) -> DifftxForCausalLM, whose code (modeling_difftx.py, "
+                    "configuration_difftx.py, needing torch and transformers, not difftx) is written beside the "
+                    "weights and loads with trust_remote_code=True. A kind registered beyond the built-in ones is "
+                    "refused before anything is written. The tokenizer (tokenizer.json, or difftx's byte "
                     "tokenizer converted to one) is written beside the model. See docs/interop.md.")
     p.add_argument("checkpoint", help="difftx model or checkpoint folder, or a training run folder (its latest "
                                        "checkpoint)")
@@ -24,6 +26,10 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", metavar="DIR",
                    help="take the tokenizer from DIR (default: the checkpoint's tokenizer/ folder, else the "
                         "checkpoint folder)")
+    p.add_argument("--remote-code", action=argparse.BooleanOptionalAction, default=None,
+                   help="--remote-code: write difftx's modeling code for every kind, 'diff' and 'standard' too; "
+                        "--no-remote-code: write DiffLlama / Llama only, refusing the rest (default: DiffLlama / "
+                        "Llama where they compute the model exactly, else difftx's code)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT_DIR when it is a non-empty folder (refused otherwise: nothing is overwritten)")
     p.set_defaults(func=run)
@@ -40,9 +46,12 @@ def run(args: argparse.Namespace) -> int:
                     folder=True)
     src = resolve_model_folder(args.checkpoint)
     gone = replaced(Path(args.out_dir)) if args.overwrite else None
-    out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite)
+    out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite,
+                    remote_code=args.remote_code)
     if gone:
         print(f"replaced {gone}")
     what = f" (checkpoint {src.name})" if Path(args.checkpoint).resolve() != src.resolve() else ""
-    print(f"exported {args.checkpoint}{what} -> {out} (Hugging Face transformers)")
+    remote = (out / "modeling_difftx.py").is_file()
+    how = "difftx's modeling code: load with trust_remote_code=True" if remote else "no custom code"
+    print(f"exported {args.checkpoint}{what} -> {out} (Hugging Face transformers, {how})")
     return 0

@@ -1,5 +1,6 @@
 """Interoperability with other toolkits. :mod:`difftx.interop.hf`: Hugging Face ``transformers``
-(DiffLlama for ``diff`` models, Llama for ``standard`` ones), in both directions.
+(DiffLlama for ``diff`` models, Llama for ``standard`` ones), in both directions; every other built-in kind
+exports with difftx's own modeling code (:mod:`difftx.interop.remote`, loaded with ``trust_remote_code=True``).
 :mod:`difftx.interop.convert`: a ``standard`` or Llama model made differential (``converted``), same function.
 
 Nothing here imports ``transformers``: the converters read and write the folder format

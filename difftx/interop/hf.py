@@ -5,7 +5,8 @@ models to ``LlamaForCausalLM`` (model_type ``llama``); a ``MistralForCausalLM`` 
 ``mistral``) whose sliding window covers its whole context is read as a ``standard`` model too (it
 computes what Llama computes); ``diff_v2``, ``gated`` and the options
 that change what a head computes (no per-head norm or a constant ``lambda_init`` for ``diff``,
-the no-subtraction control, a per-head norm for ``standard``) have no equivalent. The
+the no-subtraction control, a per-head norm for ``standard``) have no equivalent: :func:`export_hf`
+writes those with difftx's own modeling code (:mod:`difftx.interop.remote`, ``trust_remote_code``). The
 converters only move tensors between safetensors files, so this module does not import
 ``transformers``; the tests prove each conversion by comparing logits with transformers'
 own implementation.
@@ -407,19 +408,48 @@ def resolve_model_folder(path: PathLike) -> Path:
         raise ConversionError(str(e)) from e
 
 
+def export_target(config: ModelConfig, remote_code: Optional[bool] = None) -> str:
+    """``"exact"`` (a transformers class computes ``config``: DiffLlama or Llama) or ``"remote"`` (difftx's own
+    modeling file, loaded with ``trust_remote_code=True``). ``remote_code``: None picks the exact class where one
+    exists, else the modeling file; True always the modeling file; False the exact class only. Raises
+    :class:`ConversionError` (one line naming the kind or the field) when neither can be written: a registered kind
+    of your own (its code is not in the modeling file), or with ``remote_code=False`` a config with no exact class."""
+    from .remote import refusal
+
+    if remote_code is False:
+        check_exportable(config)
+        return "exact"
+    if remote_code is None:
+        try:
+            check_exportable(config)
+            return "exact"
+        except ConversionError:
+            pass
+    reason = refusal(config)
+    if reason is not None:
+        raise ConversionError(reason)
+    return "remote"
+
+
 def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
-              tokenizer_dir: Optional[PathLike] = None, overwrite: bool = False) -> Path:
+              tokenizer_dir: Optional[PathLike] = None, overwrite: bool = False,
+              remote_code: Optional[bool] = None) -> Path:
     """Write a transformers model folder for a difftx model, or for a folder ``load_model`` reads
     (a training run folder means its latest checkpoint).
 
-    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``. Writes
+    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``; every other built-in kind (and
+    the options DiffLlama and Llama cannot compute: NoPE, DIFF's ablations, a per-head norm or output scale on
+    ``standard``) -> difftx's own ``DifftxForCausalLM``, whose code (``modeling_difftx.py``,
+    ``configuration_difftx.py``, no difftx import) is written beside the weights and loads with
+    ``trust_remote_code=True`` (``remote_code``: see :func:`export_target`). Writes
     ``config.json``, ``model.safetensors`` and the tokenizer found in ``tokenizer_dir``
     (default: the source folder's ``tokenizer/``, where training checkpoints keep it, else the
     source folder itself): a ``tokenizer.json`` is copied (a ``tokenizer_config.json`` is
     written if absent), difftx's byte tokenizer (``difftx_tokenizer.json``) becomes an
     equivalent ``tokenizer.json``. The result loads with
-    ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), no custom code.
-    Raises :class:`ConversionError` (before writing anything) when no exact export exists, or
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` (and ``AutoTokenizer``), with ``trust_remote_code=True``
+    for the modeling file. Raises :class:`ConversionError` (before writing anything) for a kind neither way can
+    write (see :func:`export_target`), or
     when ``out_dir`` is a non-empty folder and not ``overwrite``. The folder is assembled beside
     ``out_dir`` and renamed into place: it is complete or absent, never half-written.
     """
@@ -447,17 +477,21 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
             raise ConversionError(f"{tok_src}: tokenizer folder not found")
     else:  # a training checkpoint keeps its tokenizer in tokenizer/; a bare model folder beside the weights
         tok_src = src / TOKENIZER_SUBDIR if src is not None and (src / TOKENIZER_SUBDIR).is_dir() else src
-    check_exportable(config)
+    target = export_target(config, remote_code)
     _check_shapes(state, _expected_state(config), source)
-    hf_state = to_hf_state(config, state)
+    from . import remote
+
+    hf_state = to_hf_state(config, state) if target == "exact" else remote.remote_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
     with atomic_folder(out, replace=True) as tmp:
         _write_safetensors(tmp / HF_WEIGHTS, hf_state, {"format": "pt"})
         _, eos_id = export_tokenizer(tok_src, tmp, config.max_seq_len)
-        cfg = hf_config(config, dtype)
+        cfg = hf_config(config, dtype) if target == "exact" else remote.remote_config(config, dtype)
         if eos_id is not None:
             cfg["eos_token_id"] = eos_id
+        if target == "remote":
+            remote.copy_code(tmp)
         write_json(tmp / "config.json", cfg, indent=2)
     return out
 

@@ -1,0 +1,78 @@
+"""Export of any built-in attention kind with difftx's own modeling code (``trust_remote_code=True``).
+
+``modeling_difftx.py`` and ``configuration_difftx.py`` beside this file are copied into the exported folder; they
+import only torch, transformers and the standard library (never difftx), and compute every built-in kind. The
+folder's ``config.json`` carries the :class:`~difftx.config.ModelConfig` fields under their own names
+(``tie_embeddings`` as transformers' ``tie_word_embeddings``) and an ``auto_map`` naming the two files; the weights
+are difftx's state dict with every name but ``lm_head.weight`` under ``model.`` (a tied model stores no
+``lm_head.weight``). This module only writes files: it does not import transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...config import ModelConfig
+
+HERE = Path(__file__).resolve().parent
+FILES = ("configuration_difftx.py", "modeling_difftx.py")  # what export copies beside the weights
+MODEL_TYPE = "difftx"
+AUTO_MAP = {"AutoConfig": "configuration_difftx.DifftxConfig",
+            "AutoModelForCausalLM": "modeling_difftx.DifftxForCausalLM"}
+
+
+def builtin_kind(config: ModelConfig) -> Optional[str]:
+    """The built-in kind's name that ``config``'s attention class is (the name the modeling file knows), or None
+    for a kind registered beyond difftx's own (its code is not in the modeling file)."""
+    from ...attention.registry import _BUILTIN
+
+    return next((name for name, cls in _BUILTIN.items() if cls is config.kind_class), None)
+
+
+def refusal(config: ModelConfig) -> Optional[str]:
+    """Why ``config`` cannot be exported with the modeling file, in one line, or None when it can."""
+    if builtin_kind(config) is not None:
+        return None
+    from ...attention.registry import _BUILTIN
+
+    return (f"attention={config.attention!r} cannot be exported: {config.kind_class.__name__} is a registered kind, "
+            f"not a built-in one; no transformers class computes it, and difftx's modeling file for "
+            f"trust_remote_code computes the built-in kinds only ({', '.join(_BUILTIN)})")
+
+
+def remote_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The ``config.json`` (as a dict) of ``config`` exported with the modeling file."""
+    fields = dataclasses.asdict(config)
+    tie = fields.pop("tie_embeddings")
+    fields["attention"] = builtin_kind(config)
+    name = str(dtype).removeprefix("torch.")
+    from ... import __version__
+
+    return {"architectures": ["DifftxForCausalLM"], "model_type": MODEL_TYPE, "auto_map": dict(AUTO_MAP), **fields,
+            "tie_word_embeddings": tie, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+            "use_cache": True, "dtype": name, "torch_dtype": name, "difftx_version": __version__}
+
+
+def remote_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """difftx state dict -> the modeling file's: the same tensors, every name but ``lm_head.weight`` under
+    ``model.``; a tied model's head is left out (transformers ties it to ``model.tok_embeddings.weight``)."""
+    out = {}
+    for name, t in state.items():
+        if name == "lm_head.weight":
+            if not config.tie_embeddings:
+                out[name] = t.contiguous()
+        else:
+            out["model." + name] = t.contiguous()
+    return out
+
+
+def copy_code(folder: Path) -> None:
+    """Copy the modeling and configuration files into ``folder``."""
+    for name in FILES:
+        shutil.copyfile(HERE / name, Path(folder) / name)
