@@ -492,8 +492,9 @@ FLOOR_METHOD_SEPARATE = (
     "fitted loss gives the ratio N_DIFF / N_baseline (< 1: DIFF needs fewer parameters); where DIFF's fitted loss "
     "lies below the baseline's floor, no baseline size reaches it and there is no ratio. Its 95% interval leaves "
     "out one seed at a time and refits both floors (jackknife standard error, t with seeds - 1 degrees of "
-    "freedom): it assumes independent seeds and curves of that form, whether the floors are equal or not "
-    "(`docs/efficiency.md`). A ratio whose baseline size lies outside the measured sizes is extrapolated along "
+    "freedom), widened by the lack of fit where the seeds' means stray from the curve more than their scatter "
+    "allows, and made to cover the refit without the smallest size where that moves it (the fit's note says when): "
+    "it assumes independent seeds, whether the floors are equal or not (`docs/efficiency.md`). A ratio whose baseline size lies outside the measured sizes is extrapolated along "
     "the fitted curve. Beside it, the paper's fit: a straight line log L = a + b log N per arm and seed, with a t "
     "interval over seeds; it is biased when the loss flattens toward a floor, which the lack of fit below "
     "measures.")
