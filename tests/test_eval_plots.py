@@ -61,3 +61,15 @@ def test_all_plots_render(tmp_path):
     for f in files:
         _check_png(f)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in files)  # no temp files left
+
+
+def test_a_panel_with_nothing_drawn_warns_of_nothing(tmp_path):
+    """The baseline's panel of a per-layer λ plot has no curve: no empty legend (matplotlib's warning reached the
+    compare's output as 'difftx compare: warning: No artists with labels found')."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = plots.plot_seed_panels({"baseline": {}, "DIFF": {"layer 0": [([0, 100, 200], [0.2, 0.3, 0.35])]}},
+                                     tmp_path / "panels.png", ylabel="λ", title="λ per layer")
+    _check_png(out)

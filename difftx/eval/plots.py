@@ -253,7 +253,8 @@ def plot_seed_panels(panels: Mapping[str, Mapping[str, Sequence[tuple[Sequence[f
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        ax.legend(frameon=False, fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a panel with nothing drawn (no seed has values) has no legend
+            ax.legend(frameon=False, fontsize=7)
     for k in range(len(names), rows * cols):
         axes[k // cols][k % cols].axis("off")
     for r in range(rows):
