@@ -335,7 +335,7 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
 def arm_names() -> list[str]:
     """The names an arm can have: :data:`ARMS`, then every attention kind registered beyond the built-in ones
     (:func:`~difftx.attention.registry.register_attention`)."""
-    from .attention.modules import ATTENTIONS_BUILTIN
+    from .attention.registry import ATTENTIONS_BUILTIN
 
     return [*ARMS, *(n for n, c in ATTENTIONS.items() if c not in ATTENTIONS_BUILTIN and n not in ARMS)]
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from difftx import KVCache, ModelConfig, Transformer  # noqa: E402
 from difftx.attention import ATTENTIONS, ConvertedAttention  # noqa: E402
-from difftx.attention.modules import ATTENTIONS_BUILTIN  # noqa: E402
+from difftx.attention.registry import ATTENTIONS_BUILTIN  # noqa: E402
 from difftx.checkpoint import load_model, save_model  # noqa: E402
 from difftx.cli import main  # noqa: E402
 from difftx.cli.convert import METHODS as CLI_METHODS  # noqa: E402

@@ -24,7 +24,7 @@ from test_convert import (LLAMAS, TOLERANCE, VOCAB, _non_trivial, check_against_
 
 from difftx import KVCache, ModelConfig, Transformer  # noqa: E402
 from difftx.attention import ATTENTIONS, DexAttention, StandardAttention  # noqa: E402
-from difftx.attention.modules import ATTENTIONS_BUILTIN  # noqa: E402
+from difftx.attention.registry import ATTENTIONS_BUILTIN  # noqa: E402
 from difftx.checkpoint import load_model, save_model  # noqa: E402
 from difftx.cli import main  # noqa: E402
 from difftx.cli.convert import METHODS as CLI_METHODS  # noqa: E402

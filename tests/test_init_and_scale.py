@@ -238,9 +238,10 @@ def test_scale_and_train_take_init():
     assert {p.preset.init for p in plans} == {"torch"} and all(r["init"] == "torch" for p in plans
                                                                 for r in p.regime.values())
     assert TrainConfig(model_overrides={"init": "torch"}).model_config().init == "torch"
-    from difftx.compare.scale import _regime_table, size_entries
+    from difftx.compare.regime import regime_table
+    from difftx.compare.scale import size_entries
 
-    table = _regime_table(size_entries(plans))
+    table = regime_table(size_entries(plans))
     assert "Initialisation `torch`" in table and "| 0.80 (norm) |" in table
 
 

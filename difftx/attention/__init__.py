@@ -4,8 +4,10 @@ temperature per head, a converted model's attention (and its DEX-style variant),
 from .kernels import BACKENDS, AttentionMaps, backend_names, register_backend, resolve_backend
 from .masks import AttentionMask
 from .cache import LayerKV
-from .modules import (AttentionKind, ConvertedAttention, DexAttention, DiffAttention, DiffAttentionV2,
-                      GatedAttention, StandardAttention, TemperatureAttention, lambda_init_for_layer)
+from .converted import ConvertedAttention
+from .dex import DexAttention
+from .modules import (AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention, StandardAttention,
+                      TemperatureAttention, lambda_init_for_layer)
 from .registry import ATTENTIONS, load_kinds, register_attention
 
 try:  # optional fused kernel: registers the "triton" backend when Triton is installed

@@ -87,6 +87,12 @@ _CONSTRUCTION = frozenset({"__init__", "from_config", "check_config", "baseline_
                            "cache_value_parts"})
 
 
+BUILTIN_CLASSES: set[type] = set()
+"""The built-in kinds' classes, filled by :mod:`difftx.attention.registry` as it registers them (which also imports
+the kinds defined in their own modules, :mod:`difftx.attention.converted` and :mod:`difftx.attention.dex`): their
+own rules apply to these classes only."""
+
+
 class AttentionKind(nn.Module):
     """An attention kind: q/k/v/out projections, RoPE, cache and kernel dispatch, and the hooks a kind
     overrides. docs/attention-kinds.md walks through writing one.
@@ -140,7 +146,7 @@ class AttentionKind(nn.Module):
         :mod:`difftx.training.stacked`): no method of a built-in kind is overridden outside the built-in
         kinds (construction, ``from_config``, initialisation and options excepted). Any other kind is
         stacked by ``torch.vmap`` over the one model, which runs its code as written."""
-        builtin = set(ATTENTIONS_BUILTIN)
+        builtin = BUILTIN_CLASSES
         methods = {n for c in cls.__mro__ if c in builtin or c is AttentionKind for n, v in vars(c).items()
                    if callable(v) or isinstance(v, (classmethod, staticmethod, property))}
         for c in cls.__mro__:
@@ -711,10 +717,3 @@ class DiffAttentionV2(AttentionKind):
         lam = torch.sigmoid(extra.to(at_least_fp32(extra.dtype)))[..., None]  # (..., H, 1)
         return (out[..., 0::2, :].to(lam.dtype) - lam * out[..., 1::2, :].to(lam.dtype)).to(out.dtype)
 
-
-from .converted import ConvertedAttention  # noqa: E402 - built on DiffAttention, defined above
-from .dex import DexAttention  # noqa: E402 - built on ConvertedAttention
-
-# the built-in kinds (registered by difftx.attention.registry); their own rules apply to these classes only
-ATTENTIONS_BUILTIN = (StandardAttention, GatedAttention, TemperatureAttention, DiffAttention, DiffAttentionV2,
-                      ConvertedAttention, DexAttention)

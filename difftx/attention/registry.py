@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .modules import (AttentionKind, ConvertedAttention, DexAttention, DiffAttention, DiffAttentionV2,
-                      GatedAttention, StandardAttention, TemperatureAttention)
+from .converted import ConvertedAttention
+from .dex import DexAttention
+from .modules import (BUILTIN_CLASSES, AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention,
+                      StandardAttention, TemperatureAttention)
 
 ATTENTIONS: dict[str, type[AttentionKind]] = {}
 """The attention kinds a :class:`~difftx.config.ModelConfig` can name (``attention``), by name:
@@ -152,5 +154,7 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
 _BUILTIN: dict[str, type[AttentionKind]] = {
     "diff": DiffAttention, "diff_v2": DiffAttentionV2, "standard": StandardAttention, "gated": GatedAttention,
     "temperature": TemperatureAttention, "converted": ConvertedAttention, "dex": DexAttention}
+ATTENTIONS_BUILTIN = tuple(_BUILTIN.values())  # the built-in kinds' classes; their own rules apply to these only
+BUILTIN_CLASSES.update(ATTENTIONS_BUILTIN)
 for _name, _cls in _BUILTIN.items():
     register_attention(_name, _cls)

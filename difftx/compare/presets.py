@@ -136,7 +136,7 @@ class ComparePreset:
                 not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pairs):
             raise preset_error("recall_pairs", f"must be positive pair counts, got {self.recall_pairs!r}")
         object.__setattr__(self, "recall_pairs", tuple(pairs))
-        from ..cli.convert import METHODS
+        from ..interop.convert import METHODS
 
         if self.convert_method not in METHODS:
             raise preset_error("convert_method", f"must be one of {list(METHODS)}, got {self.convert_method!r}")

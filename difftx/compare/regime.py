@@ -117,3 +117,27 @@ def non_embedding_parameters(cfg) -> int:
     with torch.device("meta"):
         total = Transformer(cfg).num_parameters()
     return total - cfg.vocab_size * cfg.dim * (1 if cfg.tie_embeddings else 2)
+
+
+def regime_table(sizes: list) -> str:
+    """The regime section of ``scale.md``: each size's DIFF regime against the paper's recipe (:func:`regime`, one
+    dict per size with its ``name`` and ``regime``), and the initialisation."""
+    rows = []
+    for sz in sizes:
+        for arm, r in (sz.get("regime") or {}).items():
+            tpp = "-" if r["tokens_per_param"] is None else f"{r['tokens_per_param']:.3g}"
+            scale = "-" if "out_scale" not in r else (", ".join(f"{x:.2f}" for x in r["out_scale"][:8])
+                                                       + ("..." if r["n_layers"] > 8 else "")
+                                                       + (" (norm)" if r["head_norm"] else " (no norm)"))
+            rows.append(f"| {sz['name']} | {arm} | {r['n_layers']} | "
+                        + ", ".join(f"{x:.2f}" for x in r["lambda_init"][:8]) + ("..." if r["n_layers"] > 8 else "")
+                        + f" (mean {r['lambda_init_mean']:.2f}) | {scale} | {r['diff_heads']} x {r['head_width']} | "
+                        f"{r['context']} | {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim) | {tpp} |")
+    if not rows:
+        return ""
+    head = ("| size | arm | layers | lambda_init per layer (mean) | head output scale per layer | DIFF heads x width | "
+            "context | feed-forward width | tokens per non-embedding parameter |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    init = init_line(sizes[0].get("regime") or {})
+    return ("## Regime (against the paper's recipe)\n\n" + REGIME_NOTE + (" " + init if init else "") + "\n\n" + head
+            + "\n".join(rows) + "\n")

@@ -39,11 +39,12 @@ from typing import Optional, Sequence
 from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
 from .presets import ComparePreset, get_preset
+from .regime import regime_table
 from .report import gap_text
+from .schema import SCALE_SCHEMA, SCALE_VERSION
 from .tune_report import label, shown
 
 # 2: the floor fit; the line under "loglog". 3: "kind" ("lm": the fit; "recall": the recall map, under "recall")
-SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 3
 
 # named model shapes (dim, layers, DIFF heads), scaled copies: every width a multiple of 24, so the default
 # feed-forward width (8/3 of it, rounded up to a multiple of 64) is exactly 8/3 of it; DIFF heads of width 24
@@ -576,7 +577,7 @@ def render_scale(s: dict) -> str:
         else:
             out.append(_crossover_text(eff["crossover"], "lines"))
     out.append(_gap_along_training_table(s))
-    out.append(_regime_table(s["sizes"]))
+    out.append(regime_table(s["sizes"]))
     out.append(f"For scale, {s['paper']}. These models are orders of magnitude smaller.\n")
     if s.get("plot"):
         out.append(f"![parameter efficiency]({s['plot']})\n")
@@ -621,31 +622,6 @@ def _gap_along_training_table(s: dict) -> str:
             "tokens (each size's curve windows, paired over seeds; `size=NAME/report.md` has every point): at the "
             "first point of the curve, where it is largest, and at the last.\n\n"
             "| size | arm | first point (nats at tokens) | largest | last point |\n|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
-
-
-def _regime_table(sizes: list) -> str:
-    """Each size's DIFF regime against the paper's recipe (:mod:`difftx.compare.regime`), and the initialisation."""
-    from .regime import REGIME_NOTE, init_line
-
-    rows = []
-    for sz in sizes:
-        for arm, r in (sz.get("regime") or {}).items():
-            tpp = "-" if r["tokens_per_param"] is None else f"{r['tokens_per_param']:.3g}"
-            scale = "-" if "out_scale" not in r else (", ".join(f"{x:.2f}" for x in r["out_scale"][:8])
-                                                       + ("..." if r["n_layers"] > 8 else "")
-                                                       + (" (norm)" if r["head_norm"] else " (no norm)"))
-            rows.append(f"| {sz['name']} | {arm} | {r['n_layers']} | "
-                        + ", ".join(f"{x:.2f}" for x in r["lambda_init"][:8]) + ("..." if r["n_layers"] > 8 else "")
-                        + f" (mean {r['lambda_init_mean']:.2f}) | {scale} | {r['diff_heads']} x {r['head_width']} | "
-                        f"{r['context']} | {r['ffn_hidden']} ({r['ffn_ratio']:.2f} x dim) | {tpp} |")
-    if not rows:
-        return ""
-    head = ("| size | arm | layers | lambda_init per layer (mean) | head output scale per layer | DIFF heads x width | "
-            "context | feed-forward width | tokens per non-embedding parameter |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
-    init = init_line(sizes[0].get("regime") or {})
-    return ("## Regime (against the paper's recipe)\n\n" + REGIME_NOTE + (" " + init if init else "") + "\n\n" + head
             + "\n".join(rows) + "\n")
 
 

@@ -95,7 +95,7 @@ def recall_by_size(names: list, results: dict) -> dict:
 def recall_summary(sizes: list[dict], results: dict, seeds: list) -> dict:
     """``scale.json``'s content for a recall scale (``kind`` "recall"): ``sizes`` (as :mod:`difftx.compare.scale`
     writes them), ``recall`` (``readings``: each reading's metric and label; ``sizes``: :func:`recall_by_size`)."""
-    from .scale import SCALE_SCHEMA, SCALE_VERSION
+    from .schema import SCALE_SCHEMA, SCALE_VERSION
 
     names = [z["name"] for z in sizes]
     arms = list(results[names[0]]["arms"])
@@ -187,13 +187,13 @@ def size_table(s: dict, z: dict) -> str:
 
 def render_recall_scale(s: dict) -> str:
     """``scale.md`` of a recall scale: the answer, a table per size, the regime, the plot."""
-    from .scale import _regime_table
+    from .regime import regime_table
 
     out = ["# DIFF vs baseline on associative recall across depth and width\n", recall_opening(s),
            f"Each size is a whole `difftx compare` of {len(s['seeds'])} paired seed(s). {MAP} {METHOD}\n"]
     out += [size_table(s, z) for z in s["sizes"]]
     # the regime without its LM tokens per parameter: a recall scale trains none
-    out.append(_regime_table([{**z, "regime": {a: {**r, "tokens_per_param": None} for a, r in z["regime"].items()}}
+    out.append(regime_table([{**z, "regime": {a: {**r, "tokens_per_param": None} for a, r in z["regime"].items()}}
                               for z in s["sizes"]]))
     if s.get("plot"):
         out.append(f"![recall frontier and learning step against depth]({s['plot']})\n")

@@ -11,6 +11,7 @@ from ..io import dumps_strict
 SCHEMA = "difftx.compare.results"
 SCHEMA_VERSION = 3  # 3: two estimands (the verdict on exchangeability; the mean's betting test beside it)
 READABLE_VERSIONS = (2, 3)  # results.json files this difftx reads (version 2: the verdict's p held the betting p)
+SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 3  # scale.json (difftx scale)
 FOLDER_VERSION = 2  # compare.json: what the models and evaluations of a folder are (reused while it is the same)
 
 TOP_LEVEL = {
