@@ -248,3 +248,32 @@ def test_every_eval_size_is_bounded_before_work(task, args, says, source, capsys
     code = main(["eval", task, str(source), *args, "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
+def test_train_and_info_take_every_registered_kind(tmp_path, capsys, monkeypatch):
+    """`train --attention` accepts a kind registered by --kinds (not a fixed list of four) and names what it knows
+    for one it does not; `info --arms` lists the registered kind beside the built-in arms."""
+    import re
+    from pathlib import Path
+
+    from difftx.attention.registry import ATTENTIONS
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_cli"')
+    kinds = tmp_path / "cli_kinds.py"
+    kinds.write_text(code)
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        assert main(["--kinds", str(kinds), "train", "--preset", "test", "--set", "steps=1", "--attention",
+                     "qknorm_cli", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+        cfg = json.loads(next((tmp_path / "run" / "checkpoints").glob("step_*/config.json")).read_text())
+        assert cfg["attention"] == "qknorm_cli"
+        capsys.readouterr()
+        assert main(["--kinds", str(kinds), "info", "test", "--arms"]) == 0
+        assert re.search(r"^qknorm_cli\s+qknorm_cli", capsys.readouterr().out, re.M)
+        assert main(["train", "--preset", "test", "--attention", "nope", "--out", str(tmp_path / "r2")]) == 2
+        err = capsys.readouterr().err
+        assert "'nope'" in err and "--kinds" in err and len(err.strip().splitlines()) == 1, err
+    finally:
+        ATTENTIONS.pop("qknorm_cli", None)

@@ -103,7 +103,7 @@ def _delta_text(c) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ARM_SETS, arm_config, attention_parameter_delta, baseline_config
+    from ..config import ARM_SETS, arm_config, arm_names, attention_parameter_delta, baseline_config
 
     cfg = _load(args.config)
     if args.attention:
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.arms is not None:
         if args.arms not in ARM_SETS:
             raise ValueError(f"--arms {args.arms}: unknown arm set; choose one of {sorted(ARM_SETS)}")
-        return _print_arms(cfg, ARM_SETS[args.arms])
+        # "all": every arm, and every attention kind registered beyond the built-in ones (--kinds)
+        return _print_arms(cfg, arm_names() if args.arms == "all" else ARM_SETS[args.arms])
     if args.arm:
         cfg = arm_config(cfg, args.arm)
     base = baseline_config(cfg)

@@ -48,8 +48,10 @@ def register(sub) -> None:
                    help="with --resume: continue although the training text changed since the checkpoint (refused "
                         "otherwise); recorded in the run's checkpoints (this command only)")
     p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
-    p.add_argument("--attention", choices=["diff", "diff_v2", "standard", "gated"],
-                   help="attention kind of the model (same n_heads; --baseline gives the parameter-matched one)")
+    p.add_argument("--attention", metavar="KIND",
+                   help="attention kind of the model: a built-in one (diff, diff_v2, standard, gated, temperature, "
+                        "converted, dex) or one registered by --kinds (same n_heads; --baseline gives the "
+                        "parameter-matched one)")
     p.add_argument("--baseline", action="store_true",
                    help="train the parameter-matched baseline of the configured DIFF model")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
