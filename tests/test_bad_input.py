@@ -170,6 +170,9 @@ def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp
         assert main(argv) == 0
         rec = json.loads((out / "seed0" / "qknorm_edit" / "train.json").read_text())
         assert rec["request"]["kinds"]["qknorm_edit"]["file"] == str(kinds.resolve())
+        # the report says what the arm is: its class's docstring
+        assert ("| qknorm_edit | " in (out / "report.md").read_text() and "| Standard attention whose queries and keys "
+                "are RMS-normalised per head before RoPE. |" in (out / "report.md").read_text())
         capsys.readouterr()
         kinds.write_text(code + "\n# edited\n")
         assert main(argv) == 2

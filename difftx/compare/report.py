@@ -197,6 +197,18 @@ def _setup(results: dict, ctx: ReportContext) -> str:
             "and trained for minutes: compare the *direction* of differences, not the values.\n")
 
 
+def _kind_text(arm: str) -> str:
+    """What an arm that is a kind of your own is: the first paragraph of its class's docstring, on one line ("" when
+    the kind is not registered in this process or has no docstring)."""
+    import inspect
+
+    from ..attention.registry import ATTENTIONS
+
+    cls = ATTENTIONS.get(arm)
+    doc = inspect.getdoc(cls) if cls is not None and cls.__doc__ else None
+    return " ".join(doc.split("\n\n")[0].split()) if doc else ""
+
+
 def render_arms(results: dict) -> str:
     """Every arm side by side (one column each, means over seeds); each pair's verdicts are in the
     report's verdict table."""
@@ -208,7 +220,7 @@ def render_arms(results: dict) -> str:
            "pair below and DIFF vs baseline. Throughput and the loss at equal wall-clock measure the machine "
            "as well: they are compared only between models trained by the same invocation (arms reused from "
            "an earlier run are not).\n",
-           table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a, "")] for a in arms],
+           table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a) or _kind_text(a)] for a in arms],
                  ["arm", "parameters", "what it is"])]
     rows = []
     for key, c in results["comparison"].items():
