@@ -105,7 +105,7 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
               for c in comps.values() if c["primary"] and c.get("better")]
     if others:  # the other arms' verdicts on the same primary metrics (more arms: --arms)
         answer += (" Other arms: " + "; ".join(f"{c['arms'][0]} - {c['arms'][1]} on {c['label']}: "
-                                               f"{difference_text(c)}, Holm p {adjusted_p_text(c)} "
+                                               f"{difference_text(c)}, Holm p {adjusted_p_text(c)}{_mean_clause(c)} "
                                                f"({c['better']} better)" for c in others) + ".")
     need = max((c.get("seeds_for_verdict") or 0 for c in primary), default=0)
     family = max((c.get("family_size") or 0 for c in primary), default=0)
