@@ -64,6 +64,12 @@ def test_own_text_example_end_to_end(tmp_path, capsys, monkeypatch, umask022):
         assert done.startswith("done: step 4/4, train loss ")
         assert "(best " in done and " at step " in done and "tokens per pass" in done
         assert "tokens/s over the run's" in done
+        # the λ each DIFF layer learned closes the line (the baseline has none)
+        assert bool(re.search(r", λ per layer -?\d\.\d\d, -?\d\.\d\d, checkpoint ", done)) == (not extra), done
+    assert main(["runs", "runs/diff", "runs/base"]) == 0
+    table = capsys.readouterr().out
+    assert re.search(r"^runs/diff\s+-?\d\.\d\d, -?\d\.\d\d$", table, re.M) and re.search(r"^runs/base\s+n/a$",
+                                                                                            table, re.M), table
     saved = json.loads(Path("runs/diff/train_config.json").read_text())
     # paths are saved absolute, with the path as given and relative to the run folder (a run folder that moves)
     assert saved["data_source"] == str(tmp_path / "mytext.txt") and saved["tokenizer"] == str(tmp_path / "tok")

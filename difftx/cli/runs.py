@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     # ValueError naming a folder that is not a run; a compare model's model/ stands for its train/ run
     summaries = [summarize_run(_compare_run(Path(r)) or r) for r in args.runs]
     columns, notes = extra_columns(args, summaries)
+    if any(s.final_lambda for s in summaries):  # DIFF runs: the λ each layer learned, at the last log record
+        from ..training.summary import Column, lambda_text
+
+        columns = [Column("final λ per layer", lambda s: lambda_text(s.final_lambda), "<"), *columns]
     print(format_table(summaries))
     print(f"({LEGEND})")
     if columns:  # a table of their own, so that no row is much wider than 100 characters

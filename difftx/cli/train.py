@@ -243,5 +243,9 @@ def done_line(result) -> str:
     rate = f" ({s.tokens_per_s:,.0f} tokens/s over the run's {s.train_time_s:.1f}s of training)" \
         if s.tokens_per_s else ""
     parts.append(f"{result.tokens_seen:,} tokens seen{rate}")
+    if s.final_lambda:
+        from ..training.summary import lambda_text
+
+        parts.append(f"λ per layer {lambda_text(s.final_lambda)}")
     parts.append(f"checkpoint {result.last_checkpoint}")
     return ", ".join(parts)

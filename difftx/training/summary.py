@@ -50,6 +50,7 @@ class RunSummary:
     checkpoint: Optional[Path] = None
     train_curve: list[tuple[int, float]] = field(default_factory=list)
     val_curve: list[tuple[int, float]] = field(default_factory=list)
+    final_lambda: Optional[list[float]] = None  # the learned λ per layer at the last log record (DIFF kinds)
     extra: dict[str, Any] = field(default_factory=dict)  # values added by other measurements
 
     @property
@@ -127,6 +128,9 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
     s.val_curve = [(r["step"], float(r["val_loss"])) for r in records if _finite(r.get("val_loss"))]
     if s.train_curve:
         s.final_train = s.train_curve[-1]
+    lambdas = [r["lambda"] for r in records if isinstance(r.get("lambda"), list) and r["lambda"]
+               and all(_finite(x) for x in r["lambda"])]
+    s.final_lambda = [float(x) for x in lambdas[-1]] if lambdas else None
     if s.val_curve:
         s.final_val = s.val_curve[-1]
         s.best_val = min(s.val_curve, key=lambda p: (p[1], p[0]))
@@ -190,6 +194,13 @@ def _short(v: Optional[int]) -> str:
             x = v / scale
             return f"{x:.3g}{unit}" if x < 1000 else f"{x:,.0f}{unit}"
     return f"{v:,}"
+
+
+def lambda_text(values: Optional[Sequence[float]], most: int = 8) -> str:
+    """``0.21, 0.37``: λ per layer, the first ``most`` layers and "..." after them; "n/a" without any."""
+    if not values:
+        return "n/a"
+    return ", ".join(f"{x:.2f}" for x in values[:most]) + (", ..." if len(values) > most else "")
 
 
 # narrow enough that a row of two typical runs fits in about 100 characters
