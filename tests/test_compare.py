@@ -56,6 +56,8 @@ def test_outputs_and_schema(smoke):
     validate_results(res)
     assert res["seeds"] == [0, 1] and res["schema_version"] == 3
     assert json.loads((smoke / "compare.json").read_text())["schema_version"] == 2  # the folder's version
+    # the preset's description speaks of the preset as written: the setup says what --set changed
+    assert "(the preset as written; set here: steps 6, preset 12;" in (smoke / "report.md").read_text()
     old = json.loads(text)  # a version 2 file (before the mean stood beside the verdict) still reads
     old["schema_version"] = 2
     for comps in [old["comparison"], *old.get("arm_comparisons", {}).values()]:

@@ -184,11 +184,27 @@ def _lm_estimand(results: dict, tuned: Optional[dict]) -> Optional[str]:
     return f"held-out LM intervals {phrase}" + (f" ({why})" if why else "")
 
 
+def _as_set(p: dict) -> str:
+    """`` (the preset as written; set here: steps 60, preset 1200; ...)`` where the comparison ran a named preset
+    with fields changed (``--set``) and kept its description, which then speaks of the preset as written."""
+    from .presets import PRESETS
+
+    base = PRESETS.get(p.get("name"))
+    if base is None or p.get("description") != base.description:
+        return ""
+    ref = base.to_dict()
+    changed = [k for k in ref if k not in ("name", "description", "tasks") and k in p and p[k] != ref[k]]
+    if not changed:
+        return ""
+    shown = "; ".join(f"{k} {p[k]}, preset {ref[k]}" for k in changed[:6]) + ("; ..." if len(changed) > 6 else "")
+    return f" (the preset as written; set here: {shown})"
+
+
 def _setup(results: dict, ctx: ReportContext) -> str:
     """What was trained, where, and at what scale: the section after the verdicts."""
     p, arms = results["preset"], results["arms"]
     return ("## Setup\n\n"
-            f"{p['description']}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order for "
+            f"{p['description']}{_as_set(p)}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order for "
             "every model). " + "; ".join(f"{a}: {v['parameters']:,} parameters" for a, v in arms.items())
             + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. {_execution(results)}Wall time of "
             f"this invocation: {results['wall_s']:.0f} s (parts already stored are not redone).\n\n"
