@@ -135,11 +135,19 @@ def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
     args = ["compare", "--from", str(tmp_path / "hf"), "--data", str(source / "text.txt"), "--out",
             str(tmp_path / "out"), "--no-progress", *SMALL]
     assert main(args) == 2  # a folder without tokenizer files: the user names the tokenizer
-    assert "has no tokenizer folder: give the one it was trained with (--tokenizer DIR, or byte)" in \
-        capsys.readouterr().err
+    assert "has no tokenizer (a difftx tokenizer/ folder, or a transformers folder's tokenizer.json): give the one it " \
+        "was trained with (--tokenizer DIR, or byte)" in capsys.readouterr().err
     assert main([*args, "--tokenizer", "byte"]) == 0
     base = load_model(tmp_path / "out" / "seed0" / "baseline" / "model")
     assert base.config.attention == "standard" and base.config.n_kv_heads == 2
+    # a folder with its tokenizer.json (as transformers saves it): read as `difftx convert` reads it
+    from difftx.data.tokenizer import byte_tokenizer_json
+
+    (tmp_path / "hf" / "tokenizer.json").write_text(byte_tokenizer_json())
+    args[args.index(str(tmp_path / "out"))] = str(tmp_path / "out2")
+    assert main(args) == 0
+    text = json.loads((tmp_path / "out2" / "results.json").read_text())["text"]
+    assert text["tokenizer"].startswith("bpe-"), text  # its tokenizer.json, not the byte tokenizer
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -349,8 +349,9 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
     where = f"ComparePreset.source: {p.source}"
     tok = p.tokenizer or src_tok
     if tok is None:
-        raise preset_error("tokenizer", f"{p.source} has no tokenizer folder: give the one it was trained with "
-                                        "(--tokenizer DIR, or byte)")
+        raise preset_error("tokenizer", f"{p.source} has no tokenizer (a difftx tokenizer/ folder, or a transformers "
+                                        "folder's tokenizer.json): give the one it was trained with (--tokenizer "
+                                        "DIR, or byte)")
     tok = tok if tok == "byte" else str(Path(tok).expanduser().resolve())
     lm_vocab = load_tokenizer(tok).vocab_size
     if lm_vocab > config.vocab_size:

@@ -61,8 +61,10 @@ def _read(path: str, stamp: tuple) -> tuple[str, ModelConfig, str, Optional[str]
     from ..interop.hf import TOKENIZER_SUBDIR
 
     kind, config, _, folder = read_source(path)
-    tok = Path(folder) / TOKENIZER_SUBDIR
-    return kind, config, str(folder), str(tok) if tok.is_dir() else None
+    # a difftx checkpoint keeps its tokenizer in tokenizer/; a transformers folder holds tokenizer.json itself (read
+    # and carried by `difftx convert` alike)
+    tok = Path(folder) / ("tokenizer.json" if kind.startswith("transformers:") else TOKENIZER_SUBDIR)
+    return kind, config, str(folder), str(tok) if tok.exists() else None
 
 
 def source_identity(source: Source) -> dict:
