@@ -147,18 +147,25 @@ def test_recall_lengths_far_beyond_the_models_context_are_refused_at_once(source
     assert code == 2 and f"length(s) [100000] exceed {MAX_EXTRAPOLATION}x the model's context ({ctx} tokens" in err
 
 
-def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp_path, capsys, monkeypatch):
-    """The kinds file's SHA-256 is in each model's train.json; a re-run after an edit is refused, naming the file;
-    the file as it was is reused."""
+def _doc_kind(folder, name: str):
+    """The kind of docs/attention-kinds.md (its first code block) registered as ``name``, written to a file in
+    ``folder``: ``(its path, its code)``."""
     import re
     from pathlib import Path
 
+    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', f'"{name}"')
+    path = folder / f"{name}_kinds.py"
+    path.write_text(code)
+    return path, code
+
+
+def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp_path, capsys, monkeypatch):
+    """The kinds file's SHA-256 is in each model's train.json; a re-run after an edit is refused, naming the file;
+    the file as it was is reused."""
     from difftx.attention.registry import ATTENTIONS
 
-    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
-    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_edit"')
-    kinds = tmp_path / "edit_kinds.py"
-    kinds.write_text(code)
+    kinds, code = _doc_kind(tmp_path, "qknorm_edit")
     monkeypatch.setenv("DIFFTX_KINDS", "")
     out = tmp_path / "cmp"
     argv = ["--kinds", str(kinds), "compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1",
@@ -188,17 +195,11 @@ def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp
 def test_a_run_of_a_kind_of_your_own_is_not_resumed_once_its_file_is_edited(tmp_path, capsys, monkeypatch):
     """Each checkpoint of `difftx train` records the kinds file's SHA-256 (and the difftx version); `--resume` after
     an edit is refused in one line naming the file, before anything is written; the file as it was resumes."""
-    import re
-    from pathlib import Path
-
     from difftx import __version__
     from difftx.attention.registry import ATTENTIONS
     from difftx.training import checkpointing as ckpt
 
-    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
-    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_resume"')
-    kinds = tmp_path / "resume_kinds.py"
-    kinds.write_text(code)
+    kinds, code = _doc_kind(tmp_path, "qknorm_resume")
     monkeypatch.setenv("DIFFTX_KINDS", "")
     monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "run"
@@ -257,14 +258,10 @@ def test_train_and_info_take_every_registered_kind(tmp_path, capsys, monkeypatch
     """`train --attention` accepts a kind registered by --kinds (not a fixed list of four) and names what it knows
     for one it does not; `info --arms` lists the registered kind beside the built-in arms."""
     import re
-    from pathlib import Path
 
     from difftx.attention.registry import ATTENTIONS
 
-    doc = Path(__file__).resolve().parents[1] / "docs" / "attention-kinds.md"
-    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_cli"')
-    kinds = tmp_path / "cli_kinds.py"
-    kinds.write_text(code)
+    kinds, _ = _doc_kind(tmp_path, "qknorm_cli")
     monkeypatch.setenv("DIFFTX_KINDS", "")
     monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
     try:
