@@ -73,3 +73,6 @@ def test_a_panel_with_nothing_drawn_warns_of_nothing(tmp_path):
         out = plots.plot_seed_panels({"baseline": {}, "DIFF": {"layer 0": [([0, 100, 200], [0.2, 0.3, 0.35])]}},
                                      tmp_path / "panels.png", ylabel="λ", title="λ per layer")
     _check_png(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.plot_seed_curves({"DIFF": []}, tmp_path / "curves.png", ylabel="loss", title="nothing measured")

@@ -110,8 +110,9 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
                               bounds=c["bounds"])
             c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
         if c.get("mean_established") is False and c["primary"]:  # how many seeds the mean needs, as observed
-            c["seeds_for_mean"] = seeds_for_mean(np.subtract(*(c["values"][x] for x in (a, b))), c["bounds"],
-                                                 sizes["primary"], ALPHA)
+            d = np.subtract(*(c["values"][x] for x in (a, b)))  # at this look's level, and more than there are
+            need = seeds_for_mean(d, c["bounds"], sizes["primary"] * look, ALPHA)
+            c["seeds_for_mean"] = None if need is None else max(need, d.size + 1)
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,

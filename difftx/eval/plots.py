@@ -204,7 +204,8 @@ def plot_seed_curves(curves: Mapping[str, Sequence[tuple[Sequence[float], Sequen
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (no model has values): no legend
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 
