@@ -12,7 +12,8 @@ The capacity frontier of a model is its mean accuracy over the plain-MQAR cells 
 under its accuracy-against-pairs curves, averaged over lengths: ``recall_frontier``, the primary
 metric); ``recall_pairs_at_half`` reads the same cells as the pair count, interpolated on a log scale,
 where accuracy falls through 50% (the geometric mean over lengths), censored at the grid's ends. Both
-are bounded, so a verdict on either is one on its mean (the betting test joins the sign-flip test). On
+are bounded, so beside a verdict (the arms are not interchangeable) the betting test says whether the mean
+difference is established. On
 ``recall-cpu``'s seeds both have the same power (``benchmarks/recall_frontier_power.py``, results log
 2026-11-28); the frontier is the primary metric because it is never censored and its effect per unit of
 range is the larger where the arms differ least.
