@@ -618,8 +618,8 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
     arms; a seed's value is the mean of its row) the t part includes evaluation-set noise. With
     ``bounds`` ``(low, high)`` (the metric's range, e.g. ``(0, 1)`` for an accuracy) the interval
     stays inside ``[low - high, high - low]`` and also holds the betting interval of the mean
-    difference, whose p-value joins the maximum (a test of the mean, not only of symmetry). See the
-    module docstring for how the parts are combined."""
+    difference, whose p-value is ``betting_p`` (the second estimand, stated beside the verdict; ``p_value``
+    stays the test of exchangeability). See the module docstring for how the parts are combined."""
     a, b = np.asarray(diff, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
         raise ValueError(f"diff and baseline must be equal-length, non-empty 1-D sequences (got {a.shape} and "
