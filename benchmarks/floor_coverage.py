@@ -66,6 +66,11 @@ CASES = {
 }
 
 
+def median_width(got: dict) -> float:
+    """The median over runs of the interval's width (high / low) at the largest size; a missing interval is infinite."""
+    w = (got["log_high"] - got["log_low"])[:, -1]
+    return float(np.median(np.exp(np.where(np.isnan(w), np.inf, w))))
+
 def coverage(got: dict, truth: np.ndarray) -> np.ndarray:
     """Per size, the share of runs whose interval holds the true log ratio (an unbounded interval holds
     it; a missing ratio or interval does not)."""
@@ -116,10 +121,7 @@ def lack_of_fit_table(args, sizes: np.ndarray) -> None:
                 before = floor_ratios(sizes, arm, sizes, ref, lack_of_fit=False, size_check=False)
                 after = floor_ratios(sizes, arm, sizes, ref)
                 cb, ca = coverage(before, truth), coverage(after, truth)
-                widths = []
-                for got in (before, after):
-                    w = (got["log_high"] - got["log_low"])[:, -1]
-                    widths.append(float(np.median(np.exp(np.where(np.isnan(w), np.inf, w)))))
+                widths = [median_width(got) for got in (before, after)]
                 widened = float(np.mean(after["widen"] >= 1.005))
                 rejects = float(np.mean(after["lack_of_fit_p"] < 0.05))
                 withheld = float(np.mean(np.isnan(after["log_low"][:, -1])))
@@ -164,10 +166,7 @@ def main() -> None:
             before = floor_ratios(sizes, arm, sizes, ref, model="shared", lack_of_fit=False, size_check=False)
             after = floor_ratios(sizes, arm, sizes, ref)
             cb, ca = coverage(before, truth), coverage(after, truth)
-            widths = []
-            for got in (before, after):
-                w = (got["log_high"] - got["log_low"])[:, -1]
-                widths.append(float(np.median(np.exp(np.where(np.isnan(w), np.inf, w)))))
+            widths = [median_width(got) for got in (before, after)]
             unbounded = float(np.mean(np.isinf(after["log_high"]).any(1) | np.isinf(after["log_low"]).any(1)))
             spans = float(after["spans_shared"].mean())
             d, dh = after["floor_difference"], after["floor_half"]
