@@ -71,6 +71,7 @@ def median_width(got: dict) -> float:
     w = (got["log_high"] - got["log_low"])[:, -1]
     return float(np.median(np.exp(np.where(np.isnan(w), np.inf, w))))
 
+
 def coverage(got: dict, truth: np.ndarray) -> np.ndarray:
     """Per size, the share of runs whose interval holds the true log ratio (an unbounded interval holds
     it; a missing ratio or interval does not)."""
