@@ -1,24 +1,23 @@
-"""Does :func:`difftx.eval.stats.seeds_for_power` deliver the power it names? From pilots of 5 and 8
+"""Does :func:`difftx.eval.stats.power_plan` deliver the power it names? From pilots of 5 and 8
 seeds drawn from a known truth, each answer ``n`` is checked against the TRUE power of the verdict
 rule at ``n``: fresh experiments of ``n`` seeds drawn from the truth itself, each decided by the rule
 of an unbounded metric (reject where ``max(t p-value, sign-flip p-value) x comparisons < 0.05``: the
 rule :func:`difftx.eval.stats.rule_power` models, Holm's first step; the sign-flip p-value exact up to
 16 seeds, else from 20,000 random flips, as :func:`difftx.eval.stats.sign_flip_p`; checked against
-:func:`difftx.eval.stats.paired_estimate` on random rows first). Prints a Markdown table: before (the
-function as it was, kept below as ``seeds_for_power_before``) and after (:func:`power_plan` now), side
-by side, on the same pilots.
+:func:`difftx.eval.stats.paired_estimate` on random rows first). Prints a Markdown table of three
+plans on the same pilots: before (the plan of 2026-11-27: the 90% lower bound of the effect, no modes:
+``power_plan(confidence=0.9, modes=False)``), and now without and with modes (``modes=False``, as for an
+unbounded metric such as an NLL; ``modes=True``, as for a bounded one such as an accuracy).
 
     python benchmarks/power_delivered.py [--pilots 200] [--experiments 1000] [--comparisons 1]
-                                         [--confidence 0.9] [--no-before]
+                                         [--pilot-seeds 5,8] [--truths 0,4]
 
-Truths: normal differences of 0.5, 0.8, 1.2 and 2 SD, and a lottery (70% of seeds +1, 30% -0.8: a
-seed learns a task with one arm or the other; 0.56 SD). Per truth and pilot size: the seeds the truth
-needs (the fewest with true power >= 0.8); per method the median answer (``None`` counted as "> 64"),
-the mean true power at the numeric answers (target >= 0.8) and the share of them below 0.7, and the
-share of pilots answered ``None``. Pilots that only a lucky draw lets through are all that is left
-among the numeric answers where most pilots get ``None``, so for the function now also: the same with
-every ``None`` that means "not within 64 seeds" counted as 64 seeds (the least that answer asks for),
-and the share of ``None`` that is ``unknown`` (a pilot without spread)."""
+Truths: normal differences of 0.5, 0.8, 1.2 and 2 SD, and lotteries (a seed learns a task with one arm
+or the other): 70% of seeds +1, 30% -0.8, without noise and with normal noise of SD 0.1, 0.2 and 0.3,
+and 80% / 20% with the same noises. Per truth and pilot size: the seeds the truth needs (the fewest with
+true power >= 0.8); per plan the median answer (``None`` counted as "> 64"), the mean true power at the
+numeric answers (target >= 0.8) and the share of them below 0.7 (target <= 0.1), and the share of pilots
+answered ``None`` (not within 64 seeds, or unknown: a pilot without spread)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from difftx.eval.stats import (POWER_CONFIDENCE, POWER_MAX_SEEDS, _fewest_seeds, paired_estimate, power_plan,
-                               seeds_for_verdict, t_quantile)
+from difftx.eval.stats import POWER_MAX_SEEDS, paired_estimate, power_plan, seeds_for_verdict, t_quantile
 
 ALPHA = 0.05
 TARGET = 0.8
@@ -39,25 +37,20 @@ def _normal(effect: float) -> Callable:
     return lambda rng, shape: rng.normal(effect, 1.0, shape)
 
 
-def _lottery(rng, shape):
-    return np.where(rng.random(shape) < 0.7, 1.0, -0.8)
+def _lottery(share: float, noise: float) -> Callable:
+    """A share of seeds at +1 (the task learned with this arm), the rest at -0.8, plus normal noise."""
+    def draw(rng, shape):
+        x = np.where(rng.random(shape) < share, 1.0, -0.8)
+        return x + rng.normal(0.0, noise, shape) if noise else x
+    return draw
 
 
 TRUTHS: dict[str, Callable] = {"normal, 0.5 SD": _normal(0.5), "normal, 0.8 SD": _normal(0.8),
                                "normal, 1.2 SD": _normal(1.2), "normal, 2 SD": _normal(2.0),
-                               "lottery: 70% +1, 30% -0.8 (0.56 SD)": _lottery}
-
-
-# -- BEFORE: seeds_for_power as it was until 2026-11-27 (commit 12316e1), kept for the 'before' column --------
-def seeds_for_power_before(d, comparisons: int = 1, alpha: float = 0.05, power: float = 0.8, bounds=None,
-                           max_seeds: int = POWER_MAX_SEEDS, reps: int = 300) -> Optional[int]:
-    """THE OLD LOGIC: the fewest seeds at which :func:`rule_power`, resampling the observed ``d`` as it
-    is, reaches ``power`` (``None`` beyond ``max_seeds``, below 2 values or at a mean of 0)."""
-    x = np.asarray(d, dtype=np.float64)
-    if x.size < 2 or float(x.mean()) == 0.0:
-        return None
-    return _fewest_seeds(x, comparisons, alpha, power, bounds, max_seeds, reps)  # the same search, on d itself
-# -- end of the old logic ---------------------------------------------------------------------------------------
+                               **{f"lottery {round(100 * p)}/{round(100 * (1 - p))}, noise {sd:g}": _lottery(p, sd)
+                                  for p in (0.7, 0.8) for sd in (0.0, 0.1, 0.2, 0.3) if (p, sd) != (0.8, 0.0)}}
+PLANS: dict[str, dict] = {"before (0.9, no modes)": dict(confidence=0.9, modes=False),
+                          "now, no modes": dict(modes=False), "now, modes": dict(modes=True)}
 
 
 def verdicts(x: np.ndarray, comparisons: int, alpha: float = ALPHA, chunk: int = 100) -> np.ndarray:
@@ -126,28 +119,22 @@ def check_rule(comparisons: int, rows: int = 40) -> None:
 
 
 def summarise(answers: list, truth: str, true_power: TruePower) -> dict:
-    """Per method: the median answer (``None`` as 65: "more than 64"), the true power at the numeric
-    answers (mean, share below 0.7), the same with every ``None`` but an unknown one counted as
-    64 seeds (what "more than 64" asks for at least), and the shares of ``None``."""
-    seeds = [a.seeds if hasattr(a, "seeds") else a for a in answers]
-    unknown = [bool(getattr(a, "unknown", False)) for a in answers]
-    given = [a for a in seeds if a is not None]
+    """Per plan: the median answer (``None`` as 65: "more than 64"), the true power at the numeric answers
+    (mean, share below 0.7), and the share of ``None``."""
+    given = [a for a in answers if a is not None]
     powers = np.array([true_power(truth, a) for a in given])
-    counted = np.array([true_power(truth, a if a is not None else POWER_MAX_SEEDS)
-                        for a, u in zip(seeds, unknown) if not u])
-    return {"median": float(np.median([a if a is not None else POWER_MAX_SEEDS + 1 for a in seeds])),
+    return {"median": float(np.median([a if a is not None else POWER_MAX_SEEDS + 1 for a in answers])),
             "power": float(powers.mean()) if given else None, "low": float((powers < 0.7).mean()) if given else None,
-            "power_64": float(counted.mean()) if counted.size else None,
-            "low_64": float((counted < 0.7).mean()) if counted.size else None,
-            "none": 1 - len(given) / len(seeds), "unknown": float(np.mean(unknown))}
-
-
-def _median(s: dict) -> str:
-    return "> 64" if s["median"] > POWER_MAX_SEEDS else f"{s['median']:g}"
+            "none": 1 - len(given) / len(answers)}
 
 
 def _f(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def _cells(s: dict) -> str:
+    median = "> 64" if s["median"] > POWER_MAX_SEEDS else f"{s['median']:g}"
+    return f"{median} | {_f(s['power'])} | {_f(s['low'])} | {s['none']:.2f}"
 
 
 def main() -> None:
@@ -157,21 +144,17 @@ def main() -> None:
                     help="fresh experiments per (truth, seeds) for the true power (default 1000)")
     ap.add_argument("--comparisons", type=int, default=1, help="Holm family size (default 1: the audit's)")
     ap.add_argument("--pilot-seeds", default="5,8", help="pilot sizes (default 5,8)")
-    ap.add_argument("--confidence", type=float, default=POWER_CONFIDENCE,
-                    help=f"the plan's confidence (default {POWER_CONFIDENCE}, the function's)")
     ap.add_argument("--truths", default=None, help="comma-separated indices of the truths to run (default: all)")
-    ap.add_argument("--no-before", action="store_true", help="skip the 'before' column (faster)")
     args = ap.parse_args()
     check_rule(args.comparisons)
     true_power = TruePower(args.experiments, args.comparisons)
-    took: list[float] = []
-    print(f"True power at the answer of seeds_for_power (80% asked), {args.pilots} pilots per row, "
-          f"{args.experiments} fresh experiments per (truth, seeds), family of {args.comparisons}, "
-          f"after: planned at confidence {args.confidence}:\n")
-    print("| differences | pilot seeds | seeds needed | before: median answer | mean true power | share < 0.7 | "
-          "share None | after: median answer | mean true power | share < 0.7 | share None | "
-          "after, None counted as 64: mean true power | share < 0.7 | unknown |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    took: dict[str, list] = {name: [] for name in PLANS}
+    print(f"True power at the answer of power_plan (80% asked), {args.pilots} pilots per row, {args.experiments} "
+          f"fresh experiments per (truth, seeds), family of {args.comparisons}. Per plan: median answer | mean true "
+          f"power at the numeric answers | their share below 0.7 | share None.\n")
+    print("| differences | pilot seeds | seeds needed | " + " | ".join(
+        f"{name}: median | power | < 0.7 | None" for name in PLANS) + " |")
+    print("|---|---|---|" + "---|---|---|---|" * len(PLANS))
     chosen = None if args.truths is None else {int(v) for v in args.truths.split(",")}
     for t_index, truth in enumerate(TRUTHS):
         if chosen is not None and t_index not in chosen:
@@ -180,19 +163,20 @@ def main() -> None:
         for n0 in (int(v) for v in args.pilot_seeds.split(",")):
             rng = np.random.default_rng([t_index, n0, 11])
             pilots = TRUTHS[truth](rng, (args.pilots, n0))
-            before = [None if args.no_before else seeds_for_power_before(p, args.comparisons) for p in pilots]
-            after = []
-            for p in pilots:
-                start = time.perf_counter()
-                after.append(power_plan(p, args.comparisons, confidence=args.confidence))
-                took.append(time.perf_counter() - start)
-            b, a = summarise(before, truth, true_power), summarise(after, truth, true_power)
-            print(f"| {truth} | {n0} | {need if need else '> 64'} | {_median(b)} | {_f(b['power'])} | {_f(b['low'])} | "
-                  f"{b['none']:.2f} | {_median(a)} | {_f(a['power'])} | {_f(a['low'])} | {a['none']:.2f} | "
-                  f"{_f(a['power_64'])} | {_f(a['low_64'])} | {a['unknown']:.2f} |", flush=True)
-    took_a = np.array(took)
-    print(f"\npower_plan: {1000 * took_a.mean():.0f} ms per call on average, {1000 * took_a.max():.0f} ms at most "
-          f"({took_a.size} calls).")
+            cells = []
+            for name, kwargs in PLANS.items():
+                answers = []
+                for p in pilots:
+                    start = time.perf_counter()
+                    answers.append(power_plan(p, args.comparisons, **kwargs).seeds)
+                    took[name].append(time.perf_counter() - start)
+                cells.append(_cells(summarise(answers, truth, true_power)))
+            print(f"| {truth} | {n0} | {need if need else '> 64'} | " + " | ".join(cells) + " |", flush=True)
+    print()
+    for name, times in took.items():
+        t = np.array(times)
+        print(f"power_plan, {name}: {1000 * t.mean():.0f} ms per call on average, {1000 * t.max():.0f} ms at most "
+              f"({t.size} calls).")
 
 
 if __name__ == "__main__":

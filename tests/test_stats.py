@@ -307,9 +307,14 @@ def test_seeds_for_power():
     assert seeds_for_power([0.1, -0.1, 0.2, -0.2]) is None
     # a bounded mean needs many more seeds than the symmetric tests: consistent +0.3 accuracy gains
     consistent = [0.3, 0.31, 0.29, 0.3, 0.32, 0.3, 0.28, 0.3]
-    bounded = seeds_for_power(consistent, comparisons=3, bounds=(0.0, 1.0), estimand="mean")
+    bounded = seeds_for_power(consistent, comparisons=3, bounds=(0.0, 1.0), estimand="mean", modes=False)
     assert bounded is not None and bounded > 12
-    assert seeds_for_power(consistent, comparisons=3, bounds=(0.0, 1.0)) == seeds_for_verdict(3)  # the verdict's
+    assert seeds_for_power(consistent, comparisons=3, bounds=(0.0, 1.0), modes=False) == seeds_for_verdict(3)
+    # a bounded metric plans for modes by default: 8 seeds on one side cannot exclude that 25% of seeds reverse
+    moded = power_plan(consistent, comparisons=3, bounds=(0.0, 1.0))
+    assert moded.far_seen == 0 and moded.far_share == pytest.approx(1 - 0.1 ** (1 / 8))
+    assert moded.seeds > 3 * seeds_for_verdict(3) and "25% of seeds on the far side of 0" in moded.describe()
+    assert "all 8 lay on one side: planned as their mirror image" in moded.describe()
     with pytest.raises(ValueError, match="estimand"):
         rule_power(consistent, 8, estimand="mean")  # the mean's test needs the bounds
     assert rule_power([0.3] * 8, 5) == 0.0  # below the sign-flip minimum nothing can be rejected
@@ -338,7 +343,7 @@ def _true_power(truth: np.ndarray, answers, cache: dict) -> np.ndarray:
 def test_seeds_for_power_delivers_its_power():
     """5-seed pilots of normal differences of 1.2 SD: resampling the pilot as it was answered 6 seeds
     for pilots whose 5 differences share a sign (about half of them), where the true power is 0.47.
-    Planned for the lower 90% bound of the effect, the answers' true power averages at least 0.8 and
+    Planned for the lower 85% bound of the effect, the answers' true power averages at least 0.8 and
     few fall below 0.7 (30 pilots; benchmarks/power_delivered.py measures more regimes)."""
     rng = np.random.default_rng(12)
     truth = rng.normal(1.2, 1.0, 100_000)
@@ -359,7 +364,8 @@ def test_power_plan_says_what_it_assumed():
     assert plan.planned_mean / plan.planned_sd < plan.pilot_mean / plan.pilot_sd
     assert 0 < plan.planned_mean < plan.pilot_mean and plan.planned_sd >= plan.pilot_sd
     text = plan.describe(3, "nats")
-    assert f"about {plan.seeds} seeds" in text and "planning for a difference of +" in text and "90% confidence" in text
+    assert f"about {plan.seeds} seeds" in text and "planning for a difference of +" in text and "85% confidence" in text
+    assert plan.far_share is None and "far side" not in text  # an unbounded metric: planned without modes
     assert plan.to_dict()["planned_mean"] == plan.planned_mean
     e = paired_estimate([0.3, -0.2, 0.1, 0.25, -0.1, 0.05, 0.2, -0.15], np.zeros(8))  # no verdict: power is said
     v = verdict(e, "NLL", lower_is_better=True, power_seeds=plan.seeds, power_checked=True, power_plan=plan)
@@ -395,6 +401,11 @@ def test_the_verdict_is_on_exchangeability_and_the_mean_stands_beside_it():
     assert "DIFF is worse at this scale and budget (the arms are not interchangeable: DIFF lower in 7 of 7 seeds)" \
         in text and f"the mean difference is not yet established (Holm-adjusted betting p = " in text
     assert f"about {need} seeds if the differences go on as these" in text
+    plan = power_plan(d, 3, bounds=(0.0, 1.0), estimand="mean")  # and planned, as the verdict's power is
+    assert plan.estimand == "mean" and plan.far_seen == 0 and plan.describe().startswith("80% power for the mean ")
+    text = verdict(est, "recall", lower_is_better=False, adjusted_p=p3, family_size=3, mean_p=est.betting_p * 3,
+                   mean_seeds=need, mean_plan=plan)
+    assert text.endswith(f"about {need} seeds if the differences go on as these; {plan.describe()}")
     same = paired_estimate(base, base, bounds=(0.0, 1.0))
     text = verdict(same, "recall", lower_is_better=False, adjusted_p=min(1.0, same.p_value * 3), family_size=3)
     assert "no detectable difference" in text and "established (" not in text.replace("not yet established", "")

@@ -77,7 +77,9 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
     A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
     compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`) and
-    ``power_plan``, the effect and spread it was planned for (:func:`difftx.eval.stats.power_plan`)."""
+    ``power_plan``, the effect and spread it was planned for (:func:`difftx.eval.stats.power_plan`), and a bounded
+    one whose mean is not established ``seeds_for_power_mean`` and ``power_plan_mean``, the same for the test of its
+    mean; both planned at this look's level."""
     out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
     everything = [c for comps in out.values() for c in comps.values()]
     look = int(results.get("look") or 1)  # a folder read again after seeds were added: p-values x look
@@ -104,21 +106,23 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
         # (primary metrics only: a simulation per comparison; from POWER_MIN_SEEDS seeds on, as fewer say too
         # little about the spread); the effect and spread planned for are kept and printed with the number
         powered = power and c["primary"] and not c["gated"] and est is not None and est.n >= POWER_MIN_SEEDS
-        plan = None
-        if powered:
-            plan = power_plan(np.subtract(*(c["values"][x] for x in (a, b))), sizes["primary"], ALPHA,
-                              bounds=c["bounds"])
+        plan = mean_plan = None
+        d = np.subtract(*(c["values"][x] for x in (a, b))) if c["primary"] else None
+        if powered:  # at this look's level
+            plan = power_plan(d, sizes["primary"] * look, ALPHA, bounds=c["bounds"])
             c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
         if c.get("mean_established") is False and c["primary"]:  # how many seeds the mean needs, as observed
-            d = np.subtract(*(c["values"][x] for x in (a, b)))  # at this look's level, and more than there are
-            need = seeds_for_mean(d, c["bounds"], sizes["primary"] * look, ALPHA)
-            c["seeds_for_mean"] = None if need is None else max(need, d.size + 1)
+            need = seeds_for_mean(d, c["bounds"], sizes["primary"] * look, ALPHA)  # at this look's level, and more
+            c["seeds_for_mean"] = None if need is None else max(need, d.size + 1)  # than there are
+            if powered:  # and planned for the pessimistic end of what these seeds show, as the verdict's
+                mean_plan = power_plan(d, sizes["primary"] * look, ALPHA, bounds=c["bounds"], estimand="mean")
+                c["seeds_for_power_mean"], c["power_plan_mean"] = mean_plan.seeds, mean_plan.to_dict()
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],
                                 alpha=ALPHA, unit=m.unit, digits=max(m.digits, 1), names=names,
                                 family_size=sizes[c["family"]], power_seeds=c.get("seeds_for_power"),
                                 power_checked=powered, power_plan=plan, mean_p=c.get("mean_p_adjusted"),
-                                mean_seeds=c.get("seeds_for_mean"), look=look))
+                                mean_seeds=c.get("seeds_for_mean"), mean_plan=mean_plan, look=look))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
     return out

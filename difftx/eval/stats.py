@@ -58,9 +58,11 @@ the verdict names them when they are why no verdict is possible.
 Power. :func:`seeds_for_verdict` is the least number of seeds at which a verdict is *possible*;
 :func:`seeds_for_power` (:func:`power_plan`, with what it assumed) is the number at which the rule
 finds a difference in 80% of repeats, planned for the pessimistic end of what the observed seeds show:
-the lower 90% bound of their effect / SD, with their shape (a lottery's modes) kept. Planned for the
-observed differences as they are, the true power at the answer was 0.43-0.73 for effects of 0.5-1.2
-SD from pilots of 5 and 8 seeds (benchmarks/power_delivered.py).
+the lower 85% bound of their effect / SD, with their shape (a lottery's modes) kept, and for a bounded
+metric also the largest share of seeds on the far side of 0 that 90% confidence allows (a lottery's
+losing seeds, which 5 seeds can all miss). Planned for the observed differences as they are, the true
+power at the answer was 0.43-0.73 for effects of 0.5-1.2 SD from pilots of 5 and 8 seeds, and about 0.1
+for 5-seed pilots of a noisy lottery that drew no losing seed (benchmarks/power_delivered.py).
 
 One arm's mean (:func:`mean_interval`) has no symmetry to lean on: the lottery makes it skewed. For
 a metric with known bounds (accuracies, rates) its interval is the hull of the t interval and a
@@ -389,7 +391,8 @@ def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
 
 
 POWER_MAX_SEEDS = 64
-POWER_CONFIDENCE = 0.9  # the confidence of the pessimistic effect a power plan is made for
+POWER_CONFIDENCE = 0.85  # the confidence of the pessimistic effect a power plan is made for
+MODE_CONFIDENCE = 0.9  # the confidence of the share of seeds on the far side a plan with modes is made for
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:
@@ -450,20 +453,20 @@ def _t_rejects(x: np.ndarray, level: float) -> np.ndarray:
 
 def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 0.05,
                bounds: Optional[tuple[float, float]] = None, reps: int = 300, seed: int = 0,
-               estimand: str = "exchangeability") -> float:
+               estimand: str = "exchangeability", weights: Optional[Sequence[float]] = None) -> float:
     """The share of ``reps`` repeats in which a rule rejects at ``alpha`` (its p-value times ``comparisons``,
     Holm's first step), each repeat drawing ``n`` seeds' differences with replacement from the observed ``d``
-    (so the seeds' modes, e.g. a retrieval lottery, are kept). ``estimand`` "exchangeability": the verdict rule,
-    the larger of the t and sign-flip p-values; "mean": the betting test of the mean difference (``bounds``
-    needed). The sign-flip p-value is exact up to 12 seeds, then estimated from 2,000 random flips (ample for a
-    level of 0.05 / comparisons)."""
+    (so the seeds' modes, e.g. a retrieval lottery, are kept), each value with its chance in ``weights``
+    (default: equal). ``estimand`` "exchangeability": the verdict rule, the larger of the t and sign-flip
+    p-values; "mean": the betting test of the mean difference (``bounds`` needed). The sign-flip p-value is
+    exact up to 12 seeds, then estimated from 2,000 random flips (ample for a level of 0.05 / comparisons)."""
     if estimand not in ("exchangeability", "mean") or (estimand == "mean" and bounds is None):
         raise ValueError(f"rule_power: estimand must be 'exchangeability', or 'mean' with bounds; got {estimand!r}")
     x0 = np.asarray(d, dtype=np.float64)
     rng = np.random.default_rng(seed)
     if estimand == "exchangeability" and n < seeds_for_verdict(comparisons, alpha):
         return 0.0
-    x = x0[rng.integers(0, x0.size, (reps, n))]
+    x = x0[rng.integers(0, x0.size, (reps, n)) if weights is None else rng.choice(x0.size, (reps, n), p=weights)]
     if estimand == "mean":
         span = float(bounds[1] - bounds[0])
         v = (x + span) / (2 * span)
@@ -480,13 +483,15 @@ def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 
 
 @dataclass
 class PowerPlan:
-    """What :func:`power_plan` assumed and found. ``seeds``: the fewest seeds at which the verdict rule
+    """What :func:`power_plan` assumed and found. ``seeds``: the fewest seeds at which the rule of ``estimand``
     reaches ``power`` for the planned differences; ``None`` where ``max_seeds`` do not (including where
-    the pilot does not bound its effect above 0, so no number of seeds is sure to), or where the plan is
-    ``unknown`` (fewer than 2 differences, or all equal: no spread to plan with); ``note`` says why.
-    The pilot: ``pilot_n`` differences with mean ``pilot_mean`` and SD ``pilot_sd``; the plan: the
-    pilot's shape moved to mean ``planned_mean`` and SD ``planned_sd``, whose ratio is the lower
-    ``confidence`` bound of the pilot's ``mean / SD``."""
+    the pilot does not bound its effect above 0, or cannot exclude that half its seeds lie on the far side, so
+    no number of seeds is sure to), or where the plan is ``unknown`` (fewer than 2 differences, or all equal:
+    no spread to plan with); ``note`` says why. The pilot: ``pilot_n`` differences with mean ``pilot_mean``
+    and SD ``pilot_sd``; the plan: the pilot's shape moved to mean ``planned_mean`` and SD ``planned_sd``,
+    whose ratio is the lower ``confidence`` bound of the pilot's ``mean / SD``. With modes: ``far_seen`` of
+    the pilot's seeds lay on the far side of 0 from its mean, and ``far_share`` is the share of seeds on the
+    far side planned for as well (the upper ``mode_confidence`` bound of that share)."""
 
     seeds: Optional[int]
     power: float
@@ -499,32 +504,60 @@ class PowerPlan:
     max_seeds: int = POWER_MAX_SEEDS
     note: Optional[str] = None
     unknown: bool = False
+    estimand: str = "exchangeability"
+    mode_confidence: Optional[float] = None  # None: planned without modes
+    far_seen: Optional[int] = None
+    far_share: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def describe(self, digits: int = 3, unit: str = "") -> str:
-        """One clause: the seeds for the power, and the effect and spread planned for."""
+        """One clause: the seeds for the power, and the effect, spread and far side planned for."""
         u = f" {unit}" if unit else ""
         f = f"{{:+.{digits}f}}"
         g = f"{{:.{digits}g}}"
         pct, conf = round(100 * self.power), round(100 * self.confidence)
+        what = f"{pct}% power" + (" for the mean" if self.estimand == "mean" else "")
         if self.unknown:
-            return f"the seeds for {pct}% power are unknown: {self.note}"
+            return f"the seeds for {what} are unknown: {self.note}"
         if self.planned_mean is None:
-            return f"{pct}% power is not reached within {self.max_seeds} seeds: {self.note}"
+            return f"{what} is not reached within {self.max_seeds} seeds: {self.note}"
         plan = (f"planning for a difference of {f.format(self.planned_mean)}{u} (SD {g.format(self.planned_sd)}): "
                 f"the smallest effect / SD that these {self.pilot_n} seeds' {f.format(self.pilot_mean)} "
                 f"(SD {g.format(self.pilot_sd)}) allow at {conf}% confidence, their shape kept")
+        if self.far_share is not None:
+            seen = (f"all {self.pilot_n} lay on one side: planned as their mirror image" if not self.far_seen
+                    else f"{self.far_seen} of {self.pilot_n} lay there")
+            plan += (f"; and for {round(100 * self.far_share)}% of seeds on the far side of 0, the most that "
+                     f"{round(100 * self.mode_confidence)}% confidence allows ({seen})")
         if self.seeds is None:
-            return f"{pct}% power is not reached within {self.max_seeds} seeds, {plan}"
-        return f"{pct}% power needs about {self.seeds} seeds, {plan}"
+            return f"{what} is not reached within {self.max_seeds} seeds, {plan}"
+        return f"{what} needs about {self.seeds} seeds, {plan}"
+
+
+def share_upper_bound(k: int, n: int, confidence: float) -> float:
+    """The one-sided upper ``confidence`` bound of a share from ``k`` of ``n`` draws (Clopper-Pearson: the share
+    at which ``k`` or fewer happen with chance ``1 - confidence``); ``1 - (1 - confidence)^(1/n)`` at ``k = 0``."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"share_upper_bound: need 0 <= k <= n and n >= 1; got k={k}, n={n}")
+    if k == n:
+        return 1.0
+    if k == 0:
+        return 1.0 - (1.0 - confidence) ** (1.0 / n)
+    lo, hi = k / n, 1.0
+    while hi - lo > 1e-9:  # P(Bin(n, p) <= k) falls as p grows
+        mid = 0.5 * (lo + hi)
+        tail = sum(math.comb(n, j) * mid ** j * (1 - mid) ** (n - j) for j in range(k + 1))
+        lo, hi = (mid, hi) if tail > 1.0 - confidence else (lo, mid)
+    return lo
 
 
 def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
                bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
-               reps: int = 300, confidence: float = POWER_CONFIDENCE, estimand: str = "exchangeability") -> PowerPlan:
-    """How many seeds the verdict rule needs for ``power``, planned from the pilot differences ``d``
+               reps: int = 300, confidence: float = POWER_CONFIDENCE, estimand: str = "exchangeability",
+               modes: Optional[bool] = None, mode_confidence: float = MODE_CONFIDENCE) -> PowerPlan:
+    """How many seeds the rule of ``estimand`` needs for ``power``, planned from the pilot differences ``d``
     (one per seed) so that the answer holds for the effect the pilot *guarantees*, not the one it
     happened to show.
 
@@ -545,18 +578,28 @@ def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, po
     3. The shape: the plan is the pilot's own differences, centred, stretched to the planned SD and
        moved to the planned mean, so the seeds' modes (a retrieval lottery) are kept; after the move
        some differences cross 0, as the truth's would.
-    4. The rule: :func:`rule_power` (the verdict rule, or with ``estimand="mean"`` the betting test of the
+    4. Modes (``modes``; default: where ``bounds`` are given, a metric like an accuracy, where a seed
+       learns a task with one arm or the other): the share of seeds on the far side of 0 is a binomial
+       share the pilot saw ``k`` of ``n`` times, and can be far larger than ``k / n`` (a lottery whose
+       losing seeds a pilot of 5 missed: 17% of pilots at 30% of them). A second plan gives the pilot's
+       far side its upper ``mode_confidence`` bound (:func:`share_upper_bound`; ``1 - (1 - c)^(1/n)``
+       where ``k = 0``: 37% at 5 seeds, 25% at 8, at 90%, the far side then being the pilot's mirror
+       image, as a seed that learns with the other arm would be), its values as they are; the answer is
+       the larger of the two plans' seeds. Where that share reaches one half, no number is planned.
+    5. The rule: :func:`rule_power` (the verdict rule, or with ``estimand="mean"`` the betting test of the
        mean; Holm's first step over ``comparisons``) resamples the plan, and a bisection finds the fewest
        seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which it reaches ``power``.
 
     A pilot without spread (every difference the same) gives ``None`` and ``unknown``: its spread, and
     so the seeds, are unknown. benchmarks/power_delivered.py measures the true power at the answers
-    (the results log, 2026-11-27). At most about 0.3 s per call."""
+    (the results log, 2026-11-28). At most about 0.6 s per call."""
     x = np.asarray(d, dtype=np.float64)
     n0 = int(x.size)
     mean = float(x.mean()) if n0 else 0.0
     sd = float(x.std(ddof=1)) if n0 >= 2 else None
-    base = dict(power=power, confidence=confidence, pilot_n=n0, pilot_mean=mean, pilot_sd=sd, max_seeds=max_seeds)
+    modes = bounds is not None if modes is None else modes
+    base = dict(power=power, confidence=confidence, pilot_n=n0, pilot_mean=mean, pilot_sd=sd, max_seeds=max_seeds,
+                estimand=estimand, mode_confidence=mode_confidence if modes else None)
     if n0 < 2:
         return PowerPlan(None, note="fewer than 2 seeds: no spread to plan with", unknown=True, **base)
     if sd <= 1e-12 * float(np.abs(x).max()):  # equal up to rounding
@@ -577,19 +620,38 @@ def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, po
         span = float(bounds[1] - bounds[0])
         plan = np.clip(plan, -span, span)
     base.update(planned_mean=planned_mean, planned_sd=planned_sd)
+    far_plan = None
+    if modes:
+        far = x * math.copysign(1.0, mean) < 0
+        k = int(far.sum())
+        share = share_upper_bound(k, n0, mode_confidence)
+        base.update(far_seen=k, far_share=share)
+        if share >= 0.5:
+            return PowerPlan(None, note=(f"{k} of {n0} seeds lie on the far side of 0, and at "
+                                         f"{round(100 * mode_confidence)}% confidence so few cannot exclude that "
+                                         f"{round(100 * share)}% of seeds do"), **base)
+        # the pilot as it is, its far side given that share: the mirror image where it saw none
+        far_plan = ((np.concatenate([x, -x]), np.concatenate([np.full(n0, (1 - share) / n0),
+                                                              np.full(n0, share / n0)])) if k == 0 else
+                    (x, np.where(far, share / k, (1 - share) / (n0 - k))))
     seeds = _fewest_seeds(plan, comparisons, alpha, power, bounds, max_seeds, reps, estimand)
+    if seeds is not None and far_plan is not None:
+        seeds = _fewest_seeds(far_plan[0], comparisons, alpha, power, bounds, max_seeds, reps, estimand, far_plan[1],
+                              start=seeds)  # the larger of the two plans' seeds
     return PowerPlan(seeds, **base)
 
 
 def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
                   bounds: Optional[tuple[float, float]], max_seeds: int, reps: int,
-                  estimand: str = "exchangeability") -> Optional[int]:
-    """The fewest seeds (from :func:`seeds_for_verdict`, or 2 for the mean, up to ``max_seeds``) at which
-    :func:`rule_power` resampling ``x`` reaches ``power``; ``None`` when ``max_seeds`` do not."""
+                  estimand: str = "exchangeability", weights: Optional[np.ndarray] = None,
+                  start: int = 2) -> Optional[int]:
+    """The fewest seeds (from ``start``, :func:`seeds_for_verdict` at least, or 2 for the mean, up to
+    ``max_seeds``) at which :func:`rule_power` resampling ``x`` (each value with its chance in ``weights``)
+    reaches ``power``; ``None`` when ``max_seeds`` do not."""
     def reaches(n: int) -> bool:
-        return rule_power(x, n, comparisons, alpha, bounds, reps, estimand=estimand) >= power
+        return rule_power(x, n, comparisons, alpha, bounds, reps, estimand=estimand, weights=weights) >= power
 
-    lo = seeds_for_verdict(comparisons, alpha) if estimand == "exchangeability" else 2
+    lo = max(start, seeds_for_verdict(comparisons, alpha) if estimand == "exchangeability" else 2)
     if not reaches(max_seeds):
         return None
     hi = max_seeds  # power at hi reaches the target; bisect for the fewest seeds that do (power grows with n)
@@ -604,10 +666,10 @@ def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
 def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
                     bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
                     reps: int = 300, confidence: float = POWER_CONFIDENCE,
-                    estimand: str = "exchangeability") -> Optional[int]:
+                    estimand: str = "exchangeability", modes: Optional[bool] = None) -> Optional[int]:
     """The seeds of :func:`power_plan` (``None``: not within ``max_seeds``, or unknown); call
     :func:`power_plan` for what it assumed, which a report prints next to the number."""
-    return power_plan(d, comparisons, alpha, power, bounds, max_seeds, reps, confidence, estimand).seeds
+    return power_plan(d, comparisons, alpha, power, bounds, max_seeds, reps, confidence, estimand, modes).seeds
 
 
 def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
@@ -759,7 +821,7 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
             family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
             power_plan: Optional[PowerPlan] = None, mean_p: Optional[float] = None,
-            mean_seeds: Optional[int] = None, look: int = 1) -> str:
+            mean_seeds: Optional[int] = None, mean_plan: Optional[PowerPlan] = None, look: int = 1) -> str:
     """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
     over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
     difference", and why: too few seeds for any verdict (ties counted), a difference that does not
@@ -772,7 +834,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     The verdict is on exchangeability ("the arms are not interchangeable: DIFF lower in 7 of 7 seeds"). A
     bounded metric (``est.betting_p``) then says whether its mean difference is established: ``mean_p`` (the
     betting p, Holm-adjusted like the verdict's; default ``est.betting_p``) below ``alpha``, or not yet, with
-    ``mean_seeds`` (:func:`seeds_for_mean`) when known. ``look``: the reading of a folder that gained seeds since
+    ``mean_seeds`` (:func:`seeds_for_mean`) when known and ``mean_plan`` (:func:`power_plan` of the mean) when
+    planned. ``look``: the reading of a folder that gained seeds since
     its first (``adjusted_p`` and ``mean_p`` already multiplied by it, :func:`look_adjusted`), named in the text."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
@@ -798,7 +861,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
                       "conclusion at this scale and budget" + power
     ci = (f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
           f"{over}; p = {est.p_value:.3g}{holm_p})")
-    mean = _mean_words(est, alpha, mean_p, mean_seeds)
+    mean = _mean_words(est, alpha, mean_p, mean_seeds) + ("" if mean_plan is None else
+                                                          "; " + mean_plan.describe(digits, unit))
     if p < alpha:
         better = "better" if (est.mean < 0) == lower_is_better else "worse"
         side, k = ("lower", est.lower) if est.mean < 0 else ("higher", est.higher)
