@@ -21,9 +21,9 @@ from difftx.interop.convert import convert_model
 
 SMALL = ["--set", "steps=4", "--set", "warmup_steps=1", "--set", "recall_len=32", "--set", "lm_seq_len=32",
          "--set", "tasks.recall.lengths=32,64", "--set", "tasks.recall.samples=4", "--set", "log_every=2",
-         "--set", "probe_every=2", "--set", "probe_samples=4", "--set", "tasks.outliers.tokens=128",
-         "--set", "tasks.quant.lm_windows=2", "--set", "curve_points=2", "--set", "curve_windows=2",
-         "--set", "workers=1"]
+         "--set", "tasks.outliers.tokens=128", "--set", "tasks.quant.lm_windows=2", "--set", "curve_points=2",
+         "--set", "curve_windows=2", "--set", "workers=1"]
+PROBES = ["--set", "probe_every=2", "--set", "probe_samples=4"]  # recall probes: with the mixture (--synthetic) only
 
 
 def _fields(small: list[str]) -> dict:
@@ -54,7 +54,7 @@ def test_each_arm_starts_from_the_source_or_its_conversion_with_its_seed(source,
     """With a learning rate of 1e-12 the fine-tuned models are their starting weights: the baseline is the source,
     and the converted arm of seed s is `difftx convert --seed s` of it (the lambda vectors differ by seed)."""
     preset = get_preset("from-cpu").with_overrides(source=str(source / "src"), data=str(source / "text.txt"),
-                                                   lr=1e-12, min_lr=0.0, **_fields(SMALL))
+                                                   lr=1e-12, min_lr=0.0, **_fields(SMALL + PROBES))
     res = run_compare(preset, 2, tmp_path / "out", progress=False)
     src = load_model(source / "src").state_dict()
     for seed in (0, 1):
@@ -79,7 +79,7 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
     shutil.copytree(source / "src", src)
     args = ["compare", "--from", str(src), "--data", str(source / "text.txt"), "--seeds", "2", "--out", str(out),
             "--no-progress", "--method", "random", "--set", "lambda_warmup=2", "--set", "convert_lambda_init=0.5",
-            *SMALL]
+            "--synthetic", *SMALL, *PROBES]  # --synthetic: recall batches between the LM batches, and the grid
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "LM NLL (held-out)" in printed and "recall frontier" in printed
@@ -110,7 +110,7 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
 
 def test_the_dex_method_converts_every_head(source, tmp_path):
     preset = get_preset("from-cpu").with_overrides(source=str(source / "src"), data=str(source / "text.txt"),
-                                                   convert_method="dex", **_fields(SMALL))
+                                                   convert_method="dex", **_fields(SMALL + PROBES))
     res = run_compare(preset, 1, tmp_path / "out", progress=False)
     assert res["arms"]["diff"]["config"]["attention"] == "dex" and not res["arms"]["diff"]["config"].get("options")
     assert "(`difftx convert --method dex` on every head, " in (tmp_path / "out" / "report.md").read_text()
@@ -121,8 +121,13 @@ def test_each_arm_is_tuned_on_its_own_when_asked(source, tmp_path, capsys):
                  "--out", str(tmp_path / "out"), "--no-progress", "--tune", "lr=0.002", *SMALL]) == 0
     printed = capsys.readouterr().out
     assert "tuned lr (validation loss, leave-one-seed-out)" in printed and "tuned, diff vs baseline: LM NLL" in printed
-    tune = json.loads((tmp_path / "out" / "results.json").read_text())["tune"]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    tune = results["tune"]
     assert tune["field"] == "lr" and set(tune["chosen"]) >= {"baseline", "diff"}
+    # without --synthetic a comparison from a source fine-tunes on the text alone: no recall batches, no recall grid
+    assert results["preset"]["recall_every"] == 0 and results["preset"]["lm_every"] == 1
+    assert not any(k.startswith("recall") for k in results["comparison"]) and "recall frontier" not in printed
+    assert "on your text alone: every step an LM batch" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
@@ -155,9 +160,12 @@ def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
     (["--data", "TEXT", "--arms", "baseline,diff"], "--arms goes without --from"),
     (["--data", "TEXT", "--set", "source=x"], "--set source=...: give it as --from / --method"),
     (["--data", "TEXT", "--method", "sideways"], "ComparePreset.convert_method: must be one of"),
-    (["--data", "TEXT", "--preset", "cpu"], "a comparison from a source trains on LM and recall batches only"),
-    (["--data", "TEXT", "--set", "recall_vocab=512"], "ComparePreset.recall_vocab: 512 exceeds the source's "
-                                                      "vocab_size 257"),
+    (["--data", "TEXT", "--preset", "cpu", "--synthetic"], "a comparison from a source trains on LM and recall "
+                                                           "batches only"),
+    (["--data", "TEXT", "--set", "recall_every=1"], "--set recall_every: --data trains on the text alone; add "
+                                                    "--synthetic"),
+    (["--data", "TEXT", "--synthetic", "--set", "recall_vocab=512"], "ComparePreset.recall_vocab: 512 exceeds "
+                                                                     "the source's vocab_size 257"),
     (["--data", "TEXT", "--set", "lm_seq_len=128"], "its max_seq_len 64 is shorter than the training sequences"),
     (["--data", "TEXT", "--set", "convert_lambda_init=1.0"], "ComparePreset.convert_lambda_init: must be a number "
                                                              "in [0, 1)"),

@@ -65,14 +65,15 @@ def register(sub) -> None:
                         "split, every token once)")
     p.add_argument("--synthetic", action="store_true",
                    help="with --data: also train and evaluate the preset's synthetic needle and ICL tasks (its "
-                        "mixture, your text in place of Shakespeare; --set lm_every=... changes it)")
+                        "mixture, your text in place of Shakespeare; --set lm_every=... changes it); with --from: "
+                        "recall batches between the LM batches, and the recall grid (from-cpu's mixture)")
     p.add_argument("--from", dest="source", metavar="SRC",
                    help="is a converted model better than its source fine-tuned the same way? SRC is a difftx "
                         "'standard' model or run folder or a transformers Llama folder; per seed, the source (arm "
                         "baseline) and its conversion (arm diff, `difftx convert`) are fine-tuned on --data with the "
-                        "same steps, batches and learning rate, and compared on held-out NLL and, with recall "
-                        "batches, the recall grid; the preset's model fields are not used (default preset from-cpu, "
-                        "--out runs/compare-from-SRCNAME-DATANAME)")
+                        "same steps, batches and learning rate, language modelling only, and compared on held-out "
+                        "NLL (--synthetic adds recall batches and the recall grid); the preset's model fields are "
+                        "not used (default preset from-cpu, --out runs/compare-from-SRCNAME-DATANAME)")
     p.add_argument("--method", default=None, metavar="NAME",
                    help="with --from: the conversion method (difftx convert --method: zero, mirror, random, or dex "
                         "on every head; default mirror)")
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         from ..compare.presets import text_overrides
 
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout,
-                                   synthetic=args.synthetic or args.source is not None)
+                                   synthetic=args.synthetic)
     elif args.tokenizer is not None or args.heldout is not None or args.synthetic:
         raise ValueError("--tokenizer, --heldout and --synthetic go with --data (your own text)")
     out = args.out or f"runs/compare-{args.preset}" + (f"-{_stem(args.data)}" if args.data is not None else "")

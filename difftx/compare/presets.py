@@ -229,8 +229,10 @@ def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, hel
     out = {**overrides, "data": data, "tokenizer": tokenizer, "heldout": heldout}
     if not synthetic:
         out.update(lm_every=1, icl_every=0, probe_every=0, recall_every=0)
-        out.setdefault("description", "language modelling on your text alone (compare --data): the preset's model "
-                                      "and schedule, every step an LM batch")
+        out.setdefault("description", "a pretrained source fine-tuned as it is and converted to differential "
+                                      "attention (compare --from), on your text alone: every step an LM batch"
+                       if overrides.get("source") else "language modelling on your text alone (compare --data): the "
+                                                       "preset's model and schedule, every step an LM batch")
     tasks = dict(overrides.get("tasks", {}))
     tasks["lm"] = {"windows": 0, **tasks.get("lm", {})}  # every held-out token once, in windows of the training length
     return {**out, "tasks": tasks}
@@ -272,8 +274,9 @@ PRESETS: dict[str, ComparePreset] = {
         recall_every=1, recall_vocab=256, recall_len=64, recall_pairs=(4, 8, 16), log_every=50, threads=1, workers=2,
         stack=4,
         tasks={"recall": {"samples": 128, "pairs": (4, 8, 16, 24, 32), "lengths": (64, 128, 256)}}),
-    # compare --from SRC --data TEXT: a small pretrained source and its conversion fine-tuned alike (LM and recall
-    # batches in turn; the model comes from the source). Measured: results log 2026-11-28, docs/compare.md
+    # compare --from SRC --data TEXT: a small pretrained source and its conversion fine-tuned alike (the model comes
+    # from the source). Its mixture of LM and recall batches is used with --synthetic; without it, LM batches alone
+    # (text_overrides). Measured with the mixture: results log 2026-11-28, docs/compare.md
     "from-cpu": ComparePreset(
         name="from-cpu", description="a pretrained source fine-tuned as it is and converted to differential "
                                      "attention: 1,200 steps of batch 16, LM batches of your text and recall batches "
