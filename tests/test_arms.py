@@ -487,6 +487,12 @@ def test_info_shows_each_arm_against_its_baseline(capsys):
     assert "parameters=140,096 gate=headwise" in capsys.readouterr().out
     assert main(["info", "tiny", "--attention", "standard", "--set", "head_norm=true", "--set", "n_heads=4"]) == 0
     assert "model - baseline = +32" in capsys.readouterr().out
+    for kind, arm in [("temperature", "temperature"), ("gated", "gated"), ("diff_v2", "diff_v2"),
+                      ("standard", "baseline")]:  # --attention KIND is the compare arm of KIND (issue 50)
+        assert main(["info", "tiny", "--attention", kind]) == 0
+        shown = capsys.readouterr().out
+        assert main(["info", "tiny", "--arm", arm]) == 0
+        assert shown == capsys.readouterr().out, kind
     for bad, message in [(["--set", "gate=headwise"], "ModelConfig.gate"), (["--set", "colour=1"], "unknown"),
                          (["--arm", "nope"], "unknown arm"), (["--arms", "nope"], "unknown arm set")]:
         assert main(["info", "tiny", *bad]) == 2

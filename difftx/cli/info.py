@@ -15,8 +15,9 @@ def register(sub) -> None:
     p.add_argument("config", nargs="?", default="tiny",
                    help="preset name or path to a config.json / checkpoint folder (default: tiny)")
     p.add_argument("--attention", metavar="KIND",
-                   help="override the attention kind: diff, diff_v2, standard, gated, or one registered by "
-                        "difftx --kinds FILE")
+                   help="override the attention kind: diff, diff_v2, standard, gated, temperature, or one registered "
+                        "by difftx --kinds FILE; from a DIFF config (the presets), the model the compare arm of that "
+                        "kind trains (standard: the baseline), heads of DIFF's query/key width")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (e.g. --set gate=headwise, --set head_norm=true, "
                         "--set subtract=false); repeatable, applied after --attention")
@@ -107,7 +108,11 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = _load(args.config)
     if args.attention:
-        cfg = cfg.replace(attention=args.attention)
+        # from a DIFF config, a kind that is a compare arm is shown as that arm is built (its heads of DIFF's query/key
+        # width: the baseline's count for a one-map kind), so `info --attention K` and the compare arm K agree
+        arm = "baseline" if args.attention == "standard" else args.attention
+        cfg = (arm_config(cfg, arm) if cfg.attention == "diff" and arm in arm_names() else
+               cfg.replace(attention=args.attention))
     cfg = _apply_overrides(cfg, args.overrides)
     if args.arms is not None:
         if args.arms not in ARM_SETS:
