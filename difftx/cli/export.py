@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 FORMATS = ("hf",)
+FOLDS = ("llama",)  # difftx.interop.fold.FOLDS (not imported here: --help stays light)
 
 
 def register(sub) -> None:
@@ -17,8 +18,12 @@ def register(sub) -> None:
                     "with a per-head norm or output scale) -> DifftxForCausalLM, whose code (modeling_difftx.py, "
                     "configuration_difftx.py, needing torch and transformers, not difftx) is written beside the "
                     "weights and loads with trust_remote_code=True. A kind registered beyond the built-in ones is "
-                    "refused before anything is written. The tokenizer (tokenizer.json, or difftx's byte "
-                    "tokenizer converted to one) is written beside the model. See docs/interop.md.")
+                    "refused before anything is written. --as llama writes a plain LlamaForCausalLM (no custom "
+                    "code) for a model a Llama computes exactly with other weights: 'temperature' (exp(t_h) folded "
+                    "into q_proj), 'dex' (I - lambda W folded into o_proj), 'converted' with lambda exactly 0 in every "
+                    "layer (its source's weights), plain 'standard'; any other model is refused in one line. The "
+                    "tokenizer (tokenizer.json, or difftx's byte tokenizer converted to one) is written beside the "
+                    "model. See docs/interop.md.")
     p.add_argument("checkpoint", help="difftx model or checkpoint folder, or a training run folder (its latest "
                                        "checkpoint)")
     p.add_argument("out_dir", help="output folder (created; an existing one must be empty, see --overwrite)")
@@ -30,6 +35,10 @@ def register(sub) -> None:
                    help="--remote-code: write difftx's modeling code for every kind, 'diff' and 'standard' too; "
                         "--no-remote-code: write DiffLlama / Llama only, refusing the rest (default: DiffLlama / "
                         "Llama where they compute the model exactly, else difftx's code)")
+    p.add_argument("--as", dest="fold", choices=FOLDS, default=None,
+                   help="llama: fold the model into a plain LlamaForCausalLM computing the same function (temperature, "
+                        "dex, converted at lambda 0, standard); refused in one line where the function would change "
+                        "(default: no fold)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT_DIR when it is a non-empty folder (refused otherwise: nothing is overwritten)")
     p.set_defaults(func=run)
@@ -38,20 +47,24 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ..interop.fold import check_fold
     from ..interop.hf import export_hf, replaced, resolve_model_folder
 
     from .args import check_not_input
 
+    check_fold(args.fold, args.remote_code)
     check_not_input(args.out_dir, "OUT_DIR", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer},
                     folder=True)
     src = resolve_model_folder(args.checkpoint)
     gone = replaced(Path(args.out_dir)) if args.overwrite else None
     out = export_hf(args.checkpoint, args.out_dir, tokenizer_dir=args.tokenizer, overwrite=args.overwrite,
-                    remote_code=args.remote_code)
+                    remote_code=args.remote_code, fold=args.fold)
     if gone:
         print(f"replaced {gone}")
     what = f" (checkpoint {src.name})" if Path(args.checkpoint).resolve() != src.resolve() else ""
     remote = (out / "modeling_difftx.py").is_file()
     how = "difftx's modeling code: load with trust_remote_code=True" if remote else "no custom code"
+    if args.fold:
+        how = f"folded into a LlamaForCausalLM computing the same function, {how}"
     print(f"exported {args.checkpoint}{what} -> {out} (Hugging Face transformers, {how})")
     return 0

@@ -6,7 +6,8 @@ models to ``LlamaForCausalLM`` (model_type ``llama``); a ``MistralForCausalLM`` 
 computes what Llama computes); ``diff_v2``, ``gated`` and the options
 that change what a head computes (no per-head norm or a constant ``lambda_init`` for ``diff``,
 the no-subtraction control, a per-head norm for ``standard``) have no equivalent: :func:`export_hf`
-writes those with difftx's own modeling code (:mod:`difftx.interop.remote`, ``trust_remote_code``). The
+writes those with difftx's own modeling code (:mod:`difftx.interop.remote`, ``trust_remote_code``), or, with
+``fold="llama"``, a plain Llama for the kinds a Llama computes with other weights (:mod:`difftx.interop.fold`). The
 converters only move tensors between safetensors files, so this module does not import
 ``transformers``; the tests prove each conversion by comparing logits with transformers'
 own implementation.
@@ -433,7 +434,7 @@ def export_target(config: ModelConfig, remote_code: Optional[bool] = None) -> st
 
 def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, *,
               tokenizer_dir: Optional[PathLike] = None, overwrite: bool = False,
-              remote_code: Optional[bool] = None) -> Path:
+              remote_code: Optional[bool] = None, fold: Optional[str] = None) -> Path:
     """Write a transformers model folder for a difftx model, or for a folder ``load_model`` reads
     (a training run folder means its latest checkpoint).
 
@@ -452,8 +453,17 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     write (see :func:`export_target`), or
     when ``out_dir`` is a non-empty folder and not ``overwrite``. The folder is assembled beside
     ``out_dir`` and renamed into place: it is complete or absent, never half-written.
+
+    ``fold="llama"`` (``difftx export --as llama``) writes a plain ``LlamaForCausalLM`` for a model whose function a
+    Llama computes with other weights: ``temperature`` (into ``q_proj``), ``dex`` (into ``o_proj``), ``converted``
+    with lambda exactly 0 in every layer (its source), plain ``standard``; anything else is refused in one line
+    (:func:`difftx.interop.fold.to_llama`), as is ``fold`` with ``remote_code=True``.
     """
+    from .fold import check_fold, to_llama
+
+    check_fold(fold, remote_code)
     src: Optional[Path] = None
+    scales: list[float] = []
     model_or_folder = getattr(model_or_folder, "_orig_mod", model_or_folder)  # a torch.compile'd model
     if isinstance(model_or_folder, torch.nn.Module) and not isinstance(model_or_folder, Transformer):
         raise TypeError(f"export_hf expects a difftx Transformer or a folder, got {type(model_or_folder).__name__}")
@@ -462,6 +472,7 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
         state = {k: v.detach().cpu() for k, v in model_or_folder.state_dict().items()}
         if config.tie_embeddings:
             state.pop("lm_head.weight", None)
+        scales = [float(getattr(block.attn, "lambda_scale", 1.0)) for block in model_or_folder.layers]
         source = "model"
     else:
         src = resolve_model_folder(model_or_folder)
@@ -477,15 +488,21 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
             raise ConversionError(f"{tok_src}: tokenizer folder not found")
     else:  # a training checkpoint keeps its tokenizer in tokenizer/; a bare model folder beside the weights
         tok_src = src / TOKENIZER_SUBDIR if src is not None and (src / TOKENIZER_SUBDIR).is_dir() else src
-    target = export_target(config, remote_code)
-    _check_shapes(state, _expected_state(config), source)
+    meta = {"format": "pt"}
+    if fold is None:
+        target = export_target(config, remote_code)
+        _check_shapes(state, _expected_state(config), source)
+    else:  # a Llama's config and weights computing the same function, or a refusal
+        meta["difftx_folded_from"] = config.attention
+        config, state = to_llama(config, state, source=source, lambda_scales=scales)
+        target = "exact"
     from . import remote
 
     hf_state = to_hf_state(config, state) if target == "exact" else remote.remote_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
     with atomic_folder(out, replace=True) as tmp:
-        _write_safetensors(tmp / HF_WEIGHTS, hf_state, {"format": "pt"})
+        _write_safetensors(tmp / HF_WEIGHTS, hf_state, meta)
         _, eos_id = export_tokenizer(tok_src, tmp, config.max_seq_len)
         cfg = hf_config(config, dtype) if target == "exact" else remote.remote_config(config, dtype)
         if eos_id is not None:
