@@ -128,7 +128,7 @@ def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export(tmp_pa
         torch.testing.assert_close(model(x), source(x), rtol=0, atol=0)
     save_model(model, tmp_path / "model")
     assert load_model(tmp_path / "model").config == cfg  # the head selection is in the config
-    with pytest.raises(ConversionError, match="attention='dex' cannot be exported: .* folded into o_proj"):
+    with pytest.raises(ConversionError, match="attention='dex' cannot be exported: .* folds into o_proj: export --as llama"):
         export_hf(model, "never-written", remote_code=False)  # no transformers class (the default: difftx's code)
     bad = {"heads": [[0]]}
     with pytest.raises(ValueError, match="ModelConfig.options: heads has 1 layer lists, the model has n_layers=2"):

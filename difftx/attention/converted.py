@@ -107,7 +107,9 @@ class ConvertedAttention(DiffAttention):
         return ("attention='converted' cannot be exported: no transformers class computes it. DiffLlama's heads "
                 "read a value twice as wide as their query/key, apply a per-head RMSNorm and scale by "
                 "(1 - lambda_init) with lambda_init from its depth schedule; a converted head has a d-wide value, "
-                "no norm and lambda_init 0, and the norm is not linear, so no choice of weights makes one the other")
+                "no norm and lambda_init 0, and the norm is not linear, so no choice of weights makes one the other "
+                "(at lambda exactly 0 export --as llama writes its source; without --no-remote-code difftx's own "
+                "code keeps it)")
 
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """The projections as every kind's; ``lambda_q1``, ``lambda_k1`` ``N(0, 0.1)`` and the second pair equal

@@ -26,8 +26,9 @@ every head of every layer). ``ModelConfig(attention="dex", options={"heads": [[0
 
 Since ``I - lambda W`` is linear and ``out_proj`` follows, a DEX head's operation could be folded into
 ``out_proj``: with ``out_proj`` trained too it adds no function the source could not compute, only another
-parameterisation of it (the learning dynamics DEX is about). Export does not fold it: it writes difftx's own
-modeling code (``trust_remote_code``), which keeps lambda and W.
+parameterisation of it (the learning dynamics DEX is about). Export writes difftx's own modeling code
+(``trust_remote_code``), which keeps lambda and W; ``export --as llama`` writes the fold, a plain Llama
+(:mod:`difftx.interop.fold`).
 The parameter-matched baseline is the source: standard attention with the same heads.
 """
 
@@ -118,8 +119,8 @@ class DexAttention(ConvertedAttention):
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
         return ("attention='dex' cannot be exported: no transformers class applies a learned map (I - lambda W) to "
-                "selected heads' outputs; the map is linear and could be folded into o_proj, which would give a "
-                "Llama with the same function that has forgotten lambda and W, and difftx does not write that fold")
+                "selected heads' outputs; the map is linear and folds into o_proj: export --as llama writes that "
+                "Llama (the same function, lambda and W forgotten), and without --no-remote-code difftx's own code")
 
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """The projections as every kind's; ``dex_map`` the identity; ``lambda_q1``, ``lambda_k1`` ``N(0, 0.1)``

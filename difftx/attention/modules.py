@@ -468,9 +468,9 @@ class TemperatureAttention(StandardAttention):
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
-        return ("attention='temperature' cannot be exported: Llama scales every head's logits by 1/sqrt(d), and a "
-                "learned per-head temperature folded into q_proj would be a different parameter than the one trained "
-                "(export the baseline instead)")
+        return ("attention='temperature' cannot be exported as such: Llama scales every head's logits by 1/sqrt(d); "
+                "export --as llama folds each head's learned temperature into q_proj (the same function, the "
+                "temperature forgotten), and without --no-remote-code difftx's own code keeps it")
 
     def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
         """The baseline's q, k, v with each head's q scaled by ``exp(t_h)`` (a stack's ``(K, H)`` temperatures
