@@ -27,8 +27,8 @@ def register(sub) -> None:
                                    "--out with its saved train_config.json. Under torchrun every process runs "
                                    "this command. See docs/training.md.")
     p.add_argument("--config", help="YAML or JSON training config file")
-    p.add_argument("--preset", help="training preset (default: the file's 'preset' key, else 'tiny'); "
-                                    "see --list-presets")
+    p.add_argument("--preset", help="training preset (default: the file's 'preset' key, else 'finetune' with "
+                                    "--init-from, else 'tiny'); see --list-presets")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, dotted for nested ones (e.g. --set lr=3e-4 "
                         "--set model_overrides.dim=128); repeatable")
@@ -47,7 +47,10 @@ def register(sub) -> None:
     p.add_argument("--allow-new-data", action="store_true",
                    help="with --resume: continue although the training text changed since the checkpoint (refused "
                         "otherwise); recorded in the run's checkpoints (this command only)")
-    p.add_argument("--init-from", help="checkpoint (or run) folder whose weights start this run (fine-tuning)")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="checkpoint (or run) folder whose weights and architecture start this run (fine-tuning); "
+                        "without --preset or --config it takes the finetune preset (low lr, short warm-up); "
+                        "the run records the checkpoint's model config as its model")
     p.add_argument("--attention", metavar="KIND",
                    help="attention kind of the model: a built-in one (diff, diff_v2, standard, gated, temperature, "
                         "converted, dex) or one registered by --kinds (same n_heads; --baseline gives the "
@@ -100,7 +103,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     if getattr(args, "allow_new_data", False) and not getattr(args, "resume", False):
         raise ValueError("--allow-new-data: only with --resume (it lets a resume continue on changed training text)")
     if getattr(args, "resume", False):
-        out_dir = args.out or load_train_config(args.config, None, args.preset).out_dir
+        out_dir = args.out or load_train_config(args.config, None, args.preset, init_from=args.init_from).out_dir
         saved, saved_path, missing, records = saved_run_config(out_dir)
         from pathlib import Path
 
@@ -111,10 +114,11 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
             raise ValueError(f"--resume: {out_dir} holds no training run (no train_config.json or checkpoints/) to "
                              "continue; give the command that starts it (--preset / --config ...), which --resume "
                              "then continues when re-run, or leave --resume out")
-    if saved is None or args.preset or args.config:
+    rebuilt = saved is None or args.preset or args.config
+    if rebuilt:
         # a new run; or a resume whose command names its preset / file (a preemptible job re-running
         # the command that started the run): built as a new run, then checked against the saved config
-        cfg = load_train_config(args.config, args.overrides, args.preset, notes=notes)
+        cfg = load_train_config(args.config, args.overrides, args.preset, notes=notes, init_from=args.init_from)
     else:  # `--resume` alone: the saved config, with what the flags below change
         base = saved.replace(allow_new_data=False) if saved.allow_new_data else saved  # one command's permission
         cfg = base.with_overrides(args.overrides) if args.overrides else base
@@ -144,17 +148,39 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
                     overrides[name] = getattr(base, name)
         changes["model_overrides"] = overrides
     cfg = cfg.replace(**changes) if changes else cfg
+    # a fine-tuning run's model is its checkpoint's (after the flags above, which keep what they did before it was
+    # recorded); a command re-run with --resume names its preset's model, and the run's record stands
+    if saved is None and cfg.init_from is not None:
+        cfg = with_source_model(cfg)
+    elif saved is not None and rebuilt and saved.init_from is not None and cfg.init_from is not None:
+        cfg = cfg.replace(model=saved.model)  # another init_from is refused below
     if saved is not None:
         cfg = check_resume_changes(saved, cfg, str(saved_path), missing=missing, records=records)
     return cfg
 
 
+def with_source_model(cfg):
+    """``cfg`` with its ``init_from`` checkpoint's ModelConfig mapping as ``model``: the architecture the run
+    trains, which the trainer records too (so ``--print-config`` shows it). Unchanged when that checkpoint
+    cannot be read: the trainer then names the problem, as it did before."""
+    from ..checkpoint import CheckpointError, load_config
+    from ..training import checkpointing as ckpt
+
+    try:
+        model = load_config(ckpt.resolve_checkpoint(cfg.init_from)).to_dict()
+    except (CheckpointError, OSError):
+        return cfg
+    return cfg if model == cfg.model else cfg.replace(model=model)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..training import TRAIN_PRESETS, train
+    from ..training.config import FINETUNE_PRESET
 
     if args.list_presets:
         for name, c in TRAIN_PRESETS.items():
-            print(f"{name:10s} model={c.model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
+            model = "init-from" if name == FINETUNE_PRESET else c.model  # the checkpoint's architecture
+            print(f"{name:10s} model={model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
                   f"steps={c.steps} lr={c.lr:g} device={c.device} dtype={c.dtype}")
         return 0
     import importlib.util

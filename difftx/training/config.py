@@ -1,8 +1,9 @@
 """Training configuration: a typed dataclass validated on construction, named presets, and
 loading from YAML / JSON files with dotted ``key=value`` overrides.
 
-Precedence when the CLI builds a config: preset (default ``tiny``) < config file < ``--set``
-overrides < dedicated flags (``--out``, ``--init-from``, ``--attention``).
+Precedence when the CLI builds a config: preset (default ``tiny``; ``finetune`` when the command fine-tunes
+with ``--init-from`` and names no preset or file) < config file < ``--set`` overrides < dedicated flags
+(``--out``, ``--init-from``, ``--attention``).
 """
 
 from __future__ import annotations
@@ -313,7 +314,8 @@ def read_config_file(path: Union[str, Path]) -> dict:
 
 
 def load_train_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None,
-                      preset_name: Optional[str] = None, *, notes: Optional[list[str]] = None) -> TrainConfig:
+                      preset_name: Optional[str] = None, *, notes: Optional[list[str]] = None,
+                      init_from: Optional[str] = None) -> TrainConfig:
     """Preset (``preset_name``, default ``tiny``), then the file's fields, then ``overrides``.
 
     A file may name its base preset with a top-level ``preset:`` key. Errors name the file.
@@ -321,22 +323,36 @@ def load_train_config(path: Optional[Union[str, Path]] = None, overrides: Option
     ``notes``: when given, a ``warmup_steps`` inherited from the preset or file that exceeds the
     ``steps`` of the overrides is scaled down (see :func:`fit_warmup`) and a sentence saying so is
     appended; without it (and for a ``warmup_steps`` set in ``overrides``) that is an error.
+
+    ``init_from`` (``--init-from``) is set last. With it (or an ``init_from`` override) and neither
+    ``preset_name`` nor a file, the base preset is ``finetune``; that preset without an ``init_from``
+    is an error.
     """
     data: dict = {}
     if path is not None:
         data = read_config_file(path)
         file_preset = data.pop("preset", None)  # the command line's --preset wins over the file's
         preset_name = preset_name or file_preset
+    elif preset_name is None and (init_from or _sets_init_from(overrides or [])):
+        preset_name = FINETUNE_PRESET  # fine-tuning with no preset or file named: its schedule, not tiny's
     base = train_preset(preset_name or "tiny")
     try:
         cfg = TrainConfig.from_dict({**base.to_dict(), **data}) if data else base
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    if not overrides:
-        return cfg
-    if notes is not None:
-        return fit_warmup(cfg, overrides, notes)
-    return cfg.with_overrides(overrides)
+    if overrides:
+        cfg = fit_warmup(cfg, overrides, notes) if notes is not None else cfg.with_overrides(overrides)
+    if init_from:
+        cfg = cfg.replace(init_from=init_from)
+    if preset_name == FINETUNE_PRESET and cfg.init_from is None:
+        raise ValueError(FINETUNE_NEEDS_INIT)
+    return cfg
+
+
+def _sets_init_from(overrides: list[str]) -> bool:
+    """Whether ``overrides`` set ``init_from`` to a checkpoint (``--set init_from=PATH``)."""
+    return any(key.strip() == "init_from" and parse_value(value) is not None
+               for key, value in (split_override(o) for o in overrides))
 
 
 def fit_warmup(cfg: TrainConfig, overrides: list[str], notes: list[str]) -> TrainConfig:
@@ -657,6 +673,22 @@ _register("gpu-350m", model="gpu-350m", batch_size=8, seq_len=2048, grad_accum=4
 _register("gpu-1b", model="gpu-1b", batch_size=4, seq_len=2048, grad_accum=8, steps=60000, lr=3.2e-4,
           min_lr=3.2e-5, warmup_steps=1000, eval_interval=1000, eval_batches=20, ckpt_interval=1000,
           device="cuda", dtype="bfloat16", parallel="fsdp")
+
+
+# Fine-tuning a pretrained model (``--init-from``; the default preset there). The architecture is the
+# checkpoint's: ``model`` here is a placeholder, replaced by the checkpoint's config when the run starts.
+# - lr 2e-4, a tenth of tiny's 2e-3: a pretraining peak would move the trained weights far in the
+#   first steps and undo much of what they learned; min_lr keeps the usual 10% of the peak.
+# - 20 warm-up steps: the optimizer starts fresh, and its moment estimates need a few steps before
+#   the full lr; the weights are already trained, so a long warm-up is not needed.
+# - 500 steps, a quarter of tiny's run: a fine-tune adapts a model, it does not train one.
+#   Validation every 50 steps and a checkpoint every 100 show the short run and can resume it.
+# - batch and sequence length as tiny's (16 x 256): CPU-sized, and within the CPU models' max_seq_len.
+FINETUNE_PRESET = "finetune"
+FINETUNE_NEEDS_INIT = ("the finetune preset fine-tunes a model: give --init-from CHECKPOINT "
+                       "(or init_from in the config)")
+_register(FINETUNE_PRESET, model="tiny", batch_size=16, seq_len=256, steps=500, lr=2e-4, min_lr=2e-5,
+          warmup_steps=20, eval_interval=50, eval_batches=8, ckpt_interval=100)
 
 
 def train_preset(name: str, **overrides) -> TrainConfig:

@@ -175,7 +175,8 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
             plan["note"] = f"difftx train: no checkpoint in {out_dir}; starting from scratch"
         if resume and existing is not None:
             plan["resume_dir"] = existing
-            plan["resume_vocab"] = load_config(existing).vocab_size
+            resumed = load_config(existing)
+            plan["resume_vocab"], plan["resume_config"] = resumed.vocab_size, resumed.to_dict()
             change = ckpt.text_change(existing, config.to_dict())  # before any text is read or tokenized
             if change is not None and not config.allow_new_data:
                 plan["error"] = ("checkpoint", ckpt.text_change_error(existing, change))
@@ -277,9 +278,27 @@ class RunSetup:
                              f"{tok.vocab_size} ({_tokenizer_name(tok)})")
         return model_config
 
+    def _record_source_model(self) -> None:
+        """A run started from ``init_from`` trains that checkpoint's architecture, whatever model its config
+        named (a preset's placeholder): its config, saved with the run, records the checkpoint's ModelConfig
+        mapping as ``model`` (``model_overrides`` still apply on top). A resumed run whose config names a preset
+        (saved before this was recorded) takes its checkpoint's own."""
+        config, plan = self.config, self.plan
+        if self.init_dir is not None:
+            model = plan["init_config"]
+        elif self.resume_dir is not None and isinstance(config.model, str):
+            model = plan["resume_config"]
+        else:
+            return
+        if config.model != model:
+            self.config = config.replace(model=model)
+            self.train_dict = self.config.to_dict()
+
     def build_model(self, given: Optional[ModelConfig]) -> None:
         """The model (seeded: identical initial weights on every rank; FSDP2 shards them as they
         are), wrapped for DDP / FSDP2 / compile, its optimizer and, for float16, a loss scaler."""
+        if given is None and self.config.init_from is not None:
+            self._record_source_model()
         config = self.config
         _seed_everything(config.seed)
         self.model_config = self._model_config(given)
