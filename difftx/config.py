@@ -16,7 +16,7 @@ from .attention.registry import ATTENTIONS  # the attention kinds by name (regis
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
 # compares these dicts) and stays readable by an older difftx.
 _LATER_FIELDS = {"gate": None, "head_norm": None, "subtract": True, "options": None, "rope": True, "init": "normal",
-                 "out_scale": None}
+                 "out_scale": None, "qkv_bias": False}
 
 INITS = ("normal", "torch")  # ModelConfig.init: how the weights are drawn (Transformer.reset_parameters)
 OUT_SCALE_SCHEDULE = "schedule"  # ModelConfig.out_scale: 1 - the depth schedule's lambda_init at each layer
@@ -54,6 +54,9 @@ class ModelConfig:
       (the paper's), 1 for ``standard``. A number ``> 0`` decouples it from ``lambda_init``; ``"schedule"`` is
       ``1 - lambda_init_for_layer(l)`` at layer ``l`` (the depth schedule's scale, for the baseline too).
     - ``options``: the options of a registered kind (a dict its ``Options`` type takes; docs/attention-kinds.md).
+    - ``qkv_bias`` (``standard``, ``converted``, ``dex``): a learned bias on the query, key and value projections
+      (none on ``out_proj``), added before RoPE, as Qwen2 has them; zeros at initialisation. A parameter-matched
+      baseline keeps it (the source of a ``converted``/``dex`` model has the same biases).
 
     ``init`` (every kind) says how :meth:`~difftx.model.Transformer.reset_parameters` draws the weights:
     ``"normal"`` is ``N(0, init_std)`` for every linear map and embedding; ``"torch"`` is PyTorch's module
@@ -85,6 +88,7 @@ class ModelConfig:
     head_norm: Optional[bool] = None  # per-head RMSNorm; None: the attention kind's default (on for diff only)
     subtract: bool = True  # diff only: False is the no-subtraction control (lambda fixed at 0)
     out_scale: Optional[float | str] = None  # diff/standard: each head's output scale; None: 1 - lambda_init / 1
+    qkv_bias: bool = False  # standard/converted/dex: biases on q_proj, k_proj, v_proj (Qwen2's), added before RoPE
     options: Optional[dict] = field(default=None, hash=False)  # a registered kind's own options
 
     def __post_init__(self) -> None:
@@ -118,7 +122,7 @@ class ModelConfig:
 
     def _check_options(self) -> None:
         kind, accepts = self.attention, self.kind_class.config_fields
-        for name in ("use_subln", "subtract", "rope"):
+        for name in ("use_subln", "subtract", "rope", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise _err(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.init not in INITS:
@@ -134,8 +138,9 @@ class ModelConfig:
                                     f"got {self.head_norm!r}")
         if self.options is not None and not isinstance(self.options, dict):
             raise _err("options", f"must be a mapping of option names to values or null, got {self.options!r}")
-        hints = {"use_subln": " (use head_norm)", "subtract": " (false is DIFF's no-subtraction control)"}
-        for name, plain in _PLAIN.items():
+        hints = {"use_subln": " (use head_norm)", "subtract": " (false is DIFF's no-subtraction control)",
+                 "qkv_bias": " (true: biases on the q/k/v projections)"}
+        for name, plain in {**_PLAIN, **_KEPT}.items():
             if name != "options" and getattr(self, name) != plain and name not in accepts and not (name == "head_norm" and not self.head_norm):
                 takers = [n for n, c in ATTENTIONS.items() if name in c.config_fields]
                 where = f"attention={takers[0]!r}" if len(takers) == 1 else f"attention in {tuple(takers)}"
@@ -200,8 +205,8 @@ class ModelConfig:
         return {} if cls is None else dataclasses.asdict(cls(**(self.options or {})))
 
     def plain(self, **changes) -> "ModelConfig":
-        """This config with every attention option at its default (no ablation, gate or kind options), then
-        ``changes``: what a parameter-matched baseline starts from."""
+        """This config with every attention option at its default (no ablation, gate or kind options; ``qkv_bias``
+        kept), then ``changes``: what a parameter-matched baseline starts from."""
         return self.replace(**{**_PLAIN, **changes})
 
     @property
@@ -213,7 +218,8 @@ class ModelConfig:
     # -- (de)serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict:
         """All fields, except those added later (``gate``, ``head_norm``, ``subtract``, ``rope``, ``init``,
-        ``out_scale``) while they hold their defaults: a config that does not use them serialises exactly as before."""
+        ``out_scale``, ``qkv_bias``) while they hold their defaults: a config that does not use them serialises
+        exactly as before."""
         data = asdict(self)
         for name, default in _LATER_FIELDS.items():
             if data[name] is default or (isinstance(default, str) and data[name] == default):
@@ -260,6 +266,9 @@ def baseline_config(config: ModelConfig) -> ModelConfig:
 # the option fields at their defaults: what a config without any ablation, gate or kind options holds
 _PLAIN = dict(lambda_init=None, use_subln=True, gate=None, head_norm=None, subtract=True, options=None,
               out_scale=None)
+# fields that only some kinds accept (checked like the options above) but that a parameter-matched baseline keeps:
+# the q/k/v biases are part of the projections a baseline shares, not an ablation of one kind
+_KEPT = dict(qkv_bias=False)
 
 
 def attention_parameter_delta(config: ModelConfig) -> list[tuple[str, int, str]]:

@@ -4,8 +4,8 @@ A *stacked* weight carries a leading ``K`` dimension (model ``i``'s weight is ``
 activations a leading ``K`` too (``(K, N, ...)``, :mod:`difftx.training.stacked`). Each function
 here takes either form and computes, for a stack, exactly what it computes for each model alone:
 
-- :func:`linear`: ``F.linear`` (a ``(out, in)`` weight) or one batched product per model
-  (``(K, out, in)`` against ``(K, N, in)``);
+- :func:`linear`: ``F.linear`` (a ``(out, in)`` weight, an optional ``(out,)`` bias) or one batched product per
+  model (``(K, out, in)`` against ``(K, N, in)``, a bias ``(K, out)``);
 - :func:`rms_norm`: RMSNorm with a gain ``(n,)`` or ``(K, n)``, through :class:`RMSNormFunction`
   (one autograd node, closed-form backward) or PyTorch's own kernel;
 - :func:`swiglu`: ``silu(a) * b`` in one node;
@@ -51,18 +51,19 @@ def stacked_like(w: Tensor, x: Tensor, own_dims: int = 1) -> Tensor:
     return w.view(w.shape[0], *([1] * (x.dim() - w.dim())), *w.shape[1:])
 
 
-def linear(x: Tensor, w: Tensor, residual: Optional[Tensor] = None) -> Tensor:
-    """``residual + x @ w^T`` (no residual: ``x @ w^T``): ``F.linear`` for a weight ``(out, in)``; for a
-    stacked weight ``(K, out, in)`` and ``x`` ``(K, ..., in)``, each model's product in one batched call
-    (``(K, ..., out)``, the residual added by the product itself)."""
+def linear(x: Tensor, w: Tensor, residual: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> Tensor:
+    """``residual + x @ w^T + bias`` (no residual: ``x @ w^T + bias``; no bias: without it): ``F.linear`` for a
+    weight ``(out, in)`` and a bias ``(out,)``; for a stacked weight ``(K, out, in)``, a bias ``(K, out)`` and ``x``
+    ``(K, ..., in)``, each model's product in one batched call (``(K, ..., out)``, the residual and the bias added
+    by the product itself)."""
     if w.dim() == 2:
-        y = F.linear(x, w)
+        y = F.linear(x, w, bias)
         return y if residual is None else residual + y
     x3 = x.reshape(x.shape[0], -1, x.shape[-1])  # (K, N, in)
-    if residual is None:
-        y = torch.bmm(x3, w.transpose(1, 2))
-    else:
-        y = torch.baddbmm(residual.reshape(x3.shape[0], x3.shape[1], -1), x3, w.transpose(1, 2))
+    add = None if residual is None else residual.reshape(x3.shape[0], x3.shape[1], -1)
+    if bias is not None:
+        add = bias[:, None] if add is None else add + bias[:, None]  # (K, 1, out) broadcasts over the rows
+    y = torch.bmm(x3, w.transpose(1, 2)) if add is None else torch.baddbmm(add, x3, w.transpose(1, 2))
     return y.view(*x.shape[:-1], y.shape[-1])
 
 

@@ -357,8 +357,10 @@ def _small(name: str, **kw):
 
 
 def _make(case: str, src: Path) -> None:
-    if case == "qwen2":
-        _small("Qwen2").save_pretrained(src)
+    if case == "qwen2-window":  # layer 0 windowed (max_window_layers=0); a Qwen2 without one converts
+        _small("Qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0).save_pretrained(src)
+    elif case == "llama-attention-bias":  # Llama's switch biases o_proj too
+        _small("Llama", attention_bias=True).save_pretrained(src)
     elif case == "mistral-window":
         _small("Mistral", sliding_window=16).save_pretrained(src)
     elif case == "diffllama":
@@ -384,7 +386,9 @@ def _make(case: str, src: Path) -> None:
 REFUSALS = {
     "gpt2": "model_type 'gpt2' is not supported",
     "diffllama": "model_type 'diffllama' is differential attention already",
-    "qwen2": r"model_type 'qwen2': Qwen2's q/k/v projections carry biases \(attention biases: self_attn\.q_proj\.bias",
+    "qwen2-window": r"sliding_window=16 is shorter than the context \(max_position_embeddings=64\) in layer\(s\) "
+                    r"\[0\]",  # test_interop_qwen2: a longer one converts
+    "llama-attention-bias": "attention_bias=true: difftx's projections have no bias",
     "mistral-window": "sliding_window=16 is shorter than the context",  # a longer one converts: test_interop_mistral
     "rope-scaling": "RoPE scaling",
     "missing-weight": r"missing \['model.layers.0.self_attn.k_proj.weight'\]",

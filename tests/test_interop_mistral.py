@@ -5,7 +5,7 @@ sees keys ``i - sliding_window + 1 .. i``). With a null window, or one of at lea
 becomes difftx's ``max_seq_len``), the mask hides nothing from any sequence that long, so ``difftx import`` and
 ``difftx convert`` read the folder as a Llama one. The tests build tiny random GQA models with transformers' own
 classes, save them with ``save_pretrained``, and compare difftx's logits with transformers' float32 forward; a
-shorter window (and Qwen2's attention biases) is refused in one line, exit status 2, nothing written.
+shorter window is refused in one line, exit status 2, nothing written (Qwen2: tests/test_interop_qwen2.py).
 """
 
 from __future__ import annotations
@@ -194,14 +194,3 @@ def test_mistral_features_difftx_does_not_compute_are_refused(changes, pattern, 
     capsys.readouterr()
     _one_line_refusal(["import", str(tmp_path / "hf"), str(tmp_path / "out")], capsys, pattern)
 
-
-def test_qwen2_attention_biases_are_refused_by_import(tmp_path, capsys):
-    """Qwen2 always carries q/k/v biases (no config switch); `difftx convert` refuses it in tests/test_convert.py."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "hf")
-    assert "model.layers.0.self_attn.q_proj.bias" in load_file(str(tmp_path / "hf" / "model.safetensors"))
-    capsys.readouterr()
-    _one_line_refusal(["import", str(tmp_path / "hf"), str(tmp_path / "out")], capsys,
-                      r"model_type 'qwen2': .*attention biases: self_attn\.q_proj\.bias")

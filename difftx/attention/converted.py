@@ -25,6 +25,8 @@ Layout (rows of the projections, RoPE on every ``d``-wide query/key sub-head as 
     v_proj   (Hkv, d):    the source's values
     out_proj columns (H, d): the source's
 
+With ``qkv_bias`` (a Qwen2 source) each projection's bias has the layout of its rows, and is added before RoPE.
+
 This is the kernels' differential contract with a value as wide as q and k (``dv = d``): ``eager``,
 ``chunked``, ``sdpa`` and ``flex`` take it; the fused ``triton`` kernel is written for DIFF's ``2d``-wide
 values and hands these calls to ``sdpa``. The parameter-matched baseline is the source: standard attention
@@ -50,17 +52,18 @@ class ConvertedAttention(DiffAttention):
 
     width_parts = 1  # a head's output is d wide: dim = n_heads * d, as in the source
     hf_model_type = None
-    config_fields = frozenset({"lambda_init"})
+    config_fields = frozenset({"lambda_init", "qkv_bias"})
     head_norm_default = False
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
-                 lambda_init: Optional[float] = None):
+                 lambda_init: Optional[float] = None, qkv_bias: bool = False):
         if not isinstance(layer_idx, int) or layer_idx < 0:
             raise ValueError(f"layer_idx: must be a non-negative integer, got {layer_idx!r}")
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
         C = self.components  # query/key components per head: 2 here, 1 for a kind with one map (dex)
-        AttentionKind.__init__(self, dim, C * n_heads, C * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
+        AttentionKind.__init__(self, dim, C * n_heads, C * n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend,
+                               qkv_bias=qkv_bias)
         self.n_heads, self.n_kv_heads, self.layer_idx, self.norm_eps = n_heads, n_kv_heads, layer_idx, norm_eps
         self.lambda_init = 0.0 if lambda_init is None else float(lambda_init)
         self.subtract = True
@@ -75,7 +78,7 @@ class ConvertedAttention(DiffAttention):
     def from_config(cls, config, layer_idx: int) -> "ConvertedAttention":
         c = config
         return cls(c.dim, c.n_heads, layer_idx, c.n_kv_heads, c.rope_theta, backend=c.backend, norm_eps=c.norm_eps,
-                   lambda_init=c.lambda_init, **c.options_dict())
+                   lambda_init=c.lambda_init, qkv_bias=c.qkv_bias, **c.options_dict())
 
     @classmethod
     def check_config(cls, config) -> None:
@@ -98,9 +101,12 @@ class ConvertedAttention(DiffAttention):
         if cls is not ConvertedAttention:  # a kind built on this one: its own parameters
             return AttentionKind.parameter_delta.__func__(cls, config)
         D, H, Hkv, d = config.dim, config.n_heads, config.kv_groups, config.head_dim
-        return [("q_proj rows of the negative query components", D * H * d, "D·H·d"),
-                ("k_proj rows of the negative key components", D * Hkv * d, str(D * Hkv * d)),
-                ("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d")]
+        rows = [("q_proj rows of the negative query components", D * H * d, "D·H·d"),
+                ("k_proj rows of the negative key components", D * Hkv * d, str(D * Hkv * d))]
+        if config.qkv_bias:
+            rows += [("q_proj.bias entries of the negative query components", H * d, "H·d"),
+                     ("k_proj.bias entries of the negative key components", Hkv * d, str(Hkv * d))]
+        return rows + [("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:

@@ -84,9 +84,9 @@ class DexAttention(ConvertedAttention):
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
-                 lambda_init: Optional[float] = None, heads: Optional[list] = None):
+                 lambda_init: Optional[float] = None, heads: Optional[list] = None, qkv_bias: bool = False):
         super().__init__(dim, n_heads, layer_idx, n_kv_heads, rope_theta, backend=backend, norm_eps=norm_eps,
-                         lambda_init=lambda_init)  # one query/key component per head (components = 1)
+                         lambda_init=lambda_init, qkv_bias=qkv_bias)  # one query/key component per head
         DexOptions(heads)
         if heads is None:
             self.selected = tuple(range(n_heads))

@@ -130,14 +130,15 @@ class AttentionKind(nn.Module):
     Options: Optional[type] = None  # the kind's options (a dataclass validating itself): ModelConfig.options
 
     def __init__(self, dim: int, q_heads: int, kv_heads: int, v_groups: int, head_dim: int, v_width: int,
-                 out_in: int, rope_theta: float, backend: str):
+                 out_in: int, rope_theta: float, backend: str, *, qkv_bias: bool = False):
         super().__init__()
         check_backend_name(backend)
         self.dim, self.head_dim, self.rope_theta, self.backend = dim, head_dim, rope_theta, backend
         self.q_heads, self.kv_heads, self.v_groups, self.v_width = q_heads, kv_heads, v_groups, v_width
-        self.q_proj = nn.Linear(dim, q_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(dim, self.v_groups * v_width, bias=False)
+        qkv_bias = bool(qkv_bias)  # biases on q, k and v (ModelConfig.qkv_bias, Qwen2's), added before RoPE
+        self.q_proj = nn.Linear(dim, q_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(dim, self.v_groups * v_width, bias=qkv_bias)
         self.out_proj = nn.Linear(out_in, dim, bias=False)
 
     @classmethod
@@ -165,12 +166,14 @@ class AttentionKind(nn.Module):
         return 1
 
     def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
-        """q, k, v ``(..., T, heads, width)`` of ``x`` ``(..., T, D)``, q and k rotated; with a cache, k and v
-        of the whole cached prefix. A stack's leading ``K`` rides along (:func:`difftx.ops.linear`)."""
+        """q, k, v ``(..., T, heads, width)`` of ``x`` ``(..., T, D)`` (each projection's bias added, if any), q and
+        k then rotated; with a cache, k and v of the whole cached prefix. A stack's leading ``K`` rides along
+        (:func:`difftx.ops.linear`)."""
         T = x.shape[-2]
-        q = linear(x, self.q_proj.weight).unflatten(-1, (self.q_heads, self.head_dim))  # (..., T, Hq, d)
-        k = linear(x, self.k_proj.weight).unflatten(-1, (self.kv_heads, self.head_dim))  # (..., T, Hk, d)
-        v = linear(x, self.v_proj.weight).unflatten(-1, (self.v_groups, self.v_width))  # (..., T, Hv, dv)
+        qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
+        q = linear(x, qp.weight, bias=qp.bias).unflatten(-1, (self.q_heads, self.head_dim))  # (..., T, Hq, d)
+        k = linear(x, kp.weight, bias=kp.bias).unflatten(-1, (self.kv_heads, self.head_dim))  # (..., T, Hk, d)
+        v = linear(x, vp.weight, bias=vp.bias).unflatten(-1, (self.v_groups, self.v_width))  # (..., T, Hv, dv)
         if self.rope:
             if positions is None:
                 positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
@@ -272,9 +275,13 @@ class AttentionKind(nn.Module):
         """Initialise the projections: ``draw(name, std)`` fills the parameter ``name`` (of this module) from
         the model's paired normal draw (the same values in every arm holding that name). A kind extends this
         for parameters it adds (:class:`DiffAttention`: the lambda vectors); parameters a kind creates in its
-        own ``__init__`` keep what it gave them unless it draws them here."""
+        own ``__init__`` keep what it gave them unless it draws them here. The q/k/v biases (``qkv_bias``) start
+        at zero."""
         for name in ("q_proj", "k_proj", "v_proj", "out_proj", *((self.extra_proj,) if self.extra_proj else ())):
             draw(f"{name}.weight", std)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            if proj.bias is not None and not proj.bias.is_meta:
+                nn.init.zeros_(proj.bias)
         subln = getattr(self, "subln", None)
         if isinstance(subln, nn.RMSNorm):
             nn.init.ones_(subln.weight)
@@ -319,24 +326,27 @@ class StandardAttention(AttentionKind):
     no ``(1 - lambda_init)`` factor (that belongs to DIFF's lambda) unless ``out_scale`` gives one:
     each head's output (normalised or not) is then multiplied by that constant, the control that
     separates DIFF's subtraction from its output scale (``ModelConfig.out_scale``).
+    ``qkv_bias=True``: biases on the q/k/v projections, added before RoPE (Qwen2's attention).
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
-                 backend: str = "auto", use_subln: bool = False, norm_eps: float = 1e-5, out_scale: float = 1.0):
+                 backend: str = "auto", use_subln: bool = False, norm_eps: float = 1e-5, out_scale: float = 1.0,
+                 qkv_bias: bool = False):
         n_kv_heads, d = _check_heads(dim, n_heads, n_kv_heads, 1)
-        super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend)
+        super().__init__(dim, n_heads, n_kv_heads, n_kv_heads, d, d, dim, rope_theta, backend, qkv_bias=qkv_bias)
         self.n_heads, self.n_kv_heads, self.norm_eps = n_heads, n_kv_heads, norm_eps
         self.subln = nn.RMSNorm(d, eps=norm_eps, elementwise_affine=True) if use_subln else None
         self.out_scale = float(out_scale)
 
-    hf_model_type = "llama"
-    config_fields = frozenset({"head_norm", "out_scale"})
+    hf_model_type = "llama"  # with qkv_bias: Qwen2 (Llama plus q/k/v biases; difftx.interop.hf)
+    config_fields = frozenset({"head_norm", "out_scale", "qkv_bias"})
 
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "StandardAttention":
         c = config
         return cls(c.dim, c.n_heads, c.n_kv_heads, c.rope_theta, backend=c.backend, use_subln=c.uses_head_norm,
-                   norm_eps=c.norm_eps, out_scale=head_output_scale(c.out_scale, layer_idx, 1.0), **c.options_dict())
+                   norm_eps=c.norm_eps, out_scale=head_output_scale(c.out_scale, layer_idx, 1.0), qkv_bias=c.qkv_bias,
+                   **c.options_dict())
 
     @classmethod
     def baseline_config(cls, config):

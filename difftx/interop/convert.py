@@ -1,8 +1,8 @@
 """Convert a pretrained standard-attention model to differential attention (issue 40).
 
-:func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama or Mistral folder
-(read as ``difftx import`` reads it: GQA, tied embeddings and the RoPE layout included; a Mistral sliding window
-must cover the whole context), and writes a difftx model
+:func:`convert_model` reads a difftx ``standard`` model folder, or a local transformers Llama, Mistral or Qwen2
+folder (read as ``difftx import`` reads it: GQA, tied embeddings, the RoPE layout and Qwen2's q/k/v biases included;
+a Mistral or Qwen2 sliding window must cover the whole context), and writes a difftx model
 folder of the ``converted`` attention kind (:mod:`difftx.attention.converted`), or of the ``dex`` kind
 (:mod:`difftx.attention.dex`) for the method ``dex``.
 
@@ -17,6 +17,12 @@ query/key component and computes ``(softmax(Q1 K1^T / sqrt(d)) - lambda * softma
   moves, the two components get gradients of opposite signs and part. Axolotl's mirror recipe.
 - ``random``: normal draws with the model's ``init_std``, from ``seed``. The second map starts as a fresh,
   nearly uniform one, and is learned from there.
+
+With q/k/v biases (a Qwen2 source, ``qkv_bias``) the negative component's query and key biases follow its rows:
+``mirror`` copies the source's (the second map starts equal to the first), ``zero`` and ``random`` start them at
+zero (a zero component stays one; a fresh one starts as difftx initialises a projection, with zero biases). lambda
+is 0 at conversion, so any choice keeps the function; this one keeps each method's meaning. The value bias is
+the source's.
 
 ``dex`` (after DEX, Kong et al. 2025, arXiv 2505.16333) keeps each head's one softmax map and takes the difference
 on the value side of selected heads: ``O_h = A_h V_h (I - lambda W)``, ``W`` one learned ``d x d`` map per layer
@@ -33,9 +39,9 @@ OUT``). Before anything is written, the converted model's float32 logits are com
 few rows of random tokens; a relative difference above ``1e-5`` is refused. ``seed`` also draws the lambda
 vectors (two equal pairs, ``N(0, 0.1)``; see the kinds' docs).
 
-Refused, each with one line naming the field: another transformers ``model_type`` than ``llama`` and
-``mistral`` (Qwen2's q/k/v biases are not read by difftx), what ``difftx import`` refuses (a Mistral sliding
-window shorter than the context, RoPE scaling, biases, missing or mismatched weights, ...), a difftx model of
+Refused, each with one line naming the field: another transformers ``model_type`` than ``llama``, ``mistral``
+and ``qwen2``, what ``difftx import`` refuses (a Mistral or Qwen2 sliding window shorter than the context, RoPE
+scaling, Llama's biases, missing or mismatched weights, ...), a difftx model of
 another kind or with a per-head norm, and an OUT folder that is not empty (``overwrite`` as for ``difftx
 import``). Nothing is downloaded.
 """
@@ -68,6 +74,7 @@ DEX_SAMPLE_ROWS, DEX_SAMPLE_TOKENS = 8, 128  # the calibration sample of the hea
 CONVERSION_NAME = "conversion.json"  # written beside the model: source, method, seed and the logits check
 CHECK_ROWS, CHECK_TOKENS = 4, 32  # random token rows (and their length, at most max_seq_len) of the logits check
 CHECK_TOLERANCE = 1e-5  # max |converted - source| / max |source| over those logits, float32
+SOURCE_TYPES = ("llama", "mistral", "qwen2")  # the transformers model types convert reads (as `difftx import` does)
 
 
 @dataclass(frozen=True)
@@ -119,28 +126,25 @@ def _hf_model_type(src: Path) -> Optional[str]:
     if "model_type" not in data:
         return None
     model_type = data["model_type"]
-    from .hf import HF_REFUSED
-
     where = f"{path}: model_type {model_type!r}"
-    if model_type in ("llama", "mistral"):  # read as `difftx import` reads them: a Mistral window shorter than the
-        return model_type                   # context is refused there, in one line naming sliding_window
+    if model_type in SOURCE_TYPES:  # read as `difftx import` reads them: a Mistral or Qwen2 window shorter than the
+        return model_type           # context is refused there, in one line naming sliding_window
     if model_type == "diffllama":
-        raise ConversionError(f"{where} is differential attention already; convert reads 'llama' and 'mistral' "
-                              f"folders (read this one with `difftx import`)")
-    if model_type in HF_REFUSED:
-        raise ConversionError(f"{where}: {HF_REFUSED[model_type]}; convert reads 'llama' and 'mistral' folders only")
-    raise ConversionError(f"{where} is not supported; convert reads transformers 'llama' and 'mistral' folders and "
-                          f"difftx 'standard' models")
+        raise ConversionError(f"{where} is differential attention already; convert reads 'llama', 'mistral' and "
+                              f"'qwen2' folders (read this one with `difftx import`)")
+    raise ConversionError(f"{where} is not supported; convert reads transformers 'llama', 'mistral' and 'qwen2' "
+                          f"folders and difftx 'standard' models")
 
 
 def read_source(src: PathLike) -> tuple[str, ModelConfig, dict[str, Tensor], Path]:
-    """``(source kind, config, difftx state dict, folder read)`` of a transformers Llama folder or a difftx
+    """``(source kind, config, difftx state dict, folder read)`` of a transformers Llama, Mistral or Qwen2 folder or a
+    difftx
     ``standard`` model folder (a training run folder means its latest checkpoint); tensors in their stored
     dtype. Raises :class:`ConversionError` naming the field or file."""
     src = Path(src)
     if not src.is_dir():
-        raise ConversionError(f"{src}: not a folder (expected a transformers Llama folder or a difftx 'standard' "
-                              f"model folder)")
+        raise ConversionError(f"{src}: not a folder (expected a transformers Llama, Mistral or Qwen2 folder or a "
+                              f"difftx 'standard' model folder)")
     model_type = _hf_model_type(src)
     if model_type is not None:
         _, config, state = read_hf_model(src)
@@ -154,7 +158,7 @@ def read_source(src: PathLike) -> tuple[str, ModelConfig, dict[str, Tensor], Pat
     where = folder / CONFIG_NAME
     if config.attention != "standard":
         raise ConversionError(f"{where}: attention={config.attention!r}; convert turns 'standard' models (and "
-                              f"transformers Llama folders) differential")
+                              f"transformers Llama, Mistral and Qwen2 folders) differential")
     if config.uses_head_norm:
         raise ConversionError(f"{where}: head_norm=true; the converted kind has no per-head norm (one would change "
                               f"the function at conversion), so this model cannot be converted exactly")
@@ -174,8 +178,9 @@ def converted_config(config: ModelConfig, lambda_init: float = 0.0) -> ModelConf
 def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str = "mirror", seed: int = 0
                     ) -> dict[str, Tensor]:
     """The state dict of :func:`converted_config` ``(config)`` from a standard model's ``state``: the source's
-    tensors, each layer's q/k rows paired with the negative component's (``method``), and the lambda vectors
-    (``lq2 = lq1``, ``lk2 = lk1``, ``N(0, 0.1)`` from ``seed``: lambda exactly 0)."""
+    tensors, each layer's q/k rows paired with the negative component's (``method``; with ``qkv_bias`` their
+    biases too: ``mirror`` a copy, ``zero`` and ``random`` zeros), and the lambda vectors (``lq2 = lq1``,
+    ``lk2 = lk1``, ``N(0, 0.1)`` from ``seed``: lambda exactly 0)."""
     if method not in METHODS:
         raise ConversionError(f"method: must be one of {list(METHODS)}, got {method!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -195,6 +200,11 @@ def converted_state(config: ModelConfig, state: dict[str, Tensor], method: str =
             else:
                 neg = (torch.randn(pos.shape, generator=g) * config.init_std).to(pos.dtype)
             out[a + name] = torch.stack([pos.view(heads, d, D), neg.view(heads, d, D)], 1).reshape(2 * heads * d, D)
+            if config.qkv_bias:  # the bias of each row follows it: a copy for mirror, else a bias at its start, 0
+                bias = a + name.replace(".weight", ".bias")
+                pos = state[bias]  # (heads * d,)
+                neg = pos.clone() if method == "mirror" else torch.zeros_like(pos)
+                out[bias] = torch.stack([pos.view(heads, d), neg.view(heads, d)], 1).reshape(2 * heads * d)
         out.update(lam)
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -369,11 +379,12 @@ def logits_difference(source: Transformer, converted: Transformer, seed: int = 0
 def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed: int = 0,
                   overwrite: bool = False, lambda_init: float = 0.0,
                   dex_heads: Union[None, str, int, float, Sequence[Sequence[int]]] = None) -> Conversion:
-    """Convert the standard-attention model in ``src`` (a transformers Llama folder, or a difftx ``standard`` model,
-    checkpoint or run folder) into a ``converted`` difftx model folder ``out`` (a ``dex`` one for the method
-    ``dex``) that :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read: ``config.json``,
-    ``model.safetensors`` (the source's dtype; the lambda vectors and ``dex_map`` float32), :data:`CONVERSION_NAME`,
-    and the source's tokenizer in ``tokenizer/``. See the module doc for ``method`` and what is refused.
+    """Convert the standard-attention model in ``src`` (a transformers Llama, Mistral or Qwen2 folder, or a difftx
+    ``standard`` model, checkpoint or run folder) into a ``converted`` difftx model folder ``out`` (a ``dex`` one for
+    the method ``dex``) that :func:`difftx.checkpoint.load_model` and ``difftx train --init-from`` read:
+    ``config.json``, ``model.safetensors`` (the source's dtype; the lambda vectors and ``dex_map`` float32),
+    :data:`CONVERSION_NAME`, and the source's tokenizer in ``tokenizer/``. See the module doc for ``method`` and what
+    is refused.
 
     ``dex_heads`` (method ``dex`` only): ``"all"`` (None, the default), a count (int) or fraction (float in
     ``(0, 1]``) of each layer's heads, chosen by their attention entropy (see the module doc), or explicit lists

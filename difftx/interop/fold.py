@@ -11,7 +11,12 @@ lays out for transformers. Legend: ``H`` heads, ``Hkv`` kv groups, ``d`` head wi
   ``out_proj``'s ``d`` input columns of head ``h``: ``out_proj[:, h] = out_proj[:, h] (I - lambda W)^T``. With GQA
   a value serves several heads, so ``v_proj`` cannot take it.
 - ``converted``: where lambda is exactly 0 in every layer (as at conversion), each head computes
-  ``A1 V``: the source's attention. The negative component's q/k rows and the lambda vectors are dropped.
+  ``A1 V``: the source's attention. The negative component's q/k rows (and biases) and the lambda vectors are
+  dropped.
+
+A model with q/k/v biases (``qkv_bias``: a converted Qwen2) folds the same way; the biases are kept, so the folded
+config is a ``standard`` one with ``qkv_bias``, which export writes as a ``Qwen2ForCausalLM`` (Llama's architecture
+plus those biases: ``LlamaForCausalLM`` has no switch for q/k/v biases without one on ``o_proj``).
 
 lambda is computed as the model computes it (:class:`~difftx.ops.LambdaFunction`, float32 for float32 or lower
 weights), ``lambda_init`` included. A fold is computed in float64 and cast to the weights' dtype.
@@ -134,6 +139,9 @@ def _fold_converted(config: ModelConfig, state: dict[str, Tensor], out: dict[str
         for name, groups in (("q_proj.weight", config.n_heads), ("k_proj.weight", config.kv_groups)):
             w = state[a + name]  # rows (groups, c, d): c = 0 the source's component
             out[a + name] = w.view(groups, 2, d, D)[:, 0].reshape(groups * d, D).contiguous()
+            if config.qkv_bias:  # the bias entries of those rows
+                b = state[a + name.replace(".weight", ".bias")]
+                out[a + name.replace(".weight", ".bias")] = b.view(groups, 2, d)[:, 0].reshape(groups * d).contiguous()
 
 
 _FOLDS = {"standard": None, "temperature": _fold_temperature, "dex": _fold_dex, "converted": _fold_converted}

@@ -1,9 +1,11 @@
 """Hugging Face ``transformers`` folders <-> difftx model folders (SPEC section 4).
 
 ``diff`` models map to ``DiffLlamaForCausalLM`` (model_type ``diffllama``), ``standard``
-models to ``LlamaForCausalLM`` (model_type ``llama``); a ``MistralForCausalLM`` folder (model_type
-``mistral``) whose sliding window covers its whole context is read as a ``standard`` model too (it
-computes what Llama computes); ``diff_v2``, ``gated`` and the options
+models to ``LlamaForCausalLM`` (model_type ``llama``), ``standard`` models with q/k/v biases (``qkv_bias``) to
+``Qwen2ForCausalLM`` (model_type ``qwen2``: Llama's architecture plus those biases); a ``MistralForCausalLM`` folder
+(model_type ``mistral``) whose sliding window covers its whole context is read as a ``standard`` model too (it
+computes what Llama computes), as is a Qwen2 folder without a window shorter than its context; ``diff_v2``,
+``gated`` and the options
 that change what a head computes (no per-head norm or a constant ``lambda_init`` for ``diff``,
 the no-subtraction control, a per-head norm for ``standard``) have no equivalent: :func:`export_hf`
 writes those with difftx's own modeling code (:mod:`difftx.interop.remote`, ``trust_remote_code``), or, with
@@ -28,6 +30,7 @@ Row layouts of the attention projections (each row is one output channel)::
 RoPE: difftx rotates dims ``(2i, 2i+1)`` of each q/k head (GPT-J), transformers rotates
 ``(i, i + d/2)`` (rotate-half, NeoX), same frequencies; so within every d-wide q/k head,
 HF row ``c*d/2 + i`` is difftx row ``2i + c``. Values are not rotated and keep their order.
+A bias (Qwen2's q/k/v) is one entry per row: it moves with its row.
 """
 
 from __future__ import annotations
@@ -88,12 +91,15 @@ def halves_to_pairs(w: Tensor, d: int) -> Tensor:
 # -- configs ----------------------------------------------------------------------------------------
 
 # the transformers model types difftx reads and writes, and the attention kind each becomes (the kinds name
-# their model type in ``hf_model_type``; these two layouts are what this module converts)
-HF_LAYOUTS = {"diffllama": "diff", "llama": "standard"}
+# their model type in ``hf_model_type``; Qwen2 is Llama's layout with q/k/v biases, ModelConfig.qkv_bias: these
+# layouts are what this module converts)
+HF_LAYOUTS = {"diffllama": "diff", "llama": "standard", "qwen2": "standard"}
 # the model types difftx reads: those it writes, and Mistral. MistralForCausalLM is LlamaForCausalLM without its
 # bias switches (no biases at all) plus a sliding-window mask: query i sees keys i - sliding_window + 1 .. i. A
 # window of at least max_position_embeddings (difftx's max_seq_len) hides no key of any sequence that long, so
-# such a folder is read as a Llama one; a shorter window is refused (see _check_window).
+# such a folder is read as a Llama one; a shorter window is refused (see _check_window). Qwen2's window applies
+# only with use_sliding_window, in its sliding layers (layer_types, else those from max_window_layers on): the
+# same rule holds there (see _check_qwen2_window).
 HF_READS = {**HF_LAYOUTS, "mistral": "standard"}
 # transformers' defaults (the config classes') for the fields a config.json may leave out, where they matter here
 _HF_DEFAULTS = {
@@ -101,11 +107,8 @@ _HF_DEFAULTS = {
     "diffllama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5},
     "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "num_key_value_heads": 8,
                 "sliding_window": 4096},
-}
-# model types refused for a known reason (the same line from `difftx import` and `difftx convert`)
-HF_REFUSED = {
-    "qwen2": "Qwen2's q/k/v projections carry biases (attention biases: self_attn.q_proj.bias, k_proj.bias and "
-             "v_proj.bias in every layer, always on), which difftx's bias-free projections cannot hold",
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "num_key_value_heads": 32,
+              "sliding_window": 4096, "max_window_layers": 28},
 }
 
 def check_exportable(config: ModelConfig) -> None:
@@ -128,6 +131,16 @@ def _is_diff(config: ModelConfig) -> bool:
     return config.kind_class.hf_model_type == "diffllama"
 
 
+def hf_model_type(config: ModelConfig) -> str:
+    """The transformers ``model_type`` an exportable ``config`` is written as: ``diffllama``, ``llama``, or ``qwen2``
+    for a Llama layout with q/k/v biases (``qkv_bias``)."""
+    kind = config.kind_class.hf_model_type
+    return "qwen2" if kind == "llama" and config.qkv_bias else kind
+
+
+_ARCHITECTURES = {"diffllama": "DiffLlamaForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -135,12 +148,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The transformers ``config.json`` (as a dict) of the exported ``config``."""
     check_exportable(config)
-    diff = _is_diff(config)
+    diff, model_type = _is_diff(config), hf_model_type(config)
     n_heads = 2 * config.n_heads if diff else config.n_heads  # transformers counts d-wide heads
     n_kv = 2 * config.kv_groups if diff else config.kv_groups
     out = {
-        "architectures": ["DiffLlamaForCausalLM" if diff else "LlamaForCausalLM"],
-        "model_type": "diffllama" if diff else "llama",
+        "architectures": [_ARCHITECTURES[model_type]],
+        "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.hidden_dim,
@@ -166,31 +179,63 @@ def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     }
     if diff:
         out["lambda_std_dev"] = LAMBDA_STD_DEV
+    elif model_type == "qwen2":  # q/k/v biases always on, o_proj and the MLP without: no switches to set
+        del out["attention_bias"]
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=config.n_layers,
+                   layer_types=["full_attention"] * config.n_layers)
     else:
         out["mlp_bias"] = False
         out["pretraining_tp"] = 1
     return out
 
 
-def _check_window(window, context: int, source: str) -> None:
-    """Refuse a Mistral ``sliding_window`` that hides keys from a sequence of ``context`` tokens (null: none)."""
+def _check_window(window, context: int, source: str, model: str = "Mistral", where: str = "") -> None:
+    """Refuse a ``sliding_window`` that hides keys from a sequence of ``context`` tokens (null: none); ``where``
+    says which layers it applies to, when not all."""
     if window is None:
         return
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ConversionError(f"{source}: sliding_window must be null or an integer >= 1, got {window!r}")
     if window < context:
         raise ConversionError(f"{source}: sliding_window={window} is shorter than the context "
-                              f"(max_position_embeddings={context}): difftx attends to the whole context and cannot "
-                              f"compute Mistral's windowed attention")
+                              f"(max_position_embeddings={context}){where}: difftx attends to the whole context and "
+                              f"cannot compute {model}'s windowed attention")
+
+
+def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> None:
+    """Refuse a Qwen2 config whose sliding window hides keys in some layer from a sequence of ``context`` tokens.
+    As ``Qwen2Config`` reads it: no window unless ``use_sliding_window``; then ``sliding_window`` (null: none) in the
+    layers ``layer_types`` names ``sliding_attention``, or without ``layer_types`` those from ``max_window_layers``
+    on."""
+    defaults = _HF_DEFAULTS["qwen2"]
+    use = hf.get("use_sliding_window", False)
+    if not isinstance(use, bool):
+        raise ConversionError(f"{source}: use_sliding_window must be true or false, got {use!r}")
+    window = hf.get("sliding_window", defaults["sliding_window"])
+    if not use or window is None:
+        return
+    types = hf.get("layer_types")
+    if types is None:
+        first = hf.get("max_window_layers", defaults["max_window_layers"])
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise ConversionError(f"{source}: max_window_layers must be an integer >= 0, got {first!r}")
+        sliding, rule = list(range(first, layers)), f"max_window_layers={first}"
+    else:
+        kinds = ("full_attention", "sliding_attention")
+        if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
+            raise ConversionError(f"{source}: layer_types must list {layers} of {kinds}, got {types!r}")
+        sliding, rule = [i for i, t in enumerate(types) if t == "sliding_attention"], "layer_types"
+    if sliding:
+        _check_window(window, context, source, "Qwen2", f" in layer(s) {sliding[:8]} ({rule}, use_sliding_window=true)")
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
-    """The difftx :class:`ModelConfig` of a DiffLlama, Llama or Mistral ``config.json`` dict (fields it leaves
-    out take their transformers class's default).
+    """The difftx :class:`ModelConfig` of a DiffLlama, Llama, Mistral or Qwen2 ``config.json`` dict (fields it
+    leaves out take their transformers class's default). Qwen2 is read as ``standard`` with ``qkv_bias``.
 
     Raises :class:`ConversionError` (naming ``source``) for anything difftx cannot represent
-    exactly: biases, non-SiLU MLPs, scaled or partial RoPE, odd head counts in DiffLlama, a
-    Mistral sliding window shorter than the context, Qwen2's attention biases, ...
+    exactly: Llama's biases, non-SiLU MLPs, scaled or partial RoPE, odd head counts in DiffLlama, a
+    Mistral or Qwen2 sliding window shorter than the context, ...
     """
     def need(key: str):
         if key not in hf:
@@ -206,8 +251,6 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         return ConversionError(f"{source}: {rule}")
 
     model_type = hf.get("model_type")
-    if model_type in HF_REFUSED:
-        raise refuse(f"model_type {model_type!r}: {HF_REFUSED[model_type]}")
     if model_type not in HF_READS:
         raise refuse(f"model_type {model_type!r} is not supported; difftx imports " + ", ".join(
             f"{t!r} (-> attention={k!r})" for t, k in HF_READS.items()))
@@ -219,17 +262,20 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     n_kv = n_heads if n_kv is None else whole("num_key_value_heads", n_kv)
     head_dim = D // n_heads if hf.get("head_dim") is None else whole("head_dim", hf["head_dim"])
     context = whole("max_position_embeddings", hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
-    if model_type == "mistral":  # a field of Mistral's, read; any other model type with a window is refused
+    windowed = model_type in ("mistral", "qwen2")  # their window fields are read; any other type's is refused
+    if model_type == "mistral":
         _check_window(hf.get("sliding_window", defaults["sliding_window"]), context, source)
-    for key in ("quantization_config",) if model_type == "mistral" else ("sliding_window", "quantization_config"):
+    elif model_type == "qwen2":
+        _check_qwen2_window(hf, L, context, source)
+    for key in ("quantization_config",) if windowed else ("sliding_window", "quantization_config"):
         if hf.get(key):
             raise refuse(f"{key}={hf[key]!r}: difftx attends to the whole context with unquantised weights; "
                          "it cannot represent this model exactly")
     if hf.get("hidden_act", "silu") != "silu":
         raise refuse(f"hidden_act={hf['hidden_act']!r}: difftx's MLP is SwiGLU (silu) only")
-    for key in ("attention_bias", "mlp_bias"):
+    for key in ("attention_bias", "mlp_bias") if model_type != "qwen2" else ():  # Qwen2 reads neither switch
         if hf.get(key):
-            raise refuse(f"{key}=true: difftx's projections have no bias")
+            raise refuse(f"{key}=true: difftx's projections have no bias (but q/k/v biases alone, as Qwen2's)")
     rope = hf.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise refuse(f"rope_parameters must be an object, got {rope!r}")
@@ -256,10 +302,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
             vocab_size=V, dim=D, n_layers=L, n_heads=n_heads, n_kv_heads=None if n_kv == n_heads else n_kv,
             attention=HF_READS[model_type], ffn_hidden=ffn,
             max_seq_len=context, rope_theta=float(theta),
-            # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama and Mistral 1e-6
+            # transformers' defaults when the field is missing: DiffLlama 1e-5, Llama, Mistral and Qwen2 1e-6
             norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            init_std=float(hf.get("initializer_range", 0.02)))
+            init_std=float(hf.get("initializer_range", 0.02)), qkv_bias=model_type == "qwen2")
     except (TypeError, ValueError) as e:
         raise refuse(f"no valid difftx config: {e}") from e
     if cfg.replace(ffn_hidden=None).hidden_dim == ffn:
@@ -283,6 +329,12 @@ _LAYER_NAMES = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight":
                 **{f"attn.{n}.weight": f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj")},
                 "attn.out_proj.weight": "self_attn.o_proj.weight"}
 _DIFF_NAMES = {f"attn.{n}": f"self_attn.{n}" for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")}
+_BIAS_NAMES = {f"attn.{n}.bias": f"self_attn.{n}.bias" for n in ("q_proj", "k_proj", "v_proj")}  # Qwen2's
+
+
+def _per_row(permute: Callable[[Tensor, int], Tensor], t: Tensor, d: int) -> Tensor:
+    """``permute`` (a row permutation above) applied to a weight ``(rows, in)`` or a bias ``(rows,)``."""
+    return permute(t, d) if t.dim() > 1 else permute(t[:, None], d)[:, 0]
 
 
 def hf_names(config: ModelConfig) -> dict[str, str]:
@@ -291,14 +343,14 @@ def hf_names(config: ModelConfig) -> dict[str, str]:
     names = dict(_MODEL_NAMES)
     if not config.tie_embeddings:
         names["lm_head.weight"] = "lm_head.weight"
-    layer = {**_LAYER_NAMES, **(_DIFF_NAMES if _is_diff(config) else {})}
+    layer = {**_LAYER_NAMES, **(_DIFF_NAMES if _is_diff(config) else {}), **(_BIAS_NAMES if config.qkv_bias else {})}
     for i in range(config.n_layers):
         names.update({f"layers.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in layer.items()})
     return names
 
 
 def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """difftx state dict -> transformers state dict (DiffLlama or Llama), exact up to the norm fold:
+    """difftx state dict -> transformers state dict (DiffLlama, Llama or Qwen2), exact up to the norm fold:
     the tensors renamed by :func:`hf_names`, the attention rows reordered (see the module doc)."""
     check_exportable(config)
     diff = _is_diff(config)
@@ -308,6 +360,9 @@ def to_hf_state(config: ModelConfig, state: dict[str, Tensor]) -> dict[str, Tens
         a, sa = f"layers.{i}.attn.", f"model.layers.{i}.self_attn."
         q, k, v, o = (out[sa + f"{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         q, k = rope_interleaved_to_half(q, d), rope_interleaved_to_half(k, d)
+        if config.qkv_bias:  # Qwen2 (never DiffLlama: the diff kind takes no biases); v's bias keeps its order
+            for n in ("q_proj", "k_proj"):
+                out[sa + f"{n}.bias"] = _per_row(rope_interleaved_to_half, out[sa + f"{n}.bias"], d)
         if diff:
             q, k, v = pairs_to_halves(q, d), pairs_to_halves(k, d), pairs_to_halves(v, d)
             gain = state[a + "subln.weight"].float().repeat(config.n_heads)  # (H*2d,): shared by heads
@@ -330,6 +385,9 @@ def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Ten
             q, k, v = halves_to_pairs(q, d), halves_to_pairs(k, d), halves_to_pairs(v, d)
             out[a + "subln.weight"] = torch.ones(2 * d, dtype=o.dtype)
         q, k = rope_half_to_interleaved(q, d), rope_half_to_interleaved(k, d)
+        if config.qkv_bias:
+            for n in ("q_proj", "k_proj"):
+                out[a + f"{n}.bias"] = _per_row(rope_half_to_interleaved, out[a + f"{n}.bias"], d)
         out.update({a + "q_proj.weight": q, a + "k_proj.weight": k, a + "v_proj.weight": v})
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -410,8 +468,8 @@ def resolve_model_folder(path: PathLike) -> Path:
 
 
 def export_target(config: ModelConfig, remote_code: Optional[bool] = None) -> str:
-    """``"exact"`` (a transformers class computes ``config``: DiffLlama or Llama) or ``"remote"`` (difftx's own
-    modeling file, loaded with ``trust_remote_code=True``). ``remote_code``: None picks the exact class where one
+    """``"exact"`` (a transformers class computes ``config``: DiffLlama, Llama or Qwen2) or ``"remote"`` (difftx's
+    own modeling file, loaded with ``trust_remote_code=True``). ``remote_code``: None picks the exact class where one
     exists, else the modeling file; True always the modeling file; False the exact class only. Raises
     :class:`ConversionError` (one line naming the kind or the field) when neither can be written: a registered kind
     of your own (its code is not in the modeling file), or with ``remote_code=False`` a config with no exact class."""
@@ -438,7 +496,8 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     """Write a transformers model folder for a difftx model, or for a folder ``load_model`` reads
     (a training run folder means its latest checkpoint).
 
-    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM``; every other built-in kind (and
+    ``diff`` -> ``DiffLlamaForCausalLM``, ``standard`` -> ``LlamaForCausalLM`` (with ``qkv_bias``:
+    ``Qwen2ForCausalLM``); every other built-in kind (and
     the options DiffLlama and Llama cannot compute: NoPE, DIFF's ablations, a per-head norm or output scale on
     ``standard``) -> difftx's own ``DifftxForCausalLM``, whose code (``modeling_difftx.py``,
     ``configuration_difftx.py``, no difftx import) is written beside the weights and loads with
@@ -457,7 +516,8 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     ``fold="llama"`` (``difftx export --as llama``) writes a plain ``LlamaForCausalLM`` for a model whose function a
     Llama computes with other weights: ``temperature`` (into ``q_proj``), ``dex`` (into ``o_proj``), ``converted``
     with lambda exactly 0 in every layer (its source), plain ``standard``; anything else is refused in one line
-    (:func:`difftx.interop.fold.to_llama`), as is ``fold`` with ``remote_code=True``.
+    (:func:`difftx.interop.fold.to_llama`), as is ``fold`` with ``remote_code=True``. A model with q/k/v biases
+    (``qkv_bias``) folds the same way into a ``Qwen2ForCausalLM`` (Llama plus those biases).
     """
     from .fold import check_fold, to_llama
 
@@ -548,9 +608,9 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
 
 
 def read_hf_model(src: Path) -> tuple[dict, ModelConfig, dict[str, Tensor]]:
-    """A transformers DiffLlama, Llama or Mistral folder read as difftx reads it: its ``config.json`` (dict), the difftx
-    :class:`ModelConfig` and the difftx state dict (tensors in their stored dtype), after checking every weight's
-    name and shape. A tied config with a stored head that differs from the embedding is read untied, as
+    """A transformers DiffLlama, Llama, Mistral or Qwen2 folder read as difftx reads it: its ``config.json`` (dict),
+    the difftx :class:`ModelConfig` and the difftx state dict (tensors in their stored dtype), after checking every
+    weight's name and shape. A tied config with a stored head that differs from the embedding is read untied, as
     transformers loads it. Raises :class:`ConversionError` naming the field or file."""
     hf_cfg, hf_state = load_hf_folder(src)
     config = config_from_hf(hf_cfg, str(src / "config.json"))
@@ -568,7 +628,8 @@ def read_hf_model(src: Path) -> tuple[dict, ModelConfig, dict[str, Tensor]]:
 
 def import_hf(hf_dir: PathLike, out_folder: PathLike, *, overwrite: bool = False) -> Path:
     """Convert a local transformers DiffLlama (-> ``diff``), Llama or Mistral (-> ``standard``; a Mistral
-    sliding window must cover the whole context) folder into
+    sliding window must cover the whole context) or Qwen2 (-> ``standard`` with ``qkv_bias``; the same window rule)
+    folder into
     a difftx model folder that :func:`difftx.checkpoint.load_model` and the trainer's
     ``--init-from`` read: ``config.json``, ``model.safetensors`` and the tokenizer files (if
     any) in ``tokenizer/``, as training checkpoints keep them.

@@ -23,7 +23,8 @@ class DifftxConfig(PretrainedConfig):
     def __init__(self, vocab_size=256, dim=256, n_layers=4, n_heads=4, n_kv_heads=None, attention="diff",
                  ffn_hidden=None, max_seq_len=256, rope_theta=10000.0, rope=True, norm_eps=1e-5, init_std=0.02,
                  init="normal", backend="auto", lambda_init=None, use_subln=True, gate=None, head_norm=None,
-                 subtract=True, out_scale=None, options=None, tie_word_embeddings=False, use_cache=True, **kwargs):
+                 subtract=True, out_scale=None, options=None, qkv_bias=False, tie_word_embeddings=False, use_cache=True,
+                 **kwargs):
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         if attention not in KINDS:
             raise ValueError(f"DifftxConfig: attention={attention!r} is not a kind this modeling file computes "
@@ -35,5 +36,6 @@ class DifftxConfig(PretrainedConfig):
         self.init, self.backend, self.lambda_init, self.use_subln = init, backend, lambda_init, use_subln
         self.gate, self.head_norm, self.subtract, self.out_scale = gate, head_norm, subtract, out_scale
         self.options = options
+        self.qkv_bias = bool(qkv_bias)  # biases on the q/k/v projections (absent from folders written before it)
         self.tie_word_embeddings = tie_word_embeddings
         self.use_cache = use_cache

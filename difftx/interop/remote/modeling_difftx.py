@@ -8,7 +8,8 @@ are difftx's state dict unchanged. Legend: ``B`` batch, ``T`` new tokens, ``S`` 
 width, ``H`` the config's ``n_heads``, ``G`` kv groups, ``d`` the query/key (sub-)head width, ``C`` the softmax maps
 a head combines (2 for ``A1 - lambda A2``, else 1), ``R`` heads per kv group.
 
-Each layer's attention: ``q``, ``k``, ``v`` projections of the block's normed input ``x``; RoPE (GPT-J pairs
+Each layer's attention: ``q``, ``k``, ``v`` projections of the block's normed input ``x`` (each with a bias when
+``qkv_bias``, added before RoPE, as Qwen2 adds it; ``out_proj`` has none); RoPE (GPT-J pairs
 ``(2i, 2i+1)``, frequency ``theta^(-2i/d)``) on every ``d``-wide query and key head unless ``rope`` is false;
 query sub-head ``h*C + c`` (head ``h = g*R + r``) reads key sub-head ``g*C + c`` and the value of group ``g``;
 each map ``softmax(q k^T / sqrt(d))`` in float32; then the kind's own step before ``out_proj``:
@@ -122,9 +123,10 @@ class DifftxAttention(nn.Module):
         s = self.layout = _Layout(config, layer_idx)
         D, d = config.dim, s.d
         self.layer_idx, self.rope, self.rope_theta = layer_idx, bool(config.rope), float(config.rope_theta)
-        self.q_proj = nn.Linear(D, s.q_heads * d, bias=False)
-        self.k_proj = nn.Linear(D, s.kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(D, s.groups * s.v_width, bias=False)
+        bias = bool(getattr(config, "qkv_bias", False))
+        self.q_proj = nn.Linear(D, s.q_heads * d, bias=bias)
+        self.k_proj = nn.Linear(D, s.kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(D, s.groups * s.v_width, bias=bias)
         out_in = s.H * d if s.kind == "diff_v2" else s.q_heads // s.C * s.v_width
         self.out_proj = nn.Linear(out_in, D, bias=False)
         if s.lambdas:
@@ -240,8 +242,9 @@ class DifftxPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """A new model's draw, as difftx's ``init="normal"``: linear maps and embeddings ``N(0, init_std)``, unit
-        gains, lambda vectors ``N(0, 0.1)`` (``converted``/``dex``: the second pair equal to the first), the
-        identity ``dex_map`` and zero log-temperatures. Weights loaded from the folder are left as they are."""
+        gains, zero q/k/v biases, lambda vectors ``N(0, 0.1)`` (``converted``/``dex``: the second pair equal to the
+        first), the identity ``dex_map`` and zero log-temperatures. Weights loaded from the folder are left as they
+        are."""
         def fill(p, how):
             if p is not None and not getattr(p, "_is_hf_initialized", False):
                 with torch.no_grad():
@@ -250,6 +253,7 @@ class DifftxPreTrainedModel(PreTrainedModel):
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
             fill(module.weight, lambda p: p.normal_(0.0, std))
+            fill(getattr(module, "bias", None), lambda p: p.zero_())
         elif isinstance(module, DifftxRMSNorm):
             fill(module.weight, lambda p: p.fill_(1.0))
         elif isinstance(module, DifftxAttention):
