@@ -47,13 +47,24 @@ def _logprob(model: Transformer, context: str, continuation: str) -> float:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None or importlib.util.find_spec("accelerate") is None,
                     reason="needs lm-eval and accelerate (pip install 'difftx[lmeval]' accelerate)")
-def test_lm_eval_harness_offline_matches_difftx(tmp_path):
+@pytest.mark.parametrize("attention", ["diff", "converted"])
+def test_lm_eval_harness_offline_matches_difftx(tmp_path, attention):
+    """``diff`` exports as DiffLlama (no custom code); ``converted`` (a standard model made differential, its lambda
+    moved as by fine-tuning) with difftx's own modeling code, which the harness loads with trust_remote_code."""
     pytest.importorskip("transformers")
     from difftx.interop import export_hf
+    from difftx.interop.convert import converted_config, converted_state
 
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=257, dim=64, n_layers=2, n_heads=2, n_kv_heads=1,
-                                    max_seq_len=256)).eval()
+    cfg = ModelConfig(vocab_size=257, dim=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=256)
+    if attention == "converted":
+        source = ModelConfig(vocab_size=257, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=256,
+                             attention="standard")
+        model = Transformer(converted_config(source))
+        model.load_state_dict(converted_state(source, Transformer(source).state_dict(), "mirror", seed=1))
+    else:
+        model = Transformer(cfg)
+    model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lambda" in name:
@@ -64,8 +75,10 @@ def test_lm_eval_harness_offline_matches_difftx(tmp_path):
     write_next_line_task(tmp_path / "task", n_items=12)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+    remote = ",trust_remote_code=True" if attention == "converted" else ""
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf",
-           "--model_args", f"pretrained={tmp_path / 'hf'},dtype=float32", "--device", "cpu", "--batch_size", "8",
+           "--model_args", f"pretrained={tmp_path / 'hf'},dtype=float32{remote}", "--device", "cpu",
+           "--batch_size", "8",
            "--include_path", str(tmp_path / "task"), "--tasks", TASK_NAME,
            "--output_path", str(tmp_path / "results"), "--log_samples"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
