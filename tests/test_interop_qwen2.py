@@ -293,3 +293,25 @@ def test_qwen2_features_difftx_does_not_compute_are_refused(changes, pattern, qw
                                                              "sliding_window": 8}))
     capsys.readouterr()
     _one_line_refusal(["import", str(tmp_path / "hf"), str(tmp_path / "out")], capsys, pattern)
+
+
+def test_a_converted_qwen2_fine_tunes_and_its_biases_train(qwens, tmp_path, monkeypatch, capsys):
+    """``difftx train --init-from`` a converted Qwen2 (the byte tokenizer's 257 ids): the biases are trained with
+    the rest (no weight decay: they are vectors), and lambda moves off 0."""
+    from difftx.training.checkpointing import resolve_checkpoint
+
+    monkeypatch.setenv("DIFFTX_CACHE_DIR", str(tmp_path / "cache"))
+    convert_model(qwens["tied"][0], tmp_path / "conv", method="mirror")
+    text = tmp_path / "text.txt"
+    text.write_text("Shall I compare thee to a summer's day? Thou art more lovely and more temperate.\n" * 40)
+    sets = ["steps=3", "batch_size=2", "seq_len=32", "warmup_steps=1", "eval_interval=0", "ckpt_interval=0",
+            "log_interval=1", "tensorboard=false", "device=cpu"]
+    assert main(["train", "--init-from", str(tmp_path / "conv"), "--data", str(text), "--out", str(tmp_path / "run"),
+                 "--no-progress", *[a for s in sets for a in ("--set", s)]]) == 0
+    capsys.readouterr()
+    start, tuned = load_model(tmp_path / "conv"), load_model(resolve_checkpoint(tmp_path / "run"))
+    assert tuned.config == start.config and tuned.config.qkv_bias
+    for a, b in zip(start.layers, tuned.layers):
+        assert not torch.equal(a.attn.q_proj.bias, b.attn.q_proj.bias)
+        assert not torch.equal(a.attn.v_proj.bias, b.attn.v_proj.bias)
+        assert b.attn.lambda_reading() != 0.0
