@@ -44,9 +44,9 @@ SUBCOMMANDS: dict[str, str] = {
     "generate": "sample text from a checkpoint with the KV cache",
     "tokenizer": "train a BPE tokenizer locally on text files",
     "bench": "benchmark DIFF attention against the parameter-matched baseline",
-    "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama)",
-    "import": "import a local Hugging Face DiffLlama / Llama folder as a difftx model",
-    "convert": "make a standard / Llama model differential, with the same function at conversion",
+    "export": "export a model folder to Hugging Face transformers (DiffLlama / Llama / Qwen2 / difftx's code)",
+    "import": "import a local Hugging Face DiffLlama / Llama / Mistral / Qwen2 folder as a difftx model",
+    "convert": "make a standard / Llama / Mistral / Qwen2 model differential, with the same function at conversion",
     "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
     "scale": "the comparison at several model sizes; DIFF's parameter efficiency (paper Fig. 3a)",
     "eval": "run one evaluation task on a checkpoint",  # its parser lists the tasks of difftx.tasks.TASKS

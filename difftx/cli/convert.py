@@ -1,4 +1,5 @@
-"""``difftx convert``: a standard-attention model (difftx ``standard`` or transformers Llama) made differential."""
+"""``difftx convert``: a standard-attention model (difftx ``standard``, or transformers Llama / Mistral / Qwen2) made
+differential."""
 
 from __future__ import annotations
 
@@ -9,16 +10,19 @@ METHODS = ("zero", "mirror", "random", "dex")  # difftx.interop.convert.METHODS 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "convert", help="make a standard / Llama model differential, with the same function at conversion",
+        "convert", help="make a standard / Llama / Mistral / Qwen2 model differential, with the same function at "
+                        "conversion",
         description="Convert a difftx 'standard' model folder (or a training run folder: its latest checkpoint) or "
-                    "a local transformers Llama folder (config.json + safetensors) into a difftx model of the "
+                    "a local transformers Llama, Mistral or Qwen2 folder (config.json + safetensors) into a difftx "
+                    "model of the "
                     "'converted' attention kind: each head keeps its query, key and value and gains a negative "
                     "query/key component, mixed in by a learned lambda that starts at 0. --method dex gives the "
                     "'dex' kind instead: each selected head keeps its one softmax map A and computes A V (I - lambda "
                     "W), W a learned map per layer. The converted model's float32 logits are checked against the "
                     "source's before anything is written. Fine-tune it with `difftx train --init-from OUT`. Nothing "
                     "is downloaded. See docs/interop.md.")
-    p.add_argument("src", help="difftx 'standard' model, checkpoint or run folder, or transformers Llama folder")
+    p.add_argument("src", help="difftx 'standard' model, checkpoint or run folder, or transformers Llama / Mistral / "
+                               "Qwen2 folder")
     p.add_argument("out", help="output difftx model folder (created; an existing one must be empty, see --overwrite)")
     p.add_argument("--method", choices=METHODS, default="mirror",
                    help="the negative component's query/key rows: zero (zeros; that map stays uniform under "

@@ -10,15 +10,17 @@ FOLDS = ("llama",)  # difftx.interop.fold.FOLDS (not imported here: --help stays
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "export", help="export a model folder to Hugging Face transformers (DiffLlama / Llama / difftx's code)",
+        "export", help="export a model folder to Hugging Face transformers (DiffLlama / Llama / Qwen2 / difftx's code)",
         description="Convert a difftx model or checkpoint folder (config.json + model.safetensors) into a "
                     "Hugging Face folder that transformers.AutoModelForCausalLM.from_pretrained loads: 'diff' -> "
-                    "DiffLlamaForCausalLM and 'standard' -> LlamaForCausalLM, without custom code; every other "
+                    "DiffLlamaForCausalLM and 'standard' -> LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases), "
+                    "without custom code; every other "
                     "built-in kind (diff_v2, gated, temperature, converted, dex, NoPE, DIFF's ablations, 'standard' "
                     "with a per-head norm or output scale) -> DifftxForCausalLM, whose code (modeling_difftx.py, "
                     "configuration_difftx.py, needing torch and transformers, not difftx) is written beside the "
                     "weights and loads with trust_remote_code=True. A kind registered beyond the built-in ones is "
-                    "refused before anything is written. --as llama writes a plain LlamaForCausalLM (no custom "
+                    "refused before anything is written. --as llama writes a plain LlamaForCausalLM (Qwen2ForCausalLM "
+                    "with q/k/v biases; no custom "
                     "code) for a model a Llama computes exactly with other weights: 'temperature' (exp(t_h) folded "
                     "into q_proj), 'dex' (I - lambda W folded into o_proj), 'converted' with lambda exactly 0 in every "
                     "layer (its source's weights), plain 'standard'; any other model is refused in one line. The "
@@ -45,6 +47,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
     from pathlib import Path
 
     from ..interop.fold import check_fold
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     remote = (out / "modeling_difftx.py").is_file()
     how = "difftx's modeling code: load with trust_remote_code=True" if remote else "no custom code"
     if args.fold:
-        how = f"folded into a LlamaForCausalLM computing the same function, {how}"
+        arch = json.loads((out / "config.json").read_text()).get("architectures") or ["a Llama"]
+        how = f"folded into a {arch[0]} computing the same function, {how}"
     print(f"exported {args.checkpoint}{what} -> {out} (Hugging Face transformers, {how})")
     return 0

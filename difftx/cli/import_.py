@@ -1,4 +1,4 @@
-"""``difftx import``: a Hugging Face DiffLlama / Llama / Mistral folder to a difftx model folder.
+"""``difftx import``: a Hugging Face DiffLlama / Llama / Mistral / Qwen2 folder to a difftx model folder.
 
 (The module is ``import_`` because ``import`` is a Python keyword; the subcommand is ``import``.)
 """
@@ -10,11 +10,13 @@ import argparse
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "import", help="import a local Hugging Face DiffLlama / Llama / Mistral folder as a difftx model",
+        "import", help="import a local Hugging Face DiffLlama / Llama / Mistral / Qwen2 folder as a difftx model",
         description="Convert a local Hugging Face model folder (config.json + safetensors) into a difftx model "
                     "folder: DiffLlama -> attention='diff', Llama -> attention='standard', Mistral -> "
                     "attention='standard' when its sliding_window is null or at least max_position_embeddings "
-                    "(a shorter window is refused: difftx attends to the whole context). The result loads with "
+                    "(a shorter window is refused: difftx attends to the whole context), Qwen2 -> "
+                    "attention='standard' with q/k/v biases (qkv_bias; a sliding window shorter than the context is "
+                    "refused likewise). The result loads with "
                     "difftx.checkpoint.load_model and fine-tunes with `difftx train --init-from`. Nothing is "
                     "downloaded.")
     p.add_argument("hf_dir", help="Hugging Face model folder (local)")

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..ops import at_least_fp32, lambda_value
-from .hf import ConversionError, _check_shapes, _expected_state, check_exportable
+from .state import ConversionError, _check_shapes, _expected_state
 
 FOLDS = ("llama",)  # what `--as` / fold= accepts
 PREFIX = "--as llama"
@@ -161,11 +161,7 @@ def to_llama(config: ModelConfig, state: dict[str, Tensor], *, source: str = "st
         raise _refuse(config, f"layer {i}'s lambda_scale is {s} (a lambda warm-up in progress): the model in memory "
                               f"subtracts lambda times that factor, a saved one its whole lambda; save it after the "
                               f"warm-up, or export its folder")
-    llama = config.plain(attention="standard")
-    try:
-        check_exportable(llama)
-    except ConversionError as e:  # pragma: no cover - _kind refused what a Llama config cannot hold
-        raise _refuse(config, str(e)) from e
+    llama = config.plain(attention="standard")  # export_hf checks that a transformers class computes it
     expected = _expected_state(llama)
     out = {k: v for k, v in state.items() if k in expected}
     fold = _FOLDS[kind]

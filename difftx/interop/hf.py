@@ -48,6 +48,7 @@ from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
 from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer, export_tokenizer
+from .state import ConversionError, _check_shapes, _expected_state
 
 PathLike = Union[str, os.PathLike]
 
@@ -56,10 +57,6 @@ HF_INDEX = "model.safetensors.index.json"
 TOKENIZER_SUBDIR = "tokenizer"  # where training checkpoints keep their tokenizer
 # DiffLlama's lambda init std (only used by transformers to initialise new models); ours is reset_lambda's 0.1
 LAMBDA_STD_DEV = 0.1
-
-
-class ConversionError(ValueError):
-    """A model or folder that cannot be converted exactly; the message says why."""
 
 
 # -- permutations (pure functions on weight matrices ``(rows, in)``) -----------------------------
@@ -392,26 +389,6 @@ def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Ten
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def _expected_state(config: ModelConfig) -> dict[str, Tensor]:
-    """difftx state dict on the meta device (shapes and dtypes only), as a folder stores it."""
-    with torch.device("meta"):
-        sd = Transformer(config).state_dict()
-    if config.tie_embeddings:
-        sd.pop("lm_head.weight")
-    return sd
-
-
-def _check_shapes(got: dict[str, Tensor], expected: dict[str, Tensor], source: str,
-                  ignore: Callable[[str], bool] = lambda k: False) -> None:
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(k for k in set(got) - set(expected) if not ignore(k))
-    wrong = sorted(f"{k} {tuple(got[k].shape)} != {tuple(expected[k].shape)}"
-                   for k in set(expected) & set(got) if tuple(got[k].shape) != tuple(expected[k].shape))
-    if missing or unexpected or wrong:
-        raise ConversionError(f"{source}: weights do not fit the config (missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]})")
-
-
 # -- folders ----------------------------------------------------------------------------------------
 
 def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
@@ -555,6 +532,7 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     else:  # a Llama's config and weights computing the same function, or a refusal
         meta["difftx_folded_from"] = config.attention
         config, state = to_llama(config, state, source=source, lambda_scales=scales)
+        check_exportable(config)  # what a fold writes, a transformers class computes
         target = "exact"
     from . import remote
 
