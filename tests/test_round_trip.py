@@ -1,8 +1,9 @@
 """A differential model leaves difftx (issue 51, item 5): a tiny random transformers Llama or Qwen2 folder (its q/k/v
 biases random too) is converted to differential attention (`difftx convert`, methods mirror and dex), fine-tuned a
 few steps (`difftx train --init-from`, λ moves), exported (`difftx export`: difftx's own modeling code) and loaded
-by transformers in a process where difftx cannot be imported (tests/remote_check.py). Its logits match the fine-tuned model's in difftx (max |difference|
-/ max |logit| <= 1e-5, float32), and so do greedy continuations with transformers' KV cache."""
+by transformers in a process where difftx cannot be imported (tests/remote_check.py). Its logits match the
+fine-tuned model's in difftx (max |difference| / max |logit| <= 1e-5, float32), and so do greedy continuations with
+transformers' KV cache."""
 
 from __future__ import annotations
 
