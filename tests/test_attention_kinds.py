@@ -157,6 +157,28 @@ def test_what_a_kind_implies_is_asked_of_its_class(kinds):
     assert "options" not in _config("diff").to_dict()  # old configs serialise as before
 
 
+def test_a_kind_built_on_a_built_in_does_not_inherit_what_the_built_in_asserts_about_itself():
+    """Issue 50: parameter_delta, hf_refusal and hf_model_type are a kind's own (AttentionKind.OWN_RULES): a subclass
+    of a built-in that does not define them gets AttentionKind's, declared once, with no guard per method; what it
+    computes (its forward, its lambda warm-up) it inherits."""
+    from difftx.attention.modules import AttentionKind, DiffAttention, GatedAttention, StandardAttention
+
+    for parent in (StandardAttention, GatedAttention, DiffAttention):
+        child = type(f"On{parent.__name__}", (parent,), {})
+        for name in AttentionKind.OWN_RULES:
+            assert child.__dict__[name] is AttentionKind.__dict__[name], (parent, name)
+        assert child.hf_model_type is None and "cannot be exported" in child.hf_refusal(_config("standard"))
+        assert child.forward is parent.forward and child.set_lambda_scale is parent.set_lambda_scale
+    assert StandardAttention.hf_model_type == "llama" and DiffAttention.hf_model_type == "diffllama"
+    assert StandardAttention.hf_refusal(_config("standard")) is None  # the built-ins keep their own
+    model = Transformer(_config("diff"))
+    from difftx.training.optim import set_lambda_scale
+
+    set_lambda_scale(model, 0.25)  # the kind's own method: DIFF scales its lambda, a one-map kind has none
+    assert all(b.attn.lambda_scale == 0.25 for b in model.layers)
+    set_lambda_scale(Transformer(_config("standard")), 0.25)
+
+
 def test_register_attention_refuses_what_it_cannot_take(kinds):
     with pytest.raises(TypeError, match="subclass of difftx.AttentionKind"):
         difftx.register_attention("bad", nn.Linear)

@@ -98,8 +98,6 @@ class ConvertedAttention(DiffAttention):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not ConvertedAttention:  # a kind built on this one: its own parameters
-            return AttentionKind.parameter_delta.__func__(cls, config)
         D, H, Hkv, d = config.dim, config.n_heads, config.kv_groups, config.head_dim
         rows = [("q_proj rows of the negative query components", D * H * d, "D·H·d"),
                 ("k_proj rows of the negative key components", D * Hkv * d, str(D * Hkv * d))]

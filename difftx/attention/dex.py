@@ -110,8 +110,6 @@ class DexAttention(ConvertedAttention):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not DexAttention:  # a kind built on this one: its own parameters
-            return AttentionKind.parameter_delta.__func__(cls, config)
         d = config.head_dim
         return [("dex_map (W: one d x d map per layer, shared by its selected heads)", d * d, "d²"),
                 ("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d")]

@@ -129,6 +129,17 @@ class AttentionKind(nn.Module):
     head_norm_default = False  # whether ModelConfig.head_norm=None means a per-head norm for this kind
     Options: Optional[type] = None  # the kind's options (a dataclass validating itself): ModelConfig.options
 
+    # what a kind asserts about itself alone: its parameters beyond its baseline, its Hugging Face export. A kind
+    # built on another (a subclass) does not inherit these from its parent: unless it defines them, it starts from
+    # AttentionKind's defaults (parameters counted from the modules; no export), whatever it is built on
+    OWN_RULES = ("parameter_delta", "hf_refusal", "hf_model_type")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in AttentionKind.OWN_RULES:
+            if name not in cls.__dict__:
+                setattr(cls, name, AttentionKind.__dict__[name])
+
     def __init__(self, dim: int, q_heads: int, kv_heads: int, v_groups: int, head_dim: int, v_width: int,
                  out_in: int, rope_theta: float, backend: str, *, qkv_bias: bool = False):
         super().__init__()
@@ -271,6 +282,10 @@ class AttentionKind(nn.Module):
         return (f"attention={config.attention!r} cannot be exported: no transformers model computes it "
                 f"({cls.__name__} is not Llama's or DiffLlama's attention)")
 
+    def set_lambda_scale(self, scale: float) -> None:
+        """The trainer's lambda warm-up factor (``TrainConfig.lambda_warmup``): a kind with a lambda subtracts
+        ``scale * lambda`` until it is set back to 1; a kind without one has nothing to scale."""
+
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """Initialise the projections: ``draw(name, std)`` fills the parameter ``name`` (of this module) from
         the model's paired normal draw (the same values in every arm holding that name). A kind extends this
@@ -356,16 +371,12 @@ class StandardAttention(AttentionKind):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not StandardAttention:  # a kind built on this one: its own parameters, its own export
-            return super().parameter_delta(config)
         if not config.uses_head_norm:
             return []
         return [("subln.weight (per-head RMSNorm gain over the d-wide head)", config.head_dim, "d")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
-        if cls is not StandardAttention:  # a kind built on this one: its own parameters, its own export
-            return super().hf_refusal(config)
         if config.uses_head_norm:
             return ("attention='standard' with head_norm=True cannot be exported exactly: Llama has no per-head "
                     "RMSNorm between the attention and o_proj, and the norm is not linear, so it cannot be folded "
@@ -420,8 +431,6 @@ class GatedAttention(StandardAttention):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not GatedAttention:  # a kind built on this one: its own parameters, its own export
-            return super().parameter_delta(config)
         D, H, d = config.dim, config.n_heads, config.head_dim
         if config.gate_kind == "elementwise":
             return [("gate_proj (elementwise W_g: D -> H·d)", D * H * d, "D·H·d")]
@@ -429,8 +438,6 @@ class GatedAttention(StandardAttention):
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
-        if cls is not GatedAttention:  # a kind built on this one: its own parameters, its own export
-            return super().hf_refusal(config)
         return (f"attention='gated' (gate={config.gate_kind!r}) cannot be exported: Llama has no output gate on its "
                 "attention heads (sigmoid(x W_g) multiplying each head before o_proj), and no transformers Llama or "
                 "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
@@ -472,8 +479,6 @@ class TemperatureAttention(StandardAttention):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not TemperatureAttention:  # a kind built on this one: its own parameters
-            return super().parameter_delta(config)
         return [("log_temperature (one learned log-temperature per head)", config.n_heads, "H")]
 
     @classmethod
@@ -563,8 +568,6 @@ class DiffAttention(AttentionKind):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not DiffAttention:  # a kind built on this one: its own parameters, its own export
-            return super().parameter_delta(config)
         d, rows = config.head_dim, []
         if config.subtract:
             rows.append(("lambda_q1, lambda_k1, lambda_q2, lambda_k2", 4 * d, "4·d"))
@@ -574,8 +577,6 @@ class DiffAttention(AttentionKind):
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
-        if cls is not DiffAttention:  # a kind built on this one: its own parameters, its own export
-            return super().hf_refusal(config)
         if not config.subtract:
             return ("subtract=False (the no-subtraction control, lambda fixed at 0) cannot be exported faithfully: "
                     "DiffLlama always subtracts lambda * A2 V with a learned lambda = exp(lambda_q1.lambda_k1) - "
@@ -658,6 +659,9 @@ class DiffAttention(AttentionKind):
         paper's ``1 - lambda_init`` unless the config decouples it."""
         return _rms_head_norm(o, None if self.subln is None else self.subln.weight, self.out_scale, self.norm_eps)
 
+    def set_lambda_scale(self, scale: float) -> None:
+        self.lambda_scale = float(scale)
+
     def kernel_lambda(self) -> Tensor:
         """``lambda_scale * lambda``: the trainer's warm-up factor (``TrainConfig.lambda_warmup``) times the
         re-parameterised lambda; the factor is 1 outside a warm-up and is not saved with the model."""
@@ -698,16 +702,12 @@ class DiffAttentionV2(AttentionKind):
 
     @classmethod
     def parameter_delta(cls, config) -> list[tuple[str, int, str]]:
-        if cls is not DiffAttentionV2:  # a kind built on this one: its own parameters, its own export
-            return super().parameter_delta(config)
         D, H, d = config.dim, config.n_heads, config.head_dim
         return [("q_proj rows of the second query head of each pair", D * H * d, "D·H·d"),
                 ("lambda_proj (W_lambda: D -> H)", D * H, "D·H")]
 
     @classmethod
     def hf_refusal(cls, config) -> Optional[str]:
-        if cls is not DiffAttentionV2:  # a kind built on this one: its own parameters, its own export
-            return super().hf_refusal(config)
         return ("attention='diff_v2' cannot be exported: transformers has no Differential Transformer V2 class. "
                 "DiffLlama implements V1 only (two softmax maps per head over a 2d-wide value, a scalar lambda "
                 "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "

@@ -118,13 +118,13 @@ def lambda_scale_at(step: int, config: TrainConfig) -> float:
 
 
 def set_lambda_scale(model: nn.Module, scale: float) -> None:
-    """Set the lambda warm-up factor of every differential attention layer of ``model`` (a model or a stack's
-    tree): their core subtracts ``scale * lambda`` (:meth:`~difftx.attention.modules.DiffAttention.kernel_lambda`)."""
-    from ..attention.modules import DiffAttention
+    """Set the lambda warm-up factor of every attention layer of ``model`` (a model or a stack's tree): a kind with
+    a lambda then subtracts ``scale * lambda`` (:meth:`~difftx.attention.modules.AttentionKind.set_lambda_scale`)."""
+    from ..attention.modules import AttentionKind
 
     for m in model.modules():
-        if isinstance(m, DiffAttention):
-            m.lambda_scale = float(scale)
+        if isinstance(m, AttentionKind):
+            m.set_lambda_scale(scale)
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
