@@ -4,13 +4,15 @@ adjustment and the wording of verdicts."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from difftx.eval.stats import (betting_interval, effect_lower_bound, half_width, holm, mean_interval, median_interval,
                                nct_cdf, paired_estimate, power_plan, rule_power, seeds_for_mean, seeds_for_power,
-                               seeds_for_verdict, sign_flip_interval, sign_flip_p, t_cdf, t_mean_interval, t_quantile,
-                               verdict)
+                               seeds_for_verdict, share_upper_bound, sign_flip_interval, sign_flip_p, t_cdf,
+                               t_mean_interval, t_quantile, verdict)
 
 REPLICATES = 1000  # per scenario; fixed seeds, so the test is deterministic (about 2 s in all)
 # (seed-level SD, example-level SD): seed-dominated, both, example-dominated, examples only
@@ -315,6 +317,13 @@ def test_seeds_for_power():
     assert moded.far_seen == 0 and moded.far_share == pytest.approx(1 - 0.1 ** (1 / 8))
     assert moded.seeds > 3 * seeds_for_verdict(3) and "25% of seeds on the far side of 0" in moded.describe()
     assert "all 8 lay on one side: planned as their mirror image" in moded.describe()
+    # the far side's share at its upper bound (Clopper-Pearson): k or fewer of n happen with chance 1 - c there
+    for k, n in ((0, 5), (1, 8), (2, 8), (3, 14)):
+        up = share_upper_bound(k, n, 0.9)
+        assert sum(math.comb(n, j) * up ** j * (1 - up) ** (n - j) for j in range(k + 1)) == pytest.approx(0.1)
+    assert share_upper_bound(8, 8, 0.9) == 1.0 and round(share_upper_bound(1, 8, 0.9), 3) == 0.406
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        share_upper_bound(3, 2, 0.9)
     with pytest.raises(ValueError, match="estimand"):
         rule_power(consistent, 8, estimand="mean")  # the mean's test needs the bounds
     assert rule_power([0.3] * 8, 5) == 0.0  # below the sign-flip minimum nothing can be rejected
