@@ -107,11 +107,12 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
         # little about the spread); the effect and spread planned for are kept and printed with the number
         powered = power and c["primary"] and not c["gated"] and est is not None and est.n >= POWER_MIN_SEEDS
         plan = mean_plan = None
-        d = np.subtract(*(c["values"][x] for x in (a, b))) if c["primary"] else None
+        unsure = c["primary"] and c.get("mean_established") is False
+        d = np.subtract(*(c["values"][x] for x in (a, b))) if powered or unsure else None
         if powered:  # at this look's level
             plan = power_plan(d, sizes["primary"] * look, ALPHA, bounds=c["bounds"])
             c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
-        if c.get("mean_established") is False and c["primary"]:  # how many seeds the mean needs, as observed
+        if unsure:  # how many seeds the mean needs, as observed
             need = seeds_for_mean(d, c["bounds"], sizes["primary"] * look, ALPHA)  # at this look's level, and more
             c["seeds_for_mean"] = None if need is None else max(need, d.size + 1)  # than there are
             if powered:  # and planned for the pessimistic end of what these seeds show, as the verdict's
