@@ -28,6 +28,7 @@ from difftx.cli.convert import METHODS as CLI_METHODS  # noqa: E402
 from difftx.config import arm_names, attention_parameter_delta, baseline_config  # noqa: E402
 from difftx.interop import ConversionError, export_hf  # noqa: E402
 from difftx.interop.convert import CONVERSION_NAME, METHODS, convert_model  # noqa: E402
+from conftest import saved_once  # noqa: E402
 
 warnings.filterwarnings("ignore", module="transformers")
 VOCAB = 96
@@ -72,13 +73,7 @@ def _llama(kw: dict, seed: int = 0, vocab: int = VOCAB):
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory):
     """Each family saved once with save_pretrained: ``{name: (folder, transformers model)}``."""
-    root = tmp_path_factory.mktemp("llamas")
-    out = {}
-    for i, (name, kw) in enumerate(LLAMAS.items()):
-        model = _llama(kw, seed=i)
-        model.save_pretrained(root / name)
-        out[name] = (root / name, model)
-    return out
+    return saved_once(tmp_path_factory.mktemp("llamas"), LLAMAS, lambda kw, seed: _llama(kw, seed=seed))
 
 
 def check_against_transformers(ours: Transformer, theirs, label: str) -> None:

@@ -24,6 +24,7 @@ from difftx.checkpoint import load_model  # noqa: E402
 from difftx.cli import main  # noqa: E402
 from difftx.interop import ConversionError, export_hf, import_hf  # noqa: E402
 from difftx.interop.convert import METHODS, convert_model  # noqa: E402
+from conftest import saved_once  # noqa: E402
 
 warnings.filterwarnings("ignore", module="transformers")
 VOCAB = 80
@@ -63,13 +64,7 @@ def _mistral(seed: int = 0, **kw):
 @pytest.fixture(scope="module")
 def mistrals(tmp_path_factory):
     """Each config saved once with save_pretrained: ``{name: (folder, transformers model)}``."""
-    root = tmp_path_factory.mktemp("mistrals")
-    out = {}
-    for i, (name, kw) in enumerate(MISTRALS.items()):
-        model = _mistral(seed=i, **kw)
-        model.save_pretrained(root / name)
-        out[name] = (root / name, model)
-    return out
+    return saved_once(tmp_path_factory.mktemp("mistrals"), MISTRALS, lambda kw, seed: _mistral(seed=seed, **kw))
 
 
 def _transformers_logits(folder: Path, x: torch.Tensor) -> dict[str, torch.Tensor]:

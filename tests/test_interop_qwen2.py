@@ -31,6 +31,7 @@ from difftx.interop import export_hf, import_hf  # noqa: E402
 from difftx.interop.convert import convert_model  # noqa: E402
 import test_convert  # noqa: E402  (its kernel and stack checks)
 from test_interop_mistral import _one_line_refusal, rel_error  # noqa: E402
+from conftest import saved_once  # noqa: E402
 
 warnings.filterwarnings("ignore", module="transformers")
 VOCAB, TOLERANCE = 257, 1e-5
@@ -62,13 +63,9 @@ def _qwen2(tied: bool, seed: int = 0, **kw):
 @pytest.fixture(scope="module")
 def qwens(tmp_path_factory):
     """Each Qwen2 saved once with save_pretrained: ``{name: (folder, transformers model)}``."""
-    root = tmp_path_factory.mktemp("qwen2")
-    out = {}
-    for i, (name, tied) in enumerate(QWENS.items()):
-        model = _qwen2(tied, seed=i)
-        model.save_pretrained(root / name)
-        assert "model.layers.0.self_attn.q_proj.bias" in load_file(str(root / name / "model.safetensors"))
-        out[name] = (root / name, model)
+    out = saved_once(tmp_path_factory.mktemp("qwen2"), QWENS, lambda tied, seed: _qwen2(tied, seed=seed))
+    for folder, _ in out.values():
+        assert "model.layers.0.self_attn.q_proj.bias" in load_file(str(folder / "model.safetensors"))
     return out
 
 
