@@ -64,13 +64,16 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
 
 
-@pytest.mark.parametrize("attention, rope", [("diff", True), ("standard", True), ("temperature", True),
-                                             ("converted", True), ("dex", True), ("diff", False)])
-def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention, rope):
-    """Every built-in kind (and NoPE, rope=False) trains 50 steps stacked as alone, and keeps its own init."""
+@pytest.mark.parametrize("attention, rope, bias", [("diff", True, False), ("standard", True, False),
+                                                   ("temperature", True, False), ("converted", True, False),
+                                                   ("dex", True, False), ("diff", False, False),
+                                                   ("standard", True, True), ("dex", True, True)])
+def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention, rope, bias):
+    """Every built-in kind (and NoPE, rope=False; Qwen2's q/k/v biases, qkv_bias) trains 50 steps stacked as
+    alone, and keeps its own init."""
     torch.set_num_threads(1)
     model = ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2 if attention == "diff" else 4,
-                        max_seq_len=16, attention=attention, rope=rope)
+                        max_seq_len=16, attention=attention, rope=rope, qkv_bias=bias)
     if attention == "temperature":  # its log-temperatures start at 0: the baseline's function
         assert all(not b.attn.log_temperature.any() for b in Transformer(model).layers)
     alone, together = [Recording() for _ in SEEDS], [Recording() for _ in SEEDS]
@@ -100,6 +103,9 @@ def test_stack_equals_separate_training_on_the_same_batches(tmp_path, attention,
         assert all(torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-5) for k in wa)
         if attention == "temperature":  # its own parameters trained
             assert all(k.endswith("log_temperature") <= bool(wb[k].abs().max() > 0) for k in wb)
+        if bias:  # the biases start at 0 and train
+            assert all(k.endswith("proj.bias") <= bool(wb[k].abs().max() > 0) for k in wb)
+            assert any(k.endswith("q_proj.bias") for k in wb)
     assert len({round(r.losses[50], 6) for r in st}) == len(SEEDS)  # three different models
 
 
