@@ -49,13 +49,15 @@ class TaskSpace:
     batches), then (with LM batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte
     tokenizer's end-of-text, or your tokenizer's) shifted by ``lm_offset``, then (with ICL batches)
     the ICL task's ids, which start at ``icl.first_id``, then (with recall batches) the recall task's,
-    from ``recall.first_id``."""
+    from ``recall.first_id``, then those of each registered training task of
+    :mod:`difftx.compare.training_tasks` (``blocks``: ``(name, first_id, size)``)."""
 
     needle: Optional[NeedleTask]
     lm: bool
     icl: Optional[ICLTask] = None
     lm_vocab: int = BYTE_VOCAB
     recall: Optional[RecallBlock] = None
+    blocks: tuple = ()
 
     @property
     def lm_offset(self) -> int:
@@ -64,14 +66,21 @@ class TaskSpace:
     @property
     def vocab_size(self) -> int:
         if self.recall is not None:
-            return self.recall.end
-        return self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
+            size = self.recall.end
+        else:
+            size = self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
+        return max([size, *(first + n for _, first, n in self.blocks)])
+
+    def ids(self, name: str) -> Optional[range]:
+        """The ids of registered training task ``name`` (None: it has no block here)."""
+        return next((range(first, first + n) for task, first, n in self.blocks if task == name), None)
 
     def to_dict(self) -> dict:
         """JSON-ready (``lm_offset`` included for a reader's convenience); :meth:`from_dict` reads it back."""
         return {"needle_task": self.needle.to_dict() if self.needle else None, "lm": self.lm,
                 "lm_offset": self.lm_offset, "icl_task": self.icl.to_dict() if self.icl else None,
-                "lm_vocab": self.lm_vocab, "recall_task": self.recall.to_dict() if self.recall else None}
+                "lm_vocab": self.lm_vocab, "recall_task": self.recall.to_dict() if self.recall else None,
+                **({"blocks": [list(b) for b in self.blocks]} if self.blocks else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> TaskSpace:
@@ -82,7 +91,8 @@ class TaskSpace:
         return cls(needle=NeedleTask(**data["needle_task"]) if data.get("needle_task") else None,
                    lm=bool(data.get("lm")), icl=ICLTask(**data["icl_task"]) if data.get("icl_task") else None,
                    lm_vocab=data.get("lm_vocab", BYTE_VOCAB),
-                   recall=RecallBlock.from_dict(data["recall_task"]) if data.get("recall_task") else None)
+                   recall=RecallBlock.from_dict(data["recall_task"]) if data.get("recall_task") else None,
+                   blocks=tuple((str(n), int(f), int(k)) for n, f, k in data.get("blocks", ())))
 
 
 @dataclass(frozen=True)
