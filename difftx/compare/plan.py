@@ -34,13 +34,11 @@ from ..eval.needle import NeedleTask
 from ..eval.recall import RecallBlock
 from ..tasks import TASKS, settings_from_dict
 from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
+from .training_tasks import BUILTIN as BUILTIN_TRAINING, TrainingTask
 
 if TYPE_CHECKING:
     from ..training.config import TrainConfig
     from .source import Source
-
-BATCH_KINDS = ("needle", "lm", "icl", "recall")
-
 
 @dataclass(frozen=True)
 class Curve:
@@ -65,10 +63,12 @@ def curve_steps(total: int, points: int) -> tuple:
 
 @dataclass(frozen=True)
 class Mixture:
-    """Which batch optimizer step ``s`` (from 1) draws: LM every ``lm_every``-th step, ICL every
-    ``icl_every``-th other step, associative recall every ``recall_every``-th step that is neither,
-    the needle task otherwise (0: never). ``batch_size`` is the global batch (all processes
-    together); LM batches are windows of ``lm_seq_len`` predictions."""
+    """Which batch optimizer step ``s`` (from 1) draws, by the training tasks' registry
+    (:data:`difftx.compare.training_tasks.TRAINING_TASKS`, as it is when the mixture is made): the first
+    task, in registry order, whose ``every`` divides ``s``, else the needle task. For the built-in tasks:
+    LM every ``lm_every``-th step, ICL every ``icl_every``-th other step, associative recall every
+    ``recall_every``-th step that is neither, the needle task otherwise (0: never). ``batch_size`` is the
+    global batch (all processes together); LM batches are windows of ``lm_seq_len`` predictions."""
 
     batch_size: int
     lm_every: int
@@ -76,22 +76,39 @@ class Mixture:
     lm_seq_len: int
     recall_every: int = 0
 
+    def __post_init__(self) -> None:
+        from .training_tasks import TRAINING_TASKS
+
+        # the registry now (not a field: results.json's "mixture" keeps the fields above)
+        object.__setattr__(self, "tasks", tuple(TRAINING_TASKS.values()))
+
+    def task_of(self, step: int) -> TrainingTask:
+        """The training task of optimizer step ``step`` (from 1)."""
+        rest = None
+        for task in self.tasks:
+            if task.rest:
+                rest = task
+            else:
+                every = task.every(self)
+                if every and step % every == 0:
+                    return task
+        assert rest is not None, "no training task takes the rest of the steps"
+        return rest
+
     def step_kind(self, step: int) -> str:
-        """``"lm"``, ``"icl"``, ``"recall"`` or ``"needle"``: the kind of batch of optimizer step ``step``
-        (from 1)."""
-        if self.lm_every and step % self.lm_every == 0:
-            return "lm"
-        if self.icl_every and step % self.icl_every == 0:
-            return "icl"
-        if self.recall_every and step % self.recall_every == 0:
-            return "recall"
-        return "needle"
+        """The kind of batch of optimizer step ``step`` (from 1): its task's name (``"lm"``, ``"icl"``,
+        ``"recall"``, ``"needle"``, or a registered task's)."""
+        return self.task_of(step).name
+
+    def kinds(self) -> tuple:
+        """Every task's name, in registry order."""
+        return tuple(t.name for t in self.tasks)
 
     def shares(self) -> dict[str, float]:
-        """Share of the training steps of each batch kind (over one period of the schedule)."""
-        period = math.lcm(self.lm_every or 1, self.icl_every or 1, self.recall_every or 1)
+        """Share of the training steps of each batch kind (over one period of the schedule), in registry order."""
+        period = math.lcm(*(t.every(self) or 1 for t in self.tasks if not t.rest))
         kinds = [self.step_kind(s) for s in range(1, period + 1)]
-        return {k: kinds.count(k) / period for k in BATCH_KINDS}
+        return {k: kinds.count(k) / period for k in self.kinds()}
 
 
 @dataclass(frozen=True)
@@ -227,6 +244,33 @@ def mixture_of(preset: Any) -> Mixture:
                    lm_seq_len=preset.lm_seq_len, recall_every=preset.recall_every)
 
 
+def mixture_task(mixture: Mixture, name: str) -> TrainingTask:
+    """The training task ``name`` of ``mixture``."""
+    return next(t for t in mixture.tasks if t.name == name)
+
+
+def registered_blocks(preset: Any, mixture: Mixture, space: TaskSpace) -> TaskSpace:
+    """``space`` with the ids of each registered training task (not a built-in one) that ``mixture`` gives
+    steps, after every other task's (``ids(preset)`` of them, :class:`~difftx.compare.training_tasks.TrainingTask`)."""
+    shares = mixture.shares()
+    for task in mixture.tasks:
+        every = task.every(mixture)
+        if task.name in BUILTIN_TRAINING or not every:
+            continue
+        if not shares[task.name]:
+            raise ValueError(f"training task {task.name!r}: every {every}-th step is already another task's")
+        n = task.ids(preset)
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"training task {task.name!r}: ids(preset) must be a positive number of ids, got {n!r}")
+        space = dataclasses.replace(space, blocks=(*space.blocks, (task.name, space.vocab_size, n)))
+    return space
+
+
+def probed(mixture: Mixture, space: TaskSpace) -> bool:
+    """Whether a task of ``mixture`` that has batches in ``space`` probes the model during training."""
+    return any(t.has_probe() and t.block(space) is not None for t in mixture.tasks)
+
+
 def check_recall(preset: Any, tasks: dict) -> Optional[RecallBlock]:
     """The recall block of ``preset`` (None without recall batches; its ids from 0), checked with the recall
     evaluation's grid: each pair count, length and variant of ``tasks["recall"]`` must fit the vocabulary."""
@@ -305,17 +349,20 @@ def resolve(preset: Any) -> ComparePlan:
     if icl is not None:  # its ids after the needle's and the text's
         icl = dataclasses.replace(icl, first_id=(needle.vocab_size if needle else 0) + (lm_vocab if lm else 0))
     space = TaskSpace(needle, lm, icl, lm_vocab)
-    if recall is not None:  # its ids after every other task's
+    if recall is not None:  # its ids after every built-in task's
         space = dataclasses.replace(space, recall=dataclasses.replace(recall, first_id=space.vocab_size))
+    space = registered_blocks(preset, mixture, space)
     longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
-                  icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0)
+                  icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0,
+                  *(mixture_task(mixture, name).seq_len(preset) for name, _, _ in space.blocks))
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest, init=preset.init)
     return ComparePlan(
         name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
         schedule=check_schedule(preset),
         mixture=mixture,
-        probes=Probes(every=preset.probe_every if needle or recall else 0, samples=preset.probe_samples, grid=grid),
+        probes=Probes(every=preset.probe_every if probed(mixture, space) else 0, samples=preset.probe_samples,
+                      grid=grid),
         tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
                                                 stack=preset.stack),
         curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)
@@ -340,7 +387,7 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
     if tuple(p.arms) != ("baseline", "diff"):
         raise preset_error("arms", f"a comparison from a source has two arms, the source (baseline) and its "
                                    f"conversion (diff); got {list(p.arms)}")
-    if mixture.shares()["needle"] or icl is not None or not p.lm_every:
+    if any(v for k, v in mixture.shares().items() if k not in ("lm", "recall")) or icl is not None or not p.lm_every:
         raise preset_error("lm_every/icl_every/recall_every", "a comparison from a source trains on LM and recall "
                                                               "batches only (the needle and ICL tasks need ids the "
                                                               "source's vocabulary does not have): every step must be "
@@ -371,7 +418,7 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
     return ComparePlan(
         name=p.name, space=space, arms=source_arms(config, p.convert_method, p.convert_lambda_init),
         schedule=check_schedule(p),
-        mixture=mixture, probes=Probes(every=p.probe_every if recall else 0, samples=p.probe_samples,
+        mixture=mixture, probes=Probes(every=p.probe_every if probed(mixture, space) else 0, samples=p.probe_samples,
                                        grid=tasks["needle"].grid),
         tasks=tasks, execution=Execution(threads=p.threads, workers=p.workers, device=p.device, stack=p.stack),
         curve=Curve(curve_steps(p.steps, p.curve_points), p.curve_windows), text=text, source=source)

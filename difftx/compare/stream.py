@@ -1,15 +1,14 @@
 """The comparison's multi-task training stream, as a batch source of :func:`difftx.training.train`
 (see :mod:`difftx.training.batches`).
 
-Optimizer step ``s`` (from 1) draws one global batch of ``mixture.step_kind(s)``: the synthetic
-multi-needle task (:func:`difftx.eval.needle.training_batch`, mixed N/R/depths, loss on the
-answer tokens), every ``lm_every``-th step a language-modelling batch of bundled Shakespeare
-bytes or of your text (``--data``; loss on every token), and every ``icl_every``-th other step an in-context
-classification batch (:func:`difftx.eval.icl.training_batch`, loss on the label tokens), and every
-``recall_every``-th step that is neither an associative-recall batch
-(:meth:`difftx.eval.recall.RecallBlock.training_batch`, loss on the queries), as the plan's
-:class:`~difftx.compare.plan.Mixture` says; each task has its own block of ids in one shared
-vocabulary (:class:`difftx.tasks.subject.TaskSpace`).
+Optimizer step ``s`` (from 1) draws one global batch of the training task
+``mixture.task_of(s)`` (:class:`~difftx.compare.plan.Mixture`, built from the registry of
+:mod:`difftx.compare.training_tasks`): the synthetic multi-needle task (loss on the answer tokens),
+every ``lm_every``-th step a language-modelling batch of bundled Shakespeare bytes or of your text
+(``--data``; loss on every token), every ``icl_every``-th other step an in-context classification
+batch (loss on the label tokens), every ``recall_every``-th step that is neither an
+associative-recall batch (loss on the queries), and the steps of any task you register; each task
+has its own block of ids in one shared vocabulary (:class:`difftx.tasks.subject.TaskSpace`).
 
 Every batch comes from one ``random.Random`` seeded by the comparison seed alone
 (:func:`data_rng`), so DIFF and its baseline see exactly the same batches in the same order (a
@@ -27,11 +26,9 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from ..eval import icl as icl_task
-from ..eval.needle import training_batch as needle_batch
 from ..training.batches import Batch
-
 from .plan import Mixture
+from .training_tasks import Draw
 
 if TYPE_CHECKING:
     from ..tasks.subject import TaskSpace, TextData
@@ -55,35 +52,17 @@ def lm_streams(progress: bool = False, text: Optional[TextData] = None) -> tuple
     return np.asarray(data.train.tokens), np.asarray(data.val.tokens)
 
 
-def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Random, offset: int) -> torch.Tensor:
-    """``(B, seq_len + 1)`` random windows of ``stream``, ids shifted by ``offset``."""
-    starts = [rng.randrange(0, len(stream) - seq_len - 1) for _ in range(batch_size)]
-    w = np.stack([stream[s:s + seq_len + 1].astype(np.int64) for s in starts])  # (B, T+1)
-    return torch.from_numpy(w) + offset
-
-
 Drawn = tuple[str, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
 
 
 def draw_batch(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,
                lm_train: Optional[np.ndarray], batch_size: int) -> Drawn:
     """``(kind, tokens (B, T+1), loss_mask (B, T) or None, targets (B, T) or None)``: the global batch
-    of step ``step`` (from 1), ``batch_size`` rows; depends only on the step, the mixture and the state
-    of ``rng``. ``targets`` (recall batches) is the token to predict where it is not the next input."""
-    kind = mixture.step_kind(step)
-    if kind == "lm":
-        if lm_train is None:
-            raise ValueError("an LM step needs the byte stream (lm_train)")
-        return "lm", lm_batch(lm_train, batch_size, mixture.lm_seq_len, rng, space.lm_offset), None, None
-    if kind == "icl":
-        assert space.icl is not None
-        tokens, mask = icl_task.training_batch(space.icl, batch_size, rng)
-        return "icl", tokens, mask, None
-    if kind == "recall":
-        assert space.recall is not None
-        return ("recall", *space.recall.training_batch(batch_size, rng))
-    tokens, mask = needle_batch(space.needle, batch_size, rng)
-    return "needle", tokens, mask, None
+    of step ``step`` (from 1), ``batch_size`` rows, made by the step's training task; depends only on the
+    step, the mixture and the state of ``rng``. ``targets`` (recall batches) is the token to predict where
+    it is not the next input."""
+    task = mixture.task_of(step)
+    return (task.name, *task.make_batch(Draw(space, mixture, lm_train), batch_size, rng))
 
 
 def batch_for_step(step: int, mixture: Mixture, space: TaskSpace, rng: random.Random,

@@ -21,16 +21,14 @@ import torch
 
 from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
-from ..io import eval_mode, own_folder
+from ..io import own_folder
 from ..provenance import write_machine
 from ..tasks.common import NO_NEEDLES, NO_NEEDLES_RECALL
-from ..tasks.subject import CompareTask, TaskSpace, TrainRecord
+from ..tasks.subject import CompareTask, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
-from .plan import BATCH_KINDS, ComparePlan, Mixture, Probes, stacks
+from .plan import ComparePlan, Mixture, stacks
 from .stream import CompareStream, lm_streams
-
-PROBE_SEED = 4321  # the needle prompts probed during training (not the evaluation's)
 
 
 class TrainingInterrupted(RuntimeError):
@@ -178,7 +176,7 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
                 probe_s += r.get("probe_s", 0.0) - curve_s
         elif "loss" in r:
             history.append({"step": r["step"], "lr": r["lr"],
-                            **{f"{k}_loss": r[f"{k}_loss"] for k in BATCH_KINDS if f"{k}_loss" in r},
+                            **{f"{k}_loss": r[f"{k}_loss"] for k in plan.mixture.kinds() if f"{k}_loss" in r},
                             "grad_norm": r["grad_norm"], "grad_norms": r.get("grad_norms"),
                             "tokens": r.get("tokens"), "time_s": r.get("time_s"), "lambda": r.get("lambda"),
                             **({"lambda_scale": r["lambda_scale"]} if "lambda_scale" in r else {})})
@@ -211,23 +209,27 @@ class TrainingProbes:
 
 
 def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
-    """The needle and recall probes (every ``plan.probes.every`` steps and the last; the recall probe
-    also on the initial model, step 0) and the held-out loss curve (at ``plan.curve.steps``,
-    :func:`heldout_loss`) as one trainer probe. They leave training as it was: eval mode, no gradients,
-    no random state. The curve's windows are fixed: ``plan.curve.windows`` disjoint windows of the LM
-    training length spread evenly over the held-out stream (:func:`difftx.eval.lm.spread_windows`; the
-    file given, the corpus's validation split, or the bundled Shakespeare's)."""
+    """The probes of the training tasks that have batches (every ``plan.probes.every`` steps and the last;
+    a task's ``probe_at_start`` also on the initial model, step 0: the recall probe) and the held-out loss
+    curve (at ``plan.curve.steps``, :func:`heldout_loss`) as one trainer probe. They leave training as it
+    was: eval mode, no gradients, no random state. The curve's windows are fixed: ``plan.curve.windows``
+    disjoint windows of the LM training length spread evenly over the held-out stream
+    (:func:`difftx.eval.lm.spread_windows`; the file given, the corpus's validation split, or the bundled
+    Shakespeare's)."""
     space = plan.space
+    probing = [t for t in plan.mixture.tasks if t.has_probe() and t.block(space) is not None]
 
-    def needle(m: torch.nn.Module) -> dict:  # the probes of the tasks the model trains on
-        return {**(needle_probe(m, plan.probes, space) if space.needle is not None else {}),
-                **(recall_probe(m, plan.probes, space) if space.recall is not None else {})}
+    def every_probe(m: torch.nn.Module) -> dict:  # the probes of the tasks the model trains on, in registry order
+        return {k: v for t in probing for k, v in t.probe(m, space, plan.probes).items()}
+
+    def at_start(m: torch.nn.Module) -> dict:
+        return {k: v for t in probing if t.probe_at_start for k, v in t.probe(m, space, plan.probes).items()}
 
     every, last = plan.probes.every, plan.schedule.steps
     # the recall probe also reads the initial model (step 0): its mechanism at initialisation
-    start = {0} if every and space.recall is not None else set()
+    start = {0} if every and any(t.probe_at_start for t in probing) else set()
     if not plan.curve.steps and not start:
-        return TrainingProbes((every, needle), {})
+        return TrainingProbes((every, every_probe), {})
     windows, info = None, {}
     if plan.curve.steps:
         from ..eval.lm import spread_windows
@@ -246,9 +248,9 @@ def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
     def probe(model: torch.nn.Module) -> dict:
         step = stream.loader.step  # one batch per optimizer step: the step just taken (0: none yet)
         if step in needle_steps:
-            out = needle(model)
+            out = every_probe(model)
         elif step in start:
-            out = recall_probe(model, plan.probes, space)
+            out = at_start(model)
         else:
             out = {}
         if step in curve_steps:
@@ -274,49 +276,3 @@ def lm_tokens(mixture: Mixture, step: int) -> int:
     ICL batches are not counted)."""
     lm_steps = sum(1 for s in range(1, step + 1) if mixture.step_kind(s) == "lm")
     return lm_steps * mixture.batch_size * mixture.lm_seq_len
-
-
-def recall_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:
-    """Recall during training, on ``probes.samples`` fixed examples of plain MQAR at the training length
-    with the most training pairs: ``recall`` (``{cell: accuracy}``, greedy accuracy at every query),
-    ``attention_output_ratio`` (per layer, the RMS of the attention output against the residual stream it
-    is added to, mean over the queries: :func:`difftx.eval.residual.attention_residual_ratio`) and, for a
-    model with a learned λ, ``lambda`` per layer (as the training history logs it). The model is put back
-    in its previous mode; touches no random state."""
-    from ..eval.recall import IGNORE, generate, score
-    from ..eval.residual import attention_residual_ratio
-    from ..tasks.recall import cell_name
-    from ..training.metrics import lambda_per_layer
-
-    block = space.recall
-    spec = block.spec(max(block.pairs))
-    examples = block.shifted(generate(spec, probes.samples, seed=PROBE_SEED))
-    device = next(model.parameters()).device
-    with eval_mode(model), torch.no_grad():
-        res = score(model, examples, batch_size=64, device=device)
-        ratio = attention_residual_ratio(model, examples.inputs, examples.labels != IGNORE, device=device)
-        lambdas = lambda_per_layer(model)  # a collective under FSDP2, as the probe is
-    out = {"recall": {cell_name((spec.variant, spec.seq_len, spec.n_pairs)): res["accuracy"]},
-           "attention_output_ratio": ratio["ratio"]}
-    if lambdas:
-        out["lambda"] = lambdas
-    return out
-
-
-def needle_probe(model: torch.nn.Module, probes: Probes, space: TaskSpace) -> dict:
-    """What is probed during training, on fixed prompts at depth 50%: ``accuracy``, greedy needle
-    accuracy per grid cell (``{"N/R": acc}``, ``probes.samples`` prompts per cell), and
-    ``max_attention_logit``, the largest ``|scaled pre-softmax attention logit|`` of each layer on
-    the prompts of the grid's last (hardest) cell. The model is put back in its previous mode;
-    touches no random state."""
-    from ..eval.capture import max_abs_attention_logits
-    from ..eval.needle import evaluate_needles, needle_samples
-
-    with eval_mode(model), torch.no_grad():
-        res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
-                               samples_per_cell=probes.samples, seed=PROBE_SEED)
-        n, r = probes.grid[-1]
-        prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
-                                                                 seed=PROBE_SEED)])
-        logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
-    return {"accuracy": res.accuracy_table(), "max_attention_logit": logits}

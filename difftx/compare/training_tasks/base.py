@@ -1,0 +1,90 @@
+"""The contract of a training task: one kind of batch of ``difftx compare``'s training mixture.
+
+A training task (:class:`TrainingTask`) says four things, and nothing else in difftx names it:
+
+- its share of the steps (:meth:`~TrainingTask.every`): every k-th optimizer step that no task before it
+  takes, or (``rest``) every step no other task takes;
+- its block of token ids in the models' shared vocabulary (:meth:`~TrainingTask.ids` and
+  :meth:`~TrainingTask.block`);
+- how it makes a batch (:meth:`~TrainingTask.make_batch`), drawn from the comparison's one generator;
+- what it probes during training (:meth:`~TrainingTask.probe`), if anything.
+
+The built-in tasks (needle, LM, ICL, recall) keep their typed blocks in
+:class:`~difftx.tasks.subject.TaskSpace` (needle, text, ICL and recall ids, in that order); a registered
+task gets the next ``ids(preset)`` ids after them, as a ``range``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from ...tasks.subject import TaskSpace
+
+PROBE_SEED = 4321  # the fixed examples probed during training (not the evaluation's)
+
+# what make_batch returns: tokens (B, T+1), loss_mask (B, T) or None (every position), targets (B, T) or None
+# (the next input tokens)
+Made = tuple["torch.Tensor", Optional["torch.Tensor"], Optional["torch.Tensor"]]
+
+
+class Draw:
+    """What a task's :meth:`TrainingTask.make_batch` may read besides the generator: the task space
+    (``space``), the mixture (``mixture``: the batch size, ``lm_seq_len``) and the text stream of LM batches
+    (``lm_train``, a 1-D array of ids, or None)."""
+
+    def __init__(self, space: "TaskSpace", mixture: Any, lm_train: Optional["np.ndarray"] = None):
+        self.space, self.mixture, self.lm_train = space, mixture, lm_train
+
+
+class TrainingTask:
+    """One kind of batch of the training mixture (see the module doc). Subclass it, set ``name`` (the batch
+    kind: the trainer logs its mean loss as ``{name}_loss``) and ``label`` (the report's words for it), and
+    register an instance (:func:`difftx.compare.training_tasks.register_training_task`)."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    # True for the one task that takes every step no other task takes (the needle task)
+    rest: ClassVar[bool] = False
+    # True: the probe also reads the initial model (step 0)
+    probe_at_start: ClassVar[bool] = False
+
+    def every(self, mixture: Any) -> int:
+        """Its share of the steps: every ``every``-th optimizer step (from 1) that no task before it in the
+        registry takes (0: never). ``mixture`` (:class:`~difftx.compare.plan.Mixture`) holds the built-in tasks'
+        periods (``lm_every``, ...); a task of your own may return its own."""
+        return 0
+
+    def ids(self, preset: Any) -> int:
+        """How many token ids its batches use (a registered task's block: the next ids after the built-in
+        tasks'). The built-in tasks' blocks are made by :func:`difftx.compare.plan.resolve`."""
+        return 0
+
+    def seq_len(self, preset: Any) -> int:
+        """Its longest training sequence (predictions): the models' ``max_seq_len`` covers it."""
+        return 0
+
+    def block(self, space: "TaskSpace") -> Any:
+        """Its block of ids in ``space`` (None: the comparison has no batches of it): a registered task's
+        ``range`` of ids."""
+        return space.ids(self.name)
+
+    def make_batch(self, draw: Draw, batch_size: int, rng: random.Random) -> Made:
+        """``(tokens (B, T+1), loss_mask (B, T) or None, targets (B, T) or None)``: one global batch of
+        ``batch_size`` rows, every random choice drawn from ``rng`` (a ``random.Random``: its state is
+        checkpointed, so a resumed run continues the same stream). ``loss_mask`` None: the loss at every
+        position; ``targets`` None: the next input tokens."""
+        raise NotImplementedError(f"training task {self.name!r} has no make_batch")
+
+    def probe(self, model: "torch.nn.Module", space: "TaskSpace", probes: Any) -> dict:
+        """What to record during training, every ``probes.every`` steps (``probes``:
+        :class:`~difftx.compare.plan.Probes`): a JSON-ready dict merged into the probe record ({}: nothing).
+        Leave the model as it was (eval mode, no gradients) and touch no random state."""
+        return {}
+
+    def has_probe(self) -> bool:
+        return type(self).probe is not TrainingTask.probe

@@ -1,0 +1,42 @@
+"""The synthetic multi-needle task (:func:`difftx.eval.needle.training_batch`: mixed N/R/depths, loss on the
+answer tokens): every step no other task takes. Its ids come first in the task space (``space.needle``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...eval.needle import training_batch
+from ...io import eval_mode
+from .base import PROBE_SEED, TrainingTask
+
+
+class NeedleTraining(TrainingTask):
+    name, label, rest = "needle", "needle", True
+
+    def block(self, space):
+        return space.needle
+
+    def make_batch(self, draw, batch_size, rng):
+        tokens, mask = training_batch(draw.space.needle, batch_size, rng)
+        return tokens, mask, None
+
+    def probe(self, model, space, probes) -> dict:
+        """What is probed during training, on fixed prompts at depth 50%: ``accuracy``, greedy needle
+        accuracy per grid cell (``{"N/R": acc}``, ``probes.samples`` prompts per cell), and
+        ``max_attention_logit``, the largest ``|scaled pre-softmax attention logit|`` of each layer on
+        the prompts of the grid's last (hardest) cell. The model is put back in its previous mode;
+        touches no random state."""
+        from ...eval.capture import max_abs_attention_logits
+        from ...eval.needle import evaluate_needles, needle_samples
+
+        with eval_mode(model), torch.no_grad():
+            res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
+                                   samples_per_cell=probes.samples, seed=PROBE_SEED)
+            n, r = probes.grid[-1]
+            prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
+                                                                     seed=PROBE_SEED)])
+            logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
+        return {"accuracy": res.accuracy_table(), "max_attention_logit": logits}
+
+
+TASK = NeedleTraining()
