@@ -1,0 +1,133 @@
+"""Training tasks as a registry (difftx/compare/training_tasks, docs/training-tasks.md).
+
+The built-in tasks draw exactly the batches they drew before they moved into the registry (a digest of every
+built-in preset's first batches, computed on c452e65); the docs' example task, run from the page itself, takes
+its share of the steps and its own ids, and a compare model trains on it with its loss and probe recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.compare.presets import PRESETS, get_preset
+from difftx.compare.stream import CompareStream
+from difftx.compare.training_tasks import (
+    BUILTIN, TRAINING_TASKS, TrainingTask, register_training_task, unregister_training_task,
+)
+from difftx.tasks.subject import CompareTask, TaskSpace
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "training-tasks.md"
+
+# sha256 (first 16 hex digits) of the task space, the shares and the first 24 global batches (kind, tokens,
+# loss mask, targets, mask total) of seeds 0 and 1, computed before the registry (commit c452e65)
+DIGESTS = {"smoke": "10d5b885827cb9ed", "cpu": "30e16161e899cf45", "recall-cpu": "cf3d3b1d12c6eb9a",
+           "from-cpu": "6d10751f6b86e0d0", "gpu-small": "bedd21e863612f4a", "smoke+recall": "182edb2239969219"}
+MIXED = {"recall_every": 5, "recall_vocab": 32, "recall_len": 16, "recall_pairs": (2, 3)}
+
+
+def _digest(plan, steps: int = 24, seeds=(0, 1)) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(plan.space.to_dict(), sort_keys=True).encode())
+    h.update(json.dumps(plan.mixture.shares(), sort_keys=True).encode())
+    for seed in seeds:
+        loader = CompareStream(plan.mixture, plan.space, seed).make_loader(batch_size=plan.mixture.batch_size)
+        for _ in range(steps):
+            b = loader.next_batch()
+            h.update(b.kind.encode())
+            for t in (b.tokens, b.loss_mask, b.targets):
+                h.update(b"-" if t is None else t.contiguous().numpy().tobytes())
+            h.update(str(b.mask_total).encode())
+    return h.hexdigest()[:16]
+
+
+def test_every_built_in_preset_draws_the_batches_it_drew_before_the_registry():
+    assert set(DIGESTS) == set(PRESETS) | {"smoke+recall"}
+    for name, want in DIGESTS.items():
+        plan = get_preset("smoke", **MIXED).resolve() if name == "smoke+recall" else PRESETS[name].resolve()
+        assert _digest(plan) == want, name
+
+
+def test_the_registry_holds_the_built_in_tasks_in_order_and_refuses_bad_registrations():
+    assert tuple(TRAINING_TASKS)[:4] == BUILTIN == ("needle", "lm", "icl", "recall")
+    assert [t.name for t in TRAINING_TASKS.values() if t.rest] == ["needle"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_training_task(TRAINING_TASKS["lm"], replace=True)  # a built-in task stays
+    with pytest.raises(ValueError, match="built-in"):
+        unregister_training_task("recall")
+    with pytest.raises(TypeError, match="TrainingTask"):
+        register_training_task(object())
+
+    class Rest(TrainingTask):
+        name, rest = "other_rest", True
+
+    with pytest.raises(ValueError, match="only one task takes the rest"):
+        register_training_task(Rest())
+
+    class Bad(TrainingTask):
+        name = "not a name"
+
+    with pytest.raises(ValueError, match="identifier"):
+        register_training_task(Bad())
+    assert tuple(TRAINING_TASKS) == BUILTIN
+
+
+@pytest.fixture
+def copy_task():
+    """The docs' example task (run from the page), registered; removed afterwards."""
+    namespace: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
+        if "register_training_task(" in block:
+            exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the documentation's own code
+    assert "copy" in TRAINING_TASKS
+    yield TRAINING_TASKS["copy"]
+    unregister_training_task("copy")
+    assert tuple(TRAINING_TASKS) == BUILTIN
+
+
+def test_the_documented_task_takes_its_share_of_the_steps_and_its_own_ids(copy_task):
+    plan = get_preset("smoke").resolve()
+    assert plan.mixture.shares() == pytest.approx({"needle": 0.4, "lm": 1 / 3, "icl": 1 / 6, "recall": 0.0,
+                                                   "copy": 0.1})
+    ids = plan.space.ids("copy")
+    assert ids == range(351, 368) and ids.start == plan.space.icl.vocab_size  # after every built-in task's ids
+    assert plan.arms["diff"].vocab_size == plan.space.vocab_size == ids.stop
+    assert plan.arms["diff"].max_seq_len >= 2 * copy_task.length
+    assert CompareTask.from_dict(CompareTask(plan.space, 32).to_dict()).space == plan.space  # compare_task.json
+
+    unregister_training_task("copy")
+    try:
+        before = get_preset("smoke").resolve()
+    finally:
+        register_training_task(copy_task)
+    assert "blocks" not in before.space.to_dict() and before.space == TaskSpace(**{
+        **{f: getattr(plan.space, f) for f in ("needle", "lm", "icl", "lm_vocab", "recall")}})
+    with_copy = CompareStream(plan.mixture, plan.space, 3).make_loader(batch_size=8)
+    without = CompareStream(before.mixture, before.space, 3).make_loader(batch_size=8)
+    for step in range(1, 13):
+        b = with_copy.next_batch()
+        if step < 5:  # the same batches until the task's first step (5)
+            a = without.next_batch()
+            assert a.kind == b.kind and torch.equal(a.tokens, b.tokens)
+        assert b.kind == plan.mixture.step_kind(step) == ("copy" if step in (5, 10) else b.kind)
+        if b.kind == "copy":
+            assert b.tokens.shape == (8, 17) and b.loss_mask.shape == (8, 16) and b.loss_mask[:, 8:].all()
+            assert int(b.tokens.min()) >= ids.start and int(b.tokens.max()) < ids.stop
+            assert torch.equal(b.tokens[:, :8], b.tokens[:, 9:]) and (b.tokens[:, 8] == ids[-1]).all()
+
+
+def test_a_compare_model_trains_on_the_documented_task_with_its_loss_and_probe(copy_task, tmp_path):
+    from difftx.compare.train import train_models
+
+    plan = get_preset("smoke", icl_every=0).resolve()
+    record = train_models("diff", plan, [0], [tmp_path / "m"], progress=False)[0]
+    copied = [h["copy_loss"] for h in record["history"] if "copy_loss" in h]
+    assert len(copied) == 2 and all(0 < v < 10 for v in copied)  # copy steps 5 and 10 in the logs of 8 and 12
+    probed = [p for p in record["probes"] if "copy_accuracy" in p]
+    assert [p["step"] for p in probed] == [6, 12] and all(0 <= p["copy_accuracy"] <= 1 for p in probed)
+    assert "accuracy" in probed[0]  # the needle probe beside it
+    assert CompareTask.read(tmp_path / "m" / "model").space.ids("copy") == plan.space.ids("copy")
