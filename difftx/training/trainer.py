@@ -5,8 +5,10 @@ One optimizer step = ``grad_accum`` micro-batches of ``batch_size`` sequences on
 loader does the slicing), so a run on W processes follows the same data as one process with
 ``W * batch_size`` sequences. Only rank 0 logs and writes checkpoints.
 
-The pieces: :mod:`difftx.training.setup` (where a run starts, what it writes), :mod:`difftx.training.run` (the
-loop and the steps), :mod:`difftx.training.signals`, :mod:`difftx.training.stacked` (K models as one).
+A run by role: :mod:`difftx.training.setup` (what it builds once: data, model, optimizer, loader),
+:mod:`difftx.training.step` (one optimizer step), :mod:`difftx.training.saving` (its checkpoints, a resume),
+:mod:`difftx.training.monitor` (metrics log, probes, validation); :mod:`difftx.training.run` puts them together and
+holds the loop; :mod:`difftx.training.signals`, :mod:`difftx.training.stacked` (K models as one).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from . import checkpointing as ckpt
 from .config import TrainConfig
 from .distributed import DistInfo, destroy_distributed, init_distributed
 from .optim import TrainingDivergedError
-from .run import _Run, _StackedRun, evaluate, val_tokens
+from .monitor import evaluate, val_tokens
+from .run import OneModel, Run, Stacked
 from .setup import TrainResult, resolve_dtype
 from .signals import stop_hint
 
@@ -74,13 +77,10 @@ def _group_exists() -> bool:
 
 def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int],
            given_model: Optional[ModelConfig], probes: Optional[tuple[int, Callable]], bar_kw: dict) -> TrainResult:
-    run = _Run(config, dist, stop_at, _check_probes(probes))
-    run.start(resume)
-    run.load_data(data)
-    run.build_model(given_model)
-    run.restore()
+    run = Run(config, dist, stop_at, _check_probes(probes))
+    run.prepare(resume, data, given_model)
     run.open_output()
-    return run.loop(bar_kw)
+    return OneModel(run).loop(bar_kw)
 
 
 def _check_probes(probes: Optional[tuple[int, Callable]]) -> tuple[int | frozenset, Optional[Callable]]:
@@ -133,16 +133,13 @@ def train_stacked(configs: Sequence[TrainConfig], *, data: Sequence[Any], model_
         if dist.distributed:
             raise ValueError("train_stacked: a stack trains in one process; under torchrun train each model with "
                              "train() (data parallel)")
-        runs = [_Run(c, dist, stop_at, _check_probes(p)) for c, p in zip(configs, probes)]
+        runs = [Run(c, dist, stop_at, _check_probes(p)) for c, p in zip(configs, probes)]
         for run, d in zip(runs, data):
-            run.start(resume)
-            run.load_data(d)
-            run.build_model(model_config)
-            run.restore()
+            run.prepare(resume, d, model_config)
         _check_stack_start(runs)  # before any run folder is written
         for run in runs:
             run.open_output()
-        return _StackedRun(runs).loop(progress_bar or {})
+        return Stacked(runs).loop(progress_bar or {})
     finally:
         for c in configs:
             ckpt.unlock_run(c.out_dir)
@@ -167,10 +164,11 @@ def _check_stackable(configs: list[TrainConfig]) -> None:
                          f"compile={c.compile})")
 
 
-def _check_stack_start(runs: list[_Run]) -> None:
-    if len({r.start_step for r in runs}) != 1:
-        raise ValueError("train_stacked: the models resume from different steps ("
-                         + ", ".join(f"{r.out_dir}: {r.start_step}" for r in runs) + "); a stack moves in step")
-    if runs[0].dtype != torch.float32:
-        raise ValueError(f"train_stacked: a stack trains in float32 (this device resolves dtype to {runs[0].dtype}); "
+def _check_stack_start(runs: list[Run]) -> None:
+    if len({r.position.step for r in runs}) != 1:
+        steps = ", ".join(f"{r.setup.out_dir}: {r.position.step}" for r in runs)
+        raise ValueError(f"train_stacked: the models resume from different steps ({steps}); a stack moves in step")
+    dtype = runs[0].setup.dtype
+    if dtype != torch.float32:
+        raise ValueError(f"train_stacked: a stack trains in float32 (this device resolves dtype to {dtype}); "
                          f"set dtype=float32")
