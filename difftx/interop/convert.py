@@ -62,8 +62,12 @@ from ..attention.modules import LAMBDA_INIT_STD
 from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, load_config, load_state, \
     save_weights
 from ..config import ModelConfig
+from ..data.sources import bundled_source, iter_documents
+from ..data.tokenizer import load_tokenizer
+from ..eval.capture import capture_attention
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
+from ..training.optim import set_lambda_scale
 from .hf import TOKENIZER_SUBDIR, ConversionError, PathLike, _output_dir, read_hf_model, resolve_model_folder
 from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer
 
@@ -278,8 +282,6 @@ def dex_head_count(spec: Union[None, str, int, float], n_heads: int) -> Optional
 def head_entropies(model: Transformer, tokens: Tensor) -> Tensor:
     """``(L, H)``: each head's mean attention entropy on ``tokens`` ``(B, T)``, every query row's entropy divided
     by the log of the keys it sees (1 for a uniform map, 0 for one key), the first row (one key) left out."""
-    from ..eval.capture import capture_attention
-
     found: dict[int, Tensor] = {}
 
     def add(cap) -> None:
@@ -295,8 +297,6 @@ def head_entropies(model: Transformer, tokens: Tensor) -> Tensor:
 
 def _bundled_heldout_text() -> tuple[str, str]:
     """The first held-out document of the bundled corpus: ``(text, origin)``."""
-    from ..data.sources import bundled_source, iter_documents
-
     for doc in iter_documents([bundled_source()]):
         if doc.split == "val":
             return doc.text, doc.origin
@@ -307,8 +307,6 @@ def dex_sample(source: str, folder: Path, config: ModelConfig, seed: int = 0) ->
     """The calibration sample of the head selection, ``(tokens (rows, T), what they are)``: the bundled corpus's
     held-out text through the source's tokenizer (a transformers folder's ``tokenizer.json``, a difftx checkpoint's
     ``tokenizer/``) when it has one whose ids fit the model; else random tokens from ``seed``."""
-    from ..data.tokenizer import load_tokenizer
-
     T = min(DEX_SAMPLE_TOKENS, config.max_seq_len)
     n = DEX_SAMPLE_ROWS * T
     path = folder / "tokenizer.json" if source.startswith("transformers:") else folder / TOKENIZER_SUBDIR
@@ -421,8 +419,6 @@ def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed:
     if any(abs(lam - lambda_init) > 1e-6 for lam in lambdas):  # pragma: no cover - the pairs are equal by construction
         raise ConversionError(f"lambda: not 0 after conversion ({lambdas}); nothing written")
     if lambda_init:  # the first step of a warm-up: lambda scaled to 0
-        from ..training.optim import set_lambda_scale
-
         set_lambda_scale(conv_model, 0.0)
     err, rows, tokens = logits_difference(src_model, conv_model, seed)
     if not err <= CHECK_TOLERANCE:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..ops import at_least_fp32, lambda_value
+from .remote import builtin_kind
 from .state import ConversionError, _check_shapes, _expected_state
 
 FOLDS = ("llama",)  # what `--as` / fold= accepts
@@ -68,8 +69,6 @@ def _refuse(config: ModelConfig, reason: str) -> ConversionError:
 
 def _kind(config: ModelConfig) -> str:
     """The built-in kind of ``config`` that has a fold, else a refusal naming why not."""
-    from .remote import builtin_kind
-
     kind = builtin_kind(config)
     if kind is None:
         raise _refuse(config, f"{config.kind_class.__name__} is a kind of your own; --as llama folds the built-in "

@@ -41,12 +41,18 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state, save_weights
 from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
+from ..training.checkpointing import resolve_checkpoint
+from . import remote
+from .fold import check_fold, to_llama
 from .hf_tokenizer import TOKENIZER_FILES, copy_tokenizer, export_tokenizer
 from .state import ConversionError, _check_shapes, _expected_state
 
@@ -313,8 +319,6 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
 # -- state dicts ------------------------------------------------------------------------------------
 
 def _progress(it, desc: str):
-    from tqdm.auto import tqdm
-
     return tqdm(it, desc=desc, unit="layer", disable=None, leave=False)
 
 
@@ -392,8 +396,6 @@ def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Ten
 # -- folders ----------------------------------------------------------------------------------------
 
 def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
     atomic_write(path, lambda p: save_file(state, p, metadata=metadata))
 
 
@@ -436,8 +438,6 @@ def resolve_model_folder(path: PathLike) -> Path:
     if not path.is_dir():
         raise ConversionError(f"{path}: not a folder (expected a difftx model or checkpoint folder "
                               f"with {CONFIG_NAME} and {WEIGHTS_NAME}, or a training run folder)")
-    from ..training.checkpointing import resolve_checkpoint
-
     try:
         return resolve_checkpoint(path)
     except CheckpointError as e:
@@ -450,8 +450,6 @@ def export_target(config: ModelConfig, remote_code: Optional[bool] = None) -> st
     exists, else the modeling file; True always the modeling file; False the exact class only. Raises
     :class:`ConversionError` (one line naming the kind or the field) when neither can be written: a registered kind
     of your own (its code is not in the modeling file), or with ``remote_code=False`` a config with no exact class."""
-    from .remote import refusal
-
     if remote_code is False:
         check_exportable(config)
         return "exact"
@@ -461,7 +459,7 @@ def export_target(config: ModelConfig, remote_code: Optional[bool] = None) -> st
             return "exact"
         except ConversionError:
             pass
-    reason = refusal(config)
+    reason = remote.refusal(config)
     if reason is not None:
         raise ConversionError(reason)
     return "remote"
@@ -496,8 +494,6 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     (:func:`difftx.interop.fold.to_llama`), as is ``fold`` with ``remote_code=True``. A model with q/k/v biases
     (``qkv_bias``) folds the same way into a ``Qwen2ForCausalLM`` (Llama plus those biases).
     """
-    from .fold import check_fold, to_llama
-
     check_fold(fold, remote_code)
     src: Optional[Path] = None
     scales: list[float] = []
@@ -534,8 +530,6 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
         config, state = to_llama(config, state, source=source, lambda_scales=scales)
         check_exportable(config)  # what a fold writes, a transformers class computes
         target = "exact"
-    from . import remote
-
     hf_state = to_hf_state(config, state) if target == "exact" else remote.remote_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
@@ -553,9 +547,6 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
 
 def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
     """``config.json`` (dict) and all safetensors weights of a transformers model folder."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(hf_dir)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():

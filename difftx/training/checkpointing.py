@@ -36,12 +36,14 @@ import random
 import re
 import shutil
 import socket
+import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
+from ..attention.registry import code_change
 from ..checkpoint import (
     CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, file_sha256, load_config, load_state, save_model,
     verify_digest,
@@ -131,8 +133,6 @@ def checkpoint_problem(folder: PathLike) -> Optional[str]:
     (``None`` when it looks complete): each file is there, the JSON files parse, the weights file
     is as long as its header says, ``optimizer.pt`` is a whole zip archive, and both have the
     SHA-256 recorded when they were written (where one was)."""
-    import zipfile
-
     folder = Path(folder)
     try:
         load_config(folder)
@@ -462,8 +462,6 @@ def check_kind_code(folder: PathLike, attention: str, recorded: Optional[dict]) 
     """Raise :class:`CheckpointError` (one line) when checkpoint ``folder`` was trained with attention kind
     ``attention`` from a file of your own (``recorded``: its ``trainer_state.json``'s ``kind_code``) that has changed
     since (:func:`difftx.attention.registry.code_change`): resuming would continue the model with other code."""
-    from ..attention.registry import code_change
-
     change = code_change(attention, recorded)
     if change is not None:
         raise CheckpointError(f"{Path(folder) / STATE_NAME}: attention kind {attention!r} was trained with the code "

@@ -9,6 +9,8 @@ with ``--init-from`` and names no preset or file) < config file < ``--set`` over
 from __future__ import annotations
 
 import dataclasses
+import filecmp
+import hashlib
 import json
 import math
 import os
@@ -18,6 +20,7 @@ from typing import Any, Optional, Union
 
 from ..config import PRESETS as MODEL_PRESETS
 from ..config import ModelConfig, preset
+from ..data.tokenizer import load_tokenizer
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -293,7 +296,7 @@ def read_config_file(path: Union[str, Path]) -> dict:
         raise ValueError(f"{path}: not a text file ({e}); a training config is JSON or YAML") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
-            import yaml
+            import yaml  # optional (difftx[train]): JSON configs need no PyYAML
         except ImportError as e:
             raise ValueError(f"{path}: reading YAML needs PyYAML (pip install pyyaml, or difftx[train]); "
                              f"or write the config as JSON") from e
@@ -422,8 +425,6 @@ def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
     found: Optional[dict] = None
     if name == "tokenizer":
         try:
-            from ..data.tokenizer import load_tokenizer
-
             found = {"name": load_tokenizer(str(path)).name}
         except Exception:  # noqa: BLE001 - an unreadable tokenizer has no identity; loading it names the problem
             found = None
@@ -439,8 +440,6 @@ def path_identity(name: str, path: Union[str, Path]) -> Optional[dict]:
 def _content_sha256(root: Path, paths: list) -> Optional[str]:
     """SHA-256 of the file ``root`` (``sha256sum``'s), or for a folder over each file's path relative to it
     and its bytes (None when one cannot be read)."""
-    import hashlib
-
     h = hashlib.sha256()
     try:
         for p in paths:
@@ -527,8 +526,6 @@ def resolve_saved_paths(data: dict, run_dir: Union[None, str, Path] = None,
 def same_content(name: str, a: str, b: str) -> bool:
     """Whether the existing paths ``a`` and ``b`` hold the same data (files compared byte by byte)
     or the same tokenizer (same name)."""
-    import filecmp
-
     a, b = os.path.expanduser(a), os.path.expanduser(b)
     if os.path.realpath(a) == os.path.realpath(b):
         return True

@@ -14,12 +14,15 @@ full copy of the model and optimizer state in rank 0's CPU memory while saving.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,6 @@ def init_distributed(device: str = "auto", timeout: Optional[timedelta] = None) 
     ``timeout``: how long a collective may wait (torch's default when None; a longer one lets the
     other ranks wait while rank 0 alone does a long piece of work, see :func:`on_main`).
     """
-    import torch.distributed as dist
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
@@ -75,8 +76,6 @@ def init_distributed(device: str = "auto", timeout: Optional[timedelta] = None) 
 
 
 def destroy_distributed() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -98,8 +97,6 @@ def exit_worker(code: int) -> None:
     DDP worker, also with a barrier before ``destroy_process_group``; 0 in 100 with this exit.
     Files are closed by then (checkpoints are written atomically), so nothing is lost.
     """
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -109,8 +106,6 @@ def exit_worker(code: int) -> None:
 
 
 def is_initialized() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized()
 
 
@@ -129,12 +124,10 @@ def parallelize(model: nn.Module, mode: str, device: Optional[torch.device] = No
     if not is_initialized():
         return torch.compile(model) if compile else model
     if mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         ids = [device.index] if device is not None and device.type == "cuda" else None
         wrapped = DDP(model, device_ids=ids)
         return torch.compile(wrapped) if compile else wrapped
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # about a second to import: only under torchrun with FSDP2
 
     for block in model.layers:
         if compile:
@@ -157,8 +150,6 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def barrier() -> None:
     if is_initialized():
-        import torch.distributed as dist
-
         dist.barrier()
 
 
@@ -169,8 +160,6 @@ def on_main(fn, share: bool = False) -> Any:
     rank 0's value when ``share`` (it must then be picklable). Without a process group: ``fn()``."""
     if not is_initialized():
         return fn()
-    import torch.distributed as dist
-
     value, failure = None, None
     if dist.get_rank() == 0:
         try:
@@ -190,8 +179,6 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     """Mean over ranks (in place copy), identity without a process group."""
     if not is_initialized():
         return value
-    import torch.distributed as dist
-
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / dist.get_world_size()
@@ -201,8 +188,6 @@ def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's ``obj`` (a picklable value), in rank order."""
     if not is_initialized():
         return [obj]
-    import torch.distributed as dist
-
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -212,8 +197,6 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank."""
     if not is_initialized():
         return obj
-    import torch.distributed as dist
-
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
@@ -238,7 +221,9 @@ def full_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tupl
     """
     if not is_initialized() and not is_sharded(model):
         return _plain_state_dicts(unwrap(model), optimizer)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # slow to import: only when sharded or distributed
+        StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+    )
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = unwrap(model)
@@ -264,7 +249,9 @@ def load_full_state_dicts(model: nn.Module, optimizer: Optional[torch.optim.Opti
                           optim_state: Optional[dict]) -> None:
     """Load full state dicts written by :func:`full_state_dicts` (rank 0's copy is broadcast
     under FSDP2, so other ranks may pass empty dicts)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (  # slow to import: a resume pays it, a fresh run not
+        StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+    )
 
     model = unwrap(model)
     sharded = is_sharded(model)

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from ..checkpoint import CheckpointError, load_model
+from ..data.tokenizer import check_tokenizer_compatible, load_tokenizer
 from ..generation import generate
 from ..model import Transformer
 from .checkpointing import TOKENIZER_DIR, resolve_checkpoint
+from .distributed import resolve_device
 
 
 def load_for_generation(path: Union[str, os.PathLike], tokenizer: Optional[str] = None,
@@ -18,8 +20,6 @@ def load_for_generation(path: Union[str, os.PathLike], tokenizer: Optional[str] 
 
     ``tokenizer`` overrides the one saved in the checkpoint's ``tokenizer/`` folder.
     """
-    from ..data.tokenizer import check_tokenizer_compatible, load_tokenizer
-
     folder = resolve_checkpoint(path)
     model = load_model(folder, device=device)
     model.eval()
@@ -40,8 +40,6 @@ def generate_text(path: Union[str, os.PathLike], prompt: str, *, max_new_tokens:
     The prompt is preceded by the tokenizer's document separator (as every training document
     is) and sampling stops early when the model emits it. Uses the KV cache.
     """
-    from .distributed import resolve_device
-
     check_utf8(prompt, "prompt")
     model, tok, _ = load_for_generation(path, tokenizer, resolve_device(device))
     ids = [tok.eos_id] + list(tok.encode(prompt))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -79,10 +80,8 @@ class MetricsLogger:
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard_dir is not None:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional (difftx[train]), asked for by a flag
             except ImportError:  # tensorboard not installed: JSONL only (said when asked for; see difftx train)
-                import sys
-
                 if say_if_missing:
                         print(TENSORBOARD_MISSING, file=sys.stderr)
             else:

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
+from ..attention.modules import AttentionKind
 from .config import TrainConfig
 
 
@@ -120,8 +121,6 @@ def lambda_scale_at(step: int, config: TrainConfig) -> float:
 def set_lambda_scale(model: nn.Module, scale: float) -> None:
     """Set the lambda warm-up factor of every attention layer of ``model`` (a model or a stack's tree): a kind with
     a lambda then subtracts ``scale * lambda`` (:meth:`~difftx.attention.modules.AttentionKind.set_lambda_scale`)."""
-    from ..attention.modules import AttentionKind
-
     for m in model.modules():
         if isinstance(m, AttentionKind):
             m.set_lambda_scale(scale)

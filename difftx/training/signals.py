@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from typing import Iterator
 
 
@@ -11,9 +13,6 @@ from typing import Iterator
 def _held_sigint() -> Iterator[None]:
     """A Ctrl-C (SIGINT) inside the block is held and raised as ``KeyboardInterrupt`` at its end
     (main thread only, where SIGINT is not ignored; elsewhere the block runs as is)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return
@@ -48,9 +47,6 @@ class _StopSignal:
     SIGNALS = ("SIGTERM", "SIGUSR1")
 
     def __init__(self) -> None:
-        import signal
-        import threading
-
         self.requested, self.name, self._old = False, None, {}
         if threading.current_thread() is not threading.main_thread():
             return
@@ -60,13 +56,9 @@ class _StopSignal:
                 self._old[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        import signal
-
         self.requested, self.name = True, signal.Signals(signum).name
 
     def restore(self) -> None:
-        import signal
-
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old = {}

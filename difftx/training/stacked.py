@@ -59,6 +59,7 @@ docs/results.md ("Stacked seeds: throughput").
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -71,7 +72,7 @@ from torch.func import functional_call
 from ..config import ModelConfig
 from ..model import Transformer, _check_token_ids, loss_rows
 from .batches import Batch
-from .optim import set_lr, update
+from .optim import set_lambda_scale, set_lr, update
 
 __all__ = ["StackedTransformer", "StepResult", "load_optimizer_states", "optimizer_state_of",
            "stack_batches", "train_step", "tune_allocator"]
@@ -84,8 +85,6 @@ def tune_allocator(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 30)
     megabytes (K times a model's), which glibc otherwise serves by fresh ``mmap`` and pays a page fault per
     4 KiB on first touch, step after step (``sys`` time). Process-wide (every tensor, the separate models'
     too); the heap then keeps its peak size. Returns False where it does not apply (not glibc)."""
-    import ctypes
-
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -144,8 +143,6 @@ class StackedTransformer(nn.Module):
     def set_lambda_scale(self, scale: float) -> None:
         """The lambda warm-up factor of every model of the stack (:func:`difftx.training.optim.set_lambda_scale`
         on the tree and on the one model that ``torch.vmap`` runs)."""
-        from .optim import set_lambda_scale
-
         for tree in (self.model_tree, self._one):
             set_lambda_scale(tree, scale)
 

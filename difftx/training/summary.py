@@ -19,12 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
+
 from ..checkpoint import CONFIG_NAME, CheckpointError, load_config
 from ..io import atomic_write, read_record
+from ..model import Transformer
 from . import checkpointing as ckpt
+from .config import TrainConfig
+from .metrics import METRICS_NAME, read_metrics  # METRICS_NAME: where compare and the CLI import it from
 
 PathLike = Union[str, os.PathLike]
-from .metrics import METRICS_NAME, read_metrics  # noqa: E402 - METRICS_NAME: where compare and the CLI import it from
 
 
 @dataclass
@@ -117,8 +121,6 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
             s.tokenizer = state.get("tokenizer")
     if s.attention is None and train_cfg:
         try:
-            from .config import TrainConfig
-
             s.attention = TrainConfig.from_dict(train_cfg).model_config().attention
         except (TypeError, ValueError):
             pass
@@ -152,10 +154,6 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
 
 
 def _count_params(model_cfg) -> int:
-    import torch
-
-    from ..model import Transformer
-
     with torch.device("meta"):
         return Transformer(model_cfg).num_parameters()
 
@@ -263,10 +261,10 @@ def plot_runs(summaries: Sequence[RunSummary], path: PathLike, *, title: Optiona
     """Training and validation loss against the step, one line per run, as a PNG (or any format
     matplotlib infers from the suffix). Needs matplotlib (``pip install 'difftx[eval]'``)."""
     try:
-        import matplotlib
+        import matplotlib  # optional (difftx[eval]): only --plot needs it
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional, as above
     except ImportError as e:
         raise ModuleNotFoundError(f"plotting needs matplotlib, which is not installed ({e}); "
                                   f"pip install matplotlib (or difftx[eval])", name="matplotlib") from None

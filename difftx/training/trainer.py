@@ -21,7 +21,7 @@ import torch
 from ..config import ModelConfig
 from . import checkpointing as ckpt
 from .config import TrainConfig
-from .distributed import DistInfo, destroy_distributed, init_distributed
+from .distributed import DistInfo, destroy_distributed, init_distributed, is_initialized
 from .optim import TrainingDivergedError
 from .monitor import evaluate, val_tokens
 from .run import OneModel, Run, Stacked
@@ -59,7 +59,7 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train expects a TrainConfig, got {type(config).__name__}")
-    owns_group = not _group_exists()
+    owns_group = not is_initialized()  # a process group the caller made stays
     dist = init_distributed(config.device)
     try:
         return _train(config, dist, resume, data, stop_at, model_config, probes, progress_bar or {})
@@ -67,12 +67,6 @@ def train(config: TrainConfig, *, resume: bool = False, data: Any = None, stop_a
         ckpt.unlock_run(config.out_dir)  # taken in _plan_start (rank 0); a no-op where not held
         if owns_group:
             destroy_distributed()
-
-
-def _group_exists() -> bool:
-    import torch.distributed as tdist
-
-    return tdist.is_available() and tdist.is_initialized()
 
 
 def _train(config: TrainConfig, dist: DistInfo, resume: bool, data: Any, stop_at: Optional[int],
@@ -127,7 +121,7 @@ def train_stacked(configs: Sequence[TrainConfig], *, data: Sequence[Any], model_
         raise ValueError(f"train_stacked: {len(configs)} configs need as many data sources and probes, got "
                          f"{len(data)} and {len(probes)}")
     _check_stackable(configs)
-    owns_group = not _group_exists()
+    owns_group = not is_initialized()  # a process group the caller made stays
     dist = init_distributed(configs[0].device)
     try:
         if dist.distributed:

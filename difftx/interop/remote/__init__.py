@@ -18,6 +18,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ... import __version__
+from ...attention.registry import _BUILTIN
 from ...config import ModelConfig
 
 HERE = Path(__file__).resolve().parent
@@ -30,8 +32,6 @@ AUTO_MAP = {"AutoConfig": "configuration_difftx.DifftxConfig",
 def builtin_kind(config: ModelConfig) -> Optional[str]:
     """The built-in kind's name that ``config``'s attention class is (the name the modeling file knows), or None
     for a kind registered beyond difftx's own (its code is not in the modeling file)."""
-    from ...attention.registry import _BUILTIN
-
     return next((name for name, cls in _BUILTIN.items() if cls is config.kind_class), None)
 
 
@@ -39,8 +39,6 @@ def refusal(config: ModelConfig) -> Optional[str]:
     """Why ``config`` cannot be exported with the modeling file, in one line, or None when it can."""
     if builtin_kind(config) is not None:
         return None
-    from ...attention.registry import _BUILTIN
-
     return (f"attention={config.attention!r} cannot be exported: {config.kind_class.__name__} is a registered kind, "
             f"not a built-in one; no transformers class computes it, and difftx's modeling file for "
             f"trust_remote_code computes the built-in kinds only ({', '.join(_BUILTIN)})")
@@ -52,8 +50,6 @@ def remote_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> di
     tie = fields.pop("tie_embeddings")
     fields["attention"] = builtin_kind(config)
     name = str(dtype).removeprefix("torch.")
-    from ... import __version__
-
     return {"architectures": ["DifftxForCausalLM"], "model_type": MODEL_TYPE, "auto_map": dict(AUTO_MAP), **fields,
             "tie_word_embeddings": tie, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
             "use_cache": True, "dtype": name, "torch_dtype": name, "difftx_version": __version__}
