@@ -29,7 +29,9 @@ import errno
 import importlib
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from typing import Optional, Sequence
 
@@ -97,9 +99,7 @@ def _kinds_option(argv: Optional[Sequence[str]]) -> Optional[str]:
 
 def _use_kinds(spec: str) -> None:
     """``--kinds``: kept in the environment (worker processes import the kinds from there), then imported."""
-    import os
-
-    from ..attention.registry import KINDS_ENV, load_kinds
+    from ..attention.registry import KINDS_ENV, load_kinds  # lazy: torch; --help stays fast
 
     os.environ[KINDS_ENV] = ",".join(p for p in (os.environ.get(KINDS_ENV, ""), spec) if p)
     load_kinds(spec)
@@ -168,9 +168,6 @@ class _InterruptWatch:
     NATIVE = ("torch", "numpy", "triton")
 
     def __init__(self) -> None:
-        import signal
-        import threading
-
         self.seen, self.said, self._old = False, False, None
         current = signal.getsignal(signal.SIGINT)
         early = getattr(current, "hits", None)  # `python -m difftx`'s handler while the CLI was imported
@@ -186,8 +183,6 @@ class _InterruptWatch:
         self._raise_when_safe()
 
     def _raise_when_safe(self, *_) -> None:
-        import signal
-
         if hasattr(signal, "setitimer") and self._native_import_running():
             signal.signal(signal.SIGALRM, self._raise_when_safe)  # look again in 20 ms
             signal.setitimer(signal.ITIMER_REAL, 0.02)
@@ -198,8 +193,6 @@ class _InterruptWatch:
         """The interrupt raised inside a callback whose errors Python ignores (importlib's module-lock
         weakref callback, for one) is not lost and prints no "Exception ignored" traceback: it is
         raised again 20 ms later, in code that can stop."""
-        import signal
-
         if self.seen and issubclass(unraisable.exc_type, KeyboardInterrupt):
             if hasattr(signal, "setitimer"):
                 signal.signal(signal.SIGALRM, self._raise_when_safe)
@@ -216,8 +209,6 @@ class _InterruptWatch:
         return False
 
     def finish(self, code: int, prog: str) -> int:
-        import signal
-
         if hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) == self._raise_when_safe:
             # a look-again timer still armed (the interrupt surfaced as another error first) would fire during
             # interpreter shutdown, after Python has put SIGALRM back to its default, and kill the process
@@ -241,7 +232,7 @@ class _InterruptWatch:
 
 def _debug_traceback() -> None:
     if os.environ.get("DIFFTX_DEBUG", "") not in ("", "0"):
-        import traceback
+        import traceback  # lazy: only under DIFFTX_DEBUG
 
         traceback.print_exc()
 
@@ -291,7 +282,7 @@ def _with_recovery_hint(text: str) -> str:
     if "checkpoints" not in text:
         return text
     try:
-        from ..training.checkpointing import recovery_hint
+        from ..training.checkpointing import recovery_hint  # lazy: torch; --help stays fast
 
         hint = recovery_hint(text)
     except Exception:  # noqa: BLE001 - a hint must never hide the error itself

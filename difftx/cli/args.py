@@ -142,7 +142,7 @@ def managed_folder(path) -> str | None:
 
 def kinds_files() -> list[str]:
     """The Python files ``--kinds`` / ``DIFFTX_KINDS`` names (module names are not files): inputs of every command."""
-    from ..attention.registry import KINDS_ENV
+    from ..attention.registry import KINDS_ENV  # lazy: torch; --help stays fast
 
     items = (part.strip() for part in os.environ.get(KINDS_ENV, "").split(","))
     return [item for item in items if item and (item.endswith(".py") or os.sep in item)]
@@ -207,7 +207,7 @@ def output_dir(text: str) -> str:
 def check_device(device: str, flag: str = "--device") -> str:
     """``device`` if this machine has it (``auto`` resolves to ``cuda`` when available, else
     ``cpu``); a ValueError naming ``flag`` otherwise."""
-    import torch
+    import torch  # lazy: torch; --help stays fast
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

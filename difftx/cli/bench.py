@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Optional, Sequence
+
+from .args import check_not_input, check_not_owned, check_output_file
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,10 +59,6 @@ def register(sub) -> None:
 def run_checked(args: argparse.Namespace) -> int:
     """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
     the timing, not after it)."""
-    from pathlib import Path
-
-    from .args import check_not_input, check_not_owned, check_output_file
-
     for flag in ("json", "plot"):
         check_output_file(getattr(args, flag, None), f"--{flag}")
         check_not_owned(getattr(args, flag, None), f"--{flag}", getattr(args, "overwrite", False))
@@ -71,9 +71,9 @@ def run_checked(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import torch  # lazy: torch; --help stays fast
 
-    from ..bench import bench_attention, bench_decode, format_table, save_rows
+    from ..bench import bench_attention, bench_decode, format_table, save_rows  # lazy: torch; --help stays fast
 
     dtype = getattr(torch, args.dtype)
     if args.device is None:  # resolved here, not at parse time: `difftx --help` need not import torch
@@ -103,9 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 "processor": platform.processor(), **{k: v for k, v in vars(args).items() if k != "func"}}
         save_rows(rows, args.json, meta)
     if args.plot:
-        from dataclasses import asdict
-
-        from ..eval.plots import plot_benchmark
+        from ..eval.plots import plot_benchmark  # lazy: torch; --help stays fast
 
         plot_benchmark([asdict(r) for r in rows], args.plot, title=f"DIFF vs baseline: {what}, D={args.dim}, "
                                                                    f"{args.dtype}, {args.device}")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+from pathlib import Path
 
-from .args import output_dir, positive_int
+from .args import check_not_input, output_dir, positive_int
 
 
 def register(sub) -> None:
@@ -85,7 +88,7 @@ def parse_overrides(items: list[str]) -> dict:
     """``["steps=500", "tasks.needle.grid=1/1,2/2"]`` -> ``{"steps": 500, "tasks": {"needle": {"grid": "1/1,2/2"}}}``:
     the grammar of ``difftx train --set`` (dotted keys; JSON / YAML scalars, else the string, which
     a task setting then parses in its own text form)."""
-    from ..training.config import parse_value, split_override
+    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     out: dict = {}
     for item in items:
@@ -116,7 +119,7 @@ def take_workers(args: argparse.Namespace, overrides: dict) -> None:
 
 def parse_arms(text: str) -> tuple[str, ...]:
     """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, baseline and diff first."""
-    from ..config import ARM_SETS, arm_names
+    from ..config import ARM_SETS, arm_names  # lazy: torch; --help stays fast
 
     names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
     unknown = [a for a in names if a not in arm_names()]
@@ -127,12 +130,10 @@ def parse_arms(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from ..compare import ComparePreset, run_compare
-    from ..compare.jobs import parse_shard
-    from ..compare.tune import parse_tune, run_tuned
-    from ..compare.tune_report import tune_summary
+    from ..compare import ComparePreset, run_compare  # lazy: torch; --help stays fast
+    from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
+    from ..compare.tune import parse_tune, run_tuned  # lazy: torch; --help stays fast
+    from ..compare.tune_report import tune_summary  # lazy: torch; --help stays fast
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.method is not None:
         raise ValueError("--method goes with --from (the conversion of a source)")
     if args.data is not None:
-        from ..compare.presets import text_overrides
+        from ..compare.presets import text_overrides  # lazy: torch; --help stays fast
 
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout,
                                    synthetic=args.synthetic)
@@ -167,11 +168,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tokenizer, --heldout and --synthetic go with --data (your own text)")
     out = args.out or f"runs/compare-{args.preset}" + (f"-{_stem(args.data)}" if args.data is not None else "")
     if args.source is not None and args.out is None:
-        from ..compare.source import default_name
+        from ..compare.source import default_name  # lazy: torch; --help stays fast
 
         out = f"runs/compare-{default_name(args.source)}-{_stem(args.data)}"
-    from .args import check_not_input
-
     check_not_input(out, "--out", {"--data": args.data, "--heldout": args.heldout, "--tokenizer": args.tokenizer,
                                    "--from": args.source})
     if args.sweep:
@@ -184,8 +183,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers,
                           shard=shard, **overrides)
-    import os
-
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 alone reports
         return 0
     if shard is not None and tune is not None:
@@ -231,18 +228,14 @@ def _from_source(args: argparse.Namespace, overrides: dict) -> None:
 
 def _stem(path: str) -> str:
     """``runs/compare-cpu-mybook`` for ``--data path/to/mybook.txt``."""
-    from pathlib import Path
-
     name = Path(path).name
     return name.split(".")[0] or "data"
 
 
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
-    import dataclasses
-
-    from ..compare import ComparePreset
-    from ..compare.sweep import run_sweep
-    from ..training.config import parse_value, split_override
+    from ..compare import ComparePreset  # lazy: torch; --help stays fast
+    from ..compare.sweep import run_sweep  # lazy: torch; --help stays fast
+    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
     if field not in {f.name for f in dataclasses.fields(ComparePreset)} or field in ("tasks", "name"):

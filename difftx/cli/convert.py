@@ -4,6 +4,9 @@ differential."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from .args import check_not_input
 
 METHODS = ("zero", "mirror", "random", "dex")  # difftx.interop.convert.METHODS (not imported here: it imports torch)
 
@@ -48,12 +51,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..interop.convert import convert_model
-    from ..interop.hf import replaced
-
-    from .args import check_not_input
+    from ..interop.convert import convert_model  # lazy: torch; --help stays fast
+    from ..interop.hf import replaced  # lazy: torch; --help stays fast
 
     if args.seed < 0:
         raise ValueError(f"--seed: must be a non-negative integer, got {args.seed}")

@@ -19,7 +19,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..demo import format_results, run_demo
+    from ..demo import format_results, run_demo  # lazy: torch; --help stays fast
 
     if args.steps <= 0:
         raise ValueError("--steps must be positive")

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
-from .args import output_file
+from ..io import atomic_write, dumps_strict
+from ..tasks import TASKS, get_task, settings_from_dict
+from ..tasks.base import format_setting
+from .args import check_not_input, check_not_owned, output_file
 
 
 def _flag(name: str) -> str:
@@ -14,8 +18,6 @@ def _flag(name: str) -> str:
 
 
 def _shown(field) -> str:
-    from ..tasks.base import format_setting
-
     return "none" if field.default in ((), None) else format_setting(field, field.default)
 
 
@@ -26,8 +28,6 @@ def _with_default(field) -> str:
 
 
 def register(sub) -> None:
-    from ..tasks import TASKS
-
     p = sub.add_parser("eval", help=f"run one evaluation ({', '.join(TASKS)}) on a checkpoint",
                        description="Evaluate a checkpoint (a checkpoint folder, or a run folder whose latest "
                                    "checkpoint is used) with one task; `difftx eval TASK --help` lists its settings. "
@@ -59,8 +59,6 @@ def register(sub) -> None:
 
 def settings_from_args(name: str, args: argparse.Namespace):
     """The task's settings: its defaults with the flags given (parsed as the settings define)."""
-    from ..tasks import get_task, settings_from_dict
-
     task = get_task(name)
     given = {f.name: getattr(args, f"set_{f.name}") for f in dataclasses.fields(task.Settings)
              if getattr(args, f"set_{f.name}", None) is not None}
@@ -71,14 +69,8 @@ def settings_from_args(name: str, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..io import atomic_write, dumps_strict
-    from ..provenance import machine
-    from ..tasks import get_task
-    from ..tasks.runner import evaluate_checkpoint
-
-    from .args import check_not_input, check_not_owned
+    from ..provenance import machine  # lazy: --help stays fast
+    from ..tasks.runner import evaluate_checkpoint  # lazy: --help stays fast
 
     check_not_owned(args.json_out, "--json", args.overwrite)
     check_not_input(args.json_out, "--json", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer,

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+
+from .args import check_not_input
 
 FORMATS = ("hf",)
 FOLDS = ("llama",)  # difftx.interop.fold.FOLDS (not imported here: --help stays light)
@@ -47,13 +51,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from ..interop.fold import check_fold
-    from ..interop.hf import export_hf, replaced, resolve_model_folder
-
-    from .args import check_not_input
+    from ..interop.fold import check_fold  # lazy: torch; --help stays fast
+    from ..interop.hf import export_hf, replaced, resolve_model_folder  # lazy: torch; --help stays fast
 
     check_fold(args.fold, args.remote_code)
     check_not_input(args.out_dir, "OUT_DIR", {"the checkpoint": args.checkpoint, "--tokenizer": args.tokenizer},

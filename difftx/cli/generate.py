@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import non_negative_float, non_negative_int, positive_int, probability
+from .args import check_device, non_negative_float, non_negative_int, positive_int, probability
 
 
 def register(sub) -> None:
@@ -27,11 +27,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation import CacheTooLargeError
-    from ..training.inference import generate_text
-    from .args import check_device
-
-    from ..training.inference import check_utf8
+    from ..generation import CacheTooLargeError  # lazy: torch; --help stays fast
+    from ..training.inference import check_utf8, generate_text  # lazy: torch; --help stays fast
 
     check_utf8(args.prompt, "--prompt")
     device = check_device(args.device)  # before loading anything

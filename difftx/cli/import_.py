@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from .args import check_not_input
 
 
 def register(sub) -> None:
@@ -28,11 +31,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..interop.hf import import_hf, replaced
-
-    from .args import check_not_input
+    from ..interop.hf import import_hf, replaced  # lazy: torch; --help stays fast
 
     check_not_input(args.out_checkpoint, "OUT", {"the transformers folder": args.hf_dir}, folder=True)
     gone = replaced(Path(args.out_checkpoint)) if args.overwrite else None

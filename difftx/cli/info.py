@@ -4,6 +4,10 @@ parameter counts of every comparison arm (``--arms``)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from ..io import read_json
 
 
 def register(sub) -> None:
@@ -31,12 +35,9 @@ def register(sub) -> None:
 
 
 def _load(spec: str):
-    from pathlib import Path
-
-    from ..checkpoint import CONFIG_NAME, CheckpointError
-    from ..config import PRESETS, ModelConfig, preset
-    from ..io import read_json
-    from ..training.checkpointing import resolve_checkpoint
+    from ..checkpoint import CONFIG_NAME, CheckpointError  # lazy: torch; --help stays fast
+    from ..config import PRESETS, ModelConfig, preset  # lazy: torch; --help stays fast
+    from ..training.checkpointing import resolve_checkpoint  # lazy: torch; --help stays fast
 
     if spec in PRESETS:
         return preset(spec)
@@ -53,10 +54,8 @@ def _load(spec: str):
 
 
 def _apply_overrides(cfg, overrides: list[str]):
-    from dataclasses import fields
-
-    from ..config import ModelConfig
-    from ..training.config import parse_value, split_override
+    from ..config import ModelConfig  # lazy: torch; --help stays fast
+    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     known = {f.name for f in fields(ModelConfig)}
     changes = {}
@@ -91,7 +90,7 @@ def _options(c) -> str:
 
 def _delta_text(c) -> str:
     """What one layer of ``c`` adds to its baseline, with the formulas evaluated: ``4·d + 2·d = 96``."""
-    from ..config import attention_parameter_delta
+    from ..config import attention_parameter_delta  # lazy: torch; --help stays fast
 
     rows = attention_parameter_delta(c)
     if not rows:
@@ -104,7 +103,9 @@ def _delta_text(c) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ARM_SETS, arm_config, arm_names, attention_parameter_delta, baseline_config
+    from ..config import (  # lazy: torch; --help stays fast
+        ARM_SETS, arm_config, arm_names, attention_parameter_delta, baseline_config,
+    )
 
     cfg = _load(args.config)
     if args.attention:
@@ -139,16 +140,16 @@ def run(args: argparse.Namespace) -> int:
 def parameter_count(cfg) -> int:
     """Parameters of a model of ``cfg``, counted on PyTorch's meta device: shapes only, no memory
     and no initialisation (a 0.9B config takes a second, not a minute and gigabytes)."""
-    import torch
+    import torch  # lazy: torch; --help stays fast
 
-    from ..model import Transformer
+    from ..model import Transformer  # lazy: torch; --help stays fast
 
     with torch.device("meta"):
         return Transformer(cfg).num_parameters()
 
 
 def _print_arms(cfg, arms) -> int:
-    from ..config import arm_config, baseline_config
+    from ..config import arm_config, baseline_config  # lazy: torch; --help stays fast
 
     print(f"arms derived from: dim={cfg.dim} n_layers={cfg.n_layers} n_heads={cfg.n_heads} "
           f"kv_groups={cfg.kv_groups} (DIFF component width d={cfg.head_dim}) vocab_size={cfg.vocab_size}")

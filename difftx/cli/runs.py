@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
+from pathlib import Path
+
+from ..tasks.lm import LMSettings, interval_about, nll_interval, scored_tokens
+from ..tasks.subject import TRAIN_RECORD
+from .args import check_not_input, check_not_owned, check_output_file
+from .train import strict_unknown_flags
 
 
 def register(sub) -> None:
-    from .train import strict_unknown_flags
-
     p = sub.add_parser("runs", help="training runs side by side: params, tokens, tokens/s, losses; --plot curves",
                        description="Summarise training run folders (what `difftx train --out` wrote) side by side: "
                                    "attention kind, parameters, steps, tokens seen, tokens/s over the whole run, "
@@ -31,11 +36,9 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.summary import DEFAULT_COLUMNS, LEGEND, comparability_notes, format_table, plot_runs, summarize_run
-
-    from pathlib import Path
-
-    from .args import check_not_input, check_not_owned, check_output_file
+    from ..training.summary import (  # lazy: torch; --help stays fast
+        DEFAULT_COLUMNS, LEGEND, comparability_notes, format_table, plot_runs, summarize_run,
+    )
 
     if args.plot and not Path(args.plot).suffix:
         args.plot += ".png"  # what matplotlib writes for a name without a suffix: say so, and check that file
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = [summarize_run(_compare_run(Path(r)) or r) for r in args.runs]
     columns, notes = extra_columns(args, summaries)
     if any(s.final_lambda for s in summaries):  # DIFF runs: the λ each layer learned, at the last log record
-        from ..training.summary import Column, lambda_text
+        from ..training.summary import Column, lambda_text  # lazy: torch; --help stays fast
 
         columns = [Column("final λ per layer", lambda s: lambda_text(s.final_lambda), "<"), *columns]
     print(format_table(summaries))
@@ -74,11 +77,8 @@ def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list
         if args.data or args.windows is not None:
             raise ValueError("--data and --windows apply with --nll")
         return [], []
-    import textwrap
-
-    from ..tasks.lm import LMSettings, interval_about, nll_interval, scored_tokens
-    from ..tasks.runner import evaluate_checkpoint
-    from ..training.summary import Column
+    from ..tasks.runner import evaluate_checkpoint  # lazy: --help stays fast
+    from ..training.summary import Column  # lazy: torch; --help stays fast
 
     if args.windows is not None and args.windows < 0:
         raise ValueError(f"--windows: must be >= 0, got {args.windows}")
@@ -113,8 +113,6 @@ def extra_columns(args: argparse.Namespace, summaries: list) -> tuple[list, list
 
 def _compare_run(path) -> "Path | None":
     """The ``train/`` run folder of the compare model whose ``model/`` folder is ``path`` (else None)."""
-    from ..tasks.subject import TRAIN_RECORD
-
     folder = path.parent
     return folder / "train" if path.name == "model" and (folder / TRAIN_RECORD).is_file() and \
         (folder / "train").is_dir() else None
@@ -122,16 +120,12 @@ def _compare_run(path) -> "Path | None":
 
 def _compare_model(run) -> "Path | None":
     """The ``model/`` folder of the compare model whose ``train/`` run folder is ``run`` (else None)."""
-    from ..tasks.subject import TRAIN_RECORD
-
     folder = run.parent
     return folder / "model" if (folder / TRAIN_RECORD).is_file() and (folder / "model").is_dir() else None
 
 
 def _window_interval(res: dict) -> tuple:
     """The interval of a run's NLL (``difftx.tasks.lm.nll_interval``), as offsets from its mean."""
-    from ..tasks.lm import nll_interval
-
     ci = nll_interval(res)
     return (None, None) if ci.low is None else (ci.low - ci.mean, ci.high - ci.mean)
 
@@ -146,8 +140,6 @@ def paired_nll(res: dict, ref: dict):
     """``(mean, low offset, high offset)`` of ``res`` minus ``ref`` over the same windows
     (token-weighted mean; interval over blocks of windows: ``difftx.tasks.lm.nll_interval``), or
     why they cannot be paired."""
-    from ..tasks.lm import nll_interval
-
     tokens = res["records"]["window_tokens"]
     if res.get("text_id") != ref.get("text_id") or tokens != ref["records"]["window_tokens"]:
         return "not paired: other text"

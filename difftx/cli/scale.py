@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .args import output_dir, positive_int
+from .args import check_not_input, output_dir, positive_int
+from .compare import parse_arms, parse_overrides, take_workers
 
 
 def register(sub) -> None:
@@ -68,12 +69,11 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare.presets import text_overrides
-    from ..compare.report import gap_text
-    from ..compare.jobs import parse_shard
-    from ..compare.scale import default_out, run_scale
-    from ..compare.tune import parse_tune
-    from .compare import parse_arms, parse_overrides, take_workers
+    from ..compare.presets import text_overrides  # lazy: torch; --help stays fast
+    from ..compare.report import gap_text  # lazy: torch; --help stays fast
+    from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
+    from ..compare.scale import default_out, run_scale  # lazy: torch; --help stays fast
+    from ..compare.tune import parse_tune  # lazy: torch; --help stays fast
 
     shard = None if args.shard is None else parse_shard(args.shard)
     overrides = parse_overrides(args.overrides)
@@ -89,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()] if args.sizes else None
     out = args.out or default_out(args.preset)
-    from .args import check_not_input
-
     check_not_input(out, "--out", {"--data": args.data, "--heldout": args.heldout, "--tokenizer": args.tokenizer})
     res = run_scale(args.preset, sizes, args.seeds, out, tokens_per_param=args.tokens_per_param,
                     progress=not args.no_progress, workers=args.workers, shard=shard,
@@ -101,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"\nwrote {out}/scale.md and {out}/scale.json" + (f" and {out}/{res['plot']}" if res.get("plot") else ""))
     if res.get("kind") == "recall":
-        from ..compare.scale_recall import recall_lines
+        from ..compare.scale_recall import recall_lines  # lazy: torch; --help stays fast
 
         print("\n".join(recall_lines(res)))
         return 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .args import output_dir
+from .args import check_not_input, check_not_owned, output_dir
 
 
 def register(sub) -> None:
@@ -28,10 +29,7 @@ def register(sub) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from ..data.tokenizer import TOKENIZER_FILE, train_bpe
-    from .args import check_not_input, check_not_owned
+    from ..data.tokenizer import TOKENIZER_FILE, train_bpe  # lazy: numpy; --help stays fast
 
     check_not_owned(Path(args.out) / TOKENIZER_FILE, "--out", args.overwrite)
     check_not_input(Path(args.out) / TOKENIZER_FILE, "--out", {"--input": list(args.input or [])})

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import importlib.util
+import os
 import sys
+from pathlib import Path
+
+from .args import check_not_input
 
 
 def strict_unknown_flags(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +75,10 @@ def saved_run_config(out_dir):
     ``difftx.training.config.resolve_saved_paths``); ``(None, None, {}, {})`` for a folder that
     holds no run yet. Returns the config, the file read, the path fields found nowhere (why) and
     the run's record of its paths."""
-    from pathlib import Path
-
-    from ..training import checkpointing as ckpt
-    from ..training.config import SAVED_PATHS, TrainConfig, read_config_file, resolve_saved_paths
+    from ..training import checkpointing as ckpt  # lazy: torch; --help stays fast
+    from ..training.config import (  # lazy: torch; --help stays fast
+        SAVED_PATHS, TrainConfig, read_config_file, resolve_saved_paths,
+    )
 
     out = Path(out_dir)
     path = out / ckpt.TRAIN_CONFIG_NAME
@@ -94,8 +100,8 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     """The TrainConfig the command line describes. With ``--resume`` and a run already in the
     output folder: that run's saved config, changed only by what the flags say, and only where a
     resume allows it (``ValueError`` naming the fields otherwise)."""
-    from ..config import baseline_config
-    from ..training.config import check_resume_changes, load_train_config
+    from ..config import baseline_config  # lazy: torch; --help stays fast
+    from ..training.config import check_resume_changes, load_train_config  # lazy: torch; --help stays fast
 
     saved, saved_path, missing, records = None, None, {}, {}
     if args.out is not None and not str(args.out).strip():
@@ -105,8 +111,6 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     if getattr(args, "resume", False):
         out_dir = args.out or load_train_config(args.config, None, args.preset, init_from=args.init_from).out_dir
         saved, saved_path, missing, records = saved_run_config(out_dir)
-        from pathlib import Path
-
         if (Path(out_dir) / "compare.json").is_file():
             raise ValueError(f"--out {out_dir}: a `difftx compare` folder, not a training run; re-run the compare "
                              "command to continue it")
@@ -163,8 +167,8 @@ def with_source_model(cfg):
     """``cfg`` with its ``init_from`` checkpoint's ModelConfig mapping as ``model``: the architecture the run
     trains, which the trainer records too (so ``--print-config`` shows it). Unchanged when that checkpoint
     cannot be read: the trainer then names the problem, as it did before."""
-    from ..checkpoint import CheckpointError, load_config
-    from ..training import checkpointing as ckpt
+    from ..checkpoint import CheckpointError, load_config  # lazy: torch; --help stays fast
+    from ..training import checkpointing as ckpt  # lazy: torch; --help stays fast
 
     try:
         model = load_config(ckpt.resolve_checkpoint(cfg.init_from)).to_dict()
@@ -174,8 +178,8 @@ def with_source_model(cfg):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training import TRAIN_PRESETS, train
-    from ..training.config import FINETUNE_PRESET
+    from ..training import TRAIN_PRESETS, train  # lazy: torch; --help stays fast
+    from ..training.config import FINETUNE_PRESET  # lazy: torch; --help stays fast
 
     if args.list_presets:
         for name, c in TRAIN_PRESETS.items():
@@ -183,14 +187,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:10s} model={model:9s} batch={c.batch_size}x{c.seq_len} accum={c.grad_accum} "
                   f"steps={c.steps} lr={c.lr:g} device={c.device} dtype={c.dtype}")
         return 0
-    import importlib.util
-    import os
-
     main_rank = int(os.environ.get("RANK", "0")) == 0
     notes: list[str] = []
     cfg = build_config(args, notes)
-    from .args import check_not_input
-
     check_not_input(cfg.out_dir, "--out", {"--data": cfg.data_source, "--tokenizer": cfg.tokenizer,
                                            "--init-from": cfg.init_from})
     for note in notes if main_rank else ():
@@ -199,10 +198,10 @@ def run(args: argparse.Namespace) -> int:
         print(cfg.to_json())
         return 0
     if main_rank and cfg.tensorboard and tensorboard_asked(args) and importlib.util.find_spec("tensorboard") is None:
-        from ..training.metrics import TENSORBOARD_MISSING
+        from ..training.metrics import TENSORBOARD_MISSING  # lazy: torch; --help stays fast
 
         print(TENSORBOARD_MISSING, file=sys.stderr)  # only when asked for: by default it is used if installed
-    from ..data.store import PROGRESS_BARS
+    from ..data.store import PROGRESS_BARS  # lazy: numpy; --help stays fast
 
     # --no-progress: the training bar drawn into nothing, the tokenizing bar off; the lines still print
     hidden = PROGRESS_BARS.set(False) if args.no_progress else None
@@ -223,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
 def tensorboard_asked(args: argparse.Namespace) -> bool:
     """Whether this command asks for TensorBoard itself (``--set tensorboard=...`` or the config file's
     ``tensorboard``), rather than taking the default (TensorBoard when it is installed)."""
-    from ..training.config import read_config_file, split_override
+    from ..training.config import read_config_file, split_override  # lazy: torch; --help stays fast
 
     if any(split_override(o)[0].strip() == "tensorboard" for o in args.overrides):
         return True
@@ -237,10 +236,8 @@ def with_last_checkpoint(e: OSError, out_dir) -> OSError:
     """A failed write during training (metrics.jsonl, train_config.json, ...), with the run's last
     good checkpoint named, as a checkpoint's own write failure names it: what ``--resume``
     continues from once there is room again. Other errors, and those that name it, unchanged."""
-    import errno
-
-    from ..checkpoint import CheckpointError
-    from ..training import checkpointing as ckpt
+    from ..checkpoint import CheckpointError  # lazy: torch; --help stays fast
+    from ..training import checkpointing as ckpt  # lazy: torch; --help stays fast
 
     codes = {getattr(errno, n) for n in WRITE_ERRNOS if hasattr(errno, n)}
     text = e.strerror or str(e)
@@ -257,7 +254,7 @@ def with_last_checkpoint(e: OSError, out_dir) -> OSError:
 
 def done_line(result) -> str:
     """The closing line of ``difftx train``: the run's summary (the whole run, after a resume too)."""
-    from ..training.summary import summarize_run
+    from ..training.summary import summarize_run  # lazy: torch; --help stays fast
 
     loss = "n/a" if result.final_loss is None else f"{result.final_loss:.4f}"
     s = summarize_run(result.out_dir)
@@ -270,7 +267,7 @@ def done_line(result) -> str:
         if s.tokens_per_s else ""
     parts.append(f"{result.tokens_seen:,} tokens seen{rate}")
     if s.final_lambda:
-        from ..training.summary import lambda_text
+        from ..training.summary import lambda_text  # lazy: torch; --help stays fast
 
         parts.append(f"λ per layer {lambda_text(s.final_lambda)}")
     parts.append(f"checkpoint {result.last_checkpoint}")
