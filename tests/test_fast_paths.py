@@ -230,6 +230,42 @@ def test_inference_lambda_is_cached_until_a_parameter_changes():
     assert m.lambda_full().requires_grad  # training still differentiates through lambda
 
 
+@pytest.mark.parametrize("diff, values", [(True, "whole"), (True, "split"), (False, "whole")])
+@pytest.mark.parametrize("mask_name", ["causal", "key_valid", "doc_ids"])
+def test_eager_without_gradients_equals_its_recorded_path(diff, values, mask_name):
+    """``eager`` without autograd (the lean ``bmm`` path decoding takes) gives the recorded path's values bit for bit:
+    GQA, one and several query rows, batch > 1, a stack's lambda per sequence, whole and split values, every mask."""
+    torch.manual_seed(0)  # split values: DIFF V1's cache layout
+    B, S, Hkv, R, d = 3, 9, 2, 2, 8
+    C = 2 if diff else 1
+    for T, lam in ((1, torch.tensor(0.4)), (4, torch.tensor([0.2, 0.7, -0.1]))):
+        lam = lam if diff else None
+        q, k = torch.randn(B, T, Hkv * R * C, d), torch.randn(B, S, Hkv * C, d)
+        store = torch.randn(B, Hkv * 2, S + 3, d)[:, :, :S]  # a cache buffer's prefix
+        v = store.unflatten(1, (Hkv, 2)).permute(0, 3, 1, 2, 4) if values == "split" else torch.randn(B, S, Hkv, C * d)
+        extra = {"causal": {}, "key_valid": {"key_valid": torch.rand(B, S) > 0.3},
+                 "doc_ids": {"doc_ids": torch.randint(0, 2, (B, S)).sort(-1).values}}[mask_name]
+        mask = AttentionMask(q_offset=S - T, **extra)
+        with torch.no_grad():
+            fast = kernels.eager(q, k, v, lam, mask, 0.3)
+        recorded = kernels.eager(q.clone().requires_grad_(), k, v, lam, mask, 0.3)
+        assert recorded.requires_grad and fast.shape == recorded.shape
+        assert torch.equal(fast, recorded.detach())
+
+
+def test_inference_head_norm_gain_is_cached_until_a_parameter_changes():
+    m = _randomise(DiffAttention(32, 2, 1))
+    o = torch.randn(2, 3, 2, 16)
+    with torch.no_grad():
+        first = m.head_norm(o)
+        gain = m.__dict__["_gain_cache"][1]
+        assert torch.equal(m.head_norm(o), first) and m.__dict__["_gain_cache"][1] is gain  # cached
+        m.subln.weight.mul_(2.0)  # in-place update (as an optimizer step does)
+        second = m.head_norm(o)
+    torch.testing.assert_close(second, 2 * first)
+    assert torch.equal(second, m.head_norm(o.requires_grad_()).detach())  # the recorded path: the same values
+
+
 # --- issue 16, decode: DIFF V1's value cache kept as two contiguous d-wide halves per group on CPU ---
 
 

@@ -81,6 +81,18 @@ def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
+def _inference_value(module: nn.Module, slot: str, params: tuple, extra, compute: Callable[[], Tensor]) -> Tensor:
+    """``compute()`` (a value of ``params`` and ``extra`` alone, without gradients), kept on ``module`` under ``slot``
+    until a parameter changes: in-place updates bump its version counter, ``.to()`` and loading give it new storage.
+    Decoding reads lambda and the head norm's gain once per weight update, not once per token."""
+    key = (extra, params[0].dtype, *((p._version, p.data_ptr()) for p in params))
+    hit = module.__dict__.get(slot)
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            hit = module.__dict__[slot] = (key, compute())
+    return hit[1]
+
+
 # methods a kind may define without leaving the stack's fast path: they build or describe the module, not its forward
 _CONSTRUCTION = frozenset({"__init__", "from_config", "check_config", "baseline_config", "parameter_delta", "hf_refusal",
                            "init_parameters", "capture_maps", "lambda_reading", "extra_repr", "cache_shapes",
@@ -646,18 +658,20 @@ class DiffAttention(AttentionKind):
         params = self.lambda_parameters()
         if records_grad(*params) or is_mapped(params[0]):
             return lambda_value(*params, self.lambda_init)
-        key = (self.lambda_init, *((p._version, p.data_ptr(), p.dtype, p.device) for p in params))
-        cached = self.__dict__.get("_lambda_cache")
-        if cached is None or cached[0] != key:
-            with torch.no_grad():
-                value = LambdaFunction.forward(*params, self.lambda_init)[0]
-                cached = self.__dict__["_lambda_cache"] = (key, value)
-        return cached[1]
+        return _inference_value(self, "_lambda_cache", params, self.lambda_init,
+                                lambda: LambdaFunction.forward(*params, self.lambda_init)[0])
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``out_scale * RMSNorm_2d(o)`` on ``o`` ``(..., H, 2d)``, computed in float32; ``out_scale`` is the
-        paper's ``1 - lambda_init`` unless the config decouples it."""
-        return _rms_head_norm(o, None if self.subln is None else self.subln.weight, self.out_scale, self.norm_eps)
+        paper's ``1 - lambda_init`` unless the config decouples it. Without gradients (decoding) the gain with the
+        scale folded in is cached as lambda is: one call of PyTorch's ``rms_norm``, the same values."""
+        w = None if self.subln is None else self.subln.weight
+        if w is None or w.dim() != 1 or o.dtype != w.dtype or o.dtype != at_least_fp32(o.dtype) \
+                or records_grad(o, w) or is_mapped(w):
+            return _rms_head_norm(o, w, self.out_scale, self.norm_eps)
+        gain = _inference_value(self, "_gain_cache", (w,), self.out_scale,
+                                lambda: w * self.out_scale if self.out_scale != 1.0 else w)
+        return torch.rms_norm(o, (o.shape[-1],), gain, self.norm_eps)
 
     def set_lambda_scale(self, scale: float) -> None:
         self.lambda_scale = float(scale)
