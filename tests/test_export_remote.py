@@ -236,3 +236,20 @@ def test_export_keeps_its_folder_rules_for_remote_code(tmp_path, checked):
     for target in (src, src.parent):  # the input itself, a folder holding it
         assert cli_main(["export", str(src), str(target), "--overwrite"]) == 2
     assert sorted(p.name for p in src.iterdir()) == before
+
+
+def test_remote_lambda_is_kept_without_gradients_until_a_vector_changes(checked):
+    """The exported code keeps lambda while generating (no gradients) and recomputes it after an in-place update
+    of a lambda vector; with gradients it is computed afresh and differentiable."""
+    import transformers
+
+    folder = checked["cases"]["diff_forced"]["folder"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
+    attn = model.model.layers[0].attn
+    with torch.no_grad():
+        first = attn.lambda_value()
+        assert attn.lambda_value() is first  # kept
+        attn.lambda_q1.add_(0.25)
+        second = attn.lambda_value()
+    fresh = attn.lambda_value()
+    assert fresh.requires_grad and torch.equal(second, fresh.detach()) and not torch.equal(first, second)

@@ -78,12 +78,27 @@ class DifftxRMSNorm(nn.Module):
         return _rms(x, self.weight, self.eps)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+class _Positions:
+    """The RoPE positions ``(B|1, T)`` of one forward call, with the rotation's cos and sin computed once per head
+    width, theta and dtype and shared by every layer's queries and keys."""
+
+    def __init__(self, ids: torch.Tensor):
+        self.ids, self._angles = ids, {}
+
+    def angles(self, d: int, theta: float, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``(B|1, T, 1, d/2)`` of the angles ``pos * theta^(-2i/d)``."""
+        key = (d, theta, acc)
+        if key not in self._angles:
+            inv_freq = theta ** (-torch.arange(0, d, 2, device=self.ids.device, dtype=acc) / d)  # (d/2,)
+            ang = self.ids.to(acc)[..., None] * inv_freq  # (B|1, T, d/2)
+            self._angles[key] = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
+        return self._angles[key]
+
+
+def _rope(x: torch.Tensor, positions: _Positions, theta: float) -> torch.Tensor:
     """``x`` ``(B, T, heads, d)`` rotated pair by pair: ``(x0, x1)`` by angle ``pos * theta^(-2i/d)``."""
-    d, acc = x.shape[-1], _acc(x.dtype)
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=acc) / d)  # (d/2,)
-    ang = positions.to(acc)[..., None] * inv_freq  # (B|1, T, d/2)
-    cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
+    acc = _acc(x.dtype)
+    cos, sin = positions.angles(x.shape[-1], theta, acc)
     x0, x1 = x.to(acc).unflatten(-1, (-1, 2)).unbind(-1)
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
 
@@ -144,12 +159,21 @@ class DifftxAttention(nn.Module):
             self.dex_map = nn.Parameter(torch.eye(d))
 
     def lambda_value(self) -> torch.Tensor:
-        """``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` in float32 (or wider)."""
+        """``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` in float32 (or wider). Without gradients (generation) the
+        value is kept until a lambda vector changes (its version counter or storage), not recomputed per token."""
+        params = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = None if grad else tuple((p._version, p.data_ptr(), p.dtype) for p in params)
+        if key is not None and key == self.__dict__.get("_lambda_key"):
+            return self.__dict__["_lambda"]
         acc = _acc(self.lambda_q1.dtype)
-        q1, k1, q2, k2 = (p.to(acc) for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2))
-        return torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + self.layout.lambda_init
+        q1, k1, q2, k2 = (p.to(acc) for p in params)
+        value = torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + self.layout.lambda_init
+        if key is not None:
+            self.__dict__["_lambda_key"], self.__dict__["_lambda"] = key, value
+        return value
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+    def forward(self, x: torch.Tensor, positions: _Positions, allowed: Optional[torch.Tensor],
                 cache: Optional[Cache]) -> torch.Tensor:
         s, d = self.layout, self.layout.d
         B, T, _ = x.shape
@@ -167,16 +191,18 @@ class DifftxAttention(nn.Module):
         S, G, C = k.shape[2], s.groups, s.C
         R = s.q_heads // (C * G)
         acc = _acc(q.dtype)
-        qg = q.to(acc).view(B, T, G, R, C, d).permute(0, 2, 4, 3, 1, 5)  # (B, G, C, R, T, d)
-        kg = k.to(acc).reshape(B, G, C, 1, S, d)
-        logits = torch.matmul(qg, kg.transpose(-1, -2)) * (1.0 / math.sqrt(d))  # (B, G, C, R, T, S)
-        logits = logits.masked_fill(~allowed[:, None, None, None], float("-inf"))
+        # the R heads of a group share its keys and values: their rows stacked in one product (no broadcast copies)
+        qg = q.to(acc).view(B, T, G, R, C, d).permute(0, 2, 4, 3, 1, 5).reshape(B, G, C, R * T, d)
+        kg = k.to(acc).reshape(B, G, C, S, d)
+        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(1.0 / math.sqrt(d))  # (B, G, C, R*T, S)
+        if allowed is not None:
+            logits.view(B, G, C, R, T, S).masked_fill_(~allowed[:, None, None, None], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if C == 2 and s.lambdas:
-            eff = probs[:, :, 0] - self.lambda_value() * probs[:, :, 1]  # (B, G, R, T, S)
+            eff = probs[:, :, 0] - self.lambda_value() * probs[:, :, 1]  # (B, G, R*T, S)
         else:  # one map (or DIFF's no-subtraction control: lambda is 0)
             eff = probs[:, :, 0]
-        out = torch.matmul(eff, v.to(acc)[:, :, None])  # (B, G, R, T, dv)
+        out = torch.matmul(eff, v.to(acc)).view(B, G, R, T, -1)  # (B, G, R, T, dv)
         out = out.permute(0, 3, 1, 2, 4).reshape(B, T, G * R, -1)  # (B, T, heads, dv), head g*R + r
         out = self._finish(out, x)
         return self.out_proj(out.flatten(-2).to(x.dtype))
@@ -312,16 +338,20 @@ class DifftxModel(DifftxPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past, S, device=x.device)[None]
         allowed = self._allowed(attention_mask, B, T, S, past, x.device)
+        positions = _Positions(position_ids)
         for block in self.layers:
-            x = block(x, position_ids, allowed, cache if use_cache else None)
+            x = block(x, positions, allowed, cache if use_cache else None)
         out = _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=self.norm(x))
         return out if return_dict is not False else out.to_tuple()
 
     @staticmethod
-    def _allowed(mask, B: int, T: int, S: int, past: int, device) -> torch.Tensor:
+    def _allowed(mask, B: int, T: int, S: int, past: int, device) -> Optional[torch.Tensor]:
         """``(B|1, T, S)`` bool: which keys each new token attends to (causal, and the 2-D padding mask's real
         tokens; a 4-D mask ``(B, 1, T, S)``, boolean or additive, as given). A row that would see no key sees
-        every key instead (a padding row: finite, and never read)."""
+        every key instead (a padding row: finite, and never read). None when every new token sees every key (one
+        token after its cache, no padding mask): nothing to mask."""
+        if mask is None and T == 1:
+            return None
         if mask is not None and mask.dim() == 4:
             allowed = mask[:, 0].bool() if mask.dtype == torch.bool else mask[:, 0] == 0
         else:
