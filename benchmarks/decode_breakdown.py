@@ -52,16 +52,16 @@ PROBE = "sdpa_cost_probe"  # registered for one run of main()
 @contextlib.contextmanager
 def _patched(norm: bool, lam: bool):
     """Skip the per-head norm (``norm=False``) and/or use a constant lambda (``lam=False``) inside."""
-    saved = modules._rms_head_norm, modules.DiffAttention.lambda_full
+    saved = modules.DiffAttention.head_norm, modules.DiffAttention.lambda_full
     const = torch.tensor(0.5)
     if not norm:
-        modules._rms_head_norm = lambda o, weight, scale, eps: o * scale
+        modules.DiffAttention.head_norm = lambda self, o: o * self.out_scale
     if not lam:
         modules.DiffAttention.lambda_full = lambda self: const
     try:
         yield
     finally:
-        modules._rms_head_norm, modules.DiffAttention.lambda_full = saved
+        modules.DiffAttention.head_norm, modules.DiffAttention.lambda_full = saved
 
 
 def main(argv=None) -> int:

@@ -253,3 +253,23 @@ def test_remote_lambda_is_kept_without_gradients_until_a_vector_changes(checked)
         second = attn.lambda_value()
     fresh = attn.lambda_value()
     assert fresh.requires_grad and torch.equal(second, fresh.detach()) and not torch.equal(first, second)
+
+
+def test_export_decode_benchmark_runs(capsys):
+    """benchmarks/export_decode.py end to end at a tiny size: every arm loads in transformers and gets a row."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "export_decode.py"
+    spec = importlib.util.spec_from_file_location("export_decode", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--dim", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--prompt", "8",
+                           "--tokens", "2", "--rounds", "6"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for arm in ("llama", "mirror (remote code)", "baseline (Llama)", "diff (DiffLlama)", "diff (remote code)"):
+        assert f"| {arm} | " in out
+    assert "| llama | " in out and "1.000 [1.000, 1.000] (vs llama)" in out  # 6 rounds: an interval exists

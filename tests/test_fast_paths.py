@@ -198,7 +198,7 @@ def test_decode_breakdown_benchmark_runs_and_restores_the_library(capsys):
     spec = importlib.util.spec_from_file_location("decode_breakdown", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    norm, lam = modules._rms_head_norm, modules.DiffAttention.lambda_full
+    norm, lam = modules.DiffAttention.head_norm, modules.DiffAttention.lambda_full
     threads = torch.get_num_threads()
     try:
         assert bench.main(["--seq-len", "8", "--rounds", "6"]) == 0
@@ -209,7 +209,7 @@ def test_decode_breakdown_benchmark_runs_and_restores_the_library(capsys):
         assert row in out
     assert "| baseline/sdpa | " in out and "1.000 [1.000, 1.000]" in out  # 6 rounds: an interval exists
     # the cost probes patched the library only inside each call
-    assert modules._rms_head_norm is norm and modules.DiffAttention.lambda_full is lam
+    assert modules.DiffAttention.head_norm is norm and modules.DiffAttention.lambda_full is lam
     assert bench.PROBE not in kernels.BACKENDS
 
 
