@@ -26,6 +26,7 @@ from pathlib import Path
 
 from difftx.compare.regime import regime
 from difftx.compare.scale_recall import recall_by_size
+from difftx.compare.schema import CompareResult, read_results
 from difftx.compare.summary import adjusted_p_text, difference_text, short_verdict
 from difftx.config import ModelConfig
 
@@ -47,21 +48,21 @@ def _regime_text(cfg: ModelConfig) -> str:
     return f"{cfg.init}, {cfg.n_layers}L x {cfg.dim}{scale}{', norm' if cfg.uses_head_norm else ''}"
 
 
-def _learned(res: dict, arm: str) -> str:
+def _learned(res: CompareResult, arm: str) -> str:
     steps = []
-    for s in res["seeds"]:
-        g = (res["runs"][str(s)][arm]["tasks"].get("recall") or {}).get("learning") or {}
+    for s in res.seeds:
+        g = (res.run(s, arm).tasks.get("recall") or {}).get("learning") or {}
         steps.append(g.get("learned_step"))
     got = [x for x in steps if x is not None]
     span = f" ({min(got):,}-{max(got):,})" if got else ""
     return f"{len(got)}/{len(steps)}{span}"
 
 
-def _probe_at(res: dict, arm: str, step: int, key: str):
+def _probe_at(res: CompareResult, arm: str, step: int, key: str):
     """The mean over seeds of a probe field at ``step`` (a list per layer), or None where not recorded."""
     rows = []
-    for s in res["seeds"]:
-        probes = res["runs"][str(s)][arm]["train"].get("probes") or []
+    for s in res.seeds:
+        probes = res.run(s, arm).train.get("probes") or []
         got = next((p.get(key) for p in probes if p.get("step") == step), None)
         if got is None:
             return None
@@ -69,15 +70,15 @@ def _probe_at(res: dict, arm: str, step: int, key: str):
     return [statistics.fmean(col) for col in zip(*rows)]
 
 
-def table(cells: dict[str, dict]) -> list[str]:
+def table(cells: dict[str, CompareResult]) -> list[str]:
     by_cell = recall_by_size(list(cells), cells)
     lines = ["| cell | arm | regime | frontier [95%] | learned | attention on binding (last layer) | "
              "output/residual at init | frontier - baseline [95%] | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in cells.items():
         got = by_cell[name]
-        for arm in res["arms"]:
-            cfg = ModelConfig.from_dict(res["arms"][arm]["config"])
+        for arm in res.arms:
+            cfg = ModelConfig.from_dict(res.arms[arm].config)
             ratio = _probe_at(res, arm, 0, "attention_output_ratio")
             ratio_text = "-" if ratio is None else "/".join(f"{x:.2f}" for x in ratio)
             d = None if arm == "baseline" else got["vs_baseline"][arm]["frontier"]
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
         path = Path(folder) / "results.json"
         if not sep or not path.is_file():
             p.error(f"{item!r}: expected NAME=FOLDER with FOLDER/results.json (a finished difftx compare)")
-        cells[name] = json.loads(path.read_text())
+        cells[name] = read_results(path)
     print("\n".join(table(cells)))
     if args.json:
         Path(args.json).write_text(json.dumps(recall_by_size(list(cells), cells), indent=1) + "\n")

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from difftx.compare.schema import from_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,7 +36,7 @@ def _run(args: list[str], env: dict) -> None:
 def _values(results: dict) -> dict:
     """``{metric: {arm: [per-seed values]}}`` of a results.json (numbers only)."""
     out = {}
-    for key, c in results.get("comparison", {}).items():
+    for key, c in from_json(results).primary.metrics.items():
         for arm, vals in (c.get("values") or {}).items():
             if isinstance(vals, list) and all(isinstance(v, (int, float)) for v in vals):
                 out.setdefault(key, {})[arm] = vals

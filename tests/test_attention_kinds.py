@@ -129,7 +129,7 @@ def test_each_kind_is_an_arm_of_compare(kinds, tmp_path):
     assert list(res["arms"]) == ["baseline", "diff", "qknorm", "headgain", "qscale"]
     for kind in ("qknorm", "headgain", "qscale"):
         assert res["arms"][kind]["config"]["attention"] == kind
-        assert f"{kind} vs baseline" in res["arm_comparisons"]
+        assert f"{kind} vs baseline" in res["comparisons"]
 
 
 def test_what_a_kind_implies_is_asked_of_its_class(kinds):

@@ -11,7 +11,7 @@ import torch
 
 from difftx.cli import main
 from difftx.compare import get_preset, run_compare
-from difftx.compare.schema import read_results, validate_results
+from difftx.compare.schema import from_json, read_results, results_json, to_json, validate_results
 from difftx.compare.summary import DIFFERENT_RUNS, ONE_PER_STACK
 from difftx.compare.stream import CompareStream
 from difftx.compare.stream import batch_for_step, lm_streams
@@ -38,6 +38,11 @@ def as_sets(overrides: dict, prefix: str = "") -> list[str]:
     return out
 
 
+
+def primary(res: dict) -> dict:
+    """The DIFF-vs-baseline comparisons of a ``results.json`` object."""
+    return res["comparisons"]["diff vs baseline"]["metrics"]
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("compare") / "run"
@@ -54,21 +59,39 @@ def test_outputs_and_schema(smoke):
     text = (smoke / "results.json").read_text()
     res = json.loads(text, parse_constant=lambda c: pytest.fail(f"results.json holds {c}: not strict JSON"))
     validate_results(res)
-    assert res["seeds"] == [0, 1] and res["schema_version"] == 3
+    assert res["seeds"] == [0, 1] and res["schema_version"] == 4
     assert json.loads((smoke / "compare.json").read_text())["schema_version"] == 2  # the folder's version
     # the preset's description speaks of the preset as written: the setup says what --set changed
     assert "(the preset as written; set here: steps 6, preset 12;" in (smoke / "report.md").read_text()
-    old = json.loads(text)  # a version 2 file (before the mean stood beside the verdict) still reads
+    new = read_results(smoke / "results.json")
+    assert to_json(new) == {**res, "schema_version": 4}  # read and written back: the same file
+    # a version 3 file (DIFF vs baseline under "comparison" with flat per-arm fields, the other pairs under
+    # "arm_comparisons", arms without labels) reads as the same results
+    old = json.loads(text)
+    old["schema_version"] = 3
+    pairs = old.pop("comparisons")
+    first = pairs.pop("diff vs baseline")["metrics"]
+    for c in first.values():
+        c.update({"diff": c["values"]["diff"], "baseline": c["values"]["baseline"], "diff_mean": c["means"]["diff"],
+                  "baseline_mean": c["means"]["baseline"], "diff_ci": c["cis"]["diff"],
+                  "baseline_ci": c["cis"]["baseline"]})
+    old["comparison"], old["arm_comparisons"] = first, {k: c["metrics"] for k, c in pairs.items()}
+    for a in old["arms"].values():
+        del a["label"], a["description"]
+    (smoke.parent / "v3.json").write_text(json.dumps(old))
+    v3 = read_results(smoke.parent / "v3.json")
+    assert v3.comparisons == new.comparisons and v3.arms == new.arms and v3.runs == new.runs
+    # a version 2 file (before the mean stood beside the verdict) still reads
     old["schema_version"] = 2
     for comps in [old["comparison"], *old.get("arm_comparisons", {}).values()]:
         for c in comps.values():
             for k in ("mean_p_adjusted", "mean_established", "seeds_for_mean"):
                 c.pop(k, None)
     (smoke.parent / "v2.json").write_text(json.dumps(old))
-    assert read_results(smoke.parent / "v2.json")["schema_version"] == 2
+    assert read_results(smoke.parent / "v2.json").primary.key == "diff vs baseline"
     old["schema_version"] = 1
     (smoke.parent / "v1.json").write_text(json.dumps(old))
-    with pytest.raises(ValueError, match="results schema version 1; this difftx reads versions 2, 3"):
+    with pytest.raises(ValueError, match="results schema version 1; this difftx reads versions 2, 3, 4"):
         read_results(smoke.parent / "v1.json")
     # the smoke model has one head per layer: no pair of heads, so head redundancy is null with its reason
     diag = res["runs"]["0"]["baseline"]["tasks"]["diagnostics"]
@@ -82,9 +105,9 @@ def test_outputs_and_schema(smoke):
     assert 0 < n_d - n_b < 0.01 * n_b
     for key in ("lm_nll", "needle_1_1", "needle_2_2", "attn_noise_1_1", "outlier_logit_top1",
                 "icl_random_accuracy", "icl_alternating_accuracy"):
-        c = res["comparison"][key]
+        c = primary(res)[key]
         assert c["paired"]["n"] == 2 and c["verdict"]
-        assert abs(c["paired"]["mean"] - (sum(c["diff"]) - sum(c["baseline"])) / 2) < 1e-9
+        assert abs(c["paired"]["mean"] - (sum(c["values"]["diff"]) - sum(c["values"]["baseline"])) / 2) < 1e-9
     pngs = sorted(p.name for p in (smoke / "plots").glob("*.png"))
     assert {"needle_accuracy.png", "attention_to_answer.png", "outliers.png", "lambda_per_layer.png",
             "needle_loss.png", "quant_nll.png"} <= set(pngs)
@@ -103,12 +126,12 @@ def test_outputs_and_schema(smoke):
     assert "| pair | metric | difference [unadjusted 95%] | Holm p | verdict |" in table
     assert "| DIFF - baseline | LM NLL (held-out) | " in table and "too few seeds: 2 of 6" in table
     assert table.count("Method, in one line") == 1 and "`docs/compare.md`" in table and "**Statistics.**" not in report
-    for c in res["comparison"].values():  # gated comparisons carry no verdict of direction
+    for c in primary(res).values():  # gated comparisons carry no verdict of direction
         assert (c["gated"] is None) or (c["better"] is None and ("not compared" in c["verdict"]
                                                                  or "not measured" in c["verdict"]))
-    assert {c["family"] for c in res["comparison"].values()} == {"primary", "exploratory"}
+    assert {c["family"] for c in primary(res).values()} == {"primary", "exploratory"}
     assert "paper" in report
-    assert ("Neither model has learned retrieval" in report) == (res["comparison"]["needle_1_1"]["gated"] is not None)
+    assert ("Neither model has learned retrieval" in report) == (primary(res)["needle_1_1"]["gated"] is not None)
     assert "## In-context learning order robustness" in report
     assert "## Training" in report and "needle_probe.png" in pngs
     probes = res["runs"]["1"]["baseline"]["train"]["probes"]
@@ -118,20 +141,20 @@ def test_outputs_and_schema(smoke):
     assert "### Cost and stability" in report
     assert {"loss_vs_time.png", "lambda_during_training.png", "max_attention_logit.png"} <= set(pngs)
     for key in ("train_tokens_per_s", "grad_spikes", "max_attention_logit"):
-        assert res["comparison"][key]["family"] == "exploratory" and len(res["comparison"][key]["diff"]) == 2
+        assert primary(res)[key]["family"] == "exploratory" and len(primary(res)[key]["values"]["diff"]) == 2
     train = res["runs"]["0"]["diff"]["tasks"]["training"]
     last = res["runs"]["0"]["diff"]["train"]["history"][-1]
     assert train["cost"]["tokens"] == last["tokens"] > 0 and train["cost"]["time_s"] == last["time_s"] > 0
     assert train["stability"]["final_lambda"] == last["lambda"]
     learned = [first_learned_step(r[k]["train"]["probes"], "1/1", 0.9) for r in res["runs"].values() for k in r]
-    assert (res["comparison"]["needle_learned_step"]["gated"] is None) == any(x is not None for x in learned)
+    assert (primary(res)["needle_learned_step"]["gated"] is None) == any(x is not None for x in learned)
     icl = res["runs"]["0"]["diff"]["tasks"]["icl"]
     orders = FAST["tasks"]["icl"]["orders"]
     assert [len(a) for a in icl["random"]["accuracy"]] == [orders] * 2  # instances x orders
     assert len(icl["records"]["class_sorted"]["instance_spread"]) == 2  # per instance
     for o in ("random", "class_sorted", "alternating"):  # best - worst: compared only where every model learned it
         learned = all(r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r)
-        assert (f"icl_{o}_best_minus_worst" in res["comparison"]) == learned
+        assert (f"icl_{o}_best_minus_worst" in primary(res)) == learned
     chance = [r[k]["tasks"]["icl"][o]["above_chance"] for r in res["runs"].values() for k in r
               for o in ("random", "class_sorted", "alternating")]
     assert ("No model learned the ICL task" in report) == (not any(chance))
@@ -152,7 +175,7 @@ def test_schema_checker_rejects_broken_results(smoke):
     with pytest.raises(ValueError, match="quant"):
         validate_results(broken)
     broken = json.loads(json.dumps(res))
-    broken["comparison"]["lm_nll"]["diff"] = [1.0]
+    broken["comparisons"]["diff vs baseline"]["metrics"]["lm_nll"]["values"]["diff"] = [1.0]
     with pytest.raises(ValueError, match="one value per seed"):
         validate_results(broken)
 
@@ -163,10 +186,10 @@ def test_resume_does_not_redo_finished_parts(smoke):
     (smoke / "seed1" / "baseline" / "evals" / "needle.json").unlink()
     res = run_compare("smoke", 2, smoke, progress=False, workers=1, **FAST)
     assert marker.stat().st_mtime_ns == before
-    assert not any(d["trained"] for d in res["this_run"].values())
-    assert res["this_run"]["seed1/baseline"]["evaluated"] == ["needle"]
-    assert all(not d["evaluated"] for k, d in res["this_run"].items() if k != "seed1/baseline")
-    validate_results(res)
+    assert not any(d["trained"] for d in res.get("this_run").values())
+    assert res.get("this_run")["seed1/baseline"]["evaluated"] == ["needle"]
+    assert all(not d["evaluated"] for k, d in res.get("this_run").items() if k != "seed1/baseline")
+    validate_results(json.loads(results_json(res)))
 
 
 def test_other_settings_in_the_same_folder_are_refused(smoke):
@@ -174,7 +197,7 @@ def test_other_settings_in_the_same_folder_are_refused(smoke):
         run_compare("smoke", 2, smoke, progress=False, workers=1, **{**FAST, "steps": 7})
     # execution settings (threads, workers, device) may change on resume
     res = run_compare("smoke", 2, smoke, progress=False, workers=1, threads=1, **FAST)
-    assert not any(d["trained"] or d["evaluated"] for d in res["this_run"].values())
+    assert not any(d["trained"] or d["evaluated"] for d in res.get("this_run").values())
 
 
 def test_paired_data_order_depends_on_the_seed_only():
@@ -329,7 +352,7 @@ def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
     from difftx.compare.summary import all_comparisons, pair_key
 
     def paired_comparisons(res, settings):
-        return all_comparisons(res, settings)[pair_key("diff", "baseline")]
+        return all_comparisons(from_json(res), settings)[pair_key("diff", "baseline")].metrics
 
     res = json.loads((smoke / "results.json").read_text())
     settings = get_preset("smoke", **FAST).task_settings()
@@ -337,12 +360,12 @@ def test_learning_speed_is_primary_and_keeps_censored_runs(smoke):
     for (s, k), at in steps.items():
         res["runs"][s][k]["tasks"]["training"]["learned_step"] = at
     c = paired_comparisons(res, settings)["needle_learned_step"]
-    assert c["diff"] == [3.0, 3.0] and c["baseline"] == [6.0, 3.0] and c["paired"]["mean"] == -1.5
+    assert c["values"] == {"diff": [3.0, 3.0], "baseline": [6.0, 3.0]} and c["paired"]["mean"] == -1.5
     assert c["lower_is_better"] and "steps" in c["verdict"] and c["family"] == "primary"
     train = res["runs"]["1"]["baseline"]["tasks"]["training"]
     train["learned_step"], train["last_probe_step"] = None, 6  # one model never learned: counted as step 6
     c = paired_comparisons(res, settings)["needle_learned_step"]
-    assert c["baseline"] == [6.0, 6.0] and c["gated"] is None
+    assert c["values"]["baseline"] == [6.0, 6.0] and c["gated"] is None
     # steps lie in [0, last probe step]: the comparison is bounded there (intervals inside the budget)
     last = max(r[k]["tasks"]["training"]["last_probe_step"] for r in res["runs"].values() for k in r)
     assert c["bounds"] == [0.0, float(last)] and c["paired"]["tests"] == "exchangeability"
@@ -510,14 +533,14 @@ def test_comparisons_are_gated_on_learning_and_adjusted(smoke):
             for cell in ("1/1", "2/2"):
                 vals = [v for v, c in zip(rec["correct_fraction"], rec["cell"]) if c == cell]
                 r["tasks"]["needle"]["grid"]["accuracy"][cell] = sum(vals) / len(vals)
-    C = all_comparisons(res, settings)[pair_key("diff", "baseline")]
+    C = all_comparisons(from_json(res), settings)[pair_key("diff", "baseline")].metrics
     assert C["needle_1_1"]["gated"] is None
     assert C["needle_2_2"]["gated"] == NOT_LEARNED and C["needle_2_2"]["better"] is None
     assert "not compared" in C["needle_2_2"]["verdict"]
     mean = C["needle_mean"]
     n_cell = sum(c == "1/1" for c in res["runs"]["0"]["diff"]["tasks"]["needle"]["records"]["cell"])
     assert mean["gated"] is None and mean["examples_used"] == n_cell  # the 2/2 prompts are left out
-    assert mean["diff"] == [1.0, 1.0] and mean["baseline"] == [0.5, 0.5]
+    assert mean["values"] == {"diff": [1.0, 1.0], "baseline": [0.5, 0.5]}
     assert mean["family"] == "primary" and mean["paired"]["mean"] == pytest.approx(0.5)
     # attention to the answer is compared where both models learned the cell (1/1 here), not at 2/2
     assert C["attn_answer_1_1"]["gated"] is None
@@ -565,22 +588,22 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     assert res["arms"]["gated"]["config"]["attention"] == "gated"
     assert res["arms"]["no_subtraction"]["config"]["subtract"] is False
     assert res["arms"]["gated"]["parameters"] > res["arms"]["baseline"]["parameters"]
-    assert sorted(res["arm_comparisons"]) == ["diff vs gated", "diff vs no_subtraction", "gated vs baseline",
-                                              "no_subtraction vs baseline"]
-    c = res["arm_comparisons"]["gated vs baseline"]["lm_nll"]
+    assert list(res["comparisons"]) == ["diff vs baseline", "gated vs baseline", "no_subtraction vs baseline",
+                                        "diff vs gated", "diff vs no_subtraction"]
+    assert [c["primary"] for c in res["comparisons"].values()] == [True, False, False, False, False]
+    c = res["comparisons"]["gated vs baseline"]["metrics"]["lm_nll"]
     assert c["arms"] == ["gated", "baseline"] and len(c["values"]["gated"]) == 2
     assert abs(c["paired"]["mean"] - (sum(c["values"]["gated"]) - sum(c["values"]["baseline"])) / 2) < 1e-9
     assert c["verdict"].startswith("LM NLL (held-out): gated - baseline")
-    everything = [*res["comparison"].values(), *(x for comps in res["arm_comparisons"].values()
-                                                  for x in comps.values())]
-    primary = [x for x in everything if x["family"] == "primary" and x["p_adjusted"] is not None]
-    assert len(primary) >= 5  # LM NLL of five pairs at least
-    assert [x["p_adjusted"] for x in primary] == pytest.approx(holm([x["paired"]["p_value"] for x in primary]))
+    everything = [x for pair in res["comparisons"].values() for x in pair["metrics"].values()]
+    first = [x for x in everything if x["family"] == "primary" and x["p_adjusted"] is not None]
+    assert len(first) >= 5  # LM NLL of five pairs at least
+    assert [x["p_adjusted"] for x in first] == pytest.approx(holm([x["paired"]["p_value"] for x in first]))
     report = (out / "report.md").read_text()
     assert "## Arms" in report and "| metric | baseline | diff | gated | no_subtraction |" in report
     assert "| gated - baseline | LM NLL (held-out) |" in report and "| DIFF - gated |" in report
     # one invocation, but each arm's two seeds trained as one stack: one throughput measurement per stack
-    tput = res["arm_comparisons"]["gated vs baseline"]["train_tokens_per_s"]
+    tput = res["comparisons"]["gated vs baseline"]["metrics"]["train_tokens_per_s"]
     assert tput["gated"] == ONE_PER_STACK and tput["paired"]["low"] is None and tput["cis"]["gated"] == [None, None]
     assert "one measurement per stack" in report and "not a sample of seeds (no interval)" in report
     capsys.readouterr()
@@ -591,10 +614,10 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     assert again == 0
     res = json.loads((out / "results.json").read_text())
     assert list(res["arms"]) == ["baseline", "diff", "gated", "baseline_head_norm"]
-    assert sorted(k for k, d in res["this_run"].items() if d["trained"]) == ["seed0/baseline_head_norm",
+    assert sorted(k for k, d in res.get("this_run").items() if d["trained"]) == ["seed0/baseline_head_norm",
                                                                              "seed1/baseline_head_norm"]
-    assert res["comparison"]["train_tokens_per_s"]["gated"] == ONE_PER_STACK
-    new_vs_old = res["arm_comparisons"]["baseline_head_norm vs baseline"]
+    assert primary(res)["train_tokens_per_s"]["gated"] == ONE_PER_STACK
+    new_vs_old = res["comparisons"]["baseline_head_norm vs baseline"]["metrics"]
     assert new_vs_old["train_tokens_per_s"]["gated"] == DIFFERENT_RUNS
     assert new_vs_old["grad_spikes"]["gated"] is None  # not a machine measurement
     # (the smoke preset's curves may be too short for a loss at equal wall-clock; where it is read, it is gated too)
@@ -627,33 +650,33 @@ def test_a_machine_measurement_is_present_whatever_the_timing(smoke):
     it stays in the comparison, with null values and why (before: the key set of a busy run
     differed from an idle one's, and the torchrun test failed under load)."""
     from difftx.compare.report import render_report
-    from difftx.compare.schema import dumps_strict, validate_results
+    from difftx.compare.schema import Comparison, dumps_strict, validate_results
     from difftx.compare.summary import all_comparisons, pair_key
     from difftx.tasks import TASKS, settings_from_dict
 
     res = json.loads((smoke / "results.json").read_text())
     settings = {name: settings_from_dict(TASKS[name].Settings, t["settings"], name) for name, t in res["tasks"].items()}
-    fast = all_comparisons(res, settings)[pair_key("diff", "baseline")]
+    fast = all_comparisons(from_json(res), settings)[pair_key("diff", "baseline")].metrics
     slowed = json.loads(json.dumps(res))
     for arm, scale in (("diff", 1000.0), ("baseline", 0.001)):  # the diff model ran 10^6 times slower
         t = slowed["runs"]["0"][arm]["tasks"]["training"]
         t["curve"]["time_s"] = [None if x is None else x * scale for x in t["curve"]["time_s"]]
         t["cost"]["time_s"] *= scale
-    slow = all_comparisons(slowed, settings)[pair_key("diff", "baseline")]
+    slowed = from_json(slowed)
+    slow = all_comparisons(slowed, settings)[pair_key("diff", "baseline")].metrics
     assert set(slow) == set(fast)
     c = slow["loss_at_equal_time"]
     assert c["gated"].startswith("not measured in this run") and c["paired"]["mean"] is None and c["better"] is None
-    slowed["comparison"] = slow
-    slowed["arm_comparisons"] = {}
-    validate_results(json.loads(dumps_strict(slowed)))
+    slowed.comparisons = {pair_key("diff", "baseline"): Comparison(("diff", "baseline"), slow, True)}
+    validate_results(json.loads(dumps_strict(to_json(slowed))))
     assert "Not measured in this run: training loss at equal wall-clock" in render_report(slowed, {})
     # arms trained by different invocations: that reason, whatever the timing (a CI failure under load said
     # "no value" for a slowed run instead)
-    for seed in slowed["runs"].values():
-        seed["diff"]["tasks"]["training"]["invocation"] = "another"
-    apart = all_comparisons(slowed, settings)[pair_key("diff", "baseline")]["loss_at_equal_time"]
+    for s in slowed.seeds:
+        slowed.run(s, "diff").tasks["training"]["invocation"] = "another"
+    apart = all_comparisons(slowed, settings)[pair_key("diff", "baseline")].metrics["loss_at_equal_time"]
     assert apart["gated"] == DIFFERENT_RUNS and apart["paired"]["mean"] is None
-    slowed["comparison"] = all_comparisons(slowed, settings)[pair_key("diff", "baseline")]
+    slowed.comparisons = all_comparisons(slowed, settings)
     rep = render_report(slowed, {})
     assert "Not compared (trained by different invocations (the machine is measured within one run)): training " \
            "throughput; training loss at equal wall-clock." in rep and "Not measured in this run" not in rep
@@ -676,11 +699,11 @@ def test_stacked_seeds_give_the_results_of_separate_training(smoke, tmp_path):
                 assert [x is None for x in a] == [x is None for x in b], (s, arm, key)
                 assert [x for x in a if x is not None] == pytest.approx([x for x in b if x is not None], rel=1e-5)
     timed = {"train_tokens_per_s", "loss_at_equal_time"}
-    assert set(got["comparison"]) == set(want["comparison"])
-    for key, c in want["comparison"].items():
+    assert set(primary(got)) == set(primary(want))
+    for key, c in primary(want).items():
         if key not in timed:
             for arm, vals in c["values"].items():
-                assert got["comparison"][key]["values"][arm] == pytest.approx(vals, rel=1e-4, abs=1e-6), key
+                assert primary(got)[key]["values"][arm] == pytest.approx(vals, rel=1e-4, abs=1e-6), key
 
 
 def test_stack_size_rule(monkeypatch):
@@ -718,8 +741,8 @@ def test_a_second_look_is_recorded_and_adjusted(smoke, tmp_path):
     assert "second look at 3 seeds (this folder was read before at 2 seeds), adjusted: p-values x2" in \
         (out / "report.md").read_text()
     settings = get_preset("smoke", **FAST).task_settings()
-    once = all_comparisons({**res, "look": 1}, settings, power=False)["diff vs baseline"]
-    twice = all_comparisons(res, settings, power=False)["diff vs baseline"]
+    once = all_comparisons(from_json({**res, "look": 1}), settings, power=False)["diff vs baseline"].metrics
+    twice = all_comparisons(from_json(res), settings, power=False)["diff vs baseline"].metrics
     checked = [k for k, c in once.items() if c["p_adjusted"] is not None]
     assert checked and all(twice[k]["p_adjusted"] == min(1.0, 2 * once[k]["p_adjusted"]) for k in checked)
     assert all(twice[k].get("mean_p_adjusted") == (None if once[k].get("mean_p_adjusted") is None else

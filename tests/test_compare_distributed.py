@@ -56,13 +56,15 @@ def test_torchrun_compare_matches_a_single_process(tmp_path):
                 if key.endswith("_loss") or key == "grad_norm":
                     assert hg[key] == pytest.approx(hw[key], rel=LOSS_RTOL), (arm, hw["step"], key)
         assert [p["step"] for p in g["probes"]] == [p["step"] for p in w["probes"]]
-    assert set(got["comparison"]) == set(want["comparison"])
+    got, want = (x["comparisons"]["diff vs baseline"]["metrics"] for x in (got, want))
+    assert set(got) == set(want)
     timed = {"train_tokens_per_s", "loss_at_equal_time"}  # measured wall-clock: differs from run to run
-    for key, c in want["comparison"].items():
+    for key, c in want.items():
         if key in timed:
             continue
         for arm in ("diff", "baseline"):
-            assert got["comparison"][key][arm] == pytest.approx(c[arm], rel=METRIC_RTOL, abs=METRIC_ATOL), (key, arm)
+            assert got[key]["values"][arm] == pytest.approx(c["values"][arm], rel=METRIC_RTOL, abs=METRIC_ATOL), \
+                (key, arm)
     # every model was trained (not only rank 0's share) and its checkpoints cleaned up
     for arm in ("diff", "baseline"):
         assert (dist_out / "seed0" / arm / "model" / "model.safetensors").is_file()

@@ -68,8 +68,9 @@ def test_each_arm_starts_from_the_source_or_its_conversion_with_its_seed(source,
         assert not (folder / "diff" / "init").exists() and not (folder / "baseline" / "init").exists()
     lq = [load_model(tmp_path / "out" / f"seed{s}" / "diff" / "model").layers[0].attn.lambda_q1 for s in (0, 1)]
     assert not torch.equal(*lq)
-    assert res["arms"]["baseline"]["config"]["attention"] == "standard"
-    assert res["arms"]["diff"]["config"]["attention"] == "converted"
+    assert res.arms["baseline"].config["attention"] == "standard" and res.arms["baseline"].label == "source"
+    assert res.arms["diff"].config["attention"] == "converted" and res.arms["diff"].label == "converted"
+    assert res.arms["diff"].source == str(source / "src")
 
 
 def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_path, capsys):
@@ -94,7 +95,9 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
     assert "| KV cache, bytes per token of context (float32) | 256 | 384 | +50.0% |" in section
     assert "`difftx convert --method random`" in section and "lambda_warmup = 2 steps" in section
     results = json.loads((out / "results.json").read_text())
-    assert {"lm_nll", "recall_frontier"} <= {k for k, c in results["comparison"].items() if c["primary"]}
+    first = results["comparisons"]["diff vs baseline"]
+    assert first["primary"] and {"lm_nll", "recall_frontier"} <= {k for k, c in first["metrics"].items()
+                                                                   if c["primary"]}
     # the same command again reuses every model; a source trained again in place is not taken for the old one
     assert main(args) == 0
     assert json.loads((out / "seed1" / "diff" / "train.json").read_text()) == record
@@ -112,7 +115,7 @@ def test_the_dex_method_converts_every_head(source, tmp_path):
     preset = get_preset("from-cpu").with_overrides(source=str(source / "src"), data=str(source / "text.txt"),
                                                    convert_method="dex", **_fields(SMALL + PROBES))
     res = run_compare(preset, 1, tmp_path / "out", progress=False)
-    assert res["arms"]["diff"]["config"]["attention"] == "dex" and not res["arms"]["diff"]["config"].get("options")
+    assert res.arms["diff"].config["attention"] == "dex" and not res.arms["diff"].config.get("options")
     assert "(`difftx convert --method dex` on every head, " in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -126,7 +129,8 @@ def test_each_arm_is_tuned_on_its_own_when_asked(source, tmp_path, capsys):
     assert tune["field"] == "lr" and set(tune["chosen"]) >= {"baseline", "diff"}
     # without --synthetic a comparison from a source fine-tunes on the text alone: no recall batches, no recall grid
     assert results["preset"]["recall_every"] == 0 and results["preset"]["lm_every"] == 1
-    assert not any(k.startswith("recall") for k in results["comparison"]) and "recall frontier" not in printed
+    assert not any(k.startswith("recall") for k in results["comparisons"]["diff vs baseline"]["metrics"])
+    assert "recall frontier" not in printed
     assert "on your text alone: every step an LM batch" in (tmp_path / "out" / "report.md").read_text()
 
 

@@ -142,7 +142,7 @@ def test_every_arm_gets_a_frontier_and_paired_differences(recall_run):
             assert res["runs"][seed][arm]["tasks"]["needle"]["skipped"].startswith("the model was trained on "
                                                                                     "associative recall alone")
     for key in ("diff vs baseline", "diff vs diff_lambda_0.8", "diff_lambda_0.8 vs baseline"):
-        comps = res["comparison"] if key == "diff vs baseline" else res["arm_comparisons"][key]
+        comps = res["comparisons"][key]["metrics"]
         c = comps["recall_frontier"]
         assert c["primary"] and c["bounds"] == [0.0, 1.0] and len(c["values"][c["arms"][0]]) == 2
         assert comps["recall_pairs_at_half"]["bounds"] == [2.0, 6.0]  # censored at the grid's ends

@@ -10,6 +10,7 @@ import pytest
 
 from difftx.cli import main
 from difftx.compare.scale import plan_sizes, sensitivity, shape
+from difftx.compare.schema import ArmRecord, CompareResult, RunRecord
 from test_compare import FAST, as_sets
 
 LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
@@ -155,6 +156,13 @@ def test_scale_on_your_own_text(tmp_path, capsys):
     assert "apply with --data" in capsys.readouterr().err
 
 
+def _made_up(nll: dict) -> CompareResult:
+    """A comparison's results as far as scale reads them: each model's held-out NLL (``{(seed, arm): nll}``)."""
+    arms = {a: ArmRecord(a, {}, 0, a) for _, a in nll}
+    return CompareResult({}, sorted({s for s, _ in nll}), arms, {},
+                         {k: RunRecord({}, {"lm": {"heldout": {"nll": v}}}) for k, v in nll.items()})
+
+
 def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
     """`run_scale("scale-cpu", out=...)`: the scale preset's compare preset, sizes, seeds and settings,
     as `difftx scale` uses them (the compare itself stubbed: only the resolution is tested)."""
@@ -165,9 +173,8 @@ def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
 
     def fake_compare(preset, seeds, out, **kw):
         calls.append((preset, list(seeds), out))
-        return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v / (1 + preset.dim / 64) + 0.01 * s}}}}
-                                  for arm, v in (("diff", 2.0), ("baseline", 2.1), ("diff_lambda_0.8", 2.05))}
-                         for s in seeds}}
+        return _made_up({(s, arm): v / (1 + preset.dim / 64) + 0.01 * s for s in seeds
+                         for arm, v in (("diff", 2.0), ("baseline", 2.1), ("diff_lambda_0.8", 2.05))})
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
@@ -251,8 +258,7 @@ def test_four_sizes_fit_each_arm_its_own_floor_through_run_scale(tmp_path, monke
         x = preset.dim * preset.n_layers / 24
         nll = {"diff": 1.45 + 0.8 * x ** -0.4, "baseline": 1.5 + 0.8 * x ** -0.35}
         rng = np.random.default_rng(int(x * 10))
-        return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v + rng.normal(0, 0.003)}}}}
-                                  for arm, v in nll.items()} for s in seeds}}
+        return _made_up({(s, arm): v + rng.normal(0, 0.003) for s in seeds for arm, v in nll.items()})
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)

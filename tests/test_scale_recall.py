@@ -10,6 +10,7 @@ import pytest
 
 from difftx.cli import main
 from difftx.compare.scale import SCALE_PRESETS, plan_sizes, recall_without_lm
+from difftx.compare.schema import ArmRecord, CompareResult, Comparison, RunRecord
 from difftx.compare.scale_recall import READINGS, recall_by_size, recall_summary, render_recall_scale
 from test_compare_recall import RECALL, _sets
 
@@ -30,7 +31,7 @@ def test_recall_scale_end_to_end(tmp_path, capsys):
         res = json.loads((out / f"size={name}" / "results.json").read_text())
         got = s["recall"]["sizes"][name]
         for arm in ("diff", "diff_lambda_0.8"):
-            comps = res["comparison"] if arm == "diff" else res["arm_comparisons"][f"{arm} vs baseline"]
+            comps = res["comparisons"][f"{arm} vs baseline"]["metrics"]
             f = got["vs_baseline"][arm]["frontier"]
             c = comps["recall_frontier"]
             assert f["paired"]["mean"] == c["paired"]["mean"] and f["verdict"] == c["verdict"]  # the compare's own
@@ -63,10 +64,11 @@ def _comparison(a: str, key: str, va: list, vb: list, mean, low, high, *, better
             "seeds_for_verdict": 2, "family": "primary"}
 
 
-def _results(frontier: dict, learned: dict) -> dict:
-    """A size's results.json as far as scale reads it: the comparisons and each model's recall learning."""
-    runs = {str(s): {a: {"tasks": {"recall": {"learning": {"learned_step": 300 if s < learned[a] else None}}}}
-                     for a in ("baseline", "diff", "diff_lambda_0.8")} for s in range(2)}
+def _results(frontier: dict, learned: dict) -> CompareResult:
+    """A size's results as far as scale reads them: the comparisons and each model's recall learning."""
+    arms = ("baseline", "diff", "diff_lambda_0.8")
+    runs = {(s, a): RunRecord({}, {"recall": {"learning": {"learned_step": 300 if s < learned[a] else None}}})
+            for a in arms for s in range(2)}
     comps = {}
     for arm, (va, vb, mean, low, high, better, gated) in frontier.items():
         comps[arm] = {
@@ -74,9 +76,10 @@ def _results(frontier: dict, learned: dict) -> dict:
                                            p_adj=None if gated else 0.02),
             "recall_learned_step": _comparison(arm, "recall_learned_step", [300.0, 500.0], [400.0, 500.0], -50.0,
                                                None, None, digits=0)}
-    return {"arms": {"baseline": {}, "diff": {}, "diff_lambda_0.8": {}}, "seeds": [0, 1], "runs": runs,
-            "comparison": comps["diff"], "arm_comparisons": {"diff_lambda_0.8 vs baseline": comps["diff_lambda_0.8"],
-                                                             "diff vs diff_lambda_0.8": {}}}
+    pairs = [Comparison(("diff", "baseline"), comps["diff"], True),
+             Comparison(("diff_lambda_0.8", "baseline"), comps["diff_lambda_0.8"]),
+             Comparison(("diff", "diff_lambda_0.8"), {})]
+    return CompareResult({}, [0, 1], {a: ArmRecord(a, {}, 0, a) for a in arms}, {}, runs, {c.key: c for c in pairs})
 
 
 def test_the_recall_summary_reads_each_sizes_comparisons():

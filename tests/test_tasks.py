@@ -71,11 +71,11 @@ def test_a_registered_task_reaches_results_report_and_eval(toy, tmp_path, capsys
     res = run_compare("smoke", 1, tmp_path / "cmp", progress=False, workers=1,
                       **{**FAST, "tasks": {**FAST["tasks"], "toy": {"prompts": 3}}})
     validate_results(json.loads((tmp_path / "cmp" / "results.json").read_text()))
-    assert res["tasks"]["toy"]["settings"] == {"prompts": 3}
-    assert [m["key"] for m in res["tasks"]["toy"]["metrics"]] == ["toy_value"]
-    stored = res["runs"]["0"]["diff"]["tasks"]["toy"]
+    assert res.tasks["toy"]["settings"] == {"prompts": 3}
+    assert [m["key"] for m in res.tasks["toy"]["metrics"]] == ["toy_value"]
+    stored = res.run(0, "diff").tasks["toy"]
     assert len(stored["records"]["logit"]) == 3
-    assert res["comparison"]["toy_value"]["diff"] == [stored["value"]]
+    assert res.primary.metrics["toy_value"]["values"]["diff"] == [stored["value"]]
     assert "## Toy task" in (tmp_path / "cmp" / "report.md").read_text()
     out = tmp_path / "toy.json"
     assert main(["eval", "toy", str(tmp_path / "cmp" / "seed0" / "diff" / "model"), "--prompts", "3",

@@ -131,3 +131,14 @@ def test_a_compare_model_trains_on_the_documented_task_with_its_loss_and_probe(c
     assert [p["step"] for p in probed] == [6, 12] and all(0 <= p["copy_accuracy"] <= 1 for p in probed)
     assert "accuracy" in probed[0]  # the needle probe beside it
     assert CompareTask.read(tmp_path / "m" / "model").space.ids("copy") == plan.space.ids("copy")
+
+
+def test_a_comparison_with_the_documented_task_writes_its_report(copy_task, tmp_path):
+    """report.md names a registered training task by its label in the training mix (before: a KeyError after the
+    models and results.json were written)."""
+    from difftx.compare import run_compare
+
+    res = run_compare("smoke", 1, tmp_path / "cmp", progress=False, workers=1, icl_every=0)
+    share = res.mixture["shares"]["copy"]
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    assert f"{100 * share:.3g}% copying" in report and share > 0

@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")
         res = run_tuned(args.preset, args.seeds, out, tune, progress=not args.no_progress, workers=args.workers,
                         shard=shard, **overrides)
+        res = res if shard is not None else res.result  # the comparison at the preset's value, with its tuning
     else:
         res = run_compare(args.preset, args.seeds, out, progress=not args.no_progress, workers=args.workers,
                           shard=shard, **overrides)
@@ -197,15 +198,15 @@ def run(args: argparse.Namespace) -> int:
               + f" ({res['wall_s']:.0f} s). When every shard has finished, run the same command without --shard "
                 "to assemble the report.")
         return 0
-    C = res["comparison"]
+    C = res.primary.metrics
     print(f"\nwrote {out}/report.md, {out}/results.json and {len(res.get('plots', {}))} plots "
-          f"({res['wall_s']:.0f} s)")
+          f"({res.wall_s:.0f} s)")
     if res.get("text"):
-        lm = res["runs"][str(res["seeds"][0])]["diff"]["tasks"]["lm"]
+        lm = res.run(res.seeds[0], res.primary.arms[0]).tasks["lm"]
         print(f"  held-out: {lm['source']}: {lm['distinct_tokens']:,} distinct tokens, each scored once, in windows of "
               f"{lm['window']}")
     if tune is not None:
-        print(tune_summary(res["tune"]))
+        print(tune_summary(res.get("tune")))
     for c in C.values():  # the primary metrics' verdicts (every other one is in the report)
         if c["primary"]:
             print("  " + c["verdict"] + (f" (at the preset's {tune[0]})" if tune is not None else ""))

@@ -34,6 +34,7 @@ from ..eval.needle import NeedleTask
 from ..eval.recall import RecallBlock
 from ..tasks import TASKS, settings_from_dict
 from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
+from .arms import PRIMARY, Arm
 from .training_tasks import BUILTIN as BUILTIN_TRAINING, TrainingTask
 
 if TYPE_CHECKING:
@@ -182,6 +183,13 @@ class ComparePlan:
     curve: Curve = Curve((), 0)
     text: Optional[TextData] = None
     source: Optional["Source"] = None  # compare --from: the pretrained model both arms start from
+    primary: tuple = PRIMARY  # the pair a verdict answers first: (DIFF, baseline); --from: (converted, source)
+
+    def arm(self, name: str) -> Arm:
+        """The arm ``name`` as one value (its config, label and description; its source under ``--from``)."""
+        if self.source is not None:
+            return Arm.from_source(name, self.arms[name], self.source.path, self.source.method)
+        return Arm.of(name, self.arms[name])
 
 
 def preset_error(name: str, rule: str) -> ValueError:

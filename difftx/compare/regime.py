@@ -47,12 +47,13 @@ def regimes(configs: dict, tokens) -> dict:
             for arm, cfg in configs.items() if cfg.attention == "diff"}
 
 
-def regime_of(results: dict) -> dict:
-    """:func:`regimes` of a compare's ``results``: every arm's config, and the text tokens its seed-0
-    model trained on (from its training history)."""
-    first = results["runs"][str(results["seeds"][0])]
-    return regimes({arm: ModelConfig.from_dict(a["config"]) for arm, a in results["arms"].items()},
-                   {arm: ((first[arm]["train"].get("history") or [{}])[-1]).get("tokens") for arm in results["arms"]})
+def regime_of(result) -> dict:
+    """:func:`regimes` of a compare's results (:class:`~.schema.CompareResult`): every arm's config, and the text
+    tokens its seed-0 model trained on (from its training history)."""
+    first = result.seeds[0]
+    return regimes({arm: ModelConfig.from_dict(a.config) for arm, a in result.arms.items()},
+                   {arm: ((result.run(first, arm).train.get("history") or [{}])[-1]).get("tokens")
+                    for arm in result.arms})
 
 
 def regime_lines(regimes: dict) -> list[str]:

@@ -13,7 +13,7 @@ from ..io import atomic_write, own_folder
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
 from .regime import regime_of, render_regime
-from .schema import results_json
+from .schema import CompareResult, results_json
 from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdict, verdict_rows
 from .tune_report import plot_tune, render_tune
 
@@ -27,81 +27,86 @@ METHOD_LINE = ("Method, in one line: each difference is the first arm minus the 
                "`docs/compare.md`, \"Reading a report\".\n")
 
 
-def render_report(results: dict, plots: dict[str, str]) -> str:
+def render_report(result: CompareResult, plots: dict[str, str]) -> str:
     """The Markdown report: at most three lines of answer (:func:`opening`), the verdict table, one
     line of method, then the setup, the regime, the arms, and one section per task, plots."""
-    ctx = ReportContext(results)
-    p, tune = results["preset"], results.get("tune")
-    C = results["comparison"]
-    every = {"diff vs baseline": C, **(results.get("arm_comparisons") or {})}
+    ctx = ReportContext(result)
+    p, tune = result.preset, result.get("tune")
+    C = result.primary.metrics
+    every = {key: c.metrics for key, c in result.comparisons.items()}
+    names = {a: r.label for a, r in result.arms.items()}
+    first, second = (names[x] for x in result.primary.arms)
     title = "A converted model vs its source, fine-tuned alike" if p.get("source") else \
         "DIFF vs parameter-matched Transformer"
     out = [f"# {title}: `{p['name']}` preset"
            + (f", each arm at its own `{tune['field']}`" if tune else "") + "\n"]
     if tune:
-        out += opening(tune["tuned"], results, tuned=tune)
-        out.append(render_tune(tune, plots))
+        out += opening(tune["tuned"], result, tuned=tune)
+        out.append(render_tune(tune, plots, names))
         out.append(f"## Verdicts at the preset's `{tune['field']}` (on the usual held-out text)\n")
     else:
-        out += opening(every, results)
+        out += opening(every, result)
         out.append("## Verdicts\n")
-    out.append(table(verdict_rows(every), VERDICT_HEADER))
+    out.append(table(verdict_rows(every, names=names), VERDICT_HEADER))
     found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
     unmeasured = [c["gated"].replace(NOT_MEASURED + " ", f"{c['label']} ") for c in C.values() if _unmeasured(c)]
-    out.append(f"{len(explored)} exploratory comparisons of DIFF - baseline; {len(found)} survive Holm adjustment"
+    out.append(f"{len(explored)} exploratory comparisons of {first} - {second}; {len(found)} survive Holm adjustment"
                + (" (in the table)." if found else ".")
                + _not_compared(C)
                + (f" Not measured in this run: {'; '.join(unmeasured)}." if unmeasured else "") + "\n")
     if not tune:
         out.append(METHOD_LINE)
-    out.append(_setup(results, ctx))
-    out.append(render_regime(results.get("regime") or regime_of(results)))
+    out.append(_setup(result, ctx))
+    out.append(render_regime(result.get("regime") or regime_of(result)))
     if p.get("source"):
         from .source import render_source
 
-        out.append(render_source(results))
-    if results.get("arm_comparisons"):
-        out.append(render_arms(results))
-    if results.get("token_efficiency"):
-        out.append(render_token_efficiency(results))
+        out.append(render_source(result))
+    if len(result.comparisons) > 1:
+        out.append(render_arms(result))
+    if result.token_efficiency:
+        out.append(render_token_efficiency(result))
     for name, task in TASKS.items():
-        if name in results["tasks"]:  # a task skipped on every model: its section gives the reason
+        if name in result.tasks:  # a task skipped on every model: its section gives the reason
             out.append(task.report(ctx) if not _skipped(ctx, name) else
                        f"## {task.title}\n\nNot measured: {ctx.skipped(name)}.\n")
     if plots:
         out.append("## Plots\n")
         out += [f"![{name}]({path})\n" for name, path in plots.items()]
-    v = results["versions"]
+    v = result.versions
     out.append(f"\n---\ndifftx {v['difftx']}, torch {v['torch']}, Python {v['python']}, {v['platform']}. "
                "Every number is in `results.json`.\n")
     return "\n".join(out)
 
 
-def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> list[str]:
+def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = None) -> list[str]:
     """The report's first three lines: which arm, by how much in the metric's unit (DIFF - baseline
     on the primary metrics: the ones with a verdict, else the closest; then every other pair of arms
     with a verdict on a primary metric), how sure (seeds, Holm over
     the primary family, the seeds a verdict needs) and in what regime (model size, budget, and what
     the held-out LM interval is over). ``comparisons``: ``{pair: {key: comparison}}``; ``tuned``:
     the ``tune`` record when these are the tuned comparisons."""
-    primary = [c for c in (comparisons.get("diff vs baseline") or {}).values() if c["primary"]]
+    key = result.primary.key
+    names = {a: r.label for a, r in result.arms.items()}
+    first, second = (names[x] for x in result.primary.arms)
+    primary = [c for c in (comparisons.get(key) or {}).values() if c["primary"]]
     decided = [c for c in primary if c.get("better")]
     compared = [c for c in primary if not c.get("gated") and c["paired"].get("mean") is not None]
-    n = len(results["seeds"])
+    n = len(result.seeds)
     if decided:
         rest = len(primary) - len(decided)
-        answer = ("**" + "; ".join(f"{short_verdict(c)} on {c['label']}: {difference_text(c)}, Holm p "
+        answer = ("**" + "; ".join(f"{short_verdict(c, names)} on {c['label']}: {difference_text(c)}, Holm p "
                                    f"{adjusted_p_text(c)}{_mean_clause(c)}" for c in decided) + ".**"
                   + (f" No verdict on the other {rest} primary metric{'s' if rest != 1 else ''}." if rest else ""))
     elif compared:
         lead = min(compared, key=lambda c: (c.get("p_adjusted") is None, c.get("p_adjusted") or 1.0))
-        answer = (f"**No verdict: no primary metric separates DIFF from the baseline.** Closest: {lead['label']}, "
-                  f"DIFF - baseline = {difference_text(lead)}, Holm p {adjusted_p_text(lead)} "
-                  f"({short_verdict(lead)}).")
+        answer = (f"**No verdict: no primary metric separates {first} from the {second}.** Closest: "
+                  f"{lead['label']}, {first} - {second} = {difference_text(lead)}, Holm p {adjusted_p_text(lead)} "
+                  f"({short_verdict(lead, names)}).")
     else:
         answer = "**No verdict: no primary metric was compared** (the verdict table says why)."
-    others = [c for pair_, comps in comparisons.items() if pair_ != "diff vs baseline"
+    others = [c for pair_, comps in comparisons.items() if pair_ != key
               for c in comps.values() if c["primary"] and c.get("better")]
     if others:  # the other arms' verdicts on the same primary metrics (more arms: --arms)
         answer += (" Other arms: " + "; ".join(f"{c['arms'][0]} - {c['arms'][1]} on {c['label']}: "
@@ -111,9 +116,9 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
     family = max((c.get("family_size") or 0 for c in primary), default=0)
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
             f"comparison{'s' if family != 1 else ''}, a verdict at Holm p < 0.05")
-    look = int(results.get("look") or 1)
+    look = int(result.look or 1)
     if look > 1:
-        before = ", ".join(str(len(x["seeds"])) for x in results["looks"][:look - 1])
+        before = ", ".join(str(len(x["seeds"])) for x in result.looks[:look - 1])
         sure += (f"; {_ORDINAL.get(look, f'look {look}')} look at {n} seeds (this folder was read before at "
                  f"{before} seeds), adjusted: p-values x{look}")
     if need:
@@ -125,7 +130,7 @@ def opening(comparisons: dict, results: dict, tuned: Optional[dict] = None) -> l
                  "`results.json`)")
     if tuned:
         sure += (f"; each arm's `{tuned['field']}` chosen leave-one-seed-out, the intervals allowing for the choice")
-    return [answer + "\n", sure + ".\n", _regime_line(results, tuned) + "\n"]
+    return [answer + "\n", sure + ".\n", _regime_line(result, tuned) + "\n"]
 
 
 _ORDINAL = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}
@@ -146,25 +151,25 @@ def _mean_clause(c: dict) -> str:
     return seeds + f", mean difference not yet established{more}"
 
 
-def _regime_line(results: dict, tuned: Optional[dict]) -> str:
+def _regime_line(result: CompareResult, tuned: Optional[dict]) -> str:
     """The opening's regime line: the models' size and budget and what the held-out LM interval is over."""
-    p, arms = results["preset"], results["arms"]
-    cfg = (arms.get("diff") or next(iter(arms.values()))).get("config") or {}
-    params = [a["parameters"] for a in arms.values()]
+    p, arms = result.preset, result.arms
+    cfg = arms[result.primary.arms[0]].config
+    params = [a.parameters for a in arms.values()]
     low, high = (f"{x / 1e6:.2g}M" for x in (min(params), max(params)))
     size = low if low == high else f"{low}-{high}"
     layers = cfg.get("n_layers", "?")
-    reg = (results.get("regime") or {}).get("diff") or {}
+    reg = (result.get("regime") or {}).get(result.primary.arms[0]) or {}
     per = reg.get("tokens_per_param")
     text = (f"Regime: models of {size} parameters ({layers} layer{'' if layers == 1 else 's'}, width "
             f"{cfg.get('dim', '?')}), "
             f"{p['steps']:,} steps of batch {p['batch_size']}"
             + (f", {per:.3g} text tokens per non-embedding parameter (the paper's 3B: about 330)" if per else ""))
-    about = _lm_estimand(results, tuned)
+    about = _lm_estimand(result, tuned)
     return text + (f"; {about}" if about else "") + "."
 
 
-def _lm_estimand(results: dict, tuned: Optional[dict]) -> Optional[str]:
+def _lm_estimand(result: CompareResult, tuned: Optional[dict]) -> Optional[str]:
     """What the compared held-out LM interval is over (:func:`difftx.tasks.lm.estimand`), in words."""
     from ..tasks.lm import estimand
 
@@ -174,9 +179,8 @@ def _lm_estimand(results: dict, tuned: Optional[dict]) -> Optional[str]:
             return None
         why = e.get("note") or split.get("note")
         return f"held-out LM intervals {e['phrase']}" + (f" ({why})" if why else "")
-    try:
-        lm = results["runs"][str(results["seeds"][0])]["diff"]["tasks"]["lm"]
-    except KeyError:
+    lm = result.run(result.seeds[0], result.primary.arms[0]).tasks.get("lm")
+    if lm is None:
         return None
     if "skipped" in lm or "records" not in lm:
         return None
@@ -200,51 +204,38 @@ def _as_set(p: dict) -> str:
     return f" (the preset as written; set here: {shown})"
 
 
-def _setup(results: dict, ctx: ReportContext) -> str:
+def _setup(result: CompareResult, ctx: ReportContext) -> str:
     """What was trained, where, and at what scale: the section after the verdicts."""
-    p, arms = results["preset"], results["arms"]
+    p, arms = result.preset, result.arms
     return ("## Setup\n\n"
             f"{p['description']}{_as_set(p)}. Seeds: {', '.join(ctx.seeds)} (paired: same seed, same batches in the same order for "
-            "every model). " + "; ".join(f"{a}: {v['parameters']:,} parameters" for a, v in arms.items())
-            + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(results)}. {_execution(results)}Wall time of "
-            f"this invocation: {results['wall_s']:.0f} s (parts already stored are not redone).\n\n"
-            + _machine_text(results) + "\n\n"
+            "every model). " + "; ".join(f"{a}: {v.parameters:,} parameters" for a, v in arms.items())
+            + f". {p['steps']} steps of batch {p['batch_size']}; {_mix(result)}. {_execution(result)}Wall time of "
+            f"this invocation: {result.wall_s:.0f} s (parts already stored are not redone).\n\n"
+            + _machine_text(result) + "\n\n"
             "**Scale.** The paper's numbers below come from 3B-parameter models; these are orders of magnitude smaller "
             "and trained for minutes: compare the *direction* of differences, not the values.\n")
 
 
-def _kind_text(arm: str) -> str:
-    """What an arm that is a kind of your own is: the first paragraph of its class's docstring, on one line ("" when
-    the kind is not registered in this process or has no docstring)."""
-    import inspect
-
-    from ..attention.registry import ATTENTIONS
-
-    cls = ATTENTIONS.get(arm)
-    doc = inspect.getdoc(cls) if cls is not None and cls.__doc__ else None
-    return " ".join(doc.split("\n\n")[0].split()) if doc else ""
-
-
-def render_arms(results: dict) -> str:
+def render_arms(result: CompareResult) -> str:
     """Every arm side by side (one column each, means over seeds); each pair's verdicts are in the
     report's verdict table."""
-    from ..config import ARMS
-
-    arms = list(results["arms"])
+    arms = list(result.arms)
+    first, second = (result.label(x) for x in result.primary.arms)
     out = ["## Arms\n", "Every arm trains on the same batches, and a parameter it shares by name and shape with "
            "another arm starts from the same values. Holm adjustment runs over the comparisons of every "
-           "pair below and DIFF vs baseline. Throughput and the loss at equal wall-clock measure the machine "
+           f"pair below and {first} vs {second}. Throughput and the loss at equal wall-clock measure the machine "
            "as well: they are compared only between models trained by the same invocation (arms reused from "
            "an earlier run are not).\n",
-           table([[a, f"{results['arms'][a]['parameters']:,}", ARMS.get(a) or _kind_text(a)] for a in arms],
+           table([[a, f"{result.arms[a].parameters:,}", result.arms[a].description] for a in arms],
                  ["arm", "parameters", "what it is"])]
     rows = []
-    for key, c in results["comparison"].items():
+    for key, c in result.primary.metrics.items():
         if c.get("peer"):  # read against the other arm of a pair: no single value per arm
             continue
         means = dict(c["means"])
-        for comps in results["arm_comparisons"].values():
-            means.update(comps[key]["means"] if key in comps else {})
+        for comps in result.comparisons.values():
+            means.update(comps.metrics[key]["means"] if key in comps.metrics else {})
         rows.append([c["label"]] + [fmt(means.get(a), c.get("digits", 3)) for a in arms])
     out.append("Means over seeds (intervals, per-seed values and every paired difference are in `results.json`; "
                "each pair's primary verdicts, and those that survive Holm, are in the verdict table):\n")
@@ -252,21 +243,21 @@ def render_arms(results: dict) -> str:
     return "\n".join(out)
 
 
-def _machine_text(results: dict) -> str:
+def _machine_text(result: CompareResult) -> str:
     """The machine line of the header: where the models were trained (their ``machine.json``,
     grouped by kernel path) and, if another, where this report was assembled."""
     from ..provenance import kernel_path, machine_line
 
     groups: dict = {}
     unknown = 0
-    for s in results["seeds"]:
-        for arm in results["arms"]:
-            m = results["runs"][str(s)][arm].get("machine")
+    for s in result.seeds:
+        for arm in result.arms:
+            m = result.run(s, arm).machine
             if m is None:
                 unknown += 1
             else:
                 groups.setdefault(kernel_path(m), [m, 0])[1] += 1
-    total = len(results["seeds"]) * len(results["arms"])
+    total = len(result.seeds) * len(result.arms)
     trained = [m for m, _ in groups.values()]
     if not groups:
         text = f"**Machine.** Not recorded for the {total} models (trained by an older difftx)."
@@ -276,7 +267,7 @@ def _machine_text(results: dict) -> str:
         parts = [f"{n} on {machine_line(m)}" for m, n in groups.values()]
         parts += [f"{unknown} by an older difftx that recorded no machine"] if unknown else []
         text = f"**Machine.** Of the {total} models, {len(trained)} setups trained them: " + "; ".join(parts) + "."
-    here = results.get("machine")
+    here = result.get("machine")
     if here and (len(trained) != 1 or kernel_path(here, threads=False) != kernel_path(trained[0], threads=False)):
         text += f" This report was assembled on: {machine_line(here)}."
     return (text + " The numbers reproduce on the same CPU kernel path with the same library versions and thread "
@@ -372,7 +363,7 @@ def _skipped(ctx: ReportContext, task: str) -> bool:
     return all("skipped" in ctx.result(task, a, s) for s in ctx.seeds for a in ctx.arms)
 
 
-def render_token_efficiency(results: dict) -> str:
+def render_token_efficiency(result: CompareResult) -> str:
     """The token efficiency section (paper Fig. 3b): per point of the held-out loss curve, the
     paired gap in nats, the baseline tokens that reach DIFF's loss and the ratio, with the overall
     ratio, or the first and last ratios where the curves cross."""
@@ -383,13 +374,14 @@ def render_token_efficiency(results: dict) -> str:
            "a geometric mean over seeds with a 95% t interval. Outside the range both curves cover: not reached, "
            "never extrapolated (`docs/efficiency.md`). For scale: the paper's 3B DIFF at 160B tokens matches the "
            "Transformer at 251B (63.7%).\n"]
-    for arm, e in results["token_efficiency"].items():
+    base = result.primary.arms[1]
+    for arm, e in result.token_efficiency.items():
         if "skipped" in e:
-            out.append(f"**{arm} vs baseline**: not measured ({e['skipped']}).\n")
+            out.append(f"**{arm} vs {base}**: not measured ({e['skipped']}).\n")
             continue
         gaps = {g["tokens"]: g for g in e.get("gap") or []}
         rows = []
-        for t, r, la, lb in zip(e["tokens"], e["ratios"], e["loss"][arm], e["loss"]["baseline"]):
+        for t, r, la, lb in zip(e["tokens"], e["ratios"], e["loss"][arm], e["loss"][base]):
             rows.append([f"{t:,.0f}", fmt(lb, 4), fmt(la, 4), gap_text(gaps.get(t)), _ratio_text(r)])
         o, span = e["overall"], e.get("span")
         if e.get("crosses"):  # no single number across a crossing: first and last point instead
@@ -402,8 +394,8 @@ def render_token_efficiency(results: dict) -> str:
             if span and span["first"]["tokens"] != span["last"]["tokens"]:
                 head += (f"; from {span['first']['value']:.3f} at the first point to {span['last']['value']:.3f} "
                          "at the last")
-        out.append(f"**{arm} vs baseline** ({head})\n")
-        out.append(table(rows, ["tokens", "baseline loss", f"{arm} loss", "gap, nats [95%] (per seed)",
+        out.append(f"**{arm} vs {base}** ({head})\n")
+        out.append(table(rows, ["tokens", f"{base} loss", f"{arm} loss", "gap, nats [95%] (per seed)",
                                 "tokens ratio [95%]"]))
         if gaps:
             out.append(_gap_trend(list(gaps.values())) + "\n")
@@ -438,64 +430,71 @@ def _ratio_text(r: dict) -> str:
     return text + (f" ({r['note']})" if r.get("note") and "reached in" in r["note"] else "")
 
 
-def _mix(results: dict) -> str:
-    """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'."""
-    shares = results["mixture"]["shares"]
-    text = results.get("text")
+def _mix(result: CompareResult) -> str:
+    """The training mix in words, e.g. 'batches: 75% needle, 12.5% LM (Shakespeare bytes), 12.5% ICL'; a registered
+    training task by its label (:data:`.training_tasks.TRAINING_TASKS`)."""
+    from .training_tasks import TRAINING_TASKS
+
+    shares = result.mixture["shares"]
+    text = result.get("text")
     lm = "LM (Shakespeare bytes)" if not text else f"LM ({text['source']}, tokenizer {text['tokenizer']})"
     names = {"needle": "needle", "lm": lm, "icl": "ICL", "recall": "associative recall (MQAR)"}
-    out = "batches: " + ", ".join(f"{100 * v:.3g}% {names[k]}" for k, v in shares.items() if v)
+
+    def name(k: str) -> str:
+        return names.get(k) or (TRAINING_TASKS[k].label if k in TRAINING_TASKS else k)
+
+    out = "batches: " + ", ".join(f"{100 * v:.3g}% {name(k)}" for k, v in shares.items() if v)
     if not shares["needle"]:
         out += "; no needle probes during training (no needle batches)"
     return out
 
 
-def _execution(results: dict) -> str:
-    e = results.get("execution")
+def _execution(result: CompareResult) -> str:
+    e = result.get("execution")
     return "" if not e else f"Trained on {e.get('world_size', 1)} process(es), device {e.get('device', '?')}. "
 
 
-def make_plots(out: Path, results: dict) -> dict[str, str]:
+def make_plots(out: Path, result: CompareResult) -> dict[str, str]:
     """Every task's PNGs under ``out/plots`` (none when matplotlib is missing): name -> relative path."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         return {}
-    ctx = ReportContext(results)
+    ctx = ReportContext(result)
     made: dict[str, str] = {}
     plots = own_folder(out / "plots")
     for name, task in TASKS.items():
-        if name in results["tasks"] and not _skipped(ctx, name):
+        if name in result.tasks and not _skipped(ctx, name):
             for label, path in task.plots(ctx, plots).items():
                 made[label] = str(Path(path).relative_to(out))
-    e = (results.get("token_efficiency") or {}).get("diff")
+    a, b = result.primary.arms
+    e = result.token_efficiency.get(a)
     if e and "skipped" not in e:
         from ..eval.plots import plot_token_efficiency
 
-        seeds = [str(s) for s in results["seeds"]]
-        curves = {name: [(results["runs"][s][arm]["train"]["heldout_curve"]["tokens"],
-                          results["runs"][s][arm]["train"]["heldout_curve"]["loss"]) for s in seeds]
-                  for name, arm in (("DIFF", "diff"), ("baseline", "baseline"))}
+        curves = {result.label(arm): [(result.run(s, arm).train["heldout_curve"]["tokens"],
+                                       result.run(s, arm).train["heldout_curve"]["loss"]) for s in result.seeds]
+                  for arm in (a, b)}
         matched = [(t, None if r["value"] is None else t / r["value"], loss)
-                   for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"]["diff"])]
+                   for t, r, loss in zip(e["tokens"], e["ratios"], e["loss"][a])]
         path = plot_token_efficiency(curves, matched, plots / "token_efficiency.png", overall=e["overall"])
         made["token efficiency (paper Fig. 3b)"] = str(path.relative_to(out))
-    gaps = {arm: e["gap"] for arm, e in (results.get("token_efficiency") or {}).items() if e.get("gap")}
+    gaps = {arm: e["gap"] for arm, e in result.token_efficiency.items() if e.get("gap")}
     if gaps:
         from ..eval.plots import plot_gap_along_training
 
         path = plot_gap_along_training(gaps, plots / "gap_along_training.png")
         made["held-out loss gap along training"] = str(path.relative_to(out))
-    if results.get("tune"):
-        made["tuning sensitivity"] = str(plot_tune(out, results["tune"]).relative_to(out))
+    if result.get("tune"):
+        made["tuning sensitivity"] = str(plot_tune(out, result.get("tune")).relative_to(out))
     return made
 
 
-def write_outputs(out: Path, results: dict, *, progress: bool = True) -> None:
+def write_outputs(out: Path, result: CompareResult, *, progress: bool = True) -> None:
     """Write ``plots/``, ``report.md`` and ``results.json`` (strict JSON, validated, atomically)."""
-    results["plots"] = make_plots(out, results)
-    results["regime"] = regime_of(results)
-    text = render_report(results, results["plots"])
-    data = results_json(results)
+    result.extra["plots"] = make_plots(out, result)
+    result.extra["regime"] = regime_of(result)
+    text = render_report(result, result.extra["plots"])
+    data = results_json(result)
     atomic_write(out / "report.md", lambda p: Path(p).write_text(text))
     atomic_write(out / "results.json", lambda p: Path(p).write_text(data + "\n"))

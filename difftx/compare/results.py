@@ -1,4 +1,5 @@
-"""A comparison's results: every stored part read back into ``results.json``'s dict, with the paired comparisons."""
+"""A comparison's results: every stored part read back into a :class:`~.schema.CompareResult`, with the paired
+comparisons."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from .evaluate import EVALS_DIR, read_eval
 from .folder import COMPARE_FILE
 from .plan import ComparePlan
 from .presets import ComparePreset
-from .schema import SCHEMA, SCHEMA_VERSION
+from .arms import PRIMARY
+from .schema import ArmRecord, CompareResult, RunRecord
 
 
 def execution(device: str) -> dict:
@@ -41,8 +43,8 @@ def versions() -> dict:
             "python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count()}
 
 
-def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: Sequence[int]) -> dict:
-    """Read every stored part back into one JSON-ready dict (the ``results.json`` schema, see
+def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: Sequence[int]) -> CompareResult:
+    """Read every stored part back into one :class:`~.schema.CompareResult` (``results.json``, see
     ``docs/compare.md`` and :mod:`difftx.compare.schema`) and add the paired comparisons.
     ``preset`` is recorded as given; ``plan`` is what it resolved to."""
     from ..tasks import TASKS, settings_to_dict
@@ -50,36 +52,32 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     settings = plan.tasks
     runs: dict = {}
     for s in seeds:
-        runs[str(s)] = {}
         for k in plan.arms:
             f = out / f"seed{s}" / k
             evals = {e: read_eval(f / EVALS_DIR / f"{e}.json", e) for e in settings}
-            runs[str(s)][k] = {"train": TrainRecord.read(f).to_dict(), "tasks": evals, "machine": read_machine(f)}
-    first = runs[str(seeds[0])]
+            runs[(int(s), k)] = RunRecord(TrainRecord.read(f).to_dict(), evals, read_machine(f))
     how = execution(plan.execution.device)
-    results = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": versions(),
+    extra = {
         # the machine that assembled this file (each model's training machine: runs.{seed}.{arm}.machine)
         "machine": machine(how["device"]),
         "execution": how,
-        "preset": preset.to_dict(),
-        "seeds": list(seeds),
         "needle_task": plan.space.needle.to_dict() if plan.space.needle else None,
-        "mixture": {**dataclasses.asdict(plan.mixture), "shares": plan.mixture.shares()},
-        "arms": {k: {"config": cfg.to_dict(), "parameters": first[k]["train"]["parameters"]}
-                 for k, cfg in plan.arms.items()},
-        "tasks": {name: {"title": TASKS[name].title, "settings": settings_to_dict(st),
-                         "metrics": [m.describe() for m in TASKS[name].metrics(st)]} for name, st in settings.items()},
-        "runs": runs,
-        "null_reasons": {},
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
-        results["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
-    results["looks"], results["look"] = record_looks(out, seeds, results["created"])
-    return add_comparisons(results, settings)
+        extra["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
+    arms = {}
+    for k in plan.arms:
+        arm = plan.arm(k)
+        arms[k] = ArmRecord(k, arm.config.to_dict(), runs[(int(seeds[0]), k)].train["parameters"], arm.label,
+                            arm.description, arm.source)
+    result = CompareResult(
+        preset=preset.to_dict(), seeds=list(seeds), arms=arms,
+        tasks={name: {"title": TASKS[name].title, "settings": settings_to_dict(st),
+                      "metrics": [m.describe() for m in TASKS[name].metrics(st)]} for name, st in settings.items()},
+        runs=runs, mixture={**dataclasses.asdict(plan.mixture), "shares": plan.mixture.shares()},
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), versions=versions(), extra=extra)
+    result.looks, result.look = record_looks(out, seeds, result.created)
+    return add_comparisons(result, settings, plan.primary)
 
 
 def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict], int]:
@@ -111,14 +109,12 @@ def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict],
     return looks + [{"seeds": mine, "date": now, "commit": difftx_commit()}], len(looks) + 1
 
 
-def add_comparisons(results: dict, settings: dict) -> dict:
-    """``results`` (every model's training record and evaluations under ``runs``) with its paired
-    comparisons: ``comparison`` (DIFF vs baseline), ``arm_comparisons`` (every other pair; Holm over
-    all of them) and ``token_efficiency``. ``settings``: ``{task: Settings}`` of the plan."""
-    from .summary import all_comparisons, pair_key, token_ratios
+def add_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIMARY) -> CompareResult:
+    """``result`` (every model's training record and evaluations under ``runs``) with its paired comparisons, each
+    keyed by its pair (``primary`` first: DIFF vs baseline; Holm over all of them) and ``token_efficiency``.
+    ``settings``: ``{task: Settings}`` of the plan."""
+    from .summary import all_comparisons, token_ratios
 
-    comparisons = all_comparisons(results, settings)  # Holm over every pair of arms
-    results["comparison"] = comparisons.pop(pair_key("diff", "baseline"))
-    results["arm_comparisons"] = comparisons
-    results["token_efficiency"] = token_ratios(results)
-    return results
+    result.comparisons = all_comparisons(result, settings, primary)  # Holm over every pair of arms
+    result.token_efficiency = token_ratios(result, primary[1])
+    return result

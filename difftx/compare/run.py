@@ -52,6 +52,7 @@ from .jobs import _rank, align_stack, job_lock, parse_shard, plan_jobs, plan_mod
 from .plan import ComparePlan, resolve, stacks
 from .presets import ComparePreset, get_preset
 from .results import add_comparisons, collect_results, execution, versions
+from .schema import CompareResult
 from .train import train_models
 from .workers import JobStopped, _run_pool, _sigterm_stops
 
@@ -181,9 +182,11 @@ def _memory_bytes() -> int:
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
                 out_dir: str | os.PathLike = "runs/compare", *, progress: bool = True,
                 workers: int | None = None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
-                report: bool = True, only_arms: Sequence[str] | None = None, **overrides) -> dict:
+                report: bool = True, only_arms: Sequence[str] | None = None,
+                **overrides) -> CompareResult | dict:
     """Train and evaluate DIFF and its parameter-matched baseline for each seed; write
-    ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results.
+    ``results.json``, ``report.md`` and ``plots/`` into ``out_dir``; return the results
+    (:class:`~.schema.CompareResult`).
 
     preset     a name of :data:`difftx.compare.presets.PRESETS` or a :class:`ComparePreset` (on your
                text: ``get_preset("cpu").on_text("my.txt", heldout="held.txt")``)
@@ -219,7 +222,7 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
 
 def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike, *, progress: bool,
                  workers: int | None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
-                 report: bool = True, only_arms: Sequence[str] | None = None) -> dict:
+                 report: bool = True, only_arms: Sequence[str] | None = None) -> CompareResult | dict:
     from tqdm.auto import tqdm
 
     from ..training.distributed import is_initialized
@@ -289,13 +292,13 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     if not report:
         return {"this_run": done, "wall_s": time.time() - t0}
 
-    def finish() -> dict:
+    def finish() -> CompareResult:
         from .report import write_outputs
 
-        results = collect_results(out, p, plan, seed_list)
-        results["wall_s"] = time.time() - t0
-        results["this_run"] = done
-        write_outputs(out, results, progress=progress)
-        return results
+        result = collect_results(out, p, plan, seed_list)
+        result.wall_s = time.time() - t0
+        result.extra["this_run"] = done
+        write_outputs(out, result, progress=progress)
+        return result
 
     return on_main(finish, share=True)

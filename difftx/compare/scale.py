@@ -41,7 +41,7 @@ from ..provenance import machine
 from .presets import ComparePreset, get_preset
 from .regime import regime_table
 from .report import gap_text
-from .schema import SCALE_SCHEMA, SCALE_VERSION
+from .schema import SCALE_SCHEMA, SCALE_VERSION, CompareResult
 from .tune_report import label, shown
 
 # 2: the floor fit; the line under "loglog". 3: "kind" ("lm": the fit; "recall": the recall map, under "recall")
@@ -234,13 +234,15 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
 
         for sp in plans:
             grid_points(sp.preset, tune, seed_list, shard)
-    results, offset = {}, 0
+    results, tuned, offset = {}, {}, 0
     for sp in plans:
         where = own_folder(out / f"size={sp.name}")
         if tune is not None:
             res = run_tuned(sp.preset, seed_list, where, tune, progress=progress, workers=workers, shard=shard,
                             shard_offset=offset)
             offset += res["models"] if shard is not None else 0
+            if shard is None:
+                tuned[sp.name], res = res, res.result
         else:
             res = run_compare(sp.preset, seed_list, where, progress=progress, workers=workers, shard=shard,
                               shard_offset=offset)
@@ -259,7 +261,7 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
         return summary
     summary = summarise(plans, results, seed_list)
     if tune is not None:
-        summary["tuned"] = tuned_summary(plans, results, seed_list)
+        summary["tuned"] = tuned_summary(plans, tuned, seed_list)
     summary["plot"] = _plot(out / "scale.png", summary)
     summary["machine"] = machine(plans[0].preset.device)  # each size's results.json has its own and its models'
     atomic_write(out / "scale.json", lambda p: Path(p).write_text(dumps_strict(summary, indent=1) + "\n"))
@@ -267,12 +269,12 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     return summary
 
 
-def _heldout_nll(res: dict, seed, arm: str) -> Optional[float]:
-    task = res["runs"][str(seed)][arm]["tasks"].get("lm", {})
+def _heldout_nll(res: CompareResult, seed, arm: str) -> Optional[float]:
+    task = res.run(seed, arm).tasks.get("lm", {})
     return None if "skipped" in task else task.get("heldout", {}).get("nll")
 
 
-def heldout_gap(res: dict, arm: str, seeds: list) -> Optional[dict]:
+def heldout_gap(res: CompareResult, arm: str, seeds: list) -> Optional[dict]:
     """The paired held-out NLL gap ``arm - baseline`` of one size's compare: the compare's own
     estimate (:func:`difftx.eval.stats.paired_estimate`, with the evaluation windows' noise) where it
     has one, else ``paired_estimate`` over the seeds' NLLs; ``values``: the seeds' differences.
@@ -282,7 +284,8 @@ def heldout_gap(res: dict, arm: str, seeds: list) -> Optional[dict]:
     a, b = ([_heldout_nll(res, s, x) for s in seeds] for x in (arm, "baseline"))
     if None in a or None in b:
         return None
-    comps = res.get("comparison", {}) if arm == "diff" else res.get("arm_comparisons", {}).get(f"{arm} vs baseline", {})
+    pair = res.pair(arm, "baseline")
+    comps = {} if pair is None else pair.metrics
     paired = comps["lm_nll"]["paired"] if "lm_nll" in comps else paired_estimate(a, b).to_dict()
     return {**{k: paired[k] for k in ("mean", "low", "high", "p_value", "n", "n_examples", "method", "note")},
             "values": [x - y for x, y in zip(a, b)]}
@@ -336,28 +339,30 @@ def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
         efficiency[arm] = eff
     return {"schema": SCALE_SCHEMA, "schema_version": SCALE_VERSION, "kind": "lm", "seeds": seeds, "arms": arms,
             "sizes": size_entries(plans), "heldout_nll": losses, "gap": gaps, "efficiency": efficiency,
-            "gap_along_training": {arm: [(results[sp.name].get("token_efficiency") or {}).get(arm, {}).get("gap")
+            "gap_along_training": {arm: [results[sp.name].token_efficiency.get(arm, {}).get("gap")
                                          for sp in plans] for arm in gaps},
             "paper": PAPER}
 
 
-def tuned_summary(plans: list[SizePlan], results: dict, seeds: list) -> dict:
+def tuned_summary(plans: list[SizePlan], results: dict[str, "Tuned"], seeds: list) -> dict:
     """``scale.json``'s ``tuned``: the tuning per size (field, values, choices, edges) and the held-out
     NLL, gaps and efficiency of the tuned comparison (``tuned``) and of the one at the preset's value
-    (``shared``), both scored on the held-out half the tuning did not read."""
+    (``shared``), both scored on the held-out half the tuning did not read. ``results``: each size's
+    :class:`~difftx.compare.tune.Tuned`."""
     keys = ("heldout_nll", "gap", "efficiency")
-    first = results[plans[0].name]["tune"]
+    tunes = {sp.name: results[sp.name].result.get("tune") for sp in plans}
+    first = tunes[plans[0].name]
     out = {"field": first["field"], "validation_source": first["validation_source"],
            "heldout_source": first["heldout_source"],
-           "sizes": {sp.name: {k: results[sp.name]["tune"][k] for k in ("shared_value", "grid", "extended",
+           "sizes": {sp.name: {k: tunes[sp.name][k] for k in ("shared_value", "grid", "extended",
                                                                          "at_edge", "best", "chosen")}
                      for sp in plans},
-           **{which: {k: v for k, v in summarise(plans, {sp.name: results[sp.name][f"{which}_results"]
+           **{which: {k: v for k, v in summarise(plans, {sp.name: getattr(results[sp.name], which)
                                                          for sp in plans}, seeds).items() if k in keys}
               for which in ("tuned", "shared")}}
     for arm, eff in out["tuned"]["efficiency"].items():
         if "ratios" in eff:
-            widen_for_the_choice(eff, plans, [results[sp.name]["tune"] for sp in plans], arm, len(seeds))
+            widen_for_the_choice(eff, plans, [tunes[sp.name] for sp in plans], arm, len(seeds))
     return out
 
 

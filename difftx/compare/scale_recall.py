@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from .schema import CompareResult
 from .summary import adjusted_p_text, difference_text, short_verdict
 
 # (name in scale.json, the recall task's metric key, the column name in scale.md)
@@ -35,11 +36,11 @@ MAP = ("The sizes are a map of depth and width, not a parameter-efficiency fit: 
        "need not grow in parameters.")
 
 
-def comparison(res: dict, arm: str, key: str) -> Optional[dict]:
+def comparison(res: CompareResult, arm: str, key: str) -> Optional[dict]:
     """The compare's comparison of metric ``key`` for ``arm`` against the baseline (``None`` when the compare
     has none: a reading not measured for some model)."""
-    comps = res.get("comparison") if arm == "diff" else (res.get("arm_comparisons") or {}).get(f"{arm} vs baseline")
-    return (comps or {}).get(key)
+    pair = res.pair(arm, "baseline")
+    return None if pair is None else pair.metrics.get(key)
 
 
 def _arm_reading(c: dict, arm: str) -> dict:
@@ -57,11 +58,11 @@ def _difference(c: dict) -> dict:
     return out
 
 
-def _learned(res: dict, arm: str) -> Optional[list]:
+def _learned(res: CompareResult, arm: str) -> Optional[list]:
     """Per seed, whether the model learned recall by its last probe (``None`` without probes)."""
     got = []
-    for s in res["seeds"]:
-        task = res["runs"][str(s)][arm]["tasks"].get("recall") or {}
+    for s in res.seeds:
+        task = res.run(s, arm).tasks.get("recall") or {}
         learning = task.get("learning")
         if not learning:
             return None
@@ -72,11 +73,11 @@ def _learned(res: dict, arm: str) -> Optional[list]:
 def recall_by_size(names: list, results: dict) -> dict:
     """``{size: {"arms": {arm: {reading: {mean, low, high, values} | None}}, "vs_baseline": {arm: {reading:
     comparison | None}}, "learned": {arm: [bool per seed] | None}}}`` from each size's results
-    (``results[size]``: its ``results.json``)."""
+    (``results[size]``: its results, a :class:`~.schema.CompareResult`)."""
     out = {}
     for name in names:
         res = results[name]
-        arms = list(res["arms"])
+        arms = list(res.arms)
         per_arm: dict = {a: {} for a in arms}
         vs: dict = {}
         for a in (x for x in arms if x != "baseline"):
@@ -98,7 +99,7 @@ def recall_summary(sizes: list[dict], results: dict, seeds: list) -> dict:
     from .schema import SCALE_SCHEMA, SCALE_VERSION
 
     names = [z["name"] for z in sizes]
-    arms = list(results[names[0]]["arms"])
+    arms = list(results[names[0]].arms)
     by_size = recall_by_size(names, results)
     labels = {}
     for reading, key, _ in READINGS:

@@ -143,23 +143,24 @@ def kv_cache_bytes_per_token(config: dict, bytes_per_value: int = 4) -> int:
     return total
 
 
-def render_source(results: dict) -> str:
-    """The report's section on a comparison from a source: what was converted how, and what the conversion costs
-    (parameters and KV cache exactly; training throughput as measured, each arm's stack on its own clock)."""
+def render_source(result) -> str:
+    """The report's section on a comparison from a source (a :class:`~.schema.CompareResult`): what was converted
+    how, and what the conversion costs (parameters and KV cache exactly; training throughput as measured, each arm's
+    stack on its own clock)."""
     from ..tasks.reporting import fmt, table
 
-    p, arms = results["preset"], results["arms"]
+    p, arms = result.preset, result.arms
+    conv, src_arm = result.primary.arms  # the converted model, the source
     src = Path(p["source"]).name
-    params = {a: arms[a]["parameters"] for a in ("baseline", "diff")}
-    kv = {a: kv_cache_bytes_per_token(arms[a]["config"]) for a in ("baseline", "diff")}
-    speed = results["comparison"].get("train_tokens_per_s", {}).get("means", {})
-    rows = [["parameters", f"{params['baseline']:,}", f"{params['diff']:,}",
-             f"{params['diff'] / params['baseline'] - 1:+.1%}"],
-            ["KV cache, bytes per token of context (float32)", f"{kv['baseline']:,}", f"{kv['diff']:,}",
-             f"{kv['diff'] / kv['baseline'] - 1:+.1%}"]]
-    if speed.get("baseline") and speed.get("diff"):
-        rows.append(["training throughput, tokens/s (as measured)", fmt(speed["baseline"], 0), fmt(speed["diff"], 0),
-                     f"{speed['diff'] / speed['baseline'] - 1:+.1%}"])
+    params = {a: arms[a].parameters for a in (src_arm, conv)}
+    kv = {a: kv_cache_bytes_per_token(arms[a].config) for a in (src_arm, conv)}
+    speed = result.primary.metrics.get("train_tokens_per_s", {}).get("means", {})
+    rows = [["parameters", f"{params[src_arm]:,}", f"{params[conv]:,}", f"{params[conv] / params[src_arm] - 1:+.1%}"],
+            ["KV cache, bytes per token of context (float32)", f"{kv[src_arm]:,}", f"{kv[conv]:,}",
+             f"{kv[conv] / kv[src_arm] - 1:+.1%}"]]
+    if speed.get(src_arm) and speed.get(conv):
+        rows.append(["training throughput, tokens/s (as measured)", fmt(speed[src_arm], 0), fmt(speed[conv], 0),
+                     f"{speed[conv] / speed[src_arm] - 1:+.1%}"])
     lam = p.get("convert_lambda_init") or 0.0
     warm = p.get("lambda_warmup", 0)
     start = ("lambda starts at 0, so at step 0 it computes the source's function (checked: logits within 1e-5 "
@@ -169,13 +170,14 @@ def render_source(results: dict) -> str:
              f"lambda_init {lam} without a warm-up: it starts off the source's function")
     return "\n".join([
         "## The source and its conversion\n",
-        f"Both arms start from `{src}` ({p['source']}). `baseline` is the source fine-tuned as it is; `diff` is the "
-        f"source converted to differential attention (`difftx convert --method {p['convert_method']}`"
+        f"Both arms start from `{src}` ({p['source']}). `{src_arm}` (the source) is the source fine-tuned as it is; "
+        f"`{conv}` (converted) is the source converted to differential attention "
+        f"(`difftx convert --method {p['convert_method']}`"
         + (" on every head" if p["convert_method"] == "dex" else "") + ", the model's seed drawing its lambda "
         "vectors"
         + (" and its negative query/key rows" if p["convert_method"] == "random" else "")
         + f"), fine-tuned the same way: same steps, batches and learning rate. The converted model's {start}. "
-        "Everywhere in this report, DIFF is the converted model and the baseline is the source.\n",
-        table(rows, ["cost", "source (baseline)", "converted (diff)", "converted / source - 1"]),
+        "Everywhere in this report, the arms are named so: converted and source.\n",
+        table(rows, ["cost", f"source ({src_arm})", f"converted ({conv})", "converted / source - 1"]),
         "\nParameters and the KV cache are exact. The throughput is each arm's own measurement while it trained; "
         "the arms trained side by side, so it is as comparable as the machine was quiet.\n"])

@@ -13,7 +13,8 @@ import numpy as np
 from ..eval.stats import (holm, look_adjusted, mean_interval, paired_estimate, power_plan, seeds_for_mean,
                           seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
-from ..tasks.reporting import SHORT
+from .arms import LABELS, PRIMARY, pairs
+from .schema import CompareResult, Comparison, pair_key
 
 ALPHA = 0.05
 POWER_MIN_SEEDS = 4  # the fewest seeds whose differences are resampled for the power sentence
@@ -54,35 +55,25 @@ def _examples(metric, results: list[dict]) -> Optional[tuple[np.ndarray, list[st
     return np.asarray(rows, dtype=np.float64), (groups or [metric.key] * len(rows[0]))
 
 
-def pairs(arms) -> list[tuple[str, str]]:
-    """The comparisons of a set of arms: DIFF vs the baseline first, then every other arm vs the
-    baseline, then DIFF vs every other arm (``(a, b)``: the difference is ``a - b``)."""
-    others = [a for a in arms if a not in ("diff", "baseline")]
-    return [("diff", "baseline")] + [(a, "baseline") for a in others] + [("diff", a) for a in others]
-
-
-def pair_key(a: str, b: str) -> str:
-    return f"{a} vs {b}"
-
-
-def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
-    """``{"A vs B": {metric key: comparison}}`` for every pair of :func:`pairs` of the arms in
-    ``results``: per-seed values of both arms (``values``), each arm's mean with its interval
+def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIMARY,
+                    power: bool = True) -> dict[str, Comparison]:
+    """``{"A vs B": Comparison}`` for every pair of :func:`.arms.pairs` of the arms in ``result`` (``primary``
+    first), each metric of a pair with its per-seed values of both arms (``values``), each arm's mean with its interval
     (``means``, ``cis``), the paired estimate of A - B (``paired``), the learning gate (``gated``:
     ``None`` or why it was not compared), the Holm-adjusted p-value within its family over *every*
-    pair (``family``: primary or exploratory; times ``results["look"]`` when the folder is read again after seeds
+    pair (``family``: primary or exploratory; times ``result.look`` when the folder is read again after seeds
     were added, :func:`difftx.eval.stats.look_adjusted`) and the verdict. A bounded metric also gets the mean's
     betting p-value adjusted alike (``mean_p_adjusted``), ``mean_established`` and, for a primary not established,
-    ``seeds_for_mean`` (:func:`difftx.eval.stats.seeds_for_mean`). DIFF vs baseline also carries the flat
-    fields ``diff``, ``baseline``, ``diff_mean``, ``diff_ci``, ``baseline_mean``, ``baseline_ci``.
+    ``seeds_for_mean`` (:func:`difftx.eval.stats.seeds_for_mean`).
     A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
     compared primary metric also gets ``seeds_for_power`` (:func:`difftx.eval.stats.seeds_for_power`) and
     ``power_plan``, the effect and spread it was planned for (:func:`difftx.eval.stats.power_plan`), and a bounded
     one whose mean is not established ``seeds_for_power_mean`` and ``power_plan_mean``, the same for the test of its
     mean; both planned at this look's level."""
-    out = {pair_key(a, b): _pair(results, settings, a, b) for a, b in pairs(list(results["arms"]))}
-    everything = [c for comps in out.values() for c in comps.values()]
-    look = int(results.get("look") or 1)  # a folder read again after seeds were added: p-values x look
+    out = {pair_key(a, b): Comparison((a, b), _pair(result, settings, a, b), (a, b) == tuple(primary))
+           for a, b in pairs(list(result.arms), primary)}
+    everything = [c for comps in out.values() for c in comps.metrics.values()]
+    look = int(result.look or 1)  # a folder read again after seeds were added: p-values x look
     sizes = {}
     for family in ("primary", "exploratory"):
         chosen = [c for c in everything if c["family"] == family and c["gated"] is None
@@ -99,7 +90,7 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     for c in everything:
         m, est = c.pop("_metric"), c.pop("_est")
         a, b = c["arms"]
-        names = (SHORT.get(a, a), SHORT.get(b, b))
+        names = (result.label(a), result.label(b))
         c["family_size"] = sizes[c["family"]]
         c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]], ALPHA)
         # the seeds at which the rule reaches 80% power, planned for the pessimistic end of what these seeds show
@@ -129,14 +120,14 @@ def all_comparisons(results: dict, settings: dict, power: bool = True) -> dict:
     return out
 
 
-def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
+def _pair(result: CompareResult, settings: dict, a: str, b: str) -> dict:
     """The comparisons of arm ``a`` against arm ``b`` before the Holm adjustment."""
-    seeds = [str(s) for s in results["seeds"]]
+    seeds = [str(s) for s in result.seeds]
     found: list = []
     unmeasured: dict = {}
     for name, s in settings.items():
         for m in TASKS[name].metrics(s):
-            per = {arm: [results["runs"][sd][arm]["tasks"][name] for sd in seeds] for arm in (a, b)}
+            per = {arm: [result.run(sd, arm).tasks[name] for sd in seeds] for arm in (a, b)}
             if m.peer:  # read against the other model of the same seed
                 peers = {a: per[b], b: per[a]}
                 vals = {arm: [_finite(_value(lambda r, q=q: m.get(r, q), r)) for r, q in zip(rs, peers[arm])]
@@ -190,9 +181,6 @@ def _pair(results: dict, settings: dict, a: str, b: str) -> dict:
              "means": {x: arm_ci[x][0] for x in (a, b)}, "cis": {x: list(arm_ci[x][1:]) for x in (a, b)},
              "paired": est.to_dict(), "gated": gated, "family": "primary" if m.primary else "exploratory",
              "examples_used": est.n_examples, "p_adjusted": None, "_est": est, "_metric": m}
-        if (a, b) == ("diff", "baseline"):
-            c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": arm_ci[a][0], "diff_ci": list(arm_ci[a][1:]),
-                      "baseline_mean": arm_ci[b][0], "baseline_ci": list(arm_ci[b][1:])})
         out[m.key] = c
     return {**out, **unmeasured}
 
@@ -223,34 +211,30 @@ def _unmeasured(task: str, m, vals: dict, seeds: list[str], a: str, b: str, why:
          "paired": {"mean": None, "low": None, "high": None, "p_value": None, "sign_flip_p": None, "n": len(seeds),
                     "n_examples": 1, "confidence": 0.95, "method": "not measured", "unadjusted_excludes_zero": False,
                     "note": why}}
-    if (a, b) == ("diff", "baseline"):
-        c.update({"diff": vals[a], "baseline": vals[b], "diff_mean": None, "diff_ci": [None, None],
-                  "baseline_mean": None, "baseline_ci": [None, None]})
     return c
 
 
-def token_ratios(results: dict) -> dict:
-    """The token efficiency (paper Fig. 3b) of every arm against the baseline, from each model's
+def token_ratios(result: CompareResult, base: str = PRIMARY[1]) -> dict:
+    """The token efficiency (paper Fig. 3b) of every arm against ``base`` (the baseline), from each model's
     held-out loss along training (``train.heldout_curve``), paired by seed:
     ``{arm: TokenEfficiency.to_dict() with the curves' tokens and mean losses}``, or ``{arm:
     {"skipped": why}}`` when a model has no curve (no LM batches, or ``curve_points = 0``)."""
     from ..eval.efficiency import token_efficiency
 
-    seeds = [str(s) for s in results["seeds"]]
-    curves = {arm: [results["runs"][s][arm]["train"].get("heldout_curve") for s in seeds] for arm in results["arms"]}
+    curves = {arm: [result.run(s, arm).train.get("heldout_curve") for s in result.seeds] for arm in result.arms}
     out: dict = {}
-    for arm in (a for a in results["arms"] if a != "baseline"):
-        if any(c is None or len(c.get("tokens") or []) < 2 for c in curves[arm] + curves["baseline"]):
+    for arm in (a for a in result.arms if a != base):
+        if any(c is None or len(c.get("tokens") or []) < 2 for c in curves[arm] + curves[base]):
             out[arm] = {"skipped": "no held-out loss curve (it needs LM batches and curve_points > 0)"}
             continue
-        pts = {a: [_by_tokens(c) for c in curves[a]] for a in (arm, "baseline")}
+        pts = {a: [_by_tokens(c) for c in curves[a]] for a in (arm, base)}
         try:
-            eff = token_efficiency(pts[arm], pts["baseline"])
+            eff = token_efficiency(pts[arm], pts[base])
         except ValueError as e:  # curves not sampled alike (e.g. models of different runs)
             out[arm] = {"skipped": f"curves cannot be paired: {e}"}
             continue
         out[arm] = {**eff.to_dict(), "loss": {a: np.mean([p[1] for p in pts[a]], 0).tolist() for a in pts},
-                    "gap": gap_along_training(pts[arm], pts["baseline"])}
+                    "gap": gap_along_training(pts[arm], pts[base])}
     return out
 
 
@@ -287,11 +271,11 @@ def _by_tokens(curve: dict) -> tuple[list, list]:
 # -- what a report prints of a comparison (the reasoning behind each word: docs/compare.md, "Reading a report") --
 
 
-def short_verdict(c: dict) -> str:
+def short_verdict(c: dict, names: Optional[dict] = None) -> str:
     """A comparison's verdict in a few words: "DIFF better" / "DIFF worse" (the first arm's name;
     the Holm-adjusted test rejects at ``ALPHA``), "no detectable difference", "too few seeds: N of M"
     (fewer seeds than a verdict in its family needs), "no interval: N seeds", or why it was not
-    compared. The whole sentence stays in ``results.json`` (``verdict``)."""
+    compared. The whole sentence stays in ``results.json`` (``verdict``). ``names``: the arms' labels."""
     if c.get("gated"):
         return NOT_MEASURED if c["gated"].startswith(NOT_MEASURED) else f"not compared: {c['gated'].split(': ')[0]}"
     p = c["paired"]
@@ -300,7 +284,7 @@ def short_verdict(c: dict) -> str:
         return NOT_MEASURED
     if c.get("better"):
         a = c["arms"][0]
-        return f"{SHORT.get(a, a)} {'better' if c['better'] == a else 'worse'}"
+        return f"{(names or LABELS).get(a, a)} {'better' if c['better'] == a else 'worse'}"
     if need and n is not None and n < need:
         return f"too few seeds: {n} of {need}"
     if p.get("low") is None:
@@ -335,25 +319,27 @@ def adjusted_p_text(c: dict) -> str:
     return "-" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.3g}"
 
 
-def verdict_line(c: dict) -> str:
+def verdict_line(c: dict, names: Optional[dict] = None) -> str:
     """One verdict line: metric, ``A - B`` = difference [interval], Holm p, verdict."""
-    a, b = (SHORT.get(x, x) for x in c["arms"])
+    a, b = ((names or LABELS).get(x, x) for x in c["arms"])
     if c.get("gated"):
-        return f"{c['label']}: {short_verdict(c)}"
-    return (f"{c['label']}: {a} - {b} = {difference_text(c)}, Holm p {adjusted_p_text(c)}: {short_verdict(c)}")
+        return f"{c['label']}: {short_verdict(c, names)}"
+    return (f"{c['label']}: {a} - {b} = {difference_text(c)}, Holm p {adjusted_p_text(c)}: "
+            f"{short_verdict(c, names)}")
 
 
-def verdict_rows(comparisons: dict, pairs_: Optional[list] = None) -> list[list[str]]:
+def verdict_rows(comparisons: dict, pairs_: Optional[list] = None, names: Optional[dict] = None) -> list[list[str]]:
     """Rows ``[pair, metric, difference [95%], Holm p, verdict, mean]`` of a verdict table: every primary
     comparison of each pair (``comparisons``: ``{pair: {key: comparison}}``), then the exploratory
-    ones that survive Holm."""
+    ones that survive Holm. ``names``: the arms' labels."""
+    names = names or LABELS
     rows = []
     for pair in pairs_ or list(comparisons):
         comps = comparisons[pair]
         chosen = [c for c in comps.values() if c["primary"]] + [c for c in comps.values()
                                                                  if not c["primary"] and c.get("better")]
         for c in chosen:
-            a, b = (SHORT.get(x, x) for x in c["arms"])
+            a, b = (names.get(x, x) for x in c["arms"])
             rows.append([f"{a} - {b}", c["label"] + ("" if c["primary"] else " (exploratory)"), difference_text(c),
-                         adjusted_p_text(c), short_verdict(c), mean_text(c)])
+                         adjusted_p_text(c), short_verdict(c, names), mean_text(c)])
     return rows

@@ -61,17 +61,16 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
 
 
 def summarise(field: str, results: dict) -> dict:
-    """``{field, points: [{value, metrics: {key: {label, lower_is_better, baseline, diff, paired}}}], best}``."""
+    """``{field, points: [{value, metrics: {key: {label, lower_is_better, baseline, diff, paired}}}], best}``
+    (``results``: ``{value: CompareResult}``)."""
     points = []
     for v, res in results.items():
         metrics = {}
-        for key, c in res["comparison"].items():
+        for key, c in res.primary.metrics.items():
             if c["primary"]:
                 metrics[key] = {"label": c["label"], "lower_is_better": c["lower_is_better"], "gated": c["gated"],
-                                "bounds": c.get("bounds"),
-                                "baseline": [c["baseline_mean"], *c["baseline_ci"]],
-                                "diff": [c["diff_mean"], *c["diff_ci"]], "paired": c["paired"],
-                                "per_seed": {"baseline": c["baseline"], "diff": c["diff"]}}
+                                "bounds": c.get("bounds"), **{a: [c["means"][a], *c["cis"][a]] for a in REPORTED_ARMS},
+                                "paired": c["paired"], "per_seed": {a: c["values"][a] for a in REPORTED_ARMS}}
         points.append({"value": v, "metrics": metrics})
     keys = [k for k in ("lm_nll", "needle_mean", "needle_learned_step")
             if all(k in p["metrics"] and not p["metrics"][k]["gated"] for p in points)]

@@ -37,6 +37,7 @@ without ``shard`` trains the extensions (they depend on every seed's scores) and
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -49,6 +50,7 @@ from ..io import atomic_write, check_record, dumps_strict, own_folder
 from .evaluate import EVALS_DIR, read_eval, write_eval
 from .plan import check
 from .presets import ComparePreset, get_preset, lr_overrides
+from .schema import CompareResult, RunRecord
 from .tune_report import label
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
@@ -150,10 +152,9 @@ def grid_points(base: ComparePreset, tune: tuple[str, Sequence], seeds: list, sh
 def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike,
               tune: tuple[str, Sequence], *, progress: bool = True, workers: Optional[int] = None,
               shard: Optional[tuple[int, int]] = None, shard_offset: int = 0, **overrides) -> dict:
-    """The tuned comparison (see the module doc). Returns the results of the comparison at the
-    preset's value with ``tune`` added (the tuned and the shared comparison, the choices), and
-    under ``"tuned_results"`` / ``"shared_results"`` the two comparisons as whole results dicts
-    (what :func:`difftx.compare.scale.summarise` reads); with ``shard``, only this invocation's
+    """The tuned comparison (see the module doc). Returns a :class:`Tuned`: the results of the comparison at the
+    preset's value with ``tune`` added (the tuned and the shared comparison, the choices), and the two comparisons
+    as whole results (what :func:`difftx.compare.scale.summarise` reads); with ``shard``, only this invocation's
     share is trained: ``{"shard": [K, N], "models": how many models the grid has}``."""
     from .run import run_compare
 
@@ -205,7 +206,17 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
     tune_info, tuned, shared_half = assemble(results, points[shared].resolve().tasks, field, shared, grids, folder,
                                              scores, extended, seed_list)
     write_tune(out, results, tune_info, progress)
-    return {**results, "tuned_results": tuned, "shared_results": shared_half}
+    return Tuned(results, tuned, shared_half)
+
+
+@dataclasses.dataclass
+class Tuned:
+    """What :func:`run_tuned` returns: ``result``, the comparison at the preset's value with its ``tune`` record;
+    ``tuned`` and ``shared``, the tuned comparison and the one at the preset's value, both on the held-out half."""
+
+    result: CompareResult
+    tuned: CompareResult
+    shared: CompareResult
 
 
 def _scores(p: ComparePreset, folder: Path, seeds: list, arm: str, progress: bool) -> list[dict]:
@@ -324,15 +335,15 @@ def halves(h) -> tuple:
     return parts[0], parts[1], split
 
 
-def assemble(results: dict, settings: dict, field: str, shared, grids: dict, folder: dict, scores: dict,
-             extended: dict, seeds: list) -> tuple[dict, dict, dict]:
+def assemble(results: CompareResult, settings: dict, field: str, shared, grids: dict, folder: dict, scores: dict,
+             extended: dict, seeds: list) -> tuple[dict, CompareResult, CompareResult]:
     """``(tune, tuned results, shared results)``: the choices and both comparisons (``settings``: the
     plan's ``{task: Settings}``)."""
     from ..provenance import read_machine
     from ..tasks.subject import TrainRecord
     from .results import add_comparisons
 
-    task_names = list(results["tasks"])
+    task_names = list(results.tasks)
     arms = list(grids)
     chosen = {arm: dict(zip(seeds, choose({v: [x["validation"] for x in scores[arm][v]] for v in grids[arm]},
                                           len(seeds)))) for arm in arms}
@@ -344,15 +355,16 @@ def assemble(results: dict, settings: dict, field: str, shared, grids: dict, fol
         held = scores[arm][v][seeds.index(s)]["heldout"]
         if held is not None and "lm" in tasks:
             tasks["lm"] = held
-        return {"train": TrainRecord.read(f).to_dict(), "tasks": tasks, "machine": read_machine(f), "tune_value": v}
+        return RunRecord(TrainRecord.read(f).to_dict(), tasks, read_machine(f), {"tune_value": v})
 
-    def comparison(pick) -> dict:
-        runs = {str(s): {arm: dict(entry(pick(arm, s), s, arm)) for arm in arms} for s in seeds}
-        return add_comparisons({**results, "runs": runs}, settings)
+    def comparison(pick) -> CompareResult:
+        runs = {(int(s), arm): copy.copy(entry(pick(arm, s), s, arm)) for s in seeds for arm in arms}
+        return add_comparisons(dataclasses.replace(results, runs=runs, comparisons={}), settings,
+                               results.primary.arms)
 
     tuned = comparison(lambda arm, s: chosen[arm][s])
     shared_half = comparison(lambda arm, s: shared)
-    tasks_at = {arm: {v: [entry(v, s, arm)["tasks"] for s in seeds] for v in grids[arm]} for arm in arms}
+    tasks_at = {arm: {v: [entry(v, s, arm).tasks for s in seeds] for v in grids[arm]} for arm in arms}
     validation = {arm: {v: [x["validation"] for x in scores[arm][v]] for v in grids[arm]} for arm in arms}
     selection_aware(tuned, settings, tasks_at, validation)
     means = {arm: {v: sum(x["validation"] for x in scores[arm][v]) / len(seeds) for v in grids[arm]} for arm in arms}
@@ -425,19 +437,17 @@ def selection_jackknife(x: dict, val: dict, a: str, b: str, confidence: float = 
             "note": None}
 
 
-def selection_aware(results: dict, settings: dict, tasks_at: dict, val: dict) -> None:
+def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val: dict) -> None:
     """Make every compared primary metric of the tuned ``results`` allow for the choice: its interval
     the hull of the comparison's own and :func:`selection_jackknife`'s, its p-value the larger of
     the two (kept under ``selection``), then Holm over the primary family again and the verdicts
     rewritten. ``tasks_at[arm][value]``: the seeds' task results at that value."""
     from ..eval.stats import PairedEstimate, holm, verdict
     from ..tasks import TASKS
-    from ..tasks.reporting import SHORT
     from .summary import ALPHA, _finite, _value
 
     metrics = {m.key: (name, m) for name, st in settings.items() for m in TASKS[name].metrics(st) if m.primary}
-    comps = [c for group in [results["comparison"], *results.get("arm_comparisons", {}).values()]
-             for c in group.values() if c["primary"]]
+    comps = [c for pair in results.comparisons.values() for c in pair.metrics.values() if c["primary"]]
     family = [c for c in comps if c["gated"] is None and c["paired"]["p_value"] is not None]
     for c in family:
         name, m = metrics[c["key"]]
@@ -463,23 +473,20 @@ def selection_aware(results: dict, settings: dict, tasks_at: dict, val: dict) ->
         fields = {k: v for k, v in c["paired"].items() if k in PairedEstimate.__dataclass_fields__}
         est = PairedEstimate(**fields)
         c["verdict"] = verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=p, alpha=ALPHA,
-                               unit=m.unit, digits=max(m.digits, 1), names=(SHORT.get(a, a), SHORT.get(b, b)),
+                               unit=m.unit, digits=max(m.digits, 1), names=(results.label(a), results.label(b)),
                                family_size=len(family))
         c["better"] = None if p >= ALPHA else (a if (est.mean < 0) == m.lower_is_better else b)
 
 
-def _primary(results: dict) -> dict:
+def _primary(results: CompareResult) -> dict:
     """``{pair: {metric: comparison}}`` of the primary metrics of every pair of arms."""
-    out = {"diff vs baseline": {k: c for k, c in results["comparison"].items() if c["primary"]}}
-    for key, comps in results.get("arm_comparisons", {}).items():
-        out[key] = {k: c for k, c in comps.items() if c["primary"]}
-    return out
+    return {key: {k: c for k, c in pair.metrics.items() if c["primary"]} for key, pair in results.comparisons.items()}
 
 
-def write_tune(out: Path, results: dict, tune: dict, progress: bool) -> None:
+def write_tune(out: Path, results: CompareResult, tune: dict, progress: bool) -> None:
     """``tune.json``; ``report.md``, ``results.json`` and the plots again, with the tuned section."""
     from .report import write_outputs
 
-    results["tune"] = tune
+    results.extra["tune"] = tune
     atomic_write(out / TUNE_FILE, lambda p: Path(p).write_text(dumps_strict(tune, indent=1) + "\n"))
     write_outputs(out, results, progress=progress)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..io import own_folder
+from .arms import LABELS
 
 
 def label(field: str, value) -> str:
@@ -33,11 +34,12 @@ TUNE_METHOD = ("Method, in one line: for seed s, each arm's value is the one wit
                "and \"Reading a report\".\n")
 
 
-def render_tune(tune: dict, plots: dict) -> str:
+def render_tune(tune: dict, plots: dict, names: Optional[dict] = None) -> str:
     """The tuned comparison (primary): its verdict table beside the difference at the preset's value,
     one line of method, where the choice and the evaluation read, each arm's values and choices, and
-    the figure. The report's opening lines (:func:`difftx.compare.report.opening`) come before it."""
-    from ..tasks.reporting import SHORT
+    the figure. The report's opening lines (:func:`difftx.compare.report.opening`) come before it. ``names``: the
+    arms' labels."""
+    names = names or {}
     from .summary import adjusted_p_text, short_verdict
 
     field, shared = tune["field"], tune["shared_value"]
@@ -48,9 +50,9 @@ def render_tune(tune: dict, plots: dict) -> str:
     for pair, metrics in tune["tuned"].items():
         for key, c in metrics.items():
             s = tune["shared"].get(pair, {}).get(key)
-            a, b = (SHORT.get(x, x) for x in c["arms"])
+            a, b = (names.get(x) or LABELS.get(x, x) for x in c["arms"])
             lines.append(f"| {a} - {b} | {c['label']} | {'-' if s is None else _gap(s)} | {_gap(c)} | "
-                         f"{adjusted_p_text(c)} | {short_verdict(c)} |")
+                         f"{adjusted_p_text(c)} | {short_verdict(c, names or None)} |")
     split = tune.get("split") or {}
     lines += ["", TUNE_METHOD,
               f"Validation loss (chooses): {tune['validation_source']}. Held-out evaluation (compared): "

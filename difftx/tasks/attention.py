@@ -16,7 +16,7 @@ from typing import Optional
 
 from .base import Metric, Task, parse_cells, positive, setting
 from .common import EVAL_SEED, check_context, fitting_cells, no_needle_task
-from .reporting import NAMES, ReportContext, fmt, table
+from .reporting import ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
          "baseline": {"answer": "0.03-0.09", "noise": "0.49-0.54"},
@@ -134,10 +134,10 @@ class AttentionTask(Task):
         for a in ctx.arms:
             c = ctx.result(self.name, a)["cells"][cell]
             co = c.get("correct_only") or {}
-            rows.append([NAMES[a], fmt(c.get("accuracy"), 2)]
+            rows.append([ctx.name(a), fmt(c.get("accuracy"), 2)]
                         + [fmt(c["summary"][v][p]) for v in VARIANTS_REPORTED for p in ("answer", "noise")]
                         + [fmt(co.get("absolute", {}).get(p)) for p in ("answer", "noise")])
-        rows += [[f"{NAMES[a]}, paper ({PAPER['scale']})", "-", PAPER[a]["answer"], PAPER[a]["noise"], "-", "-",
+        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", "-", PAPER[a]["answer"], PAPER[a]["noise"], "-", "-",
                   "-", "-"] for a in ctx.arms]
         out.append(f"\nSeed {ctx.first}:\n")
         out.append(table(rows, ["model", "accuracy", "answer (abs)", "noise (abs)", "answer (signed)",
@@ -145,7 +145,8 @@ class AttentionTask(Task):
         out.append("Over seeds, every cell compared:\n")
         compared = [k for k in ctx.metric_keys(self.name) if ctx.comparison(k) and not ctx.comparison(k)["gated"]]
         out.append(ctx.comparison_table(compared) or "No cell was learned by both models.\n")
-        rows = [[NAMES[a], str(lay["layer"]), fmt(lay["answer_mean"]["absolute"]), fmt(lay["answer_best"]["absolute"]),
+        rows = [[ctx.name(a), str(lay["layer"]), fmt(lay["answer_mean"]["absolute"]),
+                 fmt(lay["answer_best"]["absolute"]),
                  fmt(lay["noise_mean"]["absolute"]), fmt(lay["noise_best"]["absolute"])]
                 for a in ctx.arms for lay in ctx.result(self.name, a)["cells"][cell]["layers"]]
         out.append(f"Per layer at N/R = {cell} (seed {ctx.first}, absolute variant):\n")
@@ -157,7 +158,7 @@ class AttentionTask(Task):
         from ..eval import plots as P
 
         cell, _ = self.headline_cell(ctx)
-        rows = {NAMES[a]: ctx.result(self.name, a)["cells"][cell]["rows"][0]["layers"][-1] for a in ctx.arms}
+        rows = {ctx.name(a): ctx.result(self.name, a)["cells"][cell]["rows"][0]["layers"][-1] for a in ctx.arms}
         roles = ctx.result(self.name)["cells"][cell]["rows"][0]["roles"]
         return {"attention to answer": P.plot_attention_to_answer(
             rows, roles, folder / "attention_to_answer.png",

@@ -10,7 +10,7 @@ from typing import Optional
 
 from .base import Metric, Task, positive, setting
 from .common import EVAL_SEED
-from .reporting import NAMES, ReportContext
+from .reporting import ReportContext
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class ICLTask(Task):
                "orders of one instance, averaged over instances (lower is more robust). Mean over seeds [95% CI]:\n",
                ctx.comparison_table(ctx.metric_keys(self.name))]
         runs = [(sd, a, k) for sd in ctx.seeds for a in ctx.arms for k in ORDER_KINDS]
-        low = [f"{NAMES[a]} seed {sd} ({k})" for sd, a, k in runs
+        low = [f"{ctx.name(a)} seed {sd} ({k})" for sd, a, k in runs
                if not ctx.result(self.name, a, sd)[k]["above_chance"]]
         rule = ("(mean accuracy within two binomial standard errors of chance): its best - worst is sampling noise, "
                 "so best - worst is compared only where every seed of both models is above chance")

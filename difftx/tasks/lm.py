@@ -11,7 +11,7 @@ from typing import Optional
 
 from .base import Metric, Task, positive, setting
 from .common import check_context, window_nll
-from .reporting import SHORT, ReportContext
+from .reporting import ReportContext
 
 DEFAULT_WINDOWS = 512
 
@@ -139,7 +139,7 @@ class LMTask(Task):
             return {}
         r = ctx.result(self.name)
         f = max(r["extrapolation"], key=int)
-        curves = {SHORT[a]: ctx.result(self.name, a)["extrapolation"][f]["nll_by_position"] for a in ctx.arms}
+        curves = {ctx.short(a): ctx.result(self.name, a)["extrapolation"][f]["nll_by_position"] for a in ctx.arms}
         return {"NLL by position": P.plot_nll_by_position(curves, folder / "nll_by_position.png",
                                                           train_len=r["window"])}
 

@@ -12,7 +12,7 @@ from ..needle_cells import DEFAULT_DEPTHS, DEFAULT_GRID
 from .base import Metric, Task, parse_cell, parse_cells, positive, setting
 from .common import DEFAULT_CELL, check_context, fitting_cells, no_needle_task, run_needles
 from .common import probe_prompts  # noqa: F401 - where tasks written before difftx.tasks.common import it from
-from .reporting import NAMES, SHORT, ReportContext, call, ci, fmt, pair, table
+from .reporting import ReportContext, call, ci, fmt, pair, table
 
 PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1", "2/2", "4/2", "6/2"],
          "baseline": [1.00, 0.85, 0.62, 0.55], "diff": [1.00, 0.92, 0.84, 0.85]}
@@ -96,12 +96,12 @@ class NeedleTask(Task):
                f"depth cell, depths {depths}. Mean over seeds [95% CI].\n"]
         rows = []
         for a in ctx.arms:
-            rows.append([f"{NAMES[a]}, this run"] + [ci(*_mean_ci(ctx.comparison(k), a), 2) for k in keys])
+            rows.append([f"{ctx.name(a)}, this run"] + [ci(*_mean_ci(ctx.comparison(k), a), 2) for k in keys])
         cs = [ctx.comparison(k) for k in keys]
         rows.append(["DIFF - baseline (paired)"] + [pair(c, 2) if c else "-" for c in cs])
-        rows.append(["verdict"] + [call(c) if c else "-" for c in cs])
+        rows.append(["verdict"] + [call(c, ctx.short) if c else "-" for c in cs])
         for a in ctx.arms:
-            rows.append([f"{NAMES[a]}, paper ({PAPER['scale']})"]
+            rows.append([f"{ctx.name(a)}, paper ({PAPER['scale']})"]
                         + [fmt(PAPER[a][PAPER["grid"].index(g)], 2) if g in PAPER["grid"] else "-" for g in grid])
         out.append(table(rows, ["model"] + [f"N={g.split('/')[0]}, R={g.split('/')[1]}" for g in grid]))
         first = ctx.comparison(keys[0])
@@ -114,7 +114,7 @@ class NeedleTask(Task):
         out.append(ctx.comparison_table([f"needle_{o}_rate" for o in OUTCOME_KINDS]))
         for a in ctx.arms:
             bd = ctx.result(self.name, a)["grid"]["by_depth"]
-            out.append(f"{NAMES[a]} (seed {ctx.first}) accuracy by depth: " + "; ".join(
+            out.append(f"{ctx.name(a)} (seed {ctx.first}) accuracy by depth: " + "; ".join(
                 f"{cell}: " + ", ".join(f"{float(d):.2f}->{v:.2f}" for d, v in row.items()) for cell, row in bd.items())
                 + "\n")
         return "\n".join(out)
@@ -123,7 +123,7 @@ class NeedleTask(Task):
         from ..eval import plots as P
 
         grid = [f"{n}/{r}" for n, r in ctx.settings(self.name)["grid"]]
-        acc = {SHORT[a]: {g: ctx.comparison(f"needle_{g.replace('/', '_')}")[f"{a}_mean"] for g in grid
+        acc = {ctx.short(a): {g: ctx.comparison(f"needle_{g.replace('/', '_')}")["means"][a] for g in grid
                           if ctx.comparison(f"needle_{g.replace('/', '_')}")} for a in ctx.arms}
         made = {"needle accuracy": P.plot_needle_accuracy(
             acc, folder / "needle_accuracy.png", title=f"Multi-needle retrieval (mean over {len(ctx.seeds)} seed(s))")}
@@ -132,7 +132,7 @@ class NeedleTask(Task):
             if hm:
                 made[f"needle heatmap {a}"] = P.plot_needle_heatmap(
                     hm["depths"], hm["lengths"], hm["accuracy"], folder / f"needle_heatmap_{a}.png",
-                    title=f"{NAMES[a]}: N/R={hm['cell']}, depth x length")
+                    title=f"{ctx.name(a)}: N/R={hm['cell']}, depth x length")
         return made
 
     def print(self, res: dict) -> None:
@@ -164,7 +164,7 @@ def _cell_records(res: dict, cell: str) -> list[float]:
 
 
 def _mean_ci(c: Optional[dict], arm: str):
-    return (None, [None]) if c is None else (c[f"{arm}_mean"], c[f"{arm}_ci"])
+    return (None, [None]) if c is None else (c["means"][arm], c["cis"][arm])
 
 
 TASK = NeedleTask()

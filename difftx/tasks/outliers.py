@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .base import Metric, Task, positive, setting
 from .common import probe_prompts, recall_prompts
-from .reporting import NAMES, SHORT, ReportContext, fmt, table
+from .reporting import ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 5)",
          "baseline": {"attention_logits": 318.0, "hidden_states": 3608.6},
@@ -64,9 +64,9 @@ class OutlierTask(Task):
 
     def report(self, ctx: ReportContext) -> str:
         o0 = ctx.result(self.name)
-        rows = [[NAMES[a], q.replace("_", " ")] + [fmt(ctx.result(self.name, a)[q][x], 2) for x in STATS]
+        rows = [[ctx.name(a), q.replace("_", " ")] + [fmt(ctx.result(self.name, a)[q][x], 2) for x in STATS]
                 for a in ctx.arms for q in QUANTITIES]
-        rows += [[f"{NAMES[a]}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
+        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
                  for a in ctx.arms for q in QUANTITIES]
         return "\n".join([f"## {self.title}\n",
                           f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; DIFF logits "
@@ -79,7 +79,7 @@ class OutlierTask(Task):
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
 
-        return {"outliers": P.plot_outliers({SHORT[a]: ctx.result(self.name, a) for a in ctx.arms},
+        return {"outliers": P.plot_outliers({ctx.short(a): ctx.result(self.name, a) for a in ctx.arms},
                                             folder / "outliers.png")}
 
     def print(self, res: dict) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 from .base import Metric, Task, parse_cells, positive, setting
 from .common import fitting_cells, run_needles, window_nll
-from .reporting import NAMES, SHORT, ReportContext, fmt, table
+from .reporting import ReportContext, fmt, table
 
 GRANULARITIES = ("row", "tensor")
 
@@ -94,7 +94,7 @@ class QuantTask(Task):
         for a in ctx.arms:
             q = ctx.result(self.name, a)
             for label, sweep in _sweeps(q):
-                rows.append([NAMES[a], label, fmt(sweep["full"])]
+                rows.append([ctx.name(a), label, fmt(sweep["full"])]
                             + [fmt(sweep[g][str(b)]) for g in GRANULARITIES for b in q["bits"]])
         header = ["model", "metric", "full"] + [f"{g} {b}b" for g in GRANULARITIES for b in q0["bits"]]
         return "\n".join([f"## {self.title} (dynamic absmax, per row / per tensor)\n", f"Seed {ctx.first}:\n",
@@ -110,13 +110,13 @@ class QuantTask(Task):
 
         made = {}
         if all("nll" in ctx.result(self.name, a) for a in ctx.arms):
-            curves = {SHORT[a]: ctx.result(self.name, a)["nll"] for a in ctx.arms}
+            curves = {ctx.short(a): ctx.result(self.name, a)["nll"] for a in ctx.arms}
             made["quantization NLL"] = P.plot_quantization(curves, folder / "quant_nll.png", metric="NLL")
         cells = list(ctx.result(self.name).get("needle_accuracy", {}))
         if cells:
             c = cells[-1]
             made["quantization needle accuracy"] = P.plot_quantization(
-                {SHORT[a]: ctx.result(self.name, a)["needle_accuracy"][c] for a in ctx.arms},
+                {ctx.short(a): ctx.result(self.name, a)["needle_accuracy"][c] for a in ctx.arms},
                 folder / "quant_needle_accuracy.png", metric=f"needle accuracy N/R={c}")
         return made
 

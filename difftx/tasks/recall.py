@@ -259,7 +259,7 @@ class RecallTask(Task):
             return head + f"Not run: {ctx.skipped(self.name)}.\n"
         from ..eval.stats import paired_estimate
 
-        arms = list(ctx.results["arms"])
+        arms = ctx.all_arms
         r0 = ctx.result(self.name, arms[0])
         if r0.get("source") != "generated":
             return head + f"Accuracy on {r0['source']}.\n\n" + ctx.comparison_table(["recall_accuracy"])
@@ -297,9 +297,7 @@ class RecallTask(Task):
         out.append(table(rows, ["arm", "frontier", "pairs at 50%", "learned at", "attention on the binding"]))
         out += _mechanism_sections(ctx, self.name, arms)
         keys = [k for k in ctx.metric_keys(self.name) if k != "recall_accuracy"]
-        verdicts = [ctx.results["comparison"].get(k) for k in keys]
-        for pair_, comps in (ctx.results.get("arm_comparisons") or {}).items():
-            verdicts += [comps.get(k) for k in keys]
+        verdicts = [c for k in keys for c in ctx.comparisons(k)]
         lines = [f"- {c['verdict']}" for c in verdicts if c is not None and c.get("verdict")]
         if lines:
             out.append("Every pair of arms, per metric (Holm over every pair; docs/compare.md, \"Statistics\"):\n")
@@ -347,7 +345,7 @@ class RecallTask(Task):
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
 
-        arms = list(ctx.results["arms"])
+        arms = ctx.all_arms
         if not ctx.ran(self.name) or ctx.result(self.name, arms[0]).get("source") != "generated":
             return {}
         curves: dict = {}
@@ -371,7 +369,7 @@ def _runs(ctx: ReportContext, task: str, arm: str) -> list[dict]:
 
 
 def _trains(ctx: ReportContext, arm: str) -> list[dict]:
-    return [ctx.results["runs"][sd][arm]["train"] for sd in ctx.seeds]
+    return [ctx.train(arm, sd) for sd in ctx.seeds]
 
 
 def _probed(train: dict, key: str) -> list[dict]:

@@ -26,25 +26,37 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 
 class ReportContext:
-    """Read access to ``results.json`` for report sections and plots: a task asks for its
-    settings, its result for one seed and arm, and the paired comparison of a metric."""
+    """Read access to a comparison's results (:class:`difftx.compare.schema.CompareResult`) for report sections and
+    plots: a task asks for its settings, its result for one seed and arm, and the paired comparison of a metric.
+    ``arms``: the two arms of the comparison's primary pair in the order a section shows them (the baseline
+    first); ``all_arms``: every arm."""
 
-    def __init__(self, results: dict) -> None:
+    def __init__(self, results) -> None:
         self.results = results
-        self.seeds = [str(s) for s in results["seeds"]]
-        self.arms = [a for a in REPORTED_ARMS if a in results["arms"]]
+        self.seeds = [str(s) for s in results.seeds]
+        self.arms = list(reversed(results.primary.arms))
+        self.all_arms = list(results.arms)
         self.first = self.seeds[0]
 
+    def name(self, arm: str) -> str:
+        """An arm in words: "DIFF", "Transformer (baseline)", or its label (``--from``: converted, source)."""
+        label = self.results.label(arm)
+        return NAMES[arm] if arm in NAMES and label == SHORT[arm] else label
+
+    def short(self, arm: str) -> str:
+        return self.results.label(arm)
+
     def settings(self, task: str) -> dict:
-        return self.results["tasks"][task]["settings"]
+        return self.results.tasks[task]["settings"]
 
     def metric_keys(self, task: str) -> list[str]:
         """The keys of ``task``'s declared metrics, in declaration order."""
-        return [m["key"] for m in self.results["tasks"][task]["metrics"]]
+        return [m["key"] for m in self.results.tasks[task]["metrics"]]
 
-    def result(self, task: str, arm: str = "diff", seed: Optional[str] = None) -> dict:
-        """One model's result of ``task`` (``{"skipped": reason}`` when it did not run)."""
-        return self.results["runs"][seed or self.first][arm]["tasks"][task]
+    def result(self, task: str, arm: Optional[str] = None, seed: Optional[str] = None) -> dict:
+        """One model's result of ``task`` (``{"skipped": reason}`` when it did not run; ``arm``: the primary pair's
+        first, DIFF, unless given)."""
+        return self.results.run(seed or self.first, arm or self.arms[-1]).tasks[task]
 
     def ran(self, task: str) -> bool:
         return all("skipped" not in self.result(task, a, s) for s in self.seeds for a in self.arms)
@@ -54,22 +66,28 @@ class ReportContext:
         return r.get("skipped")
 
     def train(self, arm: str, seed: Optional[str] = None) -> dict:
-        return self.results["runs"][seed or self.first][arm]["train"]
+        return self.results.run(seed or self.first, arm).train
 
     def comparison(self, key: str) -> Optional[dict]:
-        return self.results["comparison"].get(key)
+        """The primary pair's comparison of metric ``key`` (DIFF vs baseline)."""
+        return self.results.primary.metrics.get(key)
+
+    def comparisons(self, key: str) -> list[dict]:
+        """Every pair's comparison of metric ``key``, the primary pair first."""
+        return [c.metrics[key] for c in self.results.comparisons.values() if key in c.metrics]
 
     def comparison_rows(self, keys: Sequence[str], digits: Optional[int] = None) -> list[list[str]]:
         """``[label, baseline, DIFF, DIFF - baseline, verdict]`` for each compared metric (with the
         metric's own digits unless ``digits`` is given)."""
+        b, a = self.arms
         rows = []
         for k in keys:
             c = self.comparison(k)
             if c is not None:
                 d = digits if digits is not None else c.get("digits", 3)
                 mark = "*" if c.get("bounds") else ""
-                rows.append([c["label"], ci(c["baseline_mean"], c["baseline_ci"], d) + mark,
-                             ci(c["diff_mean"], c["diff_ci"], d) + mark, pair(c, d), call(c)])
+                rows.append([c["label"], ci(c["means"][b], c["cis"][b], d) + mark,
+                             ci(c["means"][a], c["cis"][a], d) + mark, pair(c, d), call(c, self.short)])
         return rows
 
     def comparison_table(self, keys: Sequence[str], digits: Optional[int] = None) -> str:
@@ -79,7 +97,8 @@ class ReportContext:
         note = ("\n\\* a distribution-free interval (the hull with a betting interval): it holds for any "
                 "distribution of the seeds inside the metric's range, and is conservative.\n"
                 if any(r[1].endswith("*") for r in rows) else "")
-        return table(rows, ["metric", "baseline", "DIFF", DIFF_HEADER, "verdict"]) + note
+        b, a = (self.short(x) for x in self.arms)
+        return table(rows, ["metric", b, a, f"{a} - {b} [unadjusted 95%], Holm p", "verdict"]) + note
 
 
 def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3) -> str:
@@ -101,8 +120,9 @@ def pair(c: dict, digits: int = 3) -> str:
     return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]{adj}"
 
 
-def call(c: dict) -> str:
-    """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects."""
+def call(c: dict, short=None) -> str:
+    """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects (``short``: an arm's
+    label)."""
     if c.get("gated"):
         if c["paired"]["mean"] is None:
             return "not measured in this run"
@@ -116,5 +136,6 @@ def call(c: dict) -> str:
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
     if c.get("better") is None:
         return "no detectable difference"
-    return "DIFF better" if c["better"] == "diff" else "DIFF worse"
+    a = c["arms"][0]
+    return f"{(short or SHORT.get)(a)} " + ("better" if c["better"] == a else "worse")
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 from .base import Metric, Task, positive, setting
 from .common import first_learned_step, learning_bounds, learning_steps
-from .reporting import NAMES, SHORT, ReportContext, fmt, pair, call, table
+from .reporting import ReportContext, fmt, pair, call, table
 from .subject import TRAIN_RECORD
 
 LOSSES = (("needle_loss", "needle answer loss (nats)"), ("lm_loss", "LM loss (nats)"), ("icl_loss", "ICL loss (nats)"))
@@ -86,12 +86,13 @@ def _per_stack(ctx: ReportContext, task: str) -> str:
                 stacks.setdefault(a, {}).setdefault(r["cost"]["tokens_per_s"], []).append(sd)
     if not stacks:
         return ""
-    parts = [f"{SHORT[a]} {v:,.0f} tokens/s (seeds {', '.join(seeds)})" for a in ctx.arms
+    parts = [f"{ctx.short(a)} {v:,.0f} tokens/s (seeds {', '.join(seeds)})" for a in ctx.arms
              for v, seeds in stacks.get(a, {}).items()]
     ratio = ""
-    if all(len(stacks.get(a, {})) == 1 for a in ("diff", "baseline")):
-        (d,), (b,) = stacks["diff"], stacks["baseline"]
-        ratio = f"; DIFF / baseline = {d / b:.3f}"
+    base, arm = ctx.arms
+    if all(len(stacks.get(a, {})) == 1 for a in ctx.arms):
+        (d,), (b,) = stacks[arm], stacks[base]
+        ratio = f"; {ctx.short(arm)} / {ctx.short(base)} = {d / b:.3f}"
     return ("Seeds trained as one stacked model share its clock, so throughput and the loss at equal wall-clock are "
             f"one measurement per stack, not a sample of seeds (no interval): {'; '.join(parts)}{ratio}.\n")
 
@@ -166,11 +167,11 @@ class TrainingTask(Task):
                     r = ctx.result(self.name, a, sd)
                     at = r["learned_step"]
                     when = f"step {at}" if at is not None else f"not by step {r['last_probe_step']}"
-                    rows.append([sd, NAMES[a], when] + [fmt(v, 2) for v in r["probes"][-1]["accuracy"].values()])
+                    rows.append([sd, ctx.name(a), when] + [fmt(v, 2) for v in r["probes"][-1]["accuracy"].values()])
             out.append(table(rows, ["seed", "model", f"learned at ({r0['probe_cell']})"]
                              + [f"last probe {g}" for g in r0["probes"][-1]["accuracy"]]))
             out.append(self._learning_speed(ctx))
-        rows = [[sd, SHORT[a], fmt(ctx.train(a, sd).get("wall_s"), 1), fmt(ctx.train(a, sd).get("cpu_s"), 1),
+        rows = [[sd, ctx.short(a), fmt(ctx.train(a, sd).get("wall_s"), 1), fmt(ctx.train(a, sd).get("cpu_s"), 1),
                  str(ctx.train(a, sd).get("threads", "-"))] for sd in ctx.seeds for a in ctx.arms]
         out.append("Training time:\n")
         out.append(table(rows, ["seed", "model", "wall s", "CPU s", "threads"]))
@@ -185,15 +186,17 @@ class TrainingTask(Task):
             return ""
         if c["gated"]:
             return "No model learned retrieval by its last probe: learning speed is not compared.\n"
-        first = {"diff": 0, "baseline": 0, "tie": 0}
-        for d, b in zip(c["diff"], c["baseline"]):
-            first["diff" if d < b else "baseline" if b < d else "tie"] += 1
-        return (f"Learning speed (primary): DIFF learned first in {first['diff']} of {len(c['diff'])} seeds, the "
-                f"baseline in {first['baseline']}, {first['tie']} tied (same probe, or neither learned). Steps until "
-                f"learned, DIFF - baseline (paired; a model that did not learn counts as its last probe step, which "
+        x, y = c["arms"]
+        first = {x: 0, y: 0, "tie": 0}
+        for d, b in zip(c["values"][x], c["values"][y]):
+            first[x if d < b else y if b < d else "tie"] += 1
+        return (f"Learning speed (primary): {ctx.short(x)} learned first in {first[x]} of {len(c['values'][x])} "
+                f"seeds, the {ctx.short(y)} in {first[y]}, {first['tie']} tied (same probe, or neither learned). "
+                f"Steps until learned, {ctx.short(x)} - {ctx.short(y)} (paired; a model that did not learn counts as "
+                f"its last probe step, which "
                 f"moves that seed's difference toward 0 but can move the mean either way): {pair(c, 0)}, sign-flip "
                 f"p = {c['paired']['sign_flip_p']:.2g}; "
-                f"{call(c)}.\n")
+                f"{call(c, ctx.short)}.\n")
 
     def _cost_and_stability(self, ctx: ReportContext) -> str:
         st = ctx.settings(self.name)
@@ -214,7 +217,7 @@ class TrainingTask(Task):
                 r = ctx.result(self.name, a, sd)
                 c, sb = r["cost"], r["stability"]
                 lam = sb.get("final_lambda")
-                rows.append([sd, SHORT[a], fmt(c["tokens_per_s"], 0), fmt(c["time_s"], 1),
+                rows.append([sd, ctx.short(a), fmt(c["tokens_per_s"], 0), fmt(c["time_s"], 1),
                              fmt(None if c["flops"] is None else c["flops"] / 1e12, 2), str(sb["grad_spikes"]),
                              fmt(sb["max_grad_norm"], 2), fmt(sb["max_attention_logit"], 2),
                              ", ".join(f"{v:.2f}" for v in lam) if lam else "-"])
@@ -233,7 +236,7 @@ class TrainingTask(Task):
 
         made = {}
         for key, label in LOSSES:
-            curves = {SHORT[a]: [([h["step"] for h in hist], [h[key] for h in hist])
+            curves = {ctx.short(a): [([h["step"] for h in hist], [h[key] for h in hist])
                                  for sd in ctx.seeds for hist in [_logged(ctx.train(a, sd), key)] if hist]
                       for a in ctx.arms}
             curves = {name: seeds for name, seeds in curves.items() if seeds}
@@ -244,7 +247,7 @@ class TrainingTask(Task):
             made.update(self._cost_plots(ctx, folder))
         if ctx.ran(self.name) and ctx.result(self.name)["probes"]:
             cell = ctx.result(self.name)["probe_cell"]
-            curves = {SHORT[a]: [(r["records"]["probe_step"], r["records"]["probe_accuracy"])
+            curves = {ctx.short(a): [(r["records"]["probe_step"], r["records"]["probe_accuracy"])
                                  for sd in ctx.seeds for r in [ctx.result(self.name, a, sd)]] for a in ctx.arms}
             made["needle accuracy during training"] = P.plot_seed_curves(
                 curves, folder / "needle_probe.png", ylabel=f"needle accuracy N/R={cell}",
@@ -257,21 +260,21 @@ class TrainingTask(Task):
         made = {}
         runs = {a: [ctx.result(self.name, a, sd) for sd in ctx.seeds] for a in ctx.arms}
         key = runs[ctx.arms[0]][0]["curve"]["loss_key"]
-        curves = {SHORT[a]: [(r["curve"]["time_s"], r["curve"]["loss"]) for r in rs
+        curves = {ctx.short(a): [(r["curve"]["time_s"], r["curve"]["loss"]) for r in rs
                              if None not in r["curve"]["time_s"]] for a, rs in runs.items()}
         curves = {name: seeds for name, seeds in curves.items() if seeds}
         if curves:  # each seed has its own clock: no mean over seeds
             made["training loss against wall-clock"] = P.plot_seed_curves(
                 curves, folder / "loss_vs_time.png", ylabel=f"training {key.replace('_', ' ')}", xlabel="training s",
                 title="Equal wall-clock view", mean=False)
-        lam = {f"{SHORT[a]} L{i}": [(r["curve"]["step"], [h["lambda"][i] for h in r["history"]]) for r in rs]
+        lam = {f"{ctx.short(a)} L{i}": [(r["curve"]["step"], [h["lambda"][i] for h in r["history"]]) for r in rs]
                for a, rs in runs.items() if all(r["history"] and r["history"][0].get("lambda") for r in rs)
                for i in range(len(rs[0]["history"][0]["lambda"]))}
         if lam:
             made["lambda per layer during training"] = P.plot_seed_curves(
                 lam, folder / "lambda_during_training.png", ylabel="λ",
                 title="λ per layer (L0, L1, ...) during training", color_by_model=False)
-        logit = {SHORT[a]: [([p["step"] for p in r["probes"]], [max(p["max_attention_logit"]) for p in r["probes"]])
+        logit = {ctx.short(a): [([p["step"] for p in r["probes"]], [max(p["max_attention_logit"]) for p in r["probes"]])
                             for r in rs if r["probes"] and all(p.get("max_attention_logit") for p in r["probes"])]
                  for a, rs in runs.items()}
         logit = {name: seeds for name, seeds in logit.items() if seeds}
