@@ -304,12 +304,18 @@ def test_crossing_token_curves_get_no_overall_ratio():
     same = token_efficiency([(t, _loss(t / 0.6))] * 2, [(t, _loss(t))] * 2)
     assert not same.crosses and same.overall.value == pytest.approx(0.6, rel=5e-3)
     from difftx.compare.report import render_token_efficiency
+    from difftx.compare.schema import CompareResult, Comparison
 
     loss = {"diff": [1.0] * t.size, "baseline": [1.0] * t.size}
-    text = render_token_efficiency({"token_efficiency": {"diff": {**eff.to_dict(), "loss": loss}}})
+
+    def result(e):
+        return CompareResult(preset={}, seeds=[], arms={}, tasks={}, runs={},
+                             comparisons={"diff vs baseline": Comparison(("diff", "baseline"), {}, primary=True)},
+                             token_efficiency={"diff": {**e.to_dict(), "loss": loss}})
+
+    text = render_token_efficiency(result(eff))
     assert "the curves cross" in text and "no overall ratio" in text
-    text = render_token_efficiency({"token_efficiency": {"diff": {**same.to_dict(), "loss": loss}}})
-    assert "overall: 0.599" in text
+    assert "overall: 0.599" in render_token_efficiency(result(same))
 
 
 def test_a_line_that_does_not_fall_gives_no_ratio():
