@@ -14,6 +14,7 @@ import torch
 from difftx import provenance
 from difftx.cli import main
 from difftx.compare.report import _not_compared, render_report
+from difftx.compare.schema import ArmRecord, CompareResult, RunRecord, from_json
 from difftx.compare.summary import DIFFERENT_RUNS, NOT_LEARNED, NOT_LEARNED_BY_BOTH
 from difftx.tasks.reporting import ReportContext
 
@@ -100,14 +101,15 @@ def test_the_machine_line_names_each_setup_and_older_models(compared):
     res = strict((compared / "results.json").read_text())
     res["plots"] = {}
     res["runs"]["0"]["baseline"]["machine"] = {**res["runs"]["0"]["diff"]["machine"], "cpu_capability": "AVX2"}
-    text = render_report(res, {})
+    text = render_report(from_json(res), {})
     assert "Of the 2 models, 2 setups trained them: 1 on CPU kernel path" in text
     assert "1 on CPU kernel path AVX2" in text
     assert "This report was assembled on" in text
     res["runs"]["0"]["baseline"]["machine"] = None
-    assert "1 by an older difftx that recorded no machine" in render_report(res, {})
+    assert "1 by an older difftx that recorded no machine" in render_report(from_json(res), {})
     res["runs"]["0"]["diff"]["machine"] = None
-    assert "**Machine.** Not recorded for the 2 models (trained by an older difftx)." in render_report(res, {})
+    assert "**Machine.** Not recorded for the 2 models (trained by an older difftx)." in render_report(from_json(res),
+                                                                                                     {})
     with pytest.raises(ValueError, match="not a machine record"):
         (compared / "bad").mkdir()
         (compared / "bad" / provenance.MACHINE_FILE).write_text("[1]")
@@ -128,8 +130,9 @@ def test_scale_json_records_the_machine(tmp_path, monkeypatch):
     def fake_compare(preset, seeds, out, **kw):  # the fit alone: every model's held-out NLL, made up
         nll = {"diff": 2.0, "baseline": 2.1}
         scale = 1.0 / (1 + preset.dim / 64)
-        return {"runs": {str(s): {arm: {"tasks": {"lm": {"heldout": {"nll": v * (1 + scale) + 0.01 * s}}}}
-                                  for arm, v in nll.items()} for s in seeds}}
+        runs = {(s, arm): RunRecord({}, {"lm": {"heldout": {"nll": v * (1 + scale) + 0.01 * s}}})
+                for arm, v in nll.items() for s in seeds}
+        return CompareResult({}, list(seeds), {a: ArmRecord(a, {}, 0, a) for a in nll}, {}, runs)
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
@@ -275,13 +278,13 @@ def test_plot_seed_curves_8_seeds_faint_mean_bold_legend_outside(tmp_path, monke
 def test_training_plots_at_8_seeds(compared, tmp_path, monkeypatch):
     from difftx.tasks import TASKS
 
-    res = strict((compared / "results.json").read_text())
-    res["seeds"] = list(range(8))
+    res = from_json(strict((compared / "results.json").read_text()))
+    res.seeds = list(range(8))
     rng = random.Random(1)
     for s in range(8):
-        res["runs"][str(s)] = copy.deepcopy(res["runs"]["0"])
         for arm in ("diff", "baseline"):
-            rec = res["runs"][str(s)][arm]["tasks"]["training"]["records"]
+            res.runs[(s, arm)] = run = copy.deepcopy(res.run(0, arm))
+            rec = run.tasks["training"]["records"]
             rec["probe_accuracy"] = [rng.random() for _ in rec["probe_accuracy"]]
     figures = capture_figures(monkeypatch)
     made = TASKS["training"].plots(ReportContext(res), tmp_path)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from difftx.compare import summary
+from difftx.compare.schema import ArmRecord, CompareResult, RunRecord
 from difftx.eval.stats import rule_power, seeds_for_power
 from difftx.tasks.base import Metric
 
@@ -44,12 +45,14 @@ def _model(rng, p: float, prompts: int, windows: np.ndarray, nll_shift: float) -
     return {"correct": correct.tolist(), "steps": steps, "learned": learned, "nll": nll.tolist()}
 
 
-def _simulate(rng, n: int, p_diff: float, p_base: float, prompts: int, nll_shift: float = 0.0) -> dict:
+def _simulate(rng, n: int, p_diff: float, p_base: float, prompts: int, nll_shift: float = 0.0) -> CompareResult:
     windows = 2.0 + rng.normal(0, 0.5, 64)  # the same held-out windows for every model
-    runs = {str(s): {"diff": {"tasks": {"lottery": _model(rng, p_diff, prompts, windows, nll_shift)}},
-                     "baseline": {"tasks": {"lottery": _model(rng, p_base, prompts, windows, 0.0)}}}
-            for s in range(n)}
-    return {"arms": {"diff": {}, "baseline": {}}, "seeds": list(range(n)), "runs": runs}
+    runs = {}
+    for s in range(n):
+        runs[(s, "diff")] = RunRecord({}, {"lottery": _model(rng, p_diff, prompts, windows, nll_shift)})
+        runs[(s, "baseline")] = RunRecord({}, {"lottery": _model(rng, p_base, prompts, windows, 0.0)})
+    arms = {a: ArmRecord(a, {}, 0, a) for a in ("diff", "baseline")}
+    return CompareResult(preset={}, seeds=list(range(n)), arms=arms, tasks={}, runs=runs)
 
 
 def _truth(p_diff: float, p_base: float, nll_shift: float) -> dict:
@@ -65,7 +68,7 @@ def lottery(monkeypatch):
 
 
 def _run(rng, reps: int, **kw) -> list[dict]:
-    return [summary.all_comparisons(_simulate(rng, **kw), {"lottery": None}, power=False)["diff vs baseline"]
+    return [summary.all_comparisons(_simulate(rng, **kw), {"lottery": None}, power=False)["diff vs baseline"].metrics
             for _ in range(reps)]
 
 
