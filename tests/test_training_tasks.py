@@ -142,3 +142,6 @@ def test_a_comparison_with_the_documented_task_writes_its_report(copy_task, tmp_
     share = res.mixture["shares"]["copy"]
     report = (tmp_path / "cmp" / "report.md").read_text()
     assert f"{100 * share:.3g}% copying" in report and share > 0
+    # the training section plots the registered task's loss beside the built-in ones
+    pngs = {p.name for p in (tmp_path / "cmp").rglob("*.png")}
+    assert {"copy_loss.png", "needle_loss.png", "lm_loss.png"} <= pngs, pngs

@@ -14,7 +14,15 @@ from .common import first_learned_step, learning_bounds, learning_steps
 from .reporting import ReportContext, fmt, pair, call, table
 from .subject import TRAIN_RECORD
 
-LOSSES = (("needle_loss", "needle answer loss (nats)"), ("lm_loss", "LM loss (nats)"), ("icl_loss", "ICL loss (nats)"))
+# the words for the built-in training tasks' losses; a registered task's loss ({name}_loss) is named after its task
+LOSSES = {"needle_loss": "needle answer loss (nats)", "lm_loss": "LM loss (nats)", "icl_loss": "ICL loss (nats)",
+          "recall_loss": "recall answer loss (nats)"}
+
+
+def logged_losses(histories) -> list[str]:
+    """The per-task losses (``{task}_loss``) the training histories hold, in order of first appearance: every task
+    the mixture trained on, built-in or registered."""
+    return list(dict.fromkeys(k for hist in histories for h in hist for k in h if k.endswith("_loss")))
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,9 @@ class TrainingTask(Task):
         from ..eval import plots as P
 
         made = {}
-        for key, label in LOSSES:
+        keys = logged_losses(ctx.train(a, sd).get("history", []) for a in ctx.arms for sd in ctx.seeds)
+        for key in keys:
+            label = LOSSES.get(key, f"{key[:-len('_loss')]} loss (nats)")
             curves = {ctx.short(a): [([h["step"] for h in hist], [h[key] for h in hist])
                                  for sd in ctx.seeds for hist in [_logged(ctx.train(a, sd), key)] if hist]
                       for a in ctx.arms}
