@@ -11,6 +11,7 @@ from typing import Optional
 
 from .attention.kernels import backend_names
 from .attention.registry import ATTENTIONS  # the attention kinds by name (register_attention adds one)
+from .attention.registry import load_kinds
 
 # Fields added after configs were first written: ``to_dict`` leaves them out while they hold these
 # defaults, so a config that does not use them serialises exactly as before (resuming an older run
@@ -420,3 +421,8 @@ def preset(name: str, **overrides) -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name].replace(**overrides)
+
+
+# The files named in DIFFTX_KINDS (difftx --kinds FILE), in this process and its workers: imported once this module
+# is complete, so that a kinds file may import any of difftx (a training task's registry too, difftx.compare).
+load_kinds()

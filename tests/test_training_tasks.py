@@ -145,3 +145,24 @@ def test_a_comparison_with_the_documented_task_writes_its_report(copy_task, tmp_
     # the training section plots the registered task's loss beside the built-in ones
     pngs = {p.name for p in (tmp_path / "cmp").rglob("*.png")}
     assert {"copy_loss.png", "needle_loss.png", "lm_loss.png"} <= pngs, pngs
+
+
+def test_a_task_in_a_kinds_file_reaches_the_command_line_and_its_workers(tmp_path):
+    """The page's task written to a file named by `difftx --kinds`: `compare --workers 2` (two worker processes, each
+    importing the file through DIFFTX_KINDS) trains both seeds on it and the report plots its loss."""
+    import subprocess
+    import sys
+
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "register_training_task(" in b]
+    (tmp_path / "copytask.py").write_text("\n".join(blocks))
+    out = tmp_path / "cmp"
+    proc = subprocess.run([sys.executable, "-m", "difftx", "--kinds", str(tmp_path / "copytask.py"), "compare",
+                           "--preset", "smoke", "--seeds", "2", "--workers", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["mixture"]["shares"]["copy"] > 0
+    for seed in ("0", "1"):
+        history = results["runs"][seed]["diff"]["train"]["history"]
+        assert any("copy_loss" in h for h in history), seed
+    assert "copying" in (out / "report.md").read_text() and (out / "plots" / "copy_loss.png").is_file()

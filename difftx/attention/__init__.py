@@ -24,4 +24,3 @@ __all__ = [
     "register_attention", "register_backend", "resolve_backend",
 ]
 
-load_kinds()  # the kinds named in DIFFTX_KINDS (difftx --kinds FILE), in this process and its workers

@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"difftx {__version__}")
     parser.add_argument("--kinds", metavar="FILES", default=None,
                         help="Python files or modules (comma-separated) that register your attention kinds "
-                             "(difftx.register_attention), imported before the command, and by its workers; "
-                             "the same as the DIFFTX_KINDS environment variable")
+                             "(difftx.register_attention) or compare training tasks (register_training_task), "
+                             "imported before the command, and by its workers; the same as the DIFFTX_KINDS "
+                             "environment variable")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS.items():
         try:
