@@ -61,9 +61,10 @@ class DiagnosticsTask(Task):
         for sd in ctx.seeds:
             d, b = ctx.result(self.name, "diff", sd), ctx.result(self.name, "baseline", sd)
             rows.append([sd, j(d["lambda"]), j(d["lambda_init"]), j(d["head_redundancy"]), j(b["head_redundancy"])])
-        return (f"## {self.title}\n\n" + table(rows, ["seed", "DIFF lambda per layer (final)", "lambda_init",
-                                                       "DIFF head redundancy per layer",
-                                                       "baseline head redundancy per layer"])
+        dn, bn = ctx.short("diff"), ctx.short("baseline")  # --from: converted, source
+        return (f"## {self.title}\n\n" + table(rows, ["seed", f"{dn} lambda per layer (final)", "lambda_init",
+                                                       f"{dn} head redundancy per layer",
+                                                       f"{bn} head redundancy per layer"])
                 + "\nHead redundancy: mean pairwise cosine similarity of the heads' effective maps (1 = identical "
                   "heads; '-' for a layer with one head).\n")
 

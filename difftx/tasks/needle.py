@@ -98,7 +98,8 @@ class NeedleTask(Task):
         for a in ctx.arms:
             rows.append([f"{ctx.name(a)}, this run"] + [ci(*_mean_ci(ctx.comparison(k), a), 2) for k in keys])
         cs = [ctx.comparison(k) for k in keys]
-        rows.append(["DIFF - baseline (paired)"] + [pair(c, 2) if c else "-" for c in cs])
+        b, a = (ctx.short(x) for x in ctx.arms)
+        rows.append([f"{a} - {b} (paired)"] + [pair(c, 2) if c else "-" for c in cs])
         rows.append(["verdict"] + [call(c, ctx.short) if c else "-" for c in cs])
         for a in ctx.arms:
             rows.append([f"{ctx.name(a)}, paper ({PAPER['scale']})"]

@@ -69,8 +69,8 @@ class OutlierTask(Task):
         rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
                  for a in ctx.arms for q in QUANTITIES]
         return "\n".join([f"## {self.title}\n",
-                          f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; DIFF logits "
-                          "include both softmax maps. "
+                          f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; "
+                          f"{ctx.short(ctx.arms[-1])} logits include both softmax maps. "
                           f"Seed {ctx.first}:\n",
                           table(rows, ["model", "quantity", "top-1", "top-2", "top-3", "top-10", "top-100", "median",
                                        "top-1/median"]),
