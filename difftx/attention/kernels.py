@@ -45,6 +45,9 @@ from .masks import AttentionMask
 
 
 
+_WIDE = (torch.float32, torch.float64)  # dtypes whose softmax runs in their own precision
+
+
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Softmax/lambda precision: float32, or float64 for float64 inputs."""
     return torch.promote_types(dtype, torch.float32)
@@ -139,20 +142,23 @@ def _values(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], allowed: Opt
     C = 1 if lam is None else 2
     Hkv = v.shape[2]
     R = HC // (C * Hkv)
-    qg = q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 3, 1, 5).reshape(B * Hkv * C, R * T, d)
+    one = R * T == 1  # one query row per kv group and component (decoding without GQA): the rows are in place
+    qg = q.reshape(B * Hkv * C, 1, d) if one else \
+        q.view(B, T, Hkv, R, C, d).permute(0, 2, 4, 3, 1, 5).reshape(B * Hkv * C, R * T, d)
     scores = torch.bmm(qg, k.permute(0, 2, 3, 1).flatten(0, 1)).mul_(scale)  # (B*Hkv*C, R*T, S)
     if allowed is not None:
         scores.view(B, Hkv * C, R, T, S).masked_fill_(~allowed[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(B, Hkv, C, R * T, S)
-    eff = probs[:, :, 0] if lam is None else torch.addcmul(probs[:, :, 0], probs[:, :, 1], per_sequence(lam, B, 4),
-                                                           value=-1)  # (B, Hkv, R*T, S)
-    if v.dim() == 4:
+    maps = torch.softmax(scores, dim=-1).view(B, Hkv, C, R * T, S).unbind(2)
+    eff = maps[0] if lam is None else torch.addcmul(maps[0], maps[1], per_sequence(lam, B, 4), value=-1)
+    if v.dim() == 4:  # eff: (B, Hkv, R*T, S)
         out = torch.bmm(eff.reshape(B * Hkv, R * T, S), v.transpose(1, 2).flatten(0, 1))  # (B*Hkv, R*T, dv)
-        return out.view(B, Hkv, R, T, -1).permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, -1)
+        return out.view(B, 1, Hkv, -1) if one else \
+            out.view(B, Hkv, R, T, -1).permute(0, 3, 1, 2, 4).reshape(B, T, Hkv * R, -1)
     P, e = v.shape[3], v.shape[4]  # split values: one e-wide product per piece, the pieces side by side
     out = torch.bmm(eff.unsqueeze(2).expand(B, Hkv, P, R * T, S).reshape(B * Hkv * P, R * T, S),
                     v.permute(0, 2, 3, 1, 4).flatten(0, 2))  # (B*Hkv*P, R*T, e)
-    return out.view(B, Hkv, P, R, T, e).permute(0, 4, 1, 3, 2, 5).reshape(B, T, Hkv * R, P * e)
+    return out.view(B, 1, Hkv, P * e) if one else \
+        out.view(B, Hkv, P, R, T, e).permute(0, 4, 1, 3, 2, 5).reshape(B, T, Hkv * R, P * e)
 
 
 def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False,
@@ -160,8 +166,9 @@ def eager(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = F
     """The oracle: both maps materialised in one piece, O(T*S) memory per head. ``logits_fn``
     transforms the pre-softmax logits (see :func:`_core`; used by low-bit analysis kernels)."""
     T, S = q.shape[1], k.shape[1]
-    if (not return_maps and logits_fn is None and q.dtype == _acc_dtype(q.dtype)
-            and not records_grad(*(t for t in (q, k, v, lam) if t is not None)) and not is_mapped(q)):
+    if (not return_maps and logits_fn is None and q.dtype in _WIDE
+            and not (torch.is_grad_enabled() and records_grad(*(t for t in (q, k, v, lam) if t is not None)))
+            and not is_mapped(q)):
         return _values(q, k, v, lam, mask.dense(T, S, q.device), scale)
     qg, kg, vg = _group_views(q, k, v, lam is not None)
     out, logits, probs, eff = _core(qg, kg, vg, lam, mask.dense(T, S, q.device), scale, logits_fn)

@@ -636,7 +636,10 @@ class DiffAttention(AttentionKind):
 
     def lambda_parameters(self) -> tuple[Tensor, ...]:
         """``(lambda_q1, lambda_k1, lambda_q2, lambda_k2)``; empty for the no-subtraction control."""
-        return (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2) if self.subtract else ()
+        if not self.subtract:
+            return ()
+        ps = self._parameters  # read directly: nn.Module's attribute fallback costs a decoding step's microseconds
+        return ps["lambda_q1"], ps["lambda_k1"], ps["lambda_q2"], ps["lambda_k2"]
 
     def reset_lambda(self, std: float = LAMBDA_INIT_STD) -> None:  # construction's draw (the model redraws them paired)
         for p in self.lambda_parameters():
@@ -666,7 +669,7 @@ class DiffAttention(AttentionKind):
         paper's ``1 - lambda_init`` unless the config decouples it. Without gradients (decoding) the gain with the
         scale folded in is cached as lambda is: one call of PyTorch's ``rms_norm``, the same values."""
         w = None if self.subln is None else self.subln.weight
-        if w is None or w.dim() != 1 or o.dtype != w.dtype or o.dtype != at_least_fp32(o.dtype) \
+        if w is None or w.dim() != 1 or o.dtype != w.dtype or o.dtype not in (torch.float32, torch.float64) \
                 or records_grad(o, w) or is_mapped(w):
             return _rms_head_norm(o, w, self.out_scale, self.norm_eps)
         gain = _inference_value(self, "_gain_cache", (w,), self.out_scale,
