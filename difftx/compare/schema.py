@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
-from ..io import dumps_strict
+from ..io import dumps_strict, read_json
 
 SCHEMA = "difftx.compare.results"
 # 4: every comparison keyed by its pair under ``comparisons`` (``{"arms", "primary", "metrics"}``), the arms with
@@ -59,10 +60,6 @@ def read_results(path) -> "CompareResult":
     """A ``results.json`` of any version this difftx reads (:data:`READABLE_VERSIONS`), validated, as a
     :class:`CompareResult` (:func:`from_json`); a version 2 file's ``paired.p_value`` of a bounded metric is the
     larger of the exchangeability and betting p-values, and it has no ``mean_established``."""
-    from pathlib import Path
-
-    from ..io import read_json
-
     data = read_json(Path(path), "the results of a comparison")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a comparison's results (not a JSON object)")
@@ -230,11 +227,6 @@ class CompareResult:
         return self.extra.get(name, default)
 
 
-def arm_label(name: str) -> str:
-    """The label of a built-in arm a version 2 or 3 file did not record."""
-    return {"diff": "DIFF", "baseline": "baseline"}.get(name, name)
-
-
 def to_json(result: CompareResult) -> dict:
     """The JSON object of ``result`` (schema version :data:`SCHEMA_VERSION`)."""
     seeds = [str(s) for s in result.seeds]
@@ -285,8 +277,9 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
     each, DIFF vs baseline the primary one, and the arms' labels and descriptions from the arm table."""
     validate_results(data, where)
     from ..config import ARMS
+    from .arms import LABELS  # the labels a version 2 or 3 file did not record
 
-    arms = {name: ArmRecord(name, a["config"], a["parameters"], a.get("label") or arm_label(name),
+    arms = {name: ArmRecord(name, a["config"], a["parameters"], a.get("label") or LABELS.get(name, name),
                             a.get("description", ARMS.get(name, "")), a.get("source"))
             for name, a in data["arms"].items()}
     runs = {(int(s), arm): RunRecord(r["train"], r["tasks"], r.get("machine"),
