@@ -211,6 +211,8 @@ def test_kinds_from_a_file_on_the_command_line(kinds, tmp_path, capsys, monkeypa
     ("import difftx\n\n\nclass Mine(difftx.StandardAttention):\n    pass\n\n\n"
      "difftx.register_attention('diff', Mine, replace=True)\n", 8, "'diff' is a built-in kind (DiffAttention)"),
     ("import no_such_package_here\n", 1, "ModuleNotFoundError"),
+    ("import sys\n\nsys.exit(0)\n", 3, "SystemExit: it exits the program while being imported (exit code 0)"),
+    ("import argparse\nargparse.ArgumentParser().parse_args(['--help'])\n", 2, "SystemExit"),
 ])
 def test_a_bad_kinds_file_is_bad_input_named_by_file_and_line(body, line, what, tmp_path, capsys, monkeypatch):
     """A kinds file that does not import, or shadows a built-in kind, exits 2 with one line: the file, the line, why;
@@ -226,3 +228,41 @@ def test_a_bad_kinds_file_is_bad_input_named_by_file_and_line(body, line, what, 
     assert ATTENTIONS["diff"] is DiffAttention
     assert main(["--kinds", "no_such_module_either", "info", "tiny"]) == 2
     assert "cannot import 'no_such_module_either': no such module" in capsys.readouterr().err
+
+
+def test_two_kinds_files_of_one_name_both_load(kinds, tmp_path, monkeypatch):
+    """a/k.py and b/k.py are two files: each registers its own kind (the second is not taken for the first)."""
+    from difftx.attention.registry import load_kinds
+
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "k.py").write_text(f"import difftx\n\n\nclass Mine(difftx.StandardAttention):\n    pass\n\n\n"
+                                             f"difftx.register_attention('same_name_{sub}', Mine)\n")
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    try:
+        load_kinds(f"{tmp_path / 'a' / 'k.py'},{tmp_path / 'b' / 'k.py'}")
+        assert {"same_name_a", "same_name_b"} <= set(ATTENTIONS)
+    finally:
+        for sub in ("a", "b"):
+            ATTENTIONS.pop(f"same_name_{sub}", None)
+
+
+def test_a_kinds_module_named_by_import_name_is_an_input(kinds, tmp_path, capsys, monkeypatch):
+    """``--kinds MODULE``: the module's file is protected as an input like a file given by path."""
+    from difftx.cli import main
+
+    code = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[0].replace('"qknorm"', '"qknorm_module"')
+    (tmp_path / "qk_module_kinds.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    before = (tmp_path / "qk_module_kinds.py").read_bytes()
+    try:
+        code = main(["--kinds", "qk_module_kinds", "bench", "--seq-lens", "8", "--dim", "32", "--heads", "2",
+                     "--repeats", "1", "--modes", "fwd", "--backends", "eager", "--json",
+                     str(tmp_path / "qk_module_kinds.py")])
+    finally:
+        ATTENTIONS.pop("qknorm_module", None)
+        sys.modules.pop("qk_module_kinds", None)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "is the kinds file" in err, err
+    assert (tmp_path / "qk_module_kinds.py").read_bytes() == before

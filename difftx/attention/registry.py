@@ -105,6 +105,7 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
     """Import the modules that register your attention kinds: ``spec`` (default the ``DIFFTX_KINDS`` environment
     variable) is a comma-separated list of Python files or importable module names. ``difftx --kinds FILE``
     sets the variable, so that worker processes import them too. Returns the names it imported."""
+    import hashlib
     import importlib
     import importlib.util
     import os
@@ -123,7 +124,8 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
                 if not path.is_file():
                     raise KindsError(f"{KINDS_ENV} / --kinds: no such file: {path} (give the Python file that "
                                      f"registers your attention kinds)")
-                name = f"difftx_kinds_{path.stem}"
+                # the file's own module: two files of one name (a/kinds.py, b/kinds.py) are two modules
+                name = f"difftx_kinds_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
                 if name not in sys.modules:
                     module_spec = importlib.util.spec_from_file_location(name, path)
                     module = importlib.util.module_from_spec(module_spec)
@@ -143,9 +145,13 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
                                  f"file, or a module on the path)") from e
             where = _where(e, path) if path is not None else item
             raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {where}: {type(e).__name__}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - one line naming the file and line, then the original error
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - one line naming the file and line, then the error
             where = _where(e, path) if path is not None else item
-            what = e.msg if isinstance(e, SyntaxError) else str(e)
+            if isinstance(e, SystemExit):  # sys.exit() or a module-level argument parser: never the command's exit
+                what = (f"it exits the program while being imported (exit code {e.code!r}); a kinds file must only "
+                        f"define and register kinds")
+            else:
+                what = e.msg if isinstance(e, SyntaxError) else str(e)
             raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {where}: {type(e).__name__}: {what}") from e
         done.append(item)
     return done

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from ..tasks.subject import TASK_FILE, TRAIN_RECORD
@@ -141,11 +142,18 @@ def managed_folder(path) -> str | None:
 
 
 def kinds_files() -> list[str]:
-    """The Python files ``--kinds`` / ``DIFFTX_KINDS`` names (module names are not files): inputs of every command."""
+    """The Python files ``--kinds`` / ``DIFFTX_KINDS`` names: inputs of every command. A module named by its import
+    name counts by the file it was imported from."""
     from ..attention.registry import KINDS_ENV  # lazy: torch; --help stays fast
 
-    items = (part.strip() for part in os.environ.get(KINDS_ENV, "").split(","))
-    return [item for item in items if item and (item.endswith(".py") or os.sep in item)]
+    items = [part.strip() for part in os.environ.get(KINDS_ENV, "").split(",")]
+    files = []
+    for item in filter(None, items):
+        if item.endswith(".py") or os.sep in item:
+            files.append(item)
+        elif getattr(sys.modules.get(item), "__file__", None):  # imported by load_kinds before any output is checked
+            files.append(sys.modules[item].__file__)
+    return files
 
 
 def check_not_input(out, flag: str, inputs: dict, folder: bool = False) -> None:
