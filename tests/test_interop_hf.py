@@ -384,3 +384,26 @@ def test_import_refuses_what_it_cannot_map(changes, match, tmp_path):
     with pytest.raises(ConversionError, match=match):
         import_hf(tmp_path / "hf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_tokenizer_wider_than_the_vocabulary(tmp_path, capsys):
+    """A tokenizer that produces ids the model has no rows for is refused before anything is written (transformers
+    would fail with an IndexError on ordinary text)."""
+    from difftx.data.tokenizer import byte_tokenizer_json
+    from difftx.interop.hf_tokenizer import tokenizer_size
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(byte_tokenizer_json())
+    assert tokenizer_size(tok / "tokenizer.json") == 257
+    torch.manual_seed(0)
+    save_model(Transformer(ModelConfig(vocab_size=200, dim=32, n_layers=1, n_heads=2, max_seq_len=16)),
+               tmp_path / "model")
+    with pytest.raises(ConversionError, match="ids up to 256, but the model's vocabulary has 200 rows"):
+        export_hf(tmp_path / "model", tmp_path / "out", tokenizer_dir=tok)
+    assert not (tmp_path / "out").exists()
+    assert cli_main(["export", str(tmp_path / "model"), str(tmp_path / "out2"), "--tokenizer", str(tok)]) == 2
+    assert "vocabulary has 200 rows" in capsys.readouterr().err and not (tmp_path / "out2").exists()
+    save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=16)),
+               tmp_path / "model257")
+    export_hf(tmp_path / "model257", tmp_path / "out3", tokenizer_dir=tok)  # as wide as the vocabulary: fine

@@ -535,7 +535,7 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     dtype = state["tok_embeddings.weight"].dtype
     with atomic_folder(out, replace=True) as tmp:
         _write_safetensors(tmp / HF_WEIGHTS, hf_state, meta)
-        _, eos_id = export_tokenizer(tok_src, tmp, config.max_seq_len)
+        _, eos_id = export_tokenizer(tok_src, tmp, config.max_seq_len, config.vocab_size)
         cfg = hf_config(config, dtype) if target == "exact" else remote.remote_config(config, dtype)
         if eos_id is not None:
             cfg["eos_token_id"] = eos_id

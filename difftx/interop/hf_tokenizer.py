@@ -12,6 +12,7 @@ from typing import Optional
 
 from ..data.tokenizer import EOS_CANDIDATES, META_FILE, TOKENIZER_FILE, byte_tokenizer_json
 from ..io import atomic_write, write_json
+from .state import ConversionError
 
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json")
 
@@ -41,10 +42,26 @@ def find_eos(tokenizer_json: Path) -> tuple[Optional[str], Optional[int]]:
     return None, None
 
 
-def export_tokenizer(src: Optional[Path], out: Path, max_len: int) -> tuple[Optional[str], Optional[int]]:
+def tokenizer_size(path: Path) -> Optional[int]:
+    """One more than the largest id a ``tokenizer.json`` can produce (its model's vocabulary and its added tokens),
+    or None when the file does not say (an unreadable or unusual file: transformers will judge it)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        vocab = (data.get("model") or {}).get("vocab")
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab))) if isinstance(vocab, list) \
+            else []
+        ids += [t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+        return max(ids) + 1 if ids and all(isinstance(i, int) for i in ids) else None
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
+
+
+def export_tokenizer(src: Optional[Path], out: Path, max_len: int,
+                     vocab_size: Optional[int] = None) -> tuple[Optional[str], Optional[int]]:
     """Copy (or, for difftx's byte tokenizer, write) the tokenizer files of ``src`` into ``out``, with a
     ``tokenizer_config.json`` of ``model_max_length = max_len`` when ``src`` has none; return the eos
-    token and id (None, None without a tokenizer: a warning says why)."""
+    token and id (None, None without a tokenizer: a warning says why). A tokenizer that produces ids beyond
+    ``vocab_size`` (the model's) is refused with a ConversionError."""
     copied = copy_tokenizer(src, out)
     if TOKENIZER_FILE not in copied and src is not None and (src / META_FILE).is_file():
         try:
@@ -65,6 +82,11 @@ def export_tokenizer(src: Optional[Path], out: Path, max_len: int) -> tuple[Opti
                           "a tokenizer", stacklevel=3)
     if TOKENIZER_FILE not in copied:
         return None, None
+    size = tokenizer_size(out / TOKENIZER_FILE)
+    if vocab_size is not None and size is not None and size > vocab_size:
+        raise ConversionError(f"{src}: the tokenizer produces ids up to {size - 1}, but the model's vocabulary has "
+                              f"{vocab_size} rows (ids 0-{vocab_size - 1}); transformers would fail on ordinary text "
+                              f"with an IndexError: export with the tokenizer the model was trained with")
     eos, eos_id = find_eos(out / TOKENIZER_FILE)
     if "tokenizer_config.json" not in copied:
         tk = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
