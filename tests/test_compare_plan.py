@@ -21,6 +21,19 @@ def test_a_preset_checks_its_fields_alone_and_resolve_the_rest():
     assert resolve(p).space == p.resolve().space
 
 
+@pytest.mark.parametrize("fields, says", [
+    (dict(steps=10 ** 12), "ComparePreset.steps: 1,000,000,000,000 is more than a comparison can train"),
+    (dict(steps=10 ** 6, probe_every=1), "ComparePreset.probe_every: 1 probes 1,000,000 times"),
+    (dict(curve_points=10 ** 6), "ComparePreset.curve_points: 1,000,000 is more than 100,000"),
+    (dict(lr=float("inf")), "ComparePreset.lr: must be a finite number, got inf"),
+    (dict(grad_clip=float("nan")), "ComparePreset.grad_clip: must be a finite number"),
+])
+def test_step_counts_and_rates_are_bounded_before_anything_is_built_from_them(fields, says):
+    """A step count's probe schedule is sized before it is built (a set of 1.7e11 steps was built once)."""
+    with pytest.raises(ValueError, match=says.replace(".", r"\.").replace("(", r"\(")):
+        ComparePreset(**fields)
+
+
 def test_plan_does_not_import_presets():
     """The preset is data; resolving it is plan's: no import from plan back to presets."""
     import ast

@@ -8,10 +8,14 @@ tie fields together are :func:`difftx.compare.plan.resolve`'s, which :func:`get_
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..config import INITS
 from .plan import ComparePlan, preset_error, resolve, task_settings
+
+MAX_STEPS = 10 ** 9  # a comparison's optimizer steps: far beyond any run this tool trains, small enough to plan for
+MAX_PROBES = 100_000  # probes (or held-out curve points) along one model's training
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,16 @@ class ComparePreset:
                 raise preset_error(name, f"must be a non-negative integer, got {v!r}")
         for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-                raise preset_error(name, f"must be a number, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise preset_error(name, f"must be a finite number, got {v!r}")
+        # every structure built from a step count (probe schedules, curve points) is sized here, before it is built
+        if self.steps > MAX_STEPS:
+            raise preset_error("steps", f"{self.steps:,} is more than a comparison can train (at most {MAX_STEPS:,})")
+        if self.probe_every and self.steps // self.probe_every > MAX_PROBES:
+            raise preset_error("probe_every", f"{self.probe_every} probes {self.steps // self.probe_every:,} times in "
+                                              f"{self.steps:,} steps, more than {MAX_PROBES:,}: raise probe_every")
+        if self.curve_points > MAX_PROBES:
+            raise preset_error("curve_points", f"{self.curve_points:,} is more than {MAX_PROBES:,}")
         if self.init not in INITS:
             raise preset_error("init", f"must be one of {INITS} (normal: N(0, 0.02) for every weight; torch: "
                                        f"PyTorch's module defaults), got {self.init!r}")
