@@ -13,24 +13,43 @@ Legend: ``B`` batch, ``T`` queries (= keys ``S`` under a causal mask), ``H`` dif
 
 Design (SPEC sections 1 and 6):
 
-- **Forward.** One program owns a block of query rows of one head. It walks the key tiles once;
-  each K tile pair and V tile is loaded once and used for both maps. Each map keeps its own
-  online softmax (running max ``m_c``, running sum ``l_c``) and its own ``2d``-wide float32
+- **Forward.** One program owns a block of query rows of one head (and, with
+  ``BlockConfig.fwd_split = 2``, one ``d``-wide half of the ``2d``-wide value). It walks the key
+  tiles once; each K tile pair and V tile is loaded once and used for both maps. Each map keeps
+  its own online softmax (running max ``m_c``, running sum ``l_c``) and its own float32
   accumulator, because the two maps rescale independently. At the end
   ``O = acc1 / l1 - lam * acc2 / l2``; the per-row log-sum-exp of both maps is stored for the
   backward pass, and so is the second map's normalised output ``O2`` (it gives the backward
   pass both ``O1 = O + lam * O2`` and ``dlam = -sum(dO * O2)``).
 - **Causal block skipping.** Key tiles wholly after the query block are never visited; tiles
   wholly before it run without any mask; only the tiles on the diagonal build a mask.
-- **Backward** (FlashAttention-2 style, recomputing the maps from the stored log-sum-exp):
-  with ``P_c`` the two maps, ``dP = dO V^T`` is shared by both maps,
-  ``dS1 = P1 * (dP - delta1)``, ``dS2 = -lam * P2 * (dP - delta2)`` with
-  ``delta_c = rowsum(dO * O_c)``, ``dV = (P1 - lam * P2)^T dO``, ``dK_c = scale * dS_c^T Q_c``,
-  ``dQ_c = scale * dS_c K_c``. One kernel owns a key tile of one group and loops over its
-  ``R`` heads and the query tiles (dK, dV: no atomics under GQA); another owns a query tile and
-  loops over key tiles (dQ). ``dlam`` is a reduction done in PyTorch.
+- **Backward** (recomputing the maps from the stored log-sum-exp): with ``P_c`` the two maps,
+  ``dP = dO V^T`` is shared by both maps, ``dS1 = P1 * (dP - delta1)``,
+  ``dS2 = -lam * P2 * (dP - delta2)`` with ``delta_c = rowsum(dO * O_c)``,
+  ``dV = (P1 - lam * P2)^T dO``, ``dK_c = scale * dS_c^T Q_c``, ``dQ_c = scale * dS_c K_c``.
+  Two forms, chosen by ``bwd``:
+
+  - ``"atomic"`` (default, 5 products): one kernel owns a key tile of one kv group, loops over
+    the group's ``R`` heads and the query tiles, keeps dK1, dK2, dV in registers and adds each
+    query tile's dQ1, dQ2 into a float32 buffer with ``tl.atomic_add`` (cast at the end).
+  - ``"split"`` (7 products): the dK/dV kernel above without dQ, then a dQ kernel that owns a
+    query tile and recomputes the scores and ``dP`` over the key tiles (no atomics).
+
+  ``dlam`` is a reduction done in PyTorch.
 - Softmax statistics, accumulators and ``lam`` are float32 whatever the input dtype
   (float16 / bfloat16 on GPU; float32 for testing, with exact "ieee" dot products).
+- **Tiles** come from :func:`block_config` (fixed, vetted offline for sm_90) or, on a real GPU
+  when no config is passed, from ``triton.autotune`` over a few vetted configs, cached per
+  (d, bucket of T, dtype, causal); see :data:`AUTOTUNE`.
+- **torch.compile**: the kernels are called through two custom ops (``difftx::triton_diff_fwd``,
+  ``difftx::triton_diff_bwd``) with fake implementations and a registered autograd formula, so a
+  model on this backend traces without graph breaks.
+
+Cost (units of one causal ``T x T x d`` product per head pair, docs/kernels.md): the baseline
+(FlashAttention-2 over ``2H`` heads of width ``d``) does 2 forward + 5 backward = 7; this kernel
+does 3 forward (one ``QK^T`` for both maps, two ``2d``-wide ``PV``) + 5 backward (atomic form)
+= 8, a floor of 8/7 = 1.14x (forward alone 1.5x). The split backward does 7 (3 + 7 = 10,
+1.43x); ``fwd_split = 2`` recomputes ``QK^T`` per value half (4 forward units).
 
 Anything the kernel does not cover is delegated to :func:`kernels.sdpa`, so the backend is
 always safe to select: standard attention (``lam is None``), masks other than plain causal
@@ -44,9 +63,12 @@ CPU tensors through Triton's interpreter, with small blocks; that is how the tes
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import tempfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import triton
@@ -64,17 +86,31 @@ INTERPRET: bool = bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs
 _LOG2E = 1.4426950408889634
 _MAX_D = 256  # widest component the kernels accept (q, k, v tiles of two maps stay in registers)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+BWD_MODES = ("atomic", "split")
+BWD: str = "atomic"
+"""The backward form used when a call does not name one: ``"atomic"`` (5 products, dQ by atomic
+adds) or ``"split"`` (7 products, a separate dQ kernel). The ``triton_split`` backend always
+uses ``"split"``."""
+
+AUTOTUNE: bool = not INTERPRET and os.environ.get("DIFFTX_TRITON_AUTOTUNE", "1").lower() not in ("0", "false", "off")
+"""Autotune the forward and the atomic backward over :func:`autotune_configs` on a real GPU when a
+call passes no ``config`` (the first call of each (d, T bucket, dtype, causal) key times every
+candidate; later calls reuse the winner). Off under the interpreter, or with
+``DIFFTX_TRITON_AUTOTUNE=0``; then :func:`block_config` gives fixed tiles."""
 
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Tile sizes and launch settings of the three kernels.
+    """Tile sizes and launch settings of the kernels.
 
     Each kernel's program *owns* ``*_own`` rows and steps through the other side ``*_step`` at
-    a time: the forward kernel owns query rows and steps through keys, the dK/dV kernel
-    (``kv_*``) owns keys and steps through queries, the dQ kernel (``q_*``) owns query rows and
-    steps through keys. ``*_own`` must be a multiple of ``*_step`` (the causal split into
-    unmasked and diagonal tiles relies on it); all tile sizes are powers of two.
+    a time: the forward kernel owns query rows and steps through keys; the atomic backward
+    (``bwd_*``) and the split backward's dK/dV kernel (``kv_*``) own keys and step through
+    queries; the split backward's dQ kernel (``q_*``) owns query rows and steps through keys.
+    ``*_own`` must be a multiple of ``*_step`` (the causal split into unmasked and diagonal
+    tiles relies on it); all tile sizes are powers of two. ``fwd_split`` (1 or 2): the forward
+    computes the ``2d``-wide output in that many column blocks, one program each (halves the
+    accumulators' registers, recomputes ``QK^T`` per block).
     """
 
     fwd_own: int
@@ -87,41 +123,96 @@ class BlockConfig:
     kv_warps: int = 4
     q_warps: int = 4
     num_stages: int = 2
+    bwd_own: int = 32
+    bwd_step: int = 16
+    bwd_warps: int = 4
+    fwd_split: int = 1
 
     def __post_init__(self) -> None:
-        for kind in ("fwd", "kv", "q"):
+        for kind in ("fwd", "kv", "q", "bwd"):
             own, step = getattr(self, f"{kind}_own"), getattr(self, f"{kind}_step")
             for name, value in ((f"{kind}_own", own), (f"{kind}_step", step)):
                 if value < 1 or value & (value - 1):
                     raise ValueError(f"{name}: must be a power of two, got {value}")
             if own % step:
                 raise ValueError(f"{kind}_own: {own} must be a multiple of {kind}_step={step}")
+        for name in ("fwd_warps", "kv_warps", "q_warps", "bwd_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: must be a power of two, got {value}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages: must be at least 1, got {self.num_stages}")
+        if self.fwd_split not in (1, 2):
+            raise ValueError(f"fwd_split: must be 1 or 2, got {self.fwd_split}")
+
+    def to_list(self) -> list[int]:
+        """The fields as integers in declaration order (how the custom op carries a config)."""
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+    @classmethod
+    def from_list(cls, values: Sequence[int]) -> "BlockConfig":
+        return cls(*values)
 
 
 # Interpreter blocks are tiny so that short test sequences still span several tiles.
 INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8,
-                               fwd_warps=1, kv_warps=1, q_warps=1, num_stages=1)
+                               fwd_warps=1, kv_warps=1, q_warps=1, num_stages=1,
+                               bwd_own=16, bwd_step=8, bwd_warps=1)
 
 
 def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
-    """Tile sizes for component width ``d``.
+    """Fixed tile sizes for component width ``d`` (bfloat16 / float16 on sm_90; used as they are
+    on other GPUs, and as the fallback where autotuning is off).
 
-    The GPU choices are not timed (no GPU was available when they were written). They come from
-    compiling the kernels offline for sm_90 (bfloat16, causal) and keeping, among usual tile
-    shapes, those with the least register spilling as reported by ``cuobjdump
-    --dump-resource-usage`` (see docs/kernels.md). A d=128 differential head holds as much state
-    per row as a d=256 head of standard attention, so its tiles are small.
+    Not timed (no GPU was available when they were chosen). They come from
+    ``benchmarks/triton_offline.py``, which compiles each kernel offline for sm_90 over a grid of
+    tile shapes, warps and stages and reads registers and spilled bytes (``cuobjdump
+    --dump-resource-usage``), shared memory and whether the PTX uses Hopper's ``wgmma``. The rule:
+    among configs whose main products use ``wgmma`` (which needs 64 rows a warpgroup, so tiles
+    of at least 64 rows), take the least spilling, then the larger tiles, then fewer stages. A
+    d=128 differential head holds as much state per row as a d=256 head of standard attention
+    (two ``2d``-wide float32 accumulators), which is what limits the forward tiles.
+
+    - d <= 64: forward (128, 64) with 8 warps (two warpgroups of 64 rows); atomic backward
+      (64, 64) with 4 warps, no spills.
+    - d <= 128: forward (64, 64) with 4 warps in two value halves (``fwd_split=2``: 4 forward
+      product units instead of 3, but no spills where the unsplit (64, 32) with 8 warps spills);
+      atomic backward (64, 32) with 8 warps.
+    - d <= 256: small tiles without ``wgmma`` (every 64-row config spills heavily).
     """
     if interpret:
         return INTERPRET_CONFIG
-    if d <= 64:  # fwd (128, 32, 8 warps) spills less on sm_90 but collapses to 32 registers on sm_80
-        return BlockConfig(fwd_own=64, fwd_step=32, kv_own=32, kv_step=16, q_own=64, q_step=32,
-                           fwd_warps=4, kv_warps=8, q_warps=8)
+    if d <= 64:
+        return BlockConfig(fwd_own=128, fwd_step=64, kv_own=64, kv_step=32, q_own=64, q_step=32,
+                           fwd_warps=8, kv_warps=4, q_warps=4, num_stages=2,
+                           bwd_own=64, bwd_step=64, bwd_warps=4)
     if d <= 128:
-        return BlockConfig(fwd_own=64, fwd_step=32, kv_own=32, kv_step=16, q_own=32, q_step=32,
-                           fwd_warps=8, kv_warps=8, q_warps=4)
+        return BlockConfig(fwd_own=64, fwd_step=64, kv_own=64, kv_step=32, q_own=64, q_step=32,
+                           fwd_warps=4, kv_warps=8, q_warps=8, num_stages=2,
+                           bwd_own=64, bwd_step=32, bwd_warps=8, fwd_split=2)
     return BlockConfig(fwd_own=32, fwd_step=16, kv_own=16, kv_step=16, q_own=32, q_step=16,
-                       fwd_warps=8, kv_warps=8, q_warps=8)
+                       fwd_warps=8, kv_warps=8, q_warps=8, bwd_own=16, bwd_step=16, bwd_warps=8)
+
+
+def autotune_configs(d: int) -> tuple[list[BlockConfig], list[BlockConfig]]:
+    """Candidate configs ``(forward, atomic backward)`` that :data:`AUTOTUNE` times on the GPU
+    for width ``d``: :func:`block_config`'s choice first, then the other configs that use
+    ``wgmma`` with no or little spilling in ``benchmarks/triton_offline.py``'s sm_90 report. Only
+    the forward fields (``fwd_*``) of the first list and the ``bwd_*`` fields of the second
+    matter."""
+    base = block_config(d, interpret=False)
+    if d <= 64:
+        fwd = [(128, 64, 8, 2, 1), (64, 64, 4, 3, 1), (128, 32, 8, 2, 1), (64, 32, 4, 2, 1)]
+        bwd = [(64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 16, 4, 2)]
+    elif d <= 128:
+        fwd = [(64, 64, 4, 2, 2), (64, 32, 8, 2, 1), (128, 64, 8, 2, 2), (64, 32, 4, 2, 2)]
+        bwd = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 4, 2), (128, 32, 8, 2)]
+    else:
+        return [base], [base]
+    fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, num_stages=s, fwd_split=sp)
+            for m, n, w, s, sp in fwd]
+    bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w, num_stages=s) for m, n, w, s in bwd]
+    return fwds, bwds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,29 +220,30 @@ def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
 
 
 @triton.jit
-def _load_tile(ptrs, rows, n_rows, cols, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr):
+def _load_tile(ptrs, rows, n_rows, cols, N_COLS: tl.constexpr, PADDED: tl.constexpr, CHECK_ROWS: tl.constexpr):
     """Load a ``(rows, cols)`` tile; rows past ``n_rows`` (checked only if ``CHECK_ROWS``) and
-    padding columns past ``N_COLS`` read 0. Masks are built only where they can be needed."""
+    (if ``PADDED``) columns past ``N_COLS`` read 0. Masks are built only where they can be needed."""
     if CHECK_ROWS:
-        if BLOCK_COLS == N_COLS:
-            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-        else:
+        if PADDED:
             tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < N_COLS), other=0.0)
-    else:
-        if BLOCK_COLS == N_COLS:
-            tile = tl.load(ptrs)
         else:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    else:
+        if PADDED:
             tile = tl.load(ptrs, mask=cols[None, :] < N_COLS, other=0.0)
+        else:
+            tile = tl.load(ptrs)
     return tile
 
 
 @triton.jit
-def _store_tile(ptrs, value, rows, n_rows, cols, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-    """Store a ``(rows, cols)`` tile, skipping rows past ``n_rows`` and padding columns."""
-    if BLOCK_COLS == N_COLS:
-        tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=rows[:, None] < n_rows)
-    else:
+def _store_tile(ptrs, value, rows, n_rows, cols, N_COLS: tl.constexpr, PADDED: tl.constexpr):
+    """Store a ``(rows, cols)`` tile, skipping rows past ``n_rows`` and (if ``PADDED``) columns
+    past ``N_COLS``."""
+    if PADDED:
         tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=(rows[:, None] < n_rows) & (cols[None, :] < N_COLS))
+    else:
+        tl.store(ptrs, value.to(ptrs.dtype.element_ty), mask=rows[:, None] < n_rows)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,15 +259,16 @@ def _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
 
     Scores live in the log2 domain (``qk_scale`` = scale * log2 e) so ``exp2`` does the work.
     ``MASKED`` tiles may hold keys past ``S`` or (``CAUSAL``) after a query; others hold none.
+    ``offs_dv`` are this program's value columns (all ``2d``, or one half).
     """
     for n0 in range(lo, hi, BLOCK_N):
         offs_k = n0 + offs_n
         k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
         # (BLOCK_N, BLOCK_D) keys of map 1 and of map 2 (the next sub-head); unmasked tiles are in range
-        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D, MASKED)
-        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D, MASKED)
+        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D != D, MASKED)
+        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D != D, MASKED)
         v = _load_tile(v_ptr + offs_k[:, None] * svs + offs_dv[None, :], offs_k, S, offs_dv,
-                       2 * D, 2 * BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_DV)
+                       2 * D, BLOCK_D != D, MASKED)  # (BLOCK_N, columns)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale  # (BLOCK_M, BLOCK_N)
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
         if MASKED:
@@ -204,13 +297,16 @@ def _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
 @triton.jit
 def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
                 sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sob, sot, soh,
-                T, S, H, R, qk_scale,
+                T, S, H, R, qk_scale, T_BUCKET,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                STORE_AUX: tl.constexpr, PREC: tl.constexpr):
-    """Grid ``(cdiv(T, BLOCK_M), B * H)``: one block of query rows of one head."""
+                STORE_AUX: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+    """Grid ``(cdiv(T, BLOCK_M), B * H, SPLIT)``: one block of query rows of one head, value
+    columns ``[c * BLOCK_DV / SPLIT, (c + 1) * BLOCK_DV / SPLIT)`` of column block ``c``.
+    ``T_BUCKET`` is unused: it is the autotuner's key for the length."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    col = tl.program_id(2)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     g = h // R
@@ -218,11 +314,11 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_dv = col * (BLOCK_DV // SPLIT) + tl.arange(0, BLOCK_DV // SPLIT)
 
     q_tile = Q + b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D) component 1
-    q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D, True)  # component 2
+    q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_D) component 1
+    q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D != D, True)  # component 2
     k_ptr = K + b * skb + (2 * g) * skh
     v_ptr = V + b * svb + g * svh
 
@@ -230,8 +326,8 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
     l2 = tl.zeros([BLOCK_M], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, BLOCK_DV // SPLIT], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_DV // SPLIT], tl.float32)
 
     if CAUSAL:  # T == S: keys before the block are all visible, the diagonal is masked
         full_end = m0
@@ -248,39 +344,41 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
 
     lam = tl.load(LAM)
     o2 = acc2 / l2[:, None]
-    o = acc1 / l1[:, None] - lam * o2  # (BLOCK_M, BLOCK_DV)
+    o = acc1 / l1[:, None] - lam * o2  # (BLOCK_M, columns)
     rows = offs_m < T
     o_off = b * sob + h * soh + offs_m[:, None] * sot + offs_dv[None, :]
-    _store_tile(O + o_off, o, offs_m, T, offs_dv, 2 * D, BLOCK_DV)
+    _store_tile(O + o_off, o, offs_m, T, offs_dv, 2 * D, BLOCK_D != D)
     if STORE_AUX:
-        _store_tile(O2 + o_off, o2, offs_m, T, offs_dv, 2 * D, BLOCK_DV)
-        lse_ptr = LSE + (b * H + h) * 2 * T + offs_m  # LSE (B, H, 2, T), log2 units
-        tl.store(lse_ptr, m1 + tl.math.log2(l1), mask=rows)
-        tl.store(lse_ptr + T, m2 + tl.math.log2(l2), mask=rows)
+        _store_tile(O2 + o_off, o2, offs_m, T, offs_dv, 2 * D, BLOCK_D != D)
+        if col == 0:
+            lse_ptr = LSE + (b * H + h) * 2 * T + offs_m  # LSE (B, H, 2, T), log2 units
+            tl.store(lse_ptr, m1 + tl.math.log2(l1), mask=rows)
+            tl.store(lse_ptr + T, m2 + tl.math.log2(l2), mask=rows)
 
 
 # ----------------------------------------------------------------------------------------------
-# backward: dK, dV
+# backward: dK, dV (and, in the atomic form, dQ)
 
 
 @triton.jit
-def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
-                  offs_k, offs_d, offs_dv, T, lam, qk_scale, lo, hi,
+def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
+                  offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale, lo, hi,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-                  PREC: tl.constexpr):
+                  DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr):
     """Query tiles ``lo..hi`` against one key tile, in transposed form ``(BLOCK_N, BLOCK_M)``.
 
     Query rows past ``T`` read a log-sum-exp of +inf, so their probabilities are exactly 0.
-    ``MASKED`` tiles cross the causal diagonal.
+    ``MASKED`` tiles cross the causal diagonal. With ``DQ_ATOMIC`` each query tile's
+    ``dQ_c = scale * dS_c K_c`` is added into the float32 buffer at ``dq_ptr`` (strides of Q).
     """
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         rows = offs_m < T
         q_tile = q_ptr + offs_m[:, None] * sqt + offs_d[None, :]
-        q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
-        q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D, True)
+        q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_D)
+        q2 = _load_tile(q_tile + sqh, offs_m, T, offs_d, D, BLOCK_D != D, True)
         do = _load_tile(do_ptr + offs_m[:, None] * sdot + offs_dv[None, :], offs_m, T, offs_dv,
-                        2 * D, 2 * BLOCK_D, True)  # (BLOCK_M, BLOCK_DV)
+                        2 * D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_DV)
         lse1 = tl.load(lse_ptr + offs_m, mask=rows, other=float("inf"))
         lse2 = tl.load(lse_ptr + T + offs_m, mask=rows, other=float("inf"))
         delta1 = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
@@ -293,20 +391,33 @@ def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sq
             p2 = tl.where(allowed, p2, 0.0)
         dv += tl.dot((p1 - lam * p2).to(do.dtype), do, input_precision=PREC)  # (BN, BLOCK_DV)
         dp = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BN, BM) = (dO V^T)^T, shared by both maps
-        ds1 = p1 * (dp - delta1[None, :])
-        ds2 = -lam * p2 * (dp - delta2[None, :])
-        dk1 += tl.dot(ds1.to(q1.dtype), q1, input_precision=PREC)
-        dk2 += tl.dot(ds2.to(q2.dtype), q2, input_precision=PREC)
+        ds1 = (p1 * (dp - delta1[None, :])).to(q1.dtype)
+        ds2 = (-lam * p2 * (dp - delta2[None, :])).to(q2.dtype)
+        dk1 += tl.dot(ds1, q1, input_precision=PREC)
+        dk2 += tl.dot(ds2, q2, input_precision=PREC)
+        if DQ_ATOMIC:
+            dq_tile = dq_ptr + offs_m[:, None] * sqt + offs_d[None, :]
+            if BLOCK_D != D:
+                dq_mask = rows[:, None] & (offs_d[None, :] < D)
+            else:
+                dq_mask = rows[:, None]
+            dq1 = tl.dot(tl.trans(ds1), k1, input_precision=PREC) * sm_scale  # (BM, BLOCK_D)
+            tl.atomic_add(dq_tile, dq1, mask=dq_mask, sem="relaxed")
+            dq2 = tl.dot(tl.trans(ds2), k2, input_precision=PREC) * sm_scale
+            tl.atomic_add(dq_tile + sqh, dq2, mask=dq_mask, sem="relaxed")
     return dk1, dk2, dv
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
+def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV, DQ,
                    sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sdob, sdot, sdoh,
-                   T, S, H, R, sm_scale, qk_scale,
+                   T, S, H, R, sm_scale, qk_scale, T_BUCKET,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
-    """Grid ``(cdiv(S, BLOCK_N), B * Hkv)``: one key tile of one group, summed over its R heads."""
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr):
+    """Grid ``(cdiv(S, BLOCK_N), B * Hkv)``: one key tile of one group, summed over its R heads.
+    With ``DQ_ATOMIC`` it also adds dQ into the float32 buffer ``DQ`` (laid out like Q); otherwise
+    ``DQ`` is not touched. ``T_BUCKET`` is unused: it is the autotuner's key for the length."""
     pid_n = tl.program_id(0)
     bg = tl.program_id(1)
     Hkv = H // R
@@ -318,10 +429,10 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
     offs_dv = tl.arange(0, BLOCK_DV)
 
     k_off = b * skb + (2 * g) * skh + offs_k[:, None] * sks + offs_d[None, :]
-    k1 = _load_tile(K + k_off, offs_k, S, offs_d, D, BLOCK_D, True)  # (BLOCK_N, BLOCK_D)
-    k2 = _load_tile(K + k_off + skh, offs_k, S, offs_d, D, BLOCK_D, True)
+    k1 = _load_tile(K + k_off, offs_k, S, offs_d, D, BLOCK_D != D, True)  # (BLOCK_N, BLOCK_D)
+    k2 = _load_tile(K + k_off + skh, offs_k, S, offs_d, D, BLOCK_D != D, True)
     v_off = b * svb + g * svh + offs_k[:, None] * svs + offs_dv[None, :]
-    v = _load_tile(V + v_off, offs_k, S, offs_dv, 2 * D, BLOCK_DV, True)  # (BLOCK_N, BLOCK_DV)
+    v = _load_tile(V + v_off, offs_k, S, offs_dv, 2 * D, BLOCK_D != D, True)  # (BLOCK_N, BLOCK_DV)
     lam = tl.load(LAM)
 
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -330,29 +441,30 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV,
     for r in range(0, R):
         h = g * R + r
         q_ptr = Q + b * sqb + (2 * h) * sqh
+        dq_ptr = DQ + b * sqb + (2 * h) * sqh
         do_ptr = DO + b * sdob + h * sdoh
         lse_ptr = LSE + (b * H + h) * 2 * T
         delta_ptr = DELTA + (b * H + h) * 2 * T
         if CAUSAL:  # queries before n0 see none of these keys; from n0 + BLOCK_N on they see all
             diag_end = tl.minimum(n0 + BLOCK_N, T)
-            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
-                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, n0, diag_end,
-                                         D, BLOCK_D, BLOCK_M, True, PREC)
-            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
-                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, diag_end, T,
-                                         D, BLOCK_D, BLOCK_M, False, PREC)
-        else:  # keys past S only touch their own (unstored) rows of dK and dV
-            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
-                                         offs_k, offs_d, offs_dv, T, lam, qk_scale, 0, T,
-                                         D, BLOCK_D, BLOCK_M, False, PREC)
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                                         sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
+                                         n0, diag_end, D, BLOCK_D, BLOCK_M, True, DQ_ATOMIC, PREC)
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                                         sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
+                                         diag_end, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, PREC)
+        else:  # keys past S read 0 and have no probability mass: they add nothing to dQ
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                                         sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
+                                         0, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, PREC)
     # dK and dV share q/k strides with K and V: the caller allocates them like K and V
-    _store_tile(DK + k_off, dk1 * sm_scale, offs_k, S, offs_d, D, BLOCK_D)
-    _store_tile(DK + k_off + skh, dk2 * sm_scale, offs_k, S, offs_d, D, BLOCK_D)
-    _store_tile(DV + v_off, dv, offs_k, S, offs_dv, 2 * D, BLOCK_DV)
+    _store_tile(DK + k_off, dk1 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
+    _store_tile(DK + k_off + skh, dk2 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
+    _store_tile(DV + v_off, dv, offs_k, S, offs_dv, 2 * D, BLOCK_D != D)
 
 
 # ----------------------------------------------------------------------------------------------
-# backward: dQ
+# backward, split form: dQ
 
 
 @triton.jit
@@ -364,10 +476,10 @@ def _bwd_q_tiles(dq1, dq2, q1, q2, do, lse1, lse2, delta1, delta2, k_ptr, v_ptr,
     for n0 in range(lo, hi, BLOCK_N):
         offs_k = n0 + tl.arange(0, BLOCK_N)
         k_tile = k_ptr + offs_k[:, None] * sks + offs_d[None, :]
-        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_D)
-        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D, MASKED)
+        k1 = _load_tile(k_tile, offs_k, S, offs_d, D, BLOCK_D != D, MASKED)  # (BLOCK_N, BLOCK_D)
+        k2 = _load_tile(k_tile + skh, offs_k, S, offs_d, D, BLOCK_D != D, MASKED)
         v = _load_tile(v_ptr + offs_k[:, None] * svs + offs_dv[None, :], offs_k, S, offs_dv,
-                       2 * D, 2 * BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_DV)
+                       2 * D, BLOCK_D != D, MASKED)  # (BLOCK_N, BLOCK_DV)
         p1 = tl.math.exp2(tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale - lse1[:, None])  # (BM, BN)
         p2 = tl.math.exp2(tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale - lse2[:, None])
         if MASKED:
@@ -403,10 +515,10 @@ def _bwd_q_kernel(Q, K, V, DO, LAM, LSE, DELTA, DQ,
     rows = offs_m < T
 
     q_off = b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    q1 = _load_tile(Q + q_off, offs_m, T, offs_d, D, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
-    q2 = _load_tile(Q + q_off + sqh, offs_m, T, offs_d, D, BLOCK_D, True)
+    q1 = _load_tile(Q + q_off, offs_m, T, offs_d, D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_D)
+    q2 = _load_tile(Q + q_off + sqh, offs_m, T, offs_d, D, BLOCK_D != D, True)
     do = _load_tile(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_dv[None, :], offs_m, T, offs_dv,
-                    2 * D, BLOCK_DV, True)  # (BLOCK_M, BLOCK_DV)
+                    2 * D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_DV)
     stat = (b * H + h) * 2 * T + offs_m
     lse1 = tl.load(LSE + stat, mask=rows, other=float("inf"))
     lse2 = tl.load(LSE + stat + T, mask=rows, other=float("inf"))
@@ -431,12 +543,12 @@ def _bwd_q_kernel(Q, K, V, DO, LAM, LSE, DELTA, DQ,
                             offs_m, offs_d, offs_dv, S, lam, qk_scale, full_end, end, D, BLOCK_D, BLOCK_N, True, CAUSAL,
                             PREC)
     # dQ is allocated like Q, so it shares Q's strides
-    _store_tile(DQ + q_off, dq1 * sm_scale, offs_m, T, offs_d, D, BLOCK_D)
-    _store_tile(DQ + q_off + sqh, dq2 * sm_scale, offs_m, T, offs_d, D, BLOCK_D)
+    _store_tile(DQ + q_off, dq1 * sm_scale, offs_m, T, offs_d, D, BLOCK_D != D)
+    _store_tile(DQ + q_off + sqh, dq2 * sm_scale, offs_m, T, offs_d, D, BLOCK_D != D)
 
 
 # ----------------------------------------------------------------------------------------------
-# host side
+# host side: launches, autotuning
 
 
 def _widths(d: int) -> tuple[int, int]:
@@ -450,30 +562,81 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _length_bucket(n: int) -> int:
+    """The autotuner's key for a length: the next power of two (so 4095 and 4096 share a config)."""
+    return triton.next_power_of_2(max(n, 1))
+
+
+def _width_class(d: int) -> int:
+    return 64 if d <= 64 else 128 if d <= 128 else _MAX_D
+
+
+_TUNERS: dict = {}
+"""Autotuners by ``(kind, width class)``, built on first use (``kind`` "fwd" or "bwd")."""
+
+
+def make_autotuner(kind: str, configs: Sequence[BlockConfig], do_bench: Optional[Callable] = None):
+    """A ``triton.autotune`` wrapper of the forward (``kind="fwd"``, the ``fwd_*`` fields of each
+    config) or of the atomic backward (``kind="bwd"``, the ``bwd_*`` fields), keyed on
+    ``(D, T_BUCKET, CAUSAL)`` and the tensors' dtypes. The backward's float32 ``DQ`` buffer is reset
+    to zero before every timed trial and before the winner's run (``reset_to_zero``): the kernel
+    accumulates into it with atomic adds. ``do_bench`` replaces Triton's timer (tests use it under
+    the interpreter)."""
+    if kind == "fwd":
+        tconfigs = [triton.Config(dict(BLOCK_M=c.fwd_own, BLOCK_N=c.fwd_step, SPLIT=c.fwd_split),
+                                  num_warps=c.fwd_warps, num_stages=c.num_stages) for c in configs]
+        return triton.autotune(configs=tconfigs, key=["D", "T_BUCKET", "CAUSAL", "STORE_AUX"],
+                               do_bench=do_bench)(_fwd_kernel)
+    if kind == "bwd":
+        tconfigs = [triton.Config(dict(BLOCK_N=c.bwd_own, BLOCK_M=c.bwd_step),
+                                  num_warps=c.bwd_warps, num_stages=c.num_stages) for c in configs]
+        return triton.autotune(configs=tconfigs, key=["D", "T_BUCKET", "CAUSAL"], reset_to_zero=["DQ"],
+                               do_bench=do_bench)(_bwd_kv_kernel)
+    raise ValueError(f"kind: expected 'fwd' or 'bwd', got {kind!r}")
+
+
+def _tuner(kind: str, d: int):
+    """The autotuner for ``kind`` at width ``d``, or None when :data:`AUTOTUNE` is off."""
+    if not AUTOTUNE:
+        return None
+    key = (kind, _width_class(d))
+    if key not in _TUNERS:
+        fwd, bwd = autotune_configs(d)
+        _TUNERS[key] = make_autotuner(kind, fwd if kind == "fwd" else bwd)
+    return _TUNERS[key]
+
+
 def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool, store_aux: bool,
-                  config: BlockConfig):
+                  config: Optional[BlockConfig]):
+    """``O`` and, if ``store_aux``, ``O2`` and the log-sum-exps ``(B, H, 2, T)`` (else empty)."""
     B, T, H2, d = q.shape
     S = k.shape[1]
     H, Hkv = H2 // 2, v.shape[2]
     o = torch.empty(B, T, H, 2 * d, device=q.device, dtype=q.dtype)  # (B, T, H, 2d)
-    o2 = torch.empty_like(o) if store_aux else o
-    lse = torch.empty(B, H, 2, T, device=q.device, dtype=torch.float32) if store_aux else o
+    o2 = torch.empty_like(o) if store_aux else o.new_empty(0)
+    lse = torch.empty(B, H, 2, T, device=q.device, dtype=torch.float32) if store_aux else \
+        torch.empty(0, device=q.device, dtype=torch.float32)
     block_d, block_dv = _widths(d)
-    grid = (triton.cdiv(T, config.fwd_own), B * H)
-    _fwd_kernel[grid](
-        q, k, v, lam, o, o2, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        T, S, H, H // Hkv, scale * _LOG2E,
-        D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step,
-        CAUSAL=causal, STORE_AUX=store_aux, PREC=_precision(q.dtype),
-        num_warps=config.fwd_warps, num_stages=config.num_stages,
-    )
-    return o, (o2 if store_aux else None), (lse if store_aux else None)
+    args = (q, k, v, lam, o, o2 if store_aux else o, lse if store_aux else o,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            T, S, H, H // Hkv, scale * _LOG2E, _length_bucket(max(T, S)))
+    consts = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, STORE_AUX=store_aux,
+                  PREC=_precision(q.dtype))
+    tuner = _tuner("fwd", d) if config is None else None
+    if tuner is not None:
+        tuner[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H, meta["SPLIT"])](*args, **consts)
+    else:
+        config = config or block_config(d)
+        _fwd_kernel[(triton.cdiv(T, config.fwd_own), B * H, config.fwd_split)](
+            *args, **consts, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, SPLIT=config.fwd_split,
+            num_warps=config.fwd_warps, num_stages=config.num_stages)
+    return o, o2, lse
 
 
 def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: Tensor, o2: Tensor, lse: Tensor,
-                   scale: float, causal: bool, config: BlockConfig):
+                   scale: float, causal: bool, config: Optional[BlockConfig], bwd: str):
+    """``dq, dk, dv, dlam``; ``q``, ``k``, ``v`` contiguous (the gradients share their strides)."""
     B, T, H2, d = q.shape
     S = k.shape[1]
     H, Hkv = H2 // 2, v.shape[2]
@@ -485,41 +648,93 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
     delta = torch.stack([delta1, delta2], dim=1).permute(0, 3, 1, 2).contiguous()  # (B, H, 2, T)
     dlam = -delta2.sum()
 
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)  # contiguous, like q, k, v
+    dk, dv = torch.empty_like(k), torch.empty_like(v)  # contiguous, like k, v
     block_d, block_dv = _widths(d)
-    common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=_precision(q.dtype),
-                  num_stages=config.num_stages)
+    common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=_precision(q.dtype))
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    sizes = (T, S, H, H // Hkv, scale, scale * _LOG2E)
+    if bwd == "atomic":
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # strides of q (both contiguous)
+        args = (q, k, v, do, lam, lse, delta, dk, dv, dq_acc, *strides, *sizes, _length_bucket(max(T, S)))
+        tuner = _tuner("bwd", d) if config is None else None
+        if tuner is not None:
+            tuner[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hkv)](*args, DQ_ATOMIC=True, **common)
+        else:
+            config = config or block_config(d)
+            _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
+                *args, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True,
+                num_warps=config.bwd_warps, num_stages=config.num_stages, **common)
+        dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
+        return dq, dk, dv, dlam
+    config = config or block_config(d)
+    dq = torch.empty_like(q)
     _bwd_kv_kernel[(triton.cdiv(S, config.kv_own), B * Hkv)](
-        q, k, v, do, lam, lse, delta, dk, dv, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
-        BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, num_warps=config.kv_warps, **common,
-    )
+        q, k, v, do, lam, lse, delta, dk, dv, dq, *strides, *sizes, _length_bucket(max(T, S)),
+        BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False,
+        num_warps=config.kv_warps, num_stages=config.num_stages, **common)
     _bwd_q_kernel[(triton.cdiv(T, config.q_own), B * H)](
-        q, k, v, do, lam, lse, delta, dq, *strides, T, S, H, H // Hkv, scale, scale * _LOG2E,
-        BLOCK_M=config.q_own, BLOCK_N=config.q_step, num_warps=config.q_warps, **common,
-    )
+        q, k, v, do, lam, lse, delta, dq, *strides, *sizes,
+        BLOCK_M=config.q_own, BLOCK_N=config.q_step, num_warps=config.q_warps, num_stages=config.num_stages,
+        **common)
     return dq, dk, dv, dlam
 
 
-class _FusedDiffAttention(torch.autograd.Function):
-    """Autograd wrapper: saves q, k, v, lam, O, O2 and both log-sum-exps; recomputes the maps."""
+# ----------------------------------------------------------------------------------------------
+# custom ops (torch.compile traces the backend without graph breaks)
 
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool,
-                config: BlockConfig, store_aux: bool) -> Tensor:
-        o, o2, lse = _diff_forward(q, k, v, lam, scale, causal, store_aux, config)
-        if store_aux:
-            ctx.save_for_backward(q, k, v, lam, o, o2, lse)
-        ctx.scale, ctx.causal, ctx.config = scale, causal, config
-        return o
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do: Tensor):
-        q, k, v, lam, o, o2, lse = ctx.saved_tensors
-        dq, dk, dv, dlam = _diff_backward(do, q, k, v, lam, o, o2, lse, ctx.scale, ctx.causal, ctx.config)
-        return dq, dk, dv, dlam.reshape(lam.shape), None, None, None, None
+@torch.library.custom_op("difftx::triton_diff_fwd", mutates_args=())
+def _fwd_op(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool, store_aux: bool,
+            config: list[int], bwd: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(O, O2, LSE)`` of the fused forward; ``O2`` and ``LSE`` are empty unless ``store_aux``.
+    ``config`` is :meth:`BlockConfig.to_list` or empty (default tiles or autotuning); ``bwd`` is
+    carried for the backward."""
+    return _diff_forward(q, k, v, lam, scale, causal, store_aux, BlockConfig.from_list(config) if config else None)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, lam, scale, causal, store_aux, config, bwd):
+    B, T, H2, d = q.shape
+    o = q.new_empty(B, T, H2 // 2, 2 * d)
+    if store_aux:
+        return o, torch.empty_like(o), q.new_empty(B, H2 // 2, 2, T, dtype=torch.float32)
+    return o, q.new_empty(0), q.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("difftx::triton_diff_bwd", mutates_args=())
+def _bwd_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: Tensor, o2: Tensor, lse: Tensor,
+            scale: float, causal: bool, config: list[int], bwd: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dlam)`` of the fused backward (``bwd`` "atomic" or "split")."""
+    return _diff_backward(do, q, k, v, lam, o, o2, lse, scale, causal,
+                          BlockConfig.from_list(config) if config else None, bwd)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, lam, o, o2, lse, scale, causal, config, bwd):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), lam.new_empty(())
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, lam, scale, causal, store_aux, config, bwd = inputs
+    o, o2, lse = output
+    if store_aux:
+        ctx.save_for_backward(q, k, v, lam, o, o2, lse)
+    ctx.mark_non_differentiable(o2, lse)
+    ctx.scale, ctx.causal, ctx.config, ctx.bwd = scale, causal, config, bwd
+
+
+def _backward(ctx, do, _do2, _dlse):
+    q, k, v, lam, o, o2, lse = ctx.saved_tensors
+    dq, dk, dv, dlam = _bwd_op(do, q, k, v, lam, o, o2, lse, ctx.scale, ctx.causal, ctx.config, ctx.bwd)
+    return dq, dk, dv, dlam, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------
+# the backend
 
 
 def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask) -> Optional[str]:
@@ -545,15 +760,20 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], m
 
 
 def triton_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask, scale: float,
-                     return_maps: bool = False, config: Optional[BlockConfig] = None) -> Tensor:
+                     return_maps: bool = False, config: Optional[BlockConfig] = None,
+                     bwd: Optional[str] = None) -> Tensor:
     """The ``triton`` backend: fused differential attention, or ``kernels.sdpa`` where unsupported.
 
     ``q (B, T, 2H, d)``, ``k (B, S, 2Hkv, d)``, ``v (B, S, Hkv, 2d)``, ``lam`` a float32 scalar
     tensor (its gradient is computed). Returns ``(A1 - lam * A2) V`` as ``(B, T, H, 2d)`` in the
-    dtype of ``q``. ``config`` overrides the tile sizes of :func:`block_config`.
+    dtype of ``q``. ``config`` fixes the tiles (default: autotuned on a GPU where :data:`AUTOTUNE`
+    is on, else :func:`block_config`); ``bwd`` the backward form (default :data:`BWD`).
     """
     if return_maps:
         raise ValueError("the 'triton' backend does not return attention maps; use backend='eager'")
+    bwd = BWD if bwd is None else bwd
+    if bwd not in BWD_MODES:
+        raise ValueError(f"bwd: expected one of {BWD_MODES}, got {bwd!r}")
     if unsupported_reason(q, k, v, lam, mask) is not None:
         return kernels.sdpa(q, k, v, lam, mask, scale)
     B, T, H2, d = q.shape
@@ -565,27 +785,48 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mas
     # no-ops for the projections' outputs; the gradients are then allocated with the same strides
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     lam = lam.reshape(()).to(device=q.device, dtype=torch.float32)  # differentiable: grads flow to the caller's lam
-    config = config or block_config(d)
-    # decided here: inside Function.forward autograd is switched off
+    if config is None and not AUTOTUNE:
+        config = block_config(d)
+    # decided here: inside the op autograd is switched off
     store_aux = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam))
-    return _FusedDiffAttention.apply(q, k, v, lam, float(scale), mask.causal, config, store_aux)
+    o, _, _ = _fwd_op(q, k, v, lam, float(scale), bool(mask.causal), store_aux,
+                      config.to_list() if config is not None else [], bwd)
+    return o
+
+
+def triton_split_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask,
+                           scale: float, return_maps: bool = False, config: Optional[BlockConfig] = None) -> Tensor:
+    """The ``triton_split`` backend: :func:`triton_attention` with the 7-product two-kernel backward
+    (for timing it against the default atomic backward)."""
+    return triton_attention(q, k, v, lam, mask, scale, return_maps=return_maps, config=config, bwd="split")
+
+
+# ----------------------------------------------------------------------------------------------
+# offline compilation (no GPU needed)
+
+OFFLINE_KERNELS = ("fwd", "bwd", "bwd_kv", "bwd_q")
 
 
 def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = True,
-                    config: Optional[BlockConfig] = None) -> dict:
-    """Compile the three kernels for an NVIDIA target without a GPU (Triton ships ``ptxas``).
+                    config: Optional[BlockConfig] = None, which: Sequence[str] = OFFLINE_KERNELS) -> dict:
+    """Compile the kernels for an NVIDIA target without a GPU (Triton ships ``ptxas``).
 
     ``dtype`` is a Triton type name (``bf16``, ``fp16``, ``fp32``), ``arch`` the compute
-    capability as an integer (80 = A100, 90 = H100). Returns ``{kernel name: CompiledKernel}``;
-    each has ``asm["ptx"]``, ``asm["cubin"]`` and ``metadata.shared`` (bytes of shared memory).
-    Used by the tests (the compiled path type-checks and fits the target) and by
-    ``benchmarks/gpu_attention.py --compile-only`` (register and spill report).
+    capability as an integer (80 = A100, 90 = H100). ``which``: any of ``fwd`` (forward),
+    ``bwd`` (the atomic backward), ``bwd_kv`` and ``bwd_q`` (the split backward). Returns
+    ``{kernel name: CompiledKernel}``; each has ``asm["ptx"]``, ``asm["cubin"]`` and
+    ``metadata.shared`` (bytes of shared memory); :func:`resource_usage` reads registers and
+    spills. Used by the tests, ``benchmarks/triton_offline.py`` and
+    ``benchmarks/gpu_attention.py --compile-only``.
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype: expected 'bf16', 'fp16' or 'fp32', got {dtype!r}")
+    unknown = set(which) - set(OFFLINE_KERNELS)
+    if unknown:
+        raise ValueError(f"which: unknown {sorted(unknown)} (choose from {OFFLINE_KERNELS})")
     config = config or block_config(d, interpret=False)
     block_d, block_dv = _widths(d)
     prec = "ieee" if dtype == "fp32" else "tf32"
@@ -593,22 +834,26 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
     stats = {"LAM": "*fp32", "LSE": "*fp32", "DELTA": "*fp32"}
     jobs = {
         "fwd": (_fwd_kernel, ("Q", "K", "V", "O", "O2"), ("qk_scale",),
-                dict(common, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True), config.fwd_warps),
-        "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV"), ("sm_scale", "qk_scale"),
-                   dict(common, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own), config.kv_warps),
+                dict(common, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True, SPLIT=config.fwd_split),
+                config.fwd_warps),
+        "bwd": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV"), ("sm_scale", "qk_scale"),
+                dict(common, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True), config.bwd_warps),
+        "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV", "DQ"), ("sm_scale", "qk_scale"),
+                   dict(common, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False), config.kv_warps),
         "bwd_q": (_bwd_q_kernel, ("Q", "K", "V", "DO", "DQ"), ("sm_scale", "qk_scale"),
                   dict(common, BLOCK_M=config.q_own, BLOCK_N=config.q_step), config.q_warps),
     }
     out = {}
-    for name, (fn, tensors, floats, constexprs, warps) in jobs.items():
+    for name in which:
+        fn, tensors, floats, constexprs, warps = jobs[name]
         signature = {}
         for arg in fn.arg_names:
             if arg in constexprs:
                 signature[arg] = "constexpr"
             elif arg in tensors:
                 signature[arg] = f"*{dtype}"
-            elif arg in stats:
-                signature[arg] = stats[arg]
+            elif arg in stats or arg == "DQ":  # the atomic backward's dQ buffer is float32
+                signature[arg] = "*fp32"
             else:
                 signature[arg] = "fp32" if arg in floats else "i32"
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -617,6 +862,31 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
     return out
 
 
+def resource_usage(compiled) -> dict:
+    """What an offline-compiled kernel uses: ``registers`` and ``spilled`` bytes (``REG`` and
+    ``STACK`` of ``cuobjdump --dump-resource-usage``, None if the tool is missing), ``shared``
+    memory in bytes, and the number of ``wgmma`` (Hopper warpgroup) and ``mma`` (sm_80 style)
+    matrix instructions in the PTX."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    fields: dict = {}
+    if os.path.exists(tool):
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(compiled.asm["cubin"])
+        try:
+            usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        line = next((ln for ln in usage.splitlines() if "REG:" in ln), "")
+        fields = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
+    ptx = compiled.asm["ptx"]
+    return {"registers": int(fields["REG"]) if "REG" in fields else None,
+            "spilled": int(fields["STACK"]) if "STACK" in fields else None,
+            "shared": int(compiled.metadata.shared),
+            "wgmma": ptx.count("wgmma.mma_async"), "mma": ptx.count("mma.sync")}
+
+
 def register() -> None:
-    """Add ``triton`` to the backend table (``resolve_backend('auto', cuda)`` then prefers it)."""
+    """Add ``triton`` (atomic backward) and ``triton_split`` (two-kernel backward) to the backend
+    table (``resolve_backend('auto', cuda)`` prefers ``triton``)."""
     kernels.register_backend("triton", triton_attention)
+    kernels.register_backend("triton_split", triton_split_attention)
