@@ -39,6 +39,19 @@ def test_info_prints_config_and_matched_baseline(capsys, tmp_path):
     assert "neither a preset" in capsys.readouterr().err
 
 
+def test_info_shows_training_and_compare_presets(capsys):
+    """`difftx info finetune|recall-cpu|from-cpu`: the preset's settings and the model it trains, before it runs."""
+    assert main(["info", "finetune"]) == 0
+    out = capsys.readouterr().out
+    assert "training preset 'finetune'" in out and '"lr": 0.0002' in out and "the checkpoint's (--init-from)" in out
+    assert "baseline  attention=standard" in out
+    assert main(["info", "recall-cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "compare preset 'recall-cpu'" in out and "its DIFF arm" in out and "model     attention=diff" in out
+    assert main(["info", "from-cpu"]) == 0
+    assert "compare preset 'from-cpu'" in capsys.readouterr().out
+
+
 def test_bench_runs_and_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "--seq-lens", "16", "--dim", "32", "--heads", "2", "--repeats", "1",

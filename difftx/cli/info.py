@@ -17,7 +17,8 @@ def register(sub) -> None:
                                    "(e.g. an output gate: D*H*d elementwise, D*H head-wise). --arms lists the "
                                    "comparison arms derived from a DIFF config instead.")
     p.add_argument("config", nargs="?", default="tiny",
-                   help="preset name or path to a config.json / checkpoint folder (default: tiny)")
+                   help="a model preset, a training or compare preset (its settings, then the model it trains), or a "
+                        "path to a config.json / checkpoint folder (default: tiny)")
     p.add_argument("--attention", metavar="KIND",
                    help="override the attention kind: diff, diff_v2, standard, gated, temperature, or one registered "
                         "by difftx --kinds FILE; from a DIFF config (the presets), the model the compare arm of that "
@@ -34,16 +35,54 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _preset_model(spec: str):
+    """A training or compare preset's settings, printed, and the model config it trains (a compare preset's DIFF
+    arm), or None when that is known only when the command runs (a compare from a source)."""
+    import json
+
+    from ..compare.presets import PRESETS as COMPARE_PRESETS  # lazy: torch; --help stays fast
+    from ..compare.presets import get_preset
+    from ..config import preset
+    from ..training.config import FINETUNE_PRESET, TRAIN_PRESETS
+
+    if spec in TRAIN_PRESETS:
+        t = TRAIN_PRESETS[spec]
+        print(f"training preset {spec!r} (difftx train --preset {spec}):")
+        print(json.dumps(t.to_dict(), indent=2))
+        if spec == FINETUNE_PRESET:
+            print(f"its model is the checkpoint's (--init-from); shown: the placeholder {t.model!r}")
+        return preset(t.model)
+    if spec in COMPARE_PRESETS:
+        c = get_preset(spec)
+        print(f"compare preset {spec!r} (difftx compare --preset {spec}): {c.description}")
+        print(json.dumps(c.to_dict(), indent=2))
+        try:
+            cfg = c.resolve().arms["diff"]
+        except (ValueError, OSError) as e:  # a preset that needs its source (--from) or a text
+            print(f"its models depend on what the command is given: {e}")
+            return None
+        print("its DIFF arm (--arms lists every arm; with --from the arms are the source and its conversion):")
+        return cfg
+    return None
+
+
 def _load(spec: str):
     from ..checkpoint import CONFIG_NAME, CheckpointError  # lazy: torch; --help stays fast
+    from ..compare.presets import PRESETS as COMPARE_PRESETS  # lazy: torch; --help stays fast
     from ..config import PRESETS, ModelConfig, preset  # lazy: torch; --help stays fast
     from ..training.checkpointing import resolve_checkpoint  # lazy: torch; --help stays fast
+    from ..training.config import TRAIN_PRESETS  # lazy: torch; --help stays fast
 
-    if spec in PRESETS:
+    if spec in PRESETS:  # a model preset (training presets of the same name train it)
         return preset(spec)
+    shown = _preset_model(spec) if spec in TRAIN_PRESETS or spec in COMPARE_PRESETS else None
+    if shown is not None or spec in TRAIN_PRESETS or spec in COMPARE_PRESETS:
+        return shown
     path = Path(spec)
     if not path.exists():
-        raise ValueError(f"{spec!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a path")
+        raise ValueError(f"{spec!r} is neither a preset (models: {', '.join(sorted(PRESETS))}; training: "
+                         f"{', '.join(sorted(TRAIN_PRESETS))}; compare: {', '.join(sorted(COMPARE_PRESETS))}) "
+                         f"nor a path")
     if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
         path = resolve_checkpoint(path) / CONFIG_NAME
     data = read_json(path, "a model config", error=CheckpointError)
@@ -108,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     cfg = _load(args.config)
+    if cfg is None:  # a preset whose model is not known before the command runs (said above)
+        return 0
     if args.attention:
         # from a DIFF config, a kind that is a compare arm is shown as that arm is built (its heads of DIFF's query/key
         # width: the baseline's count for a one-map kind), so `info --attention K` and the compare arm K agree
