@@ -266,3 +266,36 @@ def test_a_kinds_module_named_by_import_name_is_an_input(kinds, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert code == 2 and "is the kinds file" in err, err
     assert (tmp_path / "qk_module_kinds.py").read_bytes() == before
+
+
+def test_low_bit_attention_says_not_measured_for_a_kind_with_its_own_forward(kinds):
+    """A kind whose own forward computes attention without the kernel it is handed is never given the
+    full-precision NLL as its low-bit NLL (an 'NLL change 0.000'): the task says it did not measure it."""
+    import torch.nn.functional as F
+    from types import SimpleNamespace
+
+    from difftx.attention.modules import StandardAttention
+    from difftx.eval.quant import kernel_bypass
+    from difftx.tasks import TASKS
+    from difftx.tasks.runner import run_task
+
+    class OwnForward(StandardAttention):
+        def forward(self, x, *, positions=None, mask=None, cache=None, backend=None, return_maps=False):
+            q, k, v = self._qkv(x, positions, None, 0)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True)
+            return self.out_proj(out.transpose(1, 2).flatten(-2))
+
+    difftx.register_attention("own_forward_test", OwnForward)
+    try:
+        cfg = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq_len=16)
+        assert kernel_bypass(Transformer(cfg)) is None
+        assert kernel_bypass(Transformer(cfg.replace(attention="diff"))) is None
+        own = Transformer(cfg.replace(attention="own_forward_test"))
+        why = kernel_bypass(own)
+        assert why.startswith("not measured: the kind's own forward (OwnForward)") and "0 kernel calls" in why
+        subject = SimpleNamespace(model=own, has_text=True, needle=None)
+        res = run_task(TASKS["quant"], subject, TASKS["quant"].Settings())
+        assert res["skipped"] == why and "nll" not in res
+    finally:
+        ATTENTIONS.pop("own_forward_test", None)

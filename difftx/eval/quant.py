@@ -25,6 +25,9 @@ from torch import Tensor
 
 from ..attention.kernels import eager, register_backend
 from ..attention.masks import AttentionMask
+from ..attention.modules import AttentionKind
+
+_KIND_FORWARD = AttentionKind.forward
 
 GRANULARITIES = ("row", "tensor")
 DEFAULT_BITS: tuple[int, ...] = (16, 8, 6, 4, 3)
@@ -75,6 +78,35 @@ def register_quantized_backend(bits: int, granularity: str = "row") -> str:
     name = backend_name(bits, granularity)
     register_backend(name, quantized_kernel(bits, granularity))
     return name
+
+
+def kernel_bypass(model) -> Optional[str]:
+    """Why quantising the kernels' logits would not reach every attention layer of ``model``, or None when it does:
+    one forward of a few tokens through a counting kernel (eager's values) must call it once per layer. A kind
+    whose own ``forward`` computes attention without the backend it is handed is named: a low-bit number for it
+    would be its full-precision number."""
+    from ..attention.kernels import BACKENDS
+
+    layers = [m for m in model.modules() if isinstance(m, AttentionKind)]
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return eager(*args, **kwargs)
+
+    name = "difftx-quant-reach"
+    BACKENDS[name] = counting
+    try:
+        p = next(model.parameters())
+        with torch.no_grad():
+            model(torch.zeros(1, 4, dtype=torch.long, device=p.device), backend=name)
+    finally:
+        BACKENDS.pop(name, None)
+    if len(calls) >= len(layers):
+        return None
+    own = sorted({type(m).__name__ for m in layers if type(m).forward is not _KIND_FORWARD})
+    return (f"not measured: the kind's own forward ({', '.join(own) or 'an attention layer'}) does not call the "
+            f"attention kernels this evaluation quantises ({len(calls)} kernel calls for {len(layers)} layers)")
 
 
 def quantization_sweep(evaluate: Callable[[str], float], bits: Sequence[int] = DEFAULT_BITS,

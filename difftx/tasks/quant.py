@@ -38,7 +38,9 @@ class QuantTask(Task):
     def applies(self, subject, settings) -> Optional[str]:
         if not subject.has_text and subject.needle is None:
             return "the model has neither held-out text nor a needle task"
-        return None
+        from ..eval.quant import kernel_bypass
+
+        return kernel_bypass(subject.model)
 
     def run(self, subject, s: QuantSettings, *, progress: bool = False) -> dict:
         from ..eval.lm import spread_windows
