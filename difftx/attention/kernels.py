@@ -415,25 +415,27 @@ def chunked(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool =
                                    CHUNK_ROWS, grad)[0]  # maps kept for a backward only
 
 
-def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
-    """PyTorch ``scaled_dot_product_attention``.
+def _sdpa_mask(mask: AttentionMask, T: int, S: int, device):
+    """``(is_causal, attn_mask)`` for SDPA: the causal flag only for plain causal self-attention (SDPA aligns its
+    causal mask to the top left when ``T != S``), else the dense mask as ``(B|1, 1, T, S)`` (or None)."""
+    plain = mask.is_plain_causal(T, S)
+    attn_mask = None if plain else mask.dense(T, S, device)
+    return plain, None if attn_mask is None else attn_mask[:, None]
 
-    Standard attention is one call. Differential attention needs a ``2d``-wide value, which
-    the fast SDPA kernels refuse (they want equal q/k/v widths) and send to the slow math
-    path. Of the stock arrangements, the fastest measured (SPEC section 6) is one call over
-    all ``2H`` sub-heads with q and k zero-padded to ``2d`` (dot products unchanged): it
-    costs twice the baseline's matmuls but computes each softmax once, where the four-call
-    form on ``d``-wide value halves computes each twice. A value as wide as q and k (a
-    converted model's, ``dv = d``) needs no padding.
+
+def sdpa_pad(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
+    """SDPA form ``pad``: one ``scaled_dot_product_attention`` call over all ``2H`` sub-heads.
+
+    Standard attention is one call. For differential attention q and k are zero-padded to the value's width
+    ``dv`` (dot products unchanged) and the value is expanded to ``2Hkv`` heads: three copies, and at ``dv = 2d``
+    twice the baseline's matmul FLOPs at head width ``2d``, but one softmax per map. A value as wide as q and k
+    (a converted model's, ``dv = d``) needs no padding.
     """
     if return_maps:
         raise ValueError("the 'sdpa' backend does not return attention maps; use backend='eager'")
     B, T, HC, d = q.shape
     S = k.shape[1]
-    plain = mask.is_plain_causal(T, S)
-    attn_mask = None if plain else mask.dense(T, S, q.device)
-    if attn_mask is not None:
-        attn_mask = attn_mask[:, None]  # (B|1, 1, T, S)
+    plain, attn_mask = _sdpa_mask(mask, T, S, q.device)
     if lam is None:
         Hkv = k.shape[2]
         out = F.scaled_dot_product_attention(
@@ -457,9 +459,84 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
     return out.to(v.dtype).transpose(1, 2)
 
 
+def _by_component(q, k, v, lam, mask: AttentionMask, scale: float, width: int, name: str, return_maps: bool):
+    """Differential attention as two SDPA calls per ``width``-wide piece of the value, one per map, on views.
+
+    ``q[:, :, c::2]`` is component ``c`` of every head in head order ``h = g*R + r`` (so SDPA's GQA rule,
+    query head ``h`` -> kv head ``h // R``, pairs it with ``k[:, :, c::2]``'s group ``g``); the value's pieces are
+    slices of its last dimension. Nothing is padded, expanded or copied before the kernel. Each piece's two
+    outputs are combined as ``O1 - lam * O2`` in float32 (float64 for float64 inputs); the pieces are joined along
+    the last dimension (the only copy: the result, ``(B, T, H, dv)``).
+    """
+    if return_maps:
+        raise ValueError(f"the {name!r} backend does not return attention maps; use backend='eager'")
+    if lam is None:  # standard attention: the one call of every form
+        return sdpa_pad(q, k, v, None, mask, scale)
+    B, T, HC, d = q.shape
+    S, Hkv = k.shape[1], v.shape[2]
+    gqa = HC != 2 * Hkv
+    plain, attn_mask = _sdpa_mask(mask, T, S, q.device)
+    qs = [q[:, :, c::2].transpose(1, 2) for c in (0, 1)]  # (B, H, T, d) views
+    ks = [k[:, :, c::2].transpose(1, 2) for c in (0, 1)]  # (B, Hkv, S, d) views
+    lam_b = per_sequence(lam, B, 4)  # against (B, H, T, w)
+    pieces = []
+    for vj in v.transpose(1, 2).split(width, dim=-1):  # (B, Hkv, S, w) views
+        o1, o2 = (F.scaled_dot_product_attention(qs[c], ks[c], vj, attn_mask=attn_mask, is_causal=plain,
+                                                 scale=scale, enable_gqa=gqa) for c in (0, 1))  # (B, H, T, w)
+        dt = _acc_dtype(o1.dtype)
+        out = torch.addcmul(o1.to(dt), o2.to(dt), lam_b.to(dt), value=-1)  # O1 - lam * O2
+        pieces.append(out.to(v.dtype).transpose(1, 2))  # (B, T, H, w)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
+
+
+def sdpa_halves(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
+    """SDPA form ``halves``: four calls at head width ``d``, one per map and ``d``-wide half of the value, each
+    over ``H`` heads (views of q, k and v; see :func:`_by_component`). Twice the baseline's FLOPs, at the
+    baseline's own head width ``d`` and so its own kernel.
+
+    Both halves in one call would need the value halves as ``2Hkv`` kv heads and each key head repeated for both
+    (a stride-0 head dimension no single view expresses): a copy of k, so the four-call form is kept."""
+    return _by_component(q, k, v, lam, mask, scale, q.shape[-1], "sdpa_halves", return_maps)
+
+
+def sdpa_wide(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
+    """SDPA form ``wide``: two calls, one per map, q and k of width ``d`` against the whole ``dv``-wide value
+    (views; see :func:`_by_component`): 1.5x the baseline's FLOPs at ``dv = 2d``. On CUDA only kernels that take
+    a value wider than q/k run it (cuDNN, up to 128; the memory-efficient kernel), so it is fast only where
+    ``dv <= 128`` (``d <= 64``)."""
+    return _by_component(q, k, v, lam, mask, scale, v.shape[-1], "sdpa_wide", return_maps)
+
+
+# The forms of the ``sdpa`` backend, each also a backend of its own (``sdpa_<form>``).
+SDPA_FORMS: dict[str, Callable[..., Tensor]] = {"pad": sdpa_pad, "halves": sdpa_halves, "wide": sdpa_wide}
+# The form ``sdpa`` runs on CPU.
+CPU_SDPA_FORM = "pad"
+
+
+def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
+    """PyTorch ``scaled_dot_product_attention`` in the form measured fastest for the call.
+
+    Standard attention is one call. Differential attention runs one of :data:`SDPA_FORMS`: on CUDA the one the
+    measured table (:mod:`difftx.attention.gpu_table`) picks for the card, dtype, ``d``, ``T`` and whether
+    gradients are recorded (``pad`` where nothing was measured); on CPU :data:`CPU_SDPA_FORM`.
+    """
+    if return_maps:
+        raise ValueError("the 'sdpa' backend does not return attention maps; use backend='eager'")
+    if lam is None:
+        return sdpa_pad(q, k, v, None, mask, scale)
+    if q.is_cuda:
+        from . import gpu_table
+
+        form = gpu_table.sdpa_form_for(q, k, v, lam)
+    else:
+        form = CPU_SDPA_FORM
+    return SDPA_FORMS[form](q, k, v, lam, mask, scale)
+
+
 Kernel = Callable[..., object]
 
-BACKENDS: dict[str, Kernel] = {"eager": eager, "chunked": chunked, "sdpa": sdpa}
+BACKENDS: dict[str, Kernel] = {"eager": eager, "chunked": chunked, "sdpa": sdpa,
+                               **{f"sdpa_{form}": fn for form, fn in SDPA_FORMS.items()}}
 if _flex.available():
     BACKENDS["flex"] = _flex.flex
 
@@ -494,8 +571,9 @@ AUTO_EAGER_MAX_ROWS = 16
 
 
 def resolve_backend(name: str, device: torch.device, q_len: Optional[int] = None) -> Kernel:
-    """The kernel for ``name``; ``auto`` picks the fastest measured for the device and, on CPU,
-    for the number of query rows ``q_len`` of the call (:data:`AUTO_EAGER_MAX_ROWS`)."""
+    """The kernel for ``name``; ``auto`` picks the fastest measured for the device: on CUDA a dispatcher that
+    asks the measured table (:func:`difftx.attention.gpu_table.auto_cuda`) at call time; on CPU by the number
+    of query rows ``q_len`` of the call (:data:`AUTO_EAGER_MAX_ROWS`)."""
     check_backend_name(name)
     if name in BACKENDS:
         return BACKENDS[name]
@@ -504,5 +582,7 @@ def resolve_backend(name: str, device: torch.device, q_len: Optional[int] = None
         warnings.warn(f"attention backend {name!r} is unavailable ({OPTIONAL_BACKENDS[name]}); using 'auto'",
                       stacklevel=2)
     if device.type == "cuda":
-        return BACKENDS.get("triton", sdpa)
+        from .gpu_table import auto_cuda
+
+        return auto_cuda
     return eager if q_len is not None and q_len <= AUTO_EAGER_MAX_ROWS else chunked
