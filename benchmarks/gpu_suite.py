@@ -1,0 +1,1254 @@
+"""The GPU suite of issue 57: one command that measures DIFF against its baseline on a GPU.
+
+    PYTHONPATH=. python benchmarks/gpu_suite.py --out $OUT/suite.json     # <= 8 minutes on an H100 / H200
+    PYTHONPATH=. python benchmarks/gpu_suite.py --sections correctness,attention --shapes goal,d64 --out r.json
+    PYTHONPATH=. python benchmarks/gpu_suite.py --tiny --out /tmp/tiny.json       # every section, tiny, CPU
+
+Sections, in order (``--sections`` picks some; ``env`` and ``goals`` always run, and ``attention``
+brings ``correctness`` with it, because only candidates that passed it are timed):
+
+- ``env``: the card, its compute capability and memory; torch, CUDA, cuDNN, Triton; git commit; command line.
+- ``correctness``: every DIFF candidate (``kernels.BACKENDS`` at run time, less ``eager`` and ``chunked``,
+  plus ``auto``) in bf16 against the float32 ``eager`` oracle on the same bf16-rounded inputs: the output,
+  dq, dk, dv and dlambda within relative L2 :data:`TOLERANCE`; GQA with 2 and 4 heads a group; lengths
+  that are no multiple of a tile; and the whole ``DiffAttention`` layer under bf16 autocast (output, dx
+  and every parameter's gradient, the head norm's weight and the lambda vectors included). A candidate
+  that fails anything is marked and left out of the timings (listed under ``excluded``).
+- ``attention``: per shape, the baseline's SDPA call (``2H`` heads of width ``d``, causal) as the model
+  makes it (``baseline/sdpa``) and with each SDPA backend forced (cuDNN, flash, efficient), plus
+  ``flash_attn`` when importable, and every DIFF candidate that passed; the kernels each row ran, from
+  one profiled call; forward, backward and forward + backward: medians of ``--repeats`` CUDA-event
+  timings after ``--warmup`` rounds, all arms alternating in one loop (ABBA); ratio to the fastest
+  baseline of that mode (named); TFLOP/s on executed and on useful FLOPs; peak memory.
+- ``training``: ``gpu-350m`` (d 64) and ``gpu-350m-d128`` (half the heads), eager and compiled, DIFF and
+  baseline alternating; tokens/s, paired ratio, MFU, GPU time by category from one profiled step.
+- ``decode``: one decoding step of a whole model (gpu-350m's shape), batch 1 and 8, cache T 1k and 4k.
+- ``goals``: the issue's goals with the measured values.
+
+The JSON (``--out``) is rewritten (atomically) after every section and shape, so a run that is
+killed keeps what it measured. ``choices`` holds one entry per (shape, mode) for ``auto``'s table
+(``python -m difftx.attention.gpu_table merge suite.json``).
+
+FLOPs. Unit: one causal product of the baseline, ``2 B (2H) (T^2 / 2) d`` (``2H`` heads of width ``d``
+over half the square). The baseline's forward is 2 units (QK^T, PV) and its backward 5 (S again, dP, dV,
+dQ, dK). Executed units per backend (:data:`PRODUCTS`, forward / backward):
+
+- ``sdpa`` / ``sdpa_pad`` (q, k zero-padded to 2d, one call over 2H heads): 4 / 10 (2x the baseline);
+- ``sdpa_halves`` (two calls at width d, both maps as 2H heads, one value half each): 4 / 10 (2x);
+- ``sdpa_wide`` (one call, q/k of width d, v of width 2d): QK 1 + PV 2 = 3 / S 1, dP 2, dV 2, dQ 1, dK 1 = 7;
+- ``flex`` (two calls of H heads sharing the 2d value): 3 / 7;
+- ``triton`` (the fused kernel: two 2d accumulators; backward with S and dP recomputed for dQ): 3 / 7;
+- a kernel function may declare its own with an attribute ``products = (fwd, bwd)``; otherwise unknown.
+
+Useful FLOPs are the fused algorithm's for every DIFF candidate: 3 / 5 (so 1.5x forward, 8/7
+forward + backward), the baseline's own for the baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_throughput, run as a script or imported
+
+from difftx.attention import AttentionMask, DiffAttention, kernels  # noqa: E402
+
+TOLERANCE = 1e-2  # relative L2 against the float32 oracle
+SECTIONS = ("env", "correctness", "attention", "training", "decode", "goals")
+# each section's share of --budget-s; what one section leaves unused goes to the next ones
+SHARES = {"env": 1, "correctness": 60, "attention": 170, "training": 190, "decode": 45, "goals": 1}
+MODES = ("fwd+bwd", "fwd", "bwd")  # timed in this order: the goals read fwd+bwd
+MODE_OF_CHOICE = {"fwd+bwd": "train", "fwd": "infer"}
+SKIPPED = ("eager", "chunked")  # CPU kernels, never candidates on a GPU
+
+# executed causal products (forward, backward) in units of one baseline product (module docstring)
+BASELINE_PRODUCTS = (2, 5)
+USEFUL_PRODUCTS = (3, 5)
+PRODUCTS = {"sdpa_pad": (4, 10), "sdpa_halves": (4, 10), "sdpa_wide": (3, 7), "flex": (3, 7), "triton": (3, 5),
+            "triton_split": (3, 7), "sdpa": (4, 10)}  # sdpa: the pad form, where it has no forms
+
+# dense bf16 tensor-core peaks, TFLOP/s, by a substring of the card's name (first match wins)
+PEAK_BF16 = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
+
+# forced SDPA backends of the baseline: label -> (SDPBackend member, a substring of the kernels it runs)
+SDPA_FORCED = {"cudnn": ("CUDNN_ATTENTION", ("cudnn",)), "flash": ("FLASH_ATTENTION", ("flash",)),
+               "efficient": ("EFFICIENT_ATTENTION", ("fmha", "cutlass", "efficient", "mem_eff"))}
+
+# GPU time categories of a training step: (category, substrings of kernel / op names), first match wins
+CATEGORIES = (
+    ("attention core", ("flash", "fmha", "attention", "attn", "sdpa", "_fwd_kernel", "_bwd_kv_kernel",
+                        "_bwd_q_kernel", "_bwd_kernel")),
+    ("optimizer", ("adam", "multi_tensor_apply", "foreach")),
+    ("matrix products", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "triton_tem", "splitk",
+                         "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")),
+    ("copies", ("memcpy", "memset", "copy", "catarray", "aten::cat", "transpose", "contiguous", "aten::clone")),
+    ("elementwise", ("elementwise", "vectorized", "reduce", "softmax", "norm", "triton_poi", "triton_red",
+                     "triton_per", "unrolled", "index", "embedding", "cross_entropy", "nll", "aten::")),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One attention core shape: ``B`` sequences of ``T`` tokens, ``H`` DIFF heads of two ``d``-wide
+    components over ``Hkv`` kv groups (the baseline: ``2H`` heads of width ``d``, ``2Hkv`` kv heads)."""
+
+    name: str
+    B: int
+    T: int
+    H: int
+    Hkv: int
+    d: int
+
+
+def attention_shapes(tiny: bool) -> list[Shape]:
+    """The timed shapes, most important first: the goal shape, gpu-350m's, GQA, the T sweep."""
+    if tiny:
+        return [Shape("goal", 1, 40, 2, 2, 16), Shape("d64", 1, 32, 2, 2, 8), Shape("gqa2", 1, 40, 4, 2, 16),
+                Shape("gqa4", 1, 40, 4, 1, 16), Shape("sweep-16", 4, 16, 2, 2, 16)]
+    shapes = [Shape("goal", 4, 4096, 16, 16, 128), Shape("d64", 4, 2048, 8, 8, 64),
+              Shape("gqa2", 4, 4096, 16, 8, 128), Shape("gqa4", 4, 4096, 16, 4, 128)]
+    # T sweep at 16k tokens a batch (T 4096 is the goal shape)
+    return shapes + [Shape(f"sweep-{T // 1024}k", 16384 // T, T, 16, 16, 128) for T in (1024, 2048, 8192, 16384)]
+
+
+def correctness_cases(tiny: bool) -> list[Shape]:
+    """Core checks: lengths that are no multiple of any tile, GQA with R = 2 and 4, both widths."""
+    if tiny:
+        return [Shape("mha-33", 1, 33, 2, 2, 16), Shape("gqa2-17", 2, 17, 4, 2, 16), Shape("gqa4-21", 1, 21, 4, 1, 8)]
+    return [Shape("mha-4095", 1, 4095, 4, 4, 128), Shape("gqa2-2047", 1, 2047, 4, 2, 128),
+            Shape("gqa4-1000", 1, 1000, 8, 2, 64), Shape("d64-2048", 2, 2048, 4, 4, 64)]
+
+
+def layer_cases(tiny: bool) -> list[Shape]:
+    """Whole-layer checks (``DiffAttention``, model width ``2 H d``)."""
+    if tiny:
+        return [Shape("layer-d16", 1, 19, 2, 1, 16)]
+    return [Shape("layer-d128", 2, 1023, 4, 4, 128), Shape("layer-d64-gqa2", 2, 1023, 8, 4, 64)]
+
+
+def select_shapes(shapes: list[Shape], spec: Optional[str]) -> list[Shape]:
+    """``--shapes``: names (``goal``, ``d64``, ``gqa2``, ...) or groups (``gqa``, ``sweep``)."""
+    if not spec:
+        return shapes
+    wanted = [w.strip() for w in spec.split(",") if w.strip()]
+    known = {s.name for s in shapes} | {"gqa", "sweep"}
+    bad = [w for w in wanted if w not in known]
+    if bad:
+        raise ValueError(f"--shapes: unknown shape(s) {bad}; choose from {sorted(known)}")
+    return [s for s in shapes if s.name in wanted or s.name.rstrip("0123456789") in wanted
+            or s.name.split("-")[0] in wanted]
+
+
+# -- budget, timing, output ---------------------------------------------------------------------------------------
+
+
+class Budget:
+    """Deadlines: the run's, and each section's share of what is left (:data:`SHARES`)."""
+
+    def __init__(self, total_s: float, sections: list[str]):
+        self.end = time.monotonic() + total_s
+        self.pending = list(sections)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def section(self, name: str) -> float:
+        """The deadline of ``name``, which starts now: its share of the time left."""
+        shares = sum(SHARES[s] for s in self.pending)
+        share = SHARES[name] / shares if shares else 1.0
+        self.pending.remove(name)
+        return time.monotonic() + max(0.0, self.left()) * share
+
+
+def split_deadline(deadline: float, weight: float, weights_left: float) -> float:
+    """A part's deadline: its ``weight`` out of ``weights_left`` of the time until ``deadline``."""
+    now = time.monotonic()
+    return now + max(0.0, deadline - now) * (weight / weights_left if weights_left else 1.0)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(run: Callable[[], object], device: torch.device) -> Callable[[], float]:
+    """Run ``run()`` between two timestamps; the returned function gives its milliseconds (on CUDA
+    once the stream has passed the end event, i.e. after a synchronize)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        return lambda: start.elapsed_time(end)
+    t0 = time.perf_counter()
+    run()
+    ms = (time.perf_counter() - t0) * 1e3
+    return lambda: ms
+
+
+@dataclass
+class Timing:
+    """An arm of :func:`time_arms`: ``prepare()`` (untimed) returns what ``run(state)`` (timed) needs;
+    ``cleanup()`` (untimed) runs after it."""
+
+    prepare: Callable[[], object]
+    run: Callable[[object], object]
+    cleanup: Callable[[], None] = lambda: None
+
+
+def time_arms(arms: dict[str, Timing], repeats: int, warmup: int, device: torch.device,
+              deadline: float) -> tuple[dict[str, list[float]], bool]:
+    """Milliseconds of every arm, ``repeats`` rounds after ``warmup`` rounds, all arms in each round, the
+    order reversed every round (ABBA). Past ``deadline`` the warm-up is cut short and the timing stops
+    after at least one timed round; the flag says whether all ``repeats`` rounds ran."""
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
+    rnd = 0
+    while rnd < warmup + repeats:
+        if time.monotonic() > deadline:
+            if rnd < warmup:
+                rnd = warmup  # go straight to one timed round
+            elif rnd > warmup:
+                break
+        pending = []
+        for name in order:
+            arm = arms[name]
+            state = arm.prepare()
+            pending.append((name, _timed(lambda: arm.run(state), device)))
+            arm.cleanup()
+        sync(device)
+        if rnd >= warmup:
+            for name, ms in pending:
+                times[name].append(ms())
+        order.reverse()
+        rnd += 1
+    return times, len(next(iter(times.values()), [])) >= repeats
+
+
+def median(values: list[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+def paired_ratio(arm: list[float], ref: list[float]) -> dict:
+    """Round-by-round ratio ``arm / ref`` (same ABBA round): median and distribution-free 95% interval."""
+    from difftx.eval.stats import median_interval
+
+    ratios = [a / r for a, r in zip(arm, ref) if r > 0]
+    if not ratios:
+        return {"median": None, "low": None, "high": None, "rounds": 0}
+    med, lo, hi = median_interval(ratios)
+    return {"median": med, "low": lo, "high": hi, "rounds": len(ratios)}
+
+
+def fmt(value, spec: str = ".3f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    """A markdown table (``None`` cells as ``-``), flushed at once."""
+    lines = [f"\n### {title}", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join("-" if c is None else str(c) for c in row) + " |" for row in rows]
+    print("\n".join(lines), flush=True)
+
+
+def short_error(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}"
+
+
+# -- profiler -----------------------------------------------------------------------------------------------------
+
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _trace(fn: Callable[[], None], device: torch.device) -> tuple[list[dict], object]:
+    """Chrome-trace events of ``fn()`` under the profiler (CPU, and CUDA on a GPU) and the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        sync(device)
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.remove(path)
+    return [e for e in events if e.get("ph") == "X"], prof
+
+
+def kernels_by_label(events: list[dict], labels: list[str], device_type: str) -> dict[str, list[str]]:
+    """Names of what ran inside each ``record_function(label)`` range, by total time (descending):
+    on CUDA the device events (kernels, copies, sets), found through the correlation id of the launch that
+    lies in the range, else by their own time in the range; on CPU the aten ops in the range."""
+    ranges = {e["name"]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+              if e.get("cat") == "user_annotation" and e.get("name") in labels}
+
+    def label_at(ts: float) -> Optional[str]:
+        for label, (a, b) in ranges.items():
+            if a <= ts <= b:
+                return label
+        return None
+
+    totals: dict[str, dict[str, float]] = {label: {} for label in labels}
+    if device_type == "cuda":
+        launch = {e["args"]["correlation"]: e["ts"] for e in events
+                  if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        for e in events:
+            if e.get("cat") not in DEVICE_CATS:
+                continue
+            ts = launch.get(e.get("args", {}).get("correlation"), e["ts"])
+            label = label_at(ts) or label_at(e["ts"])
+            if label is not None:
+                totals[label][e["name"]] = totals[label].get(e["name"], 0.0) + e.get("dur", 0)
+    else:
+        for e in events:
+            if e.get("cat") == "cpu_op" and e["name"].startswith("aten::"):
+                label = label_at(e["ts"])
+                if label is not None:
+                    totals[label][e["name"]] = totals[label].get(e["name"], 0.0) + e.get("dur", 0)
+    return {label: sorted(t, key=t.get, reverse=True) for label, t in totals.items()}
+
+
+def profile_arms(calls: dict[str, Callable[[], None]], device: torch.device) -> dict[str, list[str]]:
+    """One profiled call of each arm (one profiler session, each call in its own ``record_function``
+    range, synchronised inside it): the names of the kernels each ran (CPU: its aten ops)."""
+    from torch.profiler import record_function
+
+    labels = {name: f"gpu_suite::{name}" for name in calls}
+
+    def run_all():
+        for name, call in calls.items():
+            with record_function(labels[name]):
+                call()
+                sync(device)
+
+    events, _ = _trace(run_all, device)
+    found = kernels_by_label(events, list(labels.values()), device.type)
+    return {name: found[label] for name, label in labels.items()}
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def step_breakdown(events: list[dict], label: str, device_type: str, prof=None) -> dict:
+    """Time by :data:`CATEGORIES` inside the ``label`` range, with each category's top names: on CUDA the
+    device events' durations, their busy time (union) and the idle fraction ``1 - busy / wall``; on CPU the
+    ops' self CPU time (no idle fraction)."""
+    rng = next(((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                if e.get("cat") == "user_annotation" and e.get("name") == label), None)
+    wall_us = None if rng is None else rng[1] - rng[0]
+    by_name: dict[str, float] = {}
+    busy = idle = None
+    if device_type == "cuda":
+        intervals = []
+        for e in events:
+            if e.get("cat") not in DEVICE_CATS:
+                continue
+            a, b = e["ts"], e["ts"] + e.get("dur", 0)
+            if rng is not None:
+                a, b = max(a, rng[0]), min(b, rng[1])
+            if b > a:
+                by_name[e["name"]] = by_name.get(e["name"], 0.0) + b - a
+                intervals.append((a, b))
+        busy = _union_us(intervals)
+        idle = None if not wall_us else max(0.0, 1.0 - busy / wall_us)
+        source = "device events"
+    else:
+        for evt in prof.key_averages() if prof is not None else ():
+            if evt.key != label and not evt.key.startswith("ProfilerStep"):
+                by_name[evt.key] = by_name.get(evt.key, 0.0) + evt.self_cpu_time_total
+        source = "cpu ops, self time"
+    cats = {c: 0.0 for c, _ in CATEGORIES} | {"other": 0.0}
+    top: dict[str, list[str]] = {c: [] for c in cats}
+    for name in sorted(by_name, key=by_name.get, reverse=True):
+        c = category(name)
+        cats[c] += by_name[name]
+        if len(top[c]) < 4 and by_name[name] > 0:
+            top[c].append(name[:120])
+    return {"source": source, "wall_ms": None if wall_us is None else wall_us / 1e3,
+            "busy_ms": None if busy is None else busy / 1e3, "idle_fraction": idle,
+            "ms_by_category": {c: v / 1e3 for c, v in cats.items()}, "top_by_category": top}
+
+
+# -- the suite ----------------------------------------------------------------------------------------------------
+
+
+class Suite:
+    """The run's settings, device and results (written to ``out`` by :meth:`save`)."""
+
+    def __init__(self, args, device: torch.device):
+        self.args, self.device, self.tiny = args, device, args.tiny
+        self.dtype = torch.bfloat16
+        self.repeats = args.repeats if args.repeats is not None else (3 if args.tiny else 20)
+        self.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 5)
+        self.results: dict = {"suite": "benchmarks/gpu_suite.py", "version": 1, "tolerance": TOLERANCE,
+                              "sections": {}, "choices": []}
+        self.passed: Optional[dict[str, bool]] = None  # candidate -> passed every correctness check
+
+    def save(self) -> None:
+        from pathlib import Path
+
+        from difftx.io import atomic_write
+
+        text = json.dumps(self.results, indent=1, default=str)
+        atomic_write(self.args.out, lambda p: Path(p).write_text(text))
+
+    def card(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+    def source(self) -> str:
+        env = self.results.get("env", {})
+        return f"gpu_suite {env.get('date', '')[:10]} {env.get('commit') or 'unknown'}".strip()
+
+
+def diff_candidates(only: Optional[list[str]]) -> list[str]:
+    """Every DIFF backend registered now, less the CPU ones, plus ``auto`` (``--candidates`` narrows)."""
+    names = [n for n in kernels.BACKENDS if n not in SKIPPED] + ["auto"]
+    return [n for n in names if only is None or n in only]
+
+
+def diff_kernel(name: str) -> Callable:
+    """The kernel function of a candidate; ``auto`` resolves per call (its choice may depend on the shape)."""
+    if name == "auto":
+        return lambda q, k, v, lam, mask, scale: kernels.resolve_backend("auto", q.device, q_len=q.shape[1])(
+            q, k, v, lam, mask, scale)
+    return kernels.BACKENDS[name]
+
+
+def backend_name(fn) -> Optional[str]:
+    return next((n for n, f in kernels.BACKENDS.items() if f is fn), None)
+
+
+DISPATCHERS = ("auto", "sdpa")  # backends that hand each call to another (by device, shape, measured table)
+
+
+def concrete_backend(name: str, inputs: tuple, training: bool, depth: int = 0) -> str:
+    """The backend a dispatcher runs for a call on ``inputs`` ``(q, k, v, lam)``: ``auto`` -> what it resolves
+    to (on CUDA the measured table's pick, :func:`difftx.attention.gpu_table.backend_for`), ``sdpa`` -> its form
+    ``sdpa_<form>``; any other name as it is (also when the dispatcher cannot say)."""
+    if name not in DISPATCHERS or depth > 3:
+        return name
+    q, k, v, lam = inputs if training else (t.detach() for t in inputs)
+    try:
+        if name == "auto":
+            fn = kernels.resolve_backend("auto", q.device, q_len=q.shape[1])
+            named = backend_name(fn)
+            if named is None:
+                from difftx.attention import gpu_table
+
+                named = gpu_table.backend_for(q, k, v, lam, AttentionMask())
+        elif hasattr(kernels, "SDPA_FORMS"):
+            if q.device.type == "cuda":
+                from difftx.attention import gpu_table
+
+                named = f"sdpa_{gpu_table.sdpa_form_for(q, k, v, lam)}"
+            else:
+                named = f"sdpa_{kernels.CPU_SDPA_FORM}"
+        else:
+            return name
+    except Exception:  # noqa: BLE001  (a dispatcher of another version: its name stands)
+        return name
+    return concrete_backend(named, (q, k, v, lam), training, depth + 1)
+
+
+def executed_products(name: str) -> Optional[tuple]:
+    """``(fwd, bwd)`` executed units of a (concrete) DIFF backend: its kernel's ``products`` attribute, else
+    :data:`PRODUCTS`; None when unknown."""
+    declared = getattr(kernels.BACKENDS.get(name), "products", None)
+    return tuple(declared) if declared else PRODUCTS.get(name)
+
+
+def unit_flops(s: Shape) -> float:
+    """One causal product of the baseline: ``2 B (2H) (T^2/2) d``."""
+    return 2.0 * s.B * (2 * s.H) * (s.T * s.T / 2) * s.d
+
+
+def mode_units(products: Optional[tuple], mode: str) -> Optional[float]:
+    if products is None:
+        return None
+    return {"fwd": products[0], "bwd": products[1], "fwd+bwd": products[0] + products[1]}[mode]
+
+
+# -- section: env -------------------------------------------------------------------------------------------------
+
+
+def git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def section_env(suite: Suite, deadline: float) -> dict:
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": [sys.executable, *sys.argv], "commit": git_commit(), "python": platform.python_version(),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(suite.device),
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+           "backends": list(kernels.BACKENDS), "tiny": suite.tiny, "budget_s": suite.args.budget_s}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if suite.device.type == "cuda":
+        p = torch.cuda.get_device_properties(suite.device)
+        env.update(card=p.name, capability=f"{p.major}.{p.minor}", memory_gib=round(p.total_memory / 2 ** 30, 1),
+                   sms=p.multi_processor_count, peak_bf16_tflops=peak_tflops(p.name))
+    else:
+        env.update(card="cpu", capability=None, memory_gib=None, peak_bf16_tflops=None, threads=torch.get_num_threads())
+    suite.results["env"] = env
+    print_table("environment", ["what", "value"], [[k, v] for k, v in env.items() if k != "backends"]
+                + [["DIFF backends", ", ".join(env["backends"])]])
+    return {"status": "done"}
+
+
+def peak_tflops(card: str) -> Optional[float]:
+    return next((v for key, v in PEAK_BF16 if key in card), None)
+
+
+# -- section: correctness -----------------------------------------------------------------------------------------
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` in float64 (inf when not finite; the absolute error when ``b`` is 0)."""
+    a, b = a.detach().double(), b.detach().double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+def _draw(shape, g: torch.Generator, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal draws rounded to ``dtype``, returned in float32 (both sides of a check see the same values)."""
+    return torch.randn(*shape, generator=g).to(dtype).float().to(device)
+
+
+def upstream_grad(out_ref: torch.Tensor, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """The upstream gradient of a check: the oracle's output scaled to unit RMS plus unit noise, rounded to
+    ``dtype``. With noise alone dlambda (a sum over every output element, as is the head norm's weight
+    gradient per channel) would be a cancelling sum, whose relative error is ill-conditioned."""
+    ref = out_ref.detach().float()
+    scaled = ref / ref.pow(2).mean().sqrt().clamp_min(1e-12)
+    return (scaled + _draw(ref.shape, g, ref.device, dtype)).to(dtype).float()
+
+
+def check_core(s: Shape, names: list[str], device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Each candidate's output, dq, dk, dv, dlambda against the float32 eager oracle."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k = _draw((s.B, s.T, 2 * s.H, s.d), g, device, dtype), _draw((s.B, s.T, 2 * s.Hkv, s.d), g, device, dtype)
+    v, lam = _draw((s.B, s.T, s.Hkv, 2 * s.d), g, device, dtype), torch.tensor(0.4, device=device)
+    mask, scale = AttentionMask(), s.d ** -0.5
+    go = None
+
+    def run(fn, cast):
+        nonlocal go
+        leaves = [t.to(cast).requires_grad_() for t in (q, k, v)] + [lam.clone().requires_grad_()]
+        out = fn(*leaves, mask, scale)
+        go = upstream_grad(out, g, dtype) if go is None else go
+        grads = torch.autograd.grad(out, leaves, go.to(out.dtype))
+        return dict(zip(("out", "dq", "dk", "dv", "dlambda"), (out, *grads)))
+
+    oracle = run(kernels.eager, torch.float32)
+    return [_compare(name, lambda name=name: run(diff_kernel(name), dtype), oracle) for name in names]
+
+
+def check_layer(s: Shape, names: list[str], device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """The whole ``DiffAttention`` layer (float32 weights, ``dtype`` autocast, as in training) against itself
+    in float32 with the eager kernel: output, dx and every parameter's gradient."""
+    torch.manual_seed(0)
+    layer = DiffAttention(2 * s.H * s.d, s.H, 3, s.Hkv).to(device)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = _draw((s.B, s.T, 2 * s.H * s.d), g, device, dtype)
+    params = dict(layer.named_parameters())
+    go = None
+
+    def run(backend, autocast):
+        nonlocal go
+        xi = x.clone().requires_grad_()
+        ctx = torch.autocast(device.type, dtype=dtype) if autocast else contextlib.nullcontext()
+        with ctx:
+            out = layer(xi, backend=backend)
+        go = upstream_grad(out, g, dtype) if go is None else go
+        grads = torch.autograd.grad(out, [xi, *params.values()], go.to(out.dtype))
+        return dict(zip(["out", "dx", *(f"d{n}" for n in params)], (out, *grads)))
+
+    oracle = run("eager", False)
+    return [_compare(name, lambda name=name: run(name, True), oracle) for name in names]
+
+
+def _compare(name: str, run: Callable[[], dict], oracle: dict) -> dict:
+    row = {"candidate": name, "passed": False, "errors": {}, "error": None}
+    try:
+        got = run()
+    except Exception as e:  # noqa: BLE001  (a failing candidate is recorded and excluded, the others go on)
+        row["error"] = short_error(e)
+        row["traceback"] = traceback.format_exc()
+        return row
+    row["errors"] = {key: rel_l2(got[key], ref) for key, ref in oracle.items()}
+    row["passed"] = all(err <= TOLERANCE for err in row["errors"].values())
+    return row
+
+
+def section_correctness(suite: Suite, deadline: float) -> dict:
+    names = diff_candidates(suite.args.candidates)
+    out = suite.results["correctness"] = {"tolerance": TOLERANCE, "dtype": str(suite.dtype).replace("torch.", ""),
+                                          "oracle": "eager, float32", "candidates": names, "cases": []}
+    passed = {n: True for n in names}
+    checked = {n: False for n in names}
+    cases = [("core", c) for c in correctness_cases(suite.tiny)] + [("layer", c) for c in layer_cases(suite.tiny)]
+    status = "done"
+    for kind, case in cases:
+        if time.monotonic() > deadline:
+            status = "partial: budget"
+            out["cases"].append({"case": case.name, "kind": kind, "status": "skipped: budget"})
+            continue
+        check = check_core if kind == "core" else check_layer
+        try:
+            rows = check(case, names, suite.device, suite.dtype)
+        except Exception as e:  # noqa: BLE001  (the oracle itself failed: nothing to compare with)
+            out["cases"].append({"case": case.name, "kind": kind, "status": "error", "error": short_error(e),
+                                 "traceback": traceback.format_exc()})
+            continue
+        out["cases"].append({"case": case.name, "kind": kind, "status": "done", **asdict(case), "rows": rows})
+        for r in rows:
+            passed[r["candidate"]] &= r["passed"]
+            checked[r["candidate"]] = True
+        _print_case(kind, case, rows)
+        if suite.device.type == "cuda":
+            torch.cuda.empty_cache()
+        suite.save()
+    out["passed"] = {n: passed[n] and checked[n] for n in names}
+    out["failed"] = [n for n in names if not out["passed"][n]]
+    suite.passed = out["passed"]
+    print(f"\ncorrectness: passed {[n for n in names if out['passed'][n]]}, failed {out['failed']}", flush=True)
+    return {"status": status}
+
+
+def _print_case(kind: str, case: Shape, rows: list[dict]) -> None:
+    keys = list(next((r["errors"] for r in rows if r["errors"]), {}))
+    shown = keys if kind == "core" else [k for k in keys if k in ("out", "dx") or "lambda" in k or "subln" in k
+                                         or k.endswith("proj.weight")]
+    title = (f"correctness {kind} {case.name}: B {case.B}, T {case.T}, H {case.H}, Hkv {case.Hkv}, d {case.d} "
+             f"(relative L2 vs float32 eager, tolerance {TOLERANCE:g})")
+    body = [[r["candidate"], "yes" if r["passed"] else "NO"]
+            + ([f"{r['errors'][k]:.1e}" for k in shown] if r["errors"] else [r["error"]] + [""] * (len(shown) - 1))
+            for r in rows]
+    print_table(title, ["candidate", "passed", *shown], body)
+
+
+# -- section: attention -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Arm:
+    """A timed attention call: ``call(*inputs)`` -> output, backward with ``grad``."""
+
+    name: str
+    kind: str  # "baseline" or "diff"
+    call: Callable
+    inputs: tuple
+    grad: torch.Tensor
+    expect: tuple = ()  # kernel-name substrings a forced baseline must show
+
+
+def _sdpa_backend(attr: str):
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, attr, None)
+
+
+def baseline_arms(s: Shape, device: torch.device, dtype: torch.dtype) -> tuple[list[Arm], dict]:
+    """The baseline's call as the model makes it (``kernels.sdpa`` over ``2H`` heads of width ``d``, causal,
+    the ``(B, T, heads, d)`` layout transposed), the same with each SDPA backend forced, and ``flash_attn``.
+    Returns the arms and ``{name: reason}`` for forced backends this PyTorch lacks."""
+    from torch.nn.attention import sdpa_kernel
+
+    mask, scale = AttentionMask(), s.d ** -0.5
+    leaf = lambda *shape: torch.randn(*shape, device=device, dtype=dtype).requires_grad_()  # noqa: E731
+    inputs = (leaf(s.B, s.T, 2 * s.H, s.d), leaf(s.B, s.T, 2 * s.Hkv, s.d), leaf(s.B, s.T, 2 * s.Hkv, s.d))
+    grad = torch.randn(s.B, s.T, 2 * s.H, s.d, device=device, dtype=dtype)
+
+    def model_call(q, k, v):
+        return kernels.sdpa(q, k, v, None, mask, scale)
+
+    arms, missing = [Arm("baseline/sdpa", "baseline", model_call, inputs, grad)], {}
+    for label, (attr, expect) in SDPA_FORCED.items():
+        backend = _sdpa_backend(attr)
+        if backend is None:
+            missing[f"baseline/{label}"] = f"torch.nn.attention.SDPBackend has no {attr}"
+            continue
+
+        def forced(q, k, v, backend=backend):
+            with sdpa_kernel(backend):
+                return model_call(q, k, v)
+
+        arms.append(Arm(f"baseline/{label}", "baseline", forced, inputs, grad, expect))
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        missing["baseline/flash_attn"] = "flash_attn is not importable"
+    else:
+        arms.append(Arm("baseline/flash_attn", "baseline",
+                        lambda q, k, v: flash_attn_func(q, k, v, causal=True, softmax_scale=scale), inputs, grad))
+    return arms, missing
+
+
+def diff_arms(s: Shape, names: list[str], device: torch.device, dtype: torch.dtype) -> list[Arm]:
+    mask, scale = AttentionMask(), s.d ** -0.5
+    leaf = lambda *shape: torch.randn(*shape, device=device, dtype=dtype).requires_grad_()  # noqa: E731
+    inputs = (leaf(s.B, s.T, 2 * s.H, s.d), leaf(s.B, s.T, 2 * s.Hkv, s.d), leaf(s.B, s.T, s.Hkv, 2 * s.d),
+              torch.tensor(0.4, device=device, requires_grad=True))
+    grad = torch.randn(s.B, s.T, s.H, 2 * s.d, device=device, dtype=dtype)
+    return [Arm(f"diff/{n}", "diff", lambda q, k, v, lam, fn=diff_kernel(n): fn(q, k, v, lam, mask, scale), inputs,
+                grad) for n in names]
+
+
+def _clear(arm: Arm) -> None:
+    for t in arm.inputs:
+        t.grad = None
+
+
+def _fwd_bwd(arm: Arm) -> None:
+    arm.call(*arm.inputs).backward(arm.grad)
+    _clear(arm)
+
+
+def mode_timing(arm: Arm, mode: str) -> Timing:
+    if mode == "fwd":
+        def run(_):
+            with torch.no_grad():
+                arm.call(*arm.inputs)
+        return Timing(lambda: None, run)
+    if mode == "bwd":
+        return Timing(lambda: arm.call(*arm.inputs), lambda out: out.backward(arm.grad), lambda: _clear(arm))
+    return Timing(lambda: None, lambda _: arm.call(*arm.inputs).backward(arm.grad), lambda: _clear(arm))
+
+
+def peak_mib(arm: Arm, mode: str, device: torch.device) -> Optional[float]:
+    """Peak memory of one call above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    from difftx.bench import peak_memory_mib
+
+    t = mode_timing(arm, mode)
+
+    def once():
+        t.run(t.prepare())
+        t.cleanup()
+
+    return peak_memory_mib(once, device)
+
+
+def run_shape(suite: Suite, s: Shape, deadline: float) -> dict:
+    """One shape: check that each arm runs, profile its kernels, time every mode, build the rows."""
+    dev, dt = suite.device, suite.dtype
+    res = {"shape": s.name, **asdict(s), "status": "done", "unavailable": {}, "excluded": {}, "reference": {},
+           "rows": []}
+    names = diff_candidates(suite.args.candidates)
+    if suite.passed is not None:
+        for n in names:
+            if not suite.passed.get(n, False):
+                res["excluded"][f"diff/{n}"] = "failed correctness"
+        names = [n for n in names if suite.passed.get(n, False)]
+    else:
+        res["correctness"] = "not checked"
+    torch.manual_seed(0)
+    bases, missing = baseline_arms(s, dev, dt)
+    res["unavailable"].update(missing)
+    arms = []
+    for arm in bases + diff_arms(s, names, dev, dt):  # a first call each: compiles, and sorts out what cannot run
+        try:
+            _fwd_bwd(arm)
+            arms.append(arm)
+        except Exception as e:  # noqa: BLE001
+            _clear(arm)
+            res["unavailable" if arm.kind == "baseline" else "excluded"][arm.name] = short_error(e)
+    sync(dev)
+    if not any(a.kind == "baseline" for a in arms):
+        res["status"] = "error: no baseline ran"
+        return res
+    ran = profile_arms({a.name: (lambda a=a: _fwd_bwd(a)) for a in arms}, dev)
+    rows = {a.name: {"name": a.name, "kind": a.kind, "kernels": ran[a.name][:12], "modes": {}} for a in arms}
+    for a in arms:
+        if a.expect and dev.type == "cuda":
+            rows[a.name]["fallback_suspected"] = not any(x in k.lower() for k in ran[a.name] for x in a.expect)
+        if a.kind == "diff" and a.name[5:] in DISPATCHERS:
+            rows[a.name]["resolves_to"] = {MODE_OF_CHOICE[m]: concrete_backend(a.name[5:], a.inputs, m != "fwd")
+                                           for m in MODE_OF_CHOICE}
+    unit = unit_flops(s)
+    for i, mode in enumerate(MODES):
+        if time.monotonic() > deadline:
+            res["status"] = "partial: budget"
+            res.setdefault("skipped_modes", []).append(mode)
+            continue
+        mode_deadline = split_deadline(deadline, 1, len(MODES) - i)
+        times, complete = time_arms({a.name: mode_timing(a, mode) for a in arms}, suite.repeats, suite.warmup, dev,
+                                    mode_deadline)
+        if not complete:
+            res["status"] = "partial: budget"
+        ms = {name: median(t) for name, t in times.items()}
+        ref = fastest_baseline(rows, ms)
+        res["reference"][mode] = ref
+        for a in arms:
+            products = BASELINE_PRODUCTS if a.kind == "baseline" else \
+                executed_products(concrete_backend(a.name[5:], a.inputs, mode != "fwd"))
+            useful = BASELINE_PRODUCTS if a.kind == "baseline" else USEFUL_PRODUCTS
+            m = ms[a.name]
+            exe = mode_units(products, mode)
+            rows[a.name]["modes"][mode] = {
+                "ms": m, "reps": len(times[a.name]), "ratio": m / ms[ref] if m and ref and ms[ref] else None,
+                "paired_ratio": paired_ratio(times[a.name], times[ref])["median"] if ref else None,
+                "tflops_executed": exe * unit / (m * 1e9) if exe and m else None,
+                "tflops_useful": mode_units(useful, mode) * unit / (m * 1e9) if m else None,
+                "peak_mib": peak_mib(a, mode, dev)}
+        suite.save()
+    res["rows"] = list(rows.values())
+    print_shape(s, res)
+    return res
+
+
+def fastest_baseline(rows: dict, ms: dict) -> Optional[str]:
+    """The fastest baseline of a mode, among those whose kernels match their forced backend when any do."""
+    bases = [n for n, r in rows.items() if r["kind"] == "baseline" and ms.get(n)]
+    clean = [n for n in bases if not rows[n].get("fallback_suspected")]
+    pool = clean or bases
+    return min(pool, key=lambda n: ms[n]) if pool else None
+
+
+def print_shape(s: Shape, res: dict) -> None:
+    title = (f"attention {s.name}: B {s.B}, T {s.T}, H {s.H} (baseline {2 * s.H}), Hkv {s.Hkv}, d {s.d}; "
+             f"ratios to the fastest baseline ({', '.join(f'{m}: {r}' for m, r in res['reference'].items())})")
+    body = []
+    for r in res["rows"]:
+        m = r["modes"]
+        get = lambda mode, key, spec: fmt(m.get(mode, {}).get(key), spec)  # noqa: E731
+        body.append([r["name"] + (" (fallback?)" if r.get("fallback_suspected") else ""),
+                     " / ".join(get(md, "ms", ".3f") for md in ("fwd", "bwd", "fwd+bwd")),
+                     " / ".join(get(md, "ratio", ".2f") for md in ("fwd", "bwd", "fwd+bwd")),
+                     f"{get('fwd+bwd', 'tflops_executed', '.0f')} / {get('fwd+bwd', 'tflops_useful', '.0f')}",
+                     get("fwd+bwd", "peak_mib", ".0f"), (r["kernels"] or ["-"])[0][:60]])
+    print_table(title, ["candidate", "ms fwd / bwd / fwd+bwd", "x fwd / bwd / fwd+bwd",
+                        "TFLOP/s fwd+bwd executed / useful", "peak MiB fwd+bwd", "top kernel"], body)
+    for name, why in {**res["unavailable"], **res["excluded"]}.items():
+        print(f"  not timed: {name}: {why}", flush=True)
+
+
+def shape_choices(suite: Suite, res: dict) -> list[dict]:
+    """``auto``'s entries for one shape: per mode, the fastest DIFF backend that passed correctness and its
+    ratio to the fastest baseline, and every candidate's ratio. Dispatchers are no candidates: ``auto`` never,
+    ``sdpa`` not where its forms ``sdpa_*`` were timed themselves."""
+    out = []
+    for mode, label in MODE_OF_CHOICE.items():
+        ratios = {r["name"][5:]: r["modes"][mode]["ratio"] for r in res["rows"]
+                  if r["kind"] == "diff" and r["modes"].get(mode, {}).get("ratio")}
+        forms = any(n.startswith("sdpa_") for n in ratios)
+        ratios = {n: x for n, x in ratios.items() if n != "auto" and not (n == "sdpa" and forms)}
+        if not ratios:
+            continue
+        best = min(ratios, key=ratios.get)
+        out.append({"card": suite.card(), "dtype": str(suite.dtype).replace("torch.", ""), "d": res["d"],
+                    "T": res["T"], "mode": label, "backend": best, "ratio": ratios[best], "candidates": ratios,
+                    "source": suite.source()})
+    return out
+
+
+def section_attention(suite: Suite, deadline: float) -> dict:
+    shapes = select_shapes(attention_shapes(suite.tiny), suite.args.shapes)
+    out = suite.results["attention"] = {"dtype": str(suite.dtype).replace("torch.", ""),
+                                        "repeats": suite.repeats, "warmup": suite.warmup, "shapes": []}
+    weights = [3.0 if s.name == "goal" else 2.0 if s.name == "d64" else 1.0 for s in shapes]
+    status = "done"
+    seen = set()
+    for i, s in enumerate(shapes):
+        if time.monotonic() > deadline:
+            out["shapes"].append({"shape": s.name, **asdict(s), "status": "skipped: budget"})
+            status = "partial: budget"
+            continue
+        try:
+            res = run_shape(suite, s, split_deadline(deadline, weights[i], sum(weights[i:])))
+        except Exception as e:  # noqa: BLE001  (one shape failing does not end the section)
+            res = {"shape": s.name, **asdict(s), "status": "error", "error": short_error(e),
+                   "traceback": traceback.format_exc()}
+        out["shapes"].append(res)
+        if res.get("rows") and s.Hkv == s.H and (s.d, s.T) not in seen:  # one entry per (d, T): MHA shapes
+            seen.add((s.d, s.T))
+            suite.results["choices"] += shape_choices(suite, res)
+        if not str(res["status"]).startswith("done"):
+            status = "partial"
+        if suite.device.type == "cuda":
+            torch.cuda.empty_cache()
+        suite.save()
+    return {"status": status}
+
+
+# -- section: training --------------------------------------------------------------------------------------------
+
+
+def training_sizes(tiny: bool) -> list[tuple[str, object, int, int]]:
+    """``(name, DIFF config, batch, seq_len)``: gpu-350m (d 64) and the same width with half the heads (d 128)."""
+    from difftx import preset
+
+    if tiny:
+        return [("test", preset("test"), 2, 16), ("test-d2x", preset("test", n_heads=1), 2, 16)]
+    return [("gpu-350m", preset("gpu-350m"), 4, 2048), ("gpu-350m-d128", preset("gpu-350m", n_heads=4), 4, 2048)]
+
+
+def section_training(suite: Suite, deadline: float) -> dict:
+    sizes = training_sizes(suite.tiny)
+    out = suite.results["training"] = {
+        "flops_model": "PaLM: 6 N + 12 L D T per token (train_throughput.flops_per_token; N without the token "
+                       "embedding, attention counted non-causal), the same for both arms",
+        "peak_bf16_tflops": peak_tflops(suite.card()), "compile_backend": suite.args.compile_backend, "runs": []}
+    state = {"compile_s": 5.0 if suite.tiny else 100.0}  # a guess until a compile was timed
+    status = "done"
+    for i, (name, cfg, batch, seq_len) in enumerate(sizes):
+        size_deadline = split_deadline(deadline, 1, len(sizes) - i)
+        try:
+            runs = train_size(suite, name, cfg, batch, seq_len, size_deadline, state)
+        except Exception as e:  # noqa: BLE001
+            runs = [{"size": name, "status": "error", "error": short_error(e), "traceback": traceback.format_exc()}]
+        out["runs"] += runs
+        if any(not str(r["status"]).startswith("done") for r in runs):
+            status = "partial"
+        suite.save()
+    print_training(out["runs"])
+    return {"status": status}
+
+
+def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline: float, state: dict) -> list[dict]:
+    """Both arms of one size, eager then compiled (if the compile fits the time left)."""
+    import train_throughput as tt
+
+    from difftx import Transformer, baseline_config
+    from difftx.training.config import TrainConfig
+    from difftx.training.optim import build_optimizer
+
+    dev = suite.device
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cfg = cfg.replace(max_seq_len=max(seq_len, cfg.max_seq_len))
+    cfgs = {"diff": cfg, "baseline": baseline_config(cfg)}
+    models, opts = {}, {}
+    tc = TrainConfig(model="test", seq_len=16, warmup_steps=0)
+    for arm, c in cfgs.items():
+        torch.manual_seed(0)
+        models[arm] = Transformer(c).to(dev)
+        opts[arm] = build_optimizer(models[arm], tc)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(dev)
+    runs = []
+    eager_step_s = None
+    for mode in suite.args.train_modes:
+        run = {"size": name, "mode": mode, "batch": batch, "seq_len": seq_len, "d": cfg.head_dim,
+               "dtype": str(dtype).replace("torch.", "")}
+        left = deadline - time.monotonic()
+        need = 0.0 if mode == "eager" else 2 * state["compile_s"] + 2 * (suite.warmup + suite.args.train_steps) * (
+            eager_step_s or 0.0)
+        if left <= 0 or need > left:
+            run["status"] = f"skipped: budget (needs ~{need:.0f} s, {max(left, 0):.0f} s left)"
+            runs.append(run)
+            continue
+        steppers = {arm: (torch.compile(m, backend=suite.args.compile_backend) if mode == "compiled" else m)
+                    for arm, m in models.items()}
+        step = {arm: (lambda arm=arm: tt._step(steppers[arm], opts[arm], tokens, dtype, dev)) for arm in models}
+        first = {}
+        for arm in models:  # the first step compiles
+            t0 = time.perf_counter()
+            float(step[arm]().detach())
+            first[arm] = time.perf_counter() - t0
+        if mode == "compiled":
+            run["compile_s"] = first
+            state["compile_s"] = max(first.values())
+        times, complete = time_arms({arm: Timing(lambda: None, lambda _, arm=arm: step[arm]()) for arm in models},
+                                    suite.args.train_steps, suite.warmup, dev, deadline)
+        tokens_per_step = batch * seq_len
+        run["status"] = "done" if complete else "partial: budget"
+        run["arms"] = {}
+        for arm, m in models.items():
+            sec = median(times[arm]) / 1e3
+            tps = tokens_per_step / sec
+            a = run["arms"][arm] = {"params": m.num_parameters(), "step_ms": sec * 1e3, "tokens_per_s": tps,
+                                    "steps": len(times[arm])}
+            peak = peak_tflops(suite.card())
+            a["mfu"] = tt.flops_per_token(m, seq_len) * tps / (peak * 1e12) if peak and dev.type == "cuda" else None
+        eager_step_s = eager_step_s or max(median(t) for t in times.values()) / 1e3
+        run["ratio"] = run["arms"]["diff"]["tokens_per_s"] / run["arms"]["baseline"]["tokens_per_s"]
+        # tokens/s DIFF / baseline = baseline time / DIFF time, round by round
+        run["paired_ratio"] = paired_ratio(times["baseline"], times["diff"])
+        run["profile"] = {arm: profile_step(lambda arm=arm: step[arm](), dev) for arm in models}
+        runs.append(run)
+        suite.save()
+    del models, opts
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return runs
+
+
+def profile_step(step: Callable[[], object], device: torch.device) -> dict:
+    """GPU time by category of one training step, with the idle fraction (CPU: ops' self time)."""
+    from torch.profiler import record_function
+
+    label = "gpu_suite::step"
+
+    def run():
+        with record_function(label):
+            step()
+            sync(device)
+
+    events, prof = _trace(run, device)
+    return step_breakdown(events, label, device.type, prof)
+
+
+def print_training(runs: list[dict]) -> None:
+    body = []
+    for r in runs:
+        if "arms" not in r:
+            body.append([r["size"], r.get("mode"), r["status"], None, None, None, None, None, None])
+            continue
+        d, b = r["arms"]["diff"], r["arms"]["baseline"]
+        pr = r["paired_ratio"]
+        prof = r["profile"]["diff"]
+        cats = ", ".join(f"{c} {v:.1f}" for c, v in prof["ms_by_category"].items() if v)
+        body.append([r["size"], r["mode"], r["status"], f"{d['tokens_per_s']:,.0f}", f"{b['tokens_per_s']:,.0f}",
+                     f"{fmt(pr['median'])} [{fmt(pr['low'])}, {fmt(pr['high'])}]",
+                     f"{fmt(d['mfu'], '.1%')} / {fmt(b['mfu'], '.1%')}", fmt(prof["idle_fraction"], ".0%"), cats])
+    print_table("training steps (DIFF backend: the model's default; paired = DIFF / baseline tokens/s)",
+                ["size", "mode", "status", "DIFF tok/s", "baseline tok/s", "paired [95%]", "MFU DIFF / baseline",
+                 "DIFF idle", "DIFF ms by category"], body)
+
+
+# -- section: decode ----------------------------------------------------------------------------------------------
+
+
+def section_decode(suite: Suite, deadline: float) -> dict:
+    """One decoding step of a whole model (``difftx.bench.bench_decode``), DIFF vs baseline, batch 1 and 8,
+    cache T 1k and 4k (tiny: smaller)."""
+    from difftx.bench import bench_decode
+
+    if suite.tiny:
+        model = dict(dim=64, n_heads=2, n_layers=2)
+        batches, lens, dtype = (1, 2), (16, 32), torch.float32
+    else:
+        model = dict(dim=1024, n_heads=8, n_layers=24)  # gpu-350m's shape (vocabulary 256)
+        batches, lens, dtype = (1, 8), (1024, 4096), torch.bfloat16
+    out = suite.results["decode"] = {"model": model, "dtype": str(dtype).replace("torch.", ""),
+                                     "diff_backend": "auto", "baseline_backend": "auto", "rows": []}
+    status = "done"
+    for i, batch in enumerate(batches):
+        if time.monotonic() > deadline:
+            out["rows"].append({"batch": batch, "status": "skipped: budget"})
+            status = "partial: budget"
+            continue
+        rows = bench_decode(seq_lens=lens, batch=batch, backends=["auto"], baselines=["auto"], device=str(suite.device),
+                            dtype=dtype, repeats=max(suite.repeats, 3), warmup=suite.warmup, progress=False, **model)
+        by_len: dict[int, dict] = {}
+        for r in rows:
+            by_len.setdefault(r.seq_len, {})[r.name.split("/")[0]] = r
+        for T, pair in by_len.items():
+            d, b = pair["diff"], pair["baseline"]
+            out["rows"].append({"batch": batch, "T": T, "status": "done", "diff_ms": d.ms, "baseline_ms": b.ms,
+                                "ratio": d.ratio, "paired_ratio": d.paired, "paired_low": d.paired_low,
+                                "paired_high": d.paired_high, "cache_mib": d.mem_mib})
+        suite.save()
+    print_table("decode step (whole model; ratio = DIFF / baseline time)",
+                ["batch", "T", "DIFF ms", "baseline ms", "ratio", "paired [95%]"],
+                [[r["batch"], r.get("T"), fmt(r.get("diff_ms")), fmt(r.get("baseline_ms")), fmt(r.get("ratio")),
+                  f"{fmt(r.get('paired_ratio'))} [{fmt(r.get('paired_low'))}, {fmt(r.get('paired_high'))}]"]
+                 for r in out["rows"]])
+    return {"status": status}
+
+
+# -- section: goals -----------------------------------------------------------------------------------------------
+
+
+def _verdict(value, goal: float, stretch: Optional[float], lower_is_better: bool) -> str:
+    if value is None:
+        return "not measured"
+    ok = (lambda x: value <= x) if lower_is_better else (lambda x: value >= x)
+    if stretch is not None and ok(stretch):
+        return "met (stretch too)"
+    return "met" if ok(goal) else "not met"
+
+
+def _core_ratio(results: dict, shape: str) -> tuple[Optional[float], str]:
+    """The best fwd+bwd ratio of a DIFF candidate at ``shape``, and which (auto's ratio noted)."""
+    res = next((s for s in results.get("attention", {}).get("shapes", []) if s.get("shape") == shape), None)
+    if not res or not res.get("rows"):
+        return None, ""
+    ratios = {r["name"]: r["modes"]["fwd+bwd"]["ratio"] for r in res["rows"]
+              if r["kind"] == "diff" and r["modes"].get("fwd+bwd", {}).get("ratio")}
+    if not ratios:
+        return None, ""
+    best = min(ratios, key=ratios.get)
+    auto = ratios.get("diff/auto")
+    return ratios[best], f"{best} vs {res['reference'].get('fwd+bwd')}" + (f"; auto {auto:.2f}" if auto else "")
+
+
+def section_goals(suite: Suite, deadline: float) -> dict:
+    r = suite.results
+    goals = []
+
+    def add(what, value, goal, stretch, lower, note="", spec=".2f"):
+        goals.append({"goal": what, "value": value, "target": goal, "stretch": stretch,
+                      "verdict": _verdict(value, goal, stretch, lower), "note": note,
+                      "shown": fmt(value, spec)})
+
+    v, note = _core_ratio(r, "goal")
+    add("attention core fwd+bwd, causal, bf16, T 4096, d 128 (x the fastest baseline)", v, 2.0, 1.6, True, note)
+    v, note = _core_ratio(r, "d64")
+    add("attention core fwd+bwd, same, d 64", v, 1.5, None, True, note)
+    trains = [t for t in r.get("training", {}).get("runs", []) if "arms" in t]
+    comp = next((t for t in trains if t["size"] == training_sizes(suite.tiny)[0][0] and t["mode"] == "compiled"), None)
+    paired = comp["paired_ratio"]["median"] if comp else None
+    add("gpu-350m training step, compiled, DIFF / baseline tokens/s", paired, 0.90, 0.93, False,
+        "paired median" if comp else "")
+    mfu = comp["arms"]["baseline"]["mfu"] if comp else None
+    add("the baseline's MFU, compiled (gpu-350m)", mfu, 0.35, None, False, "PaLM FLOPs" if mfu is not None else "",
+        ".1%")
+    dec = [x for x in r.get("decode", {}).get("rows", []) if x.get("status") == "done"]
+    one = [x for x in dec if x["batch"] == 1]
+    row = max(one, key=lambda x: x["T"]) if one else None  # T 4096 on a GPU
+    add(f"decode step, batch 1, T {row['T'] if row else 4096} (DIFF / baseline time)",
+        (row["paired_ratio"] or row["ratio"]) if row else None, 1.10, None, True, "paired median" if row else "")
+    corr = r.get("correctness")
+    if corr and "passed" in corr:
+        n, ok = len(corr["passed"]), sum(corr["passed"].values())
+        goals.append({"goal": "correctness, every candidate and gradient, bf16 vs float32 oracle", "value": ok / n if n
+                      else None, "target": f"within {TOLERANCE:g} relative L2", "stretch": None,
+                      "verdict": "met" if n and ok == n else "not met", "shown": f"{ok}/{n} passed",
+                      "note": ("failed: " + ", ".join(corr["failed"])) if corr["failed"] else ""})
+    else:
+        goals.append({"goal": "correctness, every candidate and gradient, bf16 vs float32 oracle", "value": None,
+                      "target": f"within {TOLERANCE:g} relative L2", "stretch": None, "verdict": "not measured",
+                      "shown": "-", "note": ""})
+    r["goals"] = goals
+    print_table(f"goals ({suite.card()})", ["goal", "measured", "target", "stretch", "verdict", "note"],
+                [[g["goal"], g["shown"], g["target"], g["stretch"], g["verdict"], g["note"]] for g in goals])
+    return {"status": "done"}
+
+
+# -- main ---------------------------------------------------------------------------------------------------------
+
+
+RUNNERS = {"env": section_env, "correctness": section_correctness, "attention": section_attention,
+           "training": section_training, "decode": section_decode, "goals": section_goals}
+
+
+def parse_sections(spec: Optional[str]) -> list[str]:
+    if not spec:
+        return list(SECTIONS)
+    wanted = {w.strip() for w in spec.split(",") if w.strip()}
+    bad = sorted(wanted - set(SECTIONS))
+    if bad:
+        raise ValueError(f"--sections: unknown section(s) {bad}; choose from {list(SECTIONS)}")
+    if "attention" in wanted:
+        wanted.add("correctness")  # only candidates that passed are timed
+    wanted |= {"env", "goals"}
+    return [s for s in SECTIONS if s in wanted]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="gpu_suite.json", help="the JSON file (rewritten after every section)")
+    p.add_argument("--budget-s", type=float, default=None, help="time for the whole run (default 480; --tiny 120)")
+    p.add_argument("--sections", help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)")
+    p.add_argument("--shapes", help="attention shapes: goal, d64, gqa2, gqa4, gqa, sweep, sweep-1k, ... (default all)")
+    p.add_argument("--candidates", help="comma-separated DIFF backends to check and time (default: all registered "
+                                        "but eager and chunked, plus auto)")
+    p.add_argument("--repeats", type=int, help="timed rounds per attention mode (default 20; --tiny 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first (default 5; --tiny 1)")
+    p.add_argument("--train-steps", type=int, default=None, help="timed training steps per arm (default 20; --tiny 3)")
+    p.add_argument("--train-modes", default="eager,compiled", help="training modes: eager, compiled or both")
+    p.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --tiny eager)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes and few repeats (runs on CPU; the tests' form)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        sections = parse_sections(args.sections)
+        select_shapes(attention_shapes(args.tiny), args.shapes)
+        args.candidates = None if not args.candidates else [c.strip() for c in args.candidates.split(",") if c.strip()]
+        args.train_modes = [m.strip() for m in args.train_modes.split(",") if m.strip()]
+        if not args.train_modes or not set(args.train_modes) <= {"eager", "compiled"}:
+            raise ValueError(f"--train-modes: choose eager, compiled or both, got {args.train_modes}")
+        known = set(kernels.BACKENDS) | {"auto"}
+        if args.candidates and not set(args.candidates) <= known:
+            raise ValueError(f"--candidates: unknown backend(s) {sorted(set(args.candidates) - known)}; "
+                             f"registered: {sorted(known)}")
+        for name in ("repeats", "warmup", "train_steps", "budget_s"):
+            value = getattr(args, name)
+            if value is not None and value < (0 if name == "warmup" else 1):
+                raise ValueError(f"--{name.replace('_', '-')}: must be at least {0 if name == 'warmup' else 1}, "
+                                 f"got {value}")
+    except ValueError as e:
+        p.error(str(e))
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available")
+    if not cuda and not args.tiny:
+        p.error("no CUDA device: the full suite needs a GPU; run --tiny on CPU")
+    args.budget_s = args.budget_s or (120.0 if args.tiny else 480.0)
+    args.train_steps = args.train_steps or (3 if args.tiny else 20)
+    args.compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
+    suite = Suite(args, torch.device("cuda" if cuda else "cpu"))
+    budget = Budget(args.budget_s, sections)
+    print(f"# gpu_suite: sections {', '.join(sections)}; budget {args.budget_s:.0f} s; JSON {args.out}", flush=True)
+    for name in sections:
+        deadline = budget.section(name)
+        t0 = time.monotonic()
+        print(f"\n## {name} ({max(0.0, deadline - t0):.0f} s)", flush=True)
+        try:
+            info = RUNNERS[name](suite, deadline)
+        except Exception as e:  # noqa: BLE001  (recorded; the next section still runs)
+            info = {"status": "error", "error": short_error(e), "traceback": traceback.format_exc()}
+            print(f"section {name} failed: {info['error']}", flush=True)
+        info.update(elapsed_s=round(time.monotonic() - t0, 2), budget_s=round(max(0.0, deadline - t0), 2))
+        suite.results["sections"][name] = info
+        suite.save()
+    print(f"\n# gpu_suite: done; JSON {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
