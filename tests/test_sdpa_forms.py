@@ -248,7 +248,7 @@ def test_auto_on_cuda_dispatches_by_the_table(table, monkeypatch):
     the call's dtype, d, T and training, memoised, and computes eager's result."""
     assert kernels.resolve_backend("auto", torch.device("cuda")) is gpu_table.auto_cuda
     assert kernels.resolve_backend("auto", torch.device("cpu"), q_len=64) is kernels.chunked  # CPU unchanged
-    monkeypatch.setattr(gpu_table, "card_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(gpu_table, "card_name", lambda index: "NVIDIA H200")
     monkeypatch.delitem(kernels.BACKENDS, "flex", raising=False)  # as where it is not installed
     ran = []
     for name in ("sdpa_halves", "sdpa_wide", "chunked", "eager", "sdpa"):
@@ -271,7 +271,7 @@ def test_auto_on_cuda_dispatches_by_the_table(table, monkeypatch):
 
 
 def test_sdpa_form_on_cuda_by_the_table(table, monkeypatch):
-    monkeypatch.setattr(gpu_table, "card_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(gpu_table, "card_name", lambda index: "NVIDIA H100 80GB HBM3")
     gen = torch.Generator().manual_seed(5)
     q, k, v, lam = _inputs(1, 4, 4, 2, 2, 128, 256, gen)
     q.requires_grad_()

@@ -201,63 +201,59 @@ def choose(card: str, dtype: Union[str, torch.dtype], d: int, T: int, training: 
 _cards: dict = {}
 _memo: dict = {}
 _MEMO_MAX = 4096
+# Under torch.compile a choice is made once, at trace time, and is a constant of the graph (no guards on the memo).
+_constant = getattr(torch.compiler, "assume_constant_result", lambda fn: fn)
 
 
-def card_name(device: torch.device) -> str:
-    """The CUDA card's name (``torch.cuda.get_device_name``), once per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def card_name(index: int) -> str:
+    """The name of CUDA card ``index`` (``torch.cuda.get_device_name``), asked once."""
     if index not in _cards:
         _cards[index] = torch.cuda.get_device_name(index)
     return _cards[index]
 
 
-def _training(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> bool:
-    return records_grad(*(t for t in (q, k, v, lam) if t is not None))
-
-
-def _remember(key, pick: Callable[[], str]) -> str:
+@_constant
+def _picked(kind: str, index: int, dtype: str, d: int, T: int, train: bool, triton_ok: bool) -> str:
+    """The table's choice, memoised: for ``kind`` ``"sdpa"`` among the ``sdpa_*`` forms, for ``"auto"`` among
+    the registered backends (``triton`` only where it takes the call itself)."""
+    key = (kind, index, dtype, d, T, train, triton_ok)
     name = _memo.get(key)
     if name is None:
+        forms = {f"sdpa_{form}" for form in kernels.SDPA_FORMS}
+
+        def eligible(n: str) -> bool:
+            if kind == "sdpa":
+                return n in forms and _registered(n)
+            return _registered(n) and (n != "triton" or triton_ok)
+
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
-        name = _memo[key] = pick()
+        name = _memo[key] = choose(card_name(index), dtype, d, T, train, eligible=eligible)
     return name
+
+
+def _call_key(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> tuple:
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device() if q.is_cuda else 0
+    train = records_grad(*(t for t in (q, k, v, lam) if t is not None))
+    return index, dtype_name(q.dtype), int(q.shape[-1]), int(q.shape[1]), train
 
 
 def sdpa_form_for(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> str:
     """The form of ``sdpa`` (a key of :data:`kernels.SDPA_FORMS`) for this call on its card: the table's best
-    ``sdpa_*`` backend, ``pad`` where none was measured."""
-    card, dt, d, T, train = card_name(q.device), dtype_name(q.dtype), q.shape[-1], q.shape[1], _training(q, k, v, lam)
-
-    def pick() -> str:
-        forms = {f"sdpa_{form}" for form in kernels.SDPA_FORMS}
-        name = choose(card, dt, d, T, train, eligible=lambda n: n in forms and _registered(n))
-        return name.removeprefix("sdpa_")
-
-    return _remember(("sdpa", card, dt, d, T, train), pick)
-
-
-def _mask_kind(mask: AttentionMask, T: int, S: int) -> str:
-    return "causal" if mask.is_plain_causal(T, S) else "none" if mask.is_unmasked() else "dense"
+    ``sdpa_*`` backend for the card, dtype, ``d``, ``T`` and training; ``pad`` where none was measured."""
+    return _picked("sdpa", *_call_key(q, k, v, lam), False).removeprefix("sdpa_")
 
 
 def backend_for(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: AttentionMask) -> str:
-    """The backend ``auto`` runs for this differential-attention call on its CUDA card (memoised per card,
-    dtype, widths, ``T``, training, kind of lambda and kind of mask)."""
-    T, S = q.shape[1], k.shape[1]
-    card, dt, d, train = card_name(q.device), dtype_name(q.dtype), q.shape[-1], _training(q, k, v, lam)
-    key = ("auto", card, dt, d, v.shape[-1], T, train, tuple(lam.shape), _mask_kind(mask, T, S))
+    """The backend ``auto`` runs for this differential-attention call on its CUDA card: the table's choice for
+    the card, dtype, ``d``, ``T`` and training. ``triton`` is eligible only where it takes the call itself (it
+    hands other calls to ``sdpa``: then the table's next candidate runs)."""
+    triton_ok = False
+    if "triton" in kernels.BACKENDS:
+        from .triton_kernel import unsupported_reason
 
-    def can_take(name: str) -> bool:
-        if not _registered(name):
-            return False
-        if name == "triton":  # it would hand the call to ``sdpa``: let the table's next choice have it
-            from .triton_kernel import unsupported_reason
-
-            return unsupported_reason(q, k, v, lam, mask) is None
-        return True
-
-    return _remember(key, lambda: choose(card, dt, d, T, train, eligible=can_take))
+        triton_ok = unsupported_reason(q, k, v, lam, mask) is None
+    return _picked("auto", *_call_key(q, k, v, lam), triton_ok)
 
 
 def auto_cuda(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
