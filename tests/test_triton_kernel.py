@@ -17,6 +17,8 @@ same code path.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -49,14 +51,16 @@ def _run(fn, q, k, v, lam, mask, scale, grad_out, **kw):
     return out, grads
 
 
-def _compare(B, T, S, H, Hkv, d, causal=True, config=None, atol=2e-5):
+def _compare(B, T, S, H, Hkv, d, causal=True, config=None, atol=2e-5, bwd=None, fn=None):
+    """Output and dq, dk, dv, dlam of the kernel (float32, ``bwd`` form) against float64 eager."""
     q, k, v, lam = _inputs(B, T, S, H, Hkv, d)
     mask = AttentionMask(causal=causal)
     scale = d ** -0.5
     grad_out = torch.randn(B, T, H, 2 * d, dtype=torch.float64)
     ref, ref_grads = _run(kernels.eager, q.double(), k.double(), v.double(), lam.double(), mask, scale, grad_out)
     assert tk.unsupported_reason(q, k, v, lam, mask) is None, "the kernel itself must run"
-    out, grads = _run(tk.triton_attention, q, k, v, lam, mask, scale, grad_out, config=config)
+    fn = fn or functools.partial(tk.triton_attention, config=config, bwd=bwd)
+    out, grads = _run(fn, q, k, v, lam, mask, scale, grad_out)
     assert out.shape == (B, T, H, 2 * d) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol)
     for name, g, rg in zip(("dq", "dk", "dv", "dlam"), grads, ref_grads):
@@ -82,7 +86,13 @@ class TestInterpreted:
 
     @pytest.mark.parametrize("B,T,H,Hkv,d", CAUSAL_CASES)
     def test_causal_forward_and_gradients_match_eager(self, B, T, H, Hkv, d):
+        assert tk.BWD == "atomic"  # the default: the 5-product backward, dQ by atomic adds
         _compare(B, T, T, H, Hkv, d)
+
+    @pytest.mark.parametrize("B,T,S,H,Hkv,d,causal", [(2, 17, 17, 4, 2, 24, True), (1, 7, 21, 2, 1, 16, False)])
+    def test_split_backward_matches_eager(self, B, T, S, H, Hkv, d, causal):
+        """The 7-product two-kernel backward (``bwd="split"``, the ``triton_split`` backend)."""
+        _compare(B, T, S, H, Hkv, d, causal=causal, fn=kernels.BACKENDS["triton_split"])
 
     def test_component_width_not_a_power_of_two(self):
         # d = 24 pads the tiles to 32 columns; the padding must not leak into scores or outputs
@@ -93,10 +103,76 @@ class TestInterpreted:
         # no mask at all (causal=False): every key tile but a partial last one runs unmasked
         _compare(1, T, S, 2, 1, 16, causal=False)
 
-    def test_other_tile_sizes_give_the_same_result(self):
-        # one step per program in the forward pass, other tiles in the backward kernels
-        config = tk.BlockConfig(fwd_own=8, fwd_step=8, kv_own=32, kv_step=16, q_own=16, q_step=4)
-        _compare(1, 29, 29, 2, 1, 16, config=config)
+    @pytest.mark.parametrize("bwd", ["atomic", "split"])
+    def test_other_tile_sizes_give_the_same_result(self, bwd):
+        # one step per program and the value in two column halves in the forward pass, other tiles
+        # in the backward kernels (the atomic one owning 32 keys, stepping 16 queries)
+        config = tk.BlockConfig(fwd_own=8, fwd_step=8, kv_own=32, kv_step=16, q_own=16, q_step=4,
+                                bwd_own=32, bwd_step=16, fwd_split=2)
+        _compare(1, 29, 29, 2, 1, 24 if bwd == "atomic" else 16, config=config, bwd=bwd)
+
+    def test_autotuned_configs_reset_the_atomic_dq_buffer(self, monkeypatch):
+        """The autotuned path with two forced configs each for the forward and the atomic backward:
+        every timed trial runs the kernel twice, yet dq matches eager because ``DQ`` is reset to zero
+        between trials and before the winner's run. The same tuner without the reset corrupts dq."""
+        trials = []
+
+        def bench(kernel_call, quantiles):
+            kernel_call()
+            kernel_call()
+            trials.append(1)
+            return [float(len(trials))] * 3  # the first config wins
+
+        small = dataclasses.replace(tk.INTERPRET_CONFIG, fwd_own=8, fwd_step=8, fwd_split=2, bwd_own=32, bwd_step=16)
+        configs = [tk.INTERPRET_CONFIG, small]
+        monkeypatch.setattr(tk, "AUTOTUNE", True)
+        monkeypatch.setattr(tk, "_TUNERS", {("fwd", 64): tk.make_autotuner("fwd", configs[::-1], do_bench=bench),
+                                            ("bwd", 64): tk.make_autotuner("bwd", configs[::-1], do_bench=bench)})
+        _compare(1, 33, 33, 2, 1, 16)
+        assert len(trials) == 4  # two configs for each kernel
+        tuned = tk._TUNERS[("bwd", 64)].cache
+        assert len(tuned) == 1 and next(iter(tuned.values())).kwargs == {"BLOCK_N": 32, "BLOCK_M": 16}
+        _compare(1, 33, 33, 2, 1, 16)  # cached: no new trials
+        assert len(trials) == 4
+
+        no_reset = triton.autotune(configs=[triton.Config(dict(BLOCK_N=16, BLOCK_M=8)),
+                                            triton.Config(dict(BLOCK_N=32, BLOCK_M=8))],
+                                   key=["D"], do_bench=bench)(tk._bwd_kv_kernel)
+        tk._TUNERS[("bwd", 64)] = no_reset
+        with pytest.raises(AssertionError, match="dq"):
+            _compare(1, 17, 17, 2, 1, 16)
+
+    def test_custom_op_compiles_without_graph_breaks(self):
+        """torch.compile (aot_eager, fullgraph: a graph break would raise) over a call of the backend
+        gives eager's output and gradients; the op's fake implementation gives the right shapes."""
+        B, T, H, Hkv, d = 1, 13, 2, 1, 16
+        q, k, v, lam = _inputs(B, T, T, H, Hkv, d)
+        mask = AttentionMask()
+        grad_out = torch.randn(B, T, H, 2 * d)
+
+        def fn(q, k, v, lam, mask, scale):
+            return kernels.BACKENDS["triton"](q, k, v, lam, mask, scale) * 2.0
+
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out, grads = _run(compiled, q, k, v, lam, mask, d ** -0.5, grad_out)
+        ref, ref_grads = _run(kernels.eager, q, k, v, lam, mask, d ** -0.5, grad_out * 2.0)
+        torch.testing.assert_close(out, ref * 2.0, rtol=1e-5, atol=1e-5)
+        for name, g, rg in zip(("dq", "dk", "dv", "dlam"), grads, ref_grads):
+            torch.testing.assert_close(g, rg, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode() as mode:
+            fq, fk, fv, flam = (mode.from_tensor(t) for t in (q, k, v, lam))
+            o, o2, lse = torch.ops.difftx.triton_diff_fwd(fq, fk, fv, flam, 0.25, True, True, [], "atomic")
+            assert o.shape == o2.shape == (B, T, H, 2 * d) and lse.shape == (B, H, 2, T)
+            dq, dk, dv, dlam = torch.ops.difftx.triton_diff_bwd(o, fq, fk, fv, flam, o, o2, lse, 0.25, True, [],
+                                                                "atomic")
+            assert (dq.shape, dk.shape, dv.shape, dlam.shape) == (q.shape, k.shape, v.shape, ())
+
+    def test_bad_backward_form_is_named(self):
+        q, k, v, lam = _inputs(1, 4, 4, 1, 1, 16)
+        with pytest.raises(ValueError, match="bwd"):
+            tk.triton_attention(q, k, v, lam, AttentionMask(), 0.25, bwd="fused")
 
     def test_gqa_pairs_heads_with_their_own_group(self):
         """Head h must use keys 2g, 2g+1 and value g of group g = h // R (not a naive repeat_kv)."""
@@ -208,12 +284,14 @@ def test_registered_backend_on_cpu_delegates_to_sdpa():
     if INTERPRETED:
         pytest.skip("checks the compiled (non-interpreter) module")
     assert kernels.BACKENDS["triton"] is tk.triton_attention
+    assert kernels.BACKENDS["triton_split"] is tk.triton_split_attention
     assert kernels.resolve_backend("auto", torch.device("cpu")) is kernels.chunked
     assert kernels.resolve_backend("auto", torch.device("cuda")) is tk.triton_attention
     q, k, v, lam = _inputs(1, 9, 9, 2, 1, 16)
     assert "cpu" in tk.unsupported_reason(q, k, v, lam, AttentionMask())
-    out = kernels.BACKENDS["triton"](q, k, v, lam, AttentionMask(), 0.25)
-    torch.testing.assert_close(out, kernels.sdpa(q, k, v, lam, AttentionMask(), 0.25), rtol=0, atol=0)
+    for name in ("triton", "triton_split"):
+        out = kernels.BACKENDS[name](q, k, v, lam, AttentionMask(), 0.25)
+        torch.testing.assert_close(out, kernels.sdpa(q, k, v, lam, AttentionMask(), 0.25), rtol=0, atol=0)
     m = DiffAttention(dim=32, n_heads=1, layer_idx=0, backend="triton")
     x = torch.randn(1, 5, 32)
     torch.testing.assert_close(m(x), m(x, backend="eager"), rtol=1e-5, atol=1e-5)
@@ -245,24 +323,41 @@ def test_block_config_is_validated():
         tk.BlockConfig(fwd_own=16, fwd_step=12, kv_own=16, kv_step=8, q_own=16, q_step=8)
     with pytest.raises(ValueError, match="kv_own"):
         tk.BlockConfig(fwd_own=16, fwd_step=8, kv_own=8, kv_step=16, q_own=16, q_step=8)
+    with pytest.raises(ValueError, match="bwd_own"):
+        tk.BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8, bwd_own=8, bwd_step=16)
+    with pytest.raises(ValueError, match="fwd_split"):
+        tk.BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8, fwd_split=4)
+    with pytest.raises(ValueError, match="bwd_warps"):
+        tk.BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8, bwd_warps=3)
     for d in (16, 64, 128, 256):
         cfg = tk.block_config(d, interpret=False)  # the GPU choices pass the same validation
-        assert cfg.q_own % cfg.q_step == 0 and cfg.kv_own % cfg.kv_step == 0
+        assert tk.BlockConfig.from_list(cfg.to_list()) == cfg
+        fwd, bwd = tk.autotune_configs(d)
+        assert fwd[0] == cfg and bwd[0] == cfg  # the fixed choice is always a candidate
+        if d >= 64:  # tiles of at least 64 rows (what wgmma needs) up to d = 128
+            assert (d > 128) == (cfg.fwd_own < 64) == (cfg.bwd_own < 64)
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("dtype,d,arch", [("bf16", 128, 90), ("fp16", 64, 80), ("fp32", 24, 80)])
 def test_kernels_compile_for_gpu_targets(dtype, d, arch, tmp_path, monkeypatch):
     """The compiled (non-interpreter) path, which the CPU tests never run, builds for real GPU
-    targets with the tile sizes the backend would use, and fits their shared memory."""
+    targets with the tile sizes the backend would use, and fits their shared memory. On sm_90 at
+    d = 128 (the goal shape) the forward and the atomic backward use Hopper's wgmma (no timing)."""
     if INTERPRETED:
         pytest.skip("needs the compiled kernels")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from a cache
-    compiled = tk.compile_offline(d, dtype=dtype, arch=arch)
-    assert set(compiled) == {"fwd", "bwd_kv", "bwd_q"}
+    which = tk.OFFLINE_KERNELS if arch == 90 else ("fwd", "bwd")  # the split backward: sm_90 only
+    compiled = tk.compile_offline(d, dtype=dtype, arch=arch, which=which)
+    assert set(compiled) == set(which)
     for name, kernel in compiled.items():
+        usage = tk.resource_usage(kernel)
         assert len(kernel.asm["cubin"]) > 0, name
-        assert kernel.metadata.shared <= (227 if arch == 90 else 163) * 1024, (name, kernel.metadata.shared)
+        assert usage["shared"] <= (227 if arch == 90 else 163) * 1024, (name, usage)
+        if arch == 90 and name in ("fwd", "bwd"):
+            assert usage["wgmma"] > 0, (name, usage)
+        if arch == 80:
+            assert usage["wgmma"] == 0 and usage["mma"] > 0, (name, usage)
 
 
 def test_package_imports_without_triton():

@@ -314,7 +314,10 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = col * (BLOCK_DV // SPLIT) + tl.arange(0, BLOCK_DV // SPLIT)
+    if SPLIT == 1:
+        offs_dv = tl.arange(0, BLOCK_DV)
+    else:
+        offs_dv = col * (BLOCK_DV // SPLIT) + tl.arange(0, BLOCK_DV // SPLIT)
 
     q_tile = Q + b * sqb + (2 * h) * sqh + offs_m[:, None] * sqt + offs_d[None, :]
     q1 = _load_tile(q_tile, offs_m, T, offs_d, D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_D) component 1
@@ -350,7 +353,7 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     _store_tile(O + o_off, o, offs_m, T, offs_dv, 2 * D, BLOCK_D != D)
     if STORE_AUX:
         _store_tile(O2 + o_off, o2, offs_m, T, offs_dv, 2 * D, BLOCK_D != D)
-        if col == 0:
+        if SPLIT == 1 or col == 0:
             lse_ptr = LSE + (b * H + h) * 2 * T + offs_m  # LSE (B, H, 2, T), log2 units
             tl.store(lse_ptr, m1 + tl.math.log2(l1), mask=rows)
             tl.store(lse_ptr + T, m2 + tl.math.log2(l2), mask=rows)
