@@ -1,0 +1,159 @@
+"""benchmarks/gpu_suite.py: its tiny form runs every section on CPU and writes the JSON a GPU run writes."""
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from difftx.attention import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+suite = _load()
+CHOICE_KEYS = {"card", "dtype", "d", "T", "mode", "backend", "ratio", "candidates", "source"}
+
+
+def _broken(q, k, v, lam, mask, scale, return_maps=False):
+    """A DIFF 'backend' with the wrong lambda: the suite must mark it failed and leave it out of every timing."""
+    return kernels.sdpa(q, k, v, lam * 1.5, mask, scale)
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "suite.json"
+    assert suite.main(["--tiny", "--device", "cpu", "--out", str(out), "--repeats", "2", "--warmup", "0",
+                       "--train-steps", "2", *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_tiny_run_writes_every_section(tmp_path, monkeypatch):
+    monkeypatch.setitem(kernels.BACKENDS, "broken_for_test", _broken)
+    r = _run(tmp_path, "--candidates", "sdpa,auto,broken_for_test", "--shapes", "goal,gqa2", "--train-modes", "eager")
+    assert list(r["sections"]) == list(suite.SECTIONS)
+    assert all(s["status"] != "error" for s in r["sections"].values()), r["sections"]
+    env = r["env"]
+    for key in ("card", "torch", "cuda", "cudnn", "triton", "commit", "command", "capability", "memory_gib"):
+        assert key in env
+
+    corr = r["correctness"]
+    assert corr["passed"]["broken_for_test"] is False and "broken_for_test" in corr["failed"]
+    core = [c for c in corr["cases"] if c["kind"] == "core"]
+    assert {c["Hkv"] < c["H"] for c in core} == {True, False}  # MHA and GQA
+    assert any(c["H"] // c["Hkv"] == 4 for c in core)
+    for case in corr["cases"]:
+        for row in case["rows"]:
+            assert set(row["errors"]) >= ({"out", "dq", "dk", "dv", "dlambda"} if case["kind"] == "core" else
+                                          {"out", "dx", "dsubln.weight", "dlambda_q1"})
+            if row["candidate"] == "broken_for_test":
+                assert not row["passed"] and row["errors"]["out"] > suite.TOLERANCE
+
+    shapes = r["attention"]["shapes"]
+    assert [s["shape"] for s in shapes] == ["goal", "gqa2"]
+    for s in shapes:
+        names = {row["name"] for row in s["rows"]}
+        assert "diff/broken_for_test" not in names
+        assert s["excluded"]["diff/broken_for_test"] == "failed correctness"
+        assert "baseline/sdpa" in names and set(s["reference"]) == set(suite.MODES)
+        for row in s["rows"]:
+            assert set(row["modes"]) == set(suite.MODES) and row["kernels"]
+            for m in row["modes"].values():
+                assert m["ms"] > 0 and m["reps"] == 2 and m["ratio"] > 0 and m["tflops_useful"] > 0
+
+    assert r["choices"], "the MHA shape gives auto's entries"
+    for c in r["choices"]:
+        assert set(c) == CHOICE_KEYS and c["mode"] in ("train", "infer") and c["dtype"] == "bfloat16"
+        assert c["backend"] in c["candidates"] and c["ratio"] == c["candidates"][c["backend"]]
+        assert "auto" not in c["candidates"] and "broken_for_test" not in c["candidates"]
+    from difftx.attention import gpu_table
+
+    assert len(gpu_table.parse(r, "suite.json")) == len(r["choices"])  # the table's reader takes them
+
+    runs = r["training"]["runs"]
+    assert [(x["size"], x["mode"]) for x in runs] == [("test", "eager"), ("test-d2x", "eager")]
+    for x in runs:
+        assert x["status"] == "done" and x["paired_ratio"]["rounds"] == 2
+        assert set(x["profile"]["diff"]["ms_by_category"]) == {c for c, _ in suite.CATEGORIES} | {"other"}
+    assert {(x["batch"], x["T"]) for x in r["decode"]["rows"]} == {(1, 16), (1, 32), (2, 16), (2, 32)}
+    goals = {g["goal"]: g for g in r["goals"]}
+    assert len(goals) == 6 and all(g["verdict"] in ("met", "met (stretch too)", "not met", "not measured")
+                                   for g in goals.values())
+    assert next(g for g in r["goals"] if g["goal"].startswith("correctness"))["verdict"] == "not met"
+
+
+def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    def boom(s, deadline):
+        raise RuntimeError("a section that fails")
+
+    monkeypatch.setitem(suite.RUNNERS, "decode", boom)
+    r = _run(tmp_path, "--sections", "decode")
+    assert list(r["sections"]) == ["env", "decode", "goals"]
+    assert r["sections"]["decode"]["status"] == "error" and "a section that fails" in r["sections"]["decode"]["traceback"]
+    assert {g["verdict"] for g in r["goals"]} == {"not measured"}
+
+
+def test_bad_arguments_are_refused(tmp_path, capsys):
+    for args in (["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
+                 ["--train-modes", "jit"]):
+        with pytest.raises(SystemExit) as e:
+            suite.main(["--tiny", "--out", str(tmp_path / "x.json"), *args])
+        assert e.value.code == 2
+        assert args[0] in capsys.readouterr().err
+    assert suite.parse_sections("attention") == ["env", "correctness", "attention", "goals"]
+    assert [s.name for s in suite.select_shapes(suite.attention_shapes(False), "gqa,sweep-16k")] == \
+        ["gqa2", "gqa4", "sweep-16k"]
+
+
+def test_cuda_trace_attribution_and_step_breakdown():
+    """The profiler readers on a CUDA-shaped trace (the GPU path, which CPU runs cannot reach)."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "gpu_suite::a", "ts": 0, "dur": 100},
+          {"ph": "X", "cat": "user_annotation", "name": "gpu_suite::b", "ts": 100, "dur": 100},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 2, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 110, "dur": 2, "args": {"correlation": 2}},
+          # a kernel launched in a's range may run after it ends: attributed by its launch
+          {"ph": "X", "cat": "kernel", "name": "pytorch_flash::flash_fwd_kernel", "ts": 95, "dur": 20,
+           "args": {"correlation": 1}},
+          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 130, "dur": 30, "args": {"correlation": 2}},
+          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 170, "dur": 10, "args": {}}]
+    got = suite.kernels_by_label(ev, ["gpu_suite::a", "gpu_suite::b"], "cuda")
+    assert got == {"gpu_suite::a": ["pytorch_flash::flash_fwd_kernel"],
+                   "gpu_suite::b": ["sm90_xmma_gemm_bf16", "Memcpy DtoD"]}
+    step = suite.step_breakdown(ev, "gpu_suite::b", "cuda")
+    assert step["wall_ms"] == pytest.approx(0.1)
+    cats = step["ms_by_category"]
+    assert cats["attention core"] == pytest.approx(0.015)  # clipped to the step's range
+    assert cats["matrix products"] == pytest.approx(0.03) and cats["copies"] == pytest.approx(0.01)
+    assert step["busy_ms"] == pytest.approx(0.055) and step["idle_fraction"] == pytest.approx(0.45)
+
+
+def test_flop_units_and_verdicts():
+    s = suite.Shape("x", 2, 8, 3, 3, 4)
+    assert suite.unit_flops(s) == 2 * 2 * 6 * 32 * 4
+    assert suite.mode_units(suite.USEFUL_PRODUCTS, "fwd+bwd") / suite.mode_units(suite.BASELINE_PRODUCTS,
+                                                                                 "fwd+bwd") == pytest.approx(8 / 7)
+    assert suite._verdict(1.5, 2.0, 1.6, True) == "met (stretch too)"
+    assert suite._verdict(0.91, 0.90, 0.93, False) == "met"
+    assert suite._verdict(None, 1.0, None, True) == "not measured"
+    assert suite.peak_tflops("NVIDIA H100 80GB HBM3") == 989 and suite.peak_tflops("NVIDIA H100 PCIe") == 756
+    assert suite.peak_tflops("cpu") is None
+
+
+@pytest.mark.skipif(not os.environ.get("DIFFTX_TEST_COMPILE"),
+                    reason="torch.compile of two models takes ~10 s on 2 CPU cores; set DIFFTX_TEST_COMPILE=1 to run")
+def test_tiny_compiled_training(tmp_path):
+    r = _run(tmp_path, "--sections", "training", "--compile-backend", "eager")
+    runs = {(x["size"], x["mode"]): x for x in r["training"]["runs"]}
+    assert runs[("test", "compiled")]["status"] == "done" and set(runs[("test", "compiled")]["compile_s"]) == \
+        {"diff", "baseline"}
+    torch._dynamo.reset()
