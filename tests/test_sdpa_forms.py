@@ -201,8 +201,10 @@ def test_choose_by_card_dtype_d_and_T(table):
 def test_shipped_table_parses_and_picks_sdpa_for_training():
     entries = gpu_table.read(gpu_table.TABLE)
     assert entries and {e.mode for e in entries} == {"train", "infer"}
-    pick = lambda T, train: gpu_table.choose("NVIDIA H200", "bfloat16", 128, T, train, eligible=lambda n: True,  # noqa: E731
-                                             table=entries)
+
+    def pick(T, train):
+        return gpu_table.choose("NVIDIA H200", "bfloat16", 128, T, train, eligible=lambda n: True, table=entries)
+
     assert pick(4096, True) == "sdpa_pad"
     assert pick(1024, False) == "triton" and pick(4096, False) == "sdpa_pad"
 
