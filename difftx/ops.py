@@ -154,9 +154,13 @@ class RMSNormFunction(torch.autograd.Function):
 def rms_norm(x: Tensor, w: Tensor, eps: float, mean_square: bool = True) -> Tensor:
     """``RMSNorm(x) * w`` in ``x``'s dtype. A one-model gain with ``mean_square`` (the block norms) runs
     PyTorch's ``rms_norm``; otherwise (a stacked gain, or the per-head norm's ``||x||^2 / n``) while
-    gradients are recorded :class:`RMSNormFunction`; the per-head norm's inference runs PyTorch's too."""
-    if w.dim() == 1 and not records_grad(x, w):
+    gradients are recorded :class:`RMSNormFunction`; the per-head norm's inference runs PyTorch's too. While
+    torch.compile traces: plain differentiable ops (``torch.rms_norm``, decomposed by the compiler), whose backward
+    the compiler derives and fuses with what is around them."""
+    if w.dim() == 1 and (not records_grad(x, w) or (mean_square and torch.compiler.is_compiling())):
         return torch.rms_norm(x, (x.shape[-1],), w, eps)
+    if torch.compiler.is_compiling():
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * stacked_like(w, x)
     return RMSNormFunction.apply(x, w, eps, mean_square)[0]
 
 
@@ -185,8 +189,8 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(a: Tensor, b: Tensor) -> Tensor:
     """``silu(a) * b`` (the gate and up projections' outputs), one autograd node while gradients are
     recorded. ``a`` and ``b`` come from two products, not halves of one: ``silu_backward`` on a strided
-    half runs at half the speed."""
-    if records_grad(a, b):
+    half runs at half the speed. While torch.compile traces, the plain product (the compiler derives its backward)."""
+    if records_grad(a, b) and not torch.compiler.is_compiling():
         return _SwiGLU.apply(a, b)[0]
     return F.silu(a) * b
 

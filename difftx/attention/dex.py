@@ -143,6 +143,8 @@ class DexAttention(ConvertedAttention):
 
     def _mask(self, device, dtype) -> Tensor:
         """``(H, 1)``: 1 for a selected head, 0 for the others."""
+        if torch.compiler.is_compiling():  # a constant of the graph, not a tensor kept on the module
+            return torch.tensor([[float(h in self.selected)] for h in range(self.n_heads)], device=device, dtype=dtype)
         key = (device, dtype)
         cached = self.__dict__.get("_dex_mask")
         if cached is None or cached[0] != key:

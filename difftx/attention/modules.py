@@ -77,14 +77,18 @@ def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float
     of = o if o.dtype == acc else o.to(acc)
     w = weight * scale if scale != 1.0 else weight  # the gain with the scale folded in
     w = w if w.dtype == acc else w.to(acc)
-    out = rms_norm(of, w, eps, mean_square=False)
+    out = rms_norm(of, w, eps, mean_square=False)  # compiled: plain ops that fuse with the core's combine
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
 def _inference_value(module: nn.Module, slot: str, params: tuple, extra, compute: Callable[[], Tensor]) -> Tensor:
     """``compute()`` (a value of ``params`` and ``extra`` alone, without gradients), kept on ``module`` under ``slot``
     until a parameter changes: in-place updates bump its version counter, ``.to()`` and loading give it new storage.
-    Decoding reads lambda and the head norm's gain once per weight update, not once per token."""
+    Decoding reads lambda and the head norm's gain once per weight update, not once per token. While torch.compile
+    traces, ``compute()`` itself: a compiled graph neither reads version counters and data pointers nor keeps a
+    value across calls."""
+    if torch.compiler.is_compiling():
+        return compute()
     key = (extra, params[0].dtype, *((p._version, p.data_ptr()) for p in params))
     hit = module.__dict__.get(slot)
     if hit is None or hit[0] != key:
@@ -548,8 +552,12 @@ class DiffAttention(AttentionKind):
     hf_model_type = "diffllama"
     config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm", "out_scale"})
     # the factor the trainer ramps lambda by during a warm-up (TrainConfig.lambda_warmup, set_lambda_scale); an
-    # attribute of the module, never saved: a model loaded or built subtracts its full lambda
+    # attribute of the module, never saved: a model loaded or built subtracts its full lambda. The eager forward
+    # reads the number; a compiled one reads the same factor as a float32 scalar tensor (_lambda_factor, a plain
+    # attribute: not a buffer, so neither saved nor loaded), an input of the graph, so a warm-up that changes it
+    # every step does not recompile
     lambda_scale: float = 1.0
+    _lambda_factor: Optional[Tensor] = None
     head_norm_default = True
 
     @classmethod
@@ -654,6 +662,8 @@ class DiffAttention(AttentionKind):
         if not self.subtract:
             w = self.q_proj.weight
             acc = at_least_fp32(w.dtype)
+            if torch.compiler.is_compiling():  # a constant of the graph, not a tensor kept on the module
+                return torch.zeros((), dtype=acc, device=w.device)
             zero = self.__dict__.get("_lambda_zero")
             if zero is None or zero.dtype != acc or zero.device != w.device:
                 zero = self.__dict__["_lambda_zero"] = torch.zeros((), dtype=acc, device=w.device)
@@ -670,19 +680,33 @@ class DiffAttention(AttentionKind):
         scale folded in is cached as lambda is: one call of PyTorch's ``rms_norm``, the same values."""
         w = None if self.subln is None else self.subln.weight
         if w is None or w.dim() != 1 or o.dtype != w.dtype or o.dtype not in (torch.float32, torch.float64) \
-                or records_grad(o, w) or is_mapped(w):
+                or records_grad(o, w) or is_mapped(w) or torch.compiler.is_compiling():
             return _rms_head_norm(o, w, self.out_scale, self.norm_eps)
         gain = _inference_value(self, "_gain_cache", (w,), self.out_scale,
                                 lambda: w * self.out_scale if self.out_scale != 1.0 else w)
         return torch.rms_norm(o, (o.shape[-1],), gain, self.norm_eps)
 
     def set_lambda_scale(self, scale: float) -> None:
+        """Set the warm-up factor: the number, and the tensor a compiled forward reads (updated in place, on the
+        device of the module's weights)."""
         self.lambda_scale = float(scale)
+        device = self.q_proj.weight.device
+        factor = self._lambda_factor
+        if factor is None or factor.device != device:
+            self._lambda_factor = torch.full((), self.lambda_scale, dtype=torch.float32, device=device)
+        elif not factor.is_meta:
+            with torch.no_grad():
+                factor.fill_(self.lambda_scale)
 
     def kernel_lambda(self) -> Tensor:
         """``lambda_scale * lambda``: the trainer's warm-up factor (``TrainConfig.lambda_warmup``) times the
-        re-parameterised lambda; the factor is 1 outside a warm-up and is not saved with the model."""
+        re-parameterised lambda; the factor is 1 outside a warm-up and is not saved with the model. Traced by
+        torch.compile after :meth:`set_lambda_scale` has run, the product with the factor's tensor (the same
+        float32 product): a graph that does not depend on the factor's value."""
         lam = self.lambda_full()
+        factor = self._lambda_factor
+        if torch.compiler.is_compiling() and factor is not None and factor.device == lam.device:
+            return lam * factor
         return lam if self.lambda_scale == 1.0 else lam * self.lambda_scale
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:

@@ -47,13 +47,22 @@ class _Rotate(torch.autograd.Function):
         return _Rotate.apply(x.contiguous(), rot), 0
 
 
+def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rope`'s rotation in real arithmetic, for torch.compile (which generates no complex code): one
+    pointwise expression, ``x * cos + swap(x) * (-sin, sin)`` with ``swap`` exchanging each pair, that the compiler
+    fuses with the cast before it and the copies after it (a ``torch.stack`` of the two halves becomes a
+    concatenation, written to memory in float32 first)."""
+    pairs = x.unflatten(-1, (-1, 2))  # (..., d/2, 2)
+    sign = torch.tensor([-1.0, 1.0], dtype=x.dtype, device=x.device)
+    return (pairs * cos[..., None] + pairs.flip(-1) * (sin[..., None] * sign)).flatten(-2)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` ``(B, T, heads, d)`` by the angles from :func:`rope_angles`, in their dtype: each pair
     ``(x0, x1)`` becomes ``(x0 cos - x1 sin, x0 sin + x1 cos)``, the complex product ``(x0 + i x1)(cos + i sin)``."""
     xf = x.to(cos.dtype)
-    if torch.compiler.is_compiling():  # the real form, which the compiler fuses (it does not generate complex code)
-        x0, x1 = xf.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
+    if torch.compiler.is_compiling():
+        return _rotate_real(xf, cos, sin).to(x.dtype)
     xf = xf if xf.is_contiguous() else xf.contiguous()
     rot = torch.complex(cos, sin)
     if records_grad(xf):

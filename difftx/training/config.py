@@ -133,9 +133,6 @@ class TrainConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
-        if self.lambda_warmup and self.compile:
-            raise _err("lambda_warmup", "a lambda warm-up with compile=true is not supported: the factor changes every "
-                                        "step, and a compiled model is specialised on it (set one of them)")
         if self.lambda_warmup >= self.steps:
             raise _err("lambda_warmup", f"lambda_warmup={self.lambda_warmup} must be below steps={self.steps} (the "
                                         f"last step would still scale lambda down, unlike the saved model)")

@@ -36,15 +36,34 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+ADAMW_IMPLEMENTATIONS = ("foreach", "fused")
+
+
+def adamw_implementation(params) -> str:
+    """``"fused"`` (PyTorch's one-kernel AdamW) when every parameter is a floating-point CUDA tensor, else
+    ``"foreach"`` (the multi-tensor implementation): what :func:`build_optimizer` picks for ``params``."""
+    params = list(params)
+    on_cuda = bool(params) and all(p.device.type == "cuda" and p.is_floating_point() for p in params)
+    return "fused" if on_cuda else "foreach"
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig, implementation: str | None = None) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` of one model or of a stack (equal to one AdamW per model of
-    the stack: every AdamW update is elementwise), the multi-tensor (``foreach``) implementation, faster on
-    the small CPU models of ``difftx compare`` than the per-tensor loop PyTorch picks on CPU. PyTorch's
-    ``fused`` CPU kernel was not taken: a run that saved checkpoints drifted from one that did not in the
-    last float32 bit, which breaks the bitwise resume guarantee. (Measured: docs/results.md, "2026-11-27:
-    Timings moved out of docstrings".)"""
-    return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr,
-                             betas=(config.beta1, config.beta2), eps=config.eps, foreach=True)
+    the stack: every AdamW update is elementwise). ``implementation`` (default :func:`adamw_implementation` of the
+    parameters): ``"fused"`` on CUDA, one kernel for the whole update; ``"foreach"`` elsewhere, the multi-tensor
+    implementation, faster on the small CPU models of ``difftx compare`` than the per-tensor loop PyTorch picks on
+    CPU. PyTorch's ``fused`` CPU kernel was not taken: a run that saved checkpoints drifted from one that did not in
+    the last float32 bit, which breaks the bitwise resume guarantee. (Measured: docs/results.md, "2026-11-27:
+    Timings moved out of docstrings".) The optimizer's ``difftx_implementation`` names the one taken."""
+    groups = param_groups(model, config.weight_decay)
+    if implementation is None:
+        implementation = adamw_implementation(p for g in groups for p in g["params"])
+    if implementation not in ADAMW_IMPLEMENTATIONS:
+        raise ValueError(f"implementation: must be one of {ADAMW_IMPLEMENTATIONS} or None, got {implementation!r}")
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
+                                  **{implementation: True})
+    optimizer.difftx_implementation = implementation
+    return optimizer
 
 
 @torch.no_grad()
