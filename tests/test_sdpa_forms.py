@@ -272,6 +272,22 @@ def test_auto_on_cuda_dispatches_by_the_table(table, monkeypatch):
     assert ran == []
 
 
+def test_auto_runs_triton_only_where_it_takes_the_call(tmp_path, monkeypatch):
+    """A fused kernel that would hand the call to sdpa is passed over for the table's next candidate."""
+    tk = pytest.importorskip("difftx.attention.triton_kernel")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([_entry(backend="triton", triton=1.5, sdpa_halves=2.0)]))
+    monkeypatch.setenv(gpu_table.ENV, str(path))
+    gpu_table.reload()
+    monkeypatch.setattr(gpu_table, "card_name", lambda index: "NVIDIA H200")
+    monkeypatch.setitem(kernels.BACKENDS, "triton", kernels.eager)
+    q, k, v, lam = _inputs(1, 3, 3, 1, 1, 8, 16, torch.Generator().manual_seed(6))
+    for reason, want in ((None, "triton"), ("a padding mask", "sdpa_halves")):
+        monkeypatch.setattr(tk, "unsupported_reason", lambda *a, _r=reason: _r)
+        assert gpu_table.backend_for(q, k, v, lam, AttentionMask()) == want
+    gpu_table.reload()
+
+
 def test_sdpa_form_on_cuda_by_the_table(table, monkeypatch):
     monkeypatch.setattr(gpu_table, "card_name", lambda index: "NVIDIA H100 80GB HBM3")
     gen = torch.Generator().manual_seed(5)

@@ -215,7 +215,7 @@ def card_name(index: int) -> str:
 @_constant
 def _picked(kind: str, index: int, dtype: str, d: int, T: int, train: bool, triton_ok: bool) -> str:
     """The table's choice, memoised: for ``kind`` ``"sdpa"`` among the ``sdpa_*`` forms, for ``"auto"`` among
-    the registered backends (``triton`` only where it takes the call itself)."""
+    the registered backends (``triton`` and ``triton_split`` only where they take the call themselves)."""
     key = (kind, index, dtype, d, T, train, triton_ok)
     name = _memo.get(key)
     if name is None:
@@ -224,7 +224,7 @@ def _picked(kind: str, index: int, dtype: str, d: int, T: int, train: bool, trit
         def eligible(n: str) -> bool:
             if kind == "sdpa":
                 return n in forms and _registered(n)
-            return _registered(n) and (n != "triton" or triton_ok)
+            return _registered(n) and (not n.startswith("triton") or triton_ok)
 
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
@@ -246,10 +246,11 @@ def sdpa_form_for(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> str
 
 def backend_for(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: AttentionMask) -> str:
     """The backend ``auto`` runs for this differential-attention call on its CUDA card: the table's choice for
-    the card, dtype, ``d``, ``T`` and training. ``triton`` is eligible only where it takes the call itself (it
-    hands other calls to ``sdpa``: then the table's next candidate runs)."""
+    the card, dtype, ``d``, ``T`` and training. The fused kernels (``triton``, ``triton_split``) are eligible
+    only where they take the call themselves (they hand other calls to ``sdpa``: then the table's next candidate
+    runs)."""
     triton_ok = False
-    if "triton" in kernels.BACKENDS:
+    if any(n.startswith("triton") for n in kernels.BACKENDS):
         from .triton_kernel import unsupported_reason
 
         triton_ok = unsupported_reason(q, k, v, lam, mask) is None

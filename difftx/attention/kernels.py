@@ -495,7 +495,9 @@ def sdpa_halves(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bo
     baseline's own head width ``d`` and so its own kernel.
 
     Both halves in one call would need the value halves as ``2Hkv`` kv heads and each key head repeated for both
-    (a stride-0 head dimension no single view expresses): a copy of k, so the four-call form is kept."""
+    (a stride-0 head dimension no single view expresses): a copy of k. Two calls over all ``2H`` sub-heads (the
+    maps as heads) would need each value half expanded to ``2Hkv`` heads (a copy of v) and, with GQA, q reordered
+    (a copy of q). So the four-call form, with no copies, is kept."""
     return _by_component(q, k, v, lam, mask, scale, q.shape[-1], "sdpa_halves", return_maps)
 
 
