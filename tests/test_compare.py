@@ -752,3 +752,21 @@ def test_a_second_look_is_recorded_and_adjusted(smoke, tmp_path):
     assert main([*argv, "--seeds", "2"]) == 0  # the first look's seeds: read as the first look
     res = json.loads((out / "results.json").read_text())
     assert res["look"] == 1 and len(res["looks"]) == 2
+
+
+def test_a_damaged_results_file_is_refused_not_counted_afresh(smoke, tmp_path, capsys):
+    """A truncated results.json held the earlier looks: reading the folder again is refused in one line naming it
+    (the next look's p-values would otherwise go unadjusted), and the damaged file is left for the user."""
+    import shutil
+
+    out = tmp_path / "damaged"
+    shutil.copytree(smoke, out)
+    text = (out / "results.json").read_text()
+    (out / "results.json").write_text(text[: len(text) // 2])
+    capsys.readouterr()
+    argv = ["compare", "--preset", "smoke", "--out", str(out), "--workers", "1", "--no-progress", *as_sets(FAST)]
+    assert main([*argv, "--seeds", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{out / 'results.json'}: unreadable" in err and "earlier looks" in err, err
+    assert (out / "results.json").read_text() == text[: len(text) // 2]
+    assert not (out / "seed2").exists()  # refused before any training

@@ -80,28 +80,39 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     return add_comparisons(result, settings, plan.primary)
 
 
-def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict], int]:
-    """Every reading of the folder's comparison with another set of seeds (``{"seeds", "date", "commit"}``, oldest
-    first), from the ``results.json`` already there, with this one added when its seeds are new; and which of them
-    this one is (1-based). A file written before looks were recorded counts as one look at its seeds; an unreadable
-    one as none. Reading the same seeds again is the same look; the comparisons' p-values are multiplied by its
-    number (:func:`difftx.eval.stats.look_adjusted`)."""
+def earlier_looks(out: Path) -> list[dict]:
+    """The looks recorded in ``out``'s ``results.json`` (``{"seeds", "date", "commit"}``, oldest first; none without
+    the file; a file written before looks were recorded counts as one look at its seeds). A file that is there but
+    unreadable (truncated, not JSON, not a comparison's) is refused with a ValueError naming it: it held the earlier
+    looks, and counting afresh would leave the next look's p-values unadjusted. ``compare`` asks this before it
+    trains anything."""
     import json
 
+    path = out / "results.json"
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e}); it records the earlier looks at this "
+                         f"comparison, whose number adjusts the next look's p-values: restore it (or move it away to "
+                         f"count looks afresh, knowing that the p-values will not allow for the earlier ones)") from e
+    recorded = old.get("looks") if isinstance(old, dict) else None
+    if isinstance(recorded, list) and all(isinstance(x, dict) and isinstance(x.get("seeds"), list) for x in recorded):
+        return recorded
+    if isinstance(old, dict) and "looks" not in old and isinstance(old.get("seeds"), list):
+        return [{"seeds": old["seeds"], "date": old.get("created"), "commit": None}]
+    raise ValueError(f"{path}: not a comparison's results (no readable looks or seeds); it would record the earlier "
+                     f"looks at this comparison: restore it, or move it away to count looks afresh")
+
+
+def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict], int]:
+    """Every reading of the folder's comparison with another set of seeds, :func:`earlier_looks` with this one
+    added when its seeds are new; and which of them this one is (1-based). Reading the same seeds again is the same
+    look; the comparisons' p-values are multiplied by its number (:func:`difftx.eval.stats.look_adjusted`)."""
     from ..provenance import difftx_commit
 
-    looks: list[dict] = []
-    try:
-        old = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        old = None
-    if isinstance(old, dict):
-        recorded = old.get("looks")
-        if isinstance(recorded, list) and all(isinstance(x, dict) and isinstance(x.get("seeds"), list)
-                                              for x in recorded):
-            looks = recorded
-        elif isinstance(old.get("seeds"), list):
-            looks = [{"seeds": old["seeds"], "date": old.get("created"), "commit": None}]
+    looks = earlier_looks(out)
     mine = sorted(int(s) for s in seeds)
     for i, x in enumerate(looks, start=1):
         if sorted(x["seeds"]) == mine:

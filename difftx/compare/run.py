@@ -51,7 +51,7 @@ from .folder import (COMPARE_FILE, EXECUTION_FIELDS, NOT_TRAINING_FIELDS, RECORD
 from .jobs import _rank, align_stack, job_lock, parse_shard, plan_jobs, plan_models, shard_jobs
 from .plan import ComparePlan, resolve, stacks
 from .presets import ComparePreset, get_preset
-from .results import add_comparisons, collect_results, execution, versions
+from .results import add_comparisons, collect_results, earlier_looks, execution, versions
 from .schema import CompareResult
 from .train import train_models
 from .workers import JobStopped, _run_pool, _sigterm_stops
@@ -241,6 +241,8 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     main = not distributed or _rank() == 0
     out = Path(out_dir)
     on_main(lambda: check_owned(out, plan))  # a folder compare does not own is refused before any work
+    if report:  # the report counts the earlier looks: a damaged record of them is refused before any training
+        on_main(lambda: earlier_looks(out))
     # your text is tokenized (rank 0, into the cache) and checked before anything is written
     text = on_main(lambda: text_identity(plan, progress and main), share=True)
     on_main(lambda: _check_folder(out, p, text))
