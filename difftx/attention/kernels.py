@@ -484,7 +484,7 @@ def _by_component(q, k, v, lam, mask: AttentionMask, scale: float, width: int, n
         o1, o2 = (F.scaled_dot_product_attention(qs[c], ks[c], vj, attn_mask=attn_mask, is_causal=plain,
                                                  scale=scale, enable_gqa=gqa) for c in (0, 1))  # (B, H, T, w)
         dt = _acc_dtype(o1.dtype)
-        out = torch.addcmul(o1.to(dt), o2.to(dt), lam_b.to(dt), value=-1)  # O1 - lam * O2
+        out = torch.addcmul(o1.to(dt), o2, lam_b.to(dt), value=-1)  # O1 - lam * O2, o2 read in its own dtype
         pieces.append(out.to(v.dtype).transpose(1, 2))  # (B, T, H, w)
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
 
