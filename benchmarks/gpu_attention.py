@@ -5,9 +5,11 @@ Candidates, timed alternately inside one loop (so every ratio is measured side b
 - ``baseline/sdpa``: the parameter-matched baseline, one causal ``scaled_dot_product_attention``
   call over ``2H`` heads of width ``d`` (FlashAttention backend on recent GPUs, bf16/fp16)
 - ``baseline/flash_attn``: the same through the ``flash_attn`` package, if it is installed
-- ``diff/triton``: ``difftx.attention.triton_kernel`` (both maps in one pass)
-- ``diff/sdpa``: ``kernels.sdpa`` (one SDPA call over ``2H`` sub-heads with q, k padded to 2d)
-- ``diff/flex``: ``difftx.attention.flex`` (two compiled ``flex_attention`` calls, 2d-wide value)
+- ``diff/<name>``: every DIFF backend registered in ``kernels.BACKENDS`` but ``eager`` and ``chunked``
+  (``triton``, ``triton_split``, ``sdpa`` and its forms, ``flex``, ...), and ``auto``
+
+``benchmarks/gpu_suite.py`` is the whole prepared suite (correctness, every SDPA backend of the baseline
+forced, training, decode, goals); this script times the core over a range of lengths.
 
 Per length: median time of ``fwd`` and ``fwd+bwd``, TFLOP/s and time ratio to the baseline.
 FLOPs count each method's own causal matmul work (half of the full square): baseline forward
@@ -42,7 +44,10 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-from difftx.attention import AttentionMask, kernels
+from difftx.attention import AttentionMask
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_suite  # noqa: E402  (the suite's candidates and correctness check)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -89,13 +94,9 @@ def _candidates(B, T, H, Hkv, d, dtype, device):
                     lambda q, k, v: flash_attn_func(q, k, v, causal=True, softmax_scale=scale)))
     except ImportError:
         pass
-    if "triton" in kernels.BACKENDS:
-        fn = kernels.BACKENDS["triton"]
-        out.append(("diff/triton", "diff", diff_inputs, lambda q, k, v, lam: fn(q, k, v, lam, mask, scale)))
-    out.append(("diff/sdpa", "diff", diff_inputs, lambda q, k, v, lam: kernels.sdpa(q, k, v, lam, mask, scale)))
-    if "flex" in kernels.BACKENDS:
-        flex = kernels.BACKENDS["flex"]
-        out.append(("diff/flex", "diff", diff_inputs, lambda q, k, v, lam: flex(q, k, v, lam, mask, scale)))
+    for name in gpu_suite.diff_candidates(None):  # every registered DIFF backend but eager / chunked, and auto
+        fn = gpu_suite.diff_kernel(name)
+        out.append((f"diff/{name}", "diff", diff_inputs, lambda q, k, v, lam, fn=fn: fn(q, k, v, lam, mask, scale)))
     return out
 
 
@@ -158,33 +159,11 @@ def bench(seq_lens, d=128, heads=16, kv_heads=None, tokens=16384, dtype="bf16", 
 
 
 def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
-    """bf16 (or fp16) backends (triton, flex, sdpa) vs the float32 eager oracle at full size:
-    output and gradients."""
-    device, dt = torch.device("cuda"), _DTYPES[dtype]
-    torch.manual_seed(0)
-    q32 = torch.randn(B, T, 2 * H, d, device=device)
-    k32 = torch.randn(B, T, 2 * Hkv, d, device=device)
-    v32 = torch.randn(B, T, Hkv, 2 * d, device=device)
-    lam32 = torch.tensor(0.4, device=device)
-    g32 = torch.randn(B, T, H, 2 * d, device=device)
-    mask, scale = AttentionMask(), d ** -0.5
-    results = {}
-    cands = [("eager/fp32", kernels.eager, torch.float32)]
-    cands += [(name, kernels.BACKENDS[name], dt) for name in ("triton", "flex", "sdpa") if name in kernels.BACKENDS]
-    for name, fn, cast in cands:
-        leaves = [t.to(cast).requires_grad_() for t in (q32, k32, v32)] + [lam32.clone().requires_grad_()]
-        try:
-            out = fn(*leaves, mask, scale)
-            grads = torch.autograd.grad(out, leaves, g32.to(out.dtype))
-        except Exception as e:  # noqa: BLE001  (reported; the other backends are still checked)
-            print(f"{name:7s} FAILED: {type(e).__name__}: {str(e).strip()[:300]}")
-            continue
-        results[name] = [out.float()] + [g.float() for g in grads]
-    for name in [n for n, *_ in cands[1:] if n in results]:
-        for label, a, b in zip(("out", "dq", "dk", "dv", "dlam"), results[name], results["eager/fp32"]):
-            err = (a - b).abs().max().item()
-            rel = ((a - b).norm() / b.norm()).item()
-            print(f"{name:7s} {label:5s} max abs err {err:.3e}   relative L2 err {rel:.3e}")
+    """Every DIFF backend in ``dtype`` against the float32 eager oracle: output and gradients (the GPU suite's
+    check, ``benchmarks/gpu_suite.py``, on one shape)."""
+    case = gpu_suite.Shape(f"T{T}", B, T, H, Hkv, d)
+    rows = gpu_suite.check_core(case, gpu_suite.diff_candidates(None), torch.device("cuda"), _DTYPES[dtype])
+    gpu_suite._print_case("core", case, rows)
 
 
 def compile_report(d: int, dtype: str, arch: int) -> None:
