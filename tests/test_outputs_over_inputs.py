@@ -139,3 +139,21 @@ def test_each_output_at_each_input_is_refused_in_one_line_and_nothing_changes(wh
     assert code == 2 and len(err.splitlines()) == 1 and says in err, (what, err)
     assert snapshot(world) == before, what
     assert (world / "dangling").is_symlink() and not (world / "nowhere").exists()
+
+
+@pytest.mark.parametrize("command", ["export {root}/model .", "convert {root}/model .", "import {root}/model ..",
+                                     "export {root}/model {here}"])
+def test_the_current_folder_as_a_model_output_is_refused_before_the_work(command, world, tmp_path, capsys,
+                                                                        monkeypatch):
+    """A model folder is written beside its path and renamed into place, which the folder a shell is in cannot be:
+    refused in one line before anything is done (once it failed only after the whole job, 'Device or resource
+    busy')."""
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    capsys.readouterr()
+    assert main(command.format(root=world, here=here).split()) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the current folder" in err, err
+    assert not any(here.iterdir()) and not any(p.name.startswith(".") for p in tmp_path.iterdir())

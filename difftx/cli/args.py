@@ -163,7 +163,8 @@ def check_not_input(out, flag: str, inputs: dict, folder: bool = False) -> None:
     prunes (:func:`managed_folder`). A new file or folder inside an input folder is fine (``eval lm RUN --json
     RUN/lm.json``); the files difftx keeps there are guarded by :func:`check_not_owned`. Paths are compared with
     links followed. ``None`` (not given) passes. A link to nothing is refused; ``folder``: the output is a folder
-    written as a whole, which is never a symbolic link (one to a folder is refused too)."""
+    written as a whole, which is never a symbolic link (one to a folder is refused too) nor the current folder or
+    one that holds it (it is renamed into place)."""
     if out is None:
         return
     if Path(out).is_symlink() and (folder or not Path(out).exists()):
@@ -174,6 +175,11 @@ def check_not_input(out, flag: str, inputs: dict, folder: bool = False) -> None:
         raise ValueError(f"{flag} {out}: is a symbolic link to {target} (a folder elsewhere); difftx does not write "
                          f"a model folder through a link: give the folder's own path")
     o = _resolved(out)
+    if folder and _inside(Path.cwd().resolve(), o):
+        how = "is the current folder" if o == Path.cwd().resolve() else "holds the current folder"
+        raise ValueError(f"{flag} {out}: {how}; difftx writes a model folder whole beside it and renames it into "
+                         f"place, which cannot be done to a folder in use: give a new folder's name (e.g. "
+                         f"{Path(out) / 'model'})")
     named = [(name, p) for name, paths in {**inputs, "the kinds file": kinds_files()}.items()
              for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
     for name, path in named:
