@@ -462,11 +462,11 @@ def sdpa_pad(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool 
 def _by_component(q, k, v, lam, mask: AttentionMask, scale: float, width: int, name: str, return_maps: bool):
     """Differential attention as two SDPA calls per ``width``-wide piece of the value, one per map, on views.
 
-    ``q[:, :, c::2]`` is component ``c`` of every head in head order ``h = g*R + r`` (so SDPA's GQA rule,
-    query head ``h`` -> kv head ``h // R``, pairs it with ``k[:, :, c::2]``'s group ``g``); the value's pieces are
-    slices of its last dimension. Nothing is padded, expanded or copied before the kernel. Each piece's two
-    outputs are combined as ``O1 - lam * O2`` in float32 (float64 for float64 inputs); the pieces are joined along
-    the last dimension (the only copy: the result, ``(B, T, H, dv)``).
+    ``q[:, :, c::2]`` (a view, by ``unbind``) is component ``c`` of every head in head order ``h = g*R + r``
+    (so SDPA's GQA rule, query head ``h`` -> kv head ``h // R``, pairs it with ``k[:, :, c::2]``'s group ``g``);
+    the value's pieces are slices of its last dimension. Nothing is padded, expanded or copied before the kernel.
+    Each piece's two outputs are combined as ``O1 - lam * O2`` in float32 (float64 for float64 inputs); the
+    pieces are joined along the last dimension (the only copy: the result, ``(B, T, H, dv)``).
     """
     if return_maps:
         raise ValueError(f"the {name!r} backend does not return attention maps; use backend='eager'")
@@ -476,8 +476,9 @@ def _by_component(q, k, v, lam, mask: AttentionMask, scale: float, width: int, n
     S, Hkv = k.shape[1], v.shape[2]
     gqa = HC != 2 * Hkv
     plain, attn_mask = _sdpa_mask(mask, T, S, q.device)
-    qs = [q[:, :, c::2].transpose(1, 2) for c in (0, 1)]  # (B, H, T, d) views
-    ks = [k[:, :, c::2].transpose(1, 2) for c in (0, 1)]  # (B, Hkv, S, d) views
+    # (B, H, T, d) / (B, Hkv, S, d) views; unbind's backward writes both components' gradients in one pass
+    qs = [t.transpose(1, 2) for t in q.unflatten(2, (HC // 2, 2)).unbind(3)]
+    ks = [t.transpose(1, 2) for t in k.unflatten(2, (Hkv, 2)).unbind(3)]
     lam_b = per_sequence(lam, B, 4)  # against (B, H, T, w)
     pieces = []
     for vj in v.transpose(1, 2).split(width, dim=-1):  # (B, Hkv, S, w) views
