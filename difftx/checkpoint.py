@@ -202,7 +202,13 @@ def load_weights_into(model: Transformer, state: dict[str, torch.Tensor], source
 
 
 def load_model(folder: PathLike, device: str | torch.device = "cpu") -> Transformer:
-    """Build the model from ``folder/config.json`` and load ``folder/model.safetensors``."""
+    """Build the model from ``folder/config.json`` and load ``folder/model.safetensors``; a training run folder
+    (no ``config.json``, checkpoints inside) means its latest checkpoint, as on the command line."""
+    folder = Path(folder)
+    if folder.is_dir() and not (folder / CONFIG_NAME).is_file():
+        from .training.checkpointing import resolve_checkpoint  # lazy: training imports this module
+
+        folder = resolve_checkpoint(folder)
     model = Transformer(load_config(folder))
     load_weights_into(model, load_state(folder), str(Path(folder) / WEIGHTS_NAME))
     return model.to(device)
