@@ -73,6 +73,7 @@ SECTIONS = ("env", "correctness", "attention", "training", "decode", "goals")
 # each section's share of --budget-s; what one section leaves unused goes to the next ones
 SHARES = {"env": 1, "correctness": 50, "attention": 150, "training": 230, "decode": 40, "goals": 1}
 MODES = ("fwd+bwd", "fwd", "bwd")  # timed in this order: the goals read fwd+bwd
+MODE_WEIGHTS = {"fwd+bwd": 1.0, "fwd": 0.4, "bwd": 1.0}  # each mode's share of a shape's time (about its cost)
 MODE_OF_CHOICE = {"fwd+bwd": "train", "fwd": "infer"}
 SKIPPED = ("eager", "chunked")  # CPU kernels, never candidates on a GPU
 
@@ -215,7 +216,7 @@ class Timing:
 def time_arms(arms: dict[str, Timing], repeats: int, warmup: int, device: torch.device,
               deadline: float) -> tuple[dict[str, list[float]], bool]:
     """Milliseconds of every arm, ``repeats`` rounds after ``warmup`` rounds, all arms in each round, the
-    order reversed every round (ABBA). Past ``deadline`` the warm-up is cut short and the timing stops
+    order reversed every round (ABBA); each timed call starts on an idle device. Past ``deadline`` the warm-up is cut short and the timing stops
     after at least one timed round; the flag says whether all ``repeats`` rounds ran."""
     times: dict[str, list[float]] = {name: [] for name in arms}
     order = list(arms)
@@ -230,6 +231,7 @@ def time_arms(arms: dict[str, Timing], repeats: int, warmup: int, device: torch.
         for name in order:
             arm = arms[name]
             state = arm.prepare()
+            sync(device)  # each arm starts on an idle device: its launch overhead is not hidden behind another's
             pending.append((name, _timed(lambda: arm.run(state), device)))
             arm.cleanup()
         sync(device)
@@ -841,7 +843,7 @@ def run_shape(suite: Suite, s: Shape, deadline: float) -> dict:
             res["status"] = "partial: budget"
             res.setdefault("skipped_modes", []).append(mode)
             continue
-        mode_deadline = split_deadline(deadline, 1, len(MODES) - i)
+        mode_deadline = split_deadline(deadline, MODE_WEIGHTS[mode], sum(MODE_WEIGHTS[m] for m in MODES[i:]))
         times, complete = time_arms({a.name: mode_timing(a, mode) for a in arms}, suite.repeats, suite.warmup, dev,
                                     mode_deadline)
         if not complete:
@@ -912,11 +914,18 @@ def shape_choices(suite: Suite, res: dict) -> list[dict]:
     return out
 
 
+def shape_weight(s: Shape, ref: Shape) -> float:
+    """A shape's share of the section's time: its FLOPs relative to ``ref``'s plus a fixed part (first calls,
+    profiling), doubled for the goal shapes (goal, d64), which are timed first."""
+    cost = (s.B * s.T * s.T * s.H * s.d) / (ref.B * ref.T * ref.T * ref.H * ref.d) + 0.5
+    return cost * (2.0 if s.name in ("goal", "d64") else 1.0)
+
+
 def section_attention(suite: Suite, deadline: float) -> dict:
     shapes = select_shapes(attention_shapes(suite.tiny), suite.args.shapes)
     out = suite.results["attention"] = {"dtype": str(suite.dtype).replace("torch.", ""),
                                         "repeats": suite.repeats, "warmup": suite.warmup, "shapes": []}
-    weights = [3.0 if s.name == "goal" else 2.0 if s.name == "d64" else 1.0 for s in shapes]
+    weights = [shape_weight(s, shapes[0]) for s in shapes]
     status = "done"
     seen = set()
     for i, s in enumerate(shapes):
