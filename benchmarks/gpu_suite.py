@@ -1254,11 +1254,13 @@ def main(argv=None) -> int:
         if args.candidates and not set(args.candidates) <= known:
             raise ValueError(f"--candidates: unknown backend(s) {sorted(set(args.candidates) - known)}; "
                              f"registered: {sorted(known)}")
-        for name in ("repeats", "warmup", "train_steps", "budget_s"):
+        for name in ("repeats", "warmup", "train_steps"):
             value = getattr(args, name)
             if value is not None and value < (0 if name == "warmup" else 1):
                 raise ValueError(f"--{name.replace('_', '-')}: must be at least {0 if name == 'warmup' else 1}, "
                                  f"got {value}")
+        if args.budget_s is not None and not args.budget_s > 0:
+            raise ValueError(f"--budget-s: must be positive, got {args.budget_s}")
     except ValueError as e:
         p.error(str(e))
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"

@@ -103,8 +103,17 @@ def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert {g["verdict"] for g in r["goals"]} == {"not measured"}
 
 
+def test_a_spent_budget_skips_and_says_so(tmp_path):
+    r = _run(tmp_path, "--budget-s", "0.01", "--sections", "attention,decode", "--candidates", "sdpa")
+    shapes = r["attention"]["shapes"]
+    assert [s["status"] for s in shapes] == ["skipped: budget"] * len(suite.attention_shapes(True))
+    assert r["sections"]["decode"]["status"] == "partial: budget"
+    assert all(row["status"] == "skipped: budget" for row in r["decode"]["rows"])
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     for args in (["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
+                 ["--budget-s", "0"],
                  ["--train-modes", "jit"]):
         with pytest.raises(SystemExit) as e:
             suite.main(["--tiny", "--out", str(tmp_path / "x.json"), *args])
