@@ -145,3 +145,19 @@ def test_a_resume_refuses_a_model_change_of_a_finetune_run(src, tmp_path, capsys
     err = capsys.readouterr().err
     assert "cannot change ['init_from']" in err and len(err.strip().splitlines()) == 1
     assert ckpt.latest_checkpoint(run).name == "step_00000002"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--attention", "standard"], "--attention standard would change the model's parameters"),
+    (["--baseline"], "--baseline would change the model's parameters"),
+    (["--set", "model_overrides.dim=64"], "--set model_overrides.dim=64 would change the model's parameters"),
+])
+def test_init_from_with_a_flag_that_changes_the_architecture_blames_the_flag(flags, says, src, tmp_path, capsys):
+    """The weights fit their own architecture: the flag that changes it is named, before anything is written."""
+    out = tmp_path / "run"
+    assert main(_args(src, out, "--init-from", str(src["model"]), *flags)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in err and "weights do not fit" not in err, err
+    assert not out.exists()
+    assert main(_args(src, tmp_path / "ok", "--init-from", str(src["model"]), "--set", "model_overrides.backend=eager",
+                      steps=2)) == 0  # an override that keeps every parameter passes

@@ -156,6 +156,7 @@ def build_config(args: argparse.Namespace, notes: list | None = None):
     # recorded); a command re-run with --resume names its preset's model, and the run's record stands
     if saved is None and cfg.init_from is not None:
         cfg = with_source_model(cfg)
+        check_init_from_flags(cfg, args)
     elif saved is not None and rebuilt and saved.init_from is not None and cfg.init_from is not None:
         cfg = cfg.replace(model=saved.model)  # another init_from is refused below
     if saved is not None:
@@ -175,6 +176,40 @@ def with_source_model(cfg):
     except (CheckpointError, OSError):
         return cfg
     return cfg if model == cfg.model else cfg.replace(model=model)
+
+
+def check_init_from_flags(cfg, args: argparse.Namespace) -> None:
+    """``--init-from`` starts from a checkpoint's weights, so the flags may not change the model's parameters
+    (``--attention``, ``--baseline``, ``--set model_overrides.dim=...``): refused naming the flag, not the weights.
+    Overrides that keep every parameter's name and shape (a backend, say) pass; so does an unreadable checkpoint,
+    which the trainer names."""
+    import torch  # lazy: torch; --help stays fast
+
+    from ..checkpoint import CheckpointError, load_config  # lazy: torch; --help stays fast
+    from ..model import Transformer  # lazy: torch; --help stays fast
+    from ..training import checkpointing as ckpt  # lazy: torch; --help stays fast
+
+    if not cfg.model_overrides:
+        return
+    try:
+        source = load_config(ckpt.resolve_checkpoint(cfg.init_from))
+    except (CheckpointError, OSError):
+        return
+    with torch.device("meta"):
+        theirs = {k: tuple(v.shape) for k, v in Transformer(source).state_dict().items()}
+        ours = {k: tuple(v.shape) for k, v in Transformer(cfg.model_config()).state_dict().items()}
+    if ours == theirs:
+        return
+    flags = (["--baseline"] if getattr(args, "baseline", False) else
+             [f"--attention {args.attention}"] if getattr(args, "attention", None) else [])
+    changed = [f"model_overrides.{k}={v!r}" for k, v in cfg.model_overrides.items()
+               if k in source.to_dict() and source.to_dict()[k] != v]
+    said = ", ".join(flags or [f"--set {c}" for c in changed] or ["the model overrides"])
+    raise ValueError(f"--init-from {cfg.init_from}: {said} would change the model's parameters "
+                     f"({sorted(set(ours) ^ set(theirs))[:4] or 'their shapes'}), but a fine-tune starts from the "
+                     f"checkpoint's weights, which fit its own architecture ({source.attention}, dim {source.dim}, "
+                     f"{source.n_heads} heads): leave {'that flag' if flags else 'those overrides'} out, or train "
+                     f"from scratch (convert a model to another kind with `difftx convert`)")
 
 
 def run(args: argparse.Namespace) -> int:
