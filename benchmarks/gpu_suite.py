@@ -513,17 +513,26 @@ def mode_units(products: Optional[tuple], mode: str) -> Optional[float]:
 
 
 def git_commit() -> Optional[str]:
+    """HEAD's commit: from git, else read from ``.git`` (a copy of the tree without git installed), else None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        head = open(os.path.join(root, ".git", "HEAD")).read().strip()
+        if head.startswith("ref: "):
+            return open(os.path.join(root, ".git", head[5:])).read().strip()
+        return head or None
+    except OSError:
         return None
 
 
 def section_env(suite: Suite, deadline: float) -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": [sys.executable, *sys.argv], "commit": git_commit(), "python": platform.python_version(),
+           "command": [sys.executable, *sys.argv], "commit": suite.args.commit or git_commit(), "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(suite.device),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
            "backends": list(kernels.BACKENDS), "tiny": suite.tiny, "budget_s": suite.args.budget_s}
@@ -1236,6 +1245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-modes", default="eager,compiled", help="training modes: eager, compiled or both")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --tiny eager)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--commit", help="the commit to record where the tree is a copy without git (default: HEAD)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and few repeats (runs on CPU; the tests' form)")
     return p
 
