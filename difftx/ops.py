@@ -278,8 +278,12 @@ class HeadLoss(torch.autograd.Function):
         targets, weights = (ctx.targets[None], ctx.weights[None]) if s.one else (ctx.targets, ctx.weights)
         g = g.reshape(-1, 1)  # (K, 1)
         row = (g * weights).to(s.logp.dtype)  # (K, N): dL/dnll_n
-        dlogits = s.logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
-        dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
+        if torch.compiler.is_compiling():  # one pointwise expression, fused with the cast (a scatter is not)
+            hit = torch.arange(s.logp.shape[-1], device=targets.device) == targets[..., None]
+            dlogits = (s.logp.exp() - hit.to(s.logp.dtype)) * row[..., None]
+        else:
+            dlogits = s.logp.exp_().mul_(row[..., None])  # logp is this node's own: reused in place
+            dlogits.scatter_add_(-1, targets[..., None], -row[..., None])
         dlogits = dlogits.to(s.wp.dtype)
         dh = torch.bmm(dlogits, s.wp) if ctx.needs_input_grad[0] else None
         dw = None
