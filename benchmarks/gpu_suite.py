@@ -1206,7 +1206,8 @@ def section_goals(suite: Suite, deadline: float) -> dict:
                       "target": f"within {TOLERANCE:g} relative L2", "stretch": None, "verdict": "not measured",
                       "shown": "-", "note": ""})
     r["goals"] = goals
-    print_table(f"goals ({suite.card()}{'; --tiny: tiny shapes, not the goals' sizes' if suite.tiny else ''})", ["goal", "measured", "target", "stretch", "verdict", "note"],
+    tiny = "; --tiny: tiny shapes, not the goals' sizes" if suite.tiny else ""
+    print_table(f"goals ({suite.card()}{tiny})", ["goal", "measured", "target", "stretch", "verdict", "note"],
                 [[g["goal"], g["shown"], g["target"], g["stretch"], g["verdict"], g["note"]] for g in goals])
     return {"status": "done"}
 
