@@ -156,6 +156,11 @@ def load_config(folder: PathLike) -> ModelConfig:
         return ModelConfig.from_dict(data)
     except (TypeError, ValueError) as e:
         hf = sorted(k for k in HF_CONFIG_KEYS if isinstance(data, dict) and k in data)
+        if hf and "model_type" not in data:  # transformers' keys without the field that names the class
+            raise CheckpointError(f"{path}: a transformers-style config (it has {', '.join(hf[:3])}) without the "
+                                  f"'model_type' field that names its architecture: add it (\"llama\", \"mistral\", "
+                                  f"\"qwen2\" or \"diffllama\"), then `difftx import` or `difftx convert` reads the "
+                                  f"folder") from e
         if hf:  # a Hub-style folder where a difftx checkpoint was expected: say what it is and what reads it
             raise CheckpointError(f"{path}: this looks like a Hugging Face transformers folder (its config has "
                                   f"{', '.join(hf[:3])}), not a difftx checkpoint: read it with `difftx import "

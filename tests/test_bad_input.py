@@ -12,21 +12,41 @@ LLAMA = {"hidden_size": 64, "intermediate_size": 192, "num_attention_heads": 4, 
          "max_position_embeddings": 128, "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-@pytest.mark.parametrize("extra", [{}, {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}])
-def test_a_transformers_folder_where_a_checkpoint_is_expected_says_what_reads_it(extra, tmp_path, capsys):
+@pytest.mark.parametrize("extra, says", [
+    ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+     r"looks like a Hugging Face transformers folder .*`difftx import .*hub OUT`.*`difftx convert .*hub OUT`"),
+    ({}, r"a transformers-style config .* without the 'model_type' field that names its architecture: add it"),
+])
+def test_a_transformers_folder_where_a_checkpoint_is_expected_says_what_reads_it(extra, says, tmp_path, capsys):
+    """... and one without its model_type is told to add it, not to run `difftx convert` (which then fails the
+    same way)."""
     folder = tmp_path / "hub"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**LLAMA, **extra}))
-    with pytest.raises(CheckpointError, match=r"looks like a Hugging Face transformers folder .*`difftx import "
-                                              r".*hub OUT`.*`difftx convert .*hub OUT`"):
+    with pytest.raises(CheckpointError, match=says):
         load_config(folder)
     for cmd in (["generate", str(folder), "--prompt", "a", "--max-new-tokens", "1"], ["runs", str(folder)],
                 ["train", "--preset", "test", "--init-from", str(folder), "--out", str(tmp_path / "r")],
-                ["eval", "lm", str(folder)], ["export", str(folder), str(tmp_path / "hf")]):
+                ["eval", "lm", str(folder)], ["export", str(folder), str(tmp_path / "hf")],
+                ["convert", str(folder), str(tmp_path / "c")]):
         assert main(cmd) == 2, cmd
         err = capsys.readouterr().err
-        assert "looks like a Hugging Face transformers folder" in err and "unknown field" not in err, (cmd, err)
-        assert len(err.strip().splitlines()) == 1
+        assert "unknown field" not in err and len(err.strip().splitlines()) == 1, (cmd, err)
+        if not extra:
+            assert "model_type" in err and "`difftx convert" not in err.split("then")[0], (cmd, err)
+
+
+def test_import_of_a_folder_without_model_type_says_to_add_it(tmp_path, capsys):
+    import difftx
+    from difftx.interop import export_hf
+
+    export_hf(difftx.Transformer(difftx.preset("test")), tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del cfg["model_type"]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "no 'model_type' field" in err and "add it" in err and "None" not in err, err
 
 
 def test_a_difftx_config_with_a_bad_field_is_still_named_as_such(tmp_path):

@@ -254,6 +254,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         return ConversionError(f"{source}: {rule}")
 
     model_type = hf.get("model_type")
+    if model_type is None:
+        raise refuse("no 'model_type' field, which names the transformers architecture of the weights: add it ("
+                     + ", ".join(f"{t!r}" for t in HF_READS) + " are read) and run the command again")
     if model_type not in HF_READS:
         raise refuse(f"model_type {model_type!r} is not supported; difftx imports " + ", ".join(
             f"{t!r} (-> attention={k!r})" for t, k in HF_READS.items()))

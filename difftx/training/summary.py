@@ -91,7 +91,7 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
                 load_config(path)
                 hint = " (it is a checkpoint folder: give the run folder that holds its checkpoints/)"
             except CheckpointError as e:
-                if "transformers folder" in str(e):
+                if "transformers folder" in str(e) or "transformers-style config" in str(e):
                     raise ValueError(str(e)) from None
         raise ValueError(f"{path}: not a difftx run folder: no {ckpt.TRAIN_CONFIG_NAME}, {METRICS_NAME} or "
                          f"{ckpt.CHECKPOINTS}/{hint}; give a folder written by `difftx train --out`")
