@@ -804,11 +804,11 @@ def peak_mib(arm: Arm, mode: str, device: torch.device) -> Optional[float]:
     return peak_memory_mib(once, device)
 
 
-def run_shape(suite: Suite, s: Shape, deadline: float) -> dict:
-    """One shape: check that each arm runs, profile its kernels, time every mode, build the rows."""
+def run_shape(suite: Suite, s: Shape, deadline: float, res: dict) -> dict:
+    """One shape: check that each arm runs, profile its kernels, time every mode, build the rows (in ``res``,
+    which the results already hold, so that every save has what was measured)."""
     dev, dt = suite.device, suite.dtype
-    res = {"shape": s.name, **asdict(s), "status": "done", "unavailable": {}, "excluded": {}, "reference": {},
-           "rows": []}
+    res.update(status="done", unavailable={}, excluded={}, reference={}, rows=[])
     names = diff_candidates(suite.args.candidates)
     if suite.passed is not None:
         for n in names:
@@ -839,6 +839,7 @@ def run_shape(suite: Suite, s: Shape, deadline: float) -> dict:
         ran = {a.name: [] for a in arms}
         res["profiler_error"] = short_error(e)
     rows = {a.name: {"name": a.name, "kind": a.kind, "kernels": ran[a.name][:12], "modes": {}} for a in arms}
+    res["rows"] = list(rows.values())  # filled in place, mode by mode
     for a in arms:
         if a.expect and dev.type == "cuda":  # None: no device events were recorded, so nothing to judge by
             rows[a.name]["fallback_suspected"] = None if not ran[a.name] else \
@@ -873,7 +874,6 @@ def run_shape(suite: Suite, s: Shape, deadline: float) -> dict:
                 "tflops_useful": mode_units(useful, mode) * unit / (m * 1e9) if m else None,
                 "peak_mib": peak_mib(a, mode, dev)}
         suite.save()
-    res["rows"] = list(rows.values())
     print_shape(s, res)
     return res
 
@@ -942,12 +942,13 @@ def section_attention(suite: Suite, deadline: float) -> dict:
             out["shapes"].append({"shape": s.name, **asdict(s), "status": "skipped: budget"})
             status = "partial: budget"
             continue
-        try:
-            res = run_shape(suite, s, split_deadline(deadline, weights[i], sum(weights[i:])))
-        except Exception as e:  # noqa: BLE001  (one shape failing does not end the section)
-            res = {"shape": s.name, **asdict(s), "status": "error", "error": short_error(e),
-                   "traceback": traceback.format_exc()}
+        res = {"shape": s.name, **asdict(s), "status": "running"}
         out["shapes"].append(res)
+        try:
+            run_shape(suite, s, split_deadline(deadline, weights[i], sum(weights[i:])), res)
+        except Exception as e:  # noqa: BLE001  (one shape failing does not end the section)
+            res.update(status="error", error=short_error(e), traceback=traceback.format_exc())
+            print(f"shape {s.name} failed: {res['error']}", flush=True)
         if res.get("rows") and s.Hkv == s.H and (s.d, s.T) not in seen:  # one entry per (d, T): MHA shapes
             seen.add((s.d, s.T))
             suite.results["choices"] += shape_choices(suite, res)
@@ -983,19 +984,26 @@ def section_training(suite: Suite, deadline: float) -> dict:
     # of the section's time, and a compile that would not fit in what is left is skipped
     for name, cfg, batch, seq_len in sizes:
         try:
-            runs = train_size(suite, name, cfg, batch, seq_len, deadline, state)
+            train_size(suite, name, cfg, batch, seq_len, deadline, state, out["runs"])
         except Exception as e:  # noqa: BLE001
-            runs = [{"size": name, "status": "error", "error": short_error(e), "traceback": traceback.format_exc()}]
-        out["runs"] += runs
-        if any(not str(r["status"]).startswith("done") for r in runs):
+            running = [r for r in out["runs"] if r["size"] == name and r["status"] == "running"]
+            err = {"status": "error", "error": short_error(e), "traceback": traceback.format_exc()}
+            if running:
+                running[-1].update(err)
+            else:
+                out["runs"].append({"size": name, **err})
+            print(f"training {name} failed: {err['error']}", flush=True)
+        if any(not str(r["status"]).startswith("done") for r in out["runs"] if r["size"] == name):
             status = "partial"
         suite.save()
     print_training(out["runs"])
     return {"status": status}
 
 
-def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline: float, state: dict) -> list[dict]:
-    """Both arms of one size, eager then compiled (if the compile fits the time left)."""
+def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline: float, state: dict,
+               runs: list) -> None:
+    """Both arms of one size, eager then compiled (if the compile fits the time left); each run is appended to
+    ``runs`` as it starts (status ``running``) and filled in as it is measured."""
     import train_throughput as tt
 
     from difftx import Transformer, baseline_config
@@ -1013,17 +1021,17 @@ def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline:
         models[arm] = Transformer(c).to(dev)
         opts[arm] = build_optimizer(models[arm], tc)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(dev)
-    runs = []
     eager_step_s = None
     for mode in suite.args.train_modes:
         run = {"size": name, "mode": mode, "batch": batch, "seq_len": seq_len, "d": cfg.head_dim,
-               "dtype": str(dtype).replace("torch.", "")}
+               "dtype": str(dtype).replace("torch.", ""), "status": "running"}
+        runs.append(run)
+        suite.save()  # a run killed while compiling says so
         left = deadline - time.monotonic()
         need = 0.0 if mode == "eager" else 2 * state["compile_s"] + 2 * (suite.warmup + suite.args.train_steps) * (
             eager_step_s or 0.0)
         if left <= 0 or need > left:
             run["status"] = f"skipped: budget (needs ~{need:.0f} s, {max(left, 0):.0f} s left)"
-            runs.append(run)
             continue
         steppers = {arm: (torch.compile(m, backend=suite.args.compile_backend) if mode == "compiled" else m)
                     for arm, m in models.items()}
@@ -1055,13 +1063,11 @@ def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline:
         run["profile"] = {arm: profile_step(lambda arm=arm: step[arm](), dev) for arm in models}
         run["attention_kernels"] = {arm: p.get("top_by_category", {}).get("attention core", [])
                                     for arm, p in run["profile"].items()}
-        runs.append(run)
         suite.save()
     del models, opts
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     torch._dynamo.reset()
-    return runs
 
 
 def profile_step(step: Callable[[], object], device: torch.device) -> dict:

@@ -103,6 +103,19 @@ def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert {g["verdict"] for g in r["goals"]} == {"not measured"}
 
 
+def test_a_failing_training_run_is_recorded(tmp_path, monkeypatch):
+    import train_throughput  # on the path beside gpu_suite
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a step that fails")
+
+    monkeypatch.setattr(train_throughput, "_step", boom)
+    r = _run(tmp_path, "--sections", "training", "--train-modes", "eager")
+    runs = r["training"]["runs"]
+    assert [(x["size"], x["status"]) for x in runs] == [("test", "error"), ("test-d2x", "error")]
+    assert "a step that fails" in runs[0]["traceback"] and r["sections"]["training"]["status"] == "partial"
+
+
 def test_a_spent_budget_skips_and_says_so(tmp_path):
     r = _run(tmp_path, "--budget-s", "0.01", "--sections", "attention,decode", "--candidates", "sdpa")
     shapes = r["attention"]["shapes"]
