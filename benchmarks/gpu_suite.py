@@ -216,8 +216,9 @@ class Timing:
 def time_arms(arms: dict[str, Timing], repeats: int, warmup: int, device: torch.device,
               deadline: float) -> tuple[dict[str, list[float]], bool]:
     """Milliseconds of every arm, ``repeats`` rounds after ``warmup`` rounds, all arms in each round, the
-    order reversed every round (ABBA); each timed call starts on an idle device. Past ``deadline`` the warm-up is cut short and the timing stops
-    after at least one timed round; the flag says whether all ``repeats`` rounds ran."""
+    order reversed every round (ABBA); each timed call starts on an idle device. Past ``deadline`` the warm-up
+    is cut short and the timing stops after at least one timed round; the flag says whether all ``repeats``
+    rounds ran."""
     times: dict[str, list[float]] = {name: [] for name in arms}
     order = list(arms)
     rnd = 0
@@ -296,7 +297,7 @@ def _trace(fn: Callable[[], None], device: torch.device) -> tuple[list[dict], ob
             events = json.load(f).get("traceEvents", [])
     finally:
         os.remove(path)
-    return [e for e in events if e.get("ph") == "X"], prof
+    return [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))], prof
 
 
 def kernels_by_label(events: list[dict], labels: list[str], device_type: str) -> dict[str, list[str]]:
@@ -532,7 +533,8 @@ def git_commit() -> Optional[str]:
 
 def section_env(suite: Suite, deadline: float) -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": [sys.executable, *sys.argv], "commit": suite.args.commit or git_commit(), "python": platform.python_version(),
+           "command": [sys.executable, *sys.argv], "commit": suite.args.commit or git_commit(),
+           "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(suite.device),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
            "backends": list(kernels.BACKENDS), "tiny": suite.tiny, "budget_s": suite.args.budget_s}

@@ -99,7 +99,8 @@ def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     monkeypatch.setitem(suite.RUNNERS, "decode", boom)
     r = _run(tmp_path, "--sections", "decode")
     assert list(r["sections"]) == ["env", "decode", "goals"]
-    assert r["sections"]["decode"]["status"] == "error" and "a section that fails" in r["sections"]["decode"]["traceback"]
+    decode = r["sections"]["decode"]
+    assert decode["status"] == "error" and "a section that fails" in decode["traceback"]
     assert {g["verdict"] for g in r["goals"]} == {"not measured"}
 
 
@@ -141,7 +142,8 @@ def test_cuda_trace_attribution_and_step_breakdown():
     """The profiler readers on a CUDA-shaped trace (the GPU path, which CPU runs cannot reach)."""
     ev = [{"ph": "X", "cat": "user_annotation", "name": "gpu_suite::a", "ts": 0, "dur": 100},
           {"ph": "X", "cat": "user_annotation", "name": "gpu_suite::b", "ts": 100, "dur": 100},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 2, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 2,
+           "args": {"correlation": 1}},
           {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 110, "dur": 2, "args": {"correlation": 2}},
           # a kernel launched in a's range may run after it ends: attributed by its launch
           {"ph": "X", "cat": "kernel", "name": "pytorch_flash::flash_fwd_kernel", "ts": 95, "dur": 20,
