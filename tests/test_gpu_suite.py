@@ -58,6 +58,8 @@ def test_tiny_run_writes_every_section(tmp_path, monkeypatch):
                                           {"out", "dx", "dsubln.weight", "dlambda_q1"})
             if row["candidate"] == "broken_for_test":
                 assert not row["passed"] and row["errors"]["out"] > suite.TOLERANCE
+    # checked until it fails once, then no more
+    assert [c["not_run"] for c in corr["cases"]] == [[]] + [["broken_for_test"]] * (len(corr["cases"]) - 1)
 
     shapes = r["attention"]["shapes"]
     assert [s["shape"] for s in shapes] == ["goal", "gqa2"]
