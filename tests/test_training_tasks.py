@@ -166,3 +166,11 @@ def test_a_task_in_a_kinds_file_reaches_the_command_line_and_its_workers(tmp_pat
         history = results["runs"][seed]["diff"]["train"]["history"]
         assert any("copy_loss" in h for h in history), seed
     assert "copying" in (out / "report.md").read_text() and (out / "plots" / "copy_loss.png").is_file()
+
+
+def test_compare_from_refuses_a_registered_task_rather_than_drop_it(copy_task, tmp_path):
+    """docs/training-tasks.md: `compare --from` refuses a registered task (its ids are not in the source's
+    vocabulary); it used to drop it silently when LM and recall took every step."""
+    (tmp_path / "text.txt").write_text("some text\n")
+    with pytest.raises(ValueError, match=r"registered training task\(s\) \['copy'\] would need ids"):
+        get_preset("from-cpu", source=str(tmp_path / "src"), data=str(tmp_path / "text.txt")).resolve()

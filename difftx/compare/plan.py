@@ -395,6 +395,12 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
     if tuple(p.arms) != ("baseline", "diff"):
         raise preset_error("arms", f"a comparison from a source has two arms, the source (baseline) and its "
                                    f"conversion (diff); got {list(p.arms)}")
+    own = [t.name for t in mixture.tasks if t.name not in BUILTIN_TRAINING and t.every(mixture)]
+    if own:  # registered tasks take ids after the built-in ones, which a source's vocabulary does not have
+        raise preset_error("source", f"a comparison from a source trains on LM and recall batches only; the "
+                                     f"registered training task(s) {own} would need ids of their own beyond the "
+                                     f"source's vocabulary: leave them out of this process (--kinds) or set their "
+                                     f"period to 0")
     if any(v for k, v in mixture.shares().items() if k not in ("lm", "recall")) or icl is not None or not p.lm_every:
         raise preset_error("lm_every/icl_every/recall_every", "a comparison from a source trains on LM and recall "
                                                               "batches only (the needle and ICL tasks need ids the "
