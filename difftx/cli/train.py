@@ -43,7 +43,8 @@ def register(sub) -> None:
                    help="training text: a text file, a folder of them or a JSONL file (data_source; "
                         "default: the bundled corpus); a part of it is held out for validation (val_fraction)")
     p.add_argument("--tokenizer", metavar="PATH|byte",
-                   help="'byte', or a tokenizer.json / folder from `difftx tokenizer train` (default: byte)")
+                   help="'byte', or a tokenizer.json / folder from `difftx tokenizer train` (default: the "
+                        "--init-from checkpoint's tokenizer where it has one, else byte)")
     p.add_argument("--no-progress", action="store_true",
                    help="hide the progress bars, for logs (this command only); the start line, validation losses "
                         "and the done line still print (--set progress=false hides those too)")
