@@ -9,8 +9,10 @@ For each component width ``d`` and target, compiles every kernel of
 - the number of Hopper ``wgmma`` instructions and of sm_80-style ``mma.sync`` instructions in the PTX
   (``wgmma`` needs 64 rows a warpgroup: the 32-row tiles of the old kernels used ``mma.sync``).
 
-Kernels: ``fwd`` (forward), ``bwd`` (the 5-product atomic backward), ``bwd_kv`` / ``bwd_q`` (the
-split 7-product backward; only its default config is compiled). The row marked ``*`` is
+Kernels: ``fwd`` (forward), ``bwd`` (the 5-product atomic backward), ``bwd_dkq`` / ``bwd_dv`` (the
+6-product ``atomic_dv`` backward), ``bwd_kv`` / ``bwd_q`` (the split 7-product backward); only the
+forward and the atomic backward are compiled over the grid, the others at their defaults. The
+32-row rows are references: they use ``mma.sync``, not ``wgmma``. The row marked ``*`` is
 ``block_config(d)``'s choice; the line under each kernel names the config the selection rule
 picks (among configs that use ``wgmma`` and fit shared memory: least spilling, then no value
 split, then the larger tile, then fewer warps and stages), so a change of compiler that moves the pick shows up here.
@@ -43,10 +45,10 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
 
 # (own, step, warps, stages, value split) for the forward; (own, step, warps, stages) for the backward
 FWD_GRID = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (64, 32, 8, 2, 1), (64, 64, 8, 2, 1), (128, 32, 8, 2, 1),
-            (128, 64, 8, 2, 1), (64, 64, 4, 3, 1), (64, 32, 4, 2, 2), (64, 64, 4, 2, 2), (128, 64, 8, 2, 2),
-            (64, 64, 16, 2, 1), (128, 64, 16, 2, 1), (128, 32, 16, 2, 1)]
+            (128, 64, 8, 2, 1), (64, 64, 8, 3, 1), (64, 32, 4, 2, 2), (64, 64, 4, 2, 2), (128, 64, 8, 2, 2),
+            (64, 64, 16, 2, 1), (128, 64, 16, 2, 1), (32, 16, 8, 2, 1)]
 BWD_GRID = [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2),
-            (128, 64, 8, 2), (64, 32, 4, 3), (64, 32, 16, 2), (64, 64, 16, 2), (128, 32, 16, 2), (128, 64, 16, 2)]
+            (128, 64, 8, 2), (64, 32, 8, 3), (64, 32, 16, 2), (128, 32, 16, 2), (32, 16, 8, 2), (32, 16, 4, 2)]
 
 
 def candidates(d: int, defaults_only: bool = False) -> list[tuple[str, tk.BlockConfig]]:
@@ -68,7 +70,7 @@ def candidates(d: int, defaults_only: bool = False) -> list[tuple[str, tk.BlockC
 
 def tiles(kernel: str, cfg: tk.BlockConfig) -> dict:
     """The fields of ``cfg`` that ``kernel`` uses."""
-    prefix = {"fwd": "fwd", "bwd": "bwd", "bwd_kv": "kv", "bwd_q": "q"}[kernel]
+    prefix = {"fwd": "fwd", "bwd": "bwd", "bwd_dkq": "bwd", "bwd_dv": "dv", "bwd_kv": "kv", "bwd_q": "q"}[kernel]
     out = {"own": getattr(cfg, f"{prefix}_own"), "step": getattr(cfg, f"{prefix}_step"),
            "warps": getattr(cfg, f"{prefix}_warps"), "stages": cfg.num_stages}
     out["split"] = cfg.fwd_split if kernel == "fwd" else 1

@@ -27,11 +27,13 @@ Design (SPEC sections 1 and 6):
   ``dP = dO V^T`` is shared by both maps, ``dS1 = P1 * (dP - delta1)``,
   ``dS2 = -lam * P2 * (dP - delta2)`` with ``delta_c = rowsum(dO * O_c)``,
   ``dV = (P1 - lam * P2)^T dO``, ``dK_c = scale * dS_c^T Q_c``, ``dQ_c = scale * dS_c K_c``.
-  Two forms, chosen by ``bwd``:
+  Three forms, chosen by ``bwd`` (backends ``triton``, ``triton_atomic_dv``, ``triton_split``):
 
   - ``"atomic"`` (default, 5 products): one kernel owns a key tile of one kv group, loops over
     the group's ``R`` heads and the query tiles, keeps dK1, dK2, dV in registers and adds each
     query tile's dQ1, dQ2 into a float32 buffer with ``tl.atomic_add`` (cast at the end).
+  - ``"atomic_dv"`` (6 products): the same kernel without dV (fewer registers), then a dV kernel
+    over the same key tiles that recomputes both maps.
   - ``"split"`` (7 products): the dK/dV kernel above without dQ, then a dQ kernel that owns a
     query tile and recomputes the scores and ``dP`` over the key tiles (no atomics).
 
@@ -48,8 +50,9 @@ Design (SPEC sections 1 and 6):
 Cost (units of one causal ``T x T x d`` product per head pair, docs/kernels.md): the baseline
 (FlashAttention-2 over ``2H`` heads of width ``d``) does 2 forward + 5 backward = 7; this kernel
 does 3 forward (one ``QK^T`` for both maps, two ``2d``-wide ``PV``) + 5 backward (atomic form)
-= 8, a floor of 8/7 = 1.14x (forward alone 1.5x). The split backward does 7 (3 + 7 = 10,
-1.43x); ``fwd_split = 2`` recomputes ``QK^T`` per value half (4 forward units).
+= 8, a floor of 8/7 = 1.14x (forward alone 1.5x). The ``atomic_dv`` backward does 6 (9, 1.29x),
+the split backward 7 (10, 1.43x); ``fwd_split = 2`` recomputes ``QK^T`` per value half (4 forward
+units).
 
 Anything the kernel does not cover is delegated to :func:`kernels.sdpa`, so the backend is
 always safe to select: standard attention (``lam is None``), masks other than plain causal
@@ -86,11 +89,12 @@ INTERPRET: bool = bool(triton.knobs.runtime.interpret) if hasattr(triton, "knobs
 _LOG2E = 1.4426950408889634
 _MAX_D = 256  # widest component the kernels accept (q, k, v tiles of two maps stay in registers)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BWD_MODES = ("atomic", "split")
+BWD_MODES = ("atomic", "atomic_dv", "split")
 BWD: str = "atomic"
-"""The backward form used when a call does not name one: ``"atomic"`` (5 products, dQ by atomic
-adds) or ``"split"`` (7 products, a separate dQ kernel). The ``triton_split`` backend always
-uses ``"split"``."""
+"""The backward form used when a call does not name one: ``"atomic"`` (5 products in one kernel,
+dQ by atomic adds), ``"atomic_dv"`` (6: the same without dV, whose registers it saves, then a dV
+kernel that recomputes the maps) or ``"split"`` (7: dK/dV, then a dQ kernel). The ``triton_split``
+and ``triton_atomic_dv`` backends always use theirs."""
 
 AUTOTUNE: bool = not INTERPRET and os.environ.get("DIFFTX_TRITON_AUTOTUNE", "1").lower() not in ("0", "false", "off")
 """Autotune the forward and the atomic backward over :func:`autotune_configs` on a real GPU when a
@@ -105,8 +109,9 @@ class BlockConfig:
 
     Each kernel's program *owns* ``*_own`` rows and steps through the other side ``*_step`` at
     a time: the forward kernel owns query rows and steps through keys; the atomic backward
-    (``bwd_*``) and the split backward's dK/dV kernel (``kv_*``) own keys and step through
-    queries; the split backward's dQ kernel (``q_*``) owns query rows and steps through keys.
+    (``bwd_*``; in the ``atomic_dv`` form its dK/dQ kernel, with ``dv_*`` for its dV kernel) and
+    the split backward's dK/dV kernel (``kv_*``) own keys and step through queries; the split
+    backward's dQ kernel (``q_*``) owns query rows and steps through keys.
     ``*_own`` must be a multiple of ``*_step`` (the causal split into unmasked and diagonal
     tiles relies on it); all tile sizes are powers of two. ``fwd_split`` (1 or 2): the forward
     computes the ``2d``-wide output in that many column blocks, one program each (halves the
@@ -127,16 +132,19 @@ class BlockConfig:
     bwd_step: int = 16
     bwd_warps: int = 4
     fwd_split: int = 1
+    dv_own: int = 32
+    dv_step: int = 16
+    dv_warps: int = 4
 
     def __post_init__(self) -> None:
-        for kind in ("fwd", "kv", "q", "bwd"):
+        for kind in ("fwd", "kv", "q", "bwd", "dv"):
             own, step = getattr(self, f"{kind}_own"), getattr(self, f"{kind}_step")
             for name, value in ((f"{kind}_own", own), (f"{kind}_step", step)):
                 if value < 1 or value & (value - 1):
                     raise ValueError(f"{name}: must be a power of two, got {value}")
             if own % step:
                 raise ValueError(f"{kind}_own: {own} must be a multiple of {kind}_step={step}")
-        for name in ("fwd_warps", "kv_warps", "q_warps", "bwd_warps"):
+        for name in ("fwd_warps", "kv_warps", "q_warps", "bwd_warps", "dv_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name}: must be a power of two, got {value}")
@@ -157,61 +165,65 @@ class BlockConfig:
 # Interpreter blocks are tiny so that short test sequences still span several tiles.
 INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_own=16, q_step=8,
                                fwd_warps=1, kv_warps=1, q_warps=1, num_stages=1,
-                               bwd_own=16, bwd_step=8, bwd_warps=1)
+                               bwd_own=16, bwd_step=8, bwd_warps=1, dv_own=16, dv_step=8, dv_warps=1)
 
 
 def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
-    """Fixed tile sizes for component width ``d`` (bfloat16 / float16 on sm_90; used as they are
-    on other GPUs, and as the fallback where autotuning is off).
+    """Fixed tile sizes for component width ``d`` (bfloat16 / float16; chosen for sm_90 and used as
+    they are on other GPUs, and wherever autotuning is off).
 
-    Not timed (no GPU was available when they were chosen). They come from
-    ``benchmarks/triton_offline.py``, which compiles each kernel offline for sm_90 over a grid of
-    tile shapes, warps and stages and reads registers and spilled bytes (``cuobjdump
-    --dump-resource-usage``), shared memory and whether the PTX uses Hopper's ``wgmma``. The rule:
-    among configs whose main products use ``wgmma`` (which needs 64 rows a warpgroup, so tiles
-    of at least 64 rows), take the least spilling, then the larger tiles, then fewer stages. A
-    d=128 differential head holds as much state per row as a d=256 head of standard attention
-    (two ``2d``-wide float32 accumulators), which is what limits the forward tiles.
+    Not timed: no GPU was available when they were chosen. ``benchmarks/triton_offline.py``
+    compiles each kernel offline for sm_90 over a grid of tile shapes, warps and stages, and reads
+    registers and spilled bytes (``cuobjdump --dump-resource-usage``), shared memory, and whether
+    the PTX uses Hopper's ``wgmma`` (64 rows a warpgroup, so tiles of at least 64 rows; smaller
+    tiles fall back to ``mma.sync``). The rule, for the forward and the atomic backward: among
+    configs that use ``wgmma`` and fit shared memory, the least spilling, then no value split, then
+    the larger tile, then fewer warps and stages. The split backward keeps its earlier tiles (it is
+    the reference). Triton 3.9, bf16, causal (docs/kernels.md has the table):
 
-    - d <= 64: forward (128, 64) with 8 warps (two warpgroups of 64 rows); atomic backward
-      (64, 64) with 4 warps, no spills.
-    - d <= 128: forward (64, 64) with 4 warps in two value halves (``fwd_split=2``: 4 forward
-      product units instead of 3, but no spills where the unsplit (64, 32) with 8 warps spills);
-      atomic backward (64, 32) with 8 warps.
+    - d <= 64: forward (64, 64), 8 warps, no spills; atomic backward (64, 32), 8 warps: 864
+      spilled bytes (every 64-key backward tile spills; (32, 16) without wgmma spills 8).
+    - d <= 128: forward (64, 32), 8 warps, 232 spilled bytes (a d=128 differential head holds two
+      ``2d``-wide float32 accumulators a row, the state of a d=256 standard head); atomic backward
+      (64, 32), 8 warps, 2,344 spilled bytes ((32, 16) without wgmma: 504). The ``atomic_dv``
+      form's kernels spill 1,208 (dK/dQ) and 168 (dV) bytes at the same tiles.
     - d <= 256: small tiles without ``wgmma`` (every 64-row config spills heavily).
+
+    Spilling is a proxy: the autotuner (:data:`AUTOTUNE`) times the wgmma choice against the
+    smaller mma.sync tiles on the GPU (:func:`autotune_configs`).
     """
     if interpret:
         return INTERPRET_CONFIG
     if d <= 64:
-        return BlockConfig(fwd_own=128, fwd_step=64, kv_own=64, kv_step=32, q_own=64, q_step=32,
-                           fwd_warps=8, kv_warps=4, q_warps=4, num_stages=2,
-                           bwd_own=64, bwd_step=64, bwd_warps=4)
+        return BlockConfig(fwd_own=64, fwd_step=64, kv_own=32, kv_step=16, q_own=64, q_step=32,
+                           fwd_warps=8, kv_warps=8, q_warps=8, num_stages=2,
+                           bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8)
     if d <= 128:
-        return BlockConfig(fwd_own=64, fwd_step=64, kv_own=64, kv_step=32, q_own=64, q_step=32,
-                           fwd_warps=4, kv_warps=8, q_warps=8, num_stages=2,
-                           bwd_own=64, bwd_step=32, bwd_warps=8, fwd_split=2)
+        return BlockConfig(fwd_own=64, fwd_step=32, kv_own=32, kv_step=16, q_own=32, q_step=32,
+                           fwd_warps=8, kv_warps=8, q_warps=4, num_stages=2,
+                           bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8)
     return BlockConfig(fwd_own=32, fwd_step=16, kv_own=16, kv_step=16, q_own=32, q_step=16,
-                       fwd_warps=8, kv_warps=8, q_warps=8, bwd_own=16, bwd_step=16, bwd_warps=8)
+                       fwd_warps=8, kv_warps=8, q_warps=8, bwd_own=16, bwd_step=16, bwd_warps=8,
+                       dv_own=16, dv_step=16, dv_warps=8)
 
 
 def autotune_configs(d: int) -> tuple[list[BlockConfig], list[BlockConfig]]:
     """Candidate configs ``(forward, atomic backward)`` that :data:`AUTOTUNE` times on the GPU
-    for width ``d``: :func:`block_config`'s choice first, then the other configs that use
-    ``wgmma`` with no or little spilling in ``benchmarks/triton_offline.py``'s sm_90 report. Only
-    the forward fields (``fwd_*``) of the first list and the ``bwd_*`` fields of the second
-    matter."""
+    for width ``d``: :func:`block_config`'s choice first, then other configs with little spilling
+    in ``benchmarks/triton_offline.py``'s sm_90 report (wgmma ones, and for the backward the
+    (32, 16) tile with ``mma.sync``, which spills least). Only the forward fields (``fwd_*``,
+    ``fwd_split``) of the first list and the ``bwd_*`` fields of the second matter."""
     base = block_config(d, interpret=False)
     if d <= 64:
-        fwd = [(128, 64, 8, 2, 1), (64, 64, 4, 3, 1), (128, 32, 8, 2, 1), (64, 32, 4, 2, 1)]
-        bwd = [(64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 16, 4, 2)]
+        fwd = [(64, 64, 8, 1), (64, 32, 8, 1), (128, 64, 8, 2), (128, 32, 8, 1)]
+        bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
     elif d <= 128:
-        fwd = [(64, 64, 4, 2, 2), (64, 32, 8, 2, 1), (128, 64, 8, 2, 2), (64, 32, 4, 2, 2)]
-        bwd = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 16, 4, 2), (128, 32, 8, 2)]
+        fwd = [(64, 32, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 1)]
+        bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
     else:
         return [base], [base]
-    fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, num_stages=s, fwd_split=sp)
-            for m, n, w, s, sp in fwd]
-    bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w, num_stages=s) for m, n, w, s in bwd]
+    fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, fwd_split=sp) for m, n, w, sp in fwd]
+    bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w) for m, n, w in bwd]
     return fwds, bwds
 
 
@@ -367,12 +379,13 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
 def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, sqt, sqh, sdot,
                   offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale, lo, hi,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-                  DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr):
+                  DQ_ATOMIC: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
     """Query tiles ``lo..hi`` against one key tile, in transposed form ``(BLOCK_N, BLOCK_M)``.
 
     Query rows past ``T`` read a log-sum-exp of +inf, so their probabilities are exactly 0.
-    ``MASKED`` tiles cross the causal diagonal. With ``DQ_ATOMIC`` each query tile's
-    ``dQ_c = scale * dS_c K_c`` is added into the float32 buffer at ``dq_ptr`` (strides of Q).
+    ``MASKED`` tiles cross the causal diagonal. ``DV``: accumulate dV; ``DK``: form dP and dS and
+    accumulate dK1, dK2; with ``DQ_ATOMIC`` (needs ``DK``) each query tile's
+    ``dQ_c = scale * dS_c K_c`` is also added into the float32 buffer at ``dq_ptr`` (strides of Q).
     """
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -384,43 +397,46 @@ def _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta
                         2 * D, BLOCK_D != D, True)  # (BLOCK_M, BLOCK_DV)
         lse1 = tl.load(lse_ptr + offs_m, mask=rows, other=float("inf"))
         lse2 = tl.load(lse_ptr + T + offs_m, mask=rows, other=float("inf"))
-        delta1 = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
-        delta2 = tl.load(delta_ptr + T + offs_m, mask=rows, other=0.0)
         p1 = tl.math.exp2(tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale - lse1[None, :])  # (BN, BM)
         p2 = tl.math.exp2(tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale - lse2[None, :])
         if MASKED:
             allowed = offs_m[None, :] >= offs_k[:, None]
             p1 = tl.where(allowed, p1, 0.0)
             p2 = tl.where(allowed, p2, 0.0)
-        dv += tl.dot((p1 - lam * p2).to(do.dtype), do, input_precision=PREC)  # (BN, BLOCK_DV)
-        dp = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BN, BM) = (dO V^T)^T, shared by both maps
-        ds1 = (p1 * (dp - delta1[None, :])).to(q1.dtype)
-        ds2 = (-lam * p2 * (dp - delta2[None, :])).to(q2.dtype)
-        dk1 += tl.dot(ds1, q1, input_precision=PREC)
-        dk2 += tl.dot(ds2, q2, input_precision=PREC)
-        if DQ_ATOMIC:
-            dq_tile = dq_ptr + offs_m[:, None] * sqt + offs_d[None, :]
-            if BLOCK_D != D:
-                dq_mask = rows[:, None] & (offs_d[None, :] < D)
-            else:
-                dq_mask = rows[:, None]
-            dq1 = tl.dot(tl.trans(ds1), k1, input_precision=PREC) * sm_scale  # (BM, BLOCK_D)
-            tl.atomic_add(dq_tile, dq1, mask=dq_mask, sem="relaxed")
-            dq2 = tl.dot(tl.trans(ds2), k2, input_precision=PREC) * sm_scale
-            tl.atomic_add(dq_tile + sqh, dq2, mask=dq_mask, sem="relaxed")
+        if DV:
+            dv += tl.dot((p1 - lam * p2).to(do.dtype), do, input_precision=PREC)  # (BN, BLOCK_DV)
+        if DK:
+            delta1 = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
+            delta2 = tl.load(delta_ptr + T + offs_m, mask=rows, other=0.0)
+            dp = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BN, BM) = (dO V^T)^T, shared by both maps
+            ds1 = (p1 * (dp - delta1[None, :])).to(q1.dtype)
+            ds2 = (-lam * p2 * (dp - delta2[None, :])).to(q2.dtype)
+            dk1 += tl.dot(ds1, q1, input_precision=PREC)
+            dk2 += tl.dot(ds2, q2, input_precision=PREC)
+            if DQ_ATOMIC:
+                dq_tile = dq_ptr + offs_m[:, None] * sqt + offs_d[None, :]
+                if BLOCK_D != D:
+                    dq_mask = rows[:, None] & (offs_d[None, :] < D)
+                else:
+                    dq_mask = rows[:, None]
+                dq1 = tl.dot(tl.trans(ds1), k1, input_precision=PREC) * sm_scale  # (BM, BLOCK_D)
+                tl.atomic_add(dq_tile, dq1, mask=dq_mask, sem="relaxed")
+                dq2 = tl.dot(tl.trans(ds2), k2, input_precision=PREC) * sm_scale
+                tl.atomic_add(dq_tile + sqh, dq2, mask=dq_mask, sem="relaxed")
     return dk1, dk2, dv
 
 
 @triton.jit
-def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV, DQ,
+def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK_, DV_, DQ,
                    sqb, sqt, sqh, skb, sks, skh, svb, svs, svh, sdob, sdot, sdoh,
                    T, S, H, R, sm_scale, qk_scale, T_BUCKET,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr):
+                   DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr, DK: tl.constexpr = True, DV: tl.constexpr = True):
     """Grid ``(cdiv(S, BLOCK_N), B * Hkv)``: one key tile of one group, summed over its R heads.
-    With ``DQ_ATOMIC`` it also adds dQ into the float32 buffer ``DQ`` (laid out like Q); otherwise
-    ``DQ`` is not touched. ``T_BUCKET`` is unused: it is the autotuner's key for the length."""
+    Computes dK (if ``DK``) and dV (if ``DV``); with ``DQ_ATOMIC`` it also adds dQ into the float32
+    buffer ``DQ`` (laid out like Q); otherwise ``DQ`` is not touched. ``T_BUCKET`` is unused: it is
+    the autotuner's key for the length."""
     pid_n = tl.program_id(0)
     bg = tl.program_id(1)
     Hkv = H // R
@@ -435,7 +451,7 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV, DQ,
     k1 = _load_tile(K + k_off, offs_k, S, offs_d, D, BLOCK_D != D, True)  # (BLOCK_N, BLOCK_D)
     k2 = _load_tile(K + k_off + skh, offs_k, S, offs_d, D, BLOCK_D != D, True)
     v_off = b * svb + g * svh + offs_k[:, None] * svs + offs_dv[None, :]
-    v = _load_tile(V + v_off, offs_k, S, offs_dv, 2 * D, BLOCK_D != D, True)  # (BLOCK_N, BLOCK_DV)
+    v = _load_tile(V + v_off, offs_k, S, offs_dv, 2 * D, BLOCK_D != D, True)  # (BLOCK_N, BLOCK_DV); unused without DK
     lam = tl.load(LAM)
 
     dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -452,18 +468,20 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK, DV, DQ,
             diag_end = tl.minimum(n0 + BLOCK_N, T)
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
                                          sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
-                                         n0, diag_end, D, BLOCK_D, BLOCK_M, True, DQ_ATOMIC, PREC)
+                                         n0, diag_end, D, BLOCK_D, BLOCK_M, True, DQ_ATOMIC, DK, DV, PREC)
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
                                          sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
-                                         diag_end, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, PREC)
+                                         diag_end, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, DK, DV, PREC)
         else:  # keys past S read 0 and have no probability mass: they add nothing to dQ
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
                                          sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
-                                         0, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, PREC)
+                                         0, T, D, BLOCK_D, BLOCK_M, False, DQ_ATOMIC, DK, DV, PREC)
     # dK and dV share q/k strides with K and V: the caller allocates them like K and V
-    _store_tile(DK + k_off, dk1 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
-    _store_tile(DK + k_off + skh, dk2 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
-    _store_tile(DV + v_off, dv, offs_k, S, offs_dv, 2 * D, BLOCK_D != D)
+    if DK:
+        _store_tile(DK_ + k_off, dk1 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
+        _store_tile(DK_ + k_off + skh, dk2 * sm_scale, offs_k, S, offs_d, D, BLOCK_D != D)
+    if DV:
+        _store_tile(DV_ + v_off, dv, offs_k, S, offs_dv, 2 * D, BLOCK_D != D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,17 +675,22 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     sizes = (T, S, H, H // Hkv, scale, scale * _LOG2E)
-    if bwd == "atomic":
+    if bwd in ("atomic", "atomic_dv"):
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # strides of q (both contiguous)
         args = (q, k, v, do, lam, lse, delta, dk, dv, dq_acc, *strides, *sizes, _length_bucket(max(T, S)))
-        tuner = _tuner("bwd", d) if config is None else None
+        separate_dv = bwd == "atomic_dv"
+        tuner = _tuner("bwd", d) if config is None and not separate_dv else None
         if tuner is not None:
             tuner[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hkv)](*args, DQ_ATOMIC=True, **common)
         else:
             config = config or block_config(d)
             _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
-                *args, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True,
+                *args, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=not separate_dv,
                 num_warps=config.bwd_warps, num_stages=config.num_stages, **common)
+            if separate_dv:
+                _bwd_kv_kernel[(triton.cdiv(S, config.dv_own), B * Hkv)](
+                    *args, BLOCK_M=config.dv_step, BLOCK_N=config.dv_own, DQ_ATOMIC=False, DK=False,
+                    num_warps=config.dv_warps, num_stages=config.num_stages, **common)
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, dlam
     config = config or block_config(d)
@@ -804,10 +827,18 @@ def triton_split_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor
     return triton_attention(q, k, v, lam, mask, scale, return_maps=return_maps, config=config, bwd="split")
 
 
+def triton_atomic_dv_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mask: AttentionMask,
+                               scale: float, return_maps: bool = False,
+                               config: Optional[BlockConfig] = None) -> Tensor:
+    """The ``triton_atomic_dv`` backend: :func:`triton_attention` with the 6-product backward
+    (dK and atomic dQ in one kernel, dV in another; fewer registers a kernel than ``atomic``)."""
+    return triton_attention(q, k, v, lam, mask, scale, return_maps=return_maps, config=config, bwd="atomic_dv")
+
+
 # ----------------------------------------------------------------------------------------------
 # offline compilation (no GPU needed)
 
-OFFLINE_KERNELS = ("fwd", "bwd", "bwd_kv", "bwd_q")
+OFFLINE_KERNELS = ("fwd", "bwd", "bwd_dkq", "bwd_dv", "bwd_kv", "bwd_q")
 
 
 def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = True,
@@ -816,7 +847,8 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
 
     ``dtype`` is a Triton type name (``bf16``, ``fp16``, ``fp32``), ``arch`` the compute
     capability as an integer (80 = A100, 90 = H100). ``which``: any of ``fwd`` (forward),
-    ``bwd`` (the atomic backward), ``bwd_kv`` and ``bwd_q`` (the split backward). Returns
+    ``bwd`` (the atomic backward), ``bwd_dkq`` and ``bwd_dv`` (the ``atomic_dv`` backward),
+    ``bwd_kv`` and ``bwd_q`` (the split backward). Returns
     ``{kernel name: CompiledKernel}``; each has ``asm["ptx"]``, ``asm["cubin"]`` and
     ``metadata.shared`` (bytes of shared memory); :func:`resource_usage` reads registers and
     spills. Used by the tests, ``benchmarks/triton_offline.py`` and
@@ -839,9 +871,15 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
         "fwd": (_fwd_kernel, ("Q", "K", "V", "O", "O2"), ("qk_scale",),
                 dict(common, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True, SPLIT=config.fwd_split),
                 config.fwd_warps),
-        "bwd": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV"), ("sm_scale", "qk_scale"),
+        "bwd": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
                 dict(common, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True), config.bwd_warps),
-        "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK", "DV", "DQ"), ("sm_scale", "qk_scale"),
+        "bwd_dkq": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
+                    dict(common, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=False),
+                    config.bwd_warps),
+        "bwd_dv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
+                   dict(common, BLOCK_M=config.dv_step, BLOCK_N=config.dv_own, DQ_ATOMIC=False, DK=False),
+                   config.dv_warps),
+        "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_", "DQ"), ("sm_scale", "qk_scale"),
                    dict(common, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False), config.kv_warps),
         "bwd_q": (_bwd_q_kernel, ("Q", "K", "V", "DO", "DQ"), ("sm_scale", "qk_scale"),
                   dict(common, BLOCK_M=config.q_own, BLOCK_N=config.q_step), config.q_warps),
@@ -889,7 +927,9 @@ def resource_usage(compiled) -> dict:
 
 
 def register() -> None:
-    """Add ``triton`` (atomic backward) and ``triton_split`` (two-kernel backward) to the backend
-    table (``resolve_backend('auto', cuda)`` prefers ``triton``)."""
+    """Add ``triton`` (default backward :data:`BWD`, autotuned on a GPU), ``triton_atomic_dv`` and
+    ``triton_split`` (the other backward forms, fixed tiles) to the backend table
+    (``resolve_backend('auto', cuda)`` prefers ``triton``)."""
     kernels.register_backend("triton", triton_attention)
     kernels.register_backend("triton_split", triton_split_attention)
+    kernels.register_backend("triton_atomic_dv", triton_atomic_dv_attention)
