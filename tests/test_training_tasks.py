@@ -174,3 +174,11 @@ def test_compare_from_refuses_a_registered_task_rather_than_drop_it(copy_task, t
     (tmp_path / "text.txt").write_text("some text\n")
     with pytest.raises(ValueError, match=r"registered training task\(s\) \['copy'\] would need ids"):
         get_preset("from-cpu", source=str(tmp_path / "src"), data=str(tmp_path / "text.txt")).resolve()
+
+
+def test_a_task_whose_steps_are_all_taken_is_refused_naming_the_tasks_that_take_them(copy_task, monkeypatch):
+    """Every 3rd step of smoke is an LM step: a period of 3 leaves the copy task nothing, and the error says who
+    has its steps."""
+    monkeypatch.setattr(copy_task, "period", 3)
+    with pytest.raises(ValueError, match=r"training task 'copy': every 3-th step is already another task's \(lm\)"):
+        get_preset("smoke").resolve()

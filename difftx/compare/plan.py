@@ -266,7 +266,10 @@ def registered_blocks(preset: Any, mixture: Mixture, space: TaskSpace) -> TaskSp
         if task.name in BUILTIN_TRAINING or not every:
             continue
         if not shares[task.name]:
-            raise ValueError(f"training task {task.name!r}: every {every}-th step is already another task's")
+            takers = sorted({mixture.step_kind(s) for s in range(every, every * 13, every)} - {task.name})
+            raise ValueError(f"training task {task.name!r}: every {every}-th step is already another task's "
+                             f"({', '.join(takers)}): choose a period those tasks leave free, or give them fewer "
+                             f"steps")
         n = task.ids(preset)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"training task {task.name!r}: ids(preset) must be a positive number of ids, got {n!r}")
