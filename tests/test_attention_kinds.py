@@ -299,3 +299,23 @@ def test_low_bit_attention_says_not_measured_for_a_kind_with_its_own_forward(kin
         assert res["skipped"] == why and "nll" not in res
     finally:
         ATTENTIONS.pop("own_forward_test", None)
+
+
+def test_a_kind_that_fails_in_its_forward_is_named_before_any_arm_trains(kinds, tmp_path):
+    """compare tries one training step of every arm of a kind of your own first: the error names the arm, the file
+    and the line, and nothing has been trained (it used to come after the other arms, advising stack=1)."""
+    from difftx.compare import run_compare
+
+    (tmp_path / "broken_kinds.py").write_text(
+        "import difftx\n\n\nclass Broken(difftx.StandardAttention):\n    def finish(self, out, extra):\n"
+        "        return out @ self.not_there\n\n\ndifftx.register_attention('broken_test', Broken)\n")
+    from difftx.attention.registry import load_kinds
+
+    load_kinds(str(tmp_path / "broken_kinds.py"))
+    try:
+        with pytest.raises(ValueError, match=rf"arm 'broken_test': .*\({tmp_path / 'broken_kinds.py'}:6: "
+                                             r"AttributeError: 'Broken' object has no attribute 'not_there'\)"):
+            run_compare("smoke", 1, tmp_path / "out", progress=False, arms=("baseline", "diff", "broken_test"))
+        assert not (tmp_path / "out" / "seed0").exists()
+    finally:
+        ATTENTIONS.pop("broken_test", None)

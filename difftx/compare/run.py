@@ -220,6 +220,37 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
             destroy_distributed()
 
 
+def check_arms_run(plan) -> None:
+    """One forward and backward pass of a one-layer model of every arm whose attention kind is not built in (a
+    kinds file's), on a few tokens, before any model trains: a kind that raises there is named with its file and
+    line in one ValueError, not found after the other arms have trained."""
+    import traceback
+
+    import torch
+
+    from ..attention.registry import kind_code
+    from ..model import Transformer
+
+    for arm, cfg in plan.arms.items():
+        code = kind_code(cfg.attention)
+        if code is None:  # built in: tested
+            continue
+        small = cfg.replace(n_layers=1)
+        try:
+            torch.manual_seed(0)
+            model = Transformer(small)
+            tokens = torch.randint(0, small.vocab_size, (2, min(9, small.max_seq_len)))
+            model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
+        except Exception as e:  # noqa: BLE001 - one line naming the kind's file and line, then the error
+            where = code.get("file") or "its code"
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if code.get("file") and f.filename == where]
+            at = f"{where}:{frames[-1].lineno}" if frames else where
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(f"arm {arm!r}: attention kind {cfg.attention!r} fails in one training step of a "
+                             f"one-layer model ({at}: {type(e).__name__}: {first}); fix the kind, or leave the arm "
+                             f"out (--arms)") from e
+
+
 def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os.PathLike, *, progress: bool,
                  workers: int | None, shard: tuple[int, int] | None = None, shard_offset: int = 0,
                  report: bool = True, only_arms: Sequence[str] | None = None) -> CompareResult | dict:
@@ -241,6 +272,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     main = not distributed or _rank() == 0
     out = Path(out_dir)
     on_main(lambda: check_owned(out, plan))  # a folder compare does not own is refused before any work
+    check_arms_run(plan)  # a kinds file's kind that cannot train one step is named before any arm trains
     if report:  # the report counts the earlier looks: a damaged record of them is refused before any training
         on_main(lambda: earlier_looks(out))
     # your text is tokenized (rank 0, into the cache) and checked before anything is written
