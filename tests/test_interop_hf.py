@@ -407,3 +407,23 @@ def test_export_refuses_a_tokenizer_wider_than_the_vocabulary(tmp_path, capsys):
     save_model(Transformer(ModelConfig(vocab_size=257, dim=32, n_layers=1, n_heads=2, max_seq_len=16)),
                tmp_path / "model257")
     export_hf(tmp_path / "model257", tmp_path / "out3", tokenizer_dir=tok)  # as wide as the vocabulary: fine
+
+
+def test_an_exported_folder_records_its_digest_and_a_damaged_one_is_refused_on_import(tmp_path):
+    """Export writes the weights' SHA-256 into their header (transformers ignores it); import verifies it, so a
+    damaged export is refused instead of re-imported with a fresh digest."""
+    from difftx.checkpoint import DIGEST_KEY
+    from safetensors import safe_open
+
+    torch.manual_seed(0)
+    export_hf(Transformer(tiny()), tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        assert len(f.metadata()[DIGEST_KEY]) == 64 and f.metadata()["format"] == "pt"
+    import_hf(tmp_path / "hf", tmp_path / "ok")  # intact: imports
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x40  # one bit of the last tensor
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ConversionError, match="the bytes changed since they were written"):
+        import_hf(tmp_path / "hf", tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

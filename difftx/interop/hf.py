@@ -42,11 +42,12 @@ from typing import Callable, Optional, Union
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state, save_weights
+from ..checkpoint import (CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state, save_weights,
+                          verify_digest)
 from ..config import ModelConfig
 from ..io import atomic_folder, atomic_write, write_json
 from ..model import Transformer
@@ -399,7 +400,9 @@ def to_difftx_state(config: ModelConfig, hf: dict[str, Tensor]) -> dict[str, Ten
 # -- folders ----------------------------------------------------------------------------------------
 
 def _write_safetensors(path: Path, state: dict[str, Tensor], metadata: dict[str, str]) -> None:
-    atomic_write(path, lambda p: save_file(state, p, metadata=metadata))
+    """The exported weights with their SHA-256 in their own header (:func:`difftx.checkpoint.save_weights`):
+    transformers ignores the extra metadata, and an import verifies it."""
+    save_weights(path, state, metadata)
 
 
 def _output_dir(out_dir: PathLike, sources: list[Path], overwrite: bool = False) -> Path:
@@ -572,6 +575,10 @@ def load_hf_folder(hf_dir: PathLike) -> tuple[dict, dict[str, Tensor]]:
         raise ConversionError(f"{folder}: no {HF_WEIGHTS} or {HF_INDEX}; only safetensors weights are read{hint}")
     state: dict[str, Tensor] = {}
     for f in files:
+        try:  # a file difftx exported records its SHA-256 (a damaged one is refused); the Hub's record none
+            verify_digest(f, notice=False)
+        except CheckpointError as e:
+            raise ConversionError(str(e)) from e
         try:
             state.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError) as e:
