@@ -85,8 +85,8 @@ def _inference_value(module: nn.Module, slot: str, params: tuple, extra, compute
     """``compute()`` (a value of ``params`` and ``extra`` alone, without gradients), kept on ``module`` under ``slot``
     until a parameter changes: in-place updates bump its version counter, ``.to()`` and loading give it new storage.
     Decoding reads lambda and the head norm's gain once per weight update, not once per token. While torch.compile
-    traces, ``compute()`` itself: a compiled graph neither reads version counters and data pointers nor keeps a
-    value across calls."""
+    traces, ``compute()`` itself: a compiled graph neither reads version counters and data pointers nor keeps a value
+    across calls."""
     if torch.compiler.is_compiling():
         return compute()
     key = (extra, params[0].dtype, *((p._version, p.data_ptr()) for p in params))

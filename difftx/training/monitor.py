@@ -104,10 +104,11 @@ class Monitor:
         rows = config.batch_size * config.grad_accum * dist.world_size
         per_step = f"{rows * config.seq_len:,} tokens/step" if setup.source is None else f"{rows} sequences/step"
         impl = getattr(setup.optimizer, "difftx_implementation", None)  # a stack's optimizer is its own
-        how = ", ".join(filter(None, (f"AdamW {impl}" if impl else None, "compiled" if config.compile else None)))
+        parts = (f"AdamW {impl}" if impl else None, "compiled" if config.compile else None)
+        how = "".join(f", {part}" for part in parts if part)
         return (f"difftx train: {setup.model_config.attention} model, {setup.bare.num_parameters():,} parameters, "
-                f"{per_step} on {dist.world_size} x {setup.device} ({str(setup.dtype)[6:]}{', ' + how if how else ''}); "
-                f"{start}; writing to {setup.out_dir}")
+                f"{per_step} on {dist.world_size} x {setup.device} ({str(setup.dtype)[6:]}{how}); {start}; "
+                f"writing to {setup.out_dir}")
 
     def start_sums(self) -> None:
         """The sums since the last log record: empty, or (a resume between two records) as the checkpoint

@@ -54,7 +54,8 @@ def build_optimizer(model: nn.Module, config: TrainConfig, implementation: str |
     implementation, faster on the small CPU models of ``difftx compare`` than the per-tensor loop PyTorch picks on
     CPU. PyTorch's ``fused`` CPU kernel was not taken: a run that saved checkpoints drifted from one that did not in
     the last float32 bit, which breaks the bitwise resume guarantee. (Measured: docs/results.md, "2026-11-27:
-    Timings moved out of docstrings".) The optimizer's ``difftx_implementation`` names the one taken."""
+    Timings moved out of docstrings"; whether the CUDA kernel keeps the guarantee is not measured yet.) The
+    optimizer's ``difftx_implementation`` names the one taken (the run's banner shows it)."""
     groups = param_groups(model, config.weight_decay)
     if implementation is None:
         implementation = adamw_implementation(p for g in groups for p in g["params"])
