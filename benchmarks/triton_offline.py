@@ -13,7 +13,7 @@ Kernels: ``fwd`` (forward), ``bwd`` (the 5-product atomic backward), ``bwd_dkq``
 6-product ``atomic_dv`` backward), ``bwd_kv`` / ``bwd_q`` (the split 7-product backward); only the
 forward and the atomic backward are compiled over the grid, the others at their defaults. The
 32-row rows are references: they use ``mma.sync``, not ``wgmma``. The row marked ``*`` is
-``block_config(d)``'s choice; the line under each kernel names the config the selection rule
+``block_config(d, arch=...)``'s choice; the line under each kernel names the config the selection rule
 picks (among configs that use ``wgmma`` and fit shared memory: least spilling, then no value
 split, then the larger tile, then fewer warps and stages), so a change of compiler that moves the pick shows up here.
 sm_80 compiles only the defaults, for reference.
@@ -51,9 +51,9 @@ BWD_GRID = [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64,
             (128, 64, 8, 2), (64, 32, 8, 3), (64, 32, 16, 2), (128, 32, 16, 2), (32, 16, 8, 2), (32, 16, 4, 2)]
 
 
-def candidates(d: int, defaults_only: bool = False) -> list[tuple[str, tk.BlockConfig]]:
-    """``(kernel, config)`` pairs to compile for width ``d``: the default first, then the grid."""
-    base = tk.block_config(d, interpret=False)
+def candidates(d: int, arch: int = 90, defaults_only: bool = False) -> list[tuple[str, tk.BlockConfig]]:
+    """``(kernel, config)`` pairs to compile for width ``d``: the defaults first, then the grid."""
+    base = tk.block_config(d, interpret=False, arch=arch)
     out = [(kernel, base) for kernel in tk.OFFLINE_KERNELS]
     if defaults_only:
         return out
@@ -78,9 +78,9 @@ def tiles(kernel: str, cfg: tk.BlockConfig) -> dict:
 
 
 def report(d: int, dtype: str, arch: int, defaults_only: bool = False) -> list[dict]:
-    base = tk.block_config(d, interpret=False)
+    base = tk.block_config(d, interpret=False, arch=arch)
     rows = []
-    for kernel, cfg in candidates(d, defaults_only or arch != 90):
+    for kernel, cfg in candidates(d, arch, defaults_only or arch != 90):
         t0 = time.time()
         try:
             compiled = tk.compile_offline(d, dtype=dtype, arch=arch, config=cfg, which=(kernel,))[kernel]

@@ -274,7 +274,7 @@ def test_interpreter_suite():
     tail = (res.stdout + res.stderr)[-6000:]
     assert res.returncode == 0, f"interpreter checks failed:\n{tail}"
     passed = re.search(r"(\d+) passed", res.stdout)
-    assert passed and int(passed.group(1)) >= 15 and "skipped" not in res.stdout, tail
+    assert passed and int(passed.group(1)) >= 25 and "skipped" not in res.stdout, tail
 
 
 # ----------------------------------------------------------------------------------------------

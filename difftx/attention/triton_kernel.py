@@ -168,9 +168,9 @@ INTERPRET_CONFIG = BlockConfig(fwd_own=16, fwd_step=8, kv_own=16, kv_step=8, q_o
                                bwd_own=16, bwd_step=8, bwd_warps=1, dv_own=16, dv_step=8, dv_warps=1)
 
 
-def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
-    """Fixed tile sizes for component width ``d`` (bfloat16 / float16; chosen for sm_90 and used as
-    they are on other GPUs, and wherever autotuning is off).
+def block_config(d: int, interpret: bool = INTERPRET, arch: int = 90) -> BlockConfig:
+    """Fixed tile sizes for component width ``d`` on compute capability ``arch`` (90 = H100/H200,
+    80 = A100), for bfloat16 / float16; used wherever autotuning is off.
 
     Not timed: no GPU was available when they were chosen. ``benchmarks/triton_offline.py``
     compiles each kernel offline for sm_90 over a grid of tile shapes, warps and stages, and reads
@@ -188,32 +188,35 @@ def block_config(d: int, interpret: bool = INTERPRET) -> BlockConfig:
       (64, 32), 8 warps, 2,344 spilled bytes ((32, 16) without wgmma: 504). The ``atomic_dv``
       form's kernels spill 1,208 (dK/dQ) and 168 (dV) bytes at the same tiles.
     - d <= 256: small tiles without ``wgmma`` (every 64-row config spills heavily).
+    - Before sm_90 (no ``wgmma``), the atomic backward's kernels take (32, 16) tiles: at (64, 32)
+      ptxas spills 824 bytes on sm_80 at d = 64 and, at d = 128, falls back to 32 registers
+      with 4,840 spilled bytes; (32, 16) spills 488 there.
 
     Spilling is a proxy: the autotuner (:data:`AUTOTUNE`) times the wgmma choice against the
     smaller mma.sync tiles on the GPU (:func:`autotune_configs`).
     """
     if interpret:
         return INTERPRET_CONFIG
+    bwd = dict(bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8) if arch >= 90 else \
+        dict(bwd_own=32, bwd_step=16, bwd_warps=8, dv_own=32, dv_step=16, dv_warps=8)
     if d <= 64:
         return BlockConfig(fwd_own=64, fwd_step=64, kv_own=32, kv_step=16, q_own=64, q_step=32,
-                           fwd_warps=8, kv_warps=8, q_warps=8, num_stages=2,
-                           bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8)
+                           fwd_warps=8, kv_warps=8, q_warps=8, num_stages=2, **bwd)
     if d <= 128:
         return BlockConfig(fwd_own=64, fwd_step=32, kv_own=32, kv_step=16, q_own=32, q_step=32,
-                           fwd_warps=8, kv_warps=8, q_warps=4, num_stages=2,
-                           bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8)
+                           fwd_warps=8, kv_warps=8, q_warps=4, num_stages=2, **bwd)
     return BlockConfig(fwd_own=32, fwd_step=16, kv_own=16, kv_step=16, q_own=32, q_step=16,
                        fwd_warps=8, kv_warps=8, q_warps=8, bwd_own=16, bwd_step=16, bwd_warps=8,
                        dv_own=16, dv_step=16, dv_warps=8)
 
 
-def autotune_configs(d: int) -> tuple[list[BlockConfig], list[BlockConfig]]:
+def autotune_configs(d: int, arch: int = 90) -> tuple[list[BlockConfig], list[BlockConfig]]:
     """Candidate configs ``(forward, atomic backward)`` that :data:`AUTOTUNE` times on the GPU
     for width ``d``: :func:`block_config`'s choice first, then other configs with little spilling
     in ``benchmarks/triton_offline.py``'s sm_90 report (wgmma ones, and for the backward the
     (32, 16) tile with ``mma.sync``, which spills least). Only the forward fields (``fwd_*``,
     ``fwd_split``) of the first list and the ``bwd_*`` fields of the second matter."""
-    base = block_config(d, interpret=False)
+    base = block_config(d, interpret=False, arch=arch)
     if d <= 64:
         fwd = [(64, 64, 8, 1), (64, 32, 8, 1), (128, 64, 8, 2), (128, 32, 8, 1)]
         bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
@@ -222,6 +225,8 @@ def autotune_configs(d: int) -> tuple[list[BlockConfig], list[BlockConfig]]:
         bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
     else:
         return [base], [base]
+    if arch < 90:  # the fixed choice first
+        bwd = [(32, 16, 8)] + [c for c in bwd if c != (32, 16, 8)]
     fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, fwd_split=sp) for m, n, w, sp in fwd]
     bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w) for m, n, w in bwd]
     return fwds, bwds
@@ -616,13 +621,22 @@ def make_autotuner(kind: str, configs: Sequence[BlockConfig], do_bench: Optional
     raise ValueError(f"kind: expected 'fwd' or 'bwd', got {kind!r}")
 
 
-def _tuner(kind: str, d: int):
-    """The autotuner for ``kind`` at width ``d``, or None when :data:`AUTOTUNE` is off."""
+def _arch(device: torch.device) -> int:
+    """Compute capability of ``device`` as an integer (90 for a non-CUDA device: the interpreter)."""
+    if device.type != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def _tuner(kind: str, d: int, device: torch.device):
+    """The autotuner for ``kind`` at width ``d`` on ``device``, or None when :data:`AUTOTUNE` is off."""
     if not AUTOTUNE:
         return None
-    key = (kind, _width_class(d))
+    arch = _arch(device)
+    key = (kind, _width_class(d)) if arch >= 90 else (kind, _width_class(d), arch)
     if key not in _TUNERS:
-        fwd, bwd = autotune_configs(d)
+        fwd, bwd = autotune_configs(d, arch)
         _TUNERS[key] = make_autotuner(kind, fwd if kind == "fwd" else bwd)
     return _TUNERS[key]
 
@@ -644,11 +658,11 @@ def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, ca
             T, S, H, H // Hkv, scale * _LOG2E, _length_bucket(max(T, S)))
     consts = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, STORE_AUX=store_aux,
                   PREC=_precision(q.dtype))
-    tuner = _tuner("fwd", d) if config is None else None
+    tuner = _tuner("fwd", d, q.device) if config is None else None
     if tuner is not None:
         tuner[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H, meta["SPLIT"])](*args, **consts)
     else:
-        config = config or block_config(d)
+        config = config or block_config(d, arch=_arch(q.device))
         _fwd_kernel[(triton.cdiv(T, config.fwd_own), B * H, config.fwd_split)](
             *args, **consts, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, SPLIT=config.fwd_split,
             num_warps=config.fwd_warps, num_stages=config.num_stages)
@@ -679,11 +693,11 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # strides of q (both contiguous)
         args = (q, k, v, do, lam, lse, delta, dk, dv, dq_acc, *strides, *sizes, _length_bucket(max(T, S)))
         separate_dv = bwd == "atomic_dv"
-        tuner = _tuner("bwd", d) if config is None and not separate_dv else None
+        tuner = _tuner("bwd", d, q.device) if config is None and not separate_dv else None
         if tuner is not None:
             tuner[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hkv)](*args, DQ_ATOMIC=True, **common)
         else:
-            config = config or block_config(d)
+            config = config or block_config(d, arch=_arch(q.device))
             _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
                 *args, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=not separate_dv,
                 num_warps=config.bwd_warps, num_stages=config.num_stages, **common)
@@ -693,7 +707,7 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
                     num_warps=config.dv_warps, num_stages=config.num_stages, **common)
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, dlam
-    config = config or block_config(d)
+    config = config or block_config(d, arch=_arch(q.device))
     dq = torch.empty_like(q)
     _bwd_kv_kernel[(triton.cdiv(S, config.kv_own), B * Hkv)](
         q, k, v, do, lam, lse, delta, dk, dv, dq, *strides, *sizes, _length_bucket(max(T, S)),
@@ -811,8 +825,6 @@ def triton_attention(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], mas
     # no-ops for the projections' outputs; the gradients are then allocated with the same strides
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     lam = lam.reshape(()).to(device=q.device, dtype=torch.float32)  # differentiable: grads flow to the caller's lam
-    if config is None and not AUTOTUNE:
-        config = block_config(d)
     # decided here: inside the op autograd is switched off
     store_aux = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, lam))
     o, _, _ = _fwd_op(q, k, v, lam, float(scale), bool(mask.causal), store_aux,
@@ -862,7 +874,7 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
     unknown = set(which) - set(OFFLINE_KERNELS)
     if unknown:
         raise ValueError(f"which: unknown {sorted(unknown)} (choose from {OFFLINE_KERNELS})")
-    config = config or block_config(d, interpret=False)
+    config = config or block_config(d, interpret=False, arch=arch)
     block_d, block_dv = _widths(d)
     prec = "ieee" if dtype == "fp32" else "tf32"
     common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=prec)
