@@ -171,6 +171,23 @@ class TestInterpreted:
                                                                 "atomic")
             assert (dq.shape, dk.shape, dv.shape, dlam.shape) == (q.shape, k.shape, v.shape, ())
 
+    def test_module_on_triton_backend_compiles_in_one_graph(self):
+        """A DiffAttention layer on the ``triton`` backend under torch.compile (fullgraph): the
+        custom ops keep the kernels out of the trace; output and every parameter's gradient match
+        the eager backend's."""
+        torch._dynamo.reset()
+        m = DiffAttention(dim=64, n_heads=2, layer_idx=1, n_kv_heads=1, backend="triton")
+        x = torch.randn(2, 13, 64)
+        out = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+        out.square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+        m.zero_grad()
+        ref = m(x, backend="eager")
+        ref.square().sum().backward()
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
     def test_bad_backward_form_is_named(self):
         q, k, v, lam = _inputs(1, 4, 4, 1, 1, 16)
         with pytest.raises(ValueError, match="bwd"):
