@@ -208,6 +208,13 @@ def test_a_model_of_a_kind_of_your_own_is_not_reused_once_its_file_is_edited(tmp
         assert str(out / "seed0" / "qknorm_edit" / "train.json") in err  # the built-in arms are not affected
         kinds.write_text(code)
         assert main(argv) == 0  # the code it trained with: reused
+        moved = tmp_path / "elsewhere" / kinds.name
+        moved.parent.mkdir()
+        moved.write_text(code)
+        ATTENTIONS.pop("qknorm_edit", None)
+        before = (out / "seed0" / "qknorm_edit" / "train.json").read_text()
+        assert main([str(moved) if a == str(kinds) else a for a in argv]) == 0  # the same code at a new path
+        assert (out / "seed0" / "qknorm_edit" / "train.json").read_text() == before  # reused, not retrained
     finally:
         ATTENTIONS.pop("qknorm_edit", None)
 

@@ -182,3 +182,26 @@ def test_a_task_whose_steps_are_all_taken_is_refused_naming_the_tasks_that_take_
     monkeypatch.setattr(copy_task, "period", 3)
     with pytest.raises(ValueError, match=r"training task 'copy': every 3-th step is already another task's \(lm\)"):
         get_preset("smoke").resolve()
+
+
+def test_a_model_trained_on_a_registered_task_is_not_reused_once_the_task_changes(copy_task, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Each model's train.json records the registered task's code (SHA-256) and settings: a re-run with other
+    settings is refused naming them; the task as it was is reused."""
+    from difftx.cli import main
+
+    monkeypatch.setenv("DIFFTX_KINDS", "")
+    out = tmp_path / "cmp"
+    argv = ["compare", "--preset", "smoke", "--seeds", "1", "--out", str(out), "--workers", "1", "--no-progress",
+            "--set", "steps=10", "--set", "warmup_steps=1", "--set", "icl_every=0", "--set", "probe_every=0"]
+    assert main(argv) == 0
+    rec = json.loads((out / "seed0" / "diff" / "train.json").read_text())
+    recorded = rec["request"]["tasks"]["copy"]
+    assert len(recorded["sha256"]) == 64 and recorded["settings"]["length"] == "8"
+    monkeypatch.setattr(copy_task, "length", 7)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "this model was trained with training tasks copy: code" in err and "'length': '8'" in err, err
+    monkeypatch.setattr(copy_task, "length", 8)
+    assert main(argv) == 0  # the task as it was: reused

@@ -114,13 +114,49 @@ def kinds_code(plan: ComparePlan) -> dict:
     return {k: v for k, v in codes.items() if v is not None}
 
 
+def tasks_code(plan: ComparePlan) -> dict:
+    """``{task: {"file", "sha256", "settings"}}`` for every registered training task (not a built-in one) the plan's
+    mixture gives steps: the file that defines its class and the task's own settings (its instance's attributes),
+    so that a model trained on it is not reused once either changes (:func:`check_reuse`). The same code at another
+    path is the same task."""
+    import hashlib
+    import inspect
+    import marshal
+
+    from .training_tasks import BUILTIN
+
+    out = {}
+    for task in plan.mixture.tasks:
+        if task.name in BUILTIN or not task.every(plan.mixture):
+            continue
+        cls = type(task)
+        try:
+            path = Path(inspect.getsourcefile(cls) or "")
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        except (TypeError, OSError):
+            path, digest = Path(""), None
+        if digest is None:  # a class without a file (defined interactively, exec'd): its methods' bytecode
+            h = hashlib.sha256(cls.__qualname__.encode())
+            for klass in cls.__mro__:
+                for name, member in sorted(vars(klass).items()):
+                    code = getattr(member, "__code__", None)
+                    if code is not None:
+                        h.update(name.encode() + marshal.dumps(code))
+            digest = h.hexdigest()
+            path = None
+        out[task.name] = {"file": None if path is None else str(path), "sha256": digest,
+                          "settings": {k: repr(v) for k, v in sorted(vars(task).items())}}
+    return out
+
+
 def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None,
-                     kinds: dict | None = None) -> dict:
+                     kinds: dict | None = None, tasks: dict | None = None) -> dict:
     """What a model is trained with, kept in its ``train.json`` (with its seed and arm): the preset
     fields that decide its weights, its text (tokenizer and the hash of the training tokens;
     None: the bundled corpus) and, from a source (``--from``), the source's folder and the hash of its
     config and weights (:func:`difftx.compare.source.source_identity`), the code of the attention kinds not built
-    into difftx (``kinds``, :func:`kinds_code`) and the difftx version. A later run reuses the model only
+    into difftx (``kinds``, :func:`kinds_code`), the code and settings of registered training tasks (``tasks``,
+    :func:`tasks_code`) and the difftx version. A later run reuses the model only
     if it asks for the same (:func:`check_reuse`; the version is recorded, not compared)."""
     from .. import __version__
 
@@ -129,6 +165,8 @@ def training_request(preset: ComparePreset, text: dict | None, source: dict | No
            "difftx": __version__}
     if kinds:
         out["kinds"] = kinds
+    if tasks:
+        out["tasks"] = tasks
     return {**out, "source": source} if source is not None else out
 
 
@@ -152,8 +190,16 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                 asked.update({k: new[k] for k in old if k in new}, text=request["text"], source=request.get("source"))
                 attention = plan.arms[kind].attention
                 was = (rec.request.get("kinds") or {}).get(attention)
-                if was is not None:  # a kind of your own: its file as it was when this model trained
-                    got["code"], asked["code"] = was, (request.get("kinds") or {}).get(attention)
+                if was is not None:  # a kind of your own: its file's content as it was when this model trained
+                    now = (request.get("kinds") or {}).get(attention)
+                    got["code"], asked["code"] = was, (was if now is not None and now.get("sha256") == was.get(
+                        "sha256") else now)  # the same code at another path is the same kind
+                had = rec.request.get("tasks")
+                if had is not None or request.get("tasks"):  # registered training tasks: code (by content), settings
+                    def content(tasks):
+                        return {n: (t.get("sha256"), t.get("settings")) for n, t in (tasks or {}).items()}
+
+                    got["training tasks"], asked["training tasks"] = content(had), content(request.get("tasks"))
             wrong = [k for k in asked if got[k] != asked[k]]
             if wrong:
                 k = wrong[0]
@@ -162,7 +208,9 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                         "source": lambda t: "no source" if t is None else
                         f"{t['folder']} (config and weights {t['sha256'][:12]}...)",
                         "code": lambda t: "no file" if t is None else
-                        f"{t['file']} (SHA-256 {str(t['sha256'])[:12]}...)"}.get(k, repr)
+                        f"{t['file']} (SHA-256 {str(t['sha256'])[:12]}...)",
+                        "training tasks": lambda t: "none of your own" if not t else "; ".join(
+                            f"{n}: code {str(c)[:12]}..., settings {st}" for n, (c, st) in t.items())}.get(k, repr)
                 raise ValueError(f"{Path(f) / TRAIN_RECORD}: this model was trained with {k} {show(got[k])}, not "
                                  f"{show(asked[k])} as asked (differs in {wrong}); use another --out, or delete "
                                  f"{f} to train it again")

@@ -47,7 +47,7 @@ from ..tasks.subject import TRAIN_RECORD
 from .evaluate import EVALS_DIR, evaluate_model, read_eval
 from .folder import (COMPARE_FILE, EXECUTION_FIELDS, NOT_TRAINING_FIELDS, RECORDING_FIELDS, REMOVED_FIELDS,
                      TRAIN_RUN_FILES, _check_folder, _record_folder, check_owned, check_reuse, kinds_code,
-                     text_identity, training_request)
+                     tasks_code, text_identity, training_request)
 from .jobs import _rank, align_stack, job_lock, parse_shard, plan_jobs, plan_models, shard_jobs
 from .plan import ComparePlan, resolve, stacks
 from .presets import ComparePreset, get_preset
@@ -290,7 +290,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
         from .source import source_identity
 
         source = on_main(lambda: source_identity(plan.source), share=True)
-    request = training_request(p, text, source, kinds=kinds_code(plan))
+    request = training_request(p, text, source, kinds=kinds_code(plan), tasks=tasks_code(plan))
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))
     on_main(lambda: [own_folder(f, below=out) for j in jobs for f in j[2]])  # seedS/ARM: real folders, not links
