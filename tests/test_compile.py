@@ -100,10 +100,15 @@ def test_kind_variants_compile_to_one_graph(variant):
     _check_compiled(_model(kind, backend, **overrides), CompileCounterWithBackend("aot_eager"), **kw)
 
 
-def test_lambda_warmup_factor_changes_without_recompiling():
+@pytest.mark.parametrize("kind", ["diff", "converted", "dex"] if FULL else ["diff"])
+def test_lambda_warmup_factor_changes_without_recompiling(kind):
     """The trainer sets the factor before each step (set_lambda_scale); the compiled model reads it as a tensor: three
     factors, one graph, each step's loss and gradients the eager model's at that factor."""
-    model = _model("diff", "sdpa")
+    model = _model(kind, "sdpa")
+    if kind != "diff":  # lambda is exactly 0 at conversion: move it, so that the factor changes the loss
+        with torch.no_grad():
+            for block in model.layers:
+                block.attn.lambda_q1.add_(0.3)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(model, backend=counter, fullgraph=True)
     tokens, targets = _batch()

@@ -704,9 +704,10 @@ class DiffAttention(AttentionKind):
         torch.compile after :meth:`set_lambda_scale` has run, the product with the factor's tensor (the same
         float32 product): a graph that does not depend on the factor's value."""
         lam = self.lambda_full()
-        factor = self._lambda_factor
-        if torch.compiler.is_compiling() and factor is not None and factor.device == lam.device:
-            return lam * factor
+        if torch.compiler.is_compiling():
+            factor = self._lambda_factor
+            if factor is not None and factor.device == lam.device:
+                return lam * factor
         return lam if self.lambda_scale == 1.0 else lam * self.lambda_scale
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
