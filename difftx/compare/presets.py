@@ -288,12 +288,14 @@ PRESETS: dict[str, ComparePreset] = {
         tasks={"recall": {"samples": 128, "pairs": (4, 8, 16, 24, 32), "lengths": (64, 128, 256)}}),
     # compare --from SRC --data TEXT: a small pretrained source and its conversion fine-tuned alike (the model comes
     # from the source). Its mixture of LM and recall batches is used with --synthetic; without it, LM batches alone
-    # (text_overrides). Measured with the mixture: results log 2026-11-28, docs/compare.md
+    # (text_overrides). Measured with the mixture: results log 2026-11-28, docs/compare.md (then at lr 1e-3, 100
+    # warm-up steps). Its schedule is the finetune training preset's (lr 2e-4 to 2e-5, 20 warm-up steps), as
+    # `difftx train --init-from` fine-tunes: a pretraining rate moves the trained weights (and λ) far at once.
     "from-cpu": ComparePreset(
         name="from-cpu", description="a pretrained source fine-tuned as it is and converted to differential "
                                      "attention: 1,200 steps of batch 16, LM batches of your text and recall batches "
                                      "(4 and 8 pairs at length 64, 64 ids of the source's vocabulary) in turn",
-        steps=1200, batch_size=16, lr=1e-3, min_lr=1e-4, warmup_steps=100, lm_every=2, icl_every=0, recall_every=1,
+        steps=1200, batch_size=16, lr=2e-4, min_lr=2e-5, warmup_steps=20, lm_every=2, icl_every=0, recall_every=1,
         recall_vocab=64, recall_len=64, recall_pairs=(4, 8), lm_seq_len=128, probe_every=100, probe_samples=32,
         log_every=25, threads=1, workers=2, curve_points=6,
         tasks={"recall": {"samples": 64, "pairs": (4, 8, 12, 16), "lengths": (64, 128)},
