@@ -43,12 +43,15 @@ from difftx.attention import triton_kernel as tk  # noqa: E402
 
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
 
-# (own, step, warps, stages, value split) for the forward; (own, step, warps, stages) for the backward
-FWD_GRID = [(64, 32, 4, 2, 1), (64, 64, 4, 2, 1), (64, 32, 8, 2, 1), (64, 64, 8, 2, 1), (128, 32, 8, 2, 1),
-            (128, 64, 8, 2, 1), (64, 64, 8, 3, 1), (64, 32, 4, 2, 2), (64, 64, 4, 2, 2), (128, 64, 8, 2, 2),
-            (64, 64, 16, 2, 1), (128, 64, 16, 2, 1), (32, 16, 8, 2, 1)]
-BWD_GRID = [(64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2),
-            (128, 64, 8, 2), (64, 32, 8, 3), (64, 32, 16, 2), (128, 32, 16, 2), (32, 16, 8, 2), (32, 16, 4, 2)]
+# (own, step, warps, stages, value split, one loop) for the forward; (own, step, warps, stages, one loop) for
+# the backward. Two-loop rows (False) only where they compare with the default.
+FWD_GRID = [(64, 32, 4, 2, 1, True), (64, 64, 4, 2, 1, True), (64, 32, 8, 2, 1, True), (64, 64, 8, 2, 1, True),
+            (64, 32, 8, 2, 1, False), (64, 64, 8, 2, 1, False), (128, 32, 8, 2, 1, True), (128, 64, 8, 2, 1, True),
+            (64, 64, 8, 3, 1, True), (64, 32, 4, 2, 2, True), (128, 64, 8, 2, 2, True), (64, 64, 16, 2, 1, True),
+            (32, 16, 8, 2, 1, True)]
+BWD_GRID = [(64, 16, 4, 2, True), (64, 32, 4, 2, True), (64, 32, 8, 2, True), (64, 32, 8, 2, False),
+            (64, 64, 8, 2, True), (128, 32, 8, 2, True), (128, 64, 8, 2, True), (64, 32, 8, 3, True),
+            (64, 32, 16, 2, True), (32, 16, 8, 2, True), (32, 16, 4, 2, True)]
 
 
 def candidates(d: int, arch: int = 90, defaults_only: bool = False) -> list[tuple[str, tk.BlockConfig]]:
@@ -57,12 +60,12 @@ def candidates(d: int, arch: int = 90, defaults_only: bool = False) -> list[tupl
     out = [(kernel, base) for kernel in tk.OFFLINE_KERNELS]
     if defaults_only:
         return out
-    for m, n, w, s, sp in FWD_GRID:
-        cfg = dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, num_stages=s, fwd_split=sp)
+    for m, n, w, s, sp, one in FWD_GRID:
+        cfg = dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, num_stages=s, fwd_split=sp, one_loop=one)
         if cfg != base:
             out.append(("fwd", cfg))
-    for m, n, w, s in BWD_GRID:
-        cfg = dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w, num_stages=s)
+    for m, n, w, s, one in BWD_GRID:
+        cfg = dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w, num_stages=s, one_loop=one)
         if cfg != base:
             out.append(("bwd", cfg))
     return out
@@ -74,6 +77,7 @@ def tiles(kernel: str, cfg: tk.BlockConfig) -> dict:
     out = {"own": getattr(cfg, f"{prefix}_own"), "step": getattr(cfg, f"{prefix}_step"),
            "warps": getattr(cfg, f"{prefix}_warps"), "stages": cfg.num_stages}
     out["split"] = cfg.fwd_split if kernel == "fwd" else 1
+    out["loops"] = 2 if kernel != "bwd_q" and not cfg.one_loop else 1
     return out
 
 
@@ -104,7 +108,7 @@ def pick(rows: list[dict]) -> dict | None:
     if not ok:
         return None
     return min(ok, key=lambda r: (r["spilled"], r["split"], -r["own"] * r["step"], -r["own"], r["warps"],
-                                  r["stages"]))
+                                  r["stages"], r["loops"]))
 
 
 def _fmt(v) -> str:
@@ -116,8 +120,9 @@ def print_table(rows: list[dict]) -> None:
         return
     r0 = rows[0]
     print(f"\n## d {r0['d']}, {r0['dtype']}, sm_{r0['arch']}\n")
-    print("| kernel | own x step | warps | stages | value split | registers | spilled B | shared KiB | wgmma | mma |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | own x step | warps | stages | value split | loops | registers | spilled B | shared KiB | wgmma "
+          "| mma |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kernel in tk.OFFLINE_KERNELS:
         krows = [r for r in rows if r["kernel"] == kernel]
         for r in krows:
@@ -125,12 +130,14 @@ def print_table(rows: list[dict]) -> None:
             shared = "?" if r["shared"] is None else f"{r['shared'] / 1024:.0f}" + ("" if r["fits"] else " (over)")
             extra = f" ({r['error']})" if r["error"] else ""
             print(f"| {kernel}{mark} | {r['own']} x {r['step']} | {r['warps']} | {r['stages']} | {r['split']} | "
+                  f"{r['loops']} | "
                   f"{_fmt(r['registers'])} | {_fmt(r['spilled'])} | {shared} | {r['wgmma']} | {r['mma']}{extra} |")
         if len(krows) > 1:
             best = pick(krows)
             what = "none uses wgmma and fits" if best is None else \
-                f"{best['own']} x {best['step']}, {best['warps']} warps, {best['stages']} stages, split {best['split']}"
-            print(f"| {kernel}: rule picks {what} | | | | | | | | | |")
+                f"{best['own']} x {best['step']}, {best['warps']} warps, {best['stages']} stages, split {best['split']}, " \
+                f"{best['loops']} loop(s)"
+            print(f"| {kernel}: rule picks {what} | | | | | | | | | | |")
 
 
 def main(argv=None) -> int:

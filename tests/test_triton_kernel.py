@@ -108,9 +108,10 @@ class TestInterpreted:
     @pytest.mark.parametrize("bwd", ["atomic", "atomic_dv", "split"])
     def test_other_tile_sizes_give_the_same_result(self, bwd):
         # one step per program and the value in two column halves in the forward pass, other tiles
-        # in the backward kernels (the atomic one owning 32 keys, stepping 16 queries)
+        # in the backward kernels (the atomic one owning 32 keys, stepping 16 queries), and one
+        # masked loop instead of unmasked tiles then the diagonal (``one_loop``)
         config = tk.BlockConfig(fwd_own=8, fwd_step=8, kv_own=32, kv_step=16, q_own=16, q_step=4,
-                                bwd_own=32, bwd_step=16, fwd_split=2, dv_own=8, dv_step=4)
+                                bwd_own=32, bwd_step=16, fwd_split=2, dv_own=8, dv_step=4, one_loop=True)
         _compare(1, 29, 29, 2, 1, 24 if bwd == "atomic" else 16, config=config, bwd=bwd)
 
     def test_autotuned_configs_reset_the_atomic_dq_buffer(self, monkeypatch):
@@ -125,7 +126,8 @@ class TestInterpreted:
             trials.append(1)
             return [float(len(trials))] * 3  # the first config wins
 
-        small = dataclasses.replace(tk.INTERPRET_CONFIG, fwd_own=8, fwd_step=8, fwd_split=2, bwd_own=32, bwd_step=16)
+        small = dataclasses.replace(tk.INTERPRET_CONFIG, fwd_own=8, fwd_step=8, fwd_split=2, bwd_own=32, bwd_step=16,
+                                    one_loop=True)
         configs = [tk.INTERPRET_CONFIG, small]
         monkeypatch.setattr(tk, "AUTOTUNE", True)
         monkeypatch.setattr(tk, "_TUNERS", {("fwd", 64): tk.make_autotuner("fwd", configs[::-1], do_bench=bench),
@@ -133,9 +135,11 @@ class TestInterpreted:
         _compare(1, 33, 33, 2, 1, 16)
         assert len(trials) == 4  # two configs for each kernel
         tuned = tk._TUNERS[("bwd", 64)].cache
-        assert len(tuned) == 1 and next(iter(tuned.values())).kwargs == {"BLOCK_N": 32, "BLOCK_M": 16}
+        assert len(tuned) == 1 and next(iter(tuned.values())).kwargs == {"BLOCK_N": 32, "BLOCK_M": 16, "ONE_LOOP": True}
         _compare(1, 33, 33, 2, 1, 16)  # cached: no new trials
         assert len(trials) == 4
+        report = tk.autotune_report()
+        assert [r["kernel"] for r in report] == ["bwd", "fwd"] and report[0]["config"]["BLOCK_N"] == 32
 
         no_reset = triton.autotune(configs=[triton.Config(dict(BLOCK_N=16, BLOCK_M=8)),
                                             triton.Config(dict(BLOCK_N=32, BLOCK_M=8))],

@@ -115,7 +115,9 @@ class BlockConfig:
     ``*_own`` must be a multiple of ``*_step`` (the causal split into unmasked and diagonal
     tiles relies on it); all tile sizes are powers of two. ``fwd_split`` (1 or 2): the forward
     computes the ``2d``-wide output in that many column blocks, one program each (halves the
-    accumulators' registers, recomputes ``QK^T`` per block).
+    accumulators' registers, recomputes ``QK^T`` per block). ``one_loop``: the forward and the
+    kernels that own keys walk the other side in one loop that masks every tile, instead of
+    unmasked tiles and then the diagonal ones (two software-pipelined loops hold more registers).
     """
 
     fwd_own: int
@@ -135,6 +137,7 @@ class BlockConfig:
     dv_own: int = 32
     dv_step: int = 16
     dv_warps: int = 4
+    one_loop: bool = False
 
     def __post_init__(self) -> None:
         for kind in ("fwd", "kv", "q", "bwd", "dv"):
@@ -150,12 +153,14 @@ class BlockConfig:
                 raise ValueError(f"{name}: must be a power of two, got {value}")
         if self.num_stages < 1:
             raise ValueError(f"num_stages: must be at least 1, got {self.num_stages}")
+        if not isinstance(self.one_loop, bool):
+            object.__setattr__(self, "one_loop", bool(self.one_loop))  # from_list gives 0 / 1
         if self.fwd_split not in (1, 2):
             raise ValueError(f"fwd_split: must be 1 or 2, got {self.fwd_split}")
 
     def to_list(self) -> list[int]:
         """The fields as integers in declaration order (how the custom op carries a config)."""
-        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return [int(getattr(self, f.name)) for f in dataclasses.fields(self)]
 
     @classmethod
     def from_list(cls, values: Sequence[int]) -> "BlockConfig":
@@ -199,6 +204,7 @@ def block_config(d: int, interpret: bool = INTERPRET, arch: int = 90) -> BlockCo
         return INTERPRET_CONFIG
     bwd = dict(bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8) if arch >= 90 else \
         dict(bwd_own=32, bwd_step=16, bwd_warps=8, dv_own=32, dv_step=16, dv_warps=8)
+    bwd["one_loop"] = True
     if d <= 64:
         return BlockConfig(fwd_own=64, fwd_step=64, kv_own=32, kv_step=16, q_own=64, q_step=32,
                            fwd_warps=8, kv_warps=8, q_warps=8, num_stages=2, **bwd)
@@ -217,18 +223,20 @@ def autotune_configs(d: int, arch: int = 90) -> tuple[list[BlockConfig], list[Bl
     (32, 16) tile with ``mma.sync``, which spills least). Only the forward fields (``fwd_*``,
     ``fwd_split``) of the first list and the ``bwd_*`` fields of the second matter."""
     base = block_config(d, interpret=False, arch=arch)
+    # (own, step, warps, value split or None, one loop)
     if d <= 64:
-        fwd = [(64, 64, 8, 1), (64, 32, 8, 1), (128, 64, 8, 2), (128, 32, 8, 1)]
-        bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
+        fwd = [(64, 64, 8, 1, True), (64, 64, 8, 1, False), (64, 32, 8, 1, True), (128, 64, 8, 2, True)]
+        bwd = [(64, 32, 8, True), (64, 32, 8, False), (32, 16, 8, True), (64, 64, 8, True)]
     elif d <= 128:
-        fwd = [(64, 32, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 1)]
-        bwd = [(64, 32, 8), (32, 16, 8), (64, 64, 8), (64, 16, 4)]
+        fwd = [(64, 32, 8, 1, True), (64, 32, 8, 1, False), (128, 64, 8, 2, True), (64, 64, 8, 1, True)]
+        bwd = [(64, 32, 8, True), (64, 32, 8, False), (32, 16, 8, True), (64, 64, 8, True)]
     else:
         return [base], [base]
     if arch < 90:  # the fixed choice first
-        bwd = [(32, 16, 8)] + [c for c in bwd if c != (32, 16, 8)]
-    fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, fwd_split=sp) for m, n, w, sp in fwd]
-    bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w) for m, n, w in bwd]
+        bwd = [(32, 16, 8, True)] + [c for c in bwd if c != (32, 16, 8, True)]
+    fwds = [dataclasses.replace(base, fwd_own=m, fwd_step=n, fwd_warps=w, fwd_split=sp, one_loop=one)
+            for m, n, w, sp, one in fwd]
+    bwds = [dataclasses.replace(base, bwd_own=m, bwd_step=n, bwd_warps=w, one_loop=one) for m, n, w, one in bwd]
     return fwds, bwds
 
 
@@ -317,10 +325,12 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
                 T, S, H, R, qk_scale, T_BUCKET,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                STORE_AUX: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+                STORE_AUX: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, ONE_LOOP: tl.constexpr = False):
     """Grid ``(cdiv(T, BLOCK_M), B * H, SPLIT)``: one block of query rows of one head, value
     columns ``[c * BLOCK_DV / SPLIT, (c + 1) * BLOCK_DV / SPLIT)`` of column block ``c``.
-    ``T_BUCKET`` is unused: it is the autotuner's key for the length."""
+    ``ONE_LOOP``: one loop that masks every key tile, instead of unmasked tiles then the masked
+    ones (fewer registers: two pipelined loops hold more live state). ``T_BUCKET`` is unused: it
+    is the autotuner's key for the length."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     col = tl.program_id(2)
@@ -355,9 +365,12 @@ def _fwd_kernel(Q, K, V, LAM, O, O2, LSE,
     else:
         full_end = (S // BLOCK_N) * BLOCK_N
         end = S
-    acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
-                                            offs_m, offs_n, offs_d, offs_dv, S, qk_scale, 0, full_end,
-                                            D, BLOCK_D, BLOCK_N, False, CAUSAL, PREC)
+    if ONE_LOOP:
+        full_end = 0
+    else:
+        acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
+                                                offs_m, offs_n, offs_d, offs_dv, S, qk_scale, 0, full_end,
+                                                D, BLOCK_D, BLOCK_N, False, CAUSAL, PREC)
     acc1, acc2, l1, l2, m1, m2 = _fwd_tiles(acc1, acc2, l1, l2, m1, m2, q1, q2, k_ptr, v_ptr, sks, skh, svs,
                                             offs_m, offs_n, offs_d, offs_dv, S, qk_scale, full_end, end,
                                             D, BLOCK_D, BLOCK_N, True, CAUSAL, PREC)
@@ -437,11 +450,13 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK_, DV_, DQ,
                    T, S, H, R, sm_scale, qk_scale, T_BUCKET,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr, DK: tl.constexpr = True, DV: tl.constexpr = True):
+                   DQ_ATOMIC: tl.constexpr, PREC: tl.constexpr, DK: tl.constexpr = True, DV: tl.constexpr = True,
+                   ONE_LOOP: tl.constexpr = False):
     """Grid ``(cdiv(S, BLOCK_N), B * Hkv)``: one key tile of one group, summed over its R heads.
     Computes dK (if ``DK``) and dV (if ``DV``); with ``DQ_ATOMIC`` it also adds dQ into the float32
-    buffer ``DQ`` (laid out like Q); otherwise ``DQ`` is not touched. ``T_BUCKET`` is unused: it is
-    the autotuner's key for the length."""
+    buffer ``DQ`` (laid out like Q); otherwise ``DQ`` is not touched. ``ONE_LOOP`` (causal): one
+    loop that masks every query tile instead of the diagonal tiles then the unmasked ones.
+    ``T_BUCKET`` is unused: it is the autotuner's key for the length."""
     pid_n = tl.program_id(0)
     bg = tl.program_id(1)
     Hkv = H // R
@@ -469,7 +484,11 @@ def _bwd_kv_kernel(Q, K, V, DO, LAM, LSE, DELTA, DK_, DV_, DQ,
         do_ptr = DO + b * sdob + h * sdoh
         lse_ptr = LSE + (b * H + h) * 2 * T
         delta_ptr = DELTA + (b * H + h) * 2 * T
-        if CAUSAL:  # queries before n0 see none of these keys; from n0 + BLOCK_N on they see all
+        if CAUSAL and ONE_LOOP:  # queries before n0 see none of these keys
+            dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                                         sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
+                                         n0, T, D, BLOCK_D, BLOCK_M, True, DQ_ATOMIC, DK, DV, PREC)
+        elif CAUSAL:  # queries before n0 see none of these keys; from n0 + BLOCK_N on they see all
             diag_end = tl.minimum(n0 + BLOCK_N, T)
             dk1, dk2, dv = _bwd_kv_tiles(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
                                          sqt, sqh, sdot, offs_k, offs_d, offs_dv, T, lam, sm_scale, qk_scale,
@@ -609,12 +628,12 @@ def make_autotuner(kind: str, configs: Sequence[BlockConfig], do_bench: Optional
     accumulates into it with atomic adds. ``do_bench`` replaces Triton's timer (tests use it under
     the interpreter)."""
     if kind == "fwd":
-        tconfigs = [triton.Config(dict(BLOCK_M=c.fwd_own, BLOCK_N=c.fwd_step, SPLIT=c.fwd_split),
+        tconfigs = [triton.Config(dict(BLOCK_M=c.fwd_own, BLOCK_N=c.fwd_step, SPLIT=c.fwd_split, ONE_LOOP=c.one_loop),
                                   num_warps=c.fwd_warps, num_stages=c.num_stages) for c in configs]
         return triton.autotune(configs=tconfigs, key=["D", "T_BUCKET", "CAUSAL", "STORE_AUX"],
                                do_bench=do_bench)(_fwd_kernel)
     if kind == "bwd":
-        tconfigs = [triton.Config(dict(BLOCK_N=c.bwd_own, BLOCK_M=c.bwd_step),
+        tconfigs = [triton.Config(dict(BLOCK_N=c.bwd_own, BLOCK_M=c.bwd_step, ONE_LOOP=c.one_loop),
                                   num_warps=c.bwd_warps, num_stages=c.num_stages) for c in configs]
         return triton.autotune(configs=tconfigs, key=["D", "T_BUCKET", "CAUSAL"], reset_to_zero=["DQ"],
                                do_bench=do_bench)(_bwd_kv_kernel)
@@ -641,6 +660,22 @@ def _tuner(kind: str, d: int, device: torch.device):
     return _TUNERS[key]
 
 
+def autotune_report() -> list[dict]:
+    """What the autotuner chose so far in this process, one entry per kernel and key:
+    ``{"kernel", "key", "config", "timings_ms"}`` (``config``: the tile sizes, warps and stages that
+    won; ``timings_ms``: every candidate's median time of the last tuning run of that kernel, where
+    Triton kept it). For the GPU suite's record of which tiles its ``triton`` rows ran."""
+    out = []
+    for (kind, *_), tuner in sorted(_TUNERS.items(), key=lambda kv: str(kv[0])):
+        timings = getattr(tuner, "configs_timings", None) or {}
+        for key, config in tuner.cache.items():
+            out.append({"kernel": kind, "key": [str(k) for k in key],
+                        "config": dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages),
+                        "timings_ms": {str(c): (t[0] if isinstance(t, (list, tuple)) else t)
+                                       for c, t in timings.items()}})
+    return out
+
+
 def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, causal: bool, store_aux: bool,
                   config: Optional[BlockConfig]):
     """``O`` and, if ``store_aux``, ``O2`` and the log-sum-exps ``(B, H, 2, T)`` (else empty)."""
@@ -665,7 +700,7 @@ def _diff_forward(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, scale: float, ca
         config = config or block_config(d, arch=_arch(q.device))
         _fwd_kernel[(triton.cdiv(T, config.fwd_own), B * H, config.fwd_split)](
             *args, **consts, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, SPLIT=config.fwd_split,
-            num_warps=config.fwd_warps, num_stages=config.num_stages)
+            ONE_LOOP=config.one_loop, num_warps=config.fwd_warps, num_stages=config.num_stages)
     return o, o2, lse
 
 
@@ -700,18 +735,18 @@ def _diff_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, o: 
             config = config or block_config(d, arch=_arch(q.device))
             _bwd_kv_kernel[(triton.cdiv(S, config.bwd_own), B * Hkv)](
                 *args, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=not separate_dv,
-                num_warps=config.bwd_warps, num_stages=config.num_stages, **common)
+                ONE_LOOP=config.one_loop, num_warps=config.bwd_warps, num_stages=config.num_stages, **common)
             if separate_dv:
                 _bwd_kv_kernel[(triton.cdiv(S, config.dv_own), B * Hkv)](
                     *args, BLOCK_M=config.dv_step, BLOCK_N=config.dv_own, DQ_ATOMIC=False, DK=False,
-                    num_warps=config.dv_warps, num_stages=config.num_stages, **common)
+                    ONE_LOOP=config.one_loop, num_warps=config.dv_warps, num_stages=config.num_stages, **common)
         dq = dq_acc if q.dtype == torch.float32 else dq_acc.to(q.dtype)
         return dq, dk, dv, dlam
     config = config or block_config(d, arch=_arch(q.device))
     dq = torch.empty_like(q)
     _bwd_kv_kernel[(triton.cdiv(S, config.kv_own), B * Hkv)](
         q, k, v, do, lam, lse, delta, dk, dv, dq, *strides, *sizes, _length_bucket(max(T, S)),
-        BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False,
+        BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False, ONE_LOOP=config.one_loop,
         num_warps=config.kv_warps, num_stages=config.num_stages, **common)
     _bwd_q_kernel[(triton.cdiv(T, config.q_own), B * H)](
         q, k, v, do, lam, lse, delta, dq, *strides, *sizes,
@@ -878,21 +913,24 @@ def compile_offline(d: int, dtype: str = "bf16", arch: int = 90, causal: bool = 
     block_d, block_dv = _widths(d)
     prec = "ieee" if dtype == "fp32" else "tf32"
     common = dict(D=d, BLOCK_D=block_d, BLOCK_DV=block_dv, CAUSAL=causal, PREC=prec)
+    loop = dict(ONE_LOOP=config.one_loop)
     stats = {"LAM": "*fp32", "LSE": "*fp32", "DELTA": "*fp32"}
     jobs = {
         "fwd": (_fwd_kernel, ("Q", "K", "V", "O", "O2"), ("qk_scale",),
-                dict(common, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True, SPLIT=config.fwd_split),
+                dict(common, **loop, BLOCK_M=config.fwd_own, BLOCK_N=config.fwd_step, STORE_AUX=True,
+                     SPLIT=config.fwd_split),
                 config.fwd_warps),
         "bwd": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
-                dict(common, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True), config.bwd_warps),
+                dict(common, **loop, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True), config.bwd_warps),
         "bwd_dkq": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
-                    dict(common, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=False),
+                    dict(common, **loop, BLOCK_M=config.bwd_step, BLOCK_N=config.bwd_own, DQ_ATOMIC=True, DV=False),
                     config.bwd_warps),
         "bwd_dv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_"), ("sm_scale", "qk_scale"),
-                   dict(common, BLOCK_M=config.dv_step, BLOCK_N=config.dv_own, DQ_ATOMIC=False, DK=False),
+                   dict(common, **loop, BLOCK_M=config.dv_step, BLOCK_N=config.dv_own, DQ_ATOMIC=False, DK=False),
                    config.dv_warps),
         "bwd_kv": (_bwd_kv_kernel, ("Q", "K", "V", "DO", "DK_", "DV_", "DQ"), ("sm_scale", "qk_scale"),
-                   dict(common, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False), config.kv_warps),
+                   dict(common, **loop, BLOCK_M=config.kv_step, BLOCK_N=config.kv_own, DQ_ATOMIC=False),
+                   config.kv_warps),
         "bwd_q": (_bwd_q_kernel, ("Q", "K", "V", "DO", "DQ"), ("sm_scale", "qk_scale"),
                   dict(common, BLOCK_M=config.q_own, BLOCK_N=config.q_step), config.q_warps),
     }
