@@ -89,6 +89,9 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
     assert record["config"]["lambda_init"] == 0.5 and record["request"]["preset"]["convert_method"] == "random"
     report = (out / "report.md").read_text()
     assert report.startswith("# A converted model vs its source, fine-tuned alike: `from-cpu` preset")
+    # the needle and ICL tasks are not measured, for the reason --from has (no advice --from refuses)
+    assert "--data --synthetic adds" not in report and "--synthetic adds the ICL task" not in report
+    assert "the ICL task needs token ids of its own, which the source's vocabulary does not have" in report
     section = report[report.index("## The source and its conversion"):]
     # GQA 4 heads over 2 kv groups of width 8, 2 layers, float32: keys (2 x 8) and values (2 x 8) per layer; the
     # converted kind caches two key components per group

@@ -23,7 +23,7 @@ from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
 from ..io import own_folder
 from ..provenance import write_machine
-from ..tasks.common import NO_NEEDLES, NO_NEEDLES_RECALL
+from ..tasks.common import FROM_SOURCE, NO_NEEDLES, NO_NEEDLES_RECALL
 from ..tasks.subject import CompareTask, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
@@ -186,8 +186,9 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
     record = TrainRecord(
         kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
-        probes_skipped=None if space.needle is not None else NO_NEEDLES_RECALL if space.recall and not space.lm
-        else NO_NEEDLES, heldout_curve=heldout_curve,
+        probes_skipped=None if space.needle is not None else FROM_SOURCE.format(task="needle")
+        if plan.source is not None else NO_NEEDLES_RECALL if space.recall and not space.lm else NO_NEEDLES,
+        heldout_curve=heldout_curve,
         request=None if request is None else {**request, "kind": kind, "seed": seed}, **share)
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
     record.write(folder)

@@ -16,6 +16,8 @@ PROBE_DEPTH = 0.5
 NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
               "--data and difftx scale train; compare --data --synthetic adds the needle task)")
 NO_NEEDLES_RECALL = "the model was trained on associative recall alone (no needle batches)"
+FROM_SOURCE = ("a comparison from a source (--from) trains on LM batches and, with --synthetic, recall batches only: "
+               "the {task} task needs token ids of its own, which the source's vocabulary does not have")
 MAX_EXTRAPOLATION = 8  # an evaluation's sequences: at most this many times the model's context (RoPE extrapolation)
 
 
@@ -90,6 +92,8 @@ def no_needle_task(subject) -> Optional[str]:
     batches), else ``None``."""
     if subject.needle is not None or not subject.is_compare_model:
         return None
+    if subject.from_source:
+        return FROM_SOURCE.format(task="needle")
     return NO_NEEDLES_RECALL if subject.recall is not None and not subject.has_text else NO_NEEDLES
 
 

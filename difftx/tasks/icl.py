@@ -34,6 +34,10 @@ class ICLTask(Task):
     def applies(self, subject, settings) -> Optional[str]:
         if subject.icl is not None:
             return None
+        if subject.from_source:
+            from .common import FROM_SOURCE
+
+            return FROM_SOURCE.format(task="ICL")
         if subject.text is not None and subject.needle is None:
             return ("the model was trained without ICL batches (compare --data trains on the text alone; --synthetic "
                     "adds the ICL task)")

@@ -305,6 +305,15 @@ class Subject:
         return self.compare is not None
 
     @property
+    def from_source(self) -> bool:
+        """A compare model of a comparison from a pretrained source (``compare --from``): its training record's
+        request names the source."""
+        if self.compare is None:
+            return False
+        rec = self.history()
+        return rec is not None and bool((rec.request or {}).get("source"))
+
+    @property
     def needle(self) -> Optional[NeedleTask]:
         """The synthetic needle task of a compare model trained on needle batches."""
         return self.compare.space.needle if self.compare is not None else None
