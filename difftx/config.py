@@ -107,8 +107,13 @@ class ModelConfig:
                                     f"difftx --kinds FILE / DIFFTX_KINDS)")
         if self.backend not in backend_names():
             raise _err("backend", f"unknown attention backend {self.backend!r}; choose one of {backend_names()}")
-        if not (self.rope_theta > 0 and self.norm_eps > 0 and self.init_std > 0):
-            raise _err("rope_theta/norm_eps/init_std", "must be positive")
+        for name in ("rope_theta", "norm_eps", "init_std"):  # finite: inf trained a constant loss (ln V) with exit 0
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise _err(name, f"must be a finite positive number, got {v!r}")
+        if self.norm_eps >= 1:
+            raise _err("norm_eps", f"{self.norm_eps!r} is not a small epsilon (it would swamp every RMS below 1): use "
+                                   f"a value such as 1e-5 or 1e-6")
         H, Hkv, D = self.n_heads, self.kv_groups, self.dim
         if H % Hkv:
             raise _err("n_kv_heads", f"n_heads={H} must be divisible by n_kv_heads={Hkv}")

@@ -49,6 +49,24 @@ def test_import_of_a_folder_without_model_type_says_to_add_it(tmp_path, capsys):
     assert "no 'model_type' field" in err and "add it" in err and "None" not in err, err
 
 
+@pytest.mark.parametrize("field, value, says", [("rope_theta", float("inf"), "ModelConfig.rope_theta"),
+                                                ("rms_norm_eps", float("nan"), "ModelConfig.norm_eps")])
+def test_import_refuses_a_config_number_that_is_not_finite(field, value, says, tmp_path, capsys):
+    """Infinity in a transformers config.json is refused on import, never written into difftx's own config."""
+    import difftx
+    from difftx.interop import export_hf
+
+    export_hf(difftx.Transformer(difftx.preset("test")), tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg[field] = value
+    if field == "rope_theta":
+        cfg.setdefault("rope_parameters", {})["rope_theta"] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "must be a finite positive number" in err and not (tmp_path / "out").exists(), err
+
+
 def test_a_difftx_config_with_a_bad_field_is_still_named_as_such(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "bogus": 1}))
     with pytest.raises(CheckpointError, match=r"invalid model config: ModelConfig: unknown field\(s\) \['bogus'\]"):

@@ -47,6 +47,13 @@ def test_presets_are_valid(name):
     ("allow_new_data", 1, "true or false"),
     ("val_fraction", 1.5, "(0, 1)"),
     ("seq_len", 4096, "max_seq_len"),
+    ("steps", 10 ** 10, "more optimizer steps than a run can take"),
+    ("lr", float("inf"), "positive"),
+    # a model that cannot learn: inf / 1e300 trained a constant loss (ln V) with exit 0 once
+    ("model_overrides", {"norm_eps": float("inf")}, "ModelConfig.norm_eps: must be a finite positive number"),
+    ("model_overrides", {"norm_eps": 1e300}, "is not a small epsilon"),
+    ("model_overrides", {"rope_theta": float("inf")}, "ModelConfig.rope_theta: must be a finite positive number"),
+    ("model_overrides", {"init_std": float("nan")}, "ModelConfig.init_std: must be a finite positive number"),
 ])
 def test_invalid_fields_name_field_and_rule(field, value, rule):
     with pytest.raises(ValueError) as e:

@@ -36,6 +36,9 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+MAX_STEPS = 10 ** 9  # far beyond any run, small enough that what is sized by steps (schedules, logs) can be planned
+
+
 def _is_num(v: Any) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
@@ -133,6 +136,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
+        if self.steps > MAX_STEPS:
+            raise _err("steps", f"{self.steps:,} is more optimizer steps than a run can take (at most {MAX_STEPS:,})")
         if self.lambda_warmup >= self.steps:
             raise _err("lambda_warmup", f"lambda_warmup={self.lambda_warmup} must be below steps={self.steps} (the "
                                         f"last step would still scale lambda down, unlike the saved model)")
