@@ -43,13 +43,13 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# `make test-extras`: the four tests `make test` skips, each for its optional integration: lm-evaluation-harness
+# `make test-extras`: the tests `make test` skips, each for its optional integration: lm-evaluation-harness
 # (with accelerate), TensorBoard and datasets, each installed by name from PyPI, and torch.compile
-# (DIFFTX_TEST_COMPILE=1). They run in .venv-extras/, which sees .venv/'s packages (a .pth file: torch
+# (DIFFTX_TEST_COMPILE=1: the trainer's --compile, every attention kind in one graph, the GPU suite's compiled step). They run in .venv-extras/, which sees .venv/'s packages (a .pth file: torch
 # $(TORCH_VERSION) is never installed again, and pip may not replace it) and holds the extras, so `make test`'s own
 # environment never changes. An integration whose packages pip cannot get is skipped with one line; a test
-# skipped although its packages installed fails the target. About 2 minutes from nothing (pip downloads, a cold
-# torch.compile cache), 20-30 s once installed (2 CPU cores); .venv-extras/ takes about 0.7 GB.
+# skipped although its packages installed fails the target. About 4 minutes from nothing (pip downloads, a cold
+# torch.compile cache), about 2 minutes once installed (2 CPU cores); .venv-extras/ takes about 0.7 GB.
 EXTRAS_VENV := .venv-extras
 EXTRAS_PY := $(EXTRAS_VENV)/bin/python
 EXTRAS_STAMP := $(EXTRAS_VENV)/.difftx-sees-venv
@@ -75,7 +75,8 @@ test-extras: $(EXTRAS_STAMP)
 	part TensorBoard "$(EXTRAS_TENSORBOARD)" tests/test_train_loop.py::test_tensorboard_logging_when_installed; \
 	part datasets "$(EXTRAS_DATASETS)" tests/test_data.py::test_datasets_input_if_installed; \
 	out=$(EXTRAS_VENV)/pytest.log; \
-	{ DIFFTX_TEST_COMPILE=1 $(EXTRAS_PY) -m pytest -q $$tests tests/test_train_loop.py::test_compile_flag_trains \
+	{ DIFFTX_TEST_COMPILE=1 $(EXTRAS_PY) -m pytest -q $$tests tests/test_train_loop.py::test_compile_flag_trains tests/test_compile.py \
+	  tests/test_gpu_suite.py::test_tiny_compiled_training \
 	  $(PYTEST_ARGS); echo $$? > $$out.rc; } | tee $$out; \
 	rc=$$(cat $$out.rc); \
 	if [ "$$rc" -eq 0 ] && grep -Eq "[0-9]+ skipped" $$out; then \

@@ -138,8 +138,6 @@ def test_a_lambda_warmup_starts_at_the_source_and_trains_stacked_as_alone(tmp_pa
     assert "lambda_scale" not in _logged(tmp_path / "nowarm0")[0]
     with pytest.raises(ValueError, match="lambda_warmup=30 must be below steps=30"):
         _config(tmp_path, "bad", 0, steps=30, lambda_warmup=30)
-    with pytest.raises(ValueError, match="TrainConfig.lambda_warmup: a lambda warm-up with compile=true"):
-        _config(tmp_path, "bad", 0, steps=30, lambda_warmup=10, compile=True)
 
 
 def test_stack_resume_is_bitwise_and_train_continues_its_checkpoints(tmp_path):
