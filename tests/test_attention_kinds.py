@@ -114,6 +114,24 @@ def test_a_kind_the_stack_cannot_map_is_refused_in_one_line_when_the_stack_is_bu
         StackedTransformer.from_models(models)
 
 
+def test_a_kind_that_fails_alone_too_is_not_told_to_train_alone(kinds):
+    """A kind whose own forward raises is named as failing, without the advice (stack=1) that cannot help."""
+    class Failing(difftx.StandardAttention):
+        def finish(self, out, extra):
+            raise RuntimeError("the kind's own bug")
+
+    difftx.register_attention("failing_test", Failing)
+    try:
+        cfg = ModelConfig(vocab_size=96, dim=32, n_layers=1, n_heads=2, max_seq_len=16, attention="failing_test")
+        models = [Transformer(cfg) for _ in range(2)]
+        with pytest.raises(ValueError, match=r"attention kind 'failing_test' \(Failing\) fails in its forward or "
+                                             r"backward, alone as stacked \(.*RuntimeError: the kind's own bug\)") as e:
+            StackedTransformer.from_models(models)
+        assert "stack=1" not in str(e.value)
+    finally:
+        ATTENTIONS.pop("failing_test", None)
+
+
 def test_each_kind_is_an_arm_of_compare(kinds, tmp_path):
     from difftx.cli import main
     from test_compare import FAST, as_sets

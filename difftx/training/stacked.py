@@ -177,6 +177,10 @@ class StackedTransformer(nn.Module):
             loss.sum().backward()
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            alone = self._fails_alone(tokens[0])
+            if alone is not None:  # the kind's own error: training alone (stack=1) would not help
+                raise ValueError(f"attention kind {name!r} ({kind}) fails in its forward or backward, alone as "
+                                 f"stacked ({alone}); fix the kind") from e
             raise ValueError(f"attention kind {name!r} ({kind}) cannot be trained stacked: torch.vmap over its "
                              f"forward failed ({type(e).__name__}: {first}); train its seeds one by one "
                              f"(difftx compare --set stack=1)") from e
@@ -189,6 +193,28 @@ class StackedTransformer(nn.Module):
             raise ValueError(f"attention kind {name!r} ({kind}) computes another loss stacked ({stacked:.6f}) "
                              f"than alone ({alone:.6f}): its forward depends on something the map does not carry "
                              f"(module state, randomness); train its seeds one by one (difftx compare --set stack=1)")
+
+    def _fails_alone(self, tokens: Tensor) -> Optional[str]:
+        """``FILE:LINE: Error: message`` when model 0 alone fails a training step on ``tokens`` ``(1, T)`` (the line
+        in the kind's own file where it has one), else None."""
+        import inspect
+        import traceback
+
+        model = self.model(0)
+        try:
+            model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
+        except Exception as e:  # noqa: BLE001 - described in one line for the caller's error
+            try:
+                where = inspect.getsourcefile(type(model.layers[0].attn))
+            except TypeError:
+                where = None
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if where and f.filename == where]
+            at = f"{where}:{frames[-1].lineno}: " if frames else ""
+            first = (str(e).strip().splitlines() or [""])[0]
+            return f"{at}{type(e).__name__}: {first}"
+        finally:
+            model.zero_grad(set_to_none=True)
+        return None
 
     @classmethod
     def from_models(cls, models: Sequence[Transformer]) -> "StackedTransformer":
