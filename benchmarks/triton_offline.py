@@ -77,7 +77,7 @@ def tiles(kernel: str, cfg: tk.BlockConfig) -> dict:
     out = {"own": getattr(cfg, f"{prefix}_own"), "step": getattr(cfg, f"{prefix}_step"),
            "warps": getattr(cfg, f"{prefix}_warps"), "stages": cfg.num_stages}
     out["split"] = cfg.fwd_split if kernel == "fwd" else 1
-    out["loops"] = 2 if kernel != "bwd_q" and not cfg.one_loop else 1
+    out["loops"] = 2 if kernel == "bwd_q" or not cfg.one_loop else 1  # the dQ kernel keeps its two loops
     return out
 
 

@@ -184,18 +184,21 @@ def block_config(d: int, interpret: bool = INTERPRET, arch: int = 90) -> BlockCo
     tiles fall back to ``mma.sync``). The rule, for the forward and the atomic backward: among
     configs that use ``wgmma`` and fit shared memory, the least spilling, then no value split, then
     the larger tile, then fewer warps and stages. The split backward keeps its earlier tiles (it is
-    the reference). Triton 3.9, bf16, causal (docs/kernels.md has the table):
+    the reference). All configs walk the other side in one masked loop (``one_loop``): the two
+    loops of before (unmasked tiles, then the diagonal) spill more, e.g. 2,352 against 1,648
+    bytes for the d=128 atomic backward. Triton 3.9, bf16, causal, sm_90 (docs/kernels.md has the
+    table):
 
-    - d <= 64: forward (64, 64), 8 warps, no spills; atomic backward (64, 32), 8 warps: 864
-      spilled bytes (every 64-key backward tile spills; (32, 16) without wgmma spills 8).
-    - d <= 128: forward (64, 32), 8 warps, 232 spilled bytes (a d=128 differential head holds two
+    - d <= 64: forward (64, 64), 8 warps, no spills; atomic backward (64, 32), 8 warps: 472
+      spilled bytes (every 64-key backward tile spills; (32, 16) without wgmma spills none).
+    - d <= 128: forward (64, 32), 8 warps, 128 spilled bytes (a d=128 differential head holds two
       ``2d``-wide float32 accumulators a row, the state of a d=256 standard head); atomic backward
-      (64, 32), 8 warps, 2,344 spilled bytes ((32, 16) without wgmma: 504). The ``atomic_dv``
-      form's kernels spill 1,208 (dK/dQ) and 168 (dV) bytes at the same tiles.
+      (64, 32), 8 warps, 1,648 spilled bytes ((32, 16) without wgmma: 456). The ``atomic_dv``
+      form's kernels spill 768 (dK/dQ) and 40 (dV) bytes at the same tiles.
     - d <= 256: small tiles without ``wgmma`` (every 64-row config spills heavily).
-    - Before sm_90 (no ``wgmma``), the atomic backward's kernels take (32, 16) tiles: at (64, 32)
+    - Before sm_90 (no ``wgmma``), the atomic backward's kernels take (32, 16) tiles: at (64, 32), two loops,
       ptxas spills 824 bytes on sm_80 at d = 64 and, at d = 128, falls back to 32 registers
-      with 4,840 spilled bytes; (32, 16) spills 488 there.
+      with 4,840 spilled bytes; (32, 16) spills 80 and 408.
 
     Spilling is a proxy: the autotuner (:data:`AUTOTUNE`) times the wgmma choice against the
     smaller mma.sync tiles on the GPU (:func:`autotune_configs`).
