@@ -134,9 +134,9 @@ def print_table(rows: list[dict]) -> None:
                   f"{_fmt(r['registers'])} | {_fmt(r['spilled'])} | {shared} | {r['wgmma']} | {r['mma']}{extra} |")
         if len(krows) > 1:
             best = pick(krows)
-            what = "none uses wgmma and fits" if best is None else \
-                f"{best['own']} x {best['step']}, {best['warps']} warps, {best['stages']} stages, split {best['split']}, " \
-                f"{best['loops']} loop(s)"
+            what = "none uses wgmma and fits" if best is None else (
+                f"{best['own']} x {best['step']}, {best['warps']} warps, {best['stages']} stages, "
+                f"split {best['split']}, {best['loops']} loop(s)")
             print(f"| {kernel}: rule picks {what} | | | | | | | | | | |")
 
 
