@@ -154,6 +154,20 @@ def test_a_link_at_out_is_refused_before_any_work(kind, source, tmp_path, capsys
         assert out.is_symlink() and (not target.exists() or not any(target.iterdir()))
 
 
+def test_a_training_run_too_large_for_the_machine_is_refused_before_anything_is_written(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """`difftx train` asks compare's estimate up front (it was killed partway, or swapped, with nothing said)."""
+    from difftx.training import memory
+
+    monkeypatch.setattr(memory, "physical_bytes", lambda: 24 << 30)  # this project's machines, on any machine
+    out = tmp_path / "run"
+    code = main(["train", "--preset", "test", "--set", "model_overrides.vocab_size=100000000", "--set", "steps=2",
+                 "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "this run's model would need about 95.4 GiB to train" in err and "24.0 GiB" in err, err
+    assert not out.exists()
+
+
 def test_a_comparison_too_large_for_the_machine_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     from difftx.compare import run as run_mod
     from difftx.compare.presets import get_preset

@@ -145,13 +145,9 @@ def _model_bytes(plan: ComparePlan) -> int:
     """A generous estimate of one model's training memory in a stack: weights, gradients and two AdamW
     moments (16 bytes a parameter) and float32 activations (about 24 tensors of ``dim`` per token and
     layer, 4 attention maps per head), for the largest arm."""
-    worst = 0
-    for cfg in plan.arms.values():
-        params = 12 * cfg.n_layers * cfg.dim ** 2 + 2 * cfg.vocab_size * cfg.dim
-        T, B = cfg.max_seq_len, plan.mixture.batch_size
-        acts = 4 * B * T * cfg.n_layers * (24 * cfg.dim + 4 * cfg.n_heads * T)
-        worst = max(worst, 16 * params + acts)
-    return worst
+    from ..training.memory import training_bytes
+
+    return max(training_bytes(cfg, plan.mixture.batch_size, cfg.max_seq_len) for cfg in plan.arms.values())
 
 
 def check_fits(plan: ComparePlan, memory: int) -> None:
@@ -173,10 +169,9 @@ def check_fits(plan: ComparePlan, memory: int) -> None:
 
 
 def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 8 << 30
+    from ..training.memory import physical_bytes
+
+    return physical_bytes()
 
 
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,

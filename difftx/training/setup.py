@@ -259,6 +259,14 @@ class RunSetup:
         config = self.config
         _seed_everything(config.seed)
         self.model_config = self._model_config(given)
+        if self.device.type == "cpu":  # refused in one line, not killed partway (compare's estimate, the CPU kernels'
+            # maps: eager's over every key, chunked's over at most its stored block)
+            from ..attention.kernels import STORE_MAX_KEYS
+            from .memory import check_training_fits, physical_bytes
+
+            eager = self.model_config.backend == "eager"
+            check_training_fits(self.model_config, config.batch_size, config.seq_len, physical_bytes(),
+                                None if eager else min(config.seq_len, STORE_MAX_KEYS))
         model = Transformer(self.model_config)
         if self.init_dir is not None:
             model.load_state_dict(ckpt.load_model_state(self.init_dir, self.model_config))
