@@ -309,6 +309,9 @@ def test_registered_backend_on_cpu_delegates_to_sdpa():
     assert kernels.BACKENDS["triton"] is tk.triton_attention
     assert kernels.BACKENDS["triton_split"] is tk.triton_split_attention
     assert kernels.BACKENDS["triton_atomic_dv"] is tk.triton_atomic_dv_attention
+    # executed matrix-product units (forward, backward) the GPU suite reads: 5, 6 and 7 backward products
+    assert [kernels.BACKENDS[n].products for n in ("triton", "triton_atomic_dv", "triton_split")] == \
+        [(3, 5), (3, 6), (3, 7)]
     assert kernels.resolve_backend("auto", torch.device("cpu")) is kernels.chunked
     q, k, v, lam = _inputs(1, 9, 9, 2, 1, 16)
     assert "cpu" in tk.unsupported_reason(q, k, v, lam, AttentionMask())
