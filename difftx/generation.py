@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from .io import eval_mode
-from .model import KVCache, Transformer
+from .model import KVCache, StaticKVCache, Transformer
 
 
 def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
@@ -159,7 +159,8 @@ def _append(out: list[list[int]], done: Tensor, nxt: Tensor, stops: set) -> bool
 def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
              temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
              stop_tokens: Iterable[int] = (), seed: Optional[int] = None, pad_id: int = 0,
-             backend: Optional[str] = None, use_cache: bool = True) -> list[list[int]]:
+             backend: Optional[str] = None, use_cache: bool = True, static_cache: bool = False,
+             compile: Union[bool, Mapping] = False) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens; returns only the new tokens.
 
     A row stops after emitting a token in ``stop_tokens`` (that token is kept). ``seed``
@@ -168,10 +169,28 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     module mapping tokens ``(B, T)`` to logits ``(B, T, V)``): a kernel whose result depends on the
     number of query rows per call (per-tensor logit quantisation) then sees the same rows as a
     full forward.
+
+    ``static_cache=True`` decodes with a :class:`~difftx.model.StaticKVCache`: every step has the same shapes and
+    graph (the cache position a tensor, attention over the whole preallocated buffer with the keys beyond it
+    masked), the same tokens as the ordinary cache. ``compile=True`` (static cache only) runs that step under
+    ``torch.compile(fullgraph=True, dynamic=False)``, on CUDA with ``mode="reduce-overhead"`` (CUDA graphs: no
+    per-op launch cost); a mapping gives torch.compile keywords instead (``{"backend": "aot_eager"}``). The
+    compiled step serves every position; the cache length is then rounded up to a multiple of
+    :data:`STATIC_LENGTH_MULTIPLE`, so that calls of similar lengths share one graph. Backends: ``auto`` (which
+    is ``eager`` there), ``eager``, ``sdpa`` and its forms; kinds: those whose forward is AttentionKind's.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
+    if compile is not False and not static_cache:
+        raise ValueError("compile: compiled decoding needs static_cache=True (the ordinary cache's step changes "
+                         "shape at every position)")
+    if static_cache and not use_cache:
+        raise ValueError("static_cache: needs use_cache=True")
+    if static_cache:
+        from .decode import check_static
+
+        check_static(model, backend)
     if not use_cache and len({len(p) for p in prompts}) > 1:
         raise ValueError("generate(use_cache=False) needs prompts of equal length")
     device = next(model.parameters()).device
@@ -199,10 +218,15 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
                 tokens = torch.cat([tokens, nxt[:, None]], dim=1)
                 logits = model(tokens, backend=backend)
         return out
-    check_cache_fits(model, B, P + max_new_tokens,
-                     f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
-    cache = KVCache(model, B, P + max_new_tokens)
+    length = P + max_new_tokens
+    if static_cache and compile is not False:
+        length = -(-length // STATIC_LENGTH_MULTIPLE) * STATIC_LENGTH_MULTIPLE
+    check_cache_fits(model, B, length, f"max_new_tokens={max_new_tokens} (after prompts of up to {P} tokens)")
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): RoPE positions from each first real token
+    if static_cache:
+        return _generate_static(model, tokens, mask, positions, length, max_new_tokens, out, done, stops,
+                                (temperature, top_k, top_p, gen), backend, compile)
+    cache = KVCache(model, B, length)
     with eval_mode(model):
         logits = model(tokens, positions=positions, attention_mask=mask, cache=cache, backend=backend)
         next_pos = positions[:, -1:] + 1  # (B, 1)
@@ -212,5 +236,32 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
                 break
             mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], dim=1)
             logits = model(nxt[:, None], positions=next_pos, attention_mask=mask, cache=cache, backend=backend)
+            next_pos = next_pos + 1
+    return out
+
+
+# A compiled static decoder's cache length is rounded up to a multiple of this: generations of similar lengths
+# then share one compiled graph (each length is a shape of its own), at the cost of attending over a few masked
+# positions more.
+STATIC_LENGTH_MULTIPLE = 64
+
+
+def _generate_static(model: Transformer, tokens: Tensor, mask: Tensor, positions: Tensor, length: int,
+                     max_new_tokens: int, out: list[list[int]], done: Tensor, stops: set, sampling: tuple,
+                     backend: Optional[str], compile) -> list[list[int]]:
+    """:func:`generate`'s loop on a :class:`StaticKVCache` (the prompt prefilled by the ordinary forward)."""
+    from .decode import static_decoder
+
+    B = tokens.shape[0]
+    cache = StaticKVCache(model, B, length)
+    with eval_mode(model):
+        logits = cache.prefill(model, tokens, positions=positions, attention_mask=mask, backend=backend)[:, -1]
+        step = static_decoder(model, cache, backend=backend, compile=compile)
+        next_pos = positions[:, -1:] + 1  # (B, 1)
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits, *sampling)  # (B,)
+            if _append(out, done, nxt, stops) or i == max_new_tokens - 1:
+                break
+            logits = step(nxt[:, None], next_pos)
             next_pos = next_pos + 1
     return out

@@ -82,6 +82,68 @@ class KVCache:
                                              v_parts=block.attn.cache_value_parts(device)))
 
 
+class StaticKVCache:
+    """A KV cache whose decoding step has the same shapes and the same graph at every position, so that the step
+    can be captured once (``torch.compile(mode="reduce-overhead")``: CUDA graphs) and replayed at every position.
+
+    It holds a :class:`KVCache`'s per-layer buffers (``kv``; :meth:`prefill` fills them by the ordinary cached
+    forward) and two tensors on their device: ``pos``, the next position written (a 0-d int64 tensor), and
+    ``key_valid`` ``(B, S_max)``, False at the prompts' padding. :meth:`Transformer.forward` with this cache is one
+    static step: the new keys and values are written at ``pos`` (``index_copy_``), every query attends over the whole
+    ``S_max`` buffer with the keys beyond it masked (``AttentionMask`` with a tensor ``q_offset``), and RoPE positions
+    are tensors; no Python value depends on the position. The forward does not advance ``pos`` (a compiled graph
+    would then mutate it); :meth:`advance` does, outside the graph, and keeps ``length``, its Python mirror, for the
+    checks (:func:`difftx.decode.static_decoder` runs both)."""
+
+    def __init__(self, model: "Transformer", batch_size: int, max_len: int, device: Optional[torch.device] = None,
+                 dtype: Optional[torch.dtype] = None, kv: Optional[KVCache] = None):
+        self.kv = KVCache(model, batch_size, max_len, device, dtype) if kv is None else kv
+        self.layers, self.max_len = self.kv.layers, self.kv.max_len
+        dev = self.layers[0].k.device
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.key_valid = torch.ones(self.layers[0].k.shape[0], self.max_len, dtype=torch.bool, device=dev)
+        self.length = self.kv.length
+        self.pos.fill_(self.length)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor a static step reads or writes in place (the buffers, ``pos``, ``key_valid``)."""
+        return [*(t for lay in self.layers for t in (lay.k, lay.v)), self.pos, self.key_valid]
+
+    def set_length(self, n: int) -> None:
+        """Make the first ``n`` positions the cached ones (the next step writes at ``n``)."""
+        if not 0 <= n <= self.max_len:
+            raise ValueError(f"static cache: length {n} is outside its {self.max_len} positions")
+        self.length = self.kv.length = n
+        self.pos.fill_(n)
+
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more positions as cached (after a step of ``n`` tokens)."""
+        self.set_length(self.length + n)
+
+    def check_room(self, n: int) -> None:
+        """ValueError unless ``n`` more tokens fit."""
+        if self.length + n > self.max_len:
+            raise ValueError(f"static KV cache is full: {self.length} + {n} tokens do not fit in its {self.max_len} "
+                             f"positions (allocate it with a larger max_len)")
+
+    def prefill(self, model: "Transformer", tokens: Tensor, positions: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, backend: Optional[str] = None) -> Tensor:
+        """Logits ``(B, P, V)`` of the prompts ``tokens`` ``(B, P)`` (left-padded, ``attention_mask`` ``(B, P)``
+        1 at real tokens), run by the ordinary cached forward into this cache's buffers from position 0; the key
+        mask then holds the padding, and the next step writes at ``P``."""
+        P = tokens.shape[-1]
+        if P > self.max_len:
+            raise ValueError(f"tokens: a prompt of {P} tokens is longer than the static cache's {self.max_len} "
+                             f"positions")
+        self.set_length(0)
+        logits = model(tokens, positions=positions, attention_mask=attention_mask, cache=self.kv, backend=backend)
+        self.key_valid.fill_(True)
+        if attention_mask is not None:
+            self.key_valid[:, :P] = attention_mask.bool()
+        self.set_length(P)
+        return logits
+
+
 class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -216,6 +278,8 @@ class Transformer(nn.Module):
             raise ValueError(f"tokens are on {tokens.device} but the model is on {weight.device}; "
                              f"move one of them (tokens.to({str(weight.device)!r}))")
         _check_token_ids(tokens, self.config.vocab_size)
+        if isinstance(cache, StaticKVCache):
+            return self._static_step(tokens, positions, attention_mask, doc_ids, cache, backend, lead)
         offset = cache.length if cache is not None else 0
         S = offset + T
         if lead and (cache is not None or attention_mask is not None or positions is not None):
@@ -242,6 +306,28 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.length = S
         return self.norm(x)  # (B, T, D)
+
+
+    def _static_step(self, tokens: Tensor, positions: Optional[Tensor], attention_mask: Optional[Tensor],
+                     doc_ids: Optional[Tensor], cache: StaticKVCache, backend: Optional[str], lead: tuple) -> Tensor:
+        """:meth:`hidden` for a :class:`StaticKVCache`: the ``T`` tokens written at ``cache.pos``, attending over
+        the whole buffer (the key mask ``cache.key_valid``, and the keys beyond each query); ``cache`` is not
+        advanced. Nothing here reads the position on the host, so a compiled step serves every position."""
+        B, T = tokens.shape[-2:]
+        if lead or attention_mask is not None or doc_ids is not None:
+            raise ValueError("cache: a static KV cache's step takes tokens, positions and a backend only (its key "
+                             "mask is the cache's key_valid; no attention_mask, doc_ids or stack)")
+        if tuple(cache.key_valid.shape) != (B, cache.max_len):
+            raise ValueError(f"tokens: {B} rows, but the static KV cache holds {cache.key_valid.shape[0]}")
+        if not torch.compiler.is_compiling():  # a compiled step leaves this to its caller (a host-side counter)
+            cache.check_room(T)
+        if positions is None:
+            positions = (cache.pos + torch.arange(T, device=tokens.device))[None]  # (1, T)
+        mask = AttentionMask(causal=True, q_offset=cache.pos, key_valid=cache.key_valid)
+        x = embedding(tokens, self.tok_embeddings.weight)
+        for i, block in enumerate(self.layers):
+            x = block(x, positions=positions, mask=mask, cache=cache.layers[i], backend=backend)
+        return self.norm(x)
 
 
 def _check_token_ids(tokens: Tensor, vocab_size: int) -> None:

@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Union
+
 import torch
 from torch import Tensor
+
+# Backends a static decoding step (a cache position given as a tensor) runs with: those whose mask is the dense
+# boolean form of :class:`~difftx.attention.masks.AttentionMask`. ``auto`` is ``eager`` there on every device: it
+# reads the keys of both maps and the values once per step (docs/kernels.md, "Decoding").
+STATIC_BACKENDS = ("eager", "sdpa", "sdpa_pad", "sdpa_halves", "sdpa_wide")
+
+
+def static_backend(name: str) -> str:
+    """The backend a static decoding step runs for the backend name ``name`` (``auto`` is ``eager``); ValueError
+    for a backend that cannot run it."""
+    if name == "auto":
+        return "eager"
+    if name not in STATIC_BACKENDS:
+        raise ValueError(f"backend: {name!r} cannot run a static decoding step (a cache position given as a tensor, "
+                         f"every cache position masked); use one of {['auto', *STATIC_BACKENDS]}")
+    return name
 
 
 class LayerKV:
@@ -36,10 +54,17 @@ class LayerKV:
         return cls(torch.zeros(batch, kh, max_len, kd, device=device, dtype=dtype),
                    torch.zeros(batch, vh * v_parts, max_len, vd // v_parts, device=device, dtype=dtype), v_parts)
 
-    def update(self, pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, pos: Union[int, Tensor], k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new ``k``, ``v`` ``(B, T, heads, width)`` at ``pos``; return everything up to ``pos + T``
         as ``(B, S, heads, width)`` views (values ``(B, S, heads, v_parts, width / v_parts)`` when
-        ``v_parts > 1``)."""
+        ``v_parts > 1``).
+
+        ``pos`` a 0-d integer tensor (a static decoding step): the same write by ``index_copy_`` at that
+        position, and the whole buffers returned, ``S = S_max`` (the caller masks the keys beyond ``pos + T``): the
+        same shapes and operations at every position. Its range is the caller's to check (reading it would
+        synchronise with the device)."""
+        if isinstance(pos, Tensor):
+            return self._write_static(pos, k, v)
         end = pos + k.shape[1]
         if end > self.k.shape[2]:
             raise ValueError(f"KV cache is full: {end} tokens do not fit in its {self.k.shape[2]} positions")
@@ -52,3 +77,14 @@ class LayerKV:
         self.v[:, :, pos:end] = v.reshape(B, T, H * P, w // P).transpose(1, 2)
         vs = self.v[:, :, :end]  # (B, H*P, S, w/P)
         return self.k[:, :, :end].transpose(1, 2), vs.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)
+
+    def _write_static(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, H, w = v.shape
+        idx = pos.reshape(1) + torch.arange(T, device=pos.device)  # (T,) the positions written
+        self.k.index_copy_(2, idx, k.transpose(1, 2).to(self.k.dtype))
+        P = self.v_parts
+        if P == 1:
+            self.v.index_copy_(2, idx, v.transpose(1, 2).to(self.v.dtype))
+            return self.k.transpose(1, 2), self.v.transpose(1, 2)
+        self.v.index_copy_(2, idx, v.reshape(B, T, H * P, w // P).transpose(1, 2).to(self.v.dtype))
+        return self.k.transpose(1, 2), self.v.unflatten(1, (H, P)).permute(0, 3, 1, 2, 4)

@@ -16,8 +16,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..ops import LambdaFunction, at_least_fp32, is_mapped, lambda_value, linear, records_grad, rms_norm
-from .kernels import AttentionMaps, check_backend_name, resolve_backend
-from .cache import LayerKV
+from .kernels import BACKENDS, AttentionMaps, check_backend_name, resolve_backend
+from .cache import LayerKV, static_backend
 from .masks import AttentionMask
 from .rope import apply_rope, rope_angles
 
@@ -203,7 +203,8 @@ class AttentionKind(nn.Module):
         v = linear(x, vp.weight, bias=vp.bias).unflatten(-1, (self.v_groups, self.v_width))  # (..., T, Hv, dv)
         if self.rope:
             if positions is None:
-                positions = torch.arange(offset, offset + T, device=x.device)[None]  # (1, T)
+                positions = (offset + torch.arange(T, device=x.device) if isinstance(offset, Tensor)  # static step
+                             else torch.arange(offset, offset + T, device=x.device))[None]  # (1, T)
             cos, sin = rope_angles(positions, self.head_dim, self.rope_theta, at_least_fp32(x.dtype))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
@@ -226,14 +227,18 @@ class AttentionKind(nn.Module):
         if not isinstance(mask, AttentionMask):
             raise TypeError(f"mask: expected a difftx.AttentionMask, got {type(mask).__name__}; describe padding or "
                             f"packed documents as difftx.AttentionMask(key_valid=..., doc_ids=...)")
-        if cache is None and mask.q_offset != 0:
+        if cache is None and (mask.is_static or mask.q_offset != 0):
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
         lead = q.shape[:-3]  # (B,), or (K, B) in a stack
         q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))  # the kernel's batch: every sequence
         mask.check(q.shape[0], q.shape[1], k.shape[1])
-        kernel = resolve_backend(("eager" if return_maps else self.backend) if backend is None else backend, x.device,
-                                 q_len=q.shape[1])
+        name = ("eager" if return_maps else self.backend) if backend is None else backend
+        if mask.is_static:  # a static decoding step: a backend that reads the dense mask (auto: eager)
+            check_backend_name(name)
+            kernel = BACKENDS[static_backend(name)]
+        else:
+            kernel = resolve_backend(name, x.device, q_len=q.shape[1])
         if v.dim() == 5 and not getattr(kernel, "split_values", False):
             v = v.flatten(3)  # a cache's split value rows, joined (a copy) for kernels that need whole rows
         return self._attend(x, q, k, v, mask, kernel, return_maps)
