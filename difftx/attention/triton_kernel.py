@@ -21,8 +21,10 @@ Design (SPEC sections 1 and 6):
   ``O = acc1 / l1 - lam * acc2 / l2``; the per-row log-sum-exp of both maps is stored for the
   backward pass, and so is the second map's normalised output ``O2`` (it gives the backward
   pass both ``O1 = O + lam * O2`` and ``dlam = -sum(dO * O2)``).
-- **Causal block skipping.** Key tiles wholly after the query block are never visited; tiles
-  wholly before it run without any mask; only the tiles on the diagonal build a mask.
+- **Causal block skipping.** Key tiles wholly after the query block are never visited. With
+  ``BlockConfig.one_loop`` (the default on GPUs) the others run in one loop that masks every
+  tile; without it, tiles wholly before the block run without any mask in a first loop and only
+  the diagonal tiles build a mask (two loops hold more registers: see :func:`block_config`).
 - **Backward** (recomputing the maps from the stored log-sum-exp): with ``P_c`` the two maps,
   ``dP = dO V^T`` is shared by both maps, ``dS1 = P1 * (dP - delta1)``,
   ``dS2 = -lam * P2 * (dP - delta2)`` with ``delta_c = rowsum(dO * O_c)``,
