@@ -1116,7 +1116,11 @@ def print_training(runs: list[dict]) -> None:
 
 def section_decode(suite: Suite, deadline: float) -> dict:
     """One decoding step of a whole model (``difftx.bench.bench_decode``), DIFF vs baseline, batch 1 and 8,
-    cache T 1k and 4k (tiny: smaller)."""
+    cache T 1k and 4k (tiny: smaller): the ordinary cached step (``rows``), and the static step (``static_rows``,
+    :class:`difftx.model.StaticKVCache`) compiled with CUDA graphs on CUDA (``step: compiled``, backend ``auto``,
+    which is ``eager`` there: one read of K1, K2 and V), run uncompiled on CPU (``step: static``), so the tiny run
+    checks its code without a compiler. Each static row is its own call (one compile per model and length), after
+    the ordinary rows of its batch; past the deadline rows are skipped."""
     from difftx.bench import bench_decode
 
     if suite.tiny:
@@ -1125,30 +1129,51 @@ def section_decode(suite: Suite, deadline: float) -> dict:
     else:
         model = dict(dim=1024, n_heads=8, n_layers=24)  # gpu-350m's shape (vocabulary 256)
         batches, lens, dtype = (1, 8), (1024, 4096), torch.bfloat16
+    static_step = "compiled" if suite.device.type == "cuda" else "static"
     out = suite.results["decode"] = {"model": model, "dtype": str(dtype).replace("torch.", ""),
-                                     "diff_backend": "auto", "baseline_backend": "auto", "rows": []}
+                                     "diff_backend": "auto", "baseline_backend": "auto", "rows": [],
+                                     "static_step": static_step, "static_rows": []}
     status = "done"
-    for i, batch in enumerate(batches):
-        if time.monotonic() > deadline:
-            out["rows"].append({"batch": batch, "status": "skipped: budget"})
-            status = "partial: budget"
-            continue
-        rows = bench_decode(seq_lens=lens, batch=batch, backends=["auto"], baselines=["auto"], device=str(suite.device),
-                            dtype=dtype, repeats=max(suite.repeats, 3), warmup=suite.warmup, progress=False, **model)
+
+    def pair_row(rows, batch: int, step: str) -> list[dict]:
         by_len: dict[int, dict] = {}
         for r in rows:
             by_len.setdefault(r.seq_len, {})[r.name.split("/")[0]] = r
-        for T, pair in by_len.items():
-            d, b = pair["diff"], pair["baseline"]
-            out["rows"].append({"batch": batch, "T": T, "status": "done", "diff_ms": d.ms, "baseline_ms": b.ms,
-                                "ratio": d.ratio, "paired_ratio": d.paired, "paired_low": d.paired_low,
-                                "paired_high": d.paired_high, "cache_mib": d.mem_mib})
-        suite.save()
-    print_table("decode step (whole model; ratio = DIFF / baseline time)",
-                ["batch", "T", "DIFF ms", "baseline ms", "ratio", "paired [95%]"],
-                [[r["batch"], r.get("T"), fmt(r.get("diff_ms")), fmt(r.get("baseline_ms")), fmt(r.get("ratio")),
+        return [{"batch": batch, "T": T, "step": step, "status": "done", "diff_ms": p["diff"].ms,
+                 "baseline_ms": p["baseline"].ms, "ratio": p["diff"].ratio, "paired_ratio": p["diff"].paired,
+                 "paired_low": p["diff"].paired_low, "paired_high": p["diff"].paired_high,
+                 "cache_mib": p["diff"].mem_mib} for T, p in by_len.items()]
+
+    common = dict(backends=["auto"], baselines=["auto"], device=str(suite.device), dtype=dtype,
+                  repeats=max(suite.repeats, 3), warmup=suite.warmup, progress=False, **model)
+    for batch in batches:
+        if time.monotonic() > deadline:
+            out["rows"].append({"batch": batch, "status": "skipped: budget"})
+            status = "partial: budget"
+        else:
+            out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common), batch, "dynamic")
+            suite.save()
+        for T in lens:
+            if time.monotonic() > deadline:
+                out["static_rows"].append({"batch": batch, "T": T, "step": static_step, "status": "skipped: budget"})
+                status = "partial: budget"
+                continue
+            try:
+                rows = bench_decode(seq_lens=(T,), batch=batch, steps=(static_step,), **common)
+            except Exception as e:  # noqa: BLE001  (recorded; the ordinary rows stand)
+                out["static_rows"].append({"batch": batch, "T": T, "step": static_step, "status": "error",
+                                           "error": f"{type(e).__name__}: {e}"[:500],
+                                           "traceback": traceback.format_exc()[-4000:]})
+                status = "partial"
+                continue
+            out["static_rows"] += pair_row(rows, batch, static_step)
+            suite.save()
+    print_table("decode step (whole model; ratio = DIFF / baseline time, each step against its own baseline)",
+                ["batch", "T", "step", "DIFF ms", "baseline ms", "ratio", "paired [95%]"],
+                [[r["batch"], r.get("T"), r.get("step", "dynamic") if "diff_ms" in r else r["status"],
+                  fmt(r.get("diff_ms")), fmt(r.get("baseline_ms")), fmt(r.get("ratio")),
                   f"{fmt(r.get('paired_ratio'))} [{fmt(r.get('paired_low'))}, {fmt(r.get('paired_high'))}]"]
-                 for r in out["rows"]])
+                 for r in out["rows"] + out["static_rows"]])
     return {"status": status}
 
 

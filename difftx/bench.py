@@ -177,46 +177,95 @@ def _runnable(calls: dict, quiet: bool = False) -> dict:
     return kept
 
 
+# the decoding steps bench_decode times: the ordinary cached step, the static step (StaticKVCache), and the
+# static step compiled (on CUDA with CUDA graphs); a row's name carries the step after its backend
+DECODE_STEPS = ("dynamic", "static", "compiled")
+
+
 def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_heads: int = 4,
                  n_kv_heads: Optional[int] = None, batch: int = 1, n_layers: int = 2,
                  backends: Optional[Sequence[str]] = None, repeats: int = 20, warmup: int = 3,
                  device: str = "cpu", dtype: torch.dtype = torch.float32, clock: str = "wall",
-                 progress: bool = True, baselines: Sequence[str] = ("sdpa",)) -> list[BenchRow]:
+                 progress: bool = True, baselines: Sequence[str] = ("sdpa",), steps: Sequence[str] = ("dynamic",),
+                 compile_opts: Optional[dict] = None) -> list[BenchRow]:
     """Median milliseconds of one decoding step (one new token per sequence) of a whole
     ``n_layers`` model, DIFF (each backend) vs its baseline, with the KV cache holding ``T``
-    tokens; ``mem_mib`` is each model's KV cache at that length (equal by construction)."""
+    tokens; ``mem_mib`` is each model's KV cache at that length (equal by construction).
+
+    ``steps`` (:data:`DECODE_STEPS`): ``dynamic`` the ordinary cached step (rows ``diff/<backend>``); ``static``
+    the static step over a cache of ``T + 1`` positions (``diff/<backend> static``; backends that cannot run it
+    are left out); ``compiled`` that step under ``torch.compile`` (:func:`difftx.decode.compile_options`, updated
+    by ``compile_opts``; on CUDA CUDA graphs; ``diff/<backend> compiled``), compiled once per model and length
+    before the timing. Every row's ratio is to the first baseline row."""
+    from .attention.cache import static_backend
     from .config import ModelConfig, baseline_config
-    from .model import KVCache, Transformer
+    from .decode import static_decoder
+    from .model import KVCache, StaticKVCache, Transformer
 
     timer, dev, backends = _setup(clock, device, backends)
     baselines = _check_baselines(baselines)
+    bad = [s for s in steps if s not in DECODE_STEPS]
+    if bad or not steps:
+        raise ValueError(f"steps: each must be one of {DECODE_STEPS}, got {list(steps)}")
     cfg = ModelConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       attention="diff", max_seq_len=max(seq_lens) + 1)
     torch.manual_seed(0)
     models = {"diff": Transformer(cfg).to(dev, dtype).eval(),
               "baseline": Transformer(baseline_config(cfg)).to(dev, dtype).eval()}
-    candidates = ([(f"baseline/{b}", "baseline", b) for b in baselines]
-                  + [(f"diff/{b}", "diff", b) for b in backends])
+
+    def static_ok(backend: str) -> bool:
+        try:
+            static_backend(backend)
+            return True
+        except ValueError:
+            return False
+
+    candidates = []  # (name, kind, backend, step)
+    for step_kind in steps:
+        suffix = "" if step_kind == "dynamic" else f" {step_kind}"
+        for kind, names in (("baseline", baselines), ("diff", backends)):
+            for b in names:
+                if step_kind == "dynamic" or static_ok(b):
+                    candidates.append((f"{kind}/{b}{suffix}", kind, b, step_kind))
+                elif progress:
+                    print(f"  skipped {kind}/{b}{suffix}: {b!r} cannot run a static step", flush=True)
     rows: list[BenchRow] = []
     for T in seq_lens:
         prompt = torch.randint(0, cfg.vocab_size, (batch, T), device=dev)
         nxt = torch.randint(0, cfg.vocab_size, (batch, 1), device=dev)
-        caches, mem = {}, {}
+        caches, statics, mem = {}, {}, {}
         with torch.no_grad():
             for kind, model in models.items():
                 caches[kind] = KVCache(model, batch, T + 1)
                 model(prompt, cache=caches[kind])  # prefill (not timed)
+                statics[kind] = StaticKVCache(model, batch, T + 1, kv=caches[kind])  # the same buffers
                 mib = sum(t.numel() * t.element_size() for lay in caches[kind].layers for t in (lay.k, lay.v)) / 2 ** 20
-                mem.update({name: mib for name, k, _ in candidates if k == kind})
+                mem.update({name: mib for name, k, _, _ in candidates if k == kind})
 
-        def step(kind: str, backend: str) -> None:
+        def dynamic(kind: str, backend: str) -> None:
             caches[kind].length = T  # overwrite the same slot: every call decodes at length T
             with torch.no_grad():
                 models[kind](nxt, cache=caches[kind], backend=backend)
 
-        calls = {name: (lambda kind=kind, backend=backend: step(kind, backend)) for name, kind, backend in candidates}
-        rows += _time_alternating(calls, T, "decode", repeats, warmup, dev, timer, progress, mem)
+        def static(kind: str, fn) -> None:
+            statics[kind].set_length(T)  # the same slot, as the dynamic step
+            with torch.no_grad():
+                fn(nxt)
+
+        calls = {}
+        for name, kind, backend, step_kind in candidates:
+            if step_kind == "dynamic":
+                calls[name] = lambda kind=kind, backend=backend: dynamic(kind, backend)
+            else:
+                opts = False if step_kind == "static" else (dict(compile_opts) if compile_opts else True)
+                fn = static_decoder(models[kind], statics[kind], backend=backend, compile=opts)
+                calls[name] = lambda kind=kind, fn=fn: static(kind, fn)
+        # each compiled candidate is one more graph of the same step function: room for all of them
+        with torch._dynamo.config.patch(recompile_limit=max(64, 4 * len(candidates) * len(seq_lens))):
+            rows += _time_alternating(calls, T, "decode", repeats, max(warmup, 3 if "compiled" in steps else 0),
+                                      dev, timer, progress, mem)
         caches.clear()  # free this length's caches before the next prefill
+        statics.clear()
     return rows
 
 

@@ -40,6 +40,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
     p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
+    p.add_argument("--steps", nargs="+", default=None, choices=["dynamic", "static", "compiled"],
+                   help="--decode: which decoding steps to time, side by side (default dynamic): the ordinary "
+                        "cached step, the static step (a preallocated cache written at a tensor position, "
+                        "attention over the whole buffer; rows '<backend> static') and the static step under "
+                        "torch.compile (on CUDA with CUDA graphs, mode reduce-overhead; rows '<backend> compiled')")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
@@ -88,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"difftx bench ({what}): D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
           f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
+    steps = getattr(args, "steps", None)
+    if steps is not None and not args.decode:
+        raise ValueError("--steps: only with --decode (it picks the decoding steps to time)")
     if args.decode:
         rows = bench_decode(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.layers,
                             args.backends, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
-                            baselines=args.baselines)
+                            baselines=args.baselines, steps=steps or ("dynamic",))
     else:
         rows = bench_attention(args.seq_lens, args.dim, args.heads, args.kv_heads, args.batch, args.backends,
                                args.modes, args.repeats, device=args.device, dtype=dtype, clock=args.clock,
