@@ -726,10 +726,13 @@ def test_stack_size_rule(monkeypatch):
 
 def test_a_second_look_is_recorded_and_adjusted(smoke, tmp_path):
     """Adding a seed to a folder already read is a second look: recorded (seeds, date, commit) in results.json, its
-    p-values (verdict and mean) doubled, the report saying so; reading the same seeds again is the same look."""
+    p-values (verdict and mean) multiplied by the second look's factor (alpha spent over looks: x32.9, where the first
+    look's is x1.053), the report saying so and what a third look would cost; reading the same seeds again is the same
+    look. No p-value in results.json is 0."""
     import shutil
 
     from difftx.compare.summary import all_comparisons
+    from difftx.eval.stats import look_factor
 
     out = tmp_path / "looks"
     shutil.copytree(smoke, out)
@@ -738,15 +741,31 @@ def test_a_second_look_is_recorded_and_adjusted(smoke, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert [x["seeds"] for x in res["looks"]] == [[0, 1], [0, 1, 2]] and res["look"] == 2
     assert res["looks"][1]["date"] == res["created"]
-    assert "second look at 3 seeds (this folder was read before at 2 seeds), adjusted: p-values x2" in \
-        (out / "report.md").read_text()
+    assert ("second look at 3 seeds (this folder was read before at 2 seeds), adjusted: p-values x32.9; a third look "
+            "(more seeds into this folder) would test at p x132") in (out / "report.md").read_text()
     settings = get_preset("smoke", **FAST).task_settings()
     once = all_comparisons(from_json({**res, "look": 1}), settings, power=False)["diff vs baseline"].metrics
     twice = all_comparisons(from_json(res), settings, power=False)["diff vs baseline"].metrics
     checked = [k for k, c in once.items() if c["p_adjusted"] is not None]
-    assert checked and all(twice[k]["p_adjusted"] == min(1.0, 2 * once[k]["p_adjusted"]) for k in checked)
-    assert all(twice[k].get("mean_p_adjusted") == (None if once[k].get("mean_p_adjusted") is None else
-                                                   min(1.0, 2 * once[k]["mean_p_adjusted"])) for k in checked)
+    ratio = look_factor(2) / look_factor(1)
+
+    def again(p):  # the second look's p from the first's (a first look's p of 1 may have been capped)
+        return None if p is None else 1.0 if p >= 1.0 else min(1.0, p * ratio)
+
+    assert checked and all(twice[k]["p_adjusted"] == pytest.approx(again(once[k]["p_adjusted"])) for k in checked)
+    assert all(twice[k].get("mean_p_adjusted") == pytest.approx(again(once[k].get("mean_p_adjusted")))
+               for k in checked)
+    assert all(once[k]["look_factor"] == pytest.approx(look_factor(1), abs=1e-4) and twice[k]["look_factor"] ==
+               pytest.approx(look_factor(2), abs=1e-4) for k in checked)
+
+    def zero_p(obj, where=""):  # a p-value of exactly 0 anywhere (keys p, p_*, *_p, *_p_*)
+        if isinstance(obj, dict):
+            return [f"{where}.{k}" for k, v in obj.items() if (k == "p" or k.startswith("p_") or k.endswith("_p") or
+                                                               "_p_" in k) and v == 0 and not isinstance(v, bool)] + \
+                [x for k, v in obj.items() for x in zero_p(v, f"{where}.{k}")]
+        return [x for i, v in enumerate(obj) for x in zero_p(v, f"{where}[{i}]")] if isinstance(obj, list) else []
+
+    assert not zero_p(res)
     assert main([*argv, "--seeds", "3"]) == 0  # the same seeds: the same look
     assert json.loads((out / "results.json").read_text())["look"] == 2
     assert main([*argv, "--seeds", "2"]) == 0  # the first look's seeds: read as the first look

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from ..eval.stats import look_factor
 from ..io import atomic_write, own_folder
 from ..tasks import TASKS
 from ..tasks.reporting import ReportContext, fmt, table
@@ -116,11 +117,7 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
     family = max((c.get("family_size") or 0 for c in primary), default=0)
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
             f"comparison{'s' if family != 1 else ''}, a verdict at Holm p < 0.05")
-    look = int(result.look or 1)
-    if look > 1:
-        before = ", ".join(str(len(x["seeds"])) for x in result.looks[:look - 1])
-        sure += (f"; {_ORDINAL.get(look, f'look {look}')} look at {n} seeds (this folder was read before at "
-                 f"{before} seeds), adjusted: p-values x{look}")
+    sure += _looks_clause(result, primary, n)
     if need:
         sure += (f"; with this family a verdict needs at least {need} seeds" + (
             ", so this run can give none: run more (`--seeds`)" if n < need else ""))
@@ -133,7 +130,26 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
     return [answer + "\n", sure + ".\n", _regime_line(result, tuned) + "\n"]
 
 
-_ORDINAL = {2: "second", 3: "third", 4: "fourth", 5: "fifth"}
+_ORDINAL = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth"}
+
+
+def _looks_clause(result: CompareResult, primary: list, n: int) -> str:
+    """``; second look at 14 seeds (this folder was read before at 7 seeds), adjusted: p-values x32.9; a third look
+    (more seeds into this folder) would test at p x132``: which reading of the folder this is, what it multiplied the
+    p-values by (``look_factor`` as the comparisons recorded it; a file written before alpha was spent over looks
+    multiplied them by the look's number), and what the next look would cost (:func:`difftx.eval.stats.look_factor`)."""
+    look = int(result.look or 1)
+    factor = next((c["look_factor"] for c in primary if c.get("look_factor")), float(look))
+    ordinal = _ORDINAL.get(look, f"look {look}")
+    if look > 1:
+        before = ", ".join(str(len(x["seeds"])) for x in result.looks[:look - 1])
+        text = (f"; {ordinal} look at {n} seeds (this folder was read before at {before} seeds), adjusted: p-values "
+                f"x{factor:.3g}")
+    else:
+        text = "; first look at this folder" + (f", p-values x{factor:.3g} (alpha is spent over looks)"
+                                                if factor != 1 else "")
+    return text + (f"; a {_ORDINAL.get(look + 1, f'look {look + 1}')} look (more seeds into this folder) would test at "
+                   f"p x{look_factor(look + 1):.3g}")
 
 
 def _mean_clause(c: dict) -> str:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import (holm, look_adjusted, mean_interval, paired_estimate, power_plan, seeds_for_mean,
+from ..eval.stats import (holm, look_adjusted, look_factor, mean_interval, paired_estimate, power_plan, seeds_for_mean,
                           seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
 from .arms import LABELS, PRIMARY, pairs
@@ -61,8 +61,8 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
     first), each metric of a pair with its per-seed values of both arms (``values``), each arm's mean with its interval
     (``means``, ``cis``), the paired estimate of A - B (``paired``), the learning gate (``gated``:
     ``None`` or why it was not compared), the Holm-adjusted p-value within its family over *every*
-    pair (``family``: primary or exploratory; times ``result.look`` when the folder is read again after seeds
-    were added, :func:`difftx.eval.stats.look_adjusted`) and the verdict. A bounded metric also gets the mean's
+    pair (``family``: primary or exploratory; times the factor of this reading of the folder, ``look_factor``:
+    :func:`difftx.eval.stats.look_adjusted`, 1.053 at the first look, 32.9 at the second) and the verdict. A bounded metric also gets the mean's
     betting p-value adjusted alike (``mean_p_adjusted``), ``mean_established`` and, for a primary not established,
     ``seeds_for_mean`` (:func:`difftx.eval.stats.seeds_for_mean`).
     A metric missing for any model (not measured, not meaningful) is left out. With ``power``, each
@@ -73,14 +73,15 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
     out = {pair_key(a, b): Comparison((a, b), _pair(result, settings, a, b), (a, b) == tuple(primary))
            for a, b in pairs(list(result.arms), primary)}
     everything = [c for comps in out.values() for c in comps.metrics.values()]
-    look = int(result.look or 1)  # a folder read again after seeds were added: p-values x look
+    look = int(result.look or 1)  # which reading of the folder this is: p-values x look_factor(look)
+    factor = look_factor(look)
     sizes = {}
     for family in ("primary", "exploratory"):
         chosen = [c for c in everything if c["family"] == family and c["gated"] is None
                   and c["paired"]["p_value"] is not None]
         sizes[family] = len(chosen)
         for c, p in zip(chosen, holm([c["paired"]["p_value"] for c in chosen])):
-            c["p_adjusted"] = look_adjusted(p, look)
+            c["p_adjusted"], c["look_factor"] = look_adjusted(p, look), round(factor, 4)
         # the second estimand, the mean difference of a bounded metric: its betting p, Holm-adjusted over the same
         # family (the metrics of the family that have one)
         bounded = [c for c in chosen if c["paired"].get("betting_p") is not None]
@@ -92,7 +93,7 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
         a, b = c["arms"]
         names = (result.label(a), result.label(b))
         c["family_size"] = sizes[c["family"]]
-        c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]], ALPHA)
+        c["seeds_for_verdict"] = seeds_for_verdict(sizes[c["family"]] * factor, ALPHA)
         # the seeds at which the rule reaches 80% power, planned for the pessimistic end of what these seeds show
         # (primary metrics only: a simulation per comparison; from POWER_MIN_SEEDS seeds on, as fewer say too
         # little about the spread); the effect and spread planned for are kept and printed with the number
@@ -101,13 +102,13 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
         unsure = c["primary"] and c.get("mean_established") is False
         d = np.subtract(*(c["values"][x] for x in (a, b))) if powered or unsure else None
         if powered:  # at this look's level
-            plan = power_plan(d, sizes["primary"] * look, ALPHA, bounds=c["bounds"])
+            plan = power_plan(d, sizes["primary"] * factor, ALPHA, bounds=c["bounds"])
             c["seeds_for_power"], c["power_plan"] = plan.seeds, plan.to_dict()
         if unsure:  # how many seeds the mean needs, as observed
-            need = seeds_for_mean(d, c["bounds"], sizes["primary"] * look, ALPHA)  # at this look's level, and more
+            need = seeds_for_mean(d, c["bounds"], sizes["primary"] * factor, ALPHA)  # at this look's level, and more
             c["seeds_for_mean"] = None if need is None else max(need, d.size + 1)  # than there are
             if powered:  # and planned for the pessimistic end of what these seeds show, as the verdict's
-                mean_plan = power_plan(d, sizes["primary"] * look, ALPHA, bounds=c["bounds"], estimand="mean")
+                mean_plan = power_plan(d, sizes["primary"] * factor, ALPHA, bounds=c["bounds"], estimand="mean")
                 c["seeds_for_power_mean"], c["power_plan_mean"] = mean_plan.seeds, mean_plan.to_dict()
         c["verdict"] = (f"{m.label}: {c['gated']}" if c["gated"] else
                         verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=c["p_adjusted"],

@@ -62,7 +62,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .efficiency import Ratio, _checked_curve, ratio_over_seeds
-from .stats import betainc, round_p, t_cdf, t_quantile
+from .stats import P_FLOOR, betainc, round_p, t_quantile, t_two_sided_p
 
 
 B_RANGE = (1e-3, 3.0)  # the exponents b a floor fit may take
@@ -358,12 +358,13 @@ _PURE_FLOOR = 1e-5  # nats: the least pure error the lack-of-fit test assumes (e
 
 
 def _f_sf(f: float, d1: int, d2: int) -> float:
-    """``P(F > f)`` for Fisher's F with ``d1`` and ``d2`` degrees of freedom."""
+    """``P(F > f)`` for Fisher's F with ``d1`` and ``d2`` degrees of freedom, at least :data:`.stats.P_FLOOR` (a
+    bound where the tail underflows, ``f`` infinite included): never 0."""
     if not f > 0:
         return 1.0
     if math.isinf(f):
-        return 0.0
-    return betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
+        return P_FLOOR
+    return max(P_FLOOR, betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f)))
 
 
 def lack_of_fit_test(xa: np.ndarray, ya: np.ndarray, xr: np.ndarray, yr: np.ndarray, fit: dict,
@@ -423,7 +424,9 @@ def lack_of_fit_test(xa: np.ndarray, ya: np.ndarray, xr: np.ndarray, yr: np.ndar
 def _curvature(params: np.ndarray, losses: np.ndarray, confidence: float) -> dict:
     """Lack of fit of the straight log-log line: per seed, the ``c`` of ``log L = a + b x + c x^2``
     (``x = log N``, centred), with the t interval and two-sided p-value over seeds. ``c > 0``: the
-    curve bends up, flattening as a loss floor makes it."""
+    curve bends up, flattening as a loss floor makes it. Seeds whose curvatures are all equal (two identical
+    seeds) have no spread to test against: no interval and no p-value (``note`` says so), not p = 0 with an
+    interval of width 0."""
     x = np.log(params) - np.log(params).mean()
     c = np.linalg.lstsq(np.stack([np.ones_like(x), x, x * x], 1), np.log(losses).T, rcond=None)[0][2]
     out = {"value": float(c.mean()), "low": None, "high": None, "p": None, "n": int(c.size), "note": None}
@@ -431,8 +434,11 @@ def _curvature(params: np.ndarray, losses: np.ndarray, confidence: float) -> dic
         out["note"] = "one seed: no interval"
         return out
     se = float(c.std(ddof=1)) / math.sqrt(c.size)
+    if not se > 1e-12 * max(float(np.abs(c).max()), 1e-300):  # equal up to rounding
+        out["note"] = f"all {c.size} seeds' curvatures are equal: no spread over seeds, so no interval or test"
+        return out
     h = t_quantile(1 - (1 - confidence) / 2, c.size - 1) * se
-    p = (0.0 if out["value"] else 1.0) if se == 0 else 2 * (1 - t_cdf(abs(out["value"]) / se, c.size - 1))
+    p = t_two_sided_p(abs(out["value"]) / se, c.size - 1)
     out.update(low=out["value"] - h, high=out["value"] + h, p=round_p(p))
     return out
 

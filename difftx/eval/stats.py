@@ -47,8 +47,19 @@ paired differences, which lie in ``[-(high - low), high - low]`` (:func:`betting
 wide at few seeds because it must be: at 8 seeds it rejects only differences of most of the range. An
 unbounded metric (an NLL) has no finite-sample test of its mean; the verdict alone speaks for it.
 
-Second looks. A folder read again after seeds were added has its p-values (both estimands) multiplied
-by the number of the look (:func:`look_adjusted`), a Bonferroni step per look.
+Looks. Every reading of a folder with another set of seeds is a look at the same question. Look ``k`` is
+given the share ``w_k`` of alpha (:func:`look_share`): 0.95 at the first look, and the remaining 0.05 spread
+over the later ones as ``0.05 * 6 / (pi^2 (k - 1)^2)``, so the shares sum to 1 over any number of looks and
+a false verdict at any look has chance at most alpha (Bonferroni over looks). Its p-values (both estimands)
+are multiplied by ``1 / w_k`` (:func:`look_factor`, :func:`look_adjusted`): x1.053 at the first look (7 seeds
+still allow a verdict in a family of 3), x32.9 at the second, x132 at the third (benchmarks/looks_error.py).
+
+P-values are never 0. The exact sign-flip test's smallest is ``2 / 2^(n - ties)`` (``1 / (draws + 1)``
+from random flips, above 16 seeds); the t test's tail is computed without cancellation
+(:func:`t_two_sided_p`) and stored as :data:`P_FLOOR` where it lies below it (a bound: ``p <= 1e-300``);
+a t test of two parts as ``1e-12`` below that (a bound); the betting p is ``1 / capital``, a finite
+capital. Differences without spread have no t test (``p_t`` ``None``), and a constant difference gets the
+sign-flip p.
 
 Ties. Seeds whose two arms score the same value (two models that both never learned within the
 budget, censored at the same step) carry no sign: the sign-flip test is decided by the other seeds,
@@ -84,6 +95,7 @@ import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from decimal import ROUND_CEILING, Decimal
 from fractions import Fraction
 from typing import Optional, Sequence
 
@@ -132,6 +144,23 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+P_FLOOR = 1e-300  # the least p-value a t or F test reports: the tail below it is a bound, "p <= 1e-300"
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """The two-sided p-value ``P(|T| >= |t|)`` of Student's t with ``df`` degrees of freedom, from the tail itself
+    (``I_{df / (df + t^2)}(df / 2, 1 / 2)``, not ``1 - CDF``, which cancels to 0 beyond ``|t|`` of about 10^8 / 30
+    at few degrees of freedom) and at least :data:`P_FLOOR` (a bound where the tail underflows; ``|t|`` infinite
+    included): never 0."""
+    if not df > 0:
+        raise ValueError(f"t_two_sided_p: df must be positive, got {df}")
+    if math.isnan(t):
+        raise ValueError("t_two_sided_p: t is NaN")
+    if math.isinf(t):
+        return P_FLOOR
+    return min(1.0, max(P_FLOOR, betainc(df / 2.0, 0.5, df / (df + t * t))))
+
+
 @functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (Newton from a normal start)."""
@@ -161,8 +190,13 @@ def _normal_quantile(p: float) -> float:
 
 
 def round_p(p: Optional[float]) -> Optional[float]:
-    """A p-value kept to 4 significant digits (a p-value is not known to 16)."""
-    return None if p is None else float(f"{p:.4g}")
+    """A p-value kept to 4 significant digits (a p-value is not known to 16), rounded up, so that a stored p is
+    never below the test's (a sign-flip p of 2 / 2^8 = 0.0078125 is kept as 0.007813, not 0.007812) and never 0."""
+    if p is None or not p > 0 or not math.isfinite(p):
+        return p
+    e = math.floor(math.log10(p)) - 3
+    up = float((Decimal(repr(p)).scaleb(-e).to_integral_value(rounding=ROUND_CEILING)).scaleb(e))
+    return up if up >= p else math.nextafter(up, math.inf)
 
 
 @dataclass
@@ -244,7 +278,7 @@ def _p_value(mean: float, parts: list[tuple[float, float]]) -> Optional[float]:
         return None
     live = [(v, df) for v, df in parts if v > 0]
     if len(live) == 1:  # one part: the t test's own p-value
-        return 2.0 * (1.0 - t_cdf(abs(mean) / math.sqrt(live[0][0]), live[0][1]))
+        return t_two_sided_p(abs(mean) / math.sqrt(live[0][0]), live[0][1])
     lo, hi = 1e-12, 1.0  # the half-width falls as alpha grows: find alpha where it equals |mean|
     if _half_width(parts, lo) <= abs(mean):
         return lo
@@ -362,7 +396,7 @@ def betting_interval(x: Sequence[float], low: float, high: float, confidence: fl
 MEAN_MAX_SEEDS = 64  # seeds_for_mean looks this far
 
 
-def seeds_for_mean(d: Sequence[float], bounds: tuple[float, float], comparisons: int = 1, alpha: float = 0.05,
+def seeds_for_mean(d: Sequence[float], bounds: tuple[float, float], comparisons: float = 1, alpha: float = 0.05,
                    most: int = MEAN_MAX_SEEDS) -> Optional[int]:
     """The fewest seeds at which the betting test of the mean difference (:func:`betting_interval` over
     ``[-(high - low), high - low]``, at ``alpha / comparisons``: Holm's first step) would reject a mean of 0 if
@@ -380,10 +414,13 @@ def seeds_for_mean(d: Sequence[float], bounds: tuple[float, float], comparisons:
     return None
 
 
-def seeds_for_verdict(comparisons: int = 1, alpha: float = 0.05) -> int:
+def seeds_for_verdict(comparisons: float = 1, alpha: float = 0.05) -> int:
     """The fewest paired seeds at which the exact sign-flip test (smallest p ``2 / 2^n``) can reject
     at ``alpha`` after Holm's adjustment over ``comparisons`` tests (whose first step multiplies
-    the smallest p-value by their number): 6 for one comparison, 7 for 3, 11 for 40."""
+    the smallest p-value by their number; a later look's :func:`look_factor` multiplies it too, so ``comparisons``
+    may be a family size times that factor): 6 for one comparison, 7 for 3, 11 for 40. Above 16 seeds the sign-flip
+    p-value is estimated from 20,000 random flips and cannot go below 1 / 20,001, so where ``comparisons`` reaches
+    1,000 (a family of 3 at the fifth look) no number of seeds above 16 allows a verdict, whatever this says."""
     n = 1
     while 2.0 / 2 ** n * max(comparisons, 1) >= alpha:
         n += 1
@@ -451,7 +488,7 @@ def _t_rejects(x: np.ndarray, level: float) -> np.ndarray:
     return np.where(sd > 0, np.abs(m) * math.sqrt(n) > t_quantile(1 - level / 2, n - 1) * sd, m != 0)
 
 
-def rule_power(d: Sequence[float], n: int, comparisons: int = 1, alpha: float = 0.05,
+def rule_power(d: Sequence[float], n: int, comparisons: float = 1, alpha: float = 0.05,
                bounds: Optional[tuple[float, float]] = None, reps: int = 300, seed: int = 0,
                estimand: str = "exchangeability", weights: Optional[Sequence[float]] = None) -> float:
     """The share of ``reps`` repeats in which a rule rejects at ``alpha`` (its p-value times ``comparisons``,
@@ -553,7 +590,7 @@ def share_upper_bound(k: int, n: int, confidence: float) -> float:
     return lo
 
 
-def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
+def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, power: float = 0.8,
                bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
                reps: int = 300, confidence: float = POWER_CONFIDENCE, estimand: str = "exchangeability",
                modes: Optional[bool] = None, mode_confidence: float = MODE_CONFIDENCE) -> PowerPlan:
@@ -641,7 +678,7 @@ def power_plan(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, po
     return PowerPlan(seeds, **base)
 
 
-def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
+def _fewest_seeds(x: np.ndarray, comparisons: float, alpha: float, power: float,
                   bounds: Optional[tuple[float, float]], max_seeds: int, reps: int,
                   estimand: str = "exchangeability", weights: Optional[np.ndarray] = None,
                   start: int = 2) -> Optional[int]:
@@ -663,7 +700,7 @@ def _fewest_seeds(x: np.ndarray, comparisons: int, alpha: float, power: float,
     return hi
 
 
-def seeds_for_power(d: Sequence[float], comparisons: int = 1, alpha: float = 0.05, power: float = 0.8,
+def seeds_for_power(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, power: float = 0.8,
                     bounds: Optional[tuple[float, float]] = None, max_seeds: int = POWER_MAX_SEEDS,
                     reps: int = 300, confidence: float = POWER_CONFIDENCE,
                     estimand: str = "exchangeability", modes: Optional[bool] = None) -> Optional[int]:
@@ -791,15 +828,37 @@ def median_interval(values: Sequence[float],
 # -- multiplicity -----------------------------------------------------------------------------
 
 
+LOOK_FIRST_SHARE = 0.95  # the share of alpha spent at a folder's first look; the rest spread over the later ones
+
+
+def look_share(look: int) -> float:
+    """The share of alpha that the ``look``-th reading of a comparison spends (1: the first): :data:`LOOK_FIRST_SHARE`
+    at the first, and ``(1 - LOOK_FIRST_SHARE) * 6 / (pi^2 (look - 1)^2)`` at a later one, so the shares of all looks
+    sum to 1 however many there are (``sum 1 / j^2 = pi^2 / 6``), and the chance of a false verdict at any look is at
+    most alpha whatever the seeds of each look (Bonferroni over looks; the looks of one folder share seeds, so the
+    truth is well below the bound). Most of alpha is spent at the first look, the planned one: a family of 3 keeps its
+    verdict at 7 seeds (2 / 2^7 x 3 / 0.95 < 0.05); a later look pays for that with x33, x132, x296... (the simulation
+    that chose the rule: benchmarks/looks_error.py)."""
+    if isinstance(look, bool) or not isinstance(look, (int, np.integer)) or look < 1:
+        raise ValueError(f"look: must be an integer >= 1, got {look!r}")
+    if look == 1:
+        return LOOK_FIRST_SHARE
+    return (1.0 - LOOK_FIRST_SHARE) * 6.0 / (math.pi ** 2 * (look - 1) ** 2)
+
+
+def look_factor(look: int) -> float:
+    """What the ``look``-th reading multiplies its p-values by: ``1 / look_share(look)`` (1.053, 32.9, 132, 296, 526,
+    822 at looks 1-6)."""
+    return 1.0 / look_share(look)
+
+
 def look_adjusted(p: Optional[float], look: int) -> Optional[float]:
-    """``p`` at the ``look``-th reading of a comparison that gained seeds since the first (1: the first, as it is):
-    times ``look``, at most 1. A Bonferroni step per look, so a verdict read again after more seeds were added keeps
-    its error near the nominal level; benchmarks/verdict_rates.py measures it (any verdict over 2 and 3 looks)."""
+    """``p`` at the ``look``-th reading of a comparison (1: the first): times :func:`look_factor`, at most 1, so that
+    the verdicts of every look together keep their error within alpha (:func:`look_share`)."""
     if p is None:
+        look_share(look)  # the look is checked all the same
         return None
-    if look < 1:
-        raise ValueError(f"look_adjusted: look must be >= 1, got {look}")
-    return min(1.0, p * look)
+    return min(1.0, p * look_factor(look))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -821,7 +880,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
             family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
             power_plan: Optional[PowerPlan] = None, mean_p: Optional[float] = None,
-            mean_seeds: Optional[int] = None, mean_plan: Optional[PowerPlan] = None, look: int = 1) -> str:
+            mean_seeds: Optional[int] = None, mean_plan: Optional[PowerPlan] = None,
+            look: Optional[int] = None) -> str:
     """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
     over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
     difference", and why: too few seeds for any verdict (ties counted), a difference that does not
@@ -835,8 +895,9 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     bounded metric (``est.betting_p``) then says whether its mean difference is established: ``mean_p`` (the
     betting p, Holm-adjusted like the verdict's; default ``est.betting_p``) below ``alpha``, or not yet, with
     ``mean_seeds`` (:func:`seeds_for_mean`) when known and ``mean_plan`` (:func:`power_plan` of the mean) when
-    planned. ``look``: the reading of a folder that gained seeds since
-    its first (``adjusted_p`` and ``mean_p`` already multiplied by it, :func:`look_adjusted`), named in the text."""
+    planned. ``look``: which reading of its folder this is, where ``adjusted_p`` and ``mean_p`` are already multiplied
+    by its :func:`look_factor` (:func:`look_adjusted`; ``None``: not adjusted for looks), named in the text, and counted
+    in the seeds a verdict needs."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
@@ -846,8 +907,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     p = est.p_value if not adjusted else adjusted_p
     over = f"{est.n} paired seeds{'' if est.n_examples == 1 else f' x {est.n_examples} examples'}"
     holm_p = f"; Holm-adjusted p = {adjusted_p:.3g}" + (f" over {family_size} comparisons" if family_size else "") \
-        + (f", x{look} for look {look} of this folder" if look > 1 else "") if adjusted else ""
-    needed = seeds_for_verdict(family_size or 1, alpha)
+        + (f", x{look_factor(look):.3g} at look {look} of this folder" if look else "") if adjusted else ""
+    needed = seeds_for_verdict((family_size or 1) * (look_factor(look) if look else 1), alpha)
     power = ""
     if power_checked and power_plan is not None:
         power = "; " + power_plan.describe(digits, unit)
