@@ -1121,6 +1121,8 @@ def section_decode(suite: Suite, deadline: float) -> dict:
     which is ``eager`` there: one read of K1, K2 and V), run uncompiled on CPU (``step: static``), so the tiny run
     checks its code without a compiler. Each static row is its own call (one compile per model and length), after
     the ordinary rows of its batch; past the deadline rows are skipped."""
+    from torch._dynamo.utils import counters
+
     from difftx.bench import bench_decode
 
     if suite.tiny:
@@ -1158,6 +1160,7 @@ def section_decode(suite: Suite, deadline: float) -> dict:
                 out["static_rows"].append({"batch": batch, "T": T, "step": static_step, "status": "skipped: budget"})
                 status = "partial: budget"
                 continue
+            skips = counters["inductor"]["cudagraph_skips"]
             try:
                 rows = bench_decode(seq_lens=(T,), batch=batch, steps=(static_step,), **common)
             except Exception as e:  # noqa: BLE001  (recorded; the ordinary rows stand)
@@ -1166,7 +1169,10 @@ def section_decode(suite: Suite, deadline: float) -> dict:
                                            "traceback": traceback.format_exc()[-4000:]})
                 status = "partial"
                 continue
-            out["static_rows"] += pair_row(rows, batch, static_step)
+            got = pair_row(rows, batch, static_step)
+            for r in got:  # compiled steps that did not become CUDA graphs (inductor says why in its log)
+                r["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
+            out["static_rows"] += got
             suite.save()
     print_table("decode step (whole model; ratio = DIFF / baseline time, each step against its own baseline)",
                 ["batch", "T", "step", "DIFF ms", "baseline ms", "ratio", "paired [95%]"],

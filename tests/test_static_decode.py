@@ -163,3 +163,44 @@ def test_static_cache_refuses_a_kind_that_overrides_forward(monkeypatch):
     model.layers[0].attn.__class__ = Own
     with pytest.raises(ValueError, match="overrides forward"):
         check_static(model)
+
+
+def test_bench_decode_times_each_step_side_by_side(capsys):
+    from difftx.bench import bench_decode
+
+    torch._dynamo.reset()
+    rows = bench_decode(seq_lens=(8,), dim=32, n_heads=2, n_layers=1, backends=["eager", "chunked"], repeats=1,
+                        warmup=0, steps=("dynamic", "static", "compiled"), compile_opts={"backend": "aot_eager"})
+    assert [r.name for r in rows] == ["baseline/sdpa", "diff/eager", "diff/chunked", "baseline/sdpa static",
+                                      "diff/eager static", "baseline/sdpa compiled", "diff/eager compiled"]
+    assert all(r.ms > 0 and r.mem_mib == rows[0].mem_mib for r in rows)
+    assert "skipped diff/chunked static: 'chunked' cannot run a static step" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="steps"):
+        bench_decode(seq_lens=(8,), dim=32, n_heads=2, n_layers=1, steps=("graphs",))
+
+
+def test_cli_bench_decode_steps(tmp_path):
+    import json
+
+    from difftx.cli import main
+
+    path = tmp_path / "d.json"
+    assert main(["bench", "--decode", "--seq-lens", "8", "--dim", "32", "--heads", "2", "--layers", "1", "--repeats",
+                 "1", "--backends", "eager", "--steps", "dynamic", "static", "--json", str(path)]) == 0
+    names = [r["name"] for r in json.loads(path.read_text())["rows"]]
+    assert names == ["baseline/sdpa", "diff/eager", "baseline/sdpa static", "diff/eager static"]
+    assert main(["bench", "--seq-lens", "8", "--dim", "32", "--heads", "2", "--steps", "static"]) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_decoding_equals_eager_decoding():
+    """On a GPU: the static step compiled with mode reduce-overhead becomes a CUDA graph (no skips) and gives
+    the eager decoder's greedy tokens (float32)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = _model("diff_gqa").cuda()
+    skips = counters["inductor"]["cudagraph_skips"]
+    got = generate(model, PROMPTS, 10, temperature=0, static_cache=True, compile=True)
+    assert got == generate(model, PROMPTS, 10, temperature=0)
+    assert counters["inductor"]["cudagraph_skips"] == skips
