@@ -1113,47 +1113,65 @@ def print_training(runs: list[dict]) -> None:
 
 # -- section: decode ----------------------------------------------------------------------------------------------
 
+# the model of the static (compiled) decode rows: gpu-350m's width and heads, 4 of its 24 layers, so that each
+# model and length compiles in seconds (the ratio is per layer; the ordinary rows time all 24)
+DECODE_STATIC_MODEL = dict(dim=1024, n_heads=8, n_layers=4)
+
 
 def section_decode(suite: Suite, deadline: float) -> dict:
     """One decoding step of a whole model (``difftx.bench.bench_decode``), DIFF vs baseline, batch 1 and 8,
-    cache T 1k and 4k (tiny: smaller): the ordinary cached step (``rows``), and the static step (``static_rows``,
-    :class:`difftx.model.StaticKVCache`) compiled with CUDA graphs on CUDA (``step: compiled``, backend ``auto``,
-    which is ``eager`` there: one read of K1, K2 and V), run uncompiled on CPU (``step: static``), so the tiny run
-    checks its code without a compiler. Each static row is its own call (one compile per model and length), after
-    the ordinary rows of its batch; past the deadline rows are skipped."""
+    cache T 1k and 4k (tiny: smaller).
+
+    ``rows``: the ordinary cached step of gpu-350m's shape. ``static_rows``: the static step
+    (:class:`difftx.model.StaticKVCache`, backend ``auto``, which is ``eager`` there: one read of K1, K2 and V),
+    compiled with CUDA graphs on CUDA (``step: compiled``; ``cudagraph_skips`` counts compiled steps that did not
+    become graphs) and run uncompiled on CPU (``step: static``, so the tiny run checks its code without a
+    compiler), timed against the same model's ordinary step in one loop (``dynamic_*``: its times and ratio). The
+    static rows use :data:`DECODE_STATIC_MODEL` (gpu-350m's width, fewer layers: each model and length is one
+    compile), one call per length, after the ordinary rows of their batch; past the deadline rows are skipped."""
     from torch._dynamo.utils import counters
 
     from difftx.bench import bench_decode
 
     if suite.tiny:
-        model = dict(dim=64, n_heads=2, n_layers=2)
+        model = static_model = dict(dim=64, n_heads=2, n_layers=2)
         batches, lens, dtype = (1, 2), (16, 32), torch.float32
     else:
         model = dict(dim=1024, n_heads=8, n_layers=24)  # gpu-350m's shape (vocabulary 256)
+        static_model = DECODE_STATIC_MODEL
         batches, lens, dtype = (1, 8), (1024, 4096), torch.bfloat16
     static_step = "compiled" if suite.device.type == "cuda" else "static"
     out = suite.results["decode"] = {"model": model, "dtype": str(dtype).replace("torch.", ""),
                                      "diff_backend": "auto", "baseline_backend": "auto", "rows": [],
-                                     "static_step": static_step, "static_rows": []}
+                                     "static_step": static_step, "static_model": static_model, "static_rows": []}
     status = "done"
 
     def pair_row(rows, batch: int, step: str) -> list[dict]:
+        """One row per length: DIFF vs baseline at ``step`` (rows of other steps: ``dynamic_*``)."""
         by_len: dict[int, dict] = {}
         for r in rows:
-            by_len.setdefault(r.seq_len, {})[r.name.split("/")[0]] = r
-        return [{"batch": batch, "T": T, "step": step, "status": "done", "diff_ms": p["diff"].ms,
-                 "baseline_ms": p["baseline"].ms, "ratio": p["diff"].ratio, "paired_ratio": p["diff"].paired,
-                 "paired_low": p["diff"].paired_low, "paired_high": p["diff"].paired_high,
-                 "cache_mib": p["diff"].mem_mib} for T, p in by_len.items()]
+            kind, rest = r.name.split("/", 1)
+            by_len.setdefault(r.seq_len, {})[(kind, rest.split(" ")[1] if " " in rest else "dynamic")] = r
+        got = []
+        for T, p in by_len.items():
+            d, b = p[("diff", step)], p[("baseline", step)]
+            row = {"batch": batch, "T": T, "step": step, "status": "done", "diff_ms": d.ms, "baseline_ms": b.ms,
+                   "ratio": d.ms / b.ms, "paired_ratio": d.paired, "paired_low": d.paired_low,
+                   "paired_high": d.paired_high, "cache_mib": d.mem_mib}
+            if step != "dynamic" and ("diff", "dynamic") in p:
+                dd, db = p[("diff", "dynamic")], p[("baseline", "dynamic")]
+                row.update(dynamic_diff_ms=dd.ms, dynamic_baseline_ms=db.ms, dynamic_ratio=dd.ms / db.ms)
+            got.append(row)
+        return got
 
     common = dict(backends=["auto"], baselines=["auto"], device=str(suite.device), dtype=dtype,
-                  repeats=max(suite.repeats, 3), warmup=suite.warmup, progress=False, **model)
+                  repeats=max(suite.repeats, 3), warmup=suite.warmup, progress=False)
     for batch in batches:
         if time.monotonic() > deadline:
             out["rows"].append({"batch": batch, "status": "skipped: budget"})
             status = "partial: budget"
         else:
-            out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common), batch, "dynamic")
+            out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common, **model), batch, "dynamic")
             suite.save()
         for T in lens:
             if time.monotonic() > deadline:
@@ -1161,8 +1179,9 @@ def section_decode(suite: Suite, deadline: float) -> dict:
                 status = "partial: budget"
                 continue
             skips = counters["inductor"]["cudagraph_skips"]
-            try:
-                rows = bench_decode(seq_lens=(T,), batch=batch, steps=(static_step,), **common)
+            try:  # the static step first: its baseline is the reference of the paired ratios
+                rows = bench_decode(seq_lens=(T,), batch=batch, steps=(static_step, "dynamic"), **common,
+                                    **static_model)
             except Exception as e:  # noqa: BLE001  (recorded; the ordinary rows stand)
                 out["static_rows"].append({"batch": batch, "T": T, "step": static_step, "status": "error",
                                            "error": f"{type(e).__name__}: {e}"[:500],
@@ -1175,10 +1194,13 @@ def section_decode(suite: Suite, deadline: float) -> dict:
             out["static_rows"] += got
             suite.save()
     print_table("decode step (whole model; ratio = DIFF / baseline time, each step against its own baseline)",
-                ["batch", "T", "step", "DIFF ms", "baseline ms", "ratio", "paired [95%]"],
+                ["batch", "T", "step", "layers", "DIFF ms", "baseline ms", "ratio", "paired [95%]",
+                 "dynamic ratio (same model)"],
                 [[r["batch"], r.get("T"), r.get("step", "dynamic") if "diff_ms" in r else r["status"],
-                  fmt(r.get("diff_ms")), fmt(r.get("baseline_ms")), fmt(r.get("ratio")),
-                  f"{fmt(r.get('paired_ratio'))} [{fmt(r.get('paired_low'))}, {fmt(r.get('paired_high'))}]"]
+                  (static_model if "dynamic_ratio" in r else model)["n_layers"], fmt(r.get("diff_ms")),
+                  fmt(r.get("baseline_ms")), fmt(r.get("ratio")),
+                  f"{fmt(r.get('paired_ratio'))} [{fmt(r.get('paired_low'))}, {fmt(r.get('paired_high'))}]",
+                  fmt(r.get("dynamic_ratio"))]
                  for r in out["rows"] + out["static_rows"]])
     return {"status": status}
 

@@ -261,7 +261,9 @@ class Transformer(nn.Module):
         ``attention_mask`` ``(B, S)``: 1 for real tokens, 0 for padding, over cached + new
         positions. ``positions`` ``(B, T)``: RoPE positions (default: counting from the cache
         length). ``doc_ids`` ``(B, T)``: packed documents attend only within themselves (not
-        with a cache). ``cache``: a :class:`KVCache`; its ``length`` advances by ``T``.
+        with a cache). ``cache``: a :class:`KVCache`; its ``length`` advances by ``T``. Or a
+        :class:`StaticKVCache`: one static step of the ``T`` tokens at ``cache.pos`` (no ``attention_mask``: the
+        cache's ``key_valid`` masks the padding), which does not advance the cache.
         """
         if not isinstance(tokens, Tensor):
             raise TypeError(f"tokens must be a torch.Tensor of token ids (batch, time), got {type(tokens).__name__}; "
