@@ -223,6 +223,11 @@ def test_runs_pool_subgroups_choices_and_plot(tmp_path, capsys):
     assert set(groups) == {"normal", "torch"} and groups["torch"]["k"] == 2 and groups["normal"]["k"] == 1
     assert got["subgroups"]["test"]["df"] == 1 and 0 <= got["subgroups"]["test"]["p"] <= 1
     assert "difference between subgroups: Q_between" in capsys.readouterr().out
+    assert main(["runs", "--pool", *folders, "--by", "preset.name", "--json", str(out)]) == 0
+    assert list(json.loads(out.read_text())["subgroups"]["groups"]) == ["cpu"]
+    assert "one subgroup: nothing to test" in capsys.readouterr().out
+    assert main(["runs", "--pool", *folders, "--by", "colour"]) == 2
+    assert "--by: one of init" in capsys.readouterr().err
     assert main(["runs", "--pool", *folders, "--metric", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--metric" in err and "lm_nll" in err  # the metrics there are, listed
@@ -235,3 +240,29 @@ def test_runs_pool_subgroups_choices_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     assert main(["runs", "--pool", *folders, "--by", "init", "--plot", str(tmp_path / "forest.png")]) == 0
     assert (tmp_path / "forest.png").stat().st_size > 1000
+
+
+def test_coverage_benchmark_runs(capsys):
+    """benchmarks/pool_coverage.py at a tiny size (the real run: its docstring)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import pool_coverage
+
+    assert pool_coverage.main(["--runs", "200", "--k", "3,5", "--ratios", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert "PM+HKSJ>=1" in out and out.count("\n") > 12
+    with pytest.raises(ValueError, match="--k"):
+        pool_coverage.main(["--k", "2"])
+
+
+def test_runs_pool_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from difftx.cli import main
+
+    folders = [str(tmp_path / n) for n in _folders(tmp_path)]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["runs", "--pool", *folders, "--plot", str(tmp_path / "f.png")]) == 2
+    assert "matplotlib" in capsys.readouterr().err and not (tmp_path / "f.png").exists()

@@ -38,9 +38,10 @@ def register(sub) -> None:
     p.add_argument("--metric", metavar="KEY", help="with --pool: the metric (default: the pair's first primary one)")
     p.add_argument("--pair", metavar='"A vs B"',
                    help="with --pool: the pair of arms, A - B (default: the first folder's primary pair)")
-    p.add_argument("--by", metavar="FIELD", choices=POOL_FIELDS,
+    p.add_argument("--by", metavar="FIELD",
                    help=f"with --pool: pool within each value of a field the folders record and test the "
-                        f"difference between them ({', '.join(POOL_FIELDS)})")
+                        f"difference between them: {', '.join(POOL_FIELDS)}, or preset.NAME (any preset field, "
+                        f"e.g. preset.lr)")
     p.add_argument("--tau-method", choices=("pm", "dl"), default="pm",
                    help="with --pool: the estimator of tau^2: pm (Paule-Mandel, default) or dl (DerSimonian-Laird)")
     p.add_argument("--hksj", choices=("floored", "plain"), default="floored",
@@ -183,7 +184,8 @@ def paired_nll(res: dict, ref: dict):
 # -- difftx runs --pool: one metric pooled across compare folders (difftx.eval.pool) --
 
 # what the folders record that --by can group on (each folder's value: :func:`_provenance`)
-POOL_FIELDS = ("init", "lambda_schedule", "lambda_init", "n_layers", "dim", "text", "tokenizer", "preset", "machine")
+POOL_FIELDS = ("init", "lambda_schedule", "lambda_init", "n_layers", "dim", "parameters", "text", "tokenizer", "preset",
+               "machine")
 
 
 def run_pool(args: argparse.Namespace) -> int:
@@ -223,15 +225,16 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
     """Pool ``metric`` of ``pair`` (defaults: the first readable folder's primary pair and its first primary
     metric) across compare ``folders``: ``{"metric", "label", "unit", "lower_is_better", "pair", "names",
     "folders": [per folder: path, estimate, se, seeds, weight, provenance, note], "refused": [{"path", "why"}],
-    "pooled": Pooled.to_dict(), "by", "subgroups"}``. A folder that cannot be compared with the first (another unit
+    "pooled": Pooled.to_dict(), "by", "subgroups"}``. ``by``: a field of :data:`POOL_FIELDS` or ``preset.NAME``; each
+    of its values pooled on its own, and the difference between them tested (:func:`difftx.eval.pool.subgroup_test`). A folder that cannot be compared with the first (another unit
     or direction, no such pair or metric, fewer than 2 seeds, a metric in nats of another tokenizer, a machine
     measurement not compared there, the same folder twice) or cannot be read is refused with why; ValueError when
     the metric or pair is unknown in the first, or when no folder is left."""
     from ..compare.schema import read_results
     from ..eval.pool import pool, study_estimate, subgroup_test
 
-    if by is not None and by not in POOL_FIELDS:
-        raise ValueError(f"--by: one of {', '.join(POOL_FIELDS)}, got {by!r}")
+    if by is not None and by not in POOL_FIELDS and not (by.startswith("preset.") and len(by) > 7):
+        raise ValueError(f"--by: one of {', '.join(POOL_FIELDS)} or preset.NAME, got {by!r}")
     refused, rows, seen = [], [], {}
     ref = None
     for folder in folders:
@@ -256,6 +259,8 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
         if isinstance(row, str):
             refused.append({"path": str(folder), "why": row})
             continue
+        if by is not None and by.startswith("preset."):
+            row["provenance"][by] = result.preset.get(by[7:], "-")
         try:
             row["estimate"], row["se"], row["seeds"] = study_estimate(row.pop("differences"))
         except ValueError as e:
