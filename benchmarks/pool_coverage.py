@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(a.rng)
     start = time.time()
     print(f"{a.runs} runs per cell; seeds per comparison uniform over {seeds[0]}-{seeds[1]}; per-seed SD "
-          f"{'log-uniform over [0.5, 2]' if a.spread else '1'}; SEs {'known' if a.known_se else 'from the seeds'}; tau = ratio x the within-comparison SE "
+          f"{'log-uniform over [0.5, 2]' if a.spread else '1'}; SEs {'known' if a.known_se else 'from the seeds'}; "
+          f"tau = ratio x the within-comparison SE "
           f"({math.sqrt(np.mean(1.0 / np.arange(seeds[0], seeds[1] + 1))):.3f}); coverage (Monte Carlo SE); "
           f"* below {TARGET}")
     header = f"{'k':>3} {'ratio':>5} {'method':<11} {'mean':>14} {'prediction':>14} {'tau (Q-prof.)':>14} {'width':>7}"

@@ -224,9 +224,10 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
                  method: str = "pm", floor: bool = True) -> dict:
     """Pool ``metric`` of ``pair`` (defaults: the first readable folder's primary pair and its first primary
     metric) across compare ``folders``: ``{"metric", "label", "unit", "lower_is_better", "pair", "names",
-    "folders": [per folder: path, estimate, se, seeds, weight, provenance, note], "refused": [{"path", "why"}],
-    "pooled": Pooled.to_dict(), "by", "subgroups"}``. ``by``: a field of :data:`POOL_FIELDS` or ``preset.NAME``; each
-    of its values pooled on its own, and the difference between them tested (:func:`difftx.eval.pool.subgroup_test`). A folder that cannot be compared with the first (another unit
+    "tokenizer", "first", "folders": [per folder: path, estimate, se, seeds, weight, provenance, note],
+    "refused": [{"path", "why"}], "pooled": Pooled.to_dict(), "by", "subgroups"}``. ``by``: a field of
+    :data:`POOL_FIELDS` or ``preset.NAME``; each of its values pooled on its own, and the difference between them
+    tested (:func:`difftx.eval.pool.subgroup_test`). A folder that cannot be compared with the first (another unit
     or direction, no such pair or metric, fewer than 2 seeds, a metric in nats of another tokenizer, a machine
     measurement not compared there, the same folder twice) or cannot be read is refused with why; ValueError when
     the metric or pair is unknown in the first, or when no folder is left."""
@@ -277,7 +278,9 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
     pooled = pool([r["estimate"] for r in rows], [r["se"] for r in rows], method, floor=floor)
     for r, w in zip(rows, pooled.weights):
         r["weight"] = w
-    out = {**{k: ref[k] for k in ("metric", "label", "unit", "lower_is_better", "pair", "names", "digits")},
+    keys = ("metric", "label", "unit", "lower_is_better", "pair", "names", "digits", "tokenizer")
+    out = {**{k: ref[k] for k in keys},
+           "first": ref["folder"],
            "folders": rows, "refused": refused, "pooled": pooled.to_dict(), "by": by, "subgroups": None}
     if by is not None:
         groups: dict = {}
@@ -395,9 +398,11 @@ def format_pool(a: dict) -> str:
     prediction interval, the subgroups and the refused folders."""
     d = max(int(3 if a.get("digits") is None else a["digits"]), 3)
     unit = f" {a['unit']}" if a["unit"] else ""
-    lines = [f"{a['label']} ({a['metric']}{',' + unit if unit else ''}, {'lower' if a['lower_is_better'] else 'higher'} "
-             f"is better): {a['names'][0]} - {a['names'][1]} (pair {a['pair']!r}), pooled over "
-             f"{len(a['folders'])} compare folder{'s' if len(a['folders']) != 1 else ''}", ""]
+    better = "lower" if a["lower_is_better"] else "higher"
+    k = len(a["folders"])
+    lines = [f"{a['label']} ({a['metric']}{',' + unit if unit else ''}, {better} is better): "
+             f"{a['names'][0]} - {a['names'][1]} (pair {a['pair']!r}), pooled over {k} compare folder"
+             f"{'s' if k != 1 else ''}", ""]
     rows = [[r["path"], _num(r["estimate"], d), _num(r["se"], d, False), str(r["seeds"]), f"{100 * r['weight']:.1f}%",
              provenance_text(r["provenance"]) + (f" ({r['note'].split(':')[0]})" if r.get("note") else "")]
             for r in a["folders"]]
