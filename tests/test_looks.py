@@ -9,7 +9,7 @@ import pytest
 from difftx.compare.report import _looks_clause
 from difftx.compare.schema import CompareResult
 from difftx.eval.floor_fit import _curvature, _f_sf, floor_lack_of_fit
-from difftx.eval.stats import (LOOK_FIRST_SHARE, P_FLOOR, holm, look_adjusted, look_factor, look_share,
+from difftx.eval.stats import (LOOK_FIRST_SHARE, NO_SPREAD, P_FLOOR, holm, look_adjusted, look_factor, look_share,
                                paired_estimate, seeds_for_verdict, t_two_sided_p, verdict)
 
 
@@ -100,3 +100,24 @@ def test_no_p_value_is_zero_at_the_edges():
     assert steep["p"] is None or steep["p"] > 0
     assert _f_sf(math.inf, 3, 9) == P_FLOOR and 0 < _f_sf(1e300, 3, 9) and _f_sf(0.0, 3, 9) == 1.0
     assert not zero_p_values(floor_lack_of_fit(1e300, _f_sf(1e300, 3, 9), (3, 9), 1e150, 4))
+
+
+def test_seeds_that_all_differ_alike_get_their_test_and_no_interval_of_width_zero():
+    from difftx.compare.summary import short_verdict
+    from difftx.tasks.reporting import call, pair
+
+    est = paired_estimate(np.full(7, -250.0), np.zeros(7))
+    assert est.low is None and est.high is None and NO_SPREAD in est.note and est.p_value == 2 / 2 ** 7
+    text = verdict(est, "steps", lower_is_better=True, adjusted_p=look_adjusted(3 * est.p_value, 1), family_size=3,
+                   look=1)
+    assert "no spread, so no interval" in text and "DIFF is better" in text and "[" not in text, text
+    same = paired_estimate(np.full(7, 0.5), np.full(7, 0.5))  # identical seeds: the null itself, p = 1
+    assert same.low is None and same.p_value == 1.0 and "no detectable difference" in verdict(
+        same, "NLL", lower_is_better=True)
+    c = {"arms": ["diff", "baseline"], "paired": est.to_dict(), "p_adjusted": 0.049, "better": "diff", "gated": None}
+    assert pair(c) == "-250.000 (no spread: no interval), p_adj 0.049" and call(c) == "DIFF better"
+    c = {**c, "paired": same.to_dict(), "p_adjusted": 1.0, "better": None}
+    assert call(c) == "no detectable difference" and short_verdict(c) == "no interval: no spread"
+    # a bounded metric keeps the betting interval of its mean, which has width
+    bounded = paired_estimate(np.ones(7), np.zeros(7), bounds=(0.0, 1.0))
+    assert bounded.low is not None and bounded.high - bounded.low > 0.1

@@ -146,7 +146,9 @@ def test_constant_differences_never_give_p_zero():
     assert e.p_t is None and e.p_value == pytest.approx(2 / 32) and e.low is None
     assert "no conclusion" in verdict(e, "steps", lower_is_better=True)
     e8 = paired_estimate([-250.0] * 8, [0.0] * 8)
-    assert e8.p_value == pytest.approx(2 / 256) and e8.low == e8.high == -250.0
+    # no spread: a test of exchangeability, but no interval (one of width 0 would claim a certainty nothing backs)
+    assert e8.p_value == pytest.approx(2 / 256) and e8.low is None and e8.high is None and "no spread" in e8.note
+    assert "DIFF is better" in verdict(e8, "steps", lower_is_better=True)
     near = paired_estimate([-250.0 + 1e-9 * i for i in range(8)], [0.0] * 8)
     assert near.p_value == pytest.approx(2 / 256)
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import (holm, look_adjusted, look_factor, mean_interval, paired_estimate, power_plan, seeds_for_mean,
+from ..eval.stats import (NO_SPREAD, holm, look_adjusted, look_factor, mean_interval, paired_estimate, power_plan, seeds_for_mean,
                           seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
 from .arms import LABELS, PRIMARY, pairs
@@ -289,7 +289,8 @@ def short_verdict(c: dict, names: Optional[dict] = None) -> str:
     if need and n is not None and n < need:
         return f"too few seeds: {n} of {need}"
     if p.get("low") is None:
-        return f"no interval: {n} seed{'s' if n != 1 else ''}"
+        return "no interval: no spread" if NO_SPREAD in (p.get("note") or "") else \
+            f"no interval: {n} seed{'s' if n != 1 else ''}"
     return "no detectable difference"
 
 

@@ -189,6 +189,11 @@ def _normal_quantile(p: float) -> float:
 # -- the paired estimate ----------------------------------------------------------------------
 
 
+# the note of a paired difference whose seeds all differ by the same amount: an interval of width 0 would claim a
+# certainty that no spread backs, so there is none (the sign-flip test of exchangeability still applies)
+NO_SPREAD = "no spread, so no interval"
+
+
 def round_p(p: Optional[float]) -> Optional[float]:
     """A p-value kept to 4 significant digits (a p-value is not known to 16), rounded up, so that a stored p is
     never below the test's (a sign-flip p of 2 / 2^8 = 0.0078125 is kept as 0.007813, not 0.007812) and never 0."""
@@ -759,6 +764,9 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
                 f"{seeds_for_verdict(1, 1 - confidence)} paired seeds")
     elif bounds is not None:
         low, high = max(low, -span), min(high, span)
+    if low is not None and not high - low > 1e-12 * max(abs(low), abs(high), 1e-300):  # width 0: no spread at all
+        low = high = None
+        note = f"all {n} seeds' differences are {mean:+.4g}: {NO_SPREAD}"
     p = max(x for x in (p_t, p_sf) if x is not None)  # exchangeability; the mean's own test is betting_p
     return PairedEstimate(mean, low, high, p, p_sf, n, D.shape[1], confidence, method, float(a.mean()),
                           float(b.mean()), p_t=p_t, note=note, betting_p=p_bet, ties=ties,
@@ -917,10 +925,12 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
                  f"about {power_seeds} seeds" if power_seeds else
                  f"; resampling these {est.n} seeds' differences, a difference like this one does not reach 80% "
                  f"power within {POWER_MAX_SEEDS} seeds")
-    if est.low is None:
+    flat = est.low is None and NO_SPREAD in (est.note or "")  # a test, and no interval to show with it
+    if est.low is None and not flat:
         return head + f" ({est.note}{f' ({needed} in a family of {family_size})' if family_size else ''}): no " \
                       "conclusion at this scale and budget" + power
-    ci = (f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
+    ci = (f" ({est.note}; over {over}; p = {est.p_value:.3g}{holm_p})" if flat else
+          f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
           f"{over}; p = {est.p_value:.3g}{holm_p})")
     mean = _mean_words(est, alpha, mean_p, mean_seeds) + ("" if mean_plan is None else
                                                           "; " + mean_plan.describe(digits, unit))
@@ -938,7 +948,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     elif adjusted and est.p_value < alpha:
         why = "the unadjusted interval excludes 0, but the difference does not survive the Holm adjustment"
     else:
-        why = f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}"
+        why = (f"the sign-flip test of {est.n} equal differences does not reject" if flat else
+               f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}")
     return head + ci + f": no detectable difference at this scale and budget; {why}{mean}" + power
 
 
