@@ -14,8 +14,9 @@ Kernels: ``fwd`` (forward), ``bwd`` (the 5-product atomic backward), ``bwd_dkq``
 forward and the atomic backward are compiled over the grid, the others at their defaults. The
 32-row rows are references: they use ``mma.sync``, not ``wgmma``. The row marked ``*`` is
 ``block_config(d, arch=...)``'s choice; the line under each kernel names the config the selection rule
-picks (among configs that use ``wgmma`` and fit shared memory: least spilling, then no value
-split, then the larger tile, then fewer warps and stages), so a change of compiler that moves the pick shows up here.
+picks (among configs that use ``wgmma`` and fit shared memory: no value split, then the least
+spilled bytes per owned row (a thread's spilled bytes x threads / rows), then the larger tile,
+then fewer warps and stages; see :func:`pick`), so a change of compiler that moves the pick shows up here.
 sm_80 compiles only the defaults, for reference.
 
 Usage:
@@ -49,9 +50,9 @@ FWD_GRID = [(64, 32, 4, 2, 1, True), (64, 64, 4, 2, 1, True), (64, 32, 8, 2, 1, 
             (64, 32, 8, 2, 1, False), (64, 64, 8, 2, 1, False), (128, 32, 8, 2, 1, True), (128, 64, 8, 2, 1, True),
             (64, 64, 8, 3, 1, True), (64, 32, 4, 2, 2, True), (128, 64, 8, 2, 2, True), (64, 64, 16, 2, 1, True),
             (32, 16, 8, 2, 1, True)]
-BWD_GRID = [(64, 16, 4, 2, True), (64, 32, 4, 2, True), (64, 32, 8, 2, True), (64, 32, 8, 2, False),
-            (64, 64, 8, 2, True), (128, 32, 8, 2, True), (128, 64, 8, 2, True), (64, 32, 8, 3, True),
-            (64, 32, 16, 2, True), (32, 16, 8, 2, True), (32, 16, 4, 2, True)]
+BWD_GRID = [(64, 16, 4, 2, True), (64, 16, 8, 2, False), (64, 32, 4, 2, True), (64, 32, 8, 2, True),
+            (128, 16, 8, 2, True), (64, 64, 8, 2, True), (128, 32, 8, 2, True), (128, 64, 8, 2, True),
+            (64, 16, 8, 3, True), (64, 16, 16, 2, True), (32, 16, 8, 2, True), (32, 16, 4, 2, True)]
 
 
 def candidates(d: int, arch: int = 90, defaults_only: bool = False) -> list[tuple[str, tk.BlockConfig]]:
@@ -93,7 +94,9 @@ def report(d: int, dtype: str, arch: int, defaults_only: bool = False) -> list[d
         except Exception as e:  # noqa: BLE001 - an out-of-resources compile is a row of the report
             usage, error = {"registers": None, "spilled": None, "shared": None, "wgmma": 0, "mma": 0}, \
                 f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
-        rows.append({"d": d, "dtype": dtype, "arch": arch, "kernel": kernel, **tiles(kernel, cfg), **usage,
+        t = tiles(kernel, cfg)
+        per_row = None if usage["spilled"] is None else usage["spilled"] * 32 * t["warps"] // t["own"]
+        rows.append({"d": d, "dtype": dtype, "arch": arch, "kernel": kernel, **t, **usage, "spilled_per_row": per_row,
                      "fits": usage["shared"] is not None and usage["shared"] <= SHARED_LIMIT[arch],
                      "default": tiles(kernel, cfg) == tiles(kernel, base), "error": error,
                      "compile_s": round(time.time() - t0, 1)})
@@ -101,13 +104,14 @@ def report(d: int, dtype: str, arch: int, defaults_only: bool = False) -> list[d
 
 
 def pick(rows: list[dict]) -> dict | None:
-    """The selection rule: among rows that compiled, fit and use ``wgmma``, least spilling, then no
-    value split (it costs a third more forward products), then the larger tile (own x step), then
-    fewer warps and stages."""
+    """The selection rule: among rows that compiled, fit and use ``wgmma``: no value split (it costs
+    a third more forward products) where any, then the least spilling per owned row (spilled
+    bytes a thread x threads / rows the program owns: per-thread bytes alone favour more warps,
+    which spill less each but more in all), then the larger tile, then fewer warps and stages."""
     ok = [r for r in rows if r["error"] is None and r["fits"] and r["wgmma"] > 0 and r["spilled"] is not None]
     if not ok:
         return None
-    return min(ok, key=lambda r: (r["spilled"], r["split"], -r["own"] * r["step"], -r["own"], r["warps"],
+    return min(ok, key=lambda r: (r["split"], r["spilled_per_row"], -r["own"] * r["step"], -r["own"], r["warps"],
                                   r["stages"], r["loops"]))
 
 
@@ -120,9 +124,9 @@ def print_table(rows: list[dict]) -> None:
         return
     r0 = rows[0]
     print(f"\n## d {r0['d']}, {r0['dtype']}, sm_{r0['arch']}\n")
-    print("| kernel | own x step | warps | stages | value split | loops | registers | spilled B | shared KiB | wgmma "
-          "| mma |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kernel | own x step | warps | stages | value split | loops | registers | spilled B | spilled B a row "
+          "| shared KiB | wgmma | mma |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kernel in tk.OFFLINE_KERNELS:
         krows = [r for r in rows if r["kernel"] == kernel]
         for r in krows:
@@ -131,13 +135,14 @@ def print_table(rows: list[dict]) -> None:
             extra = f" ({r['error']})" if r["error"] else ""
             print(f"| {kernel}{mark} | {r['own']} x {r['step']} | {r['warps']} | {r['stages']} | {r['split']} | "
                   f"{r['loops']} | "
-                  f"{_fmt(r['registers'])} | {_fmt(r['spilled'])} | {shared} | {r['wgmma']} | {r['mma']}{extra} |")
+                  f"{_fmt(r['registers'])} | {_fmt(r['spilled'])} | {_fmt(r['spilled_per_row'])} | {shared} | "
+                  f"{r['wgmma']} | {r['mma']}{extra} |")
         if len(krows) > 1:
             best = pick(krows)
             what = "none uses wgmma and fits" if best is None else (
                 f"{best['own']} x {best['step']}, {best['warps']} warps, {best['stages']} stages, "
                 f"split {best['split']}, {best['loops']} loop(s)")
-            print(f"| {kernel}: rule picks {what} | | | | | | | | | | |")
+            print(f"| {kernel}: rule picks {what} | | | | | | | | | | | |")
 
 
 def main(argv=None) -> int:

@@ -184,19 +184,22 @@ def block_config(d: int, interpret: bool = INTERPRET, arch: int = 90) -> BlockCo
     registers and spilled bytes (``cuobjdump --dump-resource-usage``), shared memory, and whether
     the PTX uses Hopper's ``wgmma`` (64 rows a warpgroup, so tiles of at least 64 rows; smaller
     tiles fall back to ``mma.sync``). The rule, for the forward and the atomic backward: among
-    configs that use ``wgmma`` and fit shared memory, the least spilling, then no value split, then
-    the larger tile, then fewer warps and stages. The split backward keeps its earlier tiles (it is
-    the reference). All configs walk the other side in one masked loop (``one_loop``): the two
-    loops of before (unmasked tiles, then the diagonal) spill more, e.g. 2,352 against 1,648
-    bytes for the d=128 atomic backward. Triton 3.9, bf16, causal, sm_90 (docs/kernels.md has the
-    table):
+    configs that use ``wgmma`` and fit shared memory, no value split, then the least spilled bytes
+    per owned row (a thread's spilled bytes x threads / rows the program owns), then the larger
+    tile, then fewer warps and stages. The split backward keeps its earlier tiles (it is the
+    reference). All configs walk the other side in one masked loop (``one_loop``): the two loops
+    of before (unmasked tiles, then the diagonal) spill more, e.g. 1,952 against 1,352 bytes for
+    the d=128 atomic backward at (64, 16). Triton 3.9, bf16, causal, sm_90 (docs/kernels.md has
+    the table):
 
-    - d <= 64: forward (64, 64), 8 warps, no spills; atomic backward (64, 32), 8 warps: 472
-      spilled bytes (every 64-key backward tile spills; (32, 16) without wgmma spills none).
+    - d <= 64: forward (64, 64), 8 warps, no spills; atomic backward (64, 16), 8 warps: 264
+      spilled bytes a thread, 1,056 a key row (every 64-key backward tile spills; (32, 16)
+      without wgmma spills none).
     - d <= 128: forward (64, 32), 8 warps, 128 spilled bytes (a d=128 differential head holds two
       ``2d``-wide float32 accumulators a row, the state of a d=256 standard head); atomic backward
-      (64, 32), 8 warps, 1,648 spilled bytes ((32, 16) without wgmma: 456). The ``atomic_dv``
-      form's kernels spill 768 (dK/dQ) and 40 (dV) bytes at the same tiles.
+      (64, 16), 4 warps, 2,272 bytes a thread = 4,544 a key row (8 warps: 5,408; (128, 16), 8
+      warps: 5,120; (64, 32), 8 warps: 6,592; (32, 16) without wgmma: 3,648). The ``atomic_dv``
+      form's kernels spill 984 (dK/dQ) and 40 (dV, (64, 32), 8 warps) bytes a thread.
     - d <= 256: small tiles without ``wgmma`` (every 64-row config spills heavily).
     - Before sm_90 (no ``wgmma``), the atomic backward's kernels take (32, 16) tiles: at (64, 32), two loops,
       ptxas spills 824 bytes on sm_80 at d = 64 and, at d = 128, falls back to 32 registers
@@ -207,8 +210,8 @@ def block_config(d: int, interpret: bool = INTERPRET, arch: int = 90) -> BlockCo
     """
     if interpret:
         return INTERPRET_CONFIG
-    bwd = dict(bwd_own=64, bwd_step=32, bwd_warps=8, dv_own=64, dv_step=32, dv_warps=8) if arch >= 90 else \
-        dict(bwd_own=32, bwd_step=16, bwd_warps=8, dv_own=32, dv_step=16, dv_warps=8)
+    bwd = dict(bwd_own=64, bwd_step=16, bwd_warps=8 if d <= 64 else 4, dv_own=64, dv_step=32, dv_warps=8) \
+        if arch >= 90 else dict(bwd_own=32, bwd_step=16, bwd_warps=8, dv_own=32, dv_step=16, dv_warps=8)
     bwd["one_loop"] = True
     if d <= 64:
         return BlockConfig(fwd_own=64, fwd_step=64, kv_own=32, kv_step=16, q_own=64, q_step=32,
@@ -232,10 +235,10 @@ def autotune_configs(d: int, arch: int = 90) -> tuple[list[BlockConfig], list[Bl
     # the backends declare)
     if d <= 64:
         fwd = [(64, 64, 8, 1, True), (64, 64, 8, 1, False), (64, 32, 8, 1, True), (128, 64, 8, 1, True)]
-        bwd = [(64, 32, 8, True), (64, 32, 8, False), (32, 16, 8, True), (64, 64, 8, True)]
+        bwd = [(64, 16, 8, True), (64, 16, 8, False), (64, 32, 8, True), (32, 16, 8, True)]
     elif d <= 128:
         fwd = [(64, 32, 8, 1, True), (64, 32, 8, 1, False), (64, 64, 8, 1, True), (32, 16, 8, 1, True)]
-        bwd = [(64, 32, 8, True), (64, 32, 8, False), (32, 16, 8, True), (64, 64, 8, True)]
+        bwd = [(64, 16, 4, True), (64, 16, 8, True), (128, 16, 8, True), (32, 16, 8, True)]
     else:
         return [base], [base]
     if arch < 90:  # the fixed choice first
