@@ -20,11 +20,13 @@ makes it (the same functions), by each method:
 - ``PM+HKSJ``: the same with HKSJ's own ``q`` (``runs --pool --hksj plain``);
 - ``DL+HKSJ``: tau^2 by DerSimonian-Laird, HKSJ's own ``q``.
 
-Printed per cell (k, ratio) and method: the coverage of the true ``mu`` by the 95% interval, the expected coverage of
+Printed per cell (k, ratio) and method: the coverage of the true ``mu`` by the 95% interval; the expected coverage of
 a new comparison's true difference (``N(mu, tau^2)``) by the 95% prediction interval (exact given each run's interval,
-so only the runs vary), the coverage of the true tau by its Q-profile interval, and the median width of the mean's
-interval; each coverage with its Monte Carlo SE. Cells under 0.93 are flagged, and the last lines say where each
-method falls short. The default (20,000 runs per cell, 16 cells) takes under a minute on 2 CPU cores.
+so only the runs vary): the one ``runs --pool`` prints, over tau^2's confidence distribution (CD; the default method
+alone, over the first ``--pi-runs`` runs), and the plug-in one (t on ``k - 2`` df); the coverage of the true tau by its
+Q-profile interval; and the median width of the mean's interval. Each coverage has its Monte Carlo SE. Cells under
+0.93 are flagged, and the last lines say where each method falls short. The default (20,000 runs per cell, 2,000 of
+them for the CD interval, 16 cells) takes about 3 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -39,16 +41,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from difftx.eval.pool import hksj, prediction_interval, tau2_estimate, tau2_interval  # noqa: E402
+from difftx.eval.pool import (hksj, prediction_interval, prediction_interval_cd, tau2_estimate,  # noqa: E402
+                              tau2_interval)
 from difftx.eval.stats import _normal_cdf  # noqa: E402
 
 TARGET = 0.93
+WHAT = {"mean": "mean", "cd": "prediction (CD)", "pi": "prediction (plug-in)", "tau": "tau"}
 METHODS = {"PM+HKSJ>=1": ("pm", True), "PM+HKSJ": ("pm", False), "DL+HKSJ": ("dl", False)}
+DEFAULT = "PM+HKSJ>=1"
+
+
+def _pi_cover(lo, hi, mu: float, tau: float) -> np.ndarray:
+    """The probability that a new comparison's true difference, ``N(mu, tau^2)``, falls in ``[lo, hi]``."""
+    if tau > 0:
+        return _normal_cdf((hi - mu) / tau) - _normal_cdf((lo - mu) / tau)
+    return ((lo <= mu) & (mu <= hi)).astype(float)
 
 
 def simulate(k: int, ratio: float, runs: int, seeds: tuple[int, int], spread: bool, rng,
-             known_se: bool = False) -> dict:
-    """One cell: ``{method: {"mean", "pi", "tau", "width"}}`` (coverages as arrays of 0/1 or probabilities)."""
+             known_se: bool = False, pi_runs: int = 2000) -> dict:
+    """One cell: ``{method: {"mean", "pi", "cd", "tau", "width"}}`` (coverages as arrays of 0/1 or probabilities;
+    ``cd``, the interval ``runs --pool`` prints, for the default method alone, over the first ``pi_runs`` runs)."""
     n = rng.integers(seeds[0], seeds[1] + 1, size=(runs, k))
     sigma = np.exp(rng.uniform(math.log(0.5), math.log(2.0), size=(runs, k))) if spread else np.ones((runs, k))
     within = math.sqrt(np.mean(1.0 / np.arange(seeds[0], seeds[1] + 1)))
@@ -65,11 +78,11 @@ def simulate(k: int, ratio: float, runs: int, seeds: tuple[int, int], spread: bo
         tau2 = tau2_estimate(y, v, method)
         m, se, lo, hi = hksj(y, v, tau2, floor=floor)
         p_lo, p_hi = prediction_interval(m, se, tau2, k)
-        if tau > 0:
-            pi = _normal_cdf((p_hi - mu) / tau) - _normal_cdf((p_lo - mu) / tau)
-        else:
-            pi = ((p_lo <= mu) & (mu <= p_hi)).astype(float)
-        out[name] = {"mean": (lo <= mu) & (mu <= hi), "pi": pi, "tau": tau_cover, "width": np.median(hi - lo)}
+        cd = None
+        if name == DEFAULT:
+            cd = _pi_cover(*prediction_interval_cd(y[:pi_runs], v[:pi_runs], floor=floor), mu, tau)
+        out[name] = {"mean": (lo <= mu) & (mu <= hi), "pi": _pi_cover(p_lo, p_hi, mu, tau), "cd": cd,
+                     "tau": tau_cover, "width": np.median(hi - lo)}
     return out
 
 
@@ -86,6 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="3-14", help="the range of seeds per comparison, drawn uniformly")
     ap.add_argument("--spread", action="store_true",
                     help="each comparison's per-seed SD log-uniform over [0.5, 2] (default: all 1)")
+    ap.add_argument("--pi-runs", type=int, default=2000,
+                    help="the runs per cell whose prediction interval of runs --pool (CD) is measured (it simulates "
+                         "4,000 draws per run)")
     ap.add_argument("--known-se", action="store_true",
                     help="give every comparison its true SE (default: the SE of its simulated seeds)")
     ap.add_argument("--rng", type=int, default=0, help="random seed")
@@ -107,23 +123,26 @@ def main(argv=None) -> int:
           f"tau = ratio x the within-comparison SE "
           f"({math.sqrt(np.mean(1.0 / np.arange(seeds[0], seeds[1] + 1))):.3f}); coverage (Monte Carlo SE); "
           f"* below {TARGET}")
-    header = f"{'k':>3} {'ratio':>5} {'method':<11} {'mean':>14} {'prediction':>14} {'tau (Q-prof.)':>14} {'width':>7}"
+    header = (f"{'k':>3} {'ratio':>5} {'method':<11} {'mean':>14} {'pred. (CD)':>14} {'pred. plug-in':>14} "
+              f"{'tau (Q-prof.)':>14} {'width':>7}")
     print(header)
     print("-" * len(header))
     short: dict = {m: [] for m in METHODS}
     for k in ks:
         for r in ratios:
-            cell = simulate(k, r, a.runs, seeds, a.spread, rng, a.known_se)
+            cell = simulate(k, r, a.runs, seeds, a.spread, rng, a.known_se, a.pi_runs)
             for name, res in cell.items():
                 parts = []
-                for key in ("mean", "pi", "tau"):
+                for key in ("mean", "cd", "pi", "tau"):
+                    if res[key] is None:
+                        parts.append("- ")
+                        continue
                     c, se = _cov(res[key])
                     flag = "*" if c < TARGET else " "
                     parts.append(f"{c:.3f} ({se:.3f}){flag}")
-                    if c < TARGET and key != "tau":
-                        short[name].append(f"{'mean' if key == 'mean' else 'prediction'} {c:.3f} at k={k}, "
-                                           f"ratio {r:g}")
-                print(f"{k:>3} {r:>5g} {name:<11} {parts[0]:>14} {parts[1]:>14} {parts[2]:>14} {res['width']:>7.3f}")
+                    if c < TARGET:
+                        short[name].append(f"{WHAT[key]} {c:.3f} at k={k}, ratio {r:g}")
+                print(f"{k:>3} {r:>5g} {name:<11} " + " ".join(f"{x:>14}" for x in parts) + f" {res['width']:>7.3f}")
     print()
     for name, where in short.items():
         print(f"{name}: " + ("coverage >= {:.2f} in every cell".format(TARGET) if not where else

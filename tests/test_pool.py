@@ -47,7 +47,7 @@ def test_dersimonian_laird_and_hksj_match_the_hand_computation():
     assert (p.low, p.high) == pytest.approx((mu - t * se_mu, mu + t * se_mu))
     t2 = t_quantile(0.975, 3)
     half = t2 * math.sqrt(tau2 + se_mu ** 2)
-    assert (p.pi_low, p.pi_high) == pytest.approx((mu - half, mu + half))
+    assert (p.pi_plugin_low, p.pi_plugin_high) == pytest.approx((mu - half, mu + half))
     assert p.q_p == pytest.approx(0.083245, rel=1e-4)  # chi-square tail of Q on 4 df
     assert sum(p.weights) == pytest.approx(1.0)
 
@@ -60,6 +60,35 @@ def test_paule_mandel_sets_the_generalised_q_to_its_expectation():
     p = P.pool(Y, SE, "pm")
     w = 1 / (SE ** 2 + tau2)
     assert p.se == pytest.approx(1 / math.sqrt(w.sum())) and p.re_se == pytest.approx(p.se)
+
+
+def test_prediction_interval_from_taus_confidence_distribution():
+    """The interval, recomputed one grid point at a time with a plain bisection."""
+    k, grid, draws = len(Y), 20, 10
+    v = SE ** 2
+    rng = np.random.default_rng(0)
+    t, z = rng.standard_t(k - 1, size=(grid, draws)), rng.standard_normal((grid, draws))
+    thetas = []
+    for j in range(grid):
+        u = P.chi2_quantile((j + 0.5) / grid, k - 1)
+        lo, hi = 0.0, 10.0
+        if float(P.q_statistic(Y, v, 0.0)) <= u:
+            tau2 = 0.0
+        else:
+            for _ in range(100):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if float(P.q_statistic(Y, v, mid)) > u else (lo, mid)
+            tau2 = (lo + hi) / 2
+        w = 1 / (v + tau2)
+        mu = (w * Y).sum() / w.sum()
+        se = math.sqrt(max(1.0, (w * (Y - mu) ** 2).sum() / (k - 1)) / w.sum())
+        thetas += [mu + t[j, i] * se + z[j, i] * math.sqrt(tau2) for i in range(draws)]
+    want = np.quantile(thetas, [0.025, 0.975])
+    assert P.prediction_interval_cd(Y, v, grid=grid, draws=draws) == pytest.approx(tuple(want), rel=1e-9)
+    p = P.pool(Y, SE)
+    assert p.pi_low < p.low < p.mean < p.high < p.pi_high
+    assert (p.pi_low, p.pi_high) == P.prediction_interval_cd(Y, v)  # a fixed seed: the same every time
+    assert p.to_dict()["prediction"] == "tau^2's confidence distribution"
 
 
 def test_q_profile_interval_of_tau():

@@ -5,7 +5,6 @@ FOLDER ...``: one metric's paired difference pooled across compare folders (a ra
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import textwrap
 from pathlib import Path
@@ -449,5 +448,6 @@ def _pooled_lines(p: dict, d: int, unit: str) -> list[str]:
         out.append("prediction interval for a new comparison: none (" + "; ".join(p["notes"]) + ")")
     else:
         out.append(f"prediction interval for a new comparison: [{_num(p['pi_low'], d)}, {_num(p['pi_high'], d)}]"
-                   f"{unit} (t on {p['prediction_df']} df)")
+                   f"{unit} ({pct}, over {p['prediction']}; plug-in t on {p['prediction_plugin_df']} df: "
+                   f"[{_num(p['pi_plugin_low'], d)}, {_num(p['pi_plugin_high'], d)}])")
     return out

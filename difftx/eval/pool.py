@@ -19,8 +19,11 @@ Formulas (the standard ones; written from the definitions):
   ``q = Q(tau^2) / (k - 1)``; valid with few comparisons where the normal (Wald) interval is too narrow.
 - I^2: ``max(0, (Q(0) - (k - 1)) / Q(0))`` (Higgins and Thompson), the share of the spread of the estimates beyond
   what their standard errors explain.
-- the prediction interval for the true difference of a new comparison (Higgins, Thompson and Spiegelhalter 2009):
-  ``mu +- t_{k-2} sqrt(tau^2 + SE(mu)^2)`` with the HKSJ standard error; none with fewer than 3 comparisons.
+- the prediction interval for the true difference of a new comparison: from the predictive distribution that
+  carries tau^2's uncertainty (its Q-profile confidence distribution, after Nagashima, Noma and Furukawa 2019:
+  :func:`prediction_interval_cd`); beside it, for reference, the plug-in interval of Higgins, Thompson and
+  Spiegelhalter (2009), ``mu +- t_{k-2} sqrt(tau^2 + SE(mu)^2)`` with the HKSJ standard error, which covers too
+  little when tau is small next to the standard errors. None with fewer than 3 comparisons.
 - subgroups: each pooled on its own (its own tau^2), then ``Q_between = sum W_g (mu_g - mu_bar)^2`` with
   ``W_g = 1 / SE(mu_g)^2`` (the random-effects variance ``1 / sum w_i``), chi-square on ``G - 1`` df.
 
@@ -237,48 +240,87 @@ def prediction_interval(mean, se, tau2, k: int, confidence: float = 0.95):
     return mean - half, mean + half
 
 
+PI_GRID, PI_DRAWS = 100, 40  # the confidence distribution's tau^2 at 100 quantiles, 40 draws of the rest at each
+
+
+def prediction_interval_cd(y, v, confidence: float = 0.95, floor: bool = True, grid: int = PI_GRID,
+                           draws: int = PI_DRAWS, seed: int = 0):
+    """``(low, high)``: the prediction interval for a new comparison's true difference from the predictive
+    distribution that carries the uncertainty of tau^2 (after Nagashima, Noma and Furukawa 2019; needs ``k >= 3``).
+    tau^2 is taken at ``grid`` evenly spaced quantiles of its confidence distribution (the Q-profile's:
+    ``Q(tau^2) = u`` for ``u`` the chi-square ``k - 1`` quantiles, 0 where ``Q(0) <= u``); at each, the new true
+    difference is ``mu(tau^2) + T SE(tau^2) + Z tau`` (``SE``: HKSJ's, ``floor`` as in :func:`hksj`; ``T`` Student t
+    on ``k - 1`` df, ``Z`` standard normal, ``draws`` of each from a fixed ``seed``, the same for every analysis),
+    and the interval is the central ``confidence`` of all of them. The plug-in interval
+    (:func:`prediction_interval`) treats tau^2 as known and covers too little when tau is small next to the
+    standard errors (``benchmarks/pool_coverage.py``)."""
+    y, v = _arrays(y, v)
+    k = y.shape[-1]
+    if k < 3:
+        raise ValueError(f"prediction_interval_cd: needs at least 3 comparisons, got {k}")
+    u = np.array([chi2_quantile((j + 0.5) / grid, k - 1) for j in range(grid)])
+    yg, vg = y[..., None, :], v[..., None, :]
+    tau2 = _solve_q(np.broadcast_to(yg, y.shape[:-1] + (grid, k)), np.broadcast_to(vg, v.shape[:-1] + (grid, k)), u)
+    w = 1.0 / (vg + tau2[..., None])
+    sw = w.sum(-1)
+    mu = (w * yg).sum(-1) / sw
+    q = (w * (yg - mu[..., None]) ** 2).sum(-1) / (k - 1)
+    se = np.sqrt((np.maximum(q, 1.0) if floor else q) / sw)
+    rng = np.random.default_rng(seed)
+    t, z = rng.standard_t(k - 1, size=(grid, draws)), rng.standard_normal((grid, draws))
+    theta = mu[..., None] + t * se[..., None] + z * np.sqrt(tau2)[..., None]
+    theta = theta.reshape(theta.shape[:-2] + (grid * draws,))
+    alpha = 1.0 - confidence
+    return np.quantile(theta, alpha / 2, axis=-1), np.quantile(theta, 1.0 - alpha / 2, axis=-1)
+
+
 # -- one meta-analysis, as reported ------------------------------------------------------------------------
 
 
 @dataclass
 class Pooled:
     """A random-effects meta-analysis of ``k`` comparisons (``None`` where ``k`` is too small: ``notes`` says why).
-    ``weights``: each comparison's share of the pooled mean (``w_i / sum w``, at ``tau2``)."""
+    ``weights``: each comparison's share of the pooled mean (``w_i / sum w``, at ``tau2``); ``pi_low``, ``pi_high``:
+    the prediction interval (:func:`prediction_interval_cd`); ``pi_plugin_low``, ``pi_plugin_high``: the plug-in
+    one (:func:`prediction_interval`), for reference."""
 
     k: int
     mean: float
     se: Optional[float]
-    low: Optional[float]
-    high: Optional[float]
-    df: Optional[int]
-    tau2: Optional[float]
-    tau: Optional[float]
-    tau_low: Optional[float]
-    tau_high: Optional[float]
-    i2: Optional[float]
-    q: Optional[float]
-    q_p: Optional[float]
-    pi_low: Optional[float]
-    pi_high: Optional[float]
     weights: list
     method: str
     confidence: float = 0.95
     floor: bool = True
     re_se: Optional[float] = None  # the ordinary random-effects standard error 1 / sqrt(sum w_i) (subgroup test's)
+    low: Optional[float] = None
+    high: Optional[float] = None
+    df: Optional[int] = None
+    tau2: Optional[float] = None
+    tau: Optional[float] = None
+    tau_low: Optional[float] = None
+    tau_high: Optional[float] = None
+    i2: Optional[float] = None
+    q: Optional[float] = None
+    q_p: Optional[float] = None
+    pi_low: Optional[float] = None
+    pi_high: Optional[float] = None
+    pi_plugin_low: Optional[float] = None
+    pi_plugin_high: Optional[float] = None
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "tau2_method": METHOD_NAMES[self.method], "interval": (None if self.k < 2 else
-                                                                   "HKSJ, q >= 1" if self.floor else "HKSJ"),
-                "prediction_df": self.k - 2 if self.k >= 3 else None}
+        return {**asdict(self), "tau2_method": METHOD_NAMES[self.method],
+                "interval": None if self.k < 2 else "HKSJ, q >= 1" if self.floor else "HKSJ",
+                "prediction": None if self.k < 3 else "tau^2's confidence distribution",
+                "prediction_plugin_df": self.k - 2 if self.k >= 3 else None}
 
 
 def pool(y: Sequence[float], se: Sequence[float], method: str = "pm", confidence: float = 0.95,
          floor: bool = True) -> Pooled:
     """Pool estimates ``y`` with standard errors ``se``: tau^2 by ``method`` (``"pm"`` Paule-Mandel, ``"dl"``
     DerSimonian-Laird) with its Q-profile interval (reported as tau), the HKSJ interval of the mean (``floor``: its
-    factor ``q`` kept at least 1, see :func:`hksj`), I^2, Cochran's Q with its p-value and the prediction interval.
-    One comparison: its own estimate, nothing pooled."""
+    factor ``q`` kept at least 1, see :func:`hksj`), I^2, Cochran's Q with its p-value and the prediction intervals
+    (from 3 comparisons on). One comparison: its own estimate, nothing pooled."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence: must be in (0, 1), got {confidence}")
     y_, v = _arrays(y, np.square(np.asarray(se, dtype=np.float64)))
@@ -286,23 +328,24 @@ def pool(y: Sequence[float], se: Sequence[float], method: str = "pm", confidence
         raise ValueError(f"y: one estimate per comparison (1-D), got shape {y_.shape}")
     k = y_.size
     if k == 1:
-        return Pooled(1, float(y_[0]), float(math.sqrt(v[0])), None, None, None, None, None, None, None, None, None,
-                      None, None, None, [1.0], method, confidence, floor, float(math.sqrt(v[0])),
-                      ["one comparison: nothing to pool (no between-comparison spread, no interval)"])
+        se1 = float(math.sqrt(v[0]))
+        return Pooled(1, float(y_[0]), se1, [1.0], method, confidence, floor, se1,
+                      notes=["one comparison: nothing to pool (no between-comparison spread, no interval)"])
     tau2 = float(tau2_estimate(y_, v, method))
     mean, se_mu, low, high = (float(x) for x in hksj(y_, v, tau2, confidence, floor))
     t_lo, t_hi = (float(x) for x in tau2_interval(y_, v, confidence))
     w = 1.0 / (v + tau2)
     q = float(q_statistic(y_, v))
-    notes = []
+    out = Pooled(k, mean, se_mu, (w / w.sum()).tolist(), method, confidence, floor, float(1.0 / math.sqrt(w.sum())),
+                 low=low, high=high, df=k - 1, tau2=tau2, tau=math.sqrt(tau2), tau_low=math.sqrt(t_lo),
+                 tau_high=math.sqrt(t_hi), i2=float(i_squared(y_, v)), q=q, q_p=chi2_sf(q, k - 1))
     if k >= 3:
-        pi_low, pi_high = (float(x) for x in prediction_interval(mean, se_mu, tau2, k, confidence))
+        out.pi_low, out.pi_high = (float(x) for x in prediction_interval_cd(y_, v, confidence, floor))
+        out.pi_plugin_low, out.pi_plugin_high = (float(x) for x in prediction_interval(mean, se_mu, tau2, k,
+                                                                                       confidence))
     else:
-        pi_low = pi_high = None
-        notes.append("a prediction interval needs at least 3 comparisons")
-    return Pooled(k, mean, se_mu, low, high, k - 1, tau2, math.sqrt(tau2), math.sqrt(t_lo), math.sqrt(t_hi),
-                  float(i_squared(y_, v)), q, chi2_sf(q, k - 1), pi_low, pi_high, (w / w.sum()).tolist(), method,
-                  confidence, floor, float(1.0 / math.sqrt(w.sum())), notes)
+        out.notes.append("a prediction interval needs at least 3 comparisons")
+    return out
 
 
 def subgroup_test(groups: dict) -> dict:
