@@ -238,6 +238,7 @@ def test_runs_pool_end_to_end(tmp_path, capsys):
     assert any(line.startswith(f"  {tmp_path / 'steps'}: ") for line in lines)  # one line per refused folder
     assert "pooled (HKSJ, q >= 1; tau^2 Paule-Mandel)" in text and "prediction interval for a new comparison: [" in text
     assert "AMD EPYC AVX512, abc1234, init torch" in text  # the provenance of each row
+    assert "each folder's SE is taken as exact; from 3 seeds" in text and "2 seeds in" not in text
 
 
 def test_runs_pool_subgroups_choices_and_plot(tmp_path, capsys):

@@ -408,6 +408,14 @@ def format_pool(a: dict) -> str:
     lines += _aligned(rows, ["folder", "estimate", "SE", "seeds", "weight", "text, size, machine, commit, regime"])
     lines.append("")
     lines += _pooled_lines(a["pooled"], d, unit)
+    if a["pooled"]["k"] > 1:
+        lines.append(f"(each folder's SE is taken as exact; from {min(r['seeds'] for r in a['folders'])} seeds it is "
+                     "not, and tau's interval and I^2 read its noise as spread between folders: "
+                     "benchmarks/pool_coverage.py measures it)")
+    two = [r["path"] for r in a["folders"] if r["seeds"] == 2]
+    if two:
+        lines.append(f"(2 seeds in {', '.join(two)}: an SE on 1 degree of freedom, below the 3-14 seeds per folder "
+                     "whose coverage benchmarks/pool_coverage.py checks)")
     if a.get("subgroups"):
         s = a["subgroups"]
         lines += ["", f"by {a['by']}:"]
