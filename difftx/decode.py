@@ -36,19 +36,33 @@ def check_static(model: Transformer, backend: Optional[str] = None) -> None:
         static_backend(backend if backend is not None else attn.backend)
 
 
+# Inductor's options for a static step compiled on CPU: store a pointwise result once it has 2 or more ops instead
+# of recomputing it in each consumer. Inductor's CPU default (50) inlines the new key's RoPE (a power, a cosine and
+# a sine per element) into the loop of the scores over every key of the buffer (the static write is an
+# index_copy of the whole buffer there, and the matrix-vector products decompose into loops): 18 ms a step against
+# 3.5 ms for DIFF (D 512, 2 layers, T 1024, one thread). On CUDA the products stay cuBLAS calls, whose inputs are
+# stored anyway.
+CPU_INDUCTOR_OPTIONS = {"realize_opcount_threshold": 2}
+
+
 def compile_options(compile: CompileOption, device: torch.device) -> Optional[dict]:
     """``torch.compile`` keywords for a static step: ``fullgraph=True, dynamic=False`` and, on CUDA,
-    ``mode="reduce-overhead"`` (CUDA graphs); a mapping overrides or adds keywords (``{"backend": "aot_eager"}``);
-    ``False``: None (no compiling)."""
+    ``mode="reduce-overhead"`` (CUDA graphs), on CPU inductor's :data:`CPU_INDUCTOR_OPTIONS`; a mapping overrides
+    or adds keywords (``{"backend": "aot_eager"}``); ``False``: None (no compiling)."""
     if compile is False or compile is None:
         return None
     opts: dict = {"fullgraph": True, "dynamic": False}
     if torch.device(device).type == "cuda":
         opts["mode"] = "reduce-overhead"
+    else:
+        opts["options"] = dict(CPU_INDUCTOR_OPTIONS)
     if isinstance(compile, Mapping):
         opts.update(compile)
         if opts.get("backend") not in (None, "inductor"):
-            opts.pop("mode", None)  # a mode is inductor's alone
+            opts.pop("mode", None)  # a mode and options are inductor's alone
+            opts.pop("options", None)
+        elif "mode" in compile:
+            opts.pop("options", None)  # torch.compile takes a mode or options, not both
     elif compile is not True:
         raise ValueError(f"compile: expected True, False or a mapping of torch.compile keywords, got {compile!r}")
     return opts

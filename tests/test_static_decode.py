@@ -124,7 +124,9 @@ def test_compiled_static_decoding_compiles_once():
 
 def test_compile_options():
     assert compile_options(False, torch.device("cpu")) is None
-    assert compile_options(True, torch.device("cpu")) == {"fullgraph": True, "dynamic": False}
+    assert compile_options(True, torch.device("cpu")) == {"fullgraph": True, "dynamic": False,
+                                                          "options": {"realize_opcount_threshold": 2}}
+    assert "options" not in compile_options({"mode": "max-autotune"}, torch.device("cpu"))
     assert compile_options(True, torch.device("cuda"))["mode"] == "reduce-overhead"
     assert "mode" not in compile_options({"backend": "aot_eager"}, torch.device("cuda"))
     with pytest.raises(ValueError, match="compile"):
