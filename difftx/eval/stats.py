@@ -149,9 +149,9 @@ P_FLOOR = 1e-300  # the least p-value a t or F test reports: the tail below it i
 
 def t_two_sided_p(t: float, df: float) -> float:
     """The two-sided p-value ``P(|T| >= |t|)`` of Student's t with ``df`` degrees of freedom, from the tail itself
-    (``I_{df / (df + t^2)}(df / 2, 1 / 2)``, not ``1 - CDF``, which cancels to 0 beyond ``|t|`` of about 10^8 / 30
-    at few degrees of freedom) and at least :data:`P_FLOOR` (a bound where the tail underflows; ``|t|`` infinite
-    included): never 0."""
+    (``I_{df / (df + t^2)}(df / 2, 1 / 2)``, not ``1 - CDF``, which rounds to 0 once the tail is below about 1e-16:
+    ``|t|`` beyond 58 at 14 seeds, 985 at 7) and at least :data:`P_FLOOR` (a bound where the tail underflows; ``|t|``
+    infinite included): never 0."""
     if not df > 0:
         raise ValueError(f"t_two_sided_p: df must be positive, got {df}")
     if math.isnan(t):
