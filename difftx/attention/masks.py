@@ -60,7 +60,8 @@ class AttentionMask:
 
     def is_plain_causal(self, T: int, S: int) -> bool:
         """True when a kernel's built-in causal flag expresses the mask exactly."""
-        return not self.is_static and self.causal and self.key_valid is None and self.doc_ids is None and T == S and self.q_offset == 0
+        return (not self.is_static and self.causal and self.key_valid is None and self.doc_ids is None and T == S
+                and self.q_offset == 0)
 
     def is_unmasked(self) -> bool:
         return not self.causal and self.key_valid is None and self.doc_ids is None
