@@ -261,7 +261,9 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
                 fn = static_decoder(models[kind], statics[kind], backend=backend, compile=opts)
                 calls[name] = lambda kind=kind, fn=fn: static(kind, fn)
         # each compiled candidate is one more graph of the same step function: room for all of them
-        with torch._dynamo.config.patch(recompile_limit=max(64, 4 * len(candidates) * len(seq_lens))):
+        dyn = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"  # its older name
+        with dyn.patch(**{limit: max(64, 4 * len(candidates) * len(seq_lens))}):
             rows += _time_alternating(calls, T, "decode", repeats, max(warmup, 3 if "compiled" in steps else 0),
                                       dev, timer, progress, mem)
         caches.clear()  # free this length's caches before the next prefill
