@@ -153,6 +153,10 @@ def test_static_cache_refusals():
         generate(model, PROMPTS, 2, static_cache=True, backend="chunked")
     with pytest.raises(ValueError, match="compile: compiled decoding needs static_cache=True"):
         generate(model, PROMPTS, 2, compile=True)
+    with pytest.raises(ValueError, match="static_cache: needs use_cache=True"):
+        generate(model, [[1, 2]], 2, static_cache=True, use_cache=False)
+    with pytest.raises(ValueError, match="compile: expected True, False or a mapping"):
+        generate(model, PROMPTS, 2, static_cache=True, compile="yes")
 
 
 def test_static_cache_refuses_a_kind_that_overrides_forward(monkeypatch):
