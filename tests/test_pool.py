@@ -263,8 +263,10 @@ def test_runs_pool_subgroups_choices_and_plot(tmp_path, capsys):
     assert "--metric" in err and "lm_nll" in err  # the metrics there are, listed
     assert main(["runs", "--pool", *folders, "--pair", "x vs y"]) == 2
     assert "'diff vs baseline'" in capsys.readouterr().err
-    assert main(["runs", folders[0], "--metric", "lm_nll"]) == 2
-    assert "apply with --pool" in capsys.readouterr().err
+    assert main(["runs", folders[0], "--metric", "lm_nll", "--hksj", "plain"]) == 2
+    assert "--metric, --hksj: apply with --pool" in capsys.readouterr().err
+    assert main(["runs", "--pool", *folders, "--hksj", "plain", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["pooled"]["interval"] == "HKSJ"
     assert main(["runs", "--pool", str(tmp_path / "damaged")]) == 2
     assert "no folder left to pool" in capsys.readouterr().err
     pytest.importorskip("matplotlib")

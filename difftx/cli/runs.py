@@ -41,9 +41,9 @@ def register(sub) -> None:
                    help=f"with --pool: pool within each value of a field the folders record and test the "
                         f"difference between them: {', '.join(POOL_FIELDS)}, or preset.NAME (any preset field, "
                         f"e.g. preset.lr)")
-    p.add_argument("--tau-method", choices=("pm", "dl"), default="pm",
+    p.add_argument("--tau-method", choices=("pm", "dl"), default=None,
                    help="with --pool: the estimator of tau^2: pm (Paule-Mandel, default) or dl (DerSimonian-Laird)")
-    p.add_argument("--hksj", choices=("floored", "plain"), default="floored",
+    p.add_argument("--hksj", choices=("floored", "plain"), default=None,
                    help="with --pool: the HKSJ factor q kept at least 1 (floored, default: never narrower than the "
                         "ordinary random-effects interval; benchmarks/pool_coverage.py) or HKSJ's own (plain)")
     p.add_argument("--json", metavar="FILE", help="with --pool: also write the whole analysis as JSON")
@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.pool:
         return run_pool(args)
     pool_only = [f for f, v in (("--metric", args.metric), ("--pair", args.pair), ("--by", args.by),
-                                ("--json", args.json)) if v is not None]
+                                ("--json", args.json), ("--tau-method", args.tau_method), ("--hksj", args.hksj))
+                 if v is not None]
     if pool_only:
         raise ValueError(f"{', '.join(pool_only)}: apply with --pool")
     from ..training.summary import (  # lazy: torch; --help stays fast
@@ -203,8 +204,8 @@ def run_pool(args: argparse.Namespace) -> int:
         raise ValueError("--plot and --json: the same file")
     if args.plot:  # fail before reading anything when matplotlib is missing
         import matplotlib  # noqa: F401
-    analysis = pool_folders(args.runs, metric=args.metric, pair=args.pair, by=args.by, method=args.tau_method,
-                            floor=args.hksj == "floored")
+    analysis = pool_folders(args.runs, metric=args.metric, pair=args.pair, by=args.by, method=args.tau_method or "pm",
+                            floor=args.hksj != "plain")
     print(format_pool(analysis))
     if args.json:
         from ..io import atomic_write, dumps_strict
