@@ -216,7 +216,7 @@ def run_pool(args: argparse.Namespace) -> int:
     if args.plot:
         from ..eval.pool_plot import plot_forest
 
-        print(f"wrote {plot_forest(analysis, args.plot)}")
+        print(f"wrote {plot_forest(analysis, args.plot, lambda r: provenance_text(r['provenance']))}")
     return 0
 
 

@@ -16,10 +16,9 @@ def _diamond(ax, y: float, p: dict, color: str) -> None:
     ax.fill([p["low"], p["mean"], p["high"], p["mean"]], [y, y + 0.3, y, y - 0.3], color=color, zorder=3)
 
 
-def plot_forest(analysis: dict, path: PathLike) -> "PathLike":
-    """Write the forest plot of :func:`difftx.cli.runs.pool_folders`'s ``analysis`` to ``path``; returns it."""
-    from ..cli.runs import provenance_text
-
+def plot_forest(analysis: dict, path: PathLike, describe=None) -> "PathLike":
+    """Write the forest plot of :func:`difftx.cli.runs.pool_folders`'s ``analysis`` to ``path``; returns it.
+    ``describe``: a folder's row (a dict) to the provenance line under its path (default: none)."""
     plt = _plt()
     rows = analysis["folders"]
     groups = (analysis.get("subgroups") or {}).get("groups") or {}
@@ -34,7 +33,7 @@ def plot_forest(analysis: dict, path: PathLike) -> "PathLike":
             ax.plot([r["estimate"] - half, r["estimate"] + half], [y, y], color="tab:gray", lw=1.2)
             ax.plot([r["estimate"]], [y], "s", color="tab:blue", ms=4 + 14 * r["weight"] ** 0.5)
             ticks.append(y)
-            labels.append(f"{r['path']} ({r['seeds']} seeds)\n{provenance_text(r['provenance'])}")
+            labels.append(f"{r['path']} ({r['seeds']} seeds)" + (f"\n{describe(r)}" if describe else ""))
             y -= 1
         if g is not None:
             _diamond(ax, y, groups[g], "tab:purple")
