@@ -14,6 +14,7 @@ import torch
 from difftx.cli import main
 from difftx.compare import tune as T
 from difftx.compare.schema import ArmRecord, CompareResult, Comparison
+from difftx.eval.stats import look_factor
 from test_compare import FAST, as_sets
 
 LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
@@ -180,10 +181,10 @@ def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
                        (["--seeds", "2", "--tune", "lr=0.001", "--sweep", "lr=0.1,0.2"], "choose one"),
                        (["--seeds", "2", "--tune", "lr=0.001", "--set", "lr=0.002"], "in one place"),
                        # values the trainer would refuse: refused before anything trains (issue 41 item 5)
-                       (["--seeds", "2", "--tune", "lr=inf"], "ComparePreset.lr: must be a positive number, got inf"),
+                       (["--seeds", "2", "--tune", "lr=inf"], "ComparePreset.lr: must be a finite number, got inf"),
                        (["--seeds", "2", "--tune", "weight_decay=-1"], "ComparePreset.weight_decay: must be a non-neg"),
-                       (["--seeds", "2", "--tune", "grad_clip=0.5,inf"], "ComparePreset.grad_clip: must be a non-neg"),
-                       (["--seeds", "1", "--set", "lr=inf"], "ComparePreset.lr: must be a positive number, got inf"),
+                       (["--seeds", "2", "--tune", "grad_clip=0.5,inf"], "ComparePreset.grad_clip: must be a finite number"),
+                       (["--seeds", "1", "--set", "lr=inf"], "ComparePreset.lr: must be a finite number, got inf"),
                        (["--seeds", "1", "--set", "weight_decay=-1"], "ComparePreset.weight_decay: must be a non-")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
@@ -306,8 +307,10 @@ def test_selection_aware_hulls_the_interval_and_rewrites_the_verdict():
     assert sel["mean"] == pytest.approx(paired["mean"])
     assert c["paired"]["low"] == min(paired["low"], sel["low"]) and c["paired"]["high"] == max(paired["high"],
                                                                                                  sel["high"])
-    assert c["paired"]["p_value"] == max(paired["p_value"], sel["p_value"]) and c["p_adjusted"] == c["paired"][
-        "p_value"]
+    # one primary (Holm leaves it), the first look (alpha spent over looks: p x look_factor(1))
+    assert c["paired"]["p_value"] == max(paired["p_value"], sel["p_value"])
+    assert c["p_adjusted"] == pytest.approx(min(1.0, c["paired"]["p_value"] * look_factor(1)))
+    assert c["look_factor"] == round(look_factor(1), 4)
     assert c["verdict"].startswith("LM NLL") and c["better"] in (None, "diff", "baseline")
 
 

@@ -42,7 +42,8 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "short DIFF-vs-baseline demo on built-in data",
     "info": "show a model config, its parameter counts and its matched baseline",
     "train": "train a DIFF model or its baseline (resumable; torchrun for many GPUs)",
-    "runs": "training runs side by side (params, tokens/s, best and final validation loss); --plot curves",
+    "runs": "training runs side by side (params, tokens/s, best and final validation loss); --plot curves; --pool: "
+            "one metric pooled across compare folders",
     "generate": "sample text from a checkpoint with the KV cache",
     "tokenizer": "train a BPE tokenizer locally on text files",
     "bench": "benchmark DIFF attention against the parameter-matched baseline",

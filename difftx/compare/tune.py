@@ -414,7 +414,7 @@ def selection_jackknife(x: dict, val: dict, a: str, b: str, confidence: float = 
     seed in turn, and the interval and p-value are t on ``n - 1`` degrees of freedom. Choices read
     the other seeds, so the seeds' differences are not independent: a t interval over them is too
     narrow where values nearly tie (``tests/test_tune.py`` simulates it). Needs 3 seeds."""
-    from ..eval.stats import round_p, t_cdf, t_quantile
+    from ..eval.stats import round_p, t_quantile, t_two_sided_p
 
     n = len(next(iter(x[a].values())))
 
@@ -432,7 +432,7 @@ def selection_jackknife(x: dict, val: dict, a: str, b: str, confidence: float = 
     if se == 0:
         return {"mean": est, "low": None, "high": None, "p_value": None, "n": n, "note": "no spread over seeds"}
     half = t_quantile(0.5 + confidence / 2, n - 1) * se
-    p = 2 * (1 - t_cdf(abs(est) / se, n - 1))
+    p = t_two_sided_p(abs(est) / se, n - 1)  # from the tail: never rounded to 0
     return {"mean": est, "low": est - half, "high": est + half, "p_value": round_p(min(1.0, p)), "n": n,
             "note": None}
 
@@ -442,7 +442,7 @@ def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val:
     the hull of the comparison's own and :func:`selection_jackknife`'s, its p-value the larger of
     the two (kept under ``selection``), then Holm over the primary family again and the verdicts
     rewritten. ``tasks_at[arm][value]``: the seeds' task results at that value."""
-    from ..eval.stats import PairedEstimate, holm, verdict
+    from ..eval.stats import PairedEstimate, holm, look_adjusted, look_factor, verdict
     from ..tasks import TASKS
     from .summary import ALPHA, _finite, _value
 
@@ -466,15 +466,17 @@ def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val:
         if sel["p_value"] is not None:
             pr["p_value"] = max(pr["p_value"], sel["p_value"])
         pr["method"] = f"{pr['method']}; hulled with the jackknife over seeds of the choice and the difference"
+    look = int(results.look or 1)  # this reading of the folder: its p-values x look_factor(look), as compare's
     for c, p in zip(family, holm([c["paired"]["p_value"] for c in family])):
         name, m = metrics[c["key"]]
         a, b = c["arms"]
-        c["p_adjusted"] = p
+        p = look_adjusted(p, look)
+        c["p_adjusted"], c["look_factor"] = p, round(look_factor(look), 4)
         fields = {k: v for k, v in c["paired"].items() if k in PairedEstimate.__dataclass_fields__}
         est = PairedEstimate(**fields)
         c["verdict"] = verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=p, alpha=ALPHA,
                                unit=m.unit, digits=max(m.digits, 1), names=(results.label(a), results.label(b)),
-                               family_size=len(family))
+                               family_size=len(family), look=look)
         c["better"] = None if p >= ALPHA else (a if (est.mean < 0) == m.lower_is_better else b)
 
 

@@ -91,6 +91,14 @@ def chi2_sf(x: float, df: float) -> float:
     return 1.0 - _gamma_p_series(a, h) if h < a + 1.0 else _gamma_q_fraction(a, h)
 
 
+def chi2_p(x: float, df: float) -> float:
+    """:func:`chi2_sf` as a reported p-value: at least :data:`difftx.eval.stats.P_FLOOR` (a bound where the tail
+    underflows), never 0."""
+    from .stats import P_FLOOR
+
+    return max(P_FLOOR, chi2_sf(x, df))
+
+
 @functools.lru_cache(maxsize=1024)
 def chi2_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of a chi-square with ``df`` degrees of freedom (bisection on :func:`chi2_sf`)."""
@@ -338,7 +346,7 @@ def pool(y: Sequence[float], se: Sequence[float], method: str = "pm", confidence
     q = float(q_statistic(y_, v))
     out = Pooled(k, mean, se_mu, (w / w.sum()).tolist(), method, confidence, floor, float(1.0 / math.sqrt(w.sum())),
                  low=low, high=high, df=k - 1, tau2=tau2, tau=math.sqrt(tau2), tau_low=math.sqrt(t_lo),
-                 tau_high=math.sqrt(t_hi), i2=float(i_squared(y_, v)), q=q, q_p=chi2_sf(q, k - 1))
+                 tau_high=math.sqrt(t_hi), i2=float(i_squared(y_, v)), q=q, q_p=chi2_p(q, k - 1))
     if k >= 3:
         out.pi_low, out.pi_high = (float(x) for x in prediction_interval_cd(y_, v, confidence, floor))
         out.pi_plugin_low, out.pi_plugin_high = (float(x) for x in prediction_interval(mean, se_mu, tau2, k,
@@ -359,6 +367,6 @@ def subgroup_test(groups: dict) -> dict:
     m = (w * mu).sum() / w.sum()
     qb = float((w * (mu - m) ** 2).sum())
     df = len(groups) - 1
-    return {"q_between": qb, "df": df, "p": chi2_sf(qb, df),
+    return {"q_between": qb, "df": df, "p": chi2_p(qb, df),
             "note": "each subgroup pooled with its own tau^2; the chi-square test treats their standard errors as "
                     "known, so with few comparisons per subgroup it rejects too often"}
