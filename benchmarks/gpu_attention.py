@@ -37,9 +37,7 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -167,25 +165,17 @@ def check(T=2048, B=2, H=8, Hkv=4, d=128, dtype="bf16") -> None:
 
 
 def compile_report(d: int, dtype: str, arch: int) -> None:
-    """Offline: registers, spilled bytes (STACK) and shared memory of each kernel for ``arch``."""
-    import triton
-
+    """Offline: registers, spilled bytes and shared memory of each kernel for ``arch`` at the default tiles
+    (``triton_kernel.resource_usage``; ``benchmarks/triton_offline.py`` compares candidate tiles)."""
     from difftx.attention import triton_kernel
 
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    config = triton_kernel.block_config(d, interpret=False)
+    config = triton_kernel.block_config(d, interpret=False, arch=arch)
     print(f"d={d} {dtype} sm_{arch}: {config}")
-    for name, kernel in triton_kernel.compile_offline(d, dtype=dtype, arch=arch).items():
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        try:
-            usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        finally:
-            os.unlink(f.name)
-        line = next((ln.strip() for ln in usage.splitlines() if "REG:" in ln), "(cuobjdump gave no usage)")
-        fields = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
-        print(f"  {name:7s} registers {fields.get('REG', '?'):>4s}  spilled bytes {fields.get('STACK', '?'):>5s}  "
-              f"shared memory {kernel.metadata.shared / 1024:.0f} KiB")
+    for name, kernel in triton_kernel.compile_offline(d, dtype=dtype, arch=arch, config=config).items():
+        use = triton_kernel.resource_usage(kernel)
+        print(f"  {name:10s} registers {use['registers'] if use['registers'] is not None else '?':>4}  spilled bytes "
+              f"{use['spilled'] if use['spilled'] is not None else '?':>5}  shared memory {use['shared'] / 1024:.0f} KiB"
+              f"  wgmma {use.get('wgmma', '?')}")
 
 
 def _table(rows: list[dict]) -> str:
