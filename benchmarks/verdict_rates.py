@@ -13,7 +13,8 @@ their means are equal): the rate of a directional verdict, and of a claimed mean
 
 Table 3, second looks: a comparison read at 7 seeds, then again with more seeds in the same folder (7 -> 14, and
 7 -> 10 -> 14), under identical arms: the chance that *any* look gives a verdict, with every look at the nominal
-level ("unadjusted") and with the rule in use (look k's p-values times k).
+level ("unadjusted") and with the rule in use (look k's p-values times ``look_factor(k)``: alpha spent over
+looks, 1.053 at the first, 32.9 at the second; ``benchmarks/looks_error.py`` checks it to 6 looks).
 
     python benchmarks/verdict_rates.py [--runs 2000] [--family 3]
 """
