@@ -7,8 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-from ..eval.stats import NO_SPREAD
-
 REPORTED_ARMS = ("baseline", "diff")  # the two arms a report section compares, in the order it shows them
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 SHORT = {"diff": "DIFF", "baseline": "baseline"}
@@ -118,6 +116,8 @@ def pair(c: dict, digits: int = 3) -> str:
     if p["low"] is None:
         if "per stack" in (c.get("gated") or ""):  # one shared measurement: no interval to speak of
             return f"{p['mean']:+.{digits}f} (one measurement per stack)"
+        from ..eval.stats import NO_SPREAD  # here: the command line's parser imports this module, not torch
+
         if NO_SPREAD in (p.get("note") or ""):  # every seed the same difference: a test, but no interval
             return f"{p['mean']:+.{digits}f} (no spread: no interval){adj}"
         return f"{p['mean']:+.{digits}f} (" + ("1 seed" if p["n"] == 1 else f"{p['n']} seeds: no interval") + ")"
@@ -135,6 +135,8 @@ def call(c: dict, short=None) -> str:
         if "different invocations" in c["gated"]:
             return "trained by different runs: not compared"
         return "not learned: not compared"
+    from ..eval.stats import NO_SPREAD  # here: the command line's parser imports this module, not torch
+
     if c["paired"]["low"] is None and NO_SPREAD not in (c["paired"].get("note") or ""):
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
