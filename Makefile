@@ -45,7 +45,8 @@ test: $(TEST_STAMP)
 
 # `make test-extras`: the tests `make test` skips, each for its optional integration: lm-evaluation-harness
 # (with accelerate), TensorBoard and datasets, each installed by name from PyPI, and torch.compile
-# (DIFFTX_TEST_COMPILE=1: the trainer's --compile, every attention kind in one graph, the GPU suite's compiled step). They run in .venv-extras/, which sees .venv/'s packages (a .pth file: torch
+# (DIFFTX_TEST_COMPILE=1: the trainer's --compile, every attention kind in one graph, the GPU suite's compiled step,
+# every Triton kernel compiled offline for sm_90 and sm_80). They run in .venv-extras/, which sees .venv/'s packages (a .pth file: torch
 # $(TORCH_VERSION) is never installed again, and pip may not replace it) and holds the extras, so `make test`'s own
 # environment never changes. An integration whose packages pip cannot get is skipped with one line; a test
 # skipped although its packages installed fails the target. About 4 minutes from nothing (pip downloads, a cold
@@ -76,7 +77,7 @@ test-extras: $(EXTRAS_STAMP)
 	part datasets "$(EXTRAS_DATASETS)" tests/test_data.py::test_datasets_input_if_installed; \
 	out=$(EXTRAS_VENV)/pytest.log; \
 	{ DIFFTX_TEST_COMPILE=1 $(EXTRAS_PY) -m pytest -q $$tests tests/test_train_loop.py::test_compile_flag_trains tests/test_compile.py \
-	  tests/test_gpu_suite.py::test_tiny_compiled_training \
+	  tests/test_gpu_suite.py::test_tiny_compiled_training tests/test_triton_kernel.py::test_kernels_compile_for_gpu_targets \
 	  $(PYTEST_ARGS); echo $$? > $$out.rc; } | tee $$out; \
 	rc=$$(cat $$out.rc); \
 	if [ "$$rc" -eq 0 ] && grep -Eq "[0-9]+ skipped" $$out; then \
