@@ -1,23 +1,27 @@
 """Does :func:`difftx.eval.stats.power_plan` deliver the power it names? From pilots of 5 and 8
 seeds drawn from a known truth, each answer ``n`` is checked against the TRUE power of the verdict
-rule at ``n``: fresh experiments of ``n`` seeds drawn from the truth itself, each decided by the rule
-of an unbounded metric (reject where ``max(t p-value, sign-flip p-value) x comparisons < 0.05``: the
-rule :func:`difftx.eval.stats.rule_power` models, Holm's first step; the sign-flip p-value exact up to
+rule at ``n``: fresh experiments of ``n`` seeds drawn from the truth itself, each decided by the verdict
+rule (reject where ``max(t p-value, sign-flip p-value) x comparisons < 0.05``: the rule
+:func:`difftx.eval.stats.rule_power` models, Holm's first step; the sign-flip p-value exact up to
 16 seeds, else from 20,000 random flips, as :func:`difftx.eval.stats.sign_flip_p`; checked against
-:func:`difftx.eval.stats.paired_estimate` on random rows first). Prints a Markdown table of three
-plans on the same pilots: before (the plan of 2026-11-27: the 90% lower bound of the effect, no modes:
-``power_plan(confidence=0.9, modes=False)``), and now without and with modes (``modes=False``, as for an
-unbounded metric such as an NLL; ``modes=True``, as for a bounded one such as an accuracy).
+:func:`difftx.eval.stats.paired_estimate` on random rows first). Prints a Markdown table of two
+plans on the same pilots: before (modes only for a bounded metric: ``modes=bounded``, the plan of
+2026-11-28) and now (the default: modes for a bounded metric and wherever the seeds split,
+:func:`difftx.eval.stats.seeds_split`).
 
-    python benchmarks/power_delivered.py [--pilots 200] [--experiments 1000] [--comparisons 1]
-                                         [--pilot-seeds 5,8] [--truths 0,4]
+    python benchmarks/power_delivered.py [--pilots 100] [--experiments 1000] [--comparisons 1]
+                                         [--pilot-seeds 5,8] [--truths 0,4] [--plans 0,1]
 
-Truths: normal differences of 0.5, 0.8, 1.2 and 2 SD, and lotteries (a seed learns a task with one arm
-or the other): 70% of seeds +1, 30% -0.8, without noise and with normal noise of SD 0.1, 0.2 and 0.3,
-and 80% / 20% with the same noises. Per truth and pilot size: the seeds the truth needs (the fewest with
-true power >= 0.8); per plan the median answer (``None`` counted as "> 64"), the mean true power at the
-numeric answers (target >= 0.8) and the share of them below 0.7 (target <= 0.1), and the share of pilots
-answered ``None`` (not within 64 seeds, or unknown: a pilot without spread)."""
+Truths: normal differences of 0.5, 0.8, 1.2 and 2 SD (an unbounded metric), and lotteries (a seed
+learns a task with one arm or the other): 70% of seeds +1, 30% -0.8, without noise and with normal
+noise of SD 0.1, 0.2 and 0.3, and 80% / 20% with the same noises (unbounded: an NLL), and the 70/30 and
+80/20 lotteries with noise 0.2 clipped to [-1, 1] and planned with bounds (0, 1) (an accuracy). Per
+truth and pilot size: the seeds the truth needs (the fewest with true power >= 0.8); per plan the
+median answer (``None`` counted as "> 64"), the mean true power at the numeric answers (target >= 0.8)
+and the share of them below 0.7 (target <= 0.05), and the share of pilots answered ``None`` (not
+within 64 seeds, or unknown: a pilot without spread); then per plan and pilot size the lotteries'
+numeric answers pooled (mean true power and share below 0.7, Monte Carlo SEs). The default of 100 pilots per row keeps the run
+near 5 minutes on 2 busy cores; ``--pilots 200`` for the finer table."""
 
 from __future__ import annotations
 
@@ -45,12 +49,22 @@ def _lottery(share: float, noise: float) -> Callable:
     return draw
 
 
+def _bounded(draw: Callable) -> Callable:
+    """The lottery of an accuracy: differences clipped to [-1, 1] (bounds (0, 1)), so noisy winners sit at 1."""
+    return lambda rng, shape: np.clip(draw(rng, shape), -1.0, 1.0)
+
+
 TRUTHS: dict[str, Callable] = {"normal, 0.5 SD": _normal(0.5), "normal, 0.8 SD": _normal(0.8),
                                "normal, 1.2 SD": _normal(1.2), "normal, 2 SD": _normal(2.0),
                                **{f"lottery {round(100 * p)}/{round(100 * (1 - p))}, noise {sd:g}": _lottery(p, sd)
-                                  for p in (0.7, 0.8) for sd in (0.0, 0.1, 0.2, 0.3) if (p, sd) != (0.8, 0.0)}}
-PLANS: dict[str, dict] = {"before (0.9, no modes)": dict(confidence=0.9, modes=False),
-                          "now, no modes": dict(modes=False), "now, modes": dict(modes=True)}
+                                  for p in (0.7, 0.8) for sd in (0.0, 0.1, 0.2, 0.3) if (p, sd) != (0.8, 0.0)},
+                               **{f"bounded lottery {round(100 * p)}/{round(100 * (1 - p))}, noise 0.2":
+                                  _bounded(_lottery(p, 0.2)) for p in (0.7, 0.8)}}
+BOUNDS = (0.0, 1.0)  # the bounds a "bounded" truth is planned with (its differences lie in [-1, 1])
+# each plan: power_plan's keyword arguments, given whether the metric is bounded
+PLANS: dict[str, Callable[[bool], dict]] = {
+    "before: modes where bounded": lambda bounded: dict(modes=bounded, bounds=BOUNDS if bounded else None),
+    "now: modes where seeds split": lambda bounded: dict(bounds=BOUNDS if bounded else None)}
 
 
 def verdicts(x: np.ndarray, comparisons: int, alpha: float = ALPHA, chunk: int = 100) -> np.ndarray:
@@ -139,22 +153,26 @@ def _cells(s: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pilots", type=int, default=200, help="pilots per truth and pilot size (default 200)")
+    ap.add_argument("--pilots", type=int, default=100, help="pilots per truth and pilot size (default 100)")
     ap.add_argument("--experiments", type=int, default=1000,
                     help="fresh experiments per (truth, seeds) for the true power (default 1000)")
     ap.add_argument("--comparisons", type=int, default=1, help="Holm family size (default 1: the audit's)")
     ap.add_argument("--pilot-seeds", default="5,8", help="pilot sizes (default 5,8)")
     ap.add_argument("--truths", default=None, help="comma-separated indices of the truths to run (default: all)")
+    ap.add_argument("--plans", default=None, help="comma-separated indices of the plans to run (default: all)")
     args = ap.parse_args()
     check_rule(args.comparisons)
     true_power = TruePower(args.experiments, args.comparisons)
-    took: dict[str, list] = {name: [] for name in PLANS}
+    plans = {name: kw for i, (name, kw) in enumerate(PLANS.items())
+             if args.plans is None or i in {int(v) for v in args.plans.split(",")}}
+    took: dict[str, list] = {name: [] for name in plans}
+    pooled: dict[tuple, list] = {}  # (plan, pilot seeds) -> the true powers at the lotteries' numeric answers
     print(f"True power at the answer of power_plan (80% asked), {args.pilots} pilots per row, {args.experiments} "
           f"fresh experiments per (truth, seeds), family of {args.comparisons}. Per plan: median answer | mean true "
           f"power at the numeric answers | their share below 0.7 | share None.\n")
     print("| differences | pilot seeds | seeds needed | " + " | ".join(
-        f"{name}: median | power | < 0.7 | None" for name in PLANS) + " |")
-    print("|---|---|---|" + "---|---|---|---|" * len(PLANS))
+        f"{name}: median | power | < 0.7 | None" for name in plans) + " |")
+    print("|---|---|---|" + "---|---|---|---|" * len(plans))
     chosen = None if args.truths is None else {int(v) for v in args.truths.split(",")}
     for t_index, truth in enumerate(TRUTHS):
         if chosen is not None and t_index not in chosen:
@@ -164,14 +182,25 @@ def main() -> None:
             rng = np.random.default_rng([t_index, n0, 11])
             pilots = TRUTHS[truth](rng, (args.pilots, n0))
             cells = []
-            for name, kwargs in PLANS.items():
+            for name, kwargs in plans.items():
                 answers = []
                 for p in pilots:
                     start = time.perf_counter()
-                    answers.append(power_plan(p, args.comparisons, **kwargs).seeds)
+                    answers.append(power_plan(p, args.comparisons, **kwargs(truth.startswith("bounded"))).seeds)
                     took[name].append(time.perf_counter() - start)
                 cells.append(_cells(summarise(answers, truth, true_power)))
+                if "lottery" in truth:
+                    pooled.setdefault((name, n0), []).extend(true_power(truth, a) for a in answers if a is not None)
             print(f"| {truth} | {n0} | {need if need else '> 64'} | " + " | ".join(cells) + " |", flush=True)
+    print()
+    for (name, n0), powers in sorted(pooled.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        w = np.array(powers)
+        if w.size:
+            low = float((w < 0.7).mean())
+            print(f"Lotteries pooled, {n0}-seed pilots, {name}: {w.size} numeric answers, mean true power {w.mean():.3f} "
+                  f"(SE {w.std() / np.sqrt(w.size):.3f}), below 0.7 {low:.3f} (SE {np.sqrt(low * (1 - low) / w.size):.3f}).")
+        else:
+            print(f"Lotteries pooled, {n0}-seed pilots, {name}: no numeric answers.")
     print()
     for name, times in took.items():
         t = np.array(times)

@@ -70,8 +70,8 @@ Power. :func:`seeds_for_verdict` is the least number of seeds at which a verdict
 :func:`seeds_for_power` (:func:`power_plan`, with what it assumed) is the number at which the rule
 finds a difference in 80% of repeats, planned for the pessimistic end of what the observed seeds show:
 the lower 85% bound of their effect / SD, with their shape (a lottery's modes) kept, and for a bounded
-metric also the largest share of seeds on the far side of 0 that 90% confidence allows (a lottery's
-losing seeds, which 5 seeds can all miss). Planned for the observed differences as they are, the true
+metric, or any metric whose seeds split into modes (:func:`seeds_split`), also the largest share of seeds
+on the far side of 0 that 90% confidence allows (a lottery's losing seeds, which 5 seeds can all miss). Planned for the observed differences as they are, the true
 power at the answer was 0.43-0.73 for effects of 0.5-1.2 SD from pilots of 5 and 8 seeds, and about 0.1
 for 5-seed pilots of a noisy lottery that drew no losing seed (benchmarks/power_delivered.py).
 
@@ -435,6 +435,36 @@ def seeds_for_verdict(comparisons: float = 1, alpha: float = 0.05) -> int:
 POWER_MAX_SEEDS = 64
 POWER_CONFIDENCE = 0.85  # the confidence of the pessimistic effect a power plan is made for
 MODE_CONFIDENCE = 0.9  # the confidence of the share of seeds on the far side a plan with modes is made for
+SPLIT_GAP = 2.0  # a pilot splits where its two sides lie further apart than this many within-side SDs (simulated)
+
+
+def seeds_split(d: Sequence[float], gap: float = SPLIT_GAP) -> bool:
+    """Whether the seeds' differences ``d`` can split into modes (a lottery: a seed learns a task with one arm
+    or the other), the test that turns on :func:`power_plan`'s modes for an unbounded metric. The seeds on
+    the far side of 0 from their mean and those on the near side must lie further apart (the smallest near
+    value minus the largest far one, in the mean's direction) than ``gap`` times the SD within the two
+    sides (pooled). Where no seed lies on the far side, the far side tested is the seeds' mirror image,
+    the far side a plan with modes assumes: twice the smallest value against the seeds' SD. So a pilot
+    whose values sit tightly far from 0 (a lottery's winning mode, its losing seeds unseen) splits, and a
+    normal pilot whose spread reaches towards 0 does not. No test can tell the two apart where a normal
+    effect is large (above about 2 SD a pilot of 5 often splits); benchmarks/power_delivered.py measures
+    what either error costs, and chose ``gap``."""
+    x = np.asarray(d, dtype=np.float64)
+    if not gap > 0:
+        raise ValueError(f"seeds_split: gap must be > 0; got {gap!r}")
+    if x.size < 2 or not np.isfinite(x).all() or x.mean() == 0:
+        return False
+    y = x * math.copysign(1.0, float(x.mean()))  # the mean's side positive
+    near, far = y[y >= 0], y[y < 0]
+    if far.size == 0:
+        far = -near  # the mirror image: its spread is the near side's, counted once
+        ss, dof = float(((near - near.mean()) ** 2).sum()), near.size - 1
+    else:
+        ss = float(((near - near.mean()) ** 2).sum() + ((far - far.mean()) ** 2).sum())
+        dof = y.size - 2
+    if dof < 1:
+        return False
+    return bool(near.min() - far.max() > gap * math.sqrt(ss / dof))
 
 
 def _normal_cdf(x: np.ndarray) -> np.ndarray:
@@ -533,7 +563,8 @@ class PowerPlan:
     and SD ``pilot_sd``; the plan: the pilot's shape moved to mean ``planned_mean`` and SD ``planned_sd``,
     whose ratio is the lower ``confidence`` bound of the pilot's ``mean / SD``. With modes: ``far_seen`` of
     the pilot's seeds lay on the far side of 0 from its mean, and ``far_share`` is the share of seeds on the
-    far side planned for as well (the upper ``mode_confidence`` bound of that share)."""
+    far side planned for as well (the upper ``mode_confidence`` bound of that share); ``far_mirror``: the
+    near side's mirror image counted as one far seed more (an unbounded metric)."""
 
     seeds: Optional[int]
     power: float
@@ -550,6 +581,7 @@ class PowerPlan:
     mode_confidence: Optional[float] = None  # None: planned without modes
     far_seen: Optional[int] = None
     far_share: Optional[float] = None
+    far_mirror: bool = False  # the near side's mirror image counted as one far seed more (unbounded, far_seen >= 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -570,7 +602,8 @@ class PowerPlan:
                 f"(SD {g.format(self.pilot_sd)}) allow at {conf}% confidence, their shape kept")
         if self.far_share is not None:
             seen = (f"all {self.pilot_n} lay on one side: planned as their mirror image" if not self.far_seen
-                    else f"{self.far_seen} of {self.pilot_n} lay there")
+                    else f"{self.far_seen} of {self.pilot_n} lay there" + (
+                        ", and the mirror image of the near side counted as one more" if self.far_mirror else ""))
             plan += (f"; and for {round(100 * self.far_share)}% of seeds on the far side of 0, the most that "
                      f"{round(100 * self.mode_confidence)}% confidence allows ({seen})")
         if self.seeds is None:
@@ -620,14 +653,17 @@ def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, 
     3. The shape: the plan is the pilot's own differences, centred, stretched to the planned SD and
        moved to the planned mean, so the seeds' modes (a retrieval lottery) are kept; after the move
        some differences cross 0, as the truth's would.
-    4. Modes (``modes``; default: where ``bounds`` are given, a metric like an accuracy, where a seed
-       learns a task with one arm or the other): the share of seeds on the far side of 0 is a binomial
-       share the pilot saw ``k`` of ``n`` times, and can be far larger than ``k / n`` (a lottery whose
-       losing seeds a pilot of 5 missed: 17% of pilots at 30% of them). A second plan gives the pilot's
-       far side its upper ``mode_confidence`` bound (:func:`share_upper_bound`; ``1 - (1 - c)^(1/n)``
-       where ``k = 0``: 37% at 5 seeds, 25% at 8, at 90%, the far side then being the pilot's mirror
-       image, as a seed that learns with the other arm would be), its values as they are; the answer is
-       the larger of the two plans' seeds. Where that share reaches one half, no number is planned.
+    4. Modes (``modes``; default: where ``bounds`` are given, a metric like an accuracy, and for any
+       metric whose seeds split, :func:`seeds_split`: an NLL where one arm learns a task in some seeds):
+       the share of seeds on the far side of 0 is a binomial share the pilot saw ``k`` of ``n`` times,
+       and can be far larger than ``k / n`` (a lottery whose losing seeds a pilot of 5 missed: 17% of
+       pilots at 30% of them). A second plan gives the pilot's far side its upper ``mode_confidence``
+       bound (:func:`share_upper_bound`; ``1 - (1 - c)^(1/n)`` where ``k = 0``: 37% at 5 seeds, 25% at
+       8, at 90%, the far side then being the pilot's mirror image, as a seed that learns with the other
+       arm would be), its values as they are; for an unbounded metric, where ``k`` seeds say little of
+       where the far mode lies (one losing seed of 8 may sit near 0), the near side's mirror image counts
+       as one far seed more. The answer is the larger of the two plans' seeds. Where that share reaches
+       one half, no number is planned.
     5. The rule: :func:`rule_power` (the verdict rule, or with ``estimand="mean"`` the betting test of the
        mean; Holm's first step over ``comparisons``) resamples the plan, and a bisection finds the fewest
        seeds (from :func:`seeds_for_verdict` up to ``max_seeds``) at which it reaches ``power``.
@@ -639,7 +675,7 @@ def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, 
     n0 = int(x.size)
     mean = float(x.mean()) if n0 else 0.0
     sd = float(x.std(ddof=1)) if n0 >= 2 else None
-    modes = bounds is not None if modes is None else modes
+    modes = (bounds is not None or seeds_split(x)) if modes is None else modes
     base = dict(power=power, confidence=confidence, pilot_n=n0, pilot_mean=mean, pilot_sd=sd, max_seeds=max_seeds,
                 estimand=estimand, mode_confidence=mode_confidence if modes else None)
     if n0 < 2:
@@ -673,9 +709,15 @@ def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, 
                                          f"{round(100 * mode_confidence)}% confidence so few cannot exclude that "
                                          f"{round(100 * share)}% of seeds do"), **base)
         # the pilot as it is, its far side given that share: the mirror image where it saw none
-        far_plan = ((np.concatenate([x, -x]), np.concatenate([np.full(n0, (1 - share) / n0),
-                                                              np.full(n0, share / n0)])) if k == 0 else
-                    (x, np.where(far, share / k, (1 - share) / (n0 - k))))
+        if k == 0:
+            far_plan = (np.concatenate([x, -x]), np.concatenate([np.full(n0, (1 - share) / n0), np.full(n0, share / n0)]))
+        elif bounds is None:  # where the far mode lies, k seeds tell little: its mirror image counts as one seed more
+            near = x[~far]
+            base.update(far_mirror=True)
+            far_plan = (np.concatenate([x, -near]), np.concatenate([np.where(far, share / (k + 1), (1 - share) / (n0 - k)),
+                                                                    np.full(near.size, share / (k + 1) / near.size)]))
+        else:
+            far_plan = (x, np.where(far, share / k, (1 - share) / (n0 - k)))
     seeds = _fewest_seeds(plan, comparisons, alpha, power, bounds, max_seeds, reps, estimand)
     if seeds is not None and far_plan is not None:
         seeds = _fewest_seeds(far_plan[0], comparisons, alpha, power, bounds, max_seeds, reps, estimand, far_plan[1],
