@@ -789,3 +789,19 @@ def test_a_damaged_results_file_is_refused_not_counted_afresh(smoke, tmp_path, c
     assert len(err.splitlines()) == 1 and f"{out / 'results.json'}: unreadable" in err and "earlier looks" in err, err
     assert (out / "results.json").read_text() == text[: len(text) // 2]
     assert not (out / "seed2").exists()  # refused before any training
+
+
+def test_a_run_whose_budget_failed_is_told_to_train_longer_not_to_add_seeds(smoke):
+    """Where no model learned what any primary metric measures, the opening says the steps failed, and the seeds a
+    verdict needs (a family of 0) are not advised: more seeds cannot help (recall-cpu at 400 steps once said '6')."""
+    from difftx.compare.report import opening
+    from difftx.compare.summary import NOT_LEARNED
+
+    res = read_results(smoke / "results.json")
+    comps = {k: {m: dict(c) for m, c in v.metrics.items()} for k, v in res.comparisons.items()}
+    for c in (c for v in comps.values() for c in v.values() if c["primary"]):
+        c.update(gated=NOT_LEARNED, better=None)
+    answer, sure, _ = opening(comps, res)
+    assert answer.startswith("**No verdict: no model learned what the primary metrics measure** in 6 steps, so more "
+                             "seeds cannot help: train longer"), answer
+    assert "a verdict needs at least" not in sure and "run more (`--seeds`)" not in sure, sure

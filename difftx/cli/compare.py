@@ -198,7 +198,6 @@ def run(args: argparse.Namespace) -> int:
               + f" ({res['wall_s']:.0f} s). When every shard has finished, run the same command without --shard "
                 "to assemble the report.")
         return 0
-    C = res.primary.metrics
     print(f"\nwrote {out}/report.md, {out}/results.json and {len(res.get('plots', {}))} plots "
           f"({res.wall_s:.0f} s)")
     if res.get("text"):
@@ -207,9 +206,12 @@ def run(args: argparse.Namespace) -> int:
               f"{lm['window']}")
     if tune is not None:
         print(tune_summary(res.get("tune")))
-    for c in C.values():  # the primary metrics' verdicts (every other one is in the report)
-        if c["primary"]:
-            print("  " + c["verdict"] + (f" (at the preset's {tune[0]})" if tune is not None else ""))
+    for comparison in res.comparisons.values():  # every pair's primary verdicts, each naming its pair (the rest: report)
+        for c in comparison.metrics.values():
+            if c["primary"]:
+                pair = " - ".join(res.label(a) for a in c["arms"])
+                text = c["verdict"] if pair in c["verdict"] else f"{pair}: {c['verdict']}"
+                print("  " + text + (f" (at the preset's {tune[0]})" if tune is not None else ""))
     return 0
 
 

@@ -105,6 +105,11 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
         answer = (f"**No verdict: no primary metric separates {first} from the {second}.** Closest: "
                   f"{lead['label']}, {first} - {second} = {difference_text(lead)}, Holm p {adjusted_p_text(lead)} "
                   f"({short_verdict(lead, names)}).")
+    elif primary and all("not learned" in (c.get("gated") or "") for c in primary):  # the budget failed, not seeds
+        steps = (result.preset or {}).get("steps")
+        answer = ("**No verdict: no model learned what the primary metrics measure**" + (
+            f" in {steps:,} steps" if isinstance(steps, int) else "") + ", so more seeds cannot help: train longer "
+            "(`--set steps=N`; the verdict table names each metric's gate).")
     else:
         answer = "**No verdict: no primary metric was compared** (the verdict table says why)."
     others = [c for pair_, comps in comparisons.items() if pair_ != key
@@ -118,7 +123,7 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
             f"comparison{'s' if family != 1 else ''}, a verdict at Holm p < 0.05")
     sure += _looks_clause(result, primary, n)
-    if need:
+    if need and compared:  # a family of primaries that were compared (none: the seeds are not what is missing)
         sure += (f"; with this family a verdict needs at least {need} seeds" + (
             ", so this run can give none: run more (`--seeds`)" if n < need else ""))
     power = [(c["label"], c["seeds_for_power"]) for c in compared if "seeds_for_power" in c and not c.get("better")]
