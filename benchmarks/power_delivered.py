@@ -9,7 +9,7 @@ plans on the same pilots: before (modes only for a bounded metric: ``modes=bound
 2026-11-28) and now (the default: modes for a bounded metric and wherever the seeds split,
 :func:`difftx.eval.stats.seeds_split`).
 
-    python benchmarks/power_delivered.py [--pilots 100] [--experiments 1000] [--comparisons 1]
+    python benchmarks/power_delivered.py [--pilots 200] [--experiments 1000] [--comparisons 1]
                                          [--pilot-seeds 5,8] [--truths 0,4] [--plans 0,1]
 
 Truths: normal differences of 0.5, 0.8, 1.2 and 2 SD (an unbounded metric), and lotteries (a seed
@@ -20,8 +20,8 @@ truth and pilot size: the seeds the truth needs (the fewest with true power >= 0
 median answer (``None`` counted as "> 64"), the mean true power at the numeric answers (target >= 0.8)
 and the share of them below 0.7 (target <= 0.05), and the share of pilots answered ``None`` (not
 within 64 seeds, or unknown: a pilot without spread); then per plan and pilot size the lotteries'
-numeric answers pooled (mean true power and share below 0.7, Monte Carlo SEs). The default of 100 pilots per row keeps the run
-near 5 minutes on 2 busy cores; ``--pilots 200`` for the finer table."""
+numeric answers pooled (mean true power and share below 0.7, Monte Carlo SEs). The default run takes
+about 3 minutes on 2 busy cores (``--pilots 60`` about 1)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def _cells(s: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pilots", type=int, default=100, help="pilots per truth and pilot size (default 100)")
+    ap.add_argument("--pilots", type=int, default=200, help="pilots per truth and pilot size (default 200)")
     ap.add_argument("--experiments", type=int, default=1000,
                     help="fresh experiments per (truth, seeds) for the true power (default 1000)")
     ap.add_argument("--comparisons", type=int, default=1, help="Holm family size (default 1: the audit's)")
