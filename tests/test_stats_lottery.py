@@ -134,7 +134,7 @@ def test_each_arm_interval_covers_its_own_lottery(lottery):
 @pytest.mark.parametrize("noise", [0.0, 0.2])
 def test_seeds_for_power_under_the_lottery(noise):
     """Seeds whose differences sit in two modes (70% of seeds +1, 30% -0.8, with normal noise of SD ``noise``;
-    the rule needs about 30 seeds for 80% power). Planned with modes (as for a bounded metric: the share of
+    the rule needs about 30 seeds for 80% power). Planned with modes (as for every metric whose seeds split: the share of
     seeds on the far side at its upper 90% bound, the mirror image where a pilot saw none), no pilot of 5 or
     8 seeds gets an answer at which the true power is below 0.7, and the answers' mean true power is at least
     0.8 (40 pilots each; benchmarks/power_delivered.py measures 200). Without modes, a noisy pilot that drew no
