@@ -52,21 +52,40 @@ def kind_code(name: str) -> Optional[dict]:
     trained with it is not reused or resumed once the file is edited. None for a built-in kind (its code is
     difftx's, recorded by version); ``file`` and ``sha256`` None for a class defined interactively. A name that is
     not registered raises ``ValueError``."""
-    import hashlib
-    import inspect
-    from pathlib import Path
-
     if name not in ATTENTIONS:
         raise ValueError(f"attention kind {name!r} is not registered")
     cls = ATTENTIONS[name]
     if _BUILTIN.get(name) is cls:
         return None
+    return code_digest(cls)
+
+
+def code_digest(cls: type, bytecode: bool = False) -> dict:
+    """``{"file", "sha256"}`` of the file that defines ``cls`` (a kind's, a training task's): what a model trained
+    with that code records. A class without a file (defined interactively or exec'd) has ``file`` None and ``sha256``
+    None, or with ``bytecode`` the SHA-256 of its methods' compiled code over its MRO (``marshal``; line numbers
+    included, so moving the code changes it too)."""
+    import hashlib
+    import inspect
+    import marshal
+    from pathlib import Path
+
     try:
         path = Path(inspect.getsourcefile(cls) or "")
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
     except (TypeError, OSError):
-        path, digest = Path(""), None
-    return {"file": str(path) if digest else None, "sha256": digest}
+        digest = None
+    if digest is not None:
+        return {"file": str(path), "sha256": digest}
+    if not bytecode:
+        return {"file": None, "sha256": None}
+    h = hashlib.sha256(cls.__qualname__.encode())
+    for klass in cls.__mro__:
+        for name, member in sorted(vars(klass).items()):
+            code = getattr(member, "__code__", None)
+            if code is not None:
+                h.update(name.encode() + marshal.dumps(code))
+    return {"file": None, "sha256": h.hexdigest()}
 
 
 def code_change(name: str, recorded: Optional[dict]) -> Optional[str]:
@@ -89,8 +108,9 @@ class KindsError(ValueError):
     bad input, said in one line naming the file and the line (the command line exits 2)."""
 
 
-def _where(e: BaseException, path) -> str:
-    """``FILE:LINE`` of the error inside the kinds file ``path`` (the innermost frame there), or the file alone."""
+def error_site(e: BaseException, path) -> str:
+    """``FILE:LINE`` of the error inside the file ``path`` (the innermost frame there; a kinds file, a kind's class
+    file), or the file alone."""
     if isinstance(e, SyntaxError) and e.filename and e.lineno:
         return f"{e.filename}:{e.lineno}"
     line, tb = None, e.__traceback__
@@ -143,10 +163,10 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
             if path is None and e.name == item:  # the module named is not there (not an import inside it)
                 raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {item!r}: no such module (give a Python "
                                  f"file, or a module on the path)") from e
-            where = _where(e, path) if path is not None else item
+            where = error_site(e, path) if path is not None else item
             raise KindsError(f"{KINDS_ENV} / --kinds: cannot import {where}: {type(e).__name__}: {e}") from e
         except (Exception, SystemExit) as e:  # noqa: BLE001 - one line naming the file and line, then the error
-            where = _where(e, path) if path is not None else item
+            where = error_site(e, path) if path is not None else item
             if isinstance(e, SystemExit):  # sys.exit() or a module-level argument parser: never the command's exit
                 what = (f"it exits the program while being imported (exit code {e.code!r}); a kinds file must only "
                         f"define and register kinds")

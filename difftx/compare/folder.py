@@ -119,34 +119,12 @@ def tasks_code(plan: ComparePlan) -> dict:
     mixture gives steps: the file that defines its class and the task's own settings (its instance's attributes),
     so that a model trained on it is not reused once either changes (:func:`check_reuse`). The same code at another
     path is the same task."""
-    import hashlib
-    import inspect
-    import marshal
-
+    from ..attention.registry import code_digest
     from .training_tasks import BUILTIN
 
-    out = {}
-    for task in plan.mixture.tasks:
-        if task.name in BUILTIN or not task.every(plan.mixture):
-            continue
-        cls = type(task)
-        try:
-            path = Path(inspect.getsourcefile(cls) or "")
-            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        except (TypeError, OSError):
-            path, digest = Path(""), None
-        if digest is None:  # a class without a file (defined interactively, exec'd): its methods' bytecode
-            h = hashlib.sha256(cls.__qualname__.encode())
-            for klass in cls.__mro__:
-                for name, member in sorted(vars(klass).items()):
-                    code = getattr(member, "__code__", None)
-                    if code is not None:
-                        h.update(name.encode() + marshal.dumps(code))
-            digest = h.hexdigest()
-            path = None
-        out[task.name] = {"file": None if path is None else str(path), "sha256": digest,
-                          "settings": {k: repr(v) for k, v in sorted(vars(task).items())}}
-    return out
+    return {task.name: {**code_digest(type(task), bytecode=True),
+                        "settings": {k: repr(v) for k, v in sorted(vars(task).items())}}
+            for task in plan.mixture.tasks if task.name not in BUILTIN and task.every(plan.mixture)}
 
 
 def training_request(preset: ComparePreset, text: dict | None, source: dict | None = None,

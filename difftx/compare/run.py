@@ -219,11 +219,9 @@ def check_arms_run(plan) -> None:
     """One forward and backward pass of a one-layer model of every arm whose attention kind is not built in (a
     kinds file's), on a few tokens, before any model trains: a kind that raises there is named with its file and
     line in one ValueError, not found after the other arms have trained."""
-    import traceback
-
     import torch
 
-    from ..attention.registry import kind_code
+    from ..attention.registry import error_site, kind_code
     from ..model import Transformer
 
     for arm, cfg in plan.arms.items():
@@ -232,14 +230,13 @@ def check_arms_run(plan) -> None:
             continue
         small = cfg.replace(n_layers=1)
         try:
-            torch.manual_seed(0)
-            model = Transformer(small)
-            tokens = torch.randint(0, small.vocab_size, (2, min(9, small.max_seq_len)))
-            model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
+            with torch.random.fork_rng(devices=[]):  # the models' own draws come later, as without the check
+                torch.manual_seed(0)
+                model = Transformer(small)
+                tokens = torch.randint(0, small.vocab_size, (2, min(9, small.max_seq_len)))
+                model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
         except Exception as e:  # noqa: BLE001 - one line naming the kind's file and line, then the error
-            where = code.get("file") or "its code"
-            frames = [f for f in traceback.extract_tb(e.__traceback__) if code.get("file") and f.filename == where]
-            at = f"{where}:{frames[-1].lineno}" if frames else where
+            at = error_site(e, code["file"]) if code["file"] else "its code"
             first = (str(e).strip().splitlines() or [""])[0]
             raise ValueError(f"arm {arm!r}: attention kind {cfg.attention!r} fails in one training step of a "
                              f"one-layer model ({at}: {type(e).__name__}: {first}); fix the kind, or leave the arm "

@@ -197,21 +197,15 @@ class StackedTransformer(nn.Module):
     def _fails_alone(self, tokens: Tensor) -> Optional[str]:
         """``FILE:LINE: Error: message`` when model 0 alone fails a training step on ``tokens`` ``(1, T)`` (the line
         in the kind's own file where it has one), else None."""
-        import inspect
-        import traceback
+        from ..attention.registry import code_digest, error_site
 
         model = self.model(0)
         try:
             model(tokens[:, :-1], targets=tokens[:, 1:]).backward()
         except Exception as e:  # noqa: BLE001 - described in one line for the caller's error
-            try:
-                where = inspect.getsourcefile(type(model.layers[0].attn))
-            except TypeError:
-                where = None
-            frames = [f for f in traceback.extract_tb(e.__traceback__) if where and f.filename == where]
-            at = f"{where}:{frames[-1].lineno}: " if frames else ""
+            where = code_digest(type(model.layers[0].attn))["file"]
             first = (str(e).strip().splitlines() or [""])[0]
-            return f"{at}{type(e).__name__}: {first}"
+            return f"{error_site(e, where) + ': ' if where else ''}{type(e).__name__}: {first}"
         finally:
             model.zero_grad(set_to_none=True)
         return None
