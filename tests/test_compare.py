@@ -123,7 +123,10 @@ def test_outputs_and_schema(smoke):
     # 2 windows of the bundled validation split (its 4 works) lie in 2 documents: too few to be across documents
     assert "held-out LM intervals over windows of this one text (the windows lie in 2 documents" in head[6]
     table = report[report.index("## Verdicts\n"):report.index("## Setup")]
-    assert "| pair | metric | difference [unadjusted 95%] | Holm p | verdict |" in table
+    assert "| pair | metric | difference: mean [95%], or mean; median [95%] | Holm p | verdict |" in table
+    nll = primary(res)["lm_nll"]["paired"]  # an unbounded metric's printed interval is of the median seed difference
+    assert nll["interval_of"] == "median" and "median" in nll and primary(res)["needle_1_1"]["paired"]["interval_of"] \
+        == "mean"
     assert "| DIFF - baseline | LM NLL (held-out) | " in table and "too few seeds: 2 of 6" in table
     assert table.count("Method, in one line") == 1 and "`docs/compare.md`" in table and "**Statistics.**" not in report
     for c in primary(res).values():  # gated comparisons carry no verdict of direction
@@ -639,7 +642,8 @@ def test_token_efficiency_from_the_held_out_curves(smoke):
     # the gap in nats at every point both arms' curves share, paired over seeds (issue 30)
     gap = e["gap"]
     assert [g["tokens"] for g in gap] == e["tokens"] and all(len(g["values"]) == 2 and g["n"] == 2 for g in gap)
-    assert "gap, nats [95%] (per seed)" in report and (smoke / "plots" / "gap_along_training.png").is_file()
+    assert "gap, nats: mean; median [95%]" in report and (smoke / "plots" / "gap_along_training.png").is_file()
+    assert all(g["interval_of"] == "median" for g in gap)
     assert res["regime"]["diff"]["n_layers"] == res["arms"]["diff"]["config"]["n_layers"]
     assert "## Regime (against the paper's recipe)" in report
 

@@ -34,7 +34,7 @@ def test_the_verdict_names_the_looks_factor_and_the_seeds_it_needs():
     est = paired_estimate(d, np.zeros(7))
     first = look_adjusted(holm([est.p_value, 0.5, 0.5])[0], 1)
     text = verdict(est, "NLL", lower_is_better=True, adjusted_p=first, family_size=3, look=1)
-    assert "x1.05 at look 1 of this folder" in text and "DIFF is better" in text, text
+    assert "x1.05 at look 1 of this folder" in text and "not interchangeable" in text, text
     second = look_adjusted(holm([est.p_value, 0.5, 0.5])[0], 2)
     text = verdict(est, "NLL", lower_is_better=True, adjusted_p=second, family_size=3, look=2)
     assert "x32.9 at look 2 of this folder" in text and "needs at least 12 seeds" in text, text
@@ -110,12 +110,13 @@ def test_seeds_that_all_differ_alike_get_their_test_and_no_interval_of_width_zer
     assert est.low is None and est.high is None and NO_SPREAD in est.note and est.p_value == 2 / 2 ** 7
     text = verdict(est, "steps", lower_is_better=True, adjusted_p=look_adjusted(3 * est.p_value, 1), family_size=3,
                    look=1)
-    assert "no spread, so no interval" in text and "DIFF is better" in text and "[" not in text, text
+    assert "no spread, so no interval" in text and "DIFF lower in 7 of 7 seeds" in text and "[" not in text, text
     same = paired_estimate(np.full(7, 0.5), np.full(7, 0.5))  # identical seeds: the null itself, p = 1
     assert same.low is None and same.p_value == 1.0 and "no detectable difference" in verdict(
         same, "NLL", lower_is_better=True)
     c = {"arms": ["diff", "baseline"], "paired": est.to_dict(), "p_adjusted": 0.049, "better": "diff", "gated": None}
-    assert pair(c) == "-250.000 (no spread: no interval), p_adj 0.049" and call(c) == "DIFF better"
+    assert pair(c) == "-250.000 (no spread: no interval), p_adj 0.049"
+    assert call(c) == "not interchangeable: DIFF lower in 7 of 7 seeds" == short_verdict(c)
     c = {**c, "paired": same.to_dict(), "p_adjusted": 1.0, "better": None}
     assert call(c) == "no detectable difference" and short_verdict(c) == "no interval: no spread"
     # a bounded metric keeps the betting interval of its mean, which has width

@@ -58,10 +58,12 @@ def _comparison(a: str, key: str, va: list, vb: list, mean, low, high, *, better
             "digits": digits, "lower_is_better": digits == 0, "values": {a: va, "baseline": vb},
             "means": {a: sum(va) / len(va), "baseline": sum(vb) / len(vb)},
             "cis": {a: [min(va), max(va)], "baseline": [min(vb), max(vb)]},
+            "bounds": [0.0, 1.0] if digits else None,
             "paired": {"mean": mean, "low": low, "high": high, "p_value": 0.01, "n": len(va), "n_examples": 1,
-                       "method": "t", "note": None},
+                       "method": "t", "note": None, "interval_of": "mean" if digits else "median",
+                       "lower": sum(x < y for x, y in zip(va, vb)), "higher": sum(x > y for x, y in zip(va, vb))},
             "gated": gated, "p_adjusted": p_adj, "better": better, "verdict": f"{key}: the whole sentence",
-            "seeds_for_verdict": 2, "family": "primary"}
+            "seeds_for_verdict": 2, "family": "primary", "mean_established": (better == "baseline") if digits else None}
 
 
 def _results(frontier: dict, learned: dict) -> CompareResult:
@@ -104,7 +106,8 @@ def test_the_recall_summary_reads_each_sizes_comparisons():
     assert [z["head_width"] for z in s["sizes"]] == [16, 16, 16]
     got = s["recall"]["sizes"]["32x2x1"]
     f = got["vs_baseline"]["diff"]["frontier"]
-    assert f["paired"]["mean"] == -0.3 and f["p_adjusted"] == 0.02 and f["short_verdict"] == "DIFF worse"
+    assert f["paired"]["mean"] == -0.3 and f["p_adjusted"] == 0.02
+    assert f["short_verdict"] == "DIFF worse on average (lower in 2 of 2 seeds)"
     assert f["values"] == pytest.approx([-0.3, -0.3]) and f["verdict"] == "recall_frontier: the whole sentence"
     assert got["arms"]["baseline"]["frontier"] == {"mean": 0.55, "low": 0.5, "high": 0.6, "values": [0.5, 0.6]}
     assert got["arms"]["diff"]["learned_step"]["mean"] == 400.0
@@ -118,11 +121,13 @@ def test_the_recall_summary_reads_each_sizes_comparisons():
     opening = md.splitlines()[2]
     assert opening.startswith("**Recall frontier against the baseline, by size:** diff's frontier is above the "
                               "baseline's at 32x1x1 (+0.100 [-0.100, +0.300]: no detectable difference); below it at "
-                              "32x2x1 (-0.300 [-0.400, -0.200]: DIFF worse) and 64x1x2")
+                              "32x2x1 (-0.300 [-0.400, -0.200]: DIFF worse on average (lower in 2 of 2 seeds)) and "
+                              "64x1x2")
     assert ("diff_lambda_0.8's frontier is above the baseline's at 32x2x1 (+0.200 [+0.100, +0.300]: "
-            "diff_lambda_0.8 better) and 64x1x2") in opening
+            "not interchangeable: diff_lambda_0.8 higher in 2 of 2 seeds) and 64x1x2") in opening
     assert "not compared at 32x1x1 (not learned by either model at this budget)" in opening
-    assert "| frontier | diff | 0.250 [0.200, 0.300] | -0.300 [-0.400, -0.200] | 0.02 | DIFF worse |" in md
+    assert ("| frontier | diff | 0.250 [0.200, 0.300] | -0.300 [-0.400, -0.200] | 0.02 | DIFF worse on average (lower "
+            "in 2 of 2 seeds) |") in md
     assert "| learned at (steps) | diff | 400 [300, 500] (learned: 0 of 2 seeds) | -50.0 steps | - |" in md
     assert "| attention on the binding | diff | - | - | - | not measured |" in md
     assert "| 32x2x1 | diff | 2 |" in md and "| 0 |" not in md  # the regime: no LM tokens per parameter

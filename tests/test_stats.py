@@ -148,7 +148,8 @@ def test_constant_differences_never_give_p_zero():
     e8 = paired_estimate([-250.0] * 8, [0.0] * 8)
     # no spread: a test of exchangeability, but no interval (one of width 0 would claim a certainty nothing backs)
     assert e8.p_value == pytest.approx(2 / 256) and e8.low is None and e8.high is None and "no spread" in e8.note
-    assert "DIFF is better" in verdict(e8, "steps", lower_is_better=True)
+    assert "not interchangeable at this scale and budget: DIFF lower in 8 of 8 seeds" in verdict(
+        e8, "steps", lower_is_better=True)
     near = paired_estimate([-250.0 + 1e-9 * i for i in range(8)], [0.0] * 8)
     assert near.p_value == pytest.approx(2 / 256)
 
@@ -203,9 +204,18 @@ def test_sign_flip_interval_and_seeds_for_verdict():
 def test_verdict_wording():
     rng = np.random.default_rng(1)
     clear = paired_estimate(rng.normal(-0.5, 0.01, 6), np.zeros(6))
-    assert "DIFF is better at this scale and budget" in verdict(clear, "NLL", lower_is_better=True, unit="nats")
-    assert "DIFF is worse" in verdict(clear, "accuracy", lower_is_better=False)
-    assert "unadjusted 95% interval" in verdict(clear, "NLL", lower_is_better=True)
+    # the verdict says what its test shows (exchangeability), never "better" or "worse" for an unbounded metric
+    text = verdict(clear, "NLL", lower_is_better=True, unit="nats")
+    assert "the arms are not interchangeable at this scale and budget: DIFF lower in 6 of 6 seeds" in text
+    assert " better" not in text and " worse" not in text and "the mean difference is not established" in text
+    assert "unadjusted 95% interval of the median [" in text and "median seed difference -0.49" in text
+    # a bounded metric: "better" / "worse" only where the betting test establishes the mean difference
+    acc = paired_estimate(0.8 + rng.normal(-0.5, 0.01, 6), np.full(6, 0.8), bounds=(0.0, 1.0))
+    text = verdict(acc, "accuracy", lower_is_better=False)
+    assert "unadjusted 95% interval of the mean difference [" in text and " worse" not in text, text
+    assert "not interchangeable" in text and "the mean difference is not yet established" in text
+    text = verdict(acc, "accuracy", lower_is_better=False, mean_p=0.01)
+    assert "the mean difference is established (Holm-adjusted betting p = 0.01): DIFF is worse on average" in text
     # significant before the adjustment, not after: the sentence says so instead of "allows anything from"
     clear8 = paired_estimate(rng.normal(-0.5, 0.01, 8), np.zeros(8))
     text = verdict(clear8, "NLL", lower_is_better=True, adjusted_p=0.2, family_size=2)
@@ -214,8 +224,8 @@ def test_verdict_wording():
     # a family too large for 6 seeds to reach p < 0.05 after Holm
     assert "needs at least 7 seeds" in verdict(clear, "NLL", lower_is_better=True, adjusted_p=0.09, family_size=3)
     wide = paired_estimate(rng.normal(0.0, 1.0, 8), np.zeros(8))
-    assert "the unadjusted interval allows anything from" in verdict(wide, "NLL", lower_is_better=True,
-                                                                     adjusted_p=0.9, family_size=1)
+    assert "the interval of the median seed difference allows anything from" in verdict(
+        wide, "NLL", lower_is_better=True, adjusted_p=0.9, family_size=1)
     assert "no conclusion" in verdict(paired_estimate([0.5], [0.4]), "acc", lower_is_better=False)
     assert "no conclusion" in verdict(paired_estimate([0.5, 0.6, 0.7], [0.4, 0.4, 0.4]), "acc",
                                       lower_is_better=False)
@@ -414,8 +424,8 @@ def test_the_verdict_is_on_exchangeability_and_the_mean_stands_beside_it():
     assert need is not None and 8 <= need <= 16, need
     text = verdict(est, "recall", lower_is_better=False, adjusted_p=p3, family_size=3, mean_p=est.betting_p * 3,
                    mean_seeds=need)
-    assert "DIFF is worse at this scale and budget (the arms are not interchangeable: DIFF lower in 7 of 7 seeds)" \
-        in text and f"the mean difference is not yet established (Holm-adjusted betting p = " in text
+    assert "the arms are not interchangeable at this scale and budget: DIFF lower in 7 of 7 seeds" in text \
+        and f"the mean difference is not yet established (Holm-adjusted betting p = " in text and " worse" not in text
     assert f"about {need} seeds if the differences go on as these" in text
     plan = power_plan(d, 3, bounds=(0.0, 1.0), estimand="mean")  # and planned, as the verdict's power is
     assert plan.estimand == "mean" and plan.far_seen == 0 and plan.describe().startswith("80% power for the mean ")
@@ -427,4 +437,5 @@ def test_the_verdict_is_on_exchangeability_and_the_mean_stands_beside_it():
     assert "no detectable difference" in text and "established (" not in text.replace("not yet established", "")
     many = paired_estimate(np.resize(base + d, 30), np.resize(base, 30), bounds=(0.0, 1.0))
     assert many.betting_p < 0.05 and "the mean difference is established (betting p = " in verdict(
+        many, "recall", lower_is_better=False) and "DIFF is worse on average" in verdict(
         many, "recall", lower_is_better=False)

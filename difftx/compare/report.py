@@ -12,20 +12,22 @@ from typing import Optional
 from ..eval.stats import look_factor
 from ..io import atomic_write, own_folder
 from ..tasks import TASKS
-from ..tasks.reporting import ReportContext, fmt, table
+from ..tasks.reporting import DIFFERENCE, ReportContext, decided_text, fmt, interval_text, table
 from .regime import regime_of, render_regime
 from .schema import CompareResult, results_json
 from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdict, verdict_rows
 from .tune_report import plot_tune, render_tune
 
 
-VERDICT_HEADER = ["pair", "metric", "difference [unadjusted 95%]", "Holm p", "verdict", "mean difference"]
-METHOD_LINE = ("Method, in one line: each difference is the first arm minus the second over paired seeds, with an "
-               "unadjusted 95% interval; Holm p is adjusted within the primary and within the exploratory family; a "
-               "verdict needs Holm p < 0.05 and says the two arms of a seed are not interchangeable (t and exact "
-               "sign-flip tests); for a bounded metric the last column says whether the mean difference is "
-               "established (the betting test, Holm-adjusted alike). What each column means and assumes: "
-               "`docs/compare.md`, \"Reading a report\".\n")
+VERDICT_HEADER = ["pair", "metric", f"difference: {DIFFERENCE}", "Holm p", "verdict", "mean difference"]
+METHOD_LINE = ("Method, in one line: each difference is the first arm minus the second over paired seeds, its mean "
+               "with the unadjusted 95% interval of the mean (a bounded metric) or of the median seed difference (an "
+               "unbounded one, whose mean no test holds for); Holm p is adjusted within the primary and within the "
+               "exploratory family; a verdict needs Holm p < 0.05 and says only that the two arms of a seed are not "
+               "interchangeable (t and exact sign-flip tests), and on which side most seeds lie; \"better\" or "
+               "\"worse\" is said only where the last column says the mean difference is established (a bounded "
+               "metric's betting test, Holm-adjusted alike). What each column means and assumes: `docs/compare.md`, "
+               "\"Reading a report\".\n")
 
 
 def render_report(result: CompareResult, plots: dict[str, str]) -> str:
@@ -49,7 +51,7 @@ def render_report(result: CompareResult, plots: dict[str, str]) -> str:
         out += opening(every, result)
         out.append("## Verdicts\n")
     out.append(table(verdict_rows(every, names=names), VERDICT_HEADER))
-    found = [k for k, c in C.items() if not c["primary"] and c.get("better")]
+    found = [k for k, c in C.items() if not c["primary"] and (c.get("better") or c.get("mean_established"))]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
     unmeasured = [c["gated"].replace(NOT_MEASURED + " ", f"{c['label']} ") for c in C.values() if _unmeasured(c)]
     out.append(f"{len(explored)} exploratory comparisons of {first} - {second}; {len(found)} survive Holm adjustment"
@@ -92,13 +94,14 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
     names = {a: r.label for a, r in result.arms.items()}
     first, second = (names[x] for x in result.primary.arms)
     primary = [c for c in (comparisons.get(key) or {}).values() if c["primary"]]
-    decided = [c for c in primary if c.get("better")]
+    decided = [c for c in primary if c.get("better") or c.get("mean_established")]
     compared = [c for c in primary if not c.get("gated") and c["paired"].get("mean") is not None]
     n = len(result.seeds)
     if decided:
         rest = len(primary) - len(decided)
-        answer = ("**" + "; ".join(f"{short_verdict(c, names)} on {c['label']}: {difference_text(c)}, Holm p "
-                                   f"{adjusted_p_text(c)}{_mean_clause(c)}" for c in decided) + ".**"
+        answer = ("**" + "; ".join(f"{c['label']}: {short_verdict(c, names)} ({first} - {second} = "
+                                   f"{difference_text(c)}, Holm p {adjusted_p_text(c)}{_mean_clause(c)})"
+                                   for c in decided) + ".**"
                   + (f" No verdict on the other {rest} primary metric{'s' if rest != 1 else ''}." if rest else ""))
     elif compared:
         lead = min(compared, key=lambda c: (c.get("p_adjusted") is None, c.get("p_adjusted") or 1.0))
@@ -113,11 +116,12 @@ def opening(comparisons: dict, result: CompareResult, tuned: Optional[dict] = No
     else:
         answer = "**No verdict: no primary metric was compared** (the verdict table says why)."
     others = [c for pair_, comps in comparisons.items() if pair_ != key
-              for c in comps.values() if c["primary"] and c.get("better")]
+              for c in comps.values() if c["primary"] and (c.get("better") or c.get("mean_established"))]
     if others:  # the other arms' verdicts on the same primary metrics (more arms: --arms)
         answer += (" Other arms: " + "; ".join(f"{c['arms'][0]} - {c['arms'][1]} on {c['label']}: "
                                                f"{difference_text(c)}, Holm p {adjusted_p_text(c)}{_mean_clause(c)} "
-                                               f"({c['better']} better)" for c in others) + ".")
+                                               f"({decided_text(c, names.get(c['arms'][0], c['arms'][0]))})"
+                                               for c in others) + ".")
     need = max((c.get("seeds_for_verdict") or 0 for c in primary), default=0)
     family = max((c.get("family_size") or 0 for c in primary), default=0)
     sure = (f"How sure: {n} paired seed{'s' if n != 1 else ''}; p-values Holm-adjusted over {family} primary "
@@ -158,18 +162,18 @@ def _looks_clause(result: CompareResult, primary: list, n: int) -> str:
 
 
 def _mean_clause(c: dict) -> str:
-    """``, lower in 7 of 7 seeds, mean difference not yet established (about 11 seeds)`` beside a verdict: the seeds'
-    count on the verdict's side, and for a bounded metric the second estimand."""
-    p = c["paired"]
-    side = "lower" if (p.get("mean") or 0) < 0 else "higher"
-    count = p.get("lower" if side == "lower" else "higher")
-    seeds = f", {side} in {count} of {p['n']} seeds" if count is not None else ""
-    if c.get("gated") or c.get("mean_established") is None:
-        return seeds
+    """``; mean difference not yet established (about 11 seeds)`` beside a verdict: the second estimand, for a
+    bounded metric by its betting test, for an unbounded one that no test of its mean holds (the seeds' count on
+    each side is in the verdict's words, :func:`difftx.tasks.reporting.decided_text`)."""
+    if c.get("gated"):
+        return ""
+    if c.get("mean_established") is None:
+        return "; mean difference not established (no valid test of an unbounded metric's mean)" \
+            if c.get("bounds") is None else ""
     if c["mean_established"]:
-        return seeds + ", mean difference established"
+        return "; mean difference established"
     more = f" (about {c['seeds_for_mean']} seeds)" if c.get("seeds_for_mean") else ""
-    return seeds + f", mean difference not yet established{more}"
+    return f"; mean difference not yet established{more}"
 
 
 def _regime_line(result: CompareResult, tuned: Optional[dict]) -> str:
@@ -416,7 +420,7 @@ def render_token_efficiency(result: CompareResult) -> str:
                 head += (f"; from {span['first']['value']:.3f} at the first point to {span['last']['value']:.3f} "
                          "at the last")
         out.append(f"**{arm} vs {base}** ({head})\n")
-        out.append(table(rows, ["tokens", f"{base} loss", f"{arm} loss", "gap, nats [95%] (per seed)",
+        out.append(table(rows, ["tokens", f"{base} loss", f"{arm} loss", "gap, nats: mean; median [95%]",
                                 "tokens ratio [95%]"]))
         if gaps:
             out.append(_gap_trend(list(gaps.values())) + "\n")
@@ -424,12 +428,14 @@ def render_token_efficiency(result: CompareResult) -> str:
 
 
 def gap_text(g) -> str:
-    """A paired gap in nats: ``+0.053 [+0.01, +0.09]``, or without an interval the seeds' own
-    differences, ``+0.053 (+0.043, +0.071, +0.046)``."""
+    """A paired gap in nats, an unbounded difference: ``+0.053; median +0.050 [+0.01, +0.09]``, the mean and the
+    median seed difference with the interval of the median (:func:`difftx.tasks.reporting.interval_text`; a file
+    written before: ``+0.053; shift [...]``), or without an interval the seeds' own differences,
+    ``+0.053 (+0.043, +0.071, +0.046)``."""
     if g is None or g["mean"] is None:
         return "-"
     if g["low"] is not None:
-        return f"{g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]"
+        return interval_text(g, 3)
     return f"{g['mean']:+.3f} (" + ", ".join(f"{v:+.3f}" for v in g["values"]) + ")"
 
 
@@ -439,7 +445,9 @@ def _gap_trend(gaps: list[dict]) -> str:
     last = gaps[-1]
     why = next((g["note"] for g in gaps if g.get("note")), None)
     return (f"Gap = arm - baseline held-out loss at the same tokens, paired over seeds (`difftx.eval.stats."
-            f"paired_estimate`; without an interval, the seeds' own differences in brackets"
+            f"paired_estimate`): the mean, and the median seed difference with the 95% interval of the median (a "
+            f"loss has no bounds, so no interval of its mean holds for every distribution of seeds); without an "
+            f"interval, the seeds' own differences in brackets"
             + (f": {why}" if why else "") + f"). It is largest at {peak['tokens']:,.0f} tokens "
             f"({peak['mean']:+.3f} nats) and {last['mean']:+.3f} at the last point ({last['tokens']:,.0f}).")
 

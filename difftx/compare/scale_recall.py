@@ -24,7 +24,7 @@ READINGS = (("frontier", "recall_frontier", "frontier"),
             ("learned_step", "recall_learned_step", "learned at (steps)"),
             ("attention_on_binding", "recall_attention_on_binding", "attention on the binding"))
 KEEP = ("arms", "key", "label", "unit", "digits", "lower_is_better", "gated", "p_adjusted", "better", "verdict",
-        "seeds_for_verdict", "family")
+        "seeds_for_verdict", "family", "bounds", "mean_established", "mean_better")
 METHOD = ("Each reading is the recall task's (`docs/compare.md`, \"Associative recall\"): the frontier is a model's "
           "mean accuracy over the plain-MQAR cells; learned at, the first probe during training whose accuracy "
           "reaches `learned_at` (a model that never did counts as its last probe step: censored); attention on the "
@@ -51,7 +51,8 @@ def _difference(c: dict) -> dict:
     """What scale keeps of a comparison: enough for :func:`difference_text` and :func:`short_verdict` to read it
     as they read the compare's, with the seeds' own differences."""
     a, b = c["arms"]
-    paired = {k: c["paired"].get(k) for k in ("mean", "low", "high", "p_value", "n", "n_examples", "method", "note")}
+    paired = {k: c["paired"].get(k) for k in ("mean", "low", "high", "p_value", "n", "n_examples", "method", "note",
+                                              "lower", "higher", "interval_of", "median", "median_low", "median_high")}
     values = [None if x is None or y is None else x - y for x, y in zip(c["values"][a], c["values"][b])]
     out = {**{k: c.get(k) for k in KEEP}, "paired": paired, "values": values}
     out["short_verdict"] = short_verdict(out)

@@ -13,6 +13,7 @@ import numpy as np
 from ..eval.stats import (NO_SPREAD, holm, look_adjusted, look_factor, mean_interval, paired_estimate, power_plan, seeds_for_mean,
                           seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
+from ..tasks.reporting import decided_text, interval_text
 from .arms import LABELS, PRIMARY, pairs
 from .schema import CompareResult, Comparison, pair_key
 
@@ -118,6 +119,8 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
                                 mean_seeds=c.get("seeds_for_mean"), mean_plan=mean_plan, look=look))
         c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
                        (a if (est.mean < 0) == m.lower_is_better else b))
+        # the arm whose mean is better, where a valid test establishes the mean difference (bounded metrics only)
+        c["mean_better"] = (a if (est.mean < 0) == m.lower_is_better else b) if c.get("mean_established") else None
     return out
 
 
@@ -243,7 +246,9 @@ def gap_along_training(arm: list[tuple[list, list]], baseline: list[tuple[list, 
     """The held-out loss gap arm - baseline at every point of the curves (``(tokens, losses)`` per
     seed, paired by position) that every seed of both arms has: ``[{"tokens": t, "values": per-seed
     differences, **paired estimate}]`` (:func:`difftx.eval.stats.paired_estimate` over the seeds, as
-    every compared metric), so a gap that shrinks with tokens is read off with its interval."""
+    every compared metric: ``low`` / ``high`` the t and sign-flip hull, ``median_low`` / ``median_high`` the interval
+    of the median seed difference, the one printed), so a gap that shrinks with tokens is read off with its
+    interval."""
     common = set(arm[0][0])
     for tokens, _ in arm + baseline:
         common &= set(tokens)
@@ -253,7 +258,8 @@ def gap_along_training(arm: list[tuple[list, list]], baseline: list[tuple[list, 
         b = [losses[tokens.index(t)] for tokens, losses in baseline]
         est = paired_estimate(a, b).to_dict()
         out.append({"tokens": t, "values": [x - y for x, y in zip(a, b)],
-                    **{k: est[k] for k in ("mean", "low", "high", "p_value", "n", "note")}})
+                    **{k: est[k] for k in ("mean", "low", "high", "p_value", "n", "note", "interval_of", "median",
+                                           "median_low", "median_high")}})
     return out
 
 
@@ -273,19 +279,22 @@ def _by_tokens(curve: dict) -> tuple[list, list]:
 
 
 def short_verdict(c: dict, names: Optional[dict] = None) -> str:
-    """A comparison's verdict in a few words: "DIFF better" / "DIFF worse" (the first arm's name;
-    the Holm-adjusted test rejects at ``ALPHA``), "no detectable difference", "too few seeds: N of M"
-    (fewer seeds than a verdict in its family needs), "no interval: N seeds", or why it was not
-    compared. The whole sentence stays in ``results.json`` (``verdict``). ``names``: the arms' labels."""
+    """A comparison's verdict in a few words: "DIFF worse on average (lower in 7 of 7 seeds)" (the first arm's name)
+    only where the mean difference is established (a bounded metric's Holm-adjusted betting test), "not
+    interchangeable: DIFF lower in 7 of 7 seeds" where the Holm-adjusted test of exchangeability rejects at
+    ``ALPHA`` (:func:`difftx.tasks.reporting.decided_text`), "no detectable difference", "too few seeds: N of M"
+    (fewer seeds than a verdict in its family needs), "no interval: N seeds", or why it was not compared. The whole
+    sentence stays in ``results.json`` (``verdict``). ``names``: the arms' labels."""
     if c.get("gated"):
         return NOT_MEASURED if c["gated"].startswith(NOT_MEASURED) else f"not compared: {c['gated'].split(': ')[0]}"
     p = c["paired"]
     n, need = p.get("n"), c.get("seeds_for_verdict")
     if p.get("mean") is None:
         return NOT_MEASURED
-    if c.get("better"):
-        a = c["arms"][0]
-        return f"{(names or LABELS).get(a, a)} {'better' if c['better'] == a else 'worse'}"
+    a = c["arms"][0]
+    decided = decided_text(c, (names or LABELS).get(a, a))
+    if decided:
+        return decided
     if need and n is not None and n < need:
         return f"too few seeds: {n} of {need}"
     if p.get("low") is None:
@@ -295,23 +304,25 @@ def short_verdict(c: dict, names: Optional[dict] = None) -> str:
 
 
 def difference_text(c: dict) -> str:
-    """``+0.093 nats [+0.044, +0.150]``: a comparison's mean difference with its unadjusted 95% interval
-    (the mean alone where there is none; ``-`` where nothing was measured or compared)."""
+    """``+0.093 [+0.044, +0.150]``: a comparison's mean difference with the unadjusted 95% interval of the mean (a
+    bounded metric), or ``+0.093 nats; median +0.080 [+0.044, +0.150]``: the mean and the median seed difference with
+    the interval of the median (an unbounded metric; :func:`difftx.tasks.reporting.interval_text`); the mean alone
+    where there is none; ``-`` where nothing was measured or compared."""
     p = c["paired"]
     if p.get("mean") is None or c.get("gated"):  # not compared: no difference to read
         return "-"
     d = max(int(3 if c.get("digits") is None else c["digits"]), 1)  # a whole-number metric (digits 0): one decimal
-    unit = f" {c['unit']}" if c.get("unit") else ""
-    ci = "" if p.get("low") is None else f" [{p['low']:+.{d}f}, {p['high']:+.{d}f}]"
-    return f"{p['mean']:+.{d}f}{unit}{ci}"
+    return interval_text(p, d, c.get("unit") or "", bounded=c.get("bounds") is not None)
 
 
 def mean_text(c: dict) -> str:
-    """The second estimand of a bounded metric in a few words: "established", "not yet: about N seeds" (as observed,
-    :func:`difftx.eval.stats.seeds_for_mean`), "not yet"; "-" for a metric without bounds (no test of its mean) or
-    one not compared."""
-    if c.get("gated") or c.get("mean_established") is None:
+    """The second estimand in a few words: "established", "not yet: about N seeds" (as observed,
+    :func:`difftx.eval.stats.seeds_for_mean`), "not yet" (a bounded metric); "no valid test" for a compared metric
+    without bounds (no test of its mean holds for every distribution of seeds); "-" for one not compared."""
+    if c.get("gated") or c["paired"].get("mean") is None:
         return "-"
+    if c.get("mean_established") is None:
+        return "no valid test" if c.get("bounds") is None and c["paired"].get("low") is not None else "-"
     if c["mean_established"]:
         return "established"
     return f"not yet: about {c['seeds_for_mean']} seeds" if c.get("seeds_for_mean") else "not yet"
@@ -322,7 +333,7 @@ def adjusted_p_text(c: dict) -> str:
 
 
 def verdict_line(c: dict, names: Optional[dict] = None) -> str:
-    """One verdict line: metric, ``A - B`` = difference [interval], Holm p, verdict."""
+    """One verdict line: metric, ``A - B`` = difference [interval of what it names], Holm p, verdict."""
     a, b = ((names or LABELS).get(x, x) for x in c["arms"])
     if c.get("gated"):
         return f"{c['label']}: {short_verdict(c, names)}"
@@ -333,13 +344,13 @@ def verdict_line(c: dict, names: Optional[dict] = None) -> str:
 def verdict_rows(comparisons: dict, pairs_: Optional[list] = None, names: Optional[dict] = None) -> list[list[str]]:
     """Rows ``[pair, metric, difference [95%], Holm p, verdict, mean]`` of a verdict table: every primary
     comparison of each pair (``comparisons``: ``{pair: {key: comparison}}``), then the exploratory
-    ones that survive Holm. ``names``: the arms' labels."""
+    ones that survive Holm (or whose mean difference is established). ``names``: the arms' labels."""
     names = names or LABELS
     rows = []
     for pair in pairs_ or list(comparisons):
         comps = comparisons[pair]
-        chosen = [c for c in comps.values() if c["primary"]] + [c for c in comps.values()
-                                                                 if not c["primary"] and c.get("better")]
+        chosen = [c for c in comps.values() if c["primary"]] + [
+            c for c in comps.values() if not c["primary"] and (c.get("better") or c.get("mean_established"))]
         for c in chosen:
             a, b = (names.get(x, x) for x in c["arms"])
             rows.append([f"{a} - {b}", c["label"] + ("" if c["primary"] else " (exploratory)"), difference_text(c),

@@ -463,6 +463,9 @@ def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val:
         pr = c["paired"]
         if sel["low"] is not None and pr["low"] is not None:
             pr["low"], pr["high"] = min(pr["low"], sel["low"]), max(pr["high"], sel["high"])
+            if pr.get("median_low") is not None:  # the printed interval of an unbounded metric: widened alike
+                pr["median_low"], pr["median_high"] = min(pr["median_low"], sel["low"]), max(pr["median_high"],
+                                                                                             sel["high"])
         if sel["p_value"] is not None:
             pr["p_value"] = max(pr["p_value"], sel["p_value"])
         pr["method"] = f"{pr['method']}; hulled with the jackknife over seeds of the choice and the difference"
@@ -476,8 +479,9 @@ def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val:
         est = PairedEstimate(**fields)
         c["verdict"] = verdict(est, m.label, lower_is_better=m.lower_is_better, adjusted_p=p, alpha=ALPHA,
                                unit=m.unit, digits=max(m.digits, 1), names=(results.label(a), results.label(b)),
-                               family_size=len(family), look=look)
+                               family_size=len(family), look=look, mean_p=c.get("mean_p_adjusted"))
         c["better"] = None if p >= ALPHA else (a if (est.mean < 0) == m.lower_is_better else b)
+        c["mean_better"] = (a if (est.mean < 0) == m.lower_is_better else b) if c.get("mean_established") else None
 
 
 def _primary(results: CompareResult) -> dict:

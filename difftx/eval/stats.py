@@ -234,11 +234,22 @@ class PairedEstimate:
     tests: str = "exchangeability"  # what the p-value rejects (every metric; the mean: betting_p)
     lower: int = 0  # seeds whose first arm scored below the second
     higher: int = 0  # ... above
+    # what the printed interval covers: "mean" (a bounded metric: [low, high] holds the betting interval) or
+    # "median" (an unbounded metric, which no test of its mean holds for: [median_low, median_high] is printed)
+    interval_of: str = "mean"
+    median: Optional[float] = None  # the seeds' median difference
+    median_low: Optional[float] = None  # the distribution-free interval of the median seed difference
+    median_high: Optional[float] = None  # (:func:`seed_median_interval`; None where low is None)
 
     @property
     def unadjusted_excludes_zero(self) -> bool:
-        """Whether the *unadjusted* interval excludes 0 (verdicts use the Holm-adjusted p-value)."""
+        """Whether the *unadjusted* interval [low, high] excludes 0 (verdicts use the Holm-adjusted p-value)."""
         return self.low is not None and (self.low > 0 or self.high < 0)
+
+    def printed_interval(self) -> tuple[Optional[float], Optional[float]]:
+        """The interval a report prints, of the estimand ``interval_of`` names: ``(low, high)`` for the mean of a
+        bounded metric, ``(median_low, median_high)`` for an unbounded one."""
+        return (self.median_low, self.median_high) if self.interval_of == "median" else (self.low, self.high)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -304,11 +315,15 @@ def sign_flip_p(d: Sequence[float], max_exact: int = 16, draws: int = 20_000, se
     return float(_flip_p(x, _signs(x.size, max_exact, draws, seed), np.zeros(1))[0])
 
 
+@functools.lru_cache(maxsize=32)
 def _signs(n: int, max_exact: int = 16, draws: int = 20_000, seed: int = 0) -> np.ndarray:
-    """``(flips, n)`` sign patterns: all ``2^n`` up to ``max_exact``, else random draws."""
+    """``(flips, n)`` sign patterns: all ``2^n`` up to ``max_exact``, else random draws (kept per ``n``, read-only)."""
     if n <= max_exact:
-        return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-    return np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, n))
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    else:
+        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(draws, n))
+    signs.flags.writeable = False
+    return signs
 
 
 def _flip_p(x: np.ndarray, signs: np.ndarray, mu: np.ndarray) -> np.ndarray:
@@ -786,7 +801,8 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
     ties = int((d == 0).sum())
     if n == 1:
         return PairedEstimate(mean, None, None, None, None, 1, D.shape[1], confidence, "one seed: no interval",
-                              float(a[0]), float(b[0]), note="one seed: no interval", ties=ties)
+                              float(a[0]), float(b[0]), note="one seed: no interval", ties=ties,
+                              interval_of="mean" if bounds is not None else "median", median=mean)
     parts = _components(D)
     h = _half_width(parts, 1 - confidence)
     p_t, p_sf = _p_value(mean, parts), sign_flip_p(d)
@@ -810,9 +826,14 @@ def paired_estimate(diff: Sequence[float], baseline: Sequence[float], *,
         low = high = None
         note = f"all {n} seeds' differences are {mean:+.4g}: {NO_SPREAD}"
     p = max(x for x in (p_t, p_sf) if x is not None)  # exchangeability; the mean's own test is betting_p
+    med, m_lo, m_hi = seed_median_interval(d, D if D.shape[1] > 1 else None, confidence)
+    if low is None:  # too few seeds, or no spread: no interval of the median either
+        m_lo = m_hi = None
     return PairedEstimate(mean, low, high, p, p_sf, n, D.shape[1], confidence, method, float(a.mean()),
                           float(b.mean()), p_t=p_t, note=note, betting_p=p_bet, ties=ties,
-                          lower=int((d < 0).sum()), higher=int((d > 0).sum()))
+                          lower=int((d < 0).sum()), higher=int((d > 0).sum()),
+                          interval_of="mean" if bounds is not None else "median", median=med, median_low=m_lo,
+                          median_high=m_hi)
 
 
 def t_mean_interval(values: Sequence[float], examples: Optional[np.ndarray] = None,
@@ -862,17 +883,45 @@ def median_interval(values: Sequence[float],
     if not 0 < confidence < 1:
         raise ValueError(f"confidence: must be in (0, 1), got {confidence!r}")
     med = float(np.median(x))
-    # tail(k) = P(Bin(n, 1/2) <= k - 1) * 2^n, compared with alpha/2 * 2^n exactly
-    limit = Fraction(1 - confidence) / 2 * 2 ** n
-    below, rank = 0, 0
+    rank, _ = _median_rank(n, confidence)
+    if rank == 0:
+        return med, None, None
+    return med, float(x[rank - 1]), float(x[n - rank])
+
+
+def _median_rank(n: int, confidence: float) -> tuple[int, float]:
+    """The largest rank ``l`` with ``P(Binomial(n, 1/2) < l) <= (1 - confidence) / 2`` (exact binomial tails, integer
+    arithmetic; 0 where there is none) and the chance ``2 P(Binomial(n, 1/2) < l)`` that the order statistics
+    ``x_(l)``, ``x_(n+1-l)`` miss the median (0.0156 at 7 values, 0.0215 at 10, 0.0129 at 14; 0 without a rank)."""
+    limit = Fraction(1 - confidence) / 2 * 2 ** n  # tail(k) = P(Bin(n, 1/2) <= k - 1) * 2^n, against alpha/2 * 2^n
+    below, rank, kept = 0, 0, 0
     for k in range(n // 2 + 1):
         below += math.comb(n, k)  # P(Bin <= k) * 2^n
         if below > limit:
             break
-        rank = k + 1  # P(Bin < rank) = P(Bin <= k) <= alpha/2
-    if rank == 0:
-        return med, None, None
-    return med, float(x[rank - 1]), float(x[n - rank])
+        rank, kept = k + 1, below  # P(Bin < rank) = P(Bin <= k) <= alpha/2
+    return rank, float(Fraction(2 * kept, 2 ** n))
+
+
+def seed_median_interval(d: Sequence[float], D: Optional[np.ndarray] = None,
+                         confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+    """The median of the seeds' paired differences ``d`` with an interval of the median seed difference that holds
+    for any distribution of the seeds (what an unbounded metric prints: its mean has no test that holds for every
+    distribution). Over seeds: the order statistics of :func:`median_interval`, which miss the median with chance
+    ``a1`` (:func:`_median_rank`). With a seeds x examples table ``D`` (the same examples for every seed) the seeds'
+    median moves with the examples drawn, by their shared effect: each end is widened by the example part of the
+    two-level t interval (:func:`_components`, ``m - 1`` degrees of freedom) at the rest of alpha, ``1 - confidence -
+    a1``, so the interval is of the median seed difference on examples like these (Bonferroni over the two parts; the
+    example part assumes what the t interval's does: a seed and an example add). ``None`` bounds below 6 seeds."""
+    x = np.asarray(d, dtype=np.float64)
+    med, lo, hi = median_interval(x, confidence)
+    if lo is None or D is None or np.shape(D)[1] < 2:
+        return med, lo, hi
+    _, miss = _median_rank(x.size, confidence)
+    parts = _components(np.asarray(D, dtype=np.float64))
+    v, df = parts[1]
+    h = math.sqrt(v) * t_quantile(1 - (1 - confidence - miss) / 2, df) if v > 0 else 0.0
+    return med, lo - h, hi + h
 
 
 # -- multiplicity -----------------------------------------------------------------------------
@@ -926,28 +975,48 @@ def holm(p_values: Sequence[float]) -> list[float]:
 # -- wording ----------------------------------------------------------------------------------
 
 
+def seeds_words(first: str, lower: int, higher: int, n: int, mean: Optional[float]) -> str:
+    """What the test of exchangeability saw, in words: "DIFF lower in 7 of 7 seeds" (the side most seeds lie on),
+    and where the mean lies on the other side, ", though higher on average: most seeds and the mean disagree" (a
+    few seeds differ by much more than the rest); "DIFF lower in 3 and higher in 3 of 7 seeds, higher on average"
+    where the seeds split evenly. No "better" or "worse": the test says the arms differ, not whose mean is better."""
+    avg = None if not mean else "lower" if mean < 0 else "higher"
+    if lower == higher:
+        return f"{first} lower in {lower} and higher in {higher} of {n} seeds" + (f", {avg} on average" if avg else "")
+    side, k = ("lower", lower) if lower > higher else ("higher", higher)
+    text = f"{first} {side} in {k} of {n} seeds"
+    return text + (f", though {avg} on average: most seeds and the mean disagree" if avg and avg != side else "")
+
+
+def mean_side(mean: float, lower_is_better: bool) -> str:
+    """"better" or "worse": the side of an *established* mean difference (never of a verdict on exchangeability)."""
+    return "better" if (mean < 0) == lower_is_better else "worse"
+
+
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
             alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
             family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
             power_plan: Optional[PowerPlan] = None, mean_p: Optional[float] = None,
             mean_seeds: Optional[int] = None, mean_plan: Optional[PowerPlan] = None,
             look: Optional[int] = None) -> str:
-    """A plain sentence: "DIFF better/worse" (the first of ``names``) only where the (Holm-adjusted,
-    over ``family_size`` comparisons) test rejects at ``alpha``; otherwise "no detectable
-    difference", and why: too few seeds for any verdict (ties counted), a difference that does not
-    survive the adjustment, a bounded metric whose seeds lean one way but whose mean is not
-    established, or the range the unadjusted interval allows; with ``power_checked``, the seeds at
-    which a difference like this one reaches 80% power (``power_seeds``; ``None``: beyond what was
-    simulated), or with ``power_plan`` (:func:`power_plan`) those seeds with the effect and spread they
-    were planned for. Always "at this scale and budget".
+    """A plain sentence of what the tests show. Where the (Holm-adjusted, over ``family_size`` comparisons) test of
+    exchangeability rejects at ``alpha``: "the arms are not interchangeable at this scale and budget: DIFF lower in
+    7 of 7 seeds" (:func:`seeds_words`: the side most seeds lie on, and whether the mean disagrees); otherwise "no
+    detectable difference", and why: too few seeds for any verdict (ties counted), a difference that does not survive
+    the adjustment, or the range the interval allows. With ``power_checked``, the seeds at which a difference like
+    this one reaches 80% power (``power_seeds``; ``None``: beyond what was simulated), or with ``power_plan``
+    (:func:`power_plan`) those seeds with the effect and spread they were planned for. Always "at this scale and
+    budget".
 
-    The verdict is on exchangeability ("the arms are not interchangeable: DIFF lower in 7 of 7 seeds"). A
-    bounded metric (``est.betting_p``) then says whether its mean difference is established: ``mean_p`` (the
-    betting p, Holm-adjusted like the verdict's; default ``est.betting_p``) below ``alpha``, or not yet, with
+    "Better" and "worse" are said only of a mean difference that a valid test establishes: a bounded metric
+    (``est.betting_p``) whose ``mean_p`` (the betting p, Holm-adjusted like the verdict's; default ``est.betting_p``)
+    is below ``alpha`` ("the mean difference is established ...: DIFF is worse on average"), or not yet, with
     ``mean_seeds`` (:func:`seeds_for_mean`) when known and ``mean_plan`` (:func:`power_plan` of the mean) when
-    planned. ``look``: which reading of its folder this is, where ``adjusted_p`` and ``mean_p`` are already multiplied
-    by its :func:`look_factor` (:func:`look_adjusted`; ``None``: not adjusted for looks), named in the text, and counted
-    in the seeds a verdict needs."""
+    planned. An unbounded metric's mean has no such test: beside a verdict it says so. The interval printed is the
+    one ``est.interval_of`` names: of the mean difference (bounded), or of the median seed difference (unbounded).
+    ``look``: which reading of its folder this is, where ``adjusted_p`` and ``mean_p`` are already multiplied by its
+    :func:`look_factor` (:func:`look_adjusted`; ``None``: not adjusted for looks), named in the text, and counted in
+    the seeds a verdict needs."""
     u = f" {unit}" if unit else ""
     f = f"{{:+.{digits}f}}"
     head = f"{metric}: {names[0]} - {names[1]} = {f.format(est.mean)}{u}"
@@ -971,16 +1040,25 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     if est.low is None and not flat:
         return head + f" ({est.note}{f' ({needed} in a family of {family_size})' if family_size else ''}): no " \
                       "conclusion at this scale and budget" + power
-    ci = (f" ({est.note}; over {over}; p = {est.p_value:.3g}{holm_p})" if flat else
-          f" (unadjusted {round(100 * est.confidence)}% interval [{f.format(est.low)}, {f.format(est.high)}] over "
-          f"{over}; p = {est.p_value:.3g}{holm_p})")
-    mean = _mean_words(est, alpha, mean_p, mean_seeds) + ("" if mean_plan is None else
-                                                          "; " + mean_plan.describe(digits, unit))
+    median = est.interval_of == "median" and est.median_low is not None
+    lo, hi = (est.median_low, est.median_high) if median else (est.low, est.high)
+    pct = round(100 * est.confidence)
+    if flat:
+        ci = f" ({est.note}; over {over}; p = {est.p_value:.3g}{holm_p})"
+    elif median:
+        ci = (f" (the mean over {over}; median seed difference {f.format(est.median)}{u}, unadjusted {pct}% interval "
+              f"of the median [{f.format(lo)}, {f.format(hi)}]; p = {est.p_value:.3g}{holm_p})")
+    else:
+        ci = (f" (unadjusted {pct}% interval of the mean difference [{f.format(lo)}, {f.format(hi)}] over {over}; "
+              f"p = {est.p_value:.3g}{holm_p})")
+    mean = _mean_words(est, alpha, mean_p, mean_seeds, lower_is_better, names[0]) + (
+        "" if mean_plan is None else "; " + mean_plan.describe(digits, unit))
     if p < alpha:
-        better = "better" if (est.mean < 0) == lower_is_better else "worse"
-        side, k = ("lower", est.lower) if est.mean < 0 else ("higher", est.higher)
-        return (head + ci + f": {names[0]} is {better} at this scale and budget (the arms are not interchangeable: "
-                f"{names[0]} {side} in {k} of {est.n} seeds){mean}")
+        if est.betting_p is None:
+            mean = ("; the mean difference is not established: an unbounded metric's mean has no test that holds "
+                    "for every distribution of seeds")
+        return (head + ci + ": the arms are not interchangeable at this scale and budget: "
+                + seeds_words(names[0], est.lower, est.higher, est.n, est.mean) + mean)
     informative = est.n - est.ties
     if est.n < needed:
         why = f"a verdict among {family_size} comparisons needs at least {needed} seeds"
@@ -988,22 +1066,26 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
         why = (f"{est.ties} of {est.n} seeds tie (both models scored the same, e.g. both censored at the budget) and "
                f"carry no sign: {informative} informative seeds, and a verdict needs at least {needed}")
     elif adjusted and est.p_value < alpha:
-        why = "the unadjusted interval excludes 0, but the difference does not survive the Holm adjustment"
+        why = f"the unadjusted p-value is below {alpha:g}, but the difference does not survive the Holm adjustment"
     else:
+        what = "median seed difference" if median else "mean difference"
         why = (f"the sign-flip test of {est.n} equal differences does not reject" if flat else
-               f"the unadjusted interval allows anything from {f.format(est.low)} to {f.format(est.high)}{u}")
+               f"the interval of the {what} allows anything from {f.format(lo)} to {f.format(hi)}{u}")
     return head + ci + f": no detectable difference at this scale and budget; {why}{mean}" + power
 
 
-def _mean_words(est: PairedEstimate, alpha: float, mean_p: Optional[float], mean_seeds: Optional[int]) -> str:
-    """``; the mean difference is established (betting p = ...)`` or ``... not yet established ...: about N
-    seeds``, for a bounded metric (empty otherwise): the second estimand, stated beside the verdict."""
+def _mean_words(est: PairedEstimate, alpha: float, mean_p: Optional[float], mean_seeds: Optional[int],
+                lower_is_better: bool = True, first: str = "DIFF") -> str:
+    """``; the mean difference is established (betting p = ...): DIFF is worse on average`` (the only place a
+    verdict says "better" or "worse") or ``... not yet established ...: about N seeds``, for a bounded metric (empty
+    otherwise): the second estimand, stated beside the verdict."""
     if est.betting_p is None:
         return ""
     p = est.betting_p if mean_p is None else mean_p
     which = "betting p" if mean_p is None or mean_p == est.betting_p else "Holm-adjusted betting p"
     if p < alpha:
-        return f"; the mean difference is established ({which} = {p:.3g})"
+        return (f"; the mean difference is established ({which} = {p:.3g}): {first} is "
+                f"{mean_side(est.mean, lower_is_better)} on average")
     more = "" if est.mean == 0 else (f": about {mean_seeds} seeds if the differences go on as these" if mean_seeds
                                      else f": not within {MEAN_MAX_SEEDS} seeds at these differences")
     return f"; the mean difference is not yet established ({which} = {p:.3g}){more}"

@@ -10,7 +10,10 @@ from typing import Optional
 REPORTED_ARMS = ("baseline", "diff")  # the two arms a report section compares, in the order it shows them
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
 SHORT = {"diff": "DIFF", "baseline": "baseline"}
-DIFF_HEADER = "DIFF - baseline [unadjusted 95%], Holm p"
+# what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
+# median seed difference with the interval of the median (an unbounded one: "median ... [...]")
+DIFFERENCE = "mean [95%], or mean; median [95%]"
+DIFF_HEADER = f"DIFF - baseline: {DIFFERENCE}, Holm p"
 
 
 def fmt(v: Optional[float], digits: int = 3) -> str:
@@ -98,7 +101,7 @@ class ReportContext:
                 "distribution of the seeds inside the metric's range, and is conservative.\n"
                 if any(r[1].endswith("*") for r in rows) else "")
         b, a = (self.short(x) for x in self.arms)
-        return table(rows, ["metric", b, a, f"{a} - {b} [unadjusted 95%], Holm p", "verdict"]) + note
+        return table(rows, ["metric", b, a, f"{a} - {b}: {DIFFERENCE}, Holm p", "verdict"]) + note
 
 
 def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3) -> str:
@@ -107,8 +110,48 @@ def ci(mean: Optional[float], bounds: Sequence[Optional[float]], digits: int = 3
     return f"{fmt(mean, digits)} [{fmt(bounds[0], digits)}, {fmt(bounds[1], digits)}]"
 
 
+def interval_text(p: dict, digits: int = 3, unit: str = "", bounded: Optional[bool] = None) -> str:
+    """A paired difference (a comparison's ``paired``) with the unadjusted interval of what it covers:
+    ``+0.093 [+0.044, +0.150]``, the mean difference and its interval (a bounded metric: it holds the betting
+    interval), or ``+0.093 nats; median +0.080 [+0.044, +0.150]``, the mean and the median seed difference with the
+    interval of the median (an unbounded metric, whose mean no test holds for); the mean alone without an interval.
+    A file written before intervals named their estimand (no ``interval_of``) keeps its interval, of the mean where
+    ``bounded``, else ``shift [...]``: the t and sign-flip hull, which assumes symmetric seed differences."""
+    u = f" {unit}" if unit else ""
+    text = f"{p['mean']:+.{digits}f}{u}"
+    of = p.get("interval_of") or ("mean" if bounded else "shift")
+    low, high = (p.get("median_low"), p.get("median_high")) if of == "median" else (p.get("low"), p.get("high"))
+    if low is None:
+        return text
+    ends = f"[{low:+.{digits}f}, {high:+.{digits}f}]"
+    if of == "median":
+        return f"{text}; median {p['median']:+.{digits}f} {ends}"
+    return f"{text}; shift {ends}" if of == "shift" else f"{text} {ends}"
+
+
+def decided_text(c: dict, first: str) -> Optional[str]:
+    """A decided comparison in a few words (``first``: the first arm's name), or ``None`` where nothing is
+    decided: "DIFF worse on average (lower in 7 of 7 seeds)" only where the mean difference is established
+    (``mean_established``: a bounded metric's Holm-adjusted betting test); "not interchangeable: DIFF lower in 7 of
+    7 seeds" where only the arms' exchangeability is rejected (``better`` set: the Holm-adjusted t and sign-flip
+    tests), with ", though higher on average: ..." where most seeds and the mean disagree."""
+    from ..eval.stats import mean_side, seeds_words  # here: the command line's parser imports this module, not torch
+
+    p = c["paired"]
+    seeds = None
+    if c.get("better") and p.get("lower") is not None and p.get("n"):
+        seeds = seeds_words(first, p["lower"], p["higher"], p["n"], p.get("mean"))
+    if c.get("mean_established") and p.get("mean"):
+        side = mean_side(p["mean"], bool(c.get("lower_is_better")))
+        return f"{first} {side} on average" + ("" if seeds is None else f" ({seeds.removeprefix(first + ' ')})")
+    if c.get("better"):
+        return "not interchangeable" + ("" if seeds is None else f": {seeds}")
+    return None
+
+
 def pair(c: dict, digits: int = 3) -> str:
-    """``mean [low, high]`` of DIFF - baseline (the unadjusted interval), with the Holm-adjusted p-value."""
+    """DIFF - baseline with the unadjusted interval of what it covers (:func:`interval_text`), and the Holm-adjusted
+    p-value."""
     p = c["paired"]
     if p["mean"] is None:
         return "-"
@@ -121,12 +164,13 @@ def pair(c: dict, digits: int = 3) -> str:
         if NO_SPREAD in (p.get("note") or ""):  # every seed the same difference: a test, but no interval
             return f"{p['mean']:+.{digits}f} (no spread: no interval){adj}"
         return f"{p['mean']:+.{digits}f} (" + ("1 seed" if p["n"] == 1 else f"{p['n']} seeds: no interval") + ")"
-    return f"{p['mean']:+.{digits}f} [{p['low']:+.{digits}f}, {p['high']:+.{digits}f}]{adj}"
+    return interval_text(p, digits, bounded=c.get("bounds") is not None) + adj
 
 
 def call(c: dict, short=None) -> str:
-    """The verdict in a word or three: DIFF better / worse only where the adjusted test rejects (``short``: an arm's
-    label)."""
+    """The verdict in a few words (:func:`decided_text`): "DIFF better / worse on average" only where the mean
+    difference is established, "not interchangeable: DIFF lower in 7 of 7 seeds" where the adjusted test of
+    exchangeability rejects (``short``: an arm's label)."""
     if c.get("gated"):
         if c["paired"]["mean"] is None:
             return "not measured in this run"
@@ -140,8 +184,6 @@ def call(c: dict, short=None) -> str:
     if c["paired"]["low"] is None and NO_SPREAD not in (c["paired"].get("note") or ""):
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
-    if c.get("better") is None:
-        return "no detectable difference"
     a = c["arms"][0]
-    return f"{(short or SHORT.get)(a)} " + ("better" if c["better"] == a else "worse")
+    return decided_text(c, (short or SHORT.get)(a)) or "no detectable difference"
 
