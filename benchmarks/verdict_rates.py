@@ -124,8 +124,9 @@ def _se(p: float, runs: int) -> str:
 
 def equal_means(runs: int) -> None:
     print(f"Table 2: skewed differences, one comparison ({runs} runs a cell; Monte Carlo SE in brackets)\n")
-    print("| differences | seeds | verdict (not interchangeable) | mean difference claimed | \"better\"/\"worse\" "
-          "printed | ... on the wrong side of the mean | before: a word on the wrong side |")
+    print("| differences | seeds | verdict (not interchangeable; before, each printed \"better\"/\"worse\") | mean "
+          "difference claimed | \"better\"/\"worse\" printed | ... on the wrong side of the mean | before: a word on "
+          "the wrong side |")
     print("|---|---|---|---|---|---|---|")
     for fall, name in ((0.5, "90% +0.056, 10% -0.5 (equal means)"), (0.6, "90% +0.056, 10% -0.6 (mean -0.01)")):
         truth = 0.9 * 0.05 / 0.9 - 0.1 * fall
