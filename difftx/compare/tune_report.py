@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..io import own_folder
+from ..tasks.reporting import DIFFERENCE
 from .arms import LABELS
 
 
@@ -44,7 +45,7 @@ def render_tune(tune: dict, plots: dict, names: Optional[dict] = None) -> str:
 
     field, shared = tune["field"], tune["shared_value"]
     lines = [f"## Tuned `{field}` (primary)\n",
-             f"| pair | metric | at the preset's `{field}` = {shown(shared)} | tuned [unadjusted 95%] | Holm p "
+             f"| pair | metric | at the preset's `{field}` = {shown(shared)} | tuned: {DIFFERENCE} | Holm p "
              "| verdict |",
              "|---|---|---|---|---|---|"]
     for pair, metrics in tune["tuned"].items():
