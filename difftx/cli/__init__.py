@@ -52,6 +52,7 @@ SUBCOMMANDS: dict[str, str] = {
     "convert": "make a standard / Llama / Mistral / Qwen2 model differential, with the same function at conversion",
     "compare": "train DIFF and its matched baseline over paired seeds, evaluate both, write a report",
     "scale": "the comparison at several model sizes; DIFF's parameter efficiency (paper Fig. 3a)",
+    "map": "the regime map: a compare per cell (init, depth, width, task), trained where missing; map.md/png/json",
     "eval": "run one evaluation task on a checkpoint",  # its parser lists the tasks of difftx.tasks.TASKS
 }
 
