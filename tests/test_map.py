@@ -254,3 +254,27 @@ def test_the_answer_per_task_from_the_shipped_map():
     table = cmap.map_table(m)
     assert "| `torch-depth4` (torch, 4 x 64, recall) | baseline, diff, diff_lambda_0.8 |" in table
     assert "- `normal-depth4`: recorded from the results log, 2026-11-28: The regime map in depth: " in table
+
+
+def test_an_lm_cell_is_read_on_held_out_nll(tmp_path, monkeypatch):
+    monkeypatch.setattr("difftx.compare.report.make_plots", lambda out, result: {})
+    lm = {"steps": 4, "warmup_steps": 1, "log_every": 2, "lm_every": 1, "icl_every": 0, "probe_every": 0,
+          "curve_points": 0, "tasks": {"lm": {"windows": 2, "extrapolation_factors": [1], "extrapolation_windows": 1},
+                                       "outliers": {"tokens": 32}, "diagnostics": {"samples": 1},
+                                       "needle": {"samples_per_cell": 1, "grid": "1/1"},
+                                       "quant": {"bits": [8], "cells": "1/1", "needle_samples": 1, "lm_windows": 1},
+                                       "icl": {"instances": 2, "queries": 1, "orders": 2}}}
+    spec = cmap.parse_spec({"tasks": {"recall": SPEC["tasks"]["recall"], "lm": {"preset": "smoke", "set": lm}},
+                            "defaults": {"seeds": 1, "arms": ["baseline", "diff"]},
+                            "cells": [{"name": "text", "axes": {"task": "lm", "init": "torch"}}]}, "s")
+    m = cmap.run_map(spec, tmp_path, workers=1, progress=False, log=lambda *a: None)
+    cell = m["cells"][0]
+    res = json.loads((tmp_path / "text" / "results.json").read_text())
+    c = res["comparisons"]["diff vs baseline"]["metrics"]["lm_nll"]
+    assert cell["task"] == "lm" and cell["metric"]["key"] == "lm_nll" and cell["metric"]["lower_is_better"]
+    assert cell["vs_baseline"]["diff"]["paired"]["mean"] == c["paired"]["mean"]
+    assert cell["arms"]["baseline"]["metric"]["values"] == c["values"]["baseline"]
+    assert cell["arms"]["diff"]["learned"] is None and cell["arms"]["diff"]["ratio_at_init"] is None  # no probes
+    assert list(m["answer"]) == ["lm"] and m["answer"]["lm"]["diff"] == {cmap.NO_VERDICT: ["text"]}
+    md = (tmp_path / "map.md").read_text()
+    assert "**Language modelling (held-out NLL, nats; lower is better).**" in md and " nats: " in md

@@ -225,7 +225,10 @@ def parse_spec(data, where: str = "map spec", base: Optional[Path] = None) -> Ma
                 raise SpecError(f"{at}: set {k}: give it as " + (f"the axis {axis!r}" if axis else f"the cell's {k!r}"))
         body = tasks[task]
         preset = body["preset"]
-        base_p = get_preset(preset, **body.get("set", {}))
+        try:
+            base_p = get_preset(preset, **body.get("set", {}))
+        except (ValueError, TypeError) as e:
+            raise SpecError(f"{where}: tasks.{task}: {e}") from None
         overrides = dict(body.get("set", {}))
         for axis, fld in AXIS_FIELDS.items():
             if axis in axes and axes[axis] != getattr(base_p, fld):
