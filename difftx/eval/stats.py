@@ -917,9 +917,15 @@ def seed_median_interval(d: Sequence[float], D: Optional[np.ndarray] = None,
     med, lo, hi = median_interval(x, confidence)
     if lo is None or D is None or np.shape(D)[1] < 2:
         return med, lo, hi
-    _, miss = _median_rank(x.size, confidence)
-    parts = _components(np.asarray(D, dtype=np.float64))
-    v, df = parts[1]
+    rank, miss = _median_rank(x.size, confidence)
+    if not 1 - confidence - miss > 1e-9:  # the order statistics spend all of alpha (e.g. 3 values at 75%)
+        rank -= 1  # the next ranks out leave some for the examples
+        if rank == 0:
+            return med, None, None
+        miss = float(Fraction(2 * sum(math.comb(x.size, k) for k in range(rank)), 2 ** x.size))
+        xs = np.sort(x)
+        lo, hi = float(xs[rank - 1]), float(xs[x.size - rank])
+    v, df = _components(np.asarray(D, dtype=np.float64))[1]
     h = math.sqrt(v) * t_quantile(1 - (1 - confidence - miss) / 2, df) if v > 0 else 0.0
     return med, lo - h, hi + h
 
@@ -1040,11 +1046,14 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     if est.low is None and not flat:
         return head + f" ({est.note}{f' ({needed} in a family of {family_size})' if family_size else ''}): no " \
                       "conclusion at this scale and budget" + power
-    median = est.interval_of == "median" and est.median_low is not None
-    lo, hi = (est.median_low, est.median_high) if median else (est.low, est.high)
+    median = est.interval_of == "median"
+    lo, hi = est.printed_interval()
     pct = round(100 * est.confidence)
     if flat:
         ci = f" ({est.note}; over {over}; p = {est.p_value:.3g}{holm_p})"
+    elif median and lo is None:  # order statistics need more seeds than the t and sign-flip hull at this confidence
+        ci = (f" (the mean over {over}; median seed difference {f.format(est.median)}{u}, too few seeds for an "
+              f"interval of the median at {pct}%; p = {est.p_value:.3g}{holm_p})")
     elif median:
         ci = (f" (the mean over {over}; median seed difference {f.format(est.median)}{u}, unadjusted {pct}% interval "
               f"of the median [{f.format(lo)}, {f.format(hi)}]; p = {est.p_value:.3g}{holm_p})")
@@ -1061,7 +1070,8 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
                 + seeds_words(names[0], est.lower, est.higher, est.n, est.mean) + mean)
     informative = est.n - est.ties
     if est.n < needed:
-        why = f"a verdict among {family_size} comparisons needs at least {needed} seeds"
+        why = (f"a verdict among {family_size} comparisons" if family_size else "a verdict") + \
+            f" needs at least {needed} seeds"
     elif est.ties and informative < needed:
         why = (f"{est.ties} of {est.n} seeds tie (both models scored the same, e.g. both censored at the budget) and "
                f"carry no sign: {informative} informative seeds, and a verdict needs at least {needed}")
@@ -1070,6 +1080,7 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     else:
         what = "median seed difference" if median else "mean difference"
         why = (f"the sign-flip test of {est.n} equal differences does not reject" if flat else
+               f"the tests do not reject (p = {est.p_value:.3g})" if lo is None else
                f"the interval of the {what} allows anything from {f.format(lo)} to {f.format(hi)}{u}")
     return head + ci + f": no detectable difference at this scale and budget; {why}{mean}" + power
 
