@@ -88,7 +88,7 @@ class ReportContext:
             c = self.comparison(k)
             if c is not None:
                 d = digits if digits is not None else c.get("digits", 3)
-                mark = "*" if c.get("bounds") else ""
+                mark = "*" if c.get("bounds") else "†" if c["cis"][b][0] is not None else ""
                 rows.append([c["label"], ci(c["means"][b], c["cis"][b], d) + mark,
                              ci(c["means"][a], c["cis"][a], d) + mark, pair(c, d), call(c, self.short)])
         return rows
@@ -97,9 +97,12 @@ class ReportContext:
         rows = self.comparison_rows(keys, digits)
         if not rows:
             return ""
-        note = ("\n\\* a distribution-free interval (the hull with a betting interval): it holds for any "
-                "distribution of the seeds inside the metric's range, and is conservative.\n"
+        note = ("\n\\* a distribution-free interval of the arm's mean (the hull with a betting interval): it holds for "
+                "any distribution of the seeds inside the metric's range, and is conservative.\n"
                 if any(r[1].endswith("*") for r in rows) else "")
+        note += ("\n† the interval of the arm's mean assumes symmetric or roughly normal seed values (the hull of the "
+                 "sign-flip and t intervals): an unbounded metric's mean has no interval that holds for every "
+                 "distribution of seeds.\n" if any(r[1].endswith("†") for r in rows) else "")
         b, a = (self.short(x) for x in self.arms)
         return table(rows, ["metric", b, a, f"{a} - {b}: {DIFFERENCE}, Holm p", "verdict"]) + note
 
