@@ -150,7 +150,7 @@ def test_a_finished_map_trains_nothing_again(tiny_map, capsys, monkeypatch):
     monkeypatch.setattr("difftx.compare.run.run_compare", refuse)
     spec = str(tiny_map / "spec.json")
     assert main(["map", "--spec", spec, "--out", str(tiny_map / "out"), "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "a: present (results.json: 1 seeds, 2 arms): read from its folder"
+    assert capsys.readouterr().out.splitlines()[0] == "a: present (results.json: 1 seed, 2 arms): read from its folder"
     assert main(["map", "--spec", spec, "--out", str(tiny_map / "out"), "--no-progress"]) == 0
     assert "read from folders: a, b" in capsys.readouterr().out
 

@@ -168,7 +168,7 @@ def parse_spec(data, where: str = "map spec", base: Optional[Path] = None) -> Ma
     tasks = data.get("tasks") or {}
     if not isinstance(tasks, dict) or not tasks:
         raise SpecError(f"{where}: tasks: give each task's compare preset, e.g. {{\"recall\": {{\"preset\": "
-                        "\"recall-cpu\"}}}")
+                        "\"recall-cpu\"}}")
     for t, body in tasks.items():
         if t not in METRICS:
             raise SpecError(f"{where}: tasks: unknown task {t!r}; a map's tasks are {', '.join(METRICS)}")
@@ -277,7 +277,7 @@ def cell_status(cell: Cell, folder: Path, seeds: Optional[int] = None) -> tuple[
             return PARTIAL, f"results.json unreadable ({type(e).__name__}): compare rewrites it"
         lacking = [a for a in cell.arms if a not in got_arms]
         if got_seeds >= want and not lacking:
-            return PRESENT, f"results.json: {got_seeds} seeds, {len(got_arms)} arms"
+            return PRESENT, f"results.json: {_seeds(got_seeds)}, {len(got_arms)} arms"
         why = [f"{got_seeds} of {want} seeds"] if got_seeds < want else []
         why += [f"lacks {', '.join(lacking)}"] if lacking else []
         return PARTIAL, "results.json with " + "; ".join(why)
@@ -648,8 +648,9 @@ def source_text(c: dict) -> str:
     if c.get("source") == "recorded":
         kept = f"; folder {p['folder']}" if p.get("folder") else ""
         note = f" {p['note']}" if p.get("note") else ""
-        return f"recorded from the results log, {p.get('results_log', 'entry not named')}{kept}; " \
-               f"{_seeds(c['seeds'])}.{note}"
+        where = f"the results log, {p['results_log']}" if p.get("results_log") else \
+            f"a folder read at {p.get('created') or 'an unknown date'} (no results-log entry named)"
+        return f"recorded from {where}{kept}; {_seeds(c['seeds'])}.{note}"
     return f"not measured: `{c['command']}`."
 
 
