@@ -662,8 +662,9 @@ def render_map(m: dict) -> str:
     out = [f"# {m['title']}\n", *answer_lines(m),
            "Each cell is one `difftx compare` folder; every difference, interval and verdict is its compare's "
            "(Holm within each cell's compare, not across cells). Recall differences are in the frontier, LM ones in "
-           "held-out NLL (nats). A recorded cell is one measured before whose folder was not kept, transcribed from "
-           "the results log; a cell read from its folder wins over a recorded one.\n", map_table(m)]
+           "held-out NLL (nats). A recorded cell is one measured before and kept in the spec's recorded file (transcribed "
+           "from the results log, or read from a folder with `--record`), its folder not read; a finished folder wins "
+           "over a recorded cell.\n", map_table(m)]
     if m.get("plot"):
         out.append(f"![the map: each cell's arm - baseline with its verdict]({m['plot']})\n")
     return "\n".join(out)
