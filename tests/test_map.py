@@ -118,6 +118,10 @@ def test_dry_run_lists_each_cell_its_status_and_command(tmp_path, capsys):
     assert "--set init=torch" in lines[3]
     assert lines[-1] == "2 cells: 0 present, 1 partial, 1 missing (0 of them recorded); 2 to train"
     assert not (tmp_path / "out" / "a").exists()  # nothing written
+    table = cmap.map_table(cmap.build_map(cmap.parse_spec(SPEC, "s"), tmp_path / "out"))
+    assert "| `b` (torch, 1 x 32, recall) | baseline, diff | | | | | | | unfinished | |" in table
+    assert "- `b`: unfinished (0 of 2 models trained, no results.json yet): `difftx compare " in table
+    assert "- `a`: not measured: `difftx compare " in table
 
 
 def test_the_map_reads_each_cell_as_its_compare_compared_it(tiny_map):

@@ -618,7 +618,7 @@ def map_table(m: dict) -> str:
     for c in m["cells"]:
         if not c.get("arms"):
             rows.append(f"| {_cell_text(c)} | {', '.join(a for a in c['asked']['arms'])} | | | | | | | "
-                        f"{NOT_MEASURED} | |")
+                        f"{'unfinished' if c.get('status') == PARTIAL else NOT_MEASURED} | |")
             continue
         first = True
         for arm, a in c["arms"].items():
@@ -651,6 +651,8 @@ def source_text(c: dict) -> str:
         where = f"the results log, {p['results_log']}" if p.get("results_log") else \
             f"a folder read at {p.get('created') or 'an unknown date'} (no results-log entry named)"
         return f"recorded from {where}{kept}; {_seeds(c['seeds'])}.{note}"
+    if c.get("status") == PARTIAL:
+        return f"unfinished ({c.get('status_detail')}): `{c['command']}`."
     return f"not measured: `{c['command']}`."
 
 
