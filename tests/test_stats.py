@@ -439,3 +439,26 @@ def test_the_verdict_is_on_exchangeability_and_the_mean_stands_beside_it():
     assert many.betting_p < 0.05 and "the mean difference is established (betting p = " in verdict(
         many, "recall", lower_is_better=False) and "DIFF is worse on average" in verdict(
         many, "recall", lower_is_better=False)
+
+
+def test_seeds_for_mean_is_the_betting_test_at_each_length():
+    """seeds_for_mean computes every length at once: the same answer, bit for bit in the capital, as
+    betting_interval's p of a mean of 0 on the differences cycled to each length in turn."""
+    from difftx.eval.stats import _capital_by_length, betting_capital, betting_interval
+
+    def one_by_one(d, bounds, comparisons, most):
+        span, level = bounds[1] - bounds[0], 0.05 / comparisons
+        for m in range(max(len(d), 2), most + 1):
+            if betting_interval(np.resize(d, m), -span, span, 1 - level, point=0.0, grid=3)[2] < level:
+                return m
+        return None
+
+    rng = np.random.default_rng(3)
+    for _ in range(150):
+        n, high = int(rng.integers(1, 15)), float(rng.choice([1.0, 4500.0]))
+        d = np.clip((rng.random(n) - rng.random()) * high * rng.random(), -high, high)
+        comparisons, most = float(rng.choice([1, 3, 10.5])), int(rng.choice([9, 64]))
+        assert seeds_for_mean(d, (0.0, high), comparisons, 0.05, most) == one_by_one(d, (0.0, high), comparisons, most)
+    x = rng.random(25)
+    got = _capital_by_length(x, np.arange(1, 26), 0.5, 0.05)
+    assert np.array_equal(got, [betting_capital(x[:k], [0.5], 0.05)[0] for k in range(1, 26)])
