@@ -13,9 +13,10 @@ from difftx.compare.scale import SCALE_PRESETS, plan_sizes, recall_without_lm
 from difftx.compare.schema import ArmRecord, CompareResult, Comparison, RunRecord
 from difftx.compare.scale_recall import READINGS, recall_by_size, recall_summary, render_recall_scale
 from test_compare_recall import RECALL, _sets
+from test_scale import no_size_plots  # noqa: F401  (a fixture: each size's compare without its PNGs)
 
 
-def test_recall_scale_end_to_end(tmp_path, capsys):
+def test_recall_scale_end_to_end(tmp_path, capsys, no_size_plots):
     """2 tiny sizes (the wider one first: a recall scale takes sizes in any order), 2 seeds, 3 arms."""
     out = tmp_path / "scale"
     cmd = ["scale", "--preset", "smoke", "--sizes", "64x1x2,32x2x1", "--seeds", "2", "--out", str(out),

@@ -9,8 +9,12 @@ without the token embedding):
   squares: each ``E`` in ``[0, the lowest loss]`` of its arm or arms, each ``b`` in :data:`B_RANGE`,
   ``A >= 0``; a grid narrowed in rounds, so deterministic and bounded where a free fit would run
   away). One floor forced on two curves whose floors differ biases the ratio by more than its
-  interval, and more seeds make that worse (issue 38; measured in docs/efficiency.md); the difference
-  of the floors, DIFF minus the baseline, is reported with its interval;
+  interval, and more seeds make that worse (issue 38; measured in docs/efficiency.md). The difference
+  of the floors, DIFF minus the baseline, is a parameter of the fit, kept in the output but not
+  reported as a finding: a few sizes cannot tell a lower floor from a term that fades faster than
+  ``N^-b`` in one arm, which moves the fitted floor by about 0.1 nats while the seeds' jackknife sees
+  only their noise (its interval covered 0.06-0.38 at 12 seeds; ``benchmarks/floor_coverage.py
+  --one-arm``). The measured gap at the largest size stands in for it;
 - for a DIFF size ``N_D``, ``N_B`` solves ``L_B(N_B) = L_D(N_D)`` on the fitted curves, and the ratio
   is ``N_D / N_B``; an ``N_B`` outside the measured sizes is marked as extrapolation; a DIFF loss below
   the baseline's floor has no ``N_B`` and no ratio; where the curves meet, the crossover size;
@@ -27,9 +31,7 @@ concerns accuracies, not these). The floor fit's ratio comes from the fit to the
 its interval is the jackknife's (the fit repeated without each seed, standard error times t with
 ``n - 1`` degrees of freedom), which assumes independent seeds and curves of that form: fitted per
 seed, a 3-parameter curve on 4 noisy points has a bias that does not shrink with seeds, while the fit
-to the mean has one that does. The floors' difference has the same jackknife interval, withheld where
-a floor sits at a bound of its range (0, or its arm's lowest loss) in the fit or without one seed: the
-sizes do not place it there, and the interval missed in simulations. ``tests/test_efficiency.py`` and
+to the mean has one that does. ``tests/test_efficiency.py`` and
 ``benchmarks/floor_coverage.py`` check the coverage at every size on simulated power laws with and
 without a floor, with floors equal and apart and exponents that differ. The crossover's interval is
 Fieller's, from the differences of intercept and slope (over seeds for the line, their jackknife
@@ -41,7 +43,7 @@ Lack of fit (issue 48). The jackknife over seeds sees the seeds' noise, not a cu
 whose bias does not shrink as seeds are added. Two allowances enter every interval of the floor fit:
 
 - the floor curves' residuals at the sizes against the seeds' scatter, an F test of the form
-  (:func:`lack_of_fit_test`): where ``F > 1`` the intervals (ratios, floor difference, crossover) widen
+  (:func:`lack_of_fit_test`): where ``F > 1`` the intervals (ratios, crossover) widen
   by ``sqrt(F)``, the lack-of-fit mean square in place of the pure error, whether or not the test
   rejects;
 - the ratios' dependence on the smallest size: a term that fades faster than ``N^-b`` is taken up by a
@@ -248,8 +250,8 @@ def floor_ratios(arm_params: Sequence[float], arm_losses, ref_params: Sequence[f
     arm's floor minus the baseline's, 0 under one floor), ``floors_placed`` (no floor at a bound of
     its range, 0 or its arm's lowest loss, in the fit or in any fit without one seed),
     ``spans_shared`` (``"auto"`` with two floors not placed), ``floor_half`` (the difference's
-    jackknife half-width times ``widen``; NaN with one seed, one floor, or floors not placed: there the
-    jackknife's interval missed in simulations), ``lack_of_fit_F``, ``lack_of_fit_p`` and ``widen`` (the
+    jackknife half-width times ``widen``, for the benchmark that shows it misses; NaN with one seed, one
+    floor, or floors not placed; never reported), ``lack_of_fit_F``, ``lack_of_fit_p`` and ``widen`` (the
     floor curves' lack-of-fit test and the factor it puts on the intervals, :func:`lack_of_fit_test`),
     each (experiments,); ``lack_of_fit_df``; ``log_ratio_without_smallest``, ``size_check_z`` and
     ``spans_without_smallest`` (the fit without the smallest size, each (experiments, sizes));
@@ -471,9 +473,10 @@ class ParameterEfficiency:
     sizes) or ``"loglog"`` (the straight line ``log L = a + b log N`` per seed; 2 sizes). ``fit``: the
     floor fit (``None`` with 2 sizes): ``model`` (``"separate"``: each arm its own floor ``E``;
     ``"shared"``: one for both), ``floors`` (``{"arm": E, "reference": E}``), ``floor_difference``
-    (the arm's floor minus the baseline's with its 95% interval: ``value``, ``low``, ``high``, ``n``,
-    ``note``), ``interval_spans_shared`` (the sizes do not place two floors, so the ratios' intervals
-    span the one-floor fit's too), ``floor`` (the baseline's floor, the one ``E`` when shared), each
+    (the arm's floor minus the baseline's, a parameter of the fit and not a finding: ``value``, ``low``
+    and ``high`` ``None``, ``n``, ``finding`` ``False``, ``note``), ``interval_spans_shared`` (the sizes
+    do not place two floors, so the ratios' intervals span the one-floor fit's too), ``floor`` (the
+    baseline's floor, the one ``E`` when shared), each
     arm's ``(A, b)``, the floors' range without one seed, ``lack_of_fit`` (:func:`floor_lack_of_fit`: the
     floor curves' test, the factor on the intervals, and ``without_smallest``: per size the ratio of the
     fit without the smallest size, its distance in standard errors, whether the interval spans it),
@@ -658,8 +661,7 @@ def _floor_reading(na: np.ndarray, la: np.ndarray, nr: np.ndarray, lr: np.ndarra
     def spread(v: np.ndarray) -> list[float]:
         return [float(v.min()), float(v.max())]
 
-    diff = _floor_difference(model, float(got["floor_difference"][0]), float(got["floor_half"][0]), n,
-                             bool(got["floors_placed"][0]))
+    diff = _floor_difference(model, float(got["floor_difference"][0]), n, na.size)
     floor = {"model": model, "interval_spans_shared": spans, "floor": fit["E_ref"],
              "floor_without_one_seed": None if loo is None else spread(loo["E_ref"]),
              "floors": {"arm": fit["E_arm"], "reference": fit["E_ref"]},
@@ -698,7 +700,7 @@ def floor_lack_of_fit(F: float, p: float, df: tuple[int, int], widen: float, n: 
     """``fit["lack_of_fit"]`` of :func:`parameter_efficiency`: the floor curves' lack-of-fit test
     (:func:`lack_of_fit_test`: ``F`` with its degrees of freedom ``df`` and ``p``), ``rejected`` (``p``
     below :data:`LACK_OF_FIT_LEVEL`), ``widened_by`` (the factor on every interval of the fit: the ratios,
-    the floor difference, the crossover) and ``note`` (what was found and done, or why there is no
+    the crossover) and ``note`` (what was found and done, or why there is no
     test), plus ``ratio_note`` (the ratios' note where they are widened, else ``None``)."""
     out = {"F": None, "df": [int(df[0]), int(df[1])], "p": None, "rejected": None, "widened_by": 1.0,
            "note": None, "ratio_note": None}
@@ -725,21 +727,23 @@ def floor_lack_of_fit(F: float, p: float, df: tuple[int, int], widen: float, n: 
 
 SPANS_SHARED = ("the sizes do not place both floors (one sits at a bound of its range, in the fit or without one "
                 "seed), so each ratio's interval spans the fit with one shared floor too")
-NOT_PLACED = ("a floor sits at a bound of its range (0, or its arm's lowest loss) in the fit or without one seed: "
-              "these sizes do not place the floors, and their difference has no interval")
+FLOORS_NOT_IDENTIFIED = (
+    "a parameter of the fitted curves, not a finding: {k} sizes cannot tell a lower floor from a term that fades "
+    "faster than N^-b in one arm, which moves the fitted floor by about 0.1 nats while the seeds' jackknife sees "
+    "only their noise (its interval covered 0.06-0.38 at 12 seeds in simulations), so no interval is given; the "
+    "gap measured at the largest size, with its interval, stands in for it")
 
 
-def _floor_difference(model: str, value: float, half: float, n: int, placed: bool) -> dict:
-    """The arm's floor minus the baseline's, with its 95% interval (the jackknife over seeds), or why
-    there is none."""
+def _floor_difference(model: str, value: float, n: int, sizes: int) -> dict:
+    """``fit["floor_difference"]``: the arm's floor minus the baseline's as the fit places it, a
+    parameter of the fit and not a finding (``finding`` is ``False``, ``low`` and ``high`` ``None``;
+    ``note`` says why), or, with one floor, ``None`` and why."""
     if model == "shared":
-        return {"value": None, "low": None, "high": None, "n": n,
+        return {"value": None, "low": None, "high": None, "n": n, "finding": False,
                 "note": f"one floor for both arms (fewer than {SEPARATE_MIN_SIZES} sizes cannot place two): "
                         "the difference is assumed 0, not measured"}
-    if n == 1 or not placed or not math.isfinite(half):
-        why = "one seed: no interval" if n == 1 else NOT_PLACED if not placed else "no interval"
-        return {"value": value, "low": None, "high": None, "n": n, "note": why}
-    return {"value": value, "low": value - half, "high": value + half, "n": n, "note": None}
+    return {"value": value, "low": None, "high": None, "n": n, "finding": False,
+            "note": FLOORS_NOT_IDENTIFIED.format(k=sizes)}
 
 
 def _shared_crossover(fit: dict, loo: Optional[dict], n: int, c: float, measured: tuple[float, float],
