@@ -143,7 +143,7 @@ def test_the_map_reads_each_cell_as_its_compare_compared_it(tiny_map):
             assert a["head_norm"] == (arm == "diff") and a["output_scale"] == [0.8 if arm == "diff" else 1.0]
         assert cell["arms"]["diff"]["lambda_init"] == [0.2] and cell["arms"]["baseline"]["lambda_init"] is None
     md = (out / "map.md").read_text()
-    assert md.startswith("# tiny map\n\n**Recall (the frontier") and "- `diff` recalls better than the baseline" in md
+    assert md.startswith("# tiny map\n\n**Recall (the frontier") and "- `diff` recalls better than the baseline on average in no cell;" in md
     assert "read from its folder" in md and (out / "map.png").stat().st_size > 0 and m["plot"] == "map.png"
 
 
@@ -244,14 +244,17 @@ def test_the_answer_per_task_from_the_shipped_map():
     assert sources["normal"] == sources["torch"] == sources["lm-torch-xl"] == "recorded"
     assert sources["torch-depth4"] is None and sources["lm-torch-l"] is None
     diff = m["answer"]["recall"]["diff"]
-    assert diff[cmap.WORSE] == ["normal", "normal-width128"] and diff[cmap.NEITHER] == ["normal-depth8"]
-    assert cmap.BETTER not in diff and diff[cmap.NOT_MEASURED] == ["torch-depth4", "torch-depth8", "torch-width128"]
-    assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.BETTER] == ["normal"]
+    # every seed below the baseline, the mean not established: behind in most seeds, never "worse"
+    assert diff[cmap.BEHIND] == ["normal", "normal-width128"] and diff[cmap.NEITHER] == ["normal-depth8"]
+    assert cmap.BETTER not in diff and cmap.WORSE not in diff
+    assert diff[cmap.NOT_MEASURED] == ["torch-depth4", "torch-depth8", "torch-width128"]
+    assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.AHEAD] == ["normal"]
     assert m["answer"]["lm"]["diff"][cmap.NO_VERDICT] == ["lm-normal-l", "lm-normal-xl", "lm-torch-xl"]
     lines = cmap.answer_lines(m)
     assert lines[0] == "**Recall (the frontier, mean accuracy over the plain-MQAR cells).**\n"
     first = next(x for x in lines if x.startswith("- `diff` "))
-    assert re.match(r"- `diff` recalls better than the baseline in no cell; worse in `normal` \(-0\.588 \[.*\]: .*\) "
+    assert re.match(r"- `diff` recalls better than the baseline on average in no cell; not interchangeable with the "
+                    r"baseline, behind in most seeds, in `normal` \(-0\.588 \[.*\]: .*\) "
                     r"and `normal-width128` \(.*\); neither it nor the baseline learns in `normal-depth8` \(.*\); no "
                     r"verdict in .*; not measured in `torch-depth4`, `torch-depth8` and `torch-width128`\.$", first)
     assert any(x.startswith("**Language modelling (held-out NLL") for x in lines)

@@ -502,13 +502,16 @@ def _verdict(c: dict) -> str:
 
 # -- the answer -------------------------------------------------------------------------------------------------
 
-BETTER, WORSE, NEITHER, NO_VERDICT, NOT_MEASURED = "better", "worse", "neither learns", "no verdict", "not measured"
+BETTER, WORSE, AHEAD, BEHIND = "better", "worse", "ahead in most seeds", "behind in most seeds"
+NEITHER, NO_VERDICT, NOT_MEASURED = "neither learns", "no verdict", "not measured"
 
 
 def classify(cell: dict, arm: str) -> str:
-    """Where ``arm`` stands against the baseline in ``cell``: :data:`BETTER` or :data:`WORSE` (the compare's
-    verdict), :data:`NEITHER` (neither model learned the task in any seed, or the comparison was gated on it),
-    :data:`NO_VERDICT`, or :data:`NOT_MEASURED` (no numbers for this arm)."""
+    """Where ``arm`` stands against the baseline in ``cell``: :data:`BETTER` or :data:`WORSE` where the mean
+    difference is established (``mean_better``: a bounded metric's test of the mean), :data:`AHEAD` or
+    :data:`BEHIND` where only the test of exchangeability rejects (the arms are not interchangeable, and the seeds
+    lie on that side; the mean not established), :data:`NEITHER` (neither model learned the task in any seed, or the
+    comparison was gated on it), :data:`NO_VERDICT`, or :data:`NOT_MEASURED` (no numbers for this arm)."""
     arms = cell.get("arms") or {}
     if arm not in arms or "baseline" not in arms:
         return NOT_MEASURED
@@ -518,8 +521,10 @@ def classify(cell: dict, arm: str) -> str:
         return NEITHER
     if c is None:
         return NOT_MEASURED if arms[arm].get("metric") is None else NO_VERDICT
+    if c.get("mean_better"):
+        return BETTER if c["mean_better"] == arm else WORSE
     if c.get("better"):
-        return BETTER if c["better"] == arm else WORSE
+        return AHEAD if c["better"] == arm else BEHIND
     return NO_VERDICT
 
 
@@ -542,7 +547,8 @@ def _join(xs: list[str]) -> str:
 
 
 def answer_lines(m: dict) -> list[str]:
-    """``map.md``'s opening: per task and arm, where it does better than the baseline, where worse, where neither
+    """``map.md``'s opening: per task and arm, where it does better or worse than the baseline on average, where it
+    is ahead or behind in most seeds (not interchangeable, the mean not established), where neither
     learns, where there is no verdict and where it was not measured; each cell with its difference and the
     compare's verdict."""
     by_name = {c["name"]: c for c in m["cells"]}
@@ -559,13 +565,16 @@ def answer_lines(m: dict) -> list[str]:
                 return f"`{name}` ({'' if diff == '-' else diff + ': '}{c.get('short_verdict', '-')})"
 
             parts = []
-            for cat, words in ((BETTER, f"{verb} better than the baseline in"), (WORSE, "worse in"),
+            for cat, words in ((BETTER, f"{verb} better than the baseline on average in"),
+                               (WORSE, "worse on average in"),
+                               (AHEAD, "not interchangeable with the baseline, ahead in most seeds, in"),
+                               (BEHIND, "not interchangeable with the baseline, behind in most seeds, in"),
                                (NEITHER, "neither it nor the baseline learns in"), (NO_VERDICT, "no verdict in"),
                                (NOT_MEASURED, "not measured in")):
                 if where.get(cat):
                     parts.append(f"{words} {_join([shown(n) for n in where[cat]])}")
             if BETTER not in where:
-                parts.insert(0, f"{verb} better than the baseline in no cell")
+                parts.insert(0, f"{verb} better than the baseline on average in no cell")
             lines.append(f"- `{arm}` {'; '.join(parts)}.")
         lines.append("")
     return lines
@@ -672,8 +681,8 @@ def render_map(m: dict) -> str:
     return "\n".join(out)
 
 
-CATEGORY_COLORS = {BETTER: "#8fd19e", WORSE: "#f4a3a3", NEITHER: "#bdbdbd", NO_VERDICT: "#dde8f5",
-                   NOT_MEASURED: "#ffffff"}
+CATEGORY_COLORS = {BETTER: "#5cb270", WORSE: "#e06666", AHEAD: "#b7e1c0", BEHIND: "#f6c6c6", NEITHER: "#bdbdbd",
+                   NO_VERDICT: "#dde8f5", NOT_MEASURED: "#ffffff"}
 
 
 def plot_map(path: Path, m: dict) -> Optional[str]:
