@@ -233,7 +233,8 @@ def main() -> None:
     print("| case | seeds | true ratio (first-last size) | coverage per size: before (one floor) "
           "| after (model in use) | lowest: before / after | width at the largest (high/low, median): before / after "
           "| open-ended after | spanning one floor too "
-          "| floor difference (after): median estimate, share with an interval, coverage there |")
+          "| floor difference (after; its jackknife interval is not reported): median estimate, share with an "
+          "interval, coverage there |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.time()
     for name in names:
