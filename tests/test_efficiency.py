@@ -174,7 +174,7 @@ def test_the_straight_line_misses_a_floor_and_its_lack_of_fit_shows():
 
 
 def _curvature_p(losses):
-    """The straight line's curvature test as parameter_efficiency reports it (``lack_of_fit``), without the floor fit."""
+    """The straight line's curvature test as parameter_efficiency reports it (``lack_of_fit``), without the fit."""
     from difftx.eval.floor_fit import _curvature
 
     return _curvature(SCALE, losses, 0.95)["p"]
