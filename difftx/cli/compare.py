@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from pathlib import Path
 
@@ -145,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--sweep and --tune: choose one (--tune chooses each arm's value without selection bias)")
     tune = None if args.tune is None else parse_tune(args.tune)
     overrides = parse_overrides(args.overrides)
-    known = {f.name for f in dataclasses.fields(ComparePreset)}
+    known = {*ComparePreset.field_defaults(), "training"}
     bad = sorted(set(overrides) - known)
     if bad:
         raise ValueError(f"--set: unknown preset field(s) {bad}; known: {sorted(known)} (task settings: "
@@ -241,7 +240,7 @@ def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
-    if field not in {f.name for f in dataclasses.fields(ComparePreset)} or field in ("tasks", "name"):
+    if field not in ComparePreset.field_defaults() or field in ("tasks", "name"):
         raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept")
     values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]
     summary = run_sweep(args.preset, field, values, args.seeds, out, progress=not args.no_progress,

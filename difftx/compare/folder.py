@@ -207,7 +207,7 @@ def text_identity(plan: ComparePlan, progress: bool = False) -> dict | None:
     if t is None:
         return None
     data = t.prepare(progress)  # tokenized once into the cache (a progress bar with progress)
-    T, B = plan.mixture.lm_seq_len, plan.mixture.batch_size
+    T, B = plan.mixture.settings["lm"].seq_len, plan.mixture.batch_size
     if len(data.train) < (B + 1) * T:  # the data package's rule (PackedLoader): one batch of windows must fit
         raise ValueError(f"--data {t.source}: its training split has {len(data.train):,} tokens, fewer than one batch "
                          f"needs: (batch {B} + 1) x lm_seq_len {T} = {(B + 1) * T:,} tokens; give more text")

@@ -66,22 +66,22 @@ def curve_steps(total: int, points: int) -> tuple:
 class Mixture:
     """Which batch optimizer step ``s`` (from 1) draws, by the training tasks' registry
     (:data:`difftx.compare.training_tasks.TRAINING_TASKS`, as it is when the mixture is made): the first
-    task, in registry order, whose ``every`` divides ``s``, else the needle task. For the built-in tasks:
-    LM every ``lm_every``-th step, ICL every ``icl_every``-th other step, associative recall every
-    ``recall_every``-th step that is neither, the needle task otherwise (0: never). ``batch_size`` is the
-    global batch (all processes together); LM batches are windows of ``lm_seq_len`` predictions."""
+    task, in registry order, whose ``every`` divides ``s``, else the task that takes the rest (``rest``).
+    ``settings`` holds each registered task's settings (``{task name: its Settings}``, None: a task that keeps
+    its settings on its instance), which its ``every`` and its batches read; ``batch_size`` is the global batch
+    (all processes together)."""
 
     batch_size: int
-    lm_every: int
-    icl_every: int
-    lm_seq_len: int
-    recall_every: int = 0
+    settings: dict
 
     def __post_init__(self) -> None:
         from .training_tasks import TRAINING_TASKS
 
-        # the registry now (not a field: results.json's "mixture" keeps the fields above)
+        # the registry now (not a field)
         object.__setattr__(self, "tasks", tuple(TRAINING_TASKS.values()))
+        missing = [t.name for t in self.tasks if t.Settings is not None and t.name not in self.settings]
+        if missing:
+            raise ValueError(f"Mixture: no settings for training task(s) {missing}")
 
     def task_of(self, step: int) -> TrainingTask:
         """The training task of optimizer step ``step`` (from 1)."""
@@ -97,8 +97,7 @@ class Mixture:
         return rest
 
     def step_kind(self, step: int) -> str:
-        """The kind of batch of optimizer step ``step`` (from 1): its task's name (``"lm"``, ``"icl"``,
-        ``"recall"``, ``"needle"``, or a registered task's)."""
+        """The kind of batch of optimizer step ``step`` (from 1): its task's name."""
         return self.task_of(step).name
 
     def kinds(self) -> tuple:
@@ -110,6 +109,15 @@ class Mixture:
         period = math.lcm(*(t.every(self) or 1 for t in self.tasks if not t.rest))
         kinds = [self.step_kind(s) for s in range(1, period + 1)]
         return {k: kinds.count(k) / period for k in self.kinds()}
+
+    def to_dict(self) -> dict:
+        """What ``results.json`` records of it: the batch size, the settings each task records with the mixture
+        (by their preset spellings) and the shares."""
+        out = {"batch_size": self.batch_size}
+        for settings in self.settings.values():
+            if settings is not None:
+                out.update(settings.mixture_record())
+        return {**out, "shares": self.shares()}
 
 
 @dataclass(frozen=True)
@@ -248,8 +256,7 @@ def check_schedule(preset: Any) -> Schedule:
 
 def mixture_of(preset: Any) -> Mixture:
     """The batch mixture of ``preset``."""
-    return Mixture(batch_size=preset.batch_size, lm_every=preset.lm_every, icl_every=preset.icl_every,
-                   lm_seq_len=preset.lm_seq_len, recall_every=preset.recall_every)
+    return Mixture(batch_size=preset.batch_size, settings=preset.training_settings())
 
 
 def mixture_task(mixture: Mixture, name: str) -> TrainingTask:

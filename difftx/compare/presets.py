@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..config import INITS
 from .plan import ComparePlan, preset_error, resolve, task_settings
+from .training_tasks import TRAINING_TASKS
 
 MAX_STEPS = 10 ** 9  # a comparison's optimizer steps: far beyond any run this tool trains, small enough to plan for
 MAX_PROBES = 100_000  # probes (or held-out curve points) along one model's training
 
 
-@dataclass(frozen=True)
+def training_spelling() -> dict:
+    """``{preset spelling: (task, setting)}`` of every setting of every registered training task's settings
+    (:attr:`~difftx.compare.training_tasks.TrainingTask.Settings`): ``lm_every`` is the LM task's ``every``."""
+    return {spelled: (task.name, name) for task in TRAINING_TASKS.values() if task.Settings is not None
+            for spelled, name in task.Settings.spelling().items()}
+
+
+@dataclass(frozen=True, init=False)
 class ComparePreset:
     """Everything one comparison needs besides the seeds and the output folder.
 
@@ -37,6 +45,11 @@ class ComparePreset:
     :meth:`on_text` also makes every step an LM batch (``difftx compare --data``). Every model
     records its held-out loss at ``curve_points`` log-spaced steps on ``curve_windows`` windows.
 
+    The training tasks' settings are theirs (:attr:`~difftx.compare.training_tasks.TrainingTask.Settings`, each
+    field with its preset spelling: ``lm_every`` is the LM task's ``every``): ``training`` holds the ones a preset
+    gives (``{task: {setting: value}}``), a preset takes and reads each by its spelling (``ComparePreset(lm_every=3)``,
+    ``preset.lm_every``, ``--set lm_every=3`` or ``--set training.lm.every=3``), and :meth:`to_dict` writes them so.
+
     Construction checks each field on its own; :func:`difftx.compare.plan.resolve` checks the rest
     (:func:`get_preset` and :meth:`with_overrides` return validated presets).
     """
@@ -50,11 +63,8 @@ class ComparePreset:
     n_layers: int = 2
     n_heads: int = 2  # differential heads (the baseline: 2x as many standard heads of the same width d)
     init: str = "normal"  # every arm's initialisation (ModelConfig.init): "normal" N(0, 0.02) or "torch" defaults
-    # -- needle task -----------------------------------------------------------------------------
-    context_len: int = 128
-    n_keys: int = 64
-    n_filler: int = 256
-    max_needles: int = 6
+    # -- the training tasks' settings given ({task name: {setting: value}}; the rest: their defaults) --
+    training: dict = field(default_factory=dict)
     # -- training --------------------------------------------------------------------------------
     steps: int = 1500
     batch_size: int = 32
@@ -65,8 +75,6 @@ class ComparePreset:
     grad_clip: float = 1.0
     # differential arms: lambda ramped linearly from 0 to the model's own over this many steps (0: none)
     lambda_warmup: int = 0
-    lm_every: int = 4  # every k-th step is an LM batch (0: none)
-    lm_seq_len: int = 128
     log_every: int = 25
     # retrieval during training: every probe_every steps, needle accuracy on probe_samples fixed prompts
     # per grid cell (depth 50%) and recall accuracy on probe_samples fixed examples; shows when each model learns
@@ -78,17 +86,6 @@ class ComparePreset:
     # seeds of one arm trained together as one stacked model in a process (0: auto, 1: never, K: at most K)
     stack: int = 0
     device: str = "auto"
-    # -- in-context learning (ICL) order robustness ------------------------------------------------
-    icl_every: int = 0  # every k-th step (not an LM step) is an ICL batch (0: no ICL training or evaluation)
-    icl_classes: int = 4
-    icl_features_per_class: int = 1  # 1: each class is one feature token (recall of the label map)
-    icl_input_len: int = 1
-    icl_demos: int = 8  # demonstrations per prompt (a multiple of icl_classes)
-    # -- associative recall (MQAR): every k-th step that is neither LM nor ICL (0: no recall training or grid) --
-    recall_every: int = 0
-    recall_vocab: int = 256  # keys from the lower half, values from the upper half
-    recall_len: int = 64  # the training length (the evaluation grid also goes beyond it)
-    recall_pairs: tuple = (4, 8, 16)  # key-value pair counts of the training mixture (one per batch)
     # -- your own text (difftx compare --data): LM batches of this corpus instead of Shakespeare bytes --
     data: str | None = None  # what `difftx train --data` takes: a text file, a folder, a JSONL file
     tokenizer: str | None = None  # "byte" (None: byte) or a tokenizer.json / folder
@@ -103,15 +100,65 @@ class ComparePreset:
     # -- evaluation: per-task settings overrides ({task name: {field: value}}, see difftx.tasks) -----
     tasks: dict = field(default_factory=dict)
 
+    def __init__(self, **given) -> None:
+        """The fields by name, and each training task's setting by its spelling (``lm_every=3``) or in
+        ``training``; the spelling wins over ``training``."""
+        spelled = training_spelling()
+        training = given.pop("training", None) or {}
+        if not isinstance(training, dict) or not all(isinstance(v, dict) for v in training.values()):
+            raise preset_error("training", f"must be a mapping {{task: {{setting: value}}}}, got {training!r}")
+        training = {task: dict(vals) for task, vals in training.items()}
+        for name in [k for k in given if k in spelled]:
+            task, setting = spelled[name]
+            training.setdefault(task, {})[setting] = given.pop(name)
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            raise TypeError(f"ComparePreset: unknown field(s) {unknown}")
+        for name, f in fields.items():
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            object.__setattr__(self, name, given.get(name, default))
+        object.__setattr__(self, "training", training)
+        self.__post_init__()
+
+    def __getattr__(self, name: str):
+        # a training task's setting by its preset spelling (preset.lm_every); only called for names not found
+        spelled = training_spelling()
+        if name in spelled and "training" in self.__dict__:
+            task, setting = spelled[name]
+            return getattr(self.training_settings()[task], setting)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def training_settings(self) -> dict:
+        """``{task name: its Settings}`` of every registered training task, in registry order: its defaults with
+        this preset's ``training`` (None: a task that keeps its settings on its instance)."""
+        return {name: task.Settings(**self.training.get(name, {})) if task.Settings is not None else None
+                for name, task in TRAINING_TASKS.items()}
+
     def __post_init__(self) -> None:
-        for name in ("dim", "n_layers", "n_heads", "context_len", "n_keys", "n_filler", "max_needles", "steps",
-                     "batch_size", "lm_seq_len", "log_every", "workers", "icl_classes", "icl_features_per_class",
-                     "icl_input_len", "icl_demos", "probe_samples", "curve_windows", "recall_vocab", "recall_len"):
+        unknown = sorted(set(self.training) - {n for n, t in TRAINING_TASKS.items() if t.Settings is not None})
+        if unknown:
+            raise preset_error("training", f"unknown training task(s) {unknown}; with settings: "
+                                           f"{[n for n, t in TRAINING_TASKS.items() if t.Settings is not None]}")
+        for name, vals in self.training.items():
+            known = {f.name for f in dataclasses.fields(TRAINING_TASKS[name].Settings)}
+            if set(vals) - known:
+                raise preset_error(f"training.{name}", f"unknown setting(s) {sorted(set(vals) - known)}; known: "
+                                                       f"{sorted(known)}")
+        # each setting checked on its own; kept where it is not the task's default (equal presets are equal)
+        settings, normal = self.training_settings(), {}
+        for name, vals in self.training.items():
+            default = TRAINING_TASKS[name].Settings()
+            given = {k: getattr(settings[name], k) for k in vals if getattr(settings[name], k) != getattr(default, k)}
+            if given:
+                normal[name] = given
+        object.__setattr__(self, "training", normal)
+        for name in ("dim", "n_layers", "n_heads", "steps", "batch_size", "log_every", "workers", "probe_samples",
+                     "curve_windows"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise preset_error(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "lm_every", "icl_every", "probe_every", "curve_points", "stack", "recall_every",
-                     "lambda_warmup"):
+        for name in ("warmup_steps", "probe_every", "curve_points", "stack", "lambda_warmup"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise preset_error(name, f"must be a non-negative integer, got {v!r}")
@@ -136,18 +183,6 @@ class ComparePreset:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise preset_error(name, f"must be a path (text), got {v!r}")
-        pairs = self.recall_pairs
-        if isinstance(pairs, int) and not isinstance(pairs, bool):
-            pairs = (pairs,)
-        elif isinstance(pairs, str):  # --set recall_pairs=4,8,16
-            try:
-                pairs = tuple(int(x) for x in pairs.split(","))
-            except ValueError:
-                raise preset_error("recall_pairs", f"must be positive pair counts, got {pairs!r}") from None
-        if not isinstance(pairs, (tuple, list)) or not pairs or \
-                not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pairs):
-            raise preset_error("recall_pairs", f"must be positive pair counts, got {self.recall_pairs!r}")
-        object.__setattr__(self, "recall_pairs", tuple(pairs))
         from ..interop.convert import METHODS
 
         if self.convert_method not in METHODS:
@@ -184,37 +219,58 @@ class ComparePreset:
     def replace(self, **changes) -> ComparePreset:
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def field_defaults(cls) -> dict:
+        """``{field: default}`` of every field a preset is given and written with: its own (``training`` aside) and
+        each training task's setting by its spelling (``lm_every``)."""
+        own = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+               for f in dataclasses.fields(cls) if f.name != "training"}
+        settings = {spelled: getattr(TRAINING_TASKS[task].Settings, name)
+                    for spelled, (task, name) in training_spelling().items()}
+        return {**own, **settings}
+
     def with_overrides(self, **overrides) -> ComparePreset:
-        """This preset with field overrides; ``tasks`` overrides merge into the preset's per-task
+        """This preset with field overrides; ``tasks`` and ``training`` overrides merge into the preset's per-task
         settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings)."""
-        known = {f.name for f in dataclasses.fields(self)}
+        known = {*self.field_defaults(), "training"}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown compare preset field(s) {unknown}; known: {sorted(known)}")
-        if "tasks" in overrides:
-            given = overrides["tasks"]
+        for part in ("tasks", "training"):
+            if part not in overrides:
+                continue
+            given = overrides[part]
             if not isinstance(given, dict):
-                raise preset_error("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
-            merged = {k: dict(v) for k, v in self.tasks.items()}
+                raise preset_error(part, f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
+            merged = {k: dict(v) for k, v in getattr(self, part).items()}
             for name, vals in given.items():
                 if not isinstance(vals, dict):
-                    raise preset_error(f"tasks.{name}", f"must be a mapping of settings, got {vals!r}")
+                    raise preset_error(f"{part}.{name}", f"must be a mapping of settings, got {vals!r}")
                 merged.setdefault(name, {}).update(vals)
-            overrides = {**overrides, "tasks": merged}
+            overrides = {**overrides, part: merged}
         preset = self.replace(**overrides)
         resolve(preset)  # the rules that tie fields together
         return preset
 
     def to_dict(self) -> dict:
-        """JSON-ready (tuples become lists); :meth:`from_dict` reads it back."""
+        """JSON-ready (tuples become lists), each training task's settings by their spellings in the place of
+        ``training``; :meth:`from_dict` reads it back."""
         import json
 
-        return json.loads(json.dumps(asdict(self)))
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name != "training":
+                out[f.name] = getattr(self, f.name)
+                continue
+            for settings in self.training_settings().values():
+                if settings is not None:
+                    out.update((x.metadata["preset"], getattr(settings, x.name)) for x in dataclasses.fields(settings))
+        return json.loads(json.dumps(out))
 
     @classmethod
     def from_dict(cls, data: dict) -> ComparePreset:
         """A preset from :meth:`to_dict`'s form, validated as :meth:`with_overrides` validates."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {*cls.field_defaults(), "training"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"ComparePreset: unknown field(s) {unknown}")

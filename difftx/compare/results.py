@@ -3,7 +3,6 @@ comparisons."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import sys
@@ -74,7 +73,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         preset=preset.to_dict(), seeds=list(seeds), arms=arms,
         tasks={name: {"title": TASKS[name].title, "settings": settings_to_dict(st),
                       "metrics": [m.describe() for m in TASKS[name].metrics(st)]} for name, st in settings.items()},
-        runs=runs, mixture={**dataclasses.asdict(plan.mixture), "shares": plan.mixture.shares()},
+        runs=runs, mixture=plan.mixture.to_dict(),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), versions=versions(), extra=extra)
     result.looks, result.look = record_looks(out, seeds, result.created)
     return add_comparisons(result, settings, plan.primary)

@@ -163,7 +163,7 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
     save_model(model, own_folder(folder / "model"), {"seed": seed, "kind": kind, "preset": plan.name})
     if plan.text is not None:  # your own text: its tokenizer saved beside the model
         load_tokenizer(plan.text.tokenizer).save(own_folder(folder / "model" / TOKENIZER_DIR))
-    CompareTask(space, plan.mixture.lm_seq_len, plan.text).write(folder / "model")
+    CompareTask(space, plan.mixture.settings["lm"].seq_len, plan.text).write(folder / "model")
     history, probes, probe_s, curve = [], [], 0.0, []
     for r in read_metrics(run_dir / METRICS_NAME):  # one trajectory, also across resumes
         if "probe" in r:
@@ -240,9 +240,9 @@ def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
         else:
             held, source = lm_streams()[1], "held-out bundled Shakespeare (bytes)"
         stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.lm_offset
-        windows, _ = spread_windows(stream_ids, plan.mixture.lm_seq_len, plan.curve.windows)  # (N, T+1)
-        info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.lm_seq_len,
-                "distinct_tokens": int(windows.shape[0]) * plan.mixture.lm_seq_len}
+        windows, _ = spread_windows(stream_ids, plan.mixture.settings["lm"].seq_len, plan.curve.windows)  # (N, T+1)
+        info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.settings["lm"].seq_len,
+                "distinct_tokens": int(windows.shape[0]) * plan.mixture.settings["lm"].seq_len}
     needle_steps = set(range(every, last + 1, every)) | {last} if every else set()
     curve_steps = set(plan.curve.steps)
 
@@ -276,4 +276,4 @@ def lm_tokens(mixture: Mixture, step: int) -> int:
     """Text tokens trained on by the end of optimizer step ``step`` (LM batches only: needle and
     ICL batches are not counted)."""
     lm_steps = sum(1 for s in range(1, step + 1) if mixture.step_kind(s) == "lm")
-    return lm_steps * mixture.batch_size * mixture.lm_seq_len
+    return lm_steps * mixture.batch_size * mixture.settings["lm"].seq_len

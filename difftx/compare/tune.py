@@ -69,9 +69,9 @@ def parse_tune(text: str) -> tuple[str, list]:
 
     field, sep, rest = str(text).partition("=")
     field = field.strip()
-    known = {f.name: f for f in dataclasses.fields(ComparePreset)}
-    numeric = sorted(n for n, f in known.items() if isinstance(getattr(ComparePreset, n, None), (int, float))
-                     and not isinstance(getattr(ComparePreset, n), bool) and n not in NOT_TRAINING_FIELDS)
+    known = ComparePreset.field_defaults()
+    numeric = sorted(n for n, v in known.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                     and n not in NOT_TRAINING_FIELDS)
     if sep and field in CHOICE_FIELDS:
         values = [v.strip() for v in rest.split(",") if v.strip()]
         bad = [v for v in values if v not in CHOICE_FIELDS[field]]
@@ -81,7 +81,7 @@ def parse_tune(text: str) -> tuple[str, list]:
     if not sep or field not in numeric:
         raise ValueError(f"--tune {text!r}: expected FIELD=V1,V2,... with FIELD one of "
                          f"{numeric + sorted(CHOICE_FIELDS)}")
-    cast = int if isinstance(getattr(ComparePreset, field), int) and field not in ("lr", "min_lr") else float
+    cast = int if isinstance(known[field], int) and field not in ("lr", "min_lr") else float
     try:
         values = [cast(v) for v in rest.split(",") if v.strip()]
     except ValueError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Draw, Made, TrainingTask
+from .base import Draw, Made, TaskSettings, TrainingTask, setting
 
 # built-in task modules, in registry order (the order of the task space's ids and of the mixture's shares)
 BUILTIN = ("needle", "lm", "icl", "recall")
@@ -31,6 +31,14 @@ def register_training_task(task: TrainingTask, *, replace: bool = False) -> Trai
         raise ValueError(f"a training task named {task.name!r} is already registered")
     if task.rest and any(t.rest for n, t in TRAINING_TASKS.items() if n != task.name):
         raise ValueError(f"training task {task.name!r}: only one task takes the rest of the steps")
+    if task.Settings is not None:
+        if not (isinstance(task.Settings, type) and issubclass(task.Settings, TaskSettings)):
+            raise TypeError(f"training task {task.name!r}: Settings must be a TaskSettings dataclass")
+        taken = {s for n, t in TRAINING_TASKS.items() if n != task.name and t.Settings is not None
+                 for s in t.Settings.spelling()}
+        clash = sorted(taken & set(task.Settings.spelling()))
+        if clash:
+            raise ValueError(f"training task {task.name!r}: setting(s) {clash} are spelled as another task's")
     TRAINING_TASKS[task.name] = task
     return task
 
@@ -51,5 +59,5 @@ def get_training_task(name: str) -> TrainingTask:
 for _name in BUILTIN:
     register_training_task(importlib.import_module(f".{_name}", __name__).TASK)
 
-__all__ = ["BUILTIN", "TRAINING_TASKS", "Draw", "Made", "TrainingTask", "get_training_task",
-           "register_training_task", "unregister_training_task"]
+__all__ = ["BUILTIN", "TRAINING_TASKS", "Draw", "Made", "TaskSettings", "TrainingTask", "get_training_task",
+           "register_training_task", "setting", "unregister_training_task"]

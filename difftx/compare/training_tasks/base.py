@@ -16,6 +16,7 @@ task gets the next ``ids(preset)`` ids after them, as a ``range``.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
@@ -32,9 +33,43 @@ PROBE_SEED = 4321  # the fixed examples probed during training (not the evaluati
 Made = tuple["torch.Tensor", Optional["torch.Tensor"], Optional["torch.Tensor"]]
 
 
+def setting(default: Any, preset: str, *, least: Optional[int] = None, mixture: bool = False) -> Any:
+    """A field of a training task's :class:`TaskSettings`: its ``default``, its ``preset`` spelling (the
+    :class:`~difftx.compare.presets.ComparePreset` field and ``--set`` name it is given as), ``least``, the
+    smallest whole number it may be (None: no such rule), and ``mixture``: recorded with the mixture in
+    ``results.json``."""
+    return dataclasses.field(default=default, metadata={"preset": preset, "least": least, "mixture": mixture})
+
+
+class TaskSettings:
+    """Base of a training task's settings dataclass (``TrainingTask.Settings``): each field made by
+    :func:`setting`. Construction checks each field on its own (an error names its preset spelling);
+    :func:`difftx.compare.plan.resolve` checks what ties them to the rest of the preset."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            least, v = f.metadata.get("least"), getattr(self, f.name)
+            if least is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+                raise self.error(f.name, f"must be a {'positive' if least else 'non-negative'} integer, got {v!r}")
+
+    @classmethod
+    def spelling(cls) -> dict:
+        """``{preset spelling: field}`` of every field."""
+        return {f.metadata["preset"]: f.name for f in dataclasses.fields(cls)}
+
+    def error(self, name: str, rule: str) -> ValueError:
+        """The error of field ``name`` (named by its preset spelling) that breaks ``rule``."""
+        spelled = {f.name: f.metadata["preset"] for f in dataclasses.fields(self)}
+        return ValueError(f"ComparePreset.{spelled.get(name, name)}: {rule}")
+
+    def mixture_record(self) -> dict:
+        """The fields recorded with the mixture (``results.json``), by their preset spelling."""
+        return {f.metadata["preset"]: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["mixture"]}
+
+
 class Draw:
     """What a task's :meth:`TrainingTask.make_batch` may read besides the generator: the task space
-    (``space``), the mixture (``mixture``: the batch size, ``lm_seq_len``) and the text stream of LM batches
+    (``space``), the mixture (``mixture``: the batch size and each task's settings) and the text stream of LM batches
     (``lm_train``, a 1-D array of ids, or None)."""
 
     def __init__(self, space: "TaskSpace", mixture: Any, lm_train: Optional["np.ndarray"] = None):
@@ -52,12 +87,14 @@ class TrainingTask:
     rest: ClassVar[bool] = False
     # True: the probe also reads the initial model (step 0)
     probe_at_start: ClassVar[bool] = False
+    # its settings dataclass (a TaskSettings; None: the task keeps its settings on its instance)
+    Settings: ClassVar[Optional[type]] = None
 
     def every(self, mixture: Any) -> int:
         """Its share of the steps: every ``every``-th optimizer step (from 1) that no task before it in the
-        registry takes (0: never). ``mixture`` (:class:`~difftx.compare.plan.Mixture`) holds the built-in tasks'
-        periods (``lm_every``, ...); a task of your own may return its own."""
-        return 0
+        registry takes (0: never). ``mixture`` (:class:`~difftx.compare.plan.Mixture`) holds each task's settings
+        (``mixture.settings[name]``); by default, the ``every`` of this task's settings, else 0."""
+        return getattr(mixture.settings.get(self.name), "every", 0)
 
     def ids(self, preset: Any) -> int:
         """How many token ids its batches use (a registered task's block: the next ids after the built-in

@@ -5,11 +5,12 @@ Shakespeare bytes or of your text (``--data``), loss on every token. Its ids fol
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .base import TrainingTask
+from .base import TaskSettings, TrainingTask, setting
 
 
 def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Random, offset: int) -> torch.Tensor:
@@ -19,11 +20,17 @@ def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Rand
     return torch.from_numpy(w) + offset
 
 
+@dataclass(frozen=True)
+class LMSettings(TaskSettings):
+    """Every ``every``-th step an LM batch (0: none) of windows of ``seq_len`` predictions."""
+
+    every: int = setting(4, "lm_every", least=0, mixture=True)
+    seq_len: int = setting(128, "lm_seq_len", least=1, mixture=True)
+
+
 class LMTraining(TrainingTask):
     name, label = "lm", "LM"
-
-    def every(self, mixture) -> int:
-        return mixture.lm_every
+    Settings = LMSettings
 
     def block(self, space):
         return range(space.lm_offset, space.lm_offset + space.lm_vocab) if space.lm else None
@@ -31,7 +38,8 @@ class LMTraining(TrainingTask):
     def make_batch(self, draw, batch_size, rng):
         if draw.lm_train is None:
             raise ValueError("an LM step needs the byte stream (lm_train)")
-        return lm_batch(draw.lm_train, batch_size, draw.mixture.lm_seq_len, rng, draw.space.lm_offset), None, None
+        seq_len = draw.mixture.settings[self.name].seq_len
+        return lm_batch(draw.lm_train, batch_size, seq_len, rng, draw.space.lm_offset), None, None
 
 
 TASK = LMTraining()

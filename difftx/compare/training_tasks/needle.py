@@ -3,15 +3,29 @@ answer tokens): every step no other task takes. Its ids come first in the task s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...eval.needle import training_batch
 from ...io import eval_mode
-from .base import PROBE_SEED, TrainingTask
+from .base import PROBE_SEED, TaskSettings, TrainingTask, setting
+
+
+@dataclass(frozen=True)
+class NeedleSettings(TaskSettings):
+    """The needle task's prompts: ``context_len`` tokens, ``n_keys`` key ids, ``n_filler`` filler ids, at most
+    ``max_needles`` needles (:class:`difftx.eval.needle.NeedleTask`)."""
+
+    context_len: int = setting(128, "context_len", least=1)
+    n_keys: int = setting(64, "n_keys", least=1)
+    n_filler: int = setting(256, "n_filler", least=1)
+    max_needles: int = setting(6, "max_needles", least=1)
 
 
 class NeedleTraining(TrainingTask):
     name, label, rest = "needle", "needle", True
+    Settings = NeedleSettings
 
     def block(self, space):
         return space.needle

@@ -4,18 +4,45 @@ per batch, loss on the queries): every ``recall_every``-th step that is neither 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...io import eval_mode
-from .base import PROBE_SEED, TrainingTask
+from .base import PROBE_SEED, TaskSettings, TrainingTask, setting
+
+
+@dataclass(frozen=True)
+class RecallSettings(TaskSettings):
+    """Every ``every``-th step that is neither LM nor ICL a recall batch (0: no recall training or grid):
+    ``vocab`` tokens (keys from the lower half, values from the upper half), ``seq_len`` positions (the training
+    length; the evaluation grid also goes beyond it), a pair count of ``pairs`` drawn per batch."""
+
+    every: int = setting(0, "recall_every", least=0, mixture=True)
+    vocab: int = setting(256, "recall_vocab", least=1)
+    seq_len: int = setting(64, "recall_len", least=1)
+    pairs: tuple = setting((4, 8, 16), "recall_pairs")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        pairs = self.pairs
+        if isinstance(pairs, int) and not isinstance(pairs, bool):
+            pairs = (pairs,)
+        elif isinstance(pairs, str):  # --set recall_pairs=4,8,16
+            try:
+                pairs = tuple(int(x) for x in pairs.split(","))
+            except ValueError:
+                raise self.error("pairs", f"must be positive pair counts, got {pairs!r}") from None
+        if not isinstance(pairs, (tuple, list)) or not pairs or \
+                not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pairs):
+            raise self.error("pairs", f"must be positive pair counts, got {self.pairs!r}")
+        object.__setattr__(self, "pairs", tuple(pairs))
 
 
 class RecallTraining(TrainingTask):
     name, label = "recall", "associative recall (MQAR)"
     probe_at_start = True  # its mechanism at initialisation
-
-    def every(self, mixture) -> int:
-        return mixture.recall_every
+    Settings = RecallSettings
 
     def block(self, space):
         return space.recall
