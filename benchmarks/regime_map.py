@@ -104,7 +104,7 @@ def at_init(arms: list[str], layers: list[int], seeds: int) -> list[str]:
     for init in ("normal", "torch"):
         for n in layers:
             plan = get_preset("recall-cpu", n_layers=n, init=init, arms=tuple(arms)).resolve()
-            block = plan.space.recall
+            block = plan.space.block("recall")
             examples = block.shifted(generate(block.spec(max(block.pairs)), 64, seed=0))
             for arm in arms:
                 rows = []

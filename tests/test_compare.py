@@ -223,9 +223,9 @@ def test_paired_data_order_depends_on_the_seed_only():
         got = loader.next_batch()
         assert got.kind == kind and torch.equal(got.tokens, tokens)
         assert (got.loss_mask is None) == (mask is None) and (mask is None or torch.equal(got.loss_mask, mask))
-    assert int(a[2][1].min()) >= space.lm_offset  # LM bytes live past the needle vocabulary
-    assert int(a[0][1].max()) < space.lm_offset
-    assert int(a[3][1].min()) >= space.icl.first_id > int(a[2][1].max())  # ICL ids past the bytes
+    assert int(a[2][1].min()) >= space.block("lm").first_id  # LM bytes live past the needle vocabulary
+    assert int(a[0][1].max()) < space.block("lm").first_id
+    assert int(a[3][1].min()) >= space.block("icl").first_id > int(a[2][1].max())  # ICL ids past the bytes
     assert int(a[3][1].max()) < space.vocab_size
 
 

@@ -43,13 +43,14 @@ def recall_run(tmp_path_factory) -> Path:
 def test_recall_batches_have_their_own_ids_after_the_other_tasks():
     mixed = get_preset("smoke", recall_every=5, recall_vocab=32, recall_len=16, recall_pairs=(2, 3)).resolve()
     space = mixed.space
-    assert space.icl is not None and space.recall.first_id == space.icl.vocab_size
-    assert space.vocab_size == space.recall.end == space.icl.vocab_size + 32
+    icl, recall = space.block("icl"), space.block("recall")
+    assert icl is not None and recall.first_id == icl.vocab_size
+    assert space.vocab_size == recall.end == icl.vocab_size + 32
     assert mixed.arms["diff"].vocab_size == space.vocab_size
     shares = mixed.mixture.shares()
     assert shares["recall"] > 0 and shares["needle"] > 0 and abs(sum(shares.values()) - 1) < 1e-12
     alone = get_preset("recall-cpu").resolve()
-    assert alone.space.needle is None and not alone.space.lm and alone.space.recall.first_id == 0
+    assert list(alone.space.blocks) == ["recall"] and alone.space.block("recall").first_id == 0
     assert alone.mixture.shares() == {"needle": 0.0, "lm": 0.0, "icl": 0.0, "recall": 1.0}
     assert alone.arms["diff"].max_seq_len == 64 and alone.probes.every == 100  # recall probes
     assert alone.space.to_dict()["recall_task"]["pairs"] == [4, 8, 16]
@@ -57,9 +58,9 @@ def test_recall_batches_have_their_own_ids_after_the_other_tasks():
     rng = data_rng(3)
     step = next(s for s in range(1, 20) if mixed.mixture.step_kind(s) == "recall")
     for s in range(1, step):
-        batch_for_step(s, mixed.mixture, space, rng, None if not space.lm else _lm())
+        batch_for_step(s, mixed.mixture, space, rng, None if space.block("lm") is None else _lm())
     kind, tokens, mask, targets = batch_for_step(step, mixed.mixture, space, rng, _lm())
-    block = space.recall
+    block = space.block("recall")
     assert kind == "recall" and tokens.shape[1] == block.seq_len + 1 and mask.shape == targets.shape
     assert int(tokens.min()) >= block.first_id and int(tokens.max()) < block.end
     half = block.first_id + block.vocab_size // 2
@@ -272,6 +273,7 @@ def test_recall_batches_mix_with_the_other_tasks(tmp_path):
 
     space = CompareTask.read(out / "seed0" / "diff" / "model").space
     recall = run["tasks"]["recall"]
-    assert recall["trained"]["first_id"] == space.icl.vocab_size == space.vocab_size - 32  # after every other id
+    # after every other id
+    assert recall["trained"]["first_id"] == space.block("icl").vocab_size == space.vocab_size - 32
     assert [c["cell"] for c in recall["cells"]] == ["mqar L=16 P=2", "mqar L=16 P=3"]
     assert recall["learning"]["steps"] == [0, 5, 10]

@@ -10,28 +10,31 @@ import pytest
 from difftx.eval.icl import ICLTask
 from difftx.eval.needle import NeedleTask
 from difftx.tasks.common import probe_cell
-from difftx.tasks.subject import TASK_FILE, TRAIN_RECORD, CompareTask, TaskSpace, TextData, TrainRecord
+from difftx.tasks.subject import TASK_FILE, TRAIN_RECORD, CompareTask, TaskSpace, TextBlock, TextData, TrainRecord
 
 NEEDLE = NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)
 ICL = ICLTask(n_classes=2, n_features=8, features_per_class=2, input_len=2, n_labels=4, n_demos=4,
               first_id=NEEDLE.vocab_size + 300)
 
 
-@pytest.mark.parametrize("space", [TaskSpace(NEEDLE, True, ICL, 300), TaskSpace(NEEDLE, False),
-                                   TaskSpace(None, True), TaskSpace(None, True, lm_vocab=1000)])
+MIXED = TaskSpace({"needle": NEEDLE, "lm": TextBlock(NEEDLE.vocab_size, 300), "icl": ICL})
+
+
+@pytest.mark.parametrize("space", [MIXED, TaskSpace({"needle": NEEDLE}), TaskSpace({"lm": TextBlock(0)}),
+                                   TaskSpace({"lm": TextBlock(0, 1000)})])
 def test_task_space_round_trips_through_json(space):
     data = json.loads(json.dumps(space.to_dict()))
-    assert data["lm_offset"] == space.lm_offset
+    assert data["lm_offset"] == (space.block("needle").vocab_size if space.block("needle") else 0)
     back = TaskSpace.from_dict(data)
     assert back == space and back.vocab_size == space.vocab_size
 
 
 def test_compare_task_round_trips_through_its_file(tmp_path):
-    task = CompareTask(TaskSpace(NEEDLE, True, ICL, 300), 32, TextData("/data/book.txt", "byte", "/data/held.txt"))
+    task = CompareTask(MIXED, 32, TextData("/data/book.txt", "byte", "/data/held.txt"))
     path = task.write(tmp_path)
     assert path == tmp_path / TASK_FILE
     assert CompareTask.read(tmp_path) == task
-    plain = CompareTask(TaskSpace(None, True), 64)
+    plain = CompareTask(TaskSpace({"lm": TextBlock(0)}), 64)
     plain.write(tmp_path)
     assert CompareTask.read(tmp_path) == plain
 
@@ -41,7 +44,8 @@ def test_compare_task_reads_a_file_without_the_newer_keys(tmp_path):
     (tmp_path / TASK_FILE).write_text(json.dumps({"needle_task": NEEDLE.to_dict(), "lm": True,
                                                   "lm_offset": NEEDLE.vocab_size, "lm_seq_len": 32, "icl_task": None}))
     task = CompareTask.read(tmp_path)
-    assert task.space == TaskSpace(NEEDLE, True) and task.space.lm_vocab == 257 and task.text is None
+    assert task.space == TaskSpace({"needle": NEEDLE, "lm": TextBlock(NEEDLE.vocab_size)})
+    assert task.space.block("lm").size == 257 and task.text is None
     (tmp_path / TASK_FILE).write_text(json.dumps({"needle_task": {"n_keys": "many"}}))
     with pytest.raises(ValueError, match="does not describe a compare task"):
         CompareTask.read(tmp_path)

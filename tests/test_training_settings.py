@@ -14,12 +14,14 @@ from difftx.compare.presets import ComparePreset, get_preset
 from difftx.compare.training_tasks import (
     BUILTIN, TaskSettings, TrainingTask, register_training_task, setting, unregister_training_task,
 )
+from difftx.tasks.subject import TaskSpace
 
 
-def test_the_mixture_names_no_built_in_task():
-    source = inspect.getsource(Mixture)
-    named = {name for name in BUILTIN if re.search(rf"\b{name}\b|\b{name}_\w+", source)}
-    assert not named, f"Mixture names the training task(s) {sorted(named)}"
+@pytest.mark.parametrize("cls", [Mixture, TaskSpace])
+def test_the_mixture_and_the_task_space_name_no_built_in_task(cls):
+    source = inspect.getsource(cls)
+    named = {name for name in BUILTIN if re.search(rf"\b{name}\b|\b{name}_\w+", source, re.I)}
+    assert not named, f"{cls.__name__} names the training task(s) {sorted(named)}"
 
 
 def test_a_preset_takes_reads_and_writes_each_setting_by_its_spelling():

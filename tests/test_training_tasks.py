@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_compare import FAST, as_sets
 from difftx.compare.presets import PRESETS, get_preset
 from difftx.compare.stream import CompareStream
 from difftx.compare.training_tasks import (
@@ -94,7 +95,7 @@ def test_the_documented_task_takes_its_share_of_the_steps_and_its_own_ids(copy_t
     assert plan.mixture.shares() == pytest.approx({"needle": 0.4, "lm": 1 / 3, "icl": 1 / 6, "recall": 0.0,
                                                    "copy": 0.1})
     ids = plan.space.ids("copy")
-    assert ids == range(351, 368) and ids.start == plan.space.icl.vocab_size  # after every built-in task's ids
+    assert ids == range(351, 368) and ids.start == plan.space.block("icl").vocab_size  # after every built-in task's ids
     assert plan.arms["diff"].vocab_size == plan.space.vocab_size == ids.stop
     assert plan.arms["diff"].max_seq_len >= 2 * copy_task.length
     assert CompareTask.from_dict(CompareTask(plan.space, 32).to_dict()).space == plan.space  # compare_task.json
@@ -104,8 +105,8 @@ def test_the_documented_task_takes_its_share_of_the_steps_and_its_own_ids(copy_t
         before = get_preset("smoke").resolve()
     finally:
         register_training_task(copy_task)
-    assert "blocks" not in before.space.to_dict() and before.space == TaskSpace(**{
-        **{f: getattr(plan.space, f) for f in ("needle", "lm", "icl", "lm_vocab", "recall")}})
+    assert "blocks" not in before.space.to_dict() and before.space == TaskSpace(
+        {n: b for n, b in plan.space.blocks.items() if n != "copy"})
     with_copy = CompareStream(plan.mixture, plan.space, 3).make_loader(batch_size=8)
     without = CompareStream(before.mixture, before.space, 3).make_loader(batch_size=8)
     for step in range(1, 13):
@@ -157,7 +158,8 @@ def test_a_task_in_a_kinds_file_reaches_the_command_line_and_its_workers(tmp_pat
     (tmp_path / "copytask.py").write_text("\n".join(blocks))
     out = tmp_path / "cmp"
     proc = subprocess.run([sys.executable, "-m", "difftx", "--kinds", str(tmp_path / "copytask.py"), "compare",
-                           "--preset", "smoke", "--seeds", "2", "--workers", "2", "--out", str(out)],
+                           "--preset", "smoke", "--seeds", "2", "--workers", "2", "--out", str(out),
+                           *as_sets({k: v for k, v in FAST.items() if k != "steps"})],  # smoke's 12 steps
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())

@@ -33,7 +33,7 @@ from ..eval.icl import ICLTask
 from ..eval.needle import NeedleTask
 from ..eval.recall import RecallBlock
 from ..tasks import TASKS, settings_from_dict
-from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextData
+from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextBlock, TextData, first_free
 from .arms import PRIMARY, Arm
 from .training_tasks import BUILTIN as BUILTIN_TRAINING, TrainingTask
 
@@ -280,7 +280,7 @@ def registered_blocks(preset: Any, mixture: Mixture, space: TaskSpace) -> TaskSp
         n = task.ids(preset)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"training task {task.name!r}: ids(preset) must be a positive number of ids, got {n!r}")
-        space = dataclasses.replace(space, blocks=(*space.blocks, (task.name, space.vocab_size, n)))
+        space = TaskSpace({**space.blocks, task.name: range(space.vocab_size, space.vocab_size + n)})
     return space
 
 
@@ -364,15 +364,17 @@ def resolve(preset: Any) -> ComparePlan:
                         tok if tok == "byte" else str(Path(tok).expanduser().resolve()),
                         None if preset.heldout is None else str(Path(preset.heldout).expanduser().resolve()))
         lm_vocab = load_tokenizer(text.tokenizer).vocab_size
-    if icl is not None:  # its ids after the needle's and the text's
-        icl = dataclasses.replace(icl, first_id=(needle.vocab_size if needle else 0) + (lm_vocab if lm else 0))
-    space = TaskSpace(needle, lm, icl, lm_vocab)
-    if recall is not None:  # its ids after every built-in task's
-        space = dataclasses.replace(space, recall=dataclasses.replace(recall, first_id=space.vocab_size))
-    space = registered_blocks(preset, mixture, space)
+    blocks: dict = {"needle": needle} if needle is not None else {}  # each block's ids after the ones before it
+    if lm:
+        blocks["lm"] = TextBlock(first_free(blocks), lm_vocab)
+    if icl is not None:
+        icl = blocks["icl"] = dataclasses.replace(icl, first_id=first_free(blocks))
+    if recall is not None:
+        recall = blocks["recall"] = dataclasses.replace(recall, first_id=first_free(blocks))
+    space = registered_blocks(preset, mixture, TaskSpace(blocks))
     longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
                   icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0,
-                  *(mixture_task(mixture, name).seq_len(preset) for name, _, _ in space.blocks))
+                  *(mixture_task(mixture, name).seq_len(preset) for name in space.blocks if name not in blocks))
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
                        attention="diff", max_seq_len=longest, init=preset.init)
     return ComparePlan(
@@ -436,7 +438,8 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
                          f"({longest}: lm_seq_len / recall_len)")
     text = TextData(str(Path(p.data).expanduser().resolve()), tok,
                     None if p.heldout is None else str(Path(p.heldout).expanduser().resolve()))
-    space = TaskSpace(None, True, None, lm_vocab, recall)  # recall ids from 0: the source's own
+    space = TaskSpace({"lm": TextBlock(0, lm_vocab), **({"recall": recall} if recall is not None else {})})  # recall
+    # ids from 0: the source's own
     source = Source(str(Path(p.source).expanduser().resolve()), kind, folder, src_tok, p.convert_method,
                     float(p.convert_lambda_init))
     return ComparePlan(

@@ -60,7 +60,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
         # the machine that assembled this file (each model's training machine: runs.{seed}.{arm}.machine)
         "machine": machine(how["device"]),
         "execution": how,
-        "needle_task": plan.space.needle.to_dict() if plan.space.needle else None,
+        "needle_task": plan.space.block("needle").to_dict() if plan.space.block("needle") else None,
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
         extra["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")

@@ -159,9 +159,9 @@ def check_fits(plan: ComparePlan, memory: int) -> None:
         return
     cfg = max(plan.arms.values(), key=lambda c: c.vocab_size * c.dim + c.n_layers * c.dim ** 2)
     ids = plan.space
-    parts = [f"{name} {n:,}" for name, n in (("needle", ids.needle.vocab_size if ids.needle else 0),
-                                             ("recall (recall_vocab)", ids.recall.vocab_size if ids.recall else 0))
-             if n]
+    needle, recall = ids.block("needle"), ids.block("recall")
+    parts = [f"{name} {n:,}" for name, n in (("needle", needle.vocab_size if needle else 0),
+                                             ("recall (recall_vocab)", recall.vocab_size if recall else 0)) if n]
     raise ValueError(f"one model of this comparison would need about {need / 2**30:,.1f} GiB to train (vocabulary "
                      f"{cfg.vocab_size:,} ids{': ' + ', '.join(parts) if parts else ''}; dim {cfg.dim}, n_layers "
                      f"{cfg.n_layers}, batch_size {plan.mixture.batch_size} x {cfg.max_seq_len} tokens), more than "
@@ -286,7 +286,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     on_main(lambda: check_reuse(plan, jobs, request))  # a finished model is reused only as asked
     on_main(lambda: _record_folder(out, p, text))
     on_main(lambda: [own_folder(f, below=out) for j in jobs for f in j[2]])  # seedS/ARM: real folders, not links
-    if distributed and plan.space.lm:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
+    if distributed and plan.space.block("lm") is not None:  # rank 0 tokenizes the bundled corpus into the cache before the others read it
         from .stream import lm_streams
 
         on_main(lambda: lm_streams(text=plan.text))

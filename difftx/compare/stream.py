@@ -78,7 +78,7 @@ class CompareStream:
 
     def __init__(self, mixture: Mixture, space: TaskSpace, seed: int, lm_train: Optional[np.ndarray] = None):
         self.mixture, self.space, self.seed = mixture, space, int(seed)
-        self.lm_train = lm_streams()[0] if space.lm and lm_train is None else lm_train
+        self.lm_train = lm_streams()[0] if space.block("lm") is not None and lm_train is None else lm_train
 
     def make_loader(self, config: Any = None, dist: Any = None, *, batch_size: Optional[int] = None,
                     rank: int = 0, world_size: int = 1) -> CompareLoader:

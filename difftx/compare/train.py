@@ -148,7 +148,7 @@ class _Setup:
 
             tc = tc.replace(init_from=str(initial_weights(plan.source, kind, seed, folder)))
         stream = CompareStream(plan.mixture, space, seed,
-                               lm_streams(text=plan.text)[0] if plan.text is not None and space.lm else None)
+                               lm_streams(text=plan.text)[0] if plan.text is not None and space.block("lm") else None)
         return cls(seed, folder, run_dir, tc, stream, training_probes(plan, stream),
                    (run_dir / "checkpoints").is_dir())
 
@@ -186,8 +186,9 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
     record = TrainRecord(
         kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
-        probes_skipped=None if space.needle is not None else FROM_SOURCE.format(task="needle")
-        if plan.source is not None else NO_NEEDLES_RECALL if space.recall and not space.lm else NO_NEEDLES,
+        probes_skipped=None if space.block("needle") is not None else FROM_SOURCE.format(task="needle")
+        if plan.source is not None else NO_NEEDLES_RECALL if space.block("recall") and not space.block("lm")
+        else NO_NEEDLES,
         heldout_curve=heldout_curve,
         request=None if request is None else {**request, "kind": kind, "seed": seed}, **share)
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
@@ -239,10 +240,11 @@ def training_probes(plan: ComparePlan, stream: CompareStream) -> TrainingProbes:
             held, source = plan.text.heldout_tokens()
         else:
             held, source = lm_streams()[1], "held-out bundled Shakespeare (bytes)"
-        stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.lm_offset
-        windows, _ = spread_windows(stream_ids, plan.mixture.settings["lm"].seq_len, plan.curve.windows)  # (N, T+1)
-        info = {"source": source, "windows": int(windows.shape[0]), "window": plan.mixture.settings["lm"].seq_len,
-                "distinct_tokens": int(windows.shape[0]) * plan.mixture.settings["lm"].seq_len}
+        stream_ids = torch.from_numpy(np.asarray(held).astype(np.int64)) + space.block("lm").first_id
+        window = plan.mixture.settings["lm"].seq_len
+        windows, _ = spread_windows(stream_ids, window, plan.curve.windows)  # (N, T+1)
+        info = {"source": source, "windows": int(windows.shape[0]), "window": window,
+                "distinct_tokens": int(windows.shape[0]) * window}
     needle_steps = set(range(every, last + 1, every)) | {last} if every else set()
     curve_steps = set(plan.curve.steps)
 

@@ -11,6 +11,7 @@ from typing import Optional
 from .base import Metric, Task, positive, setting
 from .common import EVAL_SEED
 from .reporting import ReportContext
+from .subject import BlockKind, register_block
 
 
 @dataclass(frozen=True)
@@ -109,4 +110,16 @@ class ICLTask(Task):
             print(line)
 
 
+def _write_block(block, space) -> dict:
+    return {"icl_task": block.to_dict() if block is not None else None}
+
+
+def _read_block(data: dict, before: dict):
+    from ..eval.icl import ICLTask as Classification
+
+    return Classification(**data["icl_task"]) if data.get("icl_task") else None
+
+
+# the ICL training task's block (from its first_id) in compare_task.json
+register_block("icl", BlockKind(_write_block, _read_block, lambda block: block.vocab_size, "ICL task"))
 TASK = ICLTask()

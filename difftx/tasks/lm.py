@@ -12,6 +12,7 @@ from typing import Optional
 from .base import Metric, Task, positive, setting
 from .common import check_context, window_nll
 from .reporting import ReportContext
+from .subject import BYTE_VOCAB, BlockKind, TextBlock, first_free, register_block
 
 DEFAULT_WINDOWS = 512
 
@@ -357,4 +358,20 @@ def _beyond(r: dict) -> Optional[float]:
     return ext[max(ext, key=int)]["extra"].get("nll_beyond_train_len")
 
 
+def _write_block(block, space) -> dict:
+    """The text's ids: ``lm`` (trained on LM batches), ``lm_offset`` (where they start, or would: after the blocks
+    written before it) and ``lm_vocab``."""
+    if block is None:
+        return {"lm": False, "lm_offset": first_free(space.before("lm")), "lm_vocab": BYTE_VOCAB}
+    return {"lm": True, "lm_offset": block.first_id, "lm_vocab": block.size}
+
+
+def _read_block(data: dict, before: dict):
+    if not data.get("lm"):
+        return None
+    return TextBlock(int(data.get("lm_offset", first_free(before))), int(data.get("lm_vocab", BYTE_VOCAB)))
+
+
+# the LM training task's block, the text's ids, in compare_task.json
+register_block("lm", BlockKind(_write_block, _read_block, lambda block: block.end, "text"))
 TASK = LMTask()

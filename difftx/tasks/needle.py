@@ -13,6 +13,7 @@ from .base import Metric, Task, parse_cell, parse_cells, positive, setting
 from .common import DEFAULT_CELL, check_context, fitting_cells, no_needle_task, run_needles
 from .common import probe_prompts  # noqa: F401 - where tasks written before difftx.tasks.common import it from
 from .reporting import ReportContext, call, ci, fmt, pair, table
+from .subject import BlockKind, register_block
 
 PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1", "2/2", "4/2", "6/2"],
          "baseline": [1.00, 0.85, 0.62, 0.55], "diff": [1.00, 0.92, 0.84, 0.85]}
@@ -168,4 +169,16 @@ def _mean_ci(c: Optional[dict], arm: str):
     return (None, [None]) if c is None else (c["means"][arm], c["cis"][arm])
 
 
+def _write_block(block, space) -> dict:
+    return {"needle_task": block.to_dict() if block is not None else None}
+
+
+def _read_block(data: dict, before: dict):
+    from ..eval.needle import NeedleTask as Needles
+
+    return Needles(**data["needle_task"]) if data.get("needle_task") else None
+
+
+# the needle training task's block (ids from 0) in compare_task.json
+register_block("needle", BlockKind(_write_block, _read_block, lambda block: block.vocab_size, "needle task"))
 TASK = NeedleTask()

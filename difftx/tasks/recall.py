@@ -29,6 +29,7 @@ from typing import Optional
 from .base import Metric, Task, parse_numbers, positive, setting
 from .common import EVAL_SEED, check_context, check_memory, first_learned_step, learning_bounds, learning_steps
 from .reporting import ReportContext, fmt, table
+from .subject import BlockKind, register_block
 
 FIRST_VARIANT = "mqar"
 def _variants(text: str) -> tuple:
@@ -119,6 +120,20 @@ def _default_pairs(trained: tuple) -> tuple:
 def cell_name(cell) -> str:
     variant, L, P = cell
     return f"{variant} L={L} P={P}"
+
+
+def _write_block(block, space) -> dict:
+    return {"recall_task": block.to_dict() if block is not None else None}
+
+
+def _read_block(data: dict, before: dict):
+    from ..eval.recall import RecallBlock
+
+    return RecallBlock.from_dict(data["recall_task"]) if data.get("recall_task") else None
+
+
+# the recall training task's block (from its first_id) in compare_task.json
+register_block("recall", BlockKind(_write_block, _read_block, lambda block: block.end, "recall task"))
 
 
 class RecallTask(Task):

@@ -27,7 +27,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..io import check_record, read_json, write_json
 
@@ -44,55 +44,97 @@ BYTE_VOCAB = 257  # the byte tokenizer: 256 bytes and end-of-text
 
 
 @dataclass(frozen=True)
-class TaskSpace:
-    """The shared vocabulary of a compare model: needle-task ids first (none without needle
-    batches), then (with LM batches) the text's ``lm_vocab`` ids (UTF-8 bytes and the byte
-    tokenizer's end-of-text, or your tokenizer's) shifted by ``lm_offset``, then (with ICL batches)
-    the ICL task's ids, which start at ``icl.first_id``, then (with recall batches) the recall task's,
-    from ``recall.first_id``, then those of each registered training task of
-    :mod:`difftx.compare.training_tasks` (``blocks``: ``(name, first_id, size)``)."""
+class TextBlock:
+    """The text's ids in a compare model's vocabulary: ``size`` ids (UTF-8 bytes and the byte tokenizer's
+    end-of-text, or your tokenizer's) from ``first_id``."""
 
-    needle: Optional[NeedleTask]
-    lm: bool
-    icl: Optional[ICLTask] = None
-    lm_vocab: int = BYTE_VOCAB
-    recall: Optional[RecallBlock] = None
-    blocks: tuple = ()
+    first_id: int
+    size: int = BYTE_VOCAB
 
     @property
-    def lm_offset(self) -> int:
-        return self.needle.vocab_size if self.needle is not None else 0
+    def end(self) -> int:
+        return self.first_id + self.size
+
+
+@dataclass(frozen=True)
+class BlockKind:
+    """How the block of one training task is written to ``compare_task.json`` and read back, registered by the
+    module that evaluates the task (:func:`register_block`): ``write(block, space)`` gives its keys (``block``
+    None: the task has no batches in ``space``), ``read(data, before)`` the block or None (``before``: the blocks
+    read so far), ``end(block)`` the id after its last, and ``what`` names it in an error."""
+
+    write: Callable[[Any, "TaskSpace"], dict]
+    read: Callable[[dict, dict], Any]
+    end: Callable[[Any], int]
+    what: str
+
+
+# {training task name: its BlockKind}, in the order the blocks are written and read
+BLOCK_KINDS: dict[str, BlockKind] = {}
+
+
+def register_block(name: str, kind: BlockKind) -> None:
+    """Say how training task ``name``'s block is written and read (:class:`BlockKind`)."""
+    BLOCK_KINDS[name] = kind
+
+
+def block_end(name: str, block: Any) -> int:
+    """The id after the last of ``block`` (a task's without a :class:`BlockKind`: a ``range``)."""
+    return BLOCK_KINDS[name].end(block) if name in BLOCK_KINDS else block.stop
+
+
+def first_free(blocks: dict) -> int:
+    """The first id after every block of ``blocks``."""
+    return max([0, *(block_end(n, b) for n, b in blocks.items())])
+
+
+@dataclass(frozen=True)
+class TaskSpace:
+    """The shared vocabulary of a compare model: ``{training task name: its block of ids}`` for the tasks it
+    was trained on, in id order (a task without batches has no block). The ids of a block are its own: each
+    kind of block is written and read as its :class:`BlockKind` says; a task without one (a training task
+    registered in :mod:`difftx.compare.training_tasks`) has a ``range``."""
+
+    blocks: dict = field(default_factory=dict)
+
+    def block(self, name: str) -> Any:
+        """The block of training task ``name`` (None: it has none here)."""
+        return self.blocks.get(name)
+
+    def before(self, name: str) -> dict:
+        """The blocks of the kinds written before ``name``'s (:data:`BLOCK_KINDS` order)."""
+        kinds = list(BLOCK_KINDS)
+        earlier = set(kinds[:kinds.index(name)]) if name in kinds else set(kinds)
+        return {n: b for n, b in self.blocks.items() if n in earlier}
 
     @property
     def vocab_size(self) -> int:
-        if self.recall is not None:
-            size = self.recall.end
-        else:
-            size = self.icl.vocab_size if self.icl else self.lm_offset + (self.lm_vocab if self.lm else 0)
-        return max([size, *(first + n for _, first, n in self.blocks)])
+        return first_free(self.blocks)
 
     def ids(self, name: str) -> Optional[range]:
-        """The ids of registered training task ``name`` (None: it has no block here)."""
-        return next((range(first, first + n) for task, first, n in self.blocks if task == name), None)
+        """The ids of a training task that has a ``range`` (None: it has no such block here)."""
+        block = self.blocks.get(name)
+        return block if isinstance(block, range) else None
 
     def to_dict(self) -> dict:
-        """JSON-ready (``lm_offset`` included for a reader's convenience); :meth:`from_dict` reads it back."""
-        return {"needle_task": self.needle.to_dict() if self.needle else None, "lm": self.lm,
-                "lm_offset": self.lm_offset, "icl_task": self.icl.to_dict() if self.icl else None,
-                "lm_vocab": self.lm_vocab, "recall_task": self.recall.to_dict() if self.recall else None,
-                **({"blocks": [list(b) for b in self.blocks]} if self.blocks else {})}
+        """JSON-ready: each :class:`BlockKind`'s keys, then ``blocks`` (``[name, first_id, size]`` of each
+        ``range``); :meth:`from_dict` reads it back."""
+        out: dict = {}
+        for name, kind in BLOCK_KINDS.items():
+            out.update(kind.write(self.blocks.get(name), self))
+        ranges = [[n, b.start, len(b)] for n, b in self.blocks.items() if n not in BLOCK_KINDS]
+        return {**out, **({"blocks": ranges} if ranges else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> TaskSpace:
-        from ..eval.icl import ICLTask
-        from ..eval.needle import NeedleTask
-        from ..eval.recall import RecallBlock
-
-        return cls(needle=NeedleTask(**data["needle_task"]) if data.get("needle_task") else None,
-                   lm=bool(data.get("lm")), icl=ICLTask(**data["icl_task"]) if data.get("icl_task") else None,
-                   lm_vocab=data.get("lm_vocab", BYTE_VOCAB),
-                   recall=RecallBlock.from_dict(data["recall_task"]) if data.get("recall_task") else None,
-                   blocks=tuple((str(n), int(f), int(k)) for n, f, k in data.get("blocks", ())))
+        blocks: dict = {}
+        for name, kind in BLOCK_KINDS.items():
+            block = kind.read(data, blocks)
+            if block is not None:
+                blocks[name] = block
+        for n, first, size in data.get("blocks", ()):
+            blocks[str(n)] = range(int(first), int(first) + int(size))
+        return cls(blocks)
 
 
 @dataclass(frozen=True)
@@ -316,22 +358,23 @@ class Subject:
     @property
     def needle(self) -> Optional[NeedleTask]:
         """The synthetic needle task of a compare model trained on needle batches."""
-        return self.compare.space.needle if self.compare is not None else None
+        return self.compare.space.block("needle") if self.compare is not None else None
 
     @property
     def icl(self) -> Optional[ICLTask]:
         """The synthetic ICL task of a compare model trained on ICL batches."""
-        return self.compare.space.icl if self.compare is not None else None
+        return self.compare.space.block("icl") if self.compare is not None else None
 
     @property
     def recall(self) -> Optional[RecallBlock]:
         """The associative-recall task of a compare model trained on recall batches."""
-        return self.compare.space.recall if self.compare is not None else None
+        return self.compare.space.block("recall") if self.compare is not None else None
 
     @property
     def lm_offset(self) -> Optional[int]:
         """Where the text ids of a compare model trained on LM batches start."""
-        return self.compare.space.lm_offset if self.compare is not None and self.compare.space.lm else None
+        text = self.compare.space.block("lm") if self.compare is not None else None
+        return text.first_id if text is not None else None
 
     @property
     def lm_seq_len(self) -> Optional[int]:
@@ -451,10 +494,9 @@ def load_subject(path: str | os.PathLike, *, tokenizer: Optional[str] = None, da
                              "applies to text models only, and --data to text models and to compare models trained "
                              "on your text (compare --data)")
         space = task.space
-        for need, what in ((space.needle.vocab_size if space.needle else 0, "needle task"),
-                           (space.icl.vocab_size if space.icl else 0, "ICL task"),
-                           (space.recall.end if space.recall else 0, "recall task"),
-                           (space.lm_offset + space.lm_vocab if space.lm else 0, "text")):
+        for name, block in space.blocks.items():
+            need = block_end(name, block)
+            what = BLOCK_KINDS[name].what if name in BLOCK_KINDS else f"training task {name!r}"
             if need > model.config.vocab_size:
                 raise ValueError(f"{folder}: the {what} needs {need} token ids, the model has only "
                                  f"{model.config.vocab_size}")

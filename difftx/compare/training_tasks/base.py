@@ -1,6 +1,6 @@
 """The contract of a training task: one kind of batch of ``difftx compare``'s training mixture.
 
-A training task (:class:`TrainingTask`) says four things, and nothing else in difftx names it:
+A training task (:class:`TrainingTask`) says four things (and may own its settings, :class:`TaskSettings`):
 
 - its share of the steps (:meth:`~TrainingTask.every`): every k-th optimizer step that no task before it
   takes, or (``rest``) every step no other task takes;
@@ -9,9 +9,9 @@ A training task (:class:`TrainingTask`) says four things, and nothing else in di
 - how it makes a batch (:meth:`~TrainingTask.make_batch`), drawn from the comparison's one generator;
 - what it probes during training (:meth:`~TrainingTask.probe`), if anything.
 
-The built-in tasks (needle, LM, ICL, recall) keep their typed blocks in
-:class:`~difftx.tasks.subject.TaskSpace` (needle, text, ICL and recall ids, in that order); a registered
-task gets the next ``ids(preset)`` ids after them, as a ``range``.
+Each task's block is kept in :class:`~difftx.tasks.subject.TaskSpace` under its name: the built-in tasks' typed
+blocks (needle, text, ICL and recall ids, in that order, each written as its evaluation module registers), and a
+registered task's ``range`` of the next ``ids(preset)`` ids after them.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class TrainingTask:
     def block(self, space: "TaskSpace") -> Any:
         """Its block of ids in ``space`` (None: the comparison has no batches of it): a registered task's
         ``range`` of ids."""
-        return space.ids(self.name)
+        return space.block(self.name)
 
     def make_batch(self, draw: Draw, batch_size: int, rng: random.Random) -> Made:
         """``(tokens (B, T+1), loss_mask (B, T) or None, targets (B, T) or None)``: one global batch of

@@ -1,6 +1,6 @@
 """In-context classification (:func:`difftx.eval.icl.training_batch`: label maps drawn per sequence, loss on
 every label token): every ``icl_every``-th step that is not an LM step. Its ids follow the text's
-(``space.icl``, from ``icl.first_id``)."""
+(a :class:`~difftx.eval.icl.ICLTask`, from its ``first_id``)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,10 @@ class ICLTraining(TrainingTask):
     name, label = "icl", "ICL"
     Settings = ICLSettings
 
-    def block(self, space):
-        return space.icl
-
     def make_batch(self, draw, batch_size, rng):
-        assert draw.space.icl is not None
-        tokens, mask = training_batch(draw.space.icl, batch_size, rng)
+        block = self.block(draw.space)
+        assert block is not None
+        tokens, mask = training_batch(block, batch_size, rng)
         return tokens, mask, None
 
 

@@ -1,6 +1,6 @@
 """Language modelling: every ``lm_every``-th step, random windows of ``lm_seq_len`` predictions of the bundled
 Shakespeare bytes or of your text (``--data``), loss on every token. Its ids follow the needle task's
-(``space.lm_offset``, ``space.lm_vocab`` of them)."""
+(a :class:`~difftx.tasks.subject.TextBlock`: ``size`` ids from ``first_id``)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,11 @@ class LMTraining(TrainingTask):
     name, label = "lm", "LM"
     Settings = LMSettings
 
-    def block(self, space):
-        return range(space.lm_offset, space.lm_offset + space.lm_vocab) if space.lm else None
-
     def make_batch(self, draw, batch_size, rng):
         if draw.lm_train is None:
             raise ValueError("an LM step needs the byte stream (lm_train)")
         seq_len = draw.mixture.settings[self.name].seq_len
-        return lm_batch(draw.lm_train, batch_size, seq_len, rng, draw.space.lm_offset), None, None
+        return lm_batch(draw.lm_train, batch_size, seq_len, rng, self.block(draw.space).first_id), None, None
 
 
 TASK = LMTraining()

@@ -1,5 +1,6 @@
 """The synthetic multi-needle task (:func:`difftx.eval.needle.training_batch`: mixed N/R/depths, loss on the
-answer tokens): every step no other task takes. Its ids come first in the task space (``space.needle``)."""
+answer tokens): every step no other task takes. Its block (a :class:`~difftx.eval.needle.NeedleTask`) has the
+first ids of the task space."""
 
 from __future__ import annotations
 
@@ -27,11 +28,8 @@ class NeedleTraining(TrainingTask):
     name, label, rest = "needle", "needle", True
     Settings = NeedleSettings
 
-    def block(self, space):
-        return space.needle
-
     def make_batch(self, draw, batch_size, rng):
-        tokens, mask = training_batch(draw.space.needle, batch_size, rng)
+        tokens, mask = training_batch(self.block(draw.space), batch_size, rng)
         return tokens, mask, None
 
     def probe(self, model, space, probes) -> dict:
@@ -44,10 +42,11 @@ class NeedleTraining(TrainingTask):
         from ...eval.needle import evaluate_needles, needle_samples
 
         with eval_mode(model), torch.no_grad():
-            res = evaluate_needles(model, space.needle, grid=probes.grid, depths=(0.5,),
+            needle = self.block(space)
+            res = evaluate_needles(model, needle, grid=probes.grid, depths=(0.5,),
                                    samples_per_cell=probes.samples, seed=PROBE_SEED)
             n, r = probes.grid[-1]
-            prompts = torch.tensor([p.prompt for p in needle_samples(space.needle, n, r, 0.5, probes.samples,
+            prompts = torch.tensor([p.prompt for p in needle_samples(needle, n, r, 0.5, probes.samples,
                                                                      seed=PROBE_SEED)])
             logits = max_abs_attention_logits(model, prompts.to(next(model.parameters()).device))
         return {"accuracy": res.accuracy_table(), "max_attention_logit": logits}

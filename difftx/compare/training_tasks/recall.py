@@ -1,6 +1,7 @@
 """Multi-query associative recall (:meth:`difftx.eval.recall.RecallBlock.training_batch`: a pair count drawn
 per batch, loss on the queries): every ``recall_every``-th step that is neither LM nor ICL. Its ids come last
-(``space.recall``, from ``recall.first_id``; a comparison from a source: the source's own ids from 0)."""
+(a :class:`~difftx.eval.recall.RecallBlock`, from its ``first_id``; a comparison from a source: the source's own ids
+from 0)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,10 @@ class RecallTraining(TrainingTask):
     probe_at_start = True  # its mechanism at initialisation
     Settings = RecallSettings
 
-    def block(self, space):
-        return space.recall
-
     def make_batch(self, draw, batch_size, rng):
-        assert draw.space.recall is not None
-        return draw.space.recall.training_batch(batch_size, rng)
+        block = self.block(draw.space)
+        assert block is not None
+        return block.training_batch(batch_size, rng)
 
     def probe(self, model, space, probes) -> dict:
         """Recall during training, on ``probes.samples`` fixed examples of plain MQAR at the training length
@@ -63,7 +62,7 @@ class RecallTraining(TrainingTask):
         from ...tasks.recall import cell_name
         from ...training.metrics import lambda_per_layer
 
-        block = space.recall
+        block = self.block(space)
         spec = block.spec(max(block.pairs))
         examples = block.shifted(generate(spec, probes.samples, seed=PROBE_SEED))
         device = next(model.parameters()).device
