@@ -190,7 +190,7 @@ def test_a_model_trained_alone_equals_it_in_a_stack(tmp_path, capsys):
     whose float32 sums differ, and a long run drifted by 0.5% in held-out NLL (results log, 2026-11-28)."""
     def cmd(out: Path) -> list[str]:
         return ["compare", "--preset", "smoke", "--seeds", "3", "--out", str(out), "--no-progress", "--workers",
-                "1", *as_sets({**FAST, "steps": 150, "log_every": 30, "probe_every": 0})]
+                "1", *as_sets({**FAST, "steps": 40, "log_every": 10, "probe_every": 0})]
 
     sharded, single = tmp_path / "sharded", tmp_path / "single"
     for k in (1, 2, 3):
