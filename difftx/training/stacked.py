@@ -118,11 +118,10 @@ def _stack_parameters(tree: nn.Module, k: int, device, dtype) -> None:
 class StackedTransformer(nn.Module):
     """``K`` :class:`~difftx.model.Transformer` models of one config as one model whose parameters
     have a leading ``K`` dimension. ``model_tree`` is the one model's module tree holding those stacked
-    parameters under the one model's names; its attention modules, norms and MLPs compute each model's
-    part (:mod:`difftx.ops` broadcasts over ``K``), and this class adds what only a stack does: the
-    embedding lookup of ``K`` vocabularies, the fused projection and attention core of ``K * B``
-    sequences, and the fused LM head and loss. Build it with :meth:`from_models` or
-    :meth:`from_state_dicts`."""
+    parameters under the one model's names. Each model's loss is the one model's own ``forward``: the tree
+    runs it with its ``(K, ...)`` weights when every attention kind stacks natively (``native``: every op takes
+    the leading ``K``, :mod:`difftx.ops`), else ``torch.vmap`` runs it over the one model with each model's
+    weights (see the module doc). Build it with :meth:`from_models` or :meth:`from_state_dicts`."""
 
     def __init__(self, config: ModelConfig, k: int, *, device=None, dtype=torch.float32):
         super().__init__()
@@ -271,7 +270,7 @@ class StackedTransformer(nn.Module):
         ``(K, B, T)`` of the inputs or None, ``targets`` ``(K, B, T)`` or None (the next tokens). Each is the one
         model's ``forward(x, targets=y, ...)``
         (:func:`difftx.model.loss_rows` for a mask, padded to the models' largest count), all ``K`` in one
-        ``torch.vmap`` over the stacked weights."""
+        call: the tree's own forward (``native``) or one ``torch.vmap`` over the stacked weights."""
         device_type = self.model_tree.tok_embeddings.weight.device.type
         if torch.is_autocast_enabled(device_type):
             raise ValueError("StackedTransformer: autocast is not supported (float32 or float64 weights only); "

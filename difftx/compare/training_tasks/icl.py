@@ -11,7 +11,7 @@ from .base import TaskSettings, TrainingTask, setting
 
 
 @dataclass(frozen=True)
-class ICLSettings(TaskSettings):
+class ICLTrainingSettings(TaskSettings):
     """Every ``every``-th step that is not an LM step an ICL batch (0: no ICL training or evaluation): ``classes``
     classes of ``features_per_class`` feature tokens each (1: each class is one feature token, recall of the label
     map), inputs of ``input_len`` tokens, ``demos`` demonstrations per prompt (a multiple of ``classes``)."""
@@ -25,7 +25,7 @@ class ICLSettings(TaskSettings):
 
 class ICLTraining(TrainingTask):
     name, label = "icl", "ICL"
-    Settings = ICLSettings
+    Settings = ICLTrainingSettings
 
     def make_batch(self, draw, batch_size, rng):
         block = self.block(draw.space)

@@ -21,7 +21,7 @@ def lm_batch(stream: np.ndarray, batch_size: int, seq_len: int, rng: random.Rand
 
 
 @dataclass(frozen=True)
-class LMSettings(TaskSettings):
+class LMTrainingSettings(TaskSettings):
     """Every ``every``-th step an LM batch (0: none) of windows of ``seq_len`` predictions."""
 
     every: int = setting(4, "lm_every", least=0, mixture=True)
@@ -30,7 +30,7 @@ class LMSettings(TaskSettings):
 
 class LMTraining(TrainingTask):
     name, label = "lm", "LM"
-    Settings = LMSettings
+    Settings = LMTrainingSettings
 
     def make_batch(self, draw, batch_size, rng):
         if draw.lm_train is None:

@@ -14,7 +14,7 @@ from .base import PROBE_SEED, TaskSettings, TrainingTask, setting
 
 
 @dataclass(frozen=True)
-class NeedleSettings(TaskSettings):
+class NeedleTrainingSettings(TaskSettings):
     """The needle task's prompts: ``context_len`` tokens, ``n_keys`` key ids, ``n_filler`` filler ids, at most
     ``max_needles`` needles (:class:`difftx.eval.needle.NeedleTask`)."""
 
@@ -26,7 +26,7 @@ class NeedleSettings(TaskSettings):
 
 class NeedleTraining(TrainingTask):
     name, label, rest = "needle", "needle", True
-    Settings = NeedleSettings
+    Settings = NeedleTrainingSettings
 
     def make_batch(self, draw, batch_size, rng):
         tokens, mask = training_batch(self.block(draw.space), batch_size, rng)

@@ -14,7 +14,7 @@ from .base import PROBE_SEED, TaskSettings, TrainingTask, setting
 
 
 @dataclass(frozen=True)
-class RecallSettings(TaskSettings):
+class RecallTrainingSettings(TaskSettings):
     """Every ``every``-th step that is neither LM nor ICL a recall batch (0: no recall training or grid):
     ``vocab`` tokens (keys from the lower half, values from the upper half), ``seq_len`` positions (the training
     length; the evaluation grid also goes beyond it), a pair count of ``pairs`` drawn per batch."""
@@ -43,7 +43,7 @@ class RecallSettings(TaskSettings):
 class RecallTraining(TrainingTask):
     name, label = "recall", "associative recall (MQAR)"
     probe_at_start = True  # its mechanism at initialisation
-    Settings = RecallSettings
+    Settings = RecallTrainingSettings
 
     def make_batch(self, draw, batch_size, rng):
         block = self.block(draw.space)
