@@ -292,13 +292,14 @@ def probed(mixture: Mixture, space: TaskSpace) -> bool:
 def check_recall(preset: Any, tasks: dict) -> Optional[RecallBlock]:
     """The recall block of ``preset`` (None without recall batches; its ids from 0), checked with the recall
     evaluation's grid: each pair count, length and variant of ``tasks["recall"]`` must fit the vocabulary."""
-    p = preset
-    if not p.recall_every:
+    mixture = mixture_of(preset)
+    r = mixture.settings["recall"]
+    if not r.every:
         return None
-    if not mixture_of(p).shares()["recall"]:
-        raise preset_error("recall_every", f"{p.recall_every}: every recall step would be an LM or ICL step")
+    if not mixture.shares()["recall"]:
+        raise preset_error("recall_every", f"{r.every}: every recall step would be an LM or ICL step")
     try:
-        block = RecallBlock(vocab_size=p.recall_vocab, seq_len=p.recall_len, pairs=p.recall_pairs)
+        block = RecallBlock(vocab_size=r.vocab, seq_len=r.seq_len, pairs=r.pairs)
     except ValueError as e:
         raise preset_error("recall_vocab/recall_len/recall_pairs", str(e)) from None
     try:
@@ -317,26 +318,28 @@ def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
     if p.data is None and (p.tokenizer not in (None, "byte") or p.heldout is not None):
         raise preset_error("tokenizer/heldout", "apply to your own text only (--data)")
     tasks = task_settings(p.tasks)
+    training = p.training_settings()
+    ns, lm, ic = training["needle"], training["lm"], training["icl"]
     grid = tasks["needle"].grid
     for n, r in grid:
-        if not 1 <= r <= n <= p.max_needles:
-            raise preset_error("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={p.max_needles}")
+        if not 1 <= r <= n <= ns.max_needles:
+            raise preset_error("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={ns.max_needles}")
     try:
-        needle = NeedleTask(n_keys=p.n_keys, n_filler=p.n_filler, context_len=p.context_len,
-                            max_needles=p.max_needles, max_query=max(r for _, r in grid))
+        needle = NeedleTask(n_keys=ns.n_keys, n_filler=ns.n_filler, context_len=ns.context_len,
+                            max_needles=ns.max_needles, max_query=max(r for _, r in grid))
     except ValueError as e:
         raise preset_error("context_len", str(e)) from None
-    if not p.icl_every:
+    if not ic.every:
         return tasks, needle, None
-    if p.icl_every == 1:
+    if ic.every == 1:
         raise preset_error("icl_every", "1 would leave no needle steps")
-    if p.lm_every and p.icl_every % p.lm_every == 0:
-        raise preset_error("icl_every", f"{p.icl_every} is a multiple of lm_every={p.lm_every}: every ICL step "
+    if lm.every and ic.every % lm.every == 0:
+        raise preset_error("icl_every", f"{ic.every} is a multiple of lm_every={lm.every}: every ICL step "
                                         "would be an LM step")
     try:
-        return tasks, needle, ICLTask(n_classes=p.icl_classes, features_per_class=p.icl_features_per_class,
-                                      n_features=max(4 * p.icl_classes * p.icl_features_per_class, 2 * p.icl_classes),
-                                      input_len=p.icl_input_len, n_labels=2 * p.icl_classes, n_demos=p.icl_demos)
+        return tasks, needle, ICLTask(n_classes=ic.classes, features_per_class=ic.features_per_class,
+                                      n_features=max(4 * ic.classes * ic.features_per_class, 2 * ic.classes),
+                                      input_len=ic.input_len, n_labels=2 * ic.classes, n_demos=ic.demos)
     except ValueError as e:
         raise preset_error("icl_*", str(e)) from None
 
@@ -356,7 +359,7 @@ def resolve(preset: Any) -> ComparePlan:
     mixture = mixture_of(preset)
     if not mixture.shares()["needle"]:  # every step another kind of batch (LM, recall): no needle ids
         needle = None
-    lm = preset.lm_every > 0
+    lm = mixture.settings["lm"].every > 0
     text, lm_vocab = None, BYTE_VOCAB
     if preset.data is not None:
         tok = preset.tokenizer or "byte"
@@ -372,7 +375,7 @@ def resolve(preset: Any) -> ComparePlan:
     if recall is not None:
         recall = blocks["recall"] = dataclasses.replace(recall, first_id=first_free(blocks))
     space = registered_blocks(preset, mixture, TaskSpace(blocks))
-    longest = max(needle.max_seq_len if needle else 0, preset.lm_seq_len if lm else 0,
+    longest = max(needle.max_seq_len if needle else 0, mixture.settings["lm"].seq_len if lm else 0,
                   icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0,
                   *(mixture_task(mixture, name).seq_len(preset) for name in space.blocks if name not in blocks))
     diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
@@ -413,7 +416,8 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
                                      f"registered training task(s) {own} would need ids of their own beyond the "
                                      f"source's vocabulary: leave them out of this process (--kinds) or set their "
                                      f"period to 0")
-    if any(v for k, v in mixture.shares().items() if k not in ("lm", "recall")) or icl is not None or not p.lm_every:
+    if any(v for k, v in mixture.shares().items() if k not in ("lm", "recall")) or icl is not None \
+            or not mixture.settings["lm"].every:
         raise preset_error("lm_every/icl_every/recall_every", "a comparison from a source trains on LM and recall "
                                                               "batches only (the needle and ICL tasks need ids the "
                                                               "source's vocabulary does not have): every step must be "
@@ -432,7 +436,7 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Op
                                         f"{config.vocab_size}")
     if recall is not None and recall.vocab_size > config.vocab_size:
         raise preset_error("recall_vocab", f"{recall.vocab_size} exceeds the source's vocab_size {config.vocab_size}")
-    longest = max(p.lm_seq_len, p.recall_len if recall is not None else 0)
+    longest = max(mixture.settings["lm"].seq_len, recall.seq_len if recall is not None else 0)
     if longest > config.max_seq_len:
         raise ValueError(f"{where}: its max_seq_len {config.max_seq_len} is shorter than the training sequences "
                          f"({longest}: lm_seq_len / recall_len)")

@@ -50,14 +50,8 @@ def unregister_training_task(name: str) -> None:
     TRAINING_TASKS.pop(name, None)
 
 
-def get_training_task(name: str) -> TrainingTask:
-    if name not in TRAINING_TASKS:
-        raise ValueError(f"unknown training task {name!r}; registered: {list(TRAINING_TASKS)}")
-    return TRAINING_TASKS[name]
-
-
 for _name in BUILTIN:
     register_training_task(importlib.import_module(f".{_name}", __name__).TASK)
 
-__all__ = ["BUILTIN", "TRAINING_TASKS", "Draw", "Made", "TaskSettings", "TrainingTask", "get_training_task",
-           "register_training_task", "setting", "unregister_training_task"]
+__all__ = ["BUILTIN", "TRAINING_TASKS", "Draw", "Made", "TaskSettings", "TrainingTask", "register_training_task",
+           "setting", "unregister_training_task"]
