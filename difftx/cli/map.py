@@ -24,7 +24,7 @@ def register(sub) -> None:
                                    "\"recorded\" file) and stand in for a missing folder; a finished folder wins. "
                                    "See docs/compare.md, \"The regime map\".")
     p.add_argument("--spec", default=None, metavar="FILE",
-                   help="the map spec (JSON; default: the shipped recall and LM map, configs/regime-map.json)")
+                   help="the map spec (JSON; default: the shipped recall and LM map, configs/maps/regime-map.json)")
     p.add_argument("--out", default=None, type=output_dir, help="the map's folder: one compare folder per cell, "
                                                                  "and map.md, map.png, map.json (default runs/map)")
     p.add_argument("--seeds", type=positive_int, default=None, help="paired seeds of every cell (default: the spec's)")

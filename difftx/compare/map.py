@@ -1,5 +1,5 @@
 """``difftx map``: the regime map as one command. A map spec (JSON; :func:`load_spec`, the shipped one
-``configs/regime-map.json``) names each cell by its axes (the initialisation, the depth, the width and the task;
+``configs/maps/regime-map.json``) names each cell by its axes (the initialisation, the depth, the width and the task;
 ``lambda_init``, the output scale and the per-head norm are each arm's, read off its config), and each cell is one
 ``difftx compare`` folder, ``OUT/<cell name>``, with the compare arguments those axes give.
 
@@ -29,7 +29,7 @@ from typing import Optional
 MAP_SCHEMA = "difftx.map"
 MAP_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SPEC = ROOT / "configs" / "regime-map.json"
+DEFAULT_SPEC = ROOT / "configs" / "maps" / "regime-map.json"
 DEFAULT_OUT = Path("runs/map")
 
 # the axes a map names: a cell's own, and those each arm carries (its config's)
