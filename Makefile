@@ -40,8 +40,11 @@ demo: $(STAMP)
 	$(VENV)/bin/difftx compare --preset cpu --seeds 8 --out runs/demo
 	@echo "report: runs/demo/report.md (plots in runs/demo/plots/)"
 
+# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them (its fixtures built once);
+# TEST_WORKERS=0 runs it in this one process
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # `make test-extras`: the tests `make test` skips, each for its optional integration: lm-evaluation-harness
 # (with accelerate), TensorBoard and datasets, each installed by name from PyPI, and torch.compile
