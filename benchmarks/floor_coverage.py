@@ -159,7 +159,7 @@ def mc(p: float, runs: int) -> str:
 def gap_coverage(arm: np.ndarray, ref: np.ndarray, truth: float) -> str:
     """The printed interval of the gap at the largest size (arm minus baseline, paired over the seeds): the share of
     runs that give one, and the coverage of ``truth`` among those, with its Monte Carlo SE."""
-    from difftx.compare.scale import _printed_interval
+    from difftx.studies.scale import _printed_interval
     from difftx.eval.stats import paired_estimate
 
     ends = [_printed_interval(paired_estimate(a, r).to_dict()) for a, r in zip(arm[:, :, -1], ref[:, :, -1])]

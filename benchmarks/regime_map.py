@@ -8,7 +8,7 @@ For every cell and arm: its regime (initialisation, layers, width, lambda_init a
 per-head norm), the frontier (mean over seeds [95%]), how many seeds learned recall and the step range, the last
 layer's attention on the binding, the output/residual ratio of each layer at initialisation (step 0's probe, where
 recorded), and the arm minus the baseline in frontier with the compare's own interval, Holm p and verdict
-(:mod:`difftx.compare.scale_recall` reads them out of each ``results.json``; nothing is re-estimated here).
+(:mod:`difftx.studies.scale_recall` reads them out of each ``results.json``; nothing is re-estimated here).
 
 ``--at-init`` trains nothing: for fresh models of the ``recall-cpu`` preset's shape (its vocabulary, width and heads,
 at each depth given), under each initialisation, each layer's attention output against the residual stream
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from difftx.compare.regime import regime
-from difftx.compare.scale_recall import recall_by_size
+from difftx.studies.scale_recall import recall_by_size
 from difftx.compare.schema import CompareResult, read_results
 from difftx.compare.summary import adjusted_p_text, difference_text, short_verdict
 from difftx.config import ModelConfig

@@ -167,7 +167,7 @@ def test_scale_shards_partition_the_models_of_every_size():
     """Issue 31 item 1, in `scale`: the offset of a size counts models, and so do the shards now. With
     scale-cpu (its sizes x 3 seeds x 2 arms) and N models every shard trains one; before, 8 of 24 got work."""
     from difftx.compare.run import plan_models
-    from difftx.compare.scale import SCALE_PRESETS, plan_sizes
+    from difftx.studies.scale import SCALE_PRESETS, plan_sizes
 
     sc = SCALE_PRESETS["scale-cpu"]
     plans = plan_sizes(sc.compare, list(sc.sizes), tokens_per_param=sc.tokens_per_param, **sc.overrides)

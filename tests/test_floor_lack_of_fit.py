@@ -103,7 +103,7 @@ def test_no_test_without_pure_error_or_degrees_of_freedom():
 def test_the_report_reads_the_fit_with_and_without_the_new_field():
     """scale.md's floor-fit line carries the lack of fit through the fit's note, and a fit from an older
     scale.json (no ``lack_of_fit`` in it) still renders."""
-    from difftx.compare.scale import _floor_fit_text
+    from difftx.studies.scale import _floor_fit_text
 
     arm, ref = _sweep(1, 6, 0.001, extra=0.3)
     fit = parameter_efficiency(SCALE_NOW, arm[0], SCALE_NOW, ref[0]).to_dict()["fit"]

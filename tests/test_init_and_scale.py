@@ -12,8 +12,8 @@ from difftx.attention import DiffAttention, StandardAttention, kernels
 from difftx.attention.modules import lambda_init_for_layer
 from difftx.compare.presets import get_preset
 from difftx.compare.regime import regime, regime_lines, render_regime
-from difftx.compare.tune import beyond_edge, parse_tune
-from difftx.compare.tune_report import label
+from difftx.studies.tune import beyond_edge, parse_tune
+from difftx.studies.tune_report import label
 from difftx.config import ARM_SETS, arm_config
 from difftx.interop import ConversionError, export_hf
 from reference import naive_diff_attention, naive_standard_scaled
@@ -231,7 +231,7 @@ def test_tune_chooses_each_arms_initialisation_by_name(tmp_path):
 
 
 def test_scale_and_train_take_init():
-    from difftx.compare.scale import plan_sizes
+    from difftx.studies.scale import plan_sizes
     from difftx.training import TrainConfig
 
     plans = plan_sizes("smoke", ["32x1x1", "48x1x1"], init="torch")
@@ -239,7 +239,7 @@ def test_scale_and_train_take_init():
                                                                 for r in p.regime.values())
     assert TrainConfig(model_overrides={"init": "torch"}).model_config().init == "torch"
     from difftx.compare.regime import regime_table
-    from difftx.compare.scale import size_entries
+    from difftx.studies.scale import size_entries
 
     table = regime_table(size_entries(plans))
     assert "Initialisation `torch`" in table and "| 0.80 (norm) |" in table

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from difftx.cli import main
-from difftx.compare import map as cmap
+from difftx.studies import map as cmap
 
 ROOT = Path(__file__).resolve().parents[1]
 # recall alone on the smoke preset, as small as a compare goes: 1 seed, 2 arms, 4 steps
@@ -36,7 +36,7 @@ def tiny_map(tmp_path_factory):
     root = tmp_path_factory.mktemp("map")
     spec = _write(root / "spec.json", SPEC)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("difftx.compare.report.make_plots", lambda out, result: {})
+        mp.setattr("difftx.compare.report.make_plots", lambda out, result, section=None: {})
         assert main(["map", "--spec", str(spec), "--out", str(root / "out"), "--workers", "1", "--no-progress"]) == 0
     return root
 
@@ -264,7 +264,7 @@ def test_the_answer_per_task_from_the_shipped_map():
 
 
 def test_an_lm_cell_is_read_on_held_out_nll(tmp_path, monkeypatch):
-    monkeypatch.setattr("difftx.compare.report.make_plots", lambda out, result: {})
+    monkeypatch.setattr("difftx.compare.report.make_plots", lambda out, result, section=None: {})
     lm = {"steps": 4, "warmup_steps": 1, "log_every": 2, "lm_every": 1, "icl_every": 0, "probe_every": 0,
           "curve_points": 0, "tasks": {"lm": {"windows": 2, "extrapolation_factors": [1], "extrapolation_windows": 1},
                                        "outliers": {"tokens": 32}, "diagnostics": {"samples": 1},

@@ -125,8 +125,8 @@ def test_tune_and_scale_own_their_subfolders(tmp_path, monkeypatch):
         return {}
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
-    from difftx.compare.scale import run_scale
-    from difftx.compare.tune import run_tuned
+    from difftx.studies.scale import run_scale
+    from difftx.studies.tune import run_tuned
 
     out = tmp_path / "t"
     out.mkdir()

@@ -125,7 +125,7 @@ def test_eval_json_records_the_machine(compared, tmp_path, capsys):
 
 def test_scale_json_records_the_machine(tmp_path, monkeypatch):
     from difftx.compare import run as run_mod
-    from difftx.compare.scale import run_scale
+    from difftx.studies.scale import run_scale
 
     def fake_compare(preset, seeds, out, **kw):  # the fit alone: every model's held-out NLL, made up
         nll = {"diff": 2.0, "baseline": 2.1}
@@ -135,7 +135,7 @@ def test_scale_json_records_the_machine(tmp_path, monkeypatch):
         return CompareResult({}, list(seeds), {a: ArmRecord(a, {}, 0, a) for a in nll}, {}, runs)
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
-    monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
+    monkeypatch.setattr("difftx.studies.scale._plot", lambda path, summary: None)
     run_scale("smoke", ["32x1x1", "64x2x1"], 2, tmp_path, progress=False, lambda_arm=False)
     check_machine(strict((tmp_path / "scale.json").read_text())["machine"])
 

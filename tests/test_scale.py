@@ -9,7 +9,7 @@ import math
 import pytest
 
 from difftx.cli import main
-from difftx.compare.scale import plan_sizes, sensitivity, shape
+from difftx.studies.scale import plan_sizes, sensitivity, shape
 from difftx.compare.schema import ArmRecord, CompareResult, RunRecord
 from test_compare import FAST, as_sets
 
@@ -20,7 +20,7 @@ LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
 def no_size_plots(monkeypatch):
     """Each size's compare without its per-task PNGs (most of an end-to-end scale test's time; test_compare draws
     them): scale's own outputs, scale.png included, are still written."""
-    monkeypatch.setattr("difftx.compare.report.make_plots", lambda out, result: {})
+    monkeypatch.setattr("difftx.compare.report.make_plots", lambda out, result, section=None: {})
 
 
 def _cmd(out, sizes="16x1x1,32x1x1,48x2x1", seeds=2, *extra: str) -> list[str]:
@@ -107,7 +107,7 @@ def test_named_sizes_are_scaled_copies_with_the_feed_forward_ratio_fixed():
     span at least 10x in non-embedding parameters."""
     from difftx.compare.regime import non_embedding_parameters
     from difftx.compare import get_preset
-    from difftx.compare.scale import SCALE_PRESETS, SHAPES, recall_without_lm
+    from difftx.studies.scale import SCALE_PRESETS, SHAPES, recall_without_lm
     from difftx.config import ModelConfig
 
     for name, (dim, layers, heads) in SHAPES.items():
@@ -127,16 +127,16 @@ def test_named_sizes_are_scaled_copies_with_the_feed_forward_ratio_fixed():
 def test_scale_adds_the_constant_lambda_arm_unless_told_not_to(monkeypatch, tmp_path):
     """`scale` trains diff_lambda_0.8 beside DIFF by default (opt-out), and a depth sweep at fixed
     width is one --sizes list."""
-    from difftx.compare.scale import LAMBDA_ARM, plan_sizes
+    from difftx.studies.scale import LAMBDA_ARM, plan_sizes
 
     plans = plan_sizes("smoke", ["32x1x1", "32x2x1", "32x4x1"], arms=("baseline", "diff", LAMBDA_ARM))
     assert [p.n_layers for p in plans] == [1, 2, 4] and LAMBDA_ARM in plans[0].params
     assert [round(p.regime["diff"]["lambda_init_mean"], 2) for p in plans] == [0.2, 0.28, 0.4]
     assert plans[0].regime[LAMBDA_ARM]["lambda_init"] == [0.8]
     seen = []
-    monkeypatch.setattr("difftx.compare.scale.plan_sizes",
+    monkeypatch.setattr("difftx.studies.scale.plan_sizes",
                         lambda preset, sizes, **kw: seen.append(kw.get("arms")) or (_ for _ in ()).throw(KeyError))
-    from difftx.compare.scale import run_scale
+    from difftx.studies.scale import run_scale
 
     for flag in (True, False):
         with pytest.raises(KeyError):
@@ -179,7 +179,7 @@ def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
     """`run_scale("scale-cpu", out=...)`: the scale preset's compare preset, sizes, seeds and settings,
     as `difftx scale` uses them (the compare itself stubbed: only the resolution is tested)."""
     from difftx.compare import run as run_mod
-    from difftx.compare.scale import SCALE_PRESETS, run_scale
+    from difftx.studies.scale import SCALE_PRESETS, run_scale
 
     calls = []
 
@@ -189,7 +189,7 @@ def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
                          for arm, v in (("diff", 2.0), ("baseline", 2.1), ("diff_lambda_0.8", 2.05))})
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
-    monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
+    monkeypatch.setattr("difftx.studies.scale._plot", lambda path, summary: None)
     sc = SCALE_PRESETS["scale-cpu"]
     res = run_scale("scale-cpu", out=tmp_path / "s", progress=False)
     assert [z["name"] for z in res["sizes"]] == list(sc.sizes)
@@ -209,7 +209,7 @@ def test_run_scale_from_python_resolves_a_scale_preset(tmp_path, monkeypatch):
 
 
 def test_crossover_text_reads_every_kind_of_interval():
-    from difftx.compare.scale import _crossover_text
+    from difftx.studies.scale import _crossover_text
 
     base = {"params": 2.5e4, "extrapolated": True, "note": None}
     assert "interval unbounded" in _crossover_text({**base, "low": None, "high": None}, "floor curves")
@@ -241,7 +241,7 @@ def test_the_floor_fit_line_names_the_model_and_gives_no_floor_difference_as_a_f
     interval. scale.json keeps the difference, labelled a fit parameter. With 3 sizes: assumed 0."""
     import numpy as np
 
-    from difftx.compare.scale import FLOOR_METHOD_SEPARATE, _floor_fit_text
+    from difftx.studies.scale import FLOOR_METHOD_SEPARATE, _floor_fit_text
     from difftx.eval.floor_fit import parameter_efficiency
 
     n = np.array([13944.0, 55536.0, 83280.0, 187128.0, 249480.0])
@@ -272,7 +272,7 @@ def test_four_sizes_fit_each_arm_its_own_floor_through_run_scale(tmp_path, monke
     import numpy as np
 
     from difftx.compare import run as run_mod
-    from difftx.compare.scale import run_scale
+    from difftx.studies.scale import run_scale
 
     def fake_compare(preset, seeds, out, **kw):  # DIFF: its own, lower floor; per-seed noise
         x = preset.dim * preset.n_layers / 24
@@ -281,7 +281,7 @@ def test_four_sizes_fit_each_arm_its_own_floor_through_run_scale(tmp_path, monke
         return _made_up({(s, arm): v + rng.normal(0, 0.003) for s in seeds for arm, v in nll.items()})
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
-    monkeypatch.setattr("difftx.compare.scale._plot", lambda path, summary: None)
+    monkeypatch.setattr("difftx.studies.scale._plot", lambda path, summary: None)
     run_scale("smoke", ["24x1x1", "48x1x1", "48x2x1", "72x2x1"], 3, tmp_path, progress=False, lambda_arm=False)
     s = json.loads((tmp_path / "scale.json").read_text())
     fit = s["efficiency"]["diff"]["fit"]

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from difftx.cli import main
-from difftx.compare.scale import SCALE_PRESETS, plan_sizes, recall_without_lm
+from difftx.studies.scale import SCALE_PRESETS, plan_sizes, recall_without_lm
 from difftx.compare.schema import ArmRecord, CompareResult, Comparison, RunRecord
-from difftx.compare.scale_recall import READINGS, recall_by_size, recall_summary, render_recall_scale
+from difftx.studies.scale_recall import READINGS, recall_by_size, recall_summary, render_recall_scale
 from test_compare_recall import RECALL, _sets
 from test_scale import no_size_plots  # noqa: F401  (a fixture: each size's compare without its PNGs)
 
@@ -88,7 +88,7 @@ def _results(frontier: dict, learned: dict) -> CompareResult:
 def test_the_recall_summary_reads_each_sizes_comparisons():
     plans = plan_sizes("smoke", ["32x2x1", "32x1x1", "64x1x2"], **{k: v for k, v in RECALL.items()})
     assert recall_without_lm(plans[0].preset) and [p.params["baseline"] for p in plans][1] < plans[0].params["baseline"]
-    from difftx.compare.scale import size_entries
+    from difftx.studies.scale import size_entries
 
     results = {
         "32x2x1": _results({"diff": ([0.2, 0.3], [0.5, 0.6], -0.3, -0.4, -0.2, "baseline", None),

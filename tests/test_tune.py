@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from difftx.cli import main
-from difftx.compare import tune as T
+from difftx.studies import tune as T
 from difftx.compare.schema import ArmRecord, CompareResult, Comparison
 from difftx.eval.stats import look_factor
 from test_compare import FAST, as_sets
@@ -317,7 +317,7 @@ def test_selection_aware_hulls_the_interval_and_rewrites_the_verdict():
 def test_tuned_ratios_widen_for_the_choice():
     """scale's tuned ratio: the fit's interval hulled with a jackknife over seeds that redoes every
     choice; with 3 seeds and 3 sizes every size gets one, and it contains the fitted ratio."""
-    from difftx.compare.scale import SizePlan, widen_for_the_choice
+    from difftx.studies.scale import SizePlan, widen_for_the_choice
     from difftx.eval.floor_fit import parameter_efficiency
 
     rng = np.random.default_rng(1)

@@ -131,8 +131,8 @@ def parse_arms(text: str) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from ..compare import ComparePreset, run_compare  # lazy: torch; --help stays fast
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
-    from ..compare.tune import parse_tune, run_tuned  # lazy: torch; --help stays fast
-    from ..compare.tune_report import tune_summary  # lazy: torch; --help stays fast
+    from ..studies.tune import parse_tune, run_tuned  # lazy: torch; --help stays fast
+    from ..studies.tune_report import tune_summary  # lazy: torch; --help stays fast
 
     if args.seeds <= 0:
         raise ValueError("--seeds must be positive")
@@ -236,7 +236,7 @@ def _stem(path: str) -> str:
 
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
-    from ..compare.sweep import run_sweep  # lazy: torch; --help stays fast
+    from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
     from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)

@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
-    from ..compare.map import (DEFAULT_OUT, docs_map, dry_run_lines, load_recorded, load_spec, map_table,  # lazy
+    from ..studies.map import (DEFAULT_OUT, docs_map, dry_run_lines, load_recorded, load_spec, map_table,  # lazy
                                plan_map, record_cells, run_map)
 
     shard = None if args.shard is None else parse_shard(args.shard)

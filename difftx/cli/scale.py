@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from ..compare.presets import text_overrides  # lazy: torch; --help stays fast
     from ..compare.report import gap_text  # lazy: torch; --help stays fast
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
-    from ..compare.scale import default_out, run_scale  # lazy: torch; --help stays fast
-    from ..compare.tune import parse_tune  # lazy: torch; --help stays fast
+    from ..studies.scale import default_out, run_scale  # lazy: torch; --help stays fast
+    from ..studies.tune import parse_tune  # lazy: torch; --help stays fast
 
     shard = None if args.shard is None else parse_shard(args.shard)
     overrides = parse_overrides(args.overrides)
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"\nwrote {out}/scale.md and {out}/scale.json" + (f" and {out}/{res['plot']}" if res.get("plot") else ""))
     if res.get("kind") == "recall":
-        from ..compare.scale_recall import recall_lines  # lazy: torch; --help stays fast
+        from ..studies.scale_recall import recall_lines  # lazy: torch; --help stays fast
 
         print("\n".join(recall_lines(res)))
         return 0

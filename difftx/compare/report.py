@@ -6,8 +6,9 @@ section and plot comes from its task (:data:`difftx.tasks.TASKS`, in registry or
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..eval.stats import look_factor
 from ..io import atomic_write, own_folder
@@ -16,7 +17,6 @@ from ..tasks.reporting import DIFFERENCE, ReportContext, decided_text, fmt, inte
 from .regime import regime_of, render_regime
 from .schema import CompareResult, results_json
 from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdict, verdict_rows
-from .tune_report import plot_tune, render_tune
 
 
 VERDICT_HEADER = ["pair", "metric", f"difference: {DIFFERENCE}", "Holm p", "verdict", "mean difference"]
@@ -30,9 +30,21 @@ METHOD_LINE = ("Method, in one line: each difference is the first arm minus the 
                "\"Reading a report\".\n")
 
 
-def render_report(result: CompareResult, plots: dict[str, str]) -> str:
+@dataclass(frozen=True)
+class Section:
+    """A study's own section of ``report.md``, handed to :func:`write_outputs` by the study that ran the
+    comparison (compare imports no study: :mod:`difftx.studies` stands above it). ``render(plots, names)``
+    is its Markdown, placed right after the opening lines (``plots``: the report's ``{label: relative
+    path}``; ``names``: the arms' labels); ``plot(out)`` draws its figures under ``out/plots`` as
+    ``{label: path}``, when matplotlib is there."""
+    render: Callable[[dict, dict], str]
+    plot: Callable[[Path], dict]
+
+
+def render_report(result: CompareResult, plots: dict[str, str], section: Optional[Section] = None) -> str:
     """The Markdown report: at most three lines of answer (:func:`opening`), the verdict table, one
-    line of method, then the setup, the regime, the arms, and one section per task, plots."""
+    line of method, then the setup, the regime, the arms, and one section per task, plots. A study's
+    ``section`` (:class:`Section`) follows the opening lines."""
     ctx = ReportContext(result)
     p, tune = result.preset, result.get("tune")
     C = result.primary.metrics
@@ -43,13 +55,11 @@ def render_report(result: CompareResult, plots: dict[str, str]) -> str:
         "DIFF vs parameter-matched Transformer"
     out = [f"# {title}: `{p['name']}` preset"
            + (f", each arm at its own `{tune['field']}`" if tune else "") + "\n"]
-    if tune:
-        out += opening(tune["tuned"], result, tuned=tune)
-        out.append(render_tune(tune, plots, names))
-        out.append(f"## Verdicts at the preset's `{tune['field']}` (on the usual held-out text)\n")
-    else:
-        out += opening(every, result)
-        out.append("## Verdicts\n")
+    out += opening(tune["tuned"], result, tuned=tune) if tune else opening(every, result)
+    if section is not None:
+        out.append(section.render(plots, names))
+    out.append(f"## Verdicts at the preset's `{tune['field']}` (on the usual held-out text)\n" if tune else
+               "## Verdicts\n")
     out.append(table(verdict_rows(every, names=names), VERDICT_HEADER))
     found = [k for k, c in C.items() if not c["primary"] and (c.get("better") or c.get("mean_established"))]
     explored = [c for c in C.values() if not c["primary"] and not c["gated"]]
@@ -483,8 +493,9 @@ def _execution(result: CompareResult) -> str:
     return "" if not e else f"Trained on {e.get('world_size', 1)} process(es), device {e.get('device', '?')}. "
 
 
-def make_plots(out: Path, result: CompareResult) -> dict[str, str]:
-    """Every task's PNGs under ``out/plots`` (none when matplotlib is missing): name -> relative path."""
+def make_plots(out: Path, result: CompareResult, section: Optional[Section] = None) -> dict[str, str]:
+    """Every task's PNGs under ``out/plots``, then the study ``section``'s (none when matplotlib is missing):
+    name -> relative path."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -514,16 +525,18 @@ def make_plots(out: Path, result: CompareResult) -> dict[str, str]:
 
         path = plot_gap_along_training(gaps, plots / "gap_along_training.png")
         made["held-out loss gap along training"] = str(path.relative_to(out))
-    if result.get("tune"):
-        made["tuning sensitivity"] = str(plot_tune(out, result.get("tune")).relative_to(out))
+    if section is not None:
+        made.update({label: str(Path(path).relative_to(out)) for label, path in section.plot(out).items()})
     return made
 
 
-def write_outputs(out: Path, result: CompareResult, *, progress: bool = True) -> None:
-    """Write ``plots/``, ``report.md`` and ``results.json`` (strict JSON, validated, atomically)."""
-    result.extra["plots"] = make_plots(out, result)
+def write_outputs(out: Path, result: CompareResult, *, progress: bool = True,
+                  section: Optional[Section] = None) -> None:
+    """Write ``plots/``, ``report.md`` and ``results.json`` (strict JSON, validated, atomically); ``section``:
+    the section of the study that ran this comparison (:class:`Section`)."""
+    result.extra["plots"] = make_plots(out, result, section)
     result.extra["regime"] = regime_of(result)
-    text = render_report(result, result.extra["plots"])
+    text = render_report(result, result.extra["plots"], section)
     data = results_json(result)
     atomic_write(out / "report.md", lambda p: Path(p).write_text(text))
     atomic_write(out / "results.json", lambda p: Path(p).write_text(data + "\n"))

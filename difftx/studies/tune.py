@@ -26,7 +26,7 @@ comparison at the preset's value, scored on the same held-out half, stands besid
 the comparison's own statistics (:func:`difftx.compare.summary.all_comparisons`). ``tune.json``,
 a section at the top of ``report.md`` (with ``results.json`` under ``tune``) and
 ``plots/tune_FIELD.png`` (validation loss against the value per arm: seeds faint, means bold, each
-arm's best value marked) hold the result (:mod:`difftx.compare.tune_report` renders them).
+arm's best value marked) hold the result (:mod:`difftx.studies.tune_report` renders them).
 
 A named setting is tuned the same way (:data:`CHOICE_FIELDS`: ``--tune init=normal,torch`` chooses each
 arm's initialisation per seed); its grid is the names given and the preset's, never extended.
@@ -47,15 +47,15 @@ from typing import Optional, Sequence
 
 from ..config import INITS
 from ..io import atomic_write, check_record, dumps_strict, own_folder
-from .evaluate import EVALS_DIR, read_eval, write_eval
-from .plan import check
-from .presets import ComparePreset, get_preset, lr_overrides
-from .schema import CompareResult, RunRecord
-from .tune_report import label
+from ..compare.evaluate import EVALS_DIR, read_eval, write_eval
+from ..compare.plan import check
+from ..compare.presets import ComparePreset, get_preset, lr_overrides
+from ..compare.schema import CompareResult, RunRecord
+from .tune_report import label, tune_section
 
 TUNE_DIR, TUNE_FILE, SCORE_FILE = "tune", "tune.json", "tune_scores.json"
 CHOICE_FIELDS = {"init": INITS}  # preset fields --tune takes by name: {field: its choices}
-TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1
+TUNE_SCHEMA, TUNE_VERSION = "difftx.compare.tune", 1  # a name, not the module's path: written tune.json files read
 SCORE_VERSION = 2  # of SCORE_FILE; 2: the validation split cut by documents where they are known
 SCORE_FIELDS = {"version": "int", "validation": "number", "heldout": "dict?"}
 MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per arm
@@ -65,7 +65,7 @@ def parse_tune(text: str) -> tuple[str, list]:
     """``"lr=1e-3,3e-3"`` -> ``("lr", [0.001, 0.003])``; the field must be a numeric training field of
     :class:`ComparePreset` (whole numbers for an integer field) or one of :data:`CHOICE_FIELDS`
     (``"init=normal,torch"``: names from its choices)."""
-    from .folder import NOT_TRAINING_FIELDS
+    from ..compare.folder import NOT_TRAINING_FIELDS
 
     field, sep, rest = str(text).partition("=")
     field = field.strip()
@@ -154,9 +154,9 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
               shard: Optional[tuple[int, int]] = None, shard_offset: int = 0, **overrides) -> dict:
     """The tuned comparison (see the module doc). Returns a :class:`Tuned`: the results of the comparison at the
     preset's value with ``tune`` added (the tuned and the shared comparison, the choices), and the two comparisons
-    as whole results (what :func:`difftx.compare.scale.summarise` reads); with ``shard``, only this invocation's
+    as whole results (what :func:`difftx.studies.scale.summarise` reads); with ``shard``, only this invocation's
     share is trained: ``{"shard": [K, N], "models": how many models the grid has}``."""
-    from .run import run_compare
+    from ..compare.run import run_compare
 
     base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
     field = tune[0]
@@ -341,7 +341,7 @@ def assemble(results: CompareResult, settings: dict, field: str, shared, grids: 
     plan's ``{task: Settings}``)."""
     from ..provenance import read_machine
     from ..tasks.subject import TrainRecord
-    from .results import add_comparisons
+    from ..compare.results import add_comparisons
 
     task_names = list(results.tasks)
     arms = list(grids)
@@ -444,7 +444,7 @@ def selection_aware(results: CompareResult, settings: dict, tasks_at: dict, val:
     rewritten. ``tasks_at[arm][value]``: the seeds' task results at that value."""
     from ..eval.stats import PairedEstimate, holm, look_adjusted, look_factor, verdict
     from ..tasks import TASKS
-    from .summary import ALPHA, _finite, _value
+    from ..compare.summary import ALPHA, _finite, _value
 
     metrics = {m.key: (name, m) for name, st in settings.items() for m in TASKS[name].metrics(st) if m.primary}
     comps = [c for pair in results.comparisons.values() for c in pair.metrics.values() if c["primary"]]
@@ -491,8 +491,8 @@ def _primary(results: CompareResult) -> dict:
 
 def write_tune(out: Path, results: CompareResult, tune: dict, progress: bool) -> None:
     """``tune.json``; ``report.md``, ``results.json`` and the plots again, with the tuned section."""
-    from .report import write_outputs
+    from ..compare.report import write_outputs
 
     results.extra["tune"] = tune
     atomic_write(out / TUNE_FILE, lambda p: Path(p).write_text(dumps_strict(tune, indent=1) + "\n"))
-    write_outputs(out, results, progress=progress)
+    write_outputs(out, results, progress=progress, section=tune_section(tune))

@@ -15,7 +15,7 @@ along training per size. Sizes are named model shapes (:data:`SHAPES`: scaled co
 ``DIMxLAYERSxHEADS``); the baseline is matched at each size as in every compare, and
 ``diff_lambda_0.8`` trains beside DIFF unless ``lambda_arm=False``. The token budget is the
 preset's, the same for every size, or proportional to the parameters with ``tokens_per_param``.
-With ``tune``, every size is a tuned comparison (:mod:`difftx.compare.tune`).
+With ``tune``, every size is a tuned comparison (:mod:`difftx.studies.tune`).
 
 On a cluster, ``shard=(K, N)`` spreads every (size, seed, arm) model over N invocations (see
 :func:`difftx.compare.run.run_compare`); one more run without ``shard`` assembles.
@@ -24,7 +24,7 @@ A comparison that trains associative recall without LM batches (``recall-scale-c
 sizes given) has no loss to fit: its sizes are a map of depth and width, in any order (no rule that parameters
 grow), and ``scale.json`` / ``scale.md`` / ``scale.png`` give per size and arm the recall frontier, the step recall
 was learned and the last layer's attention on the binding, each against the baseline as the size's compare
-compared it (:mod:`difftx.compare.scale_recall`).
+compared it (:mod:`difftx.studies.scale_recall`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from typing import Optional, Sequence
 
 from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
-from .presets import ComparePreset, get_preset
-from .regime import regime_table
-from .report import gap_text
-from .schema import SCALE_SCHEMA, SCALE_VERSION, CompareResult
+from ..compare.presets import ComparePreset, get_preset
+from ..compare.regime import regime_table
+from ..compare.report import gap_text
+from ..compare.schema import SCALE_SCHEMA, SCALE_VERSION, CompareResult
 from .tune_report import label, shown
 
 # 2: the floor fit; the line under "loglog". 3: "kind" ("lm": the fit; "recall": the recall map, under "recall")
@@ -109,7 +109,7 @@ def shape(name: str) -> tuple[int, int, int]:
 
 def recall_without_lm(preset: ComparePreset) -> bool:
     """Whether ``preset`` trains associative recall and no LM batches: ``difftx scale`` then maps the recall
-    readings over the sizes instead of fitting a loss (:mod:`difftx.compare.scale_recall`)."""
+    readings over the sizes instead of fitting a loss (:mod:`difftx.studies.scale_recall`)."""
     shares = preset.resolve().mixture.shares()
     return shares["lm"] == 0 and shares["recall"] > 0
 
@@ -132,9 +132,9 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
     with each DIFF arm's regime (:mod:`difftx.compare.regime`) at the size's token budget. A preset
     that trains recall without LM batches (:func:`recall_without_lm`) fits no loss: its sizes are a
     map of depth and width, taken in any order, and ``tokens_per_param`` (LM tokens) does not apply."""
-    from .regime import non_embedding_parameters, regimes
-    from .run import _memory_bytes, check_fits
-    from .train import lm_tokens
+    from ..compare.regime import non_embedding_parameters, regimes
+    from ..compare.run import _memory_bytes, check_fits
+    from ..compare.train import lm_tokens
 
     if len(sizes) < 2:
         raise ValueError(f"--sizes: a scale sweep needs at least 2 sizes, got {list(sizes)}")
@@ -185,7 +185,7 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     only this invocation's share of the models is trained, and nothing is assembled. ``lambda_arm``
     adds the arm :data:`LAMBDA_ARM` (DIFF with a constant ``lambda_init = 0.8``) beside DIFF, so the
     report separates differential attention from the depth schedule of ``lambda_init`` at shallow depth.
-    ``tune`` (``(field, values)``): every size is a tuned comparison (:mod:`difftx.compare.tune`), and
+    ``tune`` (``(field, values)``): every size is a tuned comparison (:mod:`difftx.studies.tune`), and
     ``scale.json`` / ``scale.md`` open with the tuned gaps and ratios (``tuned``) beside those at the
     preset's value, both on the held-out half the tuning did not read.
 
@@ -196,13 +196,13 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
 
     A preset that trains recall without LM batches (:func:`recall_without_lm`, e.g. ``recall-scale-cpu``)
     fits nothing: the sizes are a map of depth and width, and the summary is the recall readings per size
-    and arm (:func:`difftx.compare.scale_recall.recall_summary`); ``tune`` is refused there."""
-    from .run import run_compare
+    and arm (:func:`difftx.studies.scale_recall.recall_summary`); ``tune`` is refused there."""
+    from ..compare.run import run_compare
     from .tune import run_tuned
 
     scale = SCALE_PRESETS.get(preset) if isinstance(preset, str) else None
     if scale is None and isinstance(preset, str):
-        from .presets import PRESETS
+        from ..compare.presets import PRESETS
 
         if preset not in PRESETS:
             raise ValueError(f"--preset {preset!r}: unknown; choose a scale preset {sorted(SCALE_PRESETS)} or a "
@@ -349,7 +349,7 @@ def tuned_summary(plans: list[SizePlan], results: dict[str, "Tuned"], seeds: lis
     """``scale.json``'s ``tuned``: the tuning per size (field, values, choices, edges) and the held-out
     NLL, gaps and efficiency of the tuned comparison (``tuned``) and of the one at the preset's value
     (``shared``), both scored on the held-out half the tuning did not read. ``results``: each size's
-    :class:`~difftx.compare.tune.Tuned`."""
+    :class:`~difftx.studies.tune.Tuned`."""
     keys = ("heldout_nll", "gap", "efficiency")
     tunes = {sp.name: results[sp.name].result.get("tune") for sp in plans}
     first = tunes[plans[0].name]

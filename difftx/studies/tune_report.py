@@ -1,6 +1,7 @@
-"""What ``--tune`` shows (:mod:`difftx.compare.tune`): the section after ``report.md``'s opening
+"""What ``--tune`` shows (:mod:`difftx.studies.tune`): the section after ``report.md``'s opening
 lines (the tuned verdict table, one line of method, the choices), the lines the command prints and
-``plots/tune_FIELD.png``, all read from the ``tune`` record."""
+``plots/tune_FIELD.png``, all read from the ``tune`` record. :func:`tune_section` hands the section and
+its plot to the compare report (:class:`difftx.compare.report.Section`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Optional
 
 from ..io import own_folder
 from ..tasks.reporting import DIFFERENCE
-from .arms import LABELS
+from ..compare.arms import LABELS
+from ..compare.report import Section
 
 
 def label(field: str, value) -> str:
@@ -23,7 +25,7 @@ def shown(value) -> str:
 
 
 def _gap(c: dict) -> str:
-    from .summary import difference_text
+    from ..compare.summary import difference_text
 
     return difference_text(c)
 
@@ -41,7 +43,7 @@ def render_tune(tune: dict, plots: dict, names: Optional[dict] = None) -> str:
     the figure. The report's opening lines (:func:`difftx.compare.report.opening`) come before it. ``names``: the
     arms' labels."""
     names = names or {}
-    from .summary import adjusted_p_text, short_verdict
+    from ..compare.summary import adjusted_p_text, short_verdict
 
     field, shared = tune["field"], tune["shared_value"]
     lines = [f"## Tuned `{field}` (primary)\n",
@@ -103,3 +105,10 @@ def plot_tune(out: Path, tune: dict) -> Optional[Path]:
     return plot_seed_curves(curves, path, ylabel="validation NLL", xlabel=field,
                             title=f"validation loss against {field} (best marked)", color_by_model=False,
                             logx=logx, marks=tune["best"])
+
+
+def tune_section(tune: dict) -> Section:
+    """The tuned comparison's section of ``report.md`` (:func:`render_tune`) and its figure (:func:`plot_tune`),
+    as the compare report takes a study's section."""
+    return Section(render=lambda plots, names: render_tune(tune, plots, names),
+                   plot=lambda out: {"tuning sensitivity": plot_tune(out, tune)})

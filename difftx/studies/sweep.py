@@ -23,7 +23,7 @@ from ..io import atomic_write, dumps_strict
 from ..provenance import machine
 from ..eval.stats import paired_estimate
 from ..tasks.reporting import REPORTED_ARMS
-from .presets import get_preset, lr_overrides
+from ..compare.presets import get_preset, lr_overrides
 from .tune_report import label
 
 
@@ -40,7 +40,7 @@ def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
 def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[int], out_dir: str | os.PathLike, *,
               progress: bool = True, workers: int | None = None, **overrides) -> dict:
     """Run the comparison at every value of ``field`` and summarise (see the module doc)."""
-    from .run import run_compare
+    from ..compare.run import run_compare
 
     if not values or len(set(values)) != len(values):
         raise ValueError(f"--sweep {field}: need distinct values, got {list(values)}")

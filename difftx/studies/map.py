@@ -68,13 +68,13 @@ class Cell:
 
     def compare_preset(self):
         """The :class:`~difftx.compare.presets.ComparePreset` this cell's folder is trained with."""
-        from .presets import get_preset
+        from ..compare.presets import get_preset
 
         return get_preset(self.preset, **self.overrides)
 
     def command(self, out: Path | str, seeds: Optional[int] = None) -> str:
         """The ``difftx compare`` command that trains this cell into ``out/name``."""
-        from .presets import get_preset
+        from ..compare.presets import get_preset
 
         parts = ["difftx compare", f"--preset {self.preset}", f"--seeds {seeds or self.seeds}"]
         if tuple(self.arms) != tuple(get_preset(self.preset).arms):
@@ -160,7 +160,7 @@ def parse_spec(data, where: str = "map spec", base: Optional[Path] = None) -> Ma
     axes, each cell named once (a folder name), each axis value valid, the arms known, and the preset each cell
     gives valid (its error, prefixed by the cell). Raises :class:`SpecError`."""
     from ..config import INITS
-    from .presets import PRESETS, get_preset
+    from ..compare.presets import PRESETS, get_preset
 
     if not isinstance(data, dict):
         raise SpecError(f"{where}: a map spec is a JSON object with {', '.join(SPEC_KEYS)}")
@@ -380,7 +380,7 @@ def arm_axes(cfg) -> dict:
     """An arm's own axes from its config: ``lambda_init`` per layer (``None`` for a kind without one), the head
     output scale per layer and whether a per-head norm runs."""
     from ..attention.modules import head_output_scale
-    from .regime import regime
+    from ..compare.regime import regime
 
     if cfg.attention == "diff":
         r = regime(cfg, None, 1)
@@ -419,7 +419,7 @@ def read_cell(cell: Cell, folder: Path) -> dict:
     """A finished folder's cell as ``map.json`` holds it (see :func:`build_map`)."""
     from ..config import ModelConfig
     from .scale_recall import _arm_reading, _difference, comparison
-    from .schema import read_results
+    from ..compare.schema import read_results
 
     res = read_results(folder / "results.json")
     key, label = METRICS[cell.task]
@@ -493,7 +493,7 @@ def docs_map(spec: Optional[MapSpec] = None) -> dict:
 def _verdict(c: dict) -> str:
     """A comparison's verdict in the compare's words (:func:`difftx.compare.summary.short_verdict`); a recorded
     comparison whose test was not transcribed says so."""
-    from .summary import short_verdict
+    from ..compare.summary import short_verdict
 
     if c.get("not_recorded"):
         return f"test not recorded: {c['not_recorded']}"
@@ -581,7 +581,7 @@ def answer_lines(m: dict) -> list[str]:
 
 
 def _difference_text(c: dict) -> str:
-    from .summary import difference_text
+    from ..compare.summary import difference_text
 
     return difference_text(c)
 
@@ -788,7 +788,7 @@ def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: O
     With ``shard`` (K, N) this invocation trains only its share of every cell's models (every N-th (cell, seed,
     arm) over the spec's cells in order, so the share depends on the spec alone) and writes no map: run once more
     without it to finish the cells' reports and write the map."""
-    from .run import run_compare
+    from ..compare.run import run_compare
 
     recorded = load_recorded(spec.recorded) if use_recorded else {}
     plan = plan_map(spec, out, seeds, recorded, train=train)

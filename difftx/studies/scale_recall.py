@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .schema import CompareResult
-from .summary import adjusted_p_text, difference_text, short_verdict
+from ..compare.schema import CompareResult
+from ..compare.summary import adjusted_p_text, difference_text, short_verdict
 
 # (name in scale.json, the recall task's metric key, the column name in scale.md)
 READINGS = (("frontier", "recall_frontier", "frontier"),
@@ -95,9 +95,9 @@ def recall_by_size(names: list, results: dict) -> dict:
 
 
 def recall_summary(sizes: list[dict], results: dict, seeds: list) -> dict:
-    """``scale.json``'s content for a recall scale (``kind`` "recall"): ``sizes`` (as :mod:`difftx.compare.scale`
+    """``scale.json``'s content for a recall scale (``kind`` "recall"): ``sizes`` (as :mod:`difftx.studies.scale`
     writes them), ``recall`` (``readings``: each reading's metric and label; ``sizes``: :func:`recall_by_size`)."""
-    from .schema import SCALE_SCHEMA, SCALE_VERSION
+    from ..compare.schema import SCALE_SCHEMA, SCALE_VERSION
 
     names = [z["name"] for z in sizes]
     arms = list(results[names[0]].arms)
@@ -189,7 +189,7 @@ def size_table(s: dict, z: dict) -> str:
 
 def render_recall_scale(s: dict) -> str:
     """``scale.md`` of a recall scale: the answer, a table per size, the regime, the plot."""
-    from .regime import regime_table
+    from ..compare.regime import regime_table
 
     out = ["# DIFF vs baseline on associative recall across depth and width\n", recall_opening(s),
            f"Each size is a whole `difftx compare` of {len(s['seeds'])} paired seed(s). {MAP} {METHOD}\n"]
