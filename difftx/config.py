@@ -350,9 +350,10 @@ ARM_SETS: dict[str, tuple[str, ...]] = {
 def arm_names() -> list[str]:
     """The names an arm can have: :data:`ARMS`, then every attention kind registered beyond the built-in ones
     (:func:`~difftx.attention.registry.register_attention`)."""
-    from .attention.registry import ATTENTIONS_BUILTIN
+    from .attention.registry import BUILTIN_KINDS
 
-    return [*ARMS, *(n for n, c in ATTENTIONS.items() if c not in ATTENTIONS_BUILTIN and n not in ARMS)]
+    builtin = set(BUILTIN_KINDS.values())
+    return [*ARMS, *(n for n, c in ATTENTIONS.items() if c not in builtin and n not in ARMS)]
 
 
 def arm_config(base: ModelConfig, arm: str) -> ModelConfig:

@@ -19,7 +19,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from difftx.attention import ATTENTIONS, DiffAttention
-from difftx.attention.registry import ATTENTIONS_BUILTIN
+from difftx.attention.registry import BUILTIN_KINDS
 from difftx.config import ModelConfig
 from difftx.model import Transformer
 from difftx.training.config import TrainConfig
@@ -27,7 +27,7 @@ from difftx.training.optim import adamw_implementation, build_optimizer, set_lam
 
 FULL = os.environ.get("DIFFTX_TEST_COMPILE") == "1"
 full_only = pytest.mark.skipif(not FULL, reason="set DIFFTX_TEST_COMPILE=1 (make test-extras) to run")
-BUILTIN = [name for name, cls in ATTENTIONS.items() if cls in ATTENTIONS_BUILTIN]
+BUILTIN = [name for name, cls in ATTENTIONS.items() if cls in BUILTIN_KINDS.values()]
 # (kind, backend): sdpa is the GPU's path, eager the oracle (chunked, CPU-only, among the variants)
 CASES = [(k, b) for k in BUILTIN for b in ("sdpa", "eager")] if FULL else \
     [("standard", "sdpa"), ("diff", "sdpa"), ("diff", "eager")]

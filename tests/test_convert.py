@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from difftx import KVCache, ModelConfig, Transformer  # noqa: E402
 from difftx.attention import ATTENTIONS, ConvertedAttention  # noqa: E402
-from difftx.attention.registry import ATTENTIONS_BUILTIN  # noqa: E402
+from difftx.attention.registry import BUILTIN_KINDS  # noqa: E402
 from difftx.checkpoint import load_model, save_model  # noqa: E402
 from difftx.cli import main  # noqa: E402
 from difftx.cli.convert import METHODS as CLI_METHODS  # noqa: E402
@@ -203,7 +203,7 @@ def test_a_lambda_offset_says_it_holds_the_function_only_at_a_warmups_first_step
 
 def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export():
     cfg = ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, attention="converted")
-    assert ATTENTIONS["converted"] is ConvertedAttention and ConvertedAttention in ATTENTIONS_BUILTIN
+    assert ATTENTIONS["converted"] is ConvertedAttention and BUILTIN_KINDS["converted"] is ConvertedAttention
     assert "converted" not in arm_names()  # it needs a source: no compare arm of its own
     assert ConvertedAttention.stacks_natively()
     assert CLI_METHODS == METHODS

@@ -24,7 +24,7 @@ from test_convert import (LLAMAS, TOLERANCE, VOCAB, _non_trivial, check_against_
 
 from difftx import KVCache, ModelConfig, Transformer  # noqa: E402
 from difftx.attention import ATTENTIONS, DexAttention, StandardAttention  # noqa: E402
-from difftx.attention.registry import ATTENTIONS_BUILTIN  # noqa: E402
+from difftx.attention.registry import BUILTIN_KINDS  # noqa: E402
 from difftx.checkpoint import load_model, save_model  # noqa: E402
 from difftx.cli import main  # noqa: E402
 from difftx.cli.convert import METHODS as CLI_METHODS  # noqa: E402
@@ -111,7 +111,7 @@ def test_a_selected_head_computes_its_output_times_i_minus_lambda_w_and_the_othe
 
 def test_the_kind_is_built_in_matched_to_its_source_and_refused_by_export(tmp_path):
     cfg = _config()
-    assert ATTENTIONS["dex"] is DexAttention and DexAttention in ATTENTIONS_BUILTIN and DexAttention.stacks_natively()
+    assert ATTENTIONS["dex"] is DexAttention and BUILTIN_KINDS["dex"] is DexAttention and DexAttention.stacks_natively()
     assert "dex" not in arm_names() and CLI_METHODS == METHODS and "dex" in METHODS
     base = baseline_config(cfg)
     assert base == cfg.replace(attention="standard", options=None)  # the source's shape

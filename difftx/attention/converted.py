@@ -42,7 +42,21 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from ..ops import at_least_fp32, lambda_value
 from .modules import LAMBDA_INIT_STD, AttentionKind, DiffAttention, _check_heads
+
+LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
+def saved_lambda(config, state: dict[str, Tensor], layer: int) -> Tensor:
+    """Layer ``layer``'s lambda in ``state``, a state dict of ``config`` (a ``converted`` or ``dex`` model), as the
+    model computes it: ``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` (``lambda_init`` 0 unless set) in float32
+    (float64 for float64 vectors)."""
+    a = f"layers.{layer}.attn."
+    vectors = [state[a + n] for n in LAMBDAS]
+    acc = at_least_fp32(vectors[0].dtype)
+    with torch.no_grad():
+        return lambda_value(*(v.to(acc) for v in vectors), float(config.lambda_init or 0.0))
 
 
 class ConvertedAttention(DiffAttention):
@@ -52,6 +66,7 @@ class ConvertedAttention(DiffAttention):
 
     width_parts = 1  # a head's output is d wide: dim = n_heads * d, as in the source
     hf_model_type = None
+    remote_kind = "converted"
     config_fields = frozenset({"lambda_init", "qkv_bias"})
     head_norm_default = False
 
@@ -114,6 +129,29 @@ class ConvertedAttention(DiffAttention):
                 "no norm and lambda_init 0, and the norm is not linear, so no choice of weights makes one the other "
                 "(at lambda exactly 0 export --as llama writes its source; without --no-remote-code difftx's own "
                 "code keeps it)")
+
+    @classmethod
+    def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Where lambda is exactly 0 in every layer (as at conversion) each head computes ``A1 V``: the source's
+        attention. The negative component's q/k rows (and biases) are dropped, and the lambda vectors with them.
+        A layer whose lambda is not 0 is refused."""
+        d, D = config.head_dim, config.dim
+        for i in range(config.n_layers):
+            lam = float(saved_lambda(config, state, i))
+            if lam != 0.0:
+                raise ValueError(f"layer {i}'s lambda is {lam:.6g}, not 0 (lambda_init={config.lambda_init or 0}): "
+                                 f"the second softmax map is subtracted, so the folded model would compute a "
+                                 f"different function")
+        out = {}
+        for i in range(config.n_layers):
+            a = f"layers.{i}.attn."
+            for name, groups in (("q_proj.weight", config.n_heads), ("k_proj.weight", config.kv_groups)):
+                w = state[a + name]  # rows (groups, c, d): c = 0 the source's component
+                out[a + name] = w.view(groups, 2, d, D)[:, 0].reshape(groups * d, D).contiguous()
+                if config.qkv_bias:  # the bias entries of those rows
+                    bias = a + name.replace(".weight", ".bias")
+                    out[bias] = state[bias].view(groups, 2, d)[:, 0].reshape(groups * d).contiguous()
+        return out
 
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """The projections as every kind's; ``lambda_q1``, ``lambda_k1`` ``N(0, 0.1)`` and the second pair equal

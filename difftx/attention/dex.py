@@ -28,7 +28,7 @@ Since ``I - lambda W`` is linear and ``out_proj`` follows, a DEX head's operatio
 ``out_proj``: with ``out_proj`` trained too it adds no function the source could not compute, only another
 parameterisation of it (the learning dynamics DEX is about). Export writes difftx's own modeling code
 (``trust_remote_code``), which keeps lambda and W; ``export --as llama`` writes the fold, a plain Llama
-(:mod:`difftx.interop.fold`).
+(:meth:`DexAttention.llama_fold`).
 The parameter-matched baseline is the source: standard attention with the same heads.
 """
 
@@ -42,7 +42,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..ops import at_least_fp32, stacked_like
-from .converted import ConvertedAttention
+from .converted import ConvertedAttention, saved_lambda
 from .kernels import AttentionMaps
 from .modules import AttentionKind, DiffAttention
 
@@ -81,6 +81,7 @@ class DexAttention(ConvertedAttention):
     components = 1  # one softmax map per head: the difference is taken on the value side
     width_parts = 1
     Options = DexOptions
+    remote_kind = "dex"
 
     def __init__(self, dim: int, n_heads: int, layer_idx: int, n_kv_heads: Optional[int] = None,
                  rope_theta: float = 10000.0, *, backend: str = "auto", norm_eps: float = 1e-5,
@@ -119,6 +120,27 @@ class DexAttention(ConvertedAttention):
         return ("attention='dex' cannot be exported: no transformers class applies a learned map (I - lambda W) to "
                 "selected heads' outputs; the map is linear and folds into o_proj: export --as llama writes that "
                 "Llama (the same function, lambda and W forgotten), and without --no-remote-code difftx's own code")
+
+    @classmethod
+    def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A selected head outputs ``A V (I - lambda W)``, and ``out_proj`` follows. So the map goes into
+        ``out_proj``'s ``d`` input columns of head ``h``: ``out_proj[:, h] = out_proj[:, h] (I - lambda W)^T``.
+        With GQA a value serves several heads, so ``v_proj`` cannot take it."""
+        H, d, out = config.n_heads, config.head_dim, {}
+        heads = config.options_dict()["heads"]
+        for i in range(config.n_layers):
+            a = f"layers.{i}.attn."
+            selected = range(H) if heads is None else heads[i]
+            if not selected:
+                continue
+            lam = saved_lambda(config, state, i).double()
+            m = torch.eye(d, dtype=torch.float64) - lam * state[a + "dex_map"].double()  # O_h -> O_h (I - lambda W)
+            o = state[a + "out_proj.weight"]
+            cols = o.double().view(-1, H, d).clone()  # (D, H, d): head h's input columns
+            for h in selected:
+                cols[:, h] = cols[:, h] @ m.T
+            out[a + "out_proj.weight"] = cols.view(-1, H * d).to(o.dtype).contiguous()
+        return out
 
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """The projections as every kind's; ``dex_map`` the identity; ``lambda_q1``, ``lambda_k1`` ``N(0, 0.1)``

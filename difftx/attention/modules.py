@@ -99,14 +99,15 @@ def _inference_value(module: nn.Module, slot: str, params: tuple, extra, compute
 
 # methods a kind may define without leaving the stack's fast path: they build or describe the module, not its forward
 _CONSTRUCTION = frozenset({"__init__", "from_config", "check_config", "baseline_config", "parameter_delta", "hf_refusal",
-                           "init_parameters", "capture_maps", "lambda_reading", "extra_repr", "cache_shapes",
-                           "cache_value_parts"})
+                           "llama_refusal", "llama_fold", "init_parameters", "capture_maps", "lambda_reading",
+                           "extra_repr", "cache_shapes", "cache_value_parts"})
 
 
-BUILTIN_CLASSES: set[type] = set()
-"""The built-in kinds' classes, filled by :mod:`difftx.attention.registry` as it registers them (which also imports
-the kinds defined in their own modules, :mod:`difftx.attention.converted` and :mod:`difftx.attention.dex`): their
-own rules apply to these classes only."""
+BUILTIN_KINDS: dict[str, type] = {}
+"""The built-in kinds, name to class: the kinds difftx defines (not registered from ``--kinds`` or your code),
+filled by :mod:`difftx.attention.registry` as it registers them (it also imports the kinds defined in their own
+modules, :mod:`difftx.attention.converted` and :mod:`difftx.attention.dex`). Their own rules apply to these
+classes only."""
 
 
 class AttentionKind(nn.Module):
@@ -127,10 +128,11 @@ class AttentionKind(nn.Module):
     ``torch.vmap``, see :meth:`stacks_natively`). What a kind implies elsewhere is asked of the class:
     :meth:`from_config` (its module in a model), :meth:`check_config` (its options), :meth:`baseline_config`
     (its parameter-matched baseline) and :meth:`parameter_delta` (what it adds to it, row by row),
-    :meth:`init_parameters` (its initialisation), :meth:`hf_refusal` / ``hf_model_type`` (Hugging Face
-    export), :meth:`capture_maps` (attention maps for the evaluations) and :meth:`lambda_reading` (the
-    lambda the metrics log). :func:`~difftx.attention.registry.register_attention` names a kind for
-    :class:`~difftx.config.ModelConfig`.
+    :meth:`init_parameters` (its initialisation), the export members (``hf_model_type`` / :meth:`hf_refusal`: a
+    transformers class; ``remote_kind``: difftx's modeling file; :meth:`llama_fold` / :meth:`llama_refusal`: a
+    plain Llama with other weights), :meth:`capture_maps` (attention maps for the evaluations) and
+    :meth:`lambda_reading` (the lambda the metrics log). :func:`~difftx.attention.registry.register_attention`
+    names a kind for :class:`~difftx.config.ModelConfig`.
     """
 
     components = 1
@@ -144,11 +146,17 @@ class AttentionKind(nn.Module):
     config_fields: frozenset = frozenset()  # built-in option fields of ModelConfig this kind reads
     head_norm_default = False  # whether ModelConfig.head_norm=None means a per-head norm for this kind
     Options: Optional[type] = None  # the kind's options (a dataclass validating itself): ModelConfig.options
+    # its class in difftx's modeling file (KINDS in difftx/interop/remote/modeling_difftx.py), the name export
+    # writes as the folder's attention; None: the file does not compute the kind, and export with it is refused
+    remote_kind: Optional[str] = None
+    # its exact fold into a plain Llama (export --as llama): a classmethod (config, state dict) -> the tensors that
+    # the Llama (config.plain(attention="standard")) holds otherwise (see llama_refusal); None: no fold
+    llama_fold = None
 
-    # what a kind asserts about itself alone: its parameters beyond its baseline, its Hugging Face export. A kind
-    # built on another (a subclass) does not inherit these from its parent: unless it defines them, it starts from
-    # AttentionKind's defaults (parameters counted from the modules; no export), whatever it is built on
-    OWN_RULES = ("parameter_delta", "hf_refusal", "hf_model_type")
+    # what a kind asserts about itself alone: its parameters beyond its baseline, how it is exported. A kind built
+    # on another (a subclass) does not inherit these from its parent: unless it defines them, it starts from
+    # AttentionKind's defaults (parameters counted from the modules; no export, no fold), whatever it is built on
+    OWN_RULES = ("parameter_delta", "hf_refusal", "hf_model_type", "remote_kind", "llama_refusal", "llama_fold")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -174,7 +182,7 @@ class AttentionKind(nn.Module):
         :mod:`difftx.training.stacked`): no method of a built-in kind is overridden outside the built-in
         kinds (construction, ``from_config``, initialisation and options excepted). Any other kind is
         stacked by ``torch.vmap`` over the one model, which runs its code as written."""
-        builtin = BUILTIN_CLASSES
+        builtin = set(BUILTIN_KINDS.values())
         methods = {n for c in cls.__mro__ if c in builtin or c is AttentionKind for n, v in vars(c).items()
                    if callable(v) or isinstance(v, (classmethod, staticmethod, property))}
         for c in cls.__mro__:
@@ -303,6 +311,17 @@ class AttentionKind(nn.Module):
         return (f"attention={config.attention!r} cannot be exported: no transformers model computes it "
                 f"({cls.__name__} is not Llama's or DiffLlama's attention)")
 
+    @classmethod
+    def llama_refusal(cls, config) -> Optional[str]:
+        """Why ``config`` has no exact fold into a plain Llama (``difftx export --as llama``), in one line without
+        the kind's name, or None (then :attr:`llama_fold` computes it; a kind without one is refused all the
+        same). The fold of a kind that has one is a classmethod ``llama_fold(config, state)``: ``state`` a difftx
+        state dict of ``config``; it returns the tensors (by difftx name) that the Llama computing the same function
+        holds otherwise, computed in float64 and cast to the weights' dtype (``{}``: the same weights); the
+        weights it does not return are kept where the Llama has them, and dropped elsewhere. It raises
+        ``ValueError`` (one line) where these weights do not fold."""
+        return None
+
     def set_lambda_scale(self, scale: float) -> None:
         """The trainer's lambda warm-up factor (``TrainConfig.lambda_warmup``): a kind with a lambda subtracts
         ``scale * lambda`` until it is set back to 1; a kind without one has nothing to scale."""
@@ -375,6 +394,7 @@ class StandardAttention(AttentionKind):
         self.out_scale = float(out_scale)
 
     hf_model_type = "llama"  # with qkv_bias: Qwen2 (Llama plus q/k/v biases; difftx.interop.hf)
+    remote_kind = "standard"
     config_fields = frozenset({"head_norm", "out_scale", "qkv_bias"})
 
     @classmethod
@@ -407,6 +427,20 @@ class StandardAttention(AttentionKind):
                     f"output scale (it would fold into o_proj, a reparameterisation this export does not write).")
         return None
 
+    @classmethod
+    def llama_refusal(cls, config) -> Optional[str]:
+        if config.out_scale is not None:
+            return (f"out_scale={config.out_scale!r} is not folded (a constant head scale, an ablation's setting; "
+                    f"--as llama folds learned maps only): export it without --as")
+        if config.uses_head_norm:
+            return "head_norm=true: a per-head RMSNorm is not linear, so no Llama weights compute it"
+        return None
+
+    @classmethod
+    def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Nothing to fold: the same weights."""
+        return {}
+
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
         """The kernel's per-head output ``(..., H, d)``, normalised if ``subln``, times ``out_scale``."""
         return _rms_head_norm(out, None if self.subln is None else self.subln.weight, self.out_scale, self.norm_eps)
@@ -436,6 +470,7 @@ class GatedAttention(StandardAttention):
         self.gate_proj = nn.Linear(dim, n_heads * self.head_dim if gate == "elementwise" else n_heads, bias=False)
 
     hf_model_type = None
+    remote_kind = "gated"
     config_fields = frozenset({"gate"})
 
     @classmethod
@@ -464,6 +499,10 @@ class GatedAttention(StandardAttention):
                 "DiffLlama class computes one; Qwen3-Next's gated attention also changes the projections, norms and "
                 "RoPE, so it is no exact equivalent either.")
 
+    @classmethod
+    def llama_refusal(cls, config) -> Optional[str]:
+        return "each head is multiplied by sigmoid(x W_g), which depends on the input: no fixed weights compute it"
+
     def gate_values(self, x: Tensor) -> Tensor:
         """``sigmoid(x W_g)`` in float32 (float64 for float64 inputs): ``(B, T, H, d)`` elementwise,
         ``(B, T, H, 1)`` head-wise."""
@@ -491,6 +530,7 @@ class TemperatureAttention(StandardAttention):
         self.log_temperature = nn.Parameter(torch.zeros(n_heads))
 
     hf_model_type = None
+    remote_kind = "temperature"
     config_fields = frozenset()
 
     @classmethod
@@ -507,6 +547,19 @@ class TemperatureAttention(StandardAttention):
         return ("attention='temperature' cannot be exported as such: Llama scales every head's logits by 1/sqrt(d); "
                 "export --as llama folds each head's learned temperature into q_proj (the same function, the "
                 "temperature forgotten), and without --no-remote-code difftx's own code keeps it")
+
+    @classmethod
+    def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Head ``h``'s logits are ``exp(t_h) q.k / sqrt(d)``. The factor scales the query, and RoPE is a rotation
+        (linear), so it goes into ``q_proj``'s ``d`` rows of head ``h``: ``q_proj[h] *= exp(t_h)``."""
+        H, d, out = config.n_heads, config.head_dim, {}
+        for i in range(config.n_layers):
+            a = f"layers.{i}.attn."
+            q = state[a + "q_proj.weight"]
+            scale = state[a + "log_temperature"].double().exp()  # (H,)
+            out[a + "q_proj.weight"] = (q.double().view(H, d, -1) * scale[:, None, None]).view(H * d, -1).to(
+                q.dtype).contiguous()
+        return out
 
     def _qkv(self, x: Tensor, positions: Optional[Tensor], cache: Optional[LayerKV], offset: int):
         """The baseline's q, k, v with each head's q scaled by ``exp(t_h)`` (a stack's ``(K, H)`` temperatures
@@ -555,6 +608,7 @@ class DiffAttention(AttentionKind):
         self.reset_lambda()
 
     hf_model_type = "diffllama"
+    remote_kind = "diff"
     config_fields = frozenset({"lambda_init", "use_subln", "subtract", "head_norm", "out_scale"})
     # the factor the trainer ramps lambda by during a warm-up (TrainConfig.lambda_warmup, set_lambda_scale); an
     # attribute of the module, never saved: a model loaded or built subtracts its full lambda. The eager forward
@@ -622,6 +676,11 @@ class DiffAttention(AttentionKind):
                         f"DiffLlama derives lambda_init from the layer index as 0.8 - 0.6*exp(-0.3*l) (both the "
                         f"offset of lambda and the (1 - lambda_init) scale), which differs at layer(s) {bad[:8]}.")
         return None
+
+    @classmethod
+    def llama_refusal(cls, config) -> Optional[str]:
+        return ("each head subtracts a second softmax map (A1 - lambda A2) V and normalises per head, which no Llama "
+                "computes; export it without --as (DiffLlamaForCausalLM computes it exactly)")
 
     def init_parameters(self, draw: Callable[[str, float], None], std: float) -> None:
         """The projections as every kind's; the lambda vectors ``N(0, 0.1)`` (the paper's)."""
@@ -728,6 +787,7 @@ class DiffAttentionV2(AttentionKind):
     """
 
     extra_proj = "lambda_proj"
+    remote_kind = "diff_v2"
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: Optional[int] = None, rope_theta: float = 10000.0, *,
                  backend: str = "auto"):
@@ -760,6 +820,11 @@ class DiffAttentionV2(AttentionKind):
                 "from lambda_q1..k2, a per-head RMSNorm and the (1 - lambda_init) factor), while V2 pairs "
                 "d-wide query heads with a token-dependent sigmoid(lambda_proj(x)) and has no norm; no "
                 "permutation of weights turns one into the other. Export a 'diff' (V1) or 'standard' model instead.")
+
+    @classmethod
+    def llama_refusal(cls, config) -> Optional[str]:
+        return ("each head subtracts a second softmax map scaled by the token-dependent sigmoid(lambda_proj(x)), "
+                "which no Llama computes")
 
     def capture_maps(self, x: Tensor, maps: AttentionMaps) -> tuple[Tensor, Optional[Tensor]]:
         """The kernel's maps are the ``2H`` plain softmax maps; the output mixes pairs per query row:

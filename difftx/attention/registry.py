@@ -1,5 +1,5 @@
-"""The attention kinds by name: :data:`ATTENTIONS`, :func:`register_attention`, and :func:`load_kinds` (the files that
-register your own kinds, for ``difftx --kinds`` and worker processes)."""
+"""The attention kinds by name: :data:`ATTENTIONS`, :func:`register_attention`, :data:`BUILTIN_KINDS` (difftx's own),
+and :func:`load_kinds` (the files that register your own kinds, for ``difftx --kinds`` and worker processes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Optional
 
 from .converted import ConvertedAttention
 from .dex import DexAttention
-from .modules import (BUILTIN_CLASSES, AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention,
+from .modules import (BUILTIN_KINDS, AttentionKind, DiffAttention, DiffAttentionV2, GatedAttention,
                       StandardAttention, TemperatureAttention)
 
 ATTENTIONS: dict[str, type[AttentionKind]] = {}
@@ -27,7 +27,7 @@ def register_attention(name: str, cls: Optional[type] = None, *, replace: bool =
     if not (isinstance(cls, type) and issubclass(cls, AttentionKind)):
         raise TypeError(f"register_attention: {name!r} must be a subclass of difftx.AttentionKind (for example of "
                         f"StandardAttention), got {cls!r}")
-    builtin = _BUILTIN.get(name)
+    builtin = BUILTIN_KINDS.get(name)
     if builtin is not None and cls is not builtin:  # a built-in name stays the built-in kind, replace or not
         raise ValueError(f"register_attention: {name!r} is a built-in kind ({builtin.__name__}); registering another "
                          f"class under it would change every model and arm of that name: choose another name")
@@ -55,7 +55,7 @@ def kind_code(name: str) -> Optional[dict]:
     if name not in ATTENTIONS:
         raise ValueError(f"attention kind {name!r} is not registered")
     cls = ATTENTIONS[name]
-    if _BUILTIN.get(name) is cls:
+    if BUILTIN_KINDS.get(name) is cls:
         return None
     return code_digest(cls)
 
@@ -177,10 +177,8 @@ def load_kinds(spec: Optional[str] = None) -> list[str]:
     return done
 
 
-_BUILTIN: dict[str, type[AttentionKind]] = {
+BUILTIN_KINDS.update({
     "diff": DiffAttention, "diff_v2": DiffAttentionV2, "standard": StandardAttention, "gated": GatedAttention,
-    "temperature": TemperatureAttention, "converted": ConvertedAttention, "dex": DexAttention}
-ATTENTIONS_BUILTIN = tuple(_BUILTIN.values())  # the built-in kinds' classes; their own rules apply to these only
-BUILTIN_CLASSES.update(ATTENTIONS_BUILTIN)
-for _name, _cls in _BUILTIN.items():
+    "temperature": TemperatureAttention, "converted": ConvertedAttention, "dex": DexAttention})
+for _name, _cls in BUILTIN_KINDS.items():
     register_attention(_name, _cls)

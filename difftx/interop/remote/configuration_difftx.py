@@ -9,9 +9,6 @@ The fields are difftx's ``ModelConfig`` fields under their own names (``tie_embe
 
 from transformers import PretrainedConfig
 
-# the attention kinds modeling_difftx.py computes (difftx's built-in kinds)
-KINDS = ("standard", "gated", "temperature", "diff", "diff_v2", "converted", "dex")
-
 
 class DifftxConfig(PretrainedConfig):
     model_type = "difftx"
@@ -26,9 +23,6 @@ class DifftxConfig(PretrainedConfig):
                  subtract=True, out_scale=None, options=None, qkv_bias=False, tie_word_embeddings=False, use_cache=True,
                  **kwargs):
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-        if attention not in KINDS:
-            raise ValueError(f"DifftxConfig: attention={attention!r} is not a kind this modeling file computes "
-                             f"(it computes {KINDS})")
         self.vocab_size, self.dim, self.n_layers, self.n_heads = vocab_size, dim, n_layers, n_heads
         self.n_kv_heads, self.attention, self.ffn_hidden = n_kv_heads, attention, ffn_hidden
         self.max_seq_len = max_seq_len

@@ -12,18 +12,12 @@ Each layer's attention: ``q``, ``k``, ``v`` projections of the block's normed in
 ``qkv_bias``, added before RoPE, as Qwen2 adds it; ``out_proj`` has none); RoPE (GPT-J pairs
 ``(2i, 2i+1)``, frequency ``theta^(-2i/d)``) on every ``d``-wide query and key head unless ``rope`` is false;
 query sub-head ``h*C + c`` (head ``h = g*R + r``) reads key sub-head ``g*C + c`` and the value of group ``g``;
-each map ``softmax(q k^T / sqrt(d))`` in float32; then the kind's own step before ``out_proj``:
+each map ``softmax(q k^T / sqrt(d))`` in float32; then the kind's own step before ``out_proj``.
 
-- ``standard``: ``A V``, then the per-head RMSNorm (``head_norm``, gain ``subln``) and ``out_scale`` if set;
-- ``temperature``: each head's queries times ``exp(log_temperature[h])``;
-- ``gated``: ``A V * sigmoid(x W_g)``, elementwise (``H*d`` gates) or head-wise (``H``);
-- ``diff`` (V1): ``C = 2``, a ``2d``-wide value per group, ``(A1 - lambda A2) V``, ``lambda = exp(lq1.lk1) -
-  exp(lq2.lk2) + lambda_init`` (``lambda_init`` the constant, or ``0.8 - 0.6 exp(-0.3 l)``), then the per-head
-  RMSNorm over ``2d`` (unless ``head_norm``/``use_subln`` is false) times ``1 - lambda_init`` (or ``out_scale``);
-  ``subtract=false``: lambda is 0 and there are no lambda vectors;
-- ``diff_v2``: ``2H`` one-map heads of width ``d``; output head ``j`` is ``a_2j - sigmoid(x W_lambda)_j a_2j+1``;
-- ``converted``: as ``diff`` with a ``d``-wide value, ``lambda_init`` 0 unless set, no norm and no scale;
-- ``dex``: one map per head; a selected head (``options.heads``, default all) gives ``A V (I - lambda W)``.
+What differs by kind is one class per kind in :data:`KINDS`, named by the config's ``attention``: its widths
+and constants, the parameters it adds, its step on the queries, its step before ``out_proj`` and a new model's
+draw. difftx's kinds name their class here (``remote_kind``), and difftx's tests check that every built-in kind
+has one.
 """
 
 import math
@@ -103,60 +97,201 @@ def _rope(x: torch.Tensor, positions: _Positions, theta: float) -> torch.Tensor:
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
-class _Layout:
-    """What layer ``layer_idx``'s attention computes, from the config: widths, head counts and constants."""
+class Kind:
+    """One layer's attention of one kind (``config.attention``): widths, head counts and constants from the config,
+    the parameters the kind adds, and its steps. This base is what every kind shares: ``d``-wide heads with one
+    softmax map each, no lambda, no norm, no scale."""
+
+    maps = 1  # C: the softmax maps a head combines (2 for A1 - lambda A2)
+    queries_per_head = 1  # query sub-heads per head: C, or diff_v2's two one-map heads
+    wide = 1  # a head's output width in d: 2 for DIFF V1 (dim = 2 H d, a 2d-wide value per group)
 
     def __init__(self, c: DifftxConfig, layer_idx: int):
-        kind, H = c.attention, c.n_heads
+        H = c.n_heads
         G = H if c.n_kv_heads is None else c.n_kv_heads
-        self.kind, self.H, self.groups = kind, H, G
-        d = self.d = c.dim // ((2 if kind == "diff" else 1) * H)
-        self.C = 2 if kind in ("diff", "converted") else 1
-        self.q_heads = 2 * H if kind in ("diff", "diff_v2", "converted") else H
+        self.name, self.H, self.groups = c.attention, H, G
+        d = self.d = c.dim // (self.wide * H)
+        self.C = self.maps
+        self.q_heads = self.queries_per_head * H
         self.kv_heads = self.C * G
-        self.v_width = 2 * d if kind == "diff" else d
-        self.lambdas = kind in ("converted", "dex") or (kind == "diff" and c.subtract)
-        if kind == "diff":
-            self.lambda_init = lambda_init_for_layer(layer_idx) if c.lambda_init is None else float(c.lambda_init)
-        else:
-            self.lambda_init = 0.0 if c.lambda_init is None else float(c.lambda_init)
-        self.norm_width, self.scale = None, 1.0
-        if kind == "diff":
-            self.norm_width = 2 * d if (c.use_subln if c.head_norm is None else c.head_norm) else None
-            self.scale = _head_scale(c.out_scale, layer_idx, 1.0 - self.lambda_init)
-        elif kind == "standard":
-            self.norm_width = d if c.head_norm else None
-            self.scale = _head_scale(c.out_scale, layer_idx, 1.0)
-        self.gate = (c.gate or "elementwise") if kind == "gated" else None
-        heads = (c.options or {}).get("heads") if kind == "dex" else None
-        self.selected = tuple(range(H)) if heads is None else tuple(heads[layer_idx])
+        self.v_width = self.wide * d
+        self.out_in = self.q_heads // self.C * self.v_width  # out_proj's input width
+        self.lambdas = False  # the four lambda vectors
+        self.lambda_init = 0.0 if c.lambda_init is None else float(c.lambda_init)
+        self.norm_width, self.scale = None, 1.0  # the per-head RMSNorm's width (None: no norm), the head scale
+
+    def add_parameters(self, attn: nn.Module, dim: int) -> None:
+        """The parameters the kind adds to ``attn`` beside q/k/v/out, the lambda vectors and the norm."""
+
+    def queries(self, attn: nn.Module, q: torch.Tensor) -> torch.Tensor:
+        """The rotated queries ``(B, T, heads, d)`` as the core reads them."""
+        return q
+
+    def finish(self, attn: nn.Module, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Each head's output before ``out_proj`` (float32), from the core's ``(B, T, heads, dv)``: the per-head
+        RMSNorm with its gain times the scale, or the scale alone."""
+        if self.norm_width is not None:
+            w = attn.subln.weight * self.scale if self.scale != 1.0 else attn.subln.weight
+            return _rms(out, w.to(out.dtype), attn.subln.eps)
+        return out * self.scale if self.scale != 1.0 else out
+
+    def init(self, attn: nn.Module, fill) -> None:
+        """A new model's draw of the kind's own parameters (``fill(p, how)`` leaves loaded ones alone): the lambda
+        vectors ``N(0, 0.1)``."""
+        if self.lambdas:
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                fill(getattr(attn, name), lambda p: p.normal_(0.0, LAMBDA_INIT_STD))
+
+
+class StandardKind(Kind):
+    """``standard``: ``A V``, then the per-head RMSNorm (``head_norm``, gain ``subln``) and ``out_scale`` if set."""
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        self.norm_width = self.d if c.head_norm else None
+        self.scale = _head_scale(c.out_scale, layer_idx, 1.0)
+
+
+class TemperatureKind(Kind):
+    """``temperature``: each head's queries times ``exp(log_temperature[h])``."""
+
+    def add_parameters(self, attn, dim):
+        attn.log_temperature = nn.Parameter(torch.zeros(self.H))
+
+    def queries(self, attn, q):
+        t = attn.log_temperature.exp()
+        return (q.to(t.dtype) * t.view(1, 1, -1, 1)).to(q.dtype)
+
+    def init(self, attn, fill):
+        super().init(attn, fill)
+        fill(attn.log_temperature, lambda p: p.zero_())
+
+
+class GatedKind(Kind):
+    """``gated``: ``A V * sigmoid(x W_g)``, elementwise (``H*d`` gates) or head-wise (``H``)."""
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        self.gate = c.gate or "elementwise"
+
+    def add_parameters(self, attn, dim):
+        attn.gate_proj = nn.Linear(dim, self.H * self.d if self.gate == "elementwise" else self.H, bias=False)
+
+    def finish(self, attn, out, x):
+        g = torch.sigmoid(attn.gate_proj(x).to(out.dtype)).unflatten(-1, (self.H, -1))
+        return out * g
+
+
+class DiffKind(Kind):
+    """``diff`` (V1): ``C = 2``, a ``2d``-wide value per group, ``(A1 - lambda A2) V``, ``lambda = exp(lq1.lk1) -
+    exp(lq2.lk2) + lambda_init`` (``lambda_init`` the constant, or ``0.8 - 0.6 exp(-0.3 l)``), then the per-head
+    RMSNorm over ``2d`` (unless ``head_norm``/``use_subln`` is false) times ``1 - lambda_init`` (or ``out_scale``);
+    ``subtract=false``: lambda is 0 and there are no lambda vectors."""
+
+    maps, queries_per_head, wide = 2, 2, 2
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        self.lambdas = bool(c.subtract)
+        self.lambda_init = lambda_init_for_layer(layer_idx) if c.lambda_init is None else float(c.lambda_init)
+        self.norm_width = 2 * self.d if (c.use_subln if c.head_norm is None else c.head_norm) else None
+        self.scale = _head_scale(c.out_scale, layer_idx, 1.0 - self.lambda_init)
+
+
+class DiffV2Kind(Kind):
+    """``diff_v2``: ``2H`` one-map heads of width ``d``; output head ``j`` is ``a_2j - sigmoid(x W_lambda)_j
+    a_2j+1``."""
+
+    queries_per_head = 2
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        self.out_in = self.H * self.d
+
+    def add_parameters(self, attn, dim):
+        attn.lambda_proj = nn.Linear(dim, self.H, bias=False)
+
+    def finish(self, attn, out, x):
+        lam = torch.sigmoid(attn.lambda_proj(x).to(out.dtype))[..., None]  # (B, T, H, 1)
+        return out[..., 0::2, :] - lam * out[..., 1::2, :]
+
+
+class ConvertedKind(Kind):
+    """``converted``: as ``diff`` with a ``d``-wide value, ``lambda_init`` 0 unless set, no norm and no scale; a new
+    model's second pair of lambda vectors equals the first (lambda exactly 0, with a gradient)."""
+
+    maps, queries_per_head = 2, 2
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        self.lambdas = True
+
+    def init(self, attn, fill):
+        super().init(attn, fill)
+        fill(attn.lambda_q2, lambda p: p.copy_(attn.lambda_q1))
+        fill(attn.lambda_k2, lambda p: p.copy_(attn.lambda_k1))
+
+
+class DexKind(ConvertedKind):
+    """``dex``: one map per head; a selected head (``options.heads``, default all) gives ``A V (I - lambda W)``;
+    lambda and its start as ``converted``'s, ``W`` (``dex_map``) the identity in a new model."""
+
+    maps, queries_per_head = 1, 1
+
+    def __init__(self, c: DifftxConfig, layer_idx: int):
+        super().__init__(c, layer_idx)
+        heads = (c.options or {}).get("heads")
+        self.selected = tuple(range(self.H)) if heads is None else tuple(heads[layer_idx])
+
+    def add_parameters(self, attn, dim):
+        attn.dex_map = nn.Parameter(torch.eye(self.d))
+
+    def finish(self, attn, out, x):
+        if not self.selected:
+            return out
+        lam = attn.lambda_value().to(out.dtype)
+        if len(self.selected) < self.H:
+            mask = torch.zeros(self.H, 1, dtype=out.dtype, device=out.device)
+            mask[list(self.selected)] = 1.0
+            lam = lam * mask
+        return out - lam * torch.matmul(out, attn.dex_map.to(out.dtype))
+
+    def init(self, attn, fill):
+        super().init(attn, fill)
+        fill(attn.dex_map, lambda p: p.copy_(torch.eye(p.shape[0])))
+
+
+# the kinds this file computes, by difftx's name (config.attention): difftx's built-in kinds
+KINDS = {"standard": StandardKind, "gated": GatedKind, "temperature": TemperatureKind, "diff": DiffKind,
+         "diff_v2": DiffV2Kind, "converted": ConvertedKind, "dex": DexKind}
+
+
+def kind_of(config: DifftxConfig, layer_idx: int) -> Kind:
+    """Layer ``layer_idx``'s :class:`Kind`, or a one-line error naming the kinds this file computes."""
+    cls = KINDS.get(config.attention)
+    if cls is None:
+        raise ValueError(f"DifftxConfig: attention={config.attention!r} is not a kind this modeling file computes "
+                         f"(it computes {tuple(KINDS)})")
+    return cls(config, layer_idx)
 
 
 class DifftxAttention(nn.Module):
     def __init__(self, config: DifftxConfig, layer_idx: int):
         super().__init__()
-        s = self.layout = _Layout(config, layer_idx)
+        s = self.kind = kind_of(config, layer_idx)
         D, d = config.dim, s.d
         self.layer_idx, self.rope, self.rope_theta = layer_idx, bool(config.rope), float(config.rope_theta)
         bias = bool(getattr(config, "qkv_bias", False))
         self.q_proj = nn.Linear(D, s.q_heads * d, bias=bias)
         self.k_proj = nn.Linear(D, s.kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(D, s.groups * s.v_width, bias=bias)
-        out_in = s.H * d if s.kind == "diff_v2" else s.q_heads // s.C * s.v_width
-        self.out_proj = nn.Linear(out_in, D, bias=False)
+        self.out_proj = nn.Linear(s.out_in, D, bias=False)
         if s.lambdas:
             for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 setattr(self, name, nn.Parameter(torch.zeros(d)))
         if s.norm_width is not None:
             self.subln = DifftxRMSNorm(s.norm_width, config.norm_eps)
-        if s.kind == "gated":
-            self.gate_proj = nn.Linear(D, s.H * d if s.gate == "elementwise" else s.H, bias=False)
-        elif s.kind == "diff_v2":
-            self.lambda_proj = nn.Linear(D, s.H, bias=False)
-        elif s.kind == "temperature":
-            self.log_temperature = nn.Parameter(torch.zeros(s.H))
-        elif s.kind == "dex":
-            self.dex_map = nn.Parameter(torch.eye(d))
+        s.add_parameters(self, D)
 
     def lambda_value(self) -> torch.Tensor:
         """``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` in float32 (or wider). Without gradients (generation) the
@@ -168,23 +303,21 @@ class DifftxAttention(nn.Module):
             return self.__dict__["_lambda"]
         acc = _acc(self.lambda_q1.dtype)
         q1, k1, q2, k2 = (p.to(acc) for p in params)
-        value = torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + self.layout.lambda_init
+        value = torch.exp(torch.dot(q1, k1)) - torch.exp(torch.dot(q2, k2)) + self.kind.lambda_init
         if key is not None:
             self.__dict__["_lambda_key"], self.__dict__["_lambda"] = key, value
         return value
 
     def forward(self, x: torch.Tensor, positions: _Positions, allowed: Optional[torch.Tensor],
                 cache: Optional[Cache]) -> torch.Tensor:
-        s, d = self.layout, self.layout.d
+        s, d = self.kind, self.kind.d
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, s.q_heads, d)
         k = self.k_proj(x).view(B, T, s.kv_heads, d)
         v = self.v_proj(x).view(B, T, s.groups, s.v_width)
         if self.rope:
             q, k = _rope(q, positions, self.rope_theta), _rope(k, positions, self.rope_theta)
-        if s.kind == "temperature":
-            t = self.log_temperature.exp()
-            q = (q.to(t.dtype) * t.view(1, 1, -1, 1)).to(q.dtype)
+        q = s.queries(self, q)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, width): the cache's layout
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # the whole prefix: (B, heads, S, width)
@@ -204,31 +337,8 @@ class DifftxAttention(nn.Module):
             eff = probs[:, :, 0]
         out = torch.matmul(eff, v.to(acc)).view(B, G, R, T, -1)  # (B, G, R, T, dv)
         out = out.permute(0, 3, 1, 2, 4).reshape(B, T, G * R, -1)  # (B, T, heads, dv), head g*R + r
-        out = self._finish(out, x)
+        out = s.finish(self, out, x)
         return self.out_proj(out.flatten(-2).to(x.dtype))
-
-    def _finish(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Each head's output before ``out_proj`` (float32), from the core's ``(B, T, heads, dv)``."""
-        s = self.layout
-        if s.kind == "gated":
-            g = torch.sigmoid(self.gate_proj(x).to(out.dtype)).unflatten(-1, (s.H, -1))
-            return out * g
-        if s.kind == "diff_v2":
-            lam = torch.sigmoid(self.lambda_proj(x).to(out.dtype))[..., None]  # (B, T, H, 1)
-            return out[..., 0::2, :] - lam * out[..., 1::2, :]
-        if s.kind == "dex":
-            if not s.selected:
-                return out
-            lam = self.lambda_value().to(out.dtype)
-            if len(s.selected) < s.H:
-                mask = torch.zeros(s.H, 1, dtype=out.dtype, device=out.device)
-                mask[list(s.selected)] = 1.0
-                lam = lam * mask
-            return out - lam * torch.matmul(out, self.dex_map.to(out.dtype))
-        if s.norm_width is not None:  # RMSNorm with its gain times the scale
-            w = self.subln.weight * s.scale if s.scale != 1.0 else self.subln.weight
-            return _rms(out, w.to(out.dtype), self.subln.eps)
-        return out * s.scale if s.scale != 1.0 else out
 
 
 class DifftxMLP(nn.Module):
@@ -268,9 +378,8 @@ class DifftxPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """A new model's draw, as difftx's ``init="normal"``: linear maps and embeddings ``N(0, init_std)``, unit
-        gains, zero q/k/v biases, lambda vectors ``N(0, 0.1)`` (``converted``/``dex``: the second pair equal to the
-        first), the identity ``dex_map`` and zero log-temperatures. Weights loaded from the folder are left as they
-        are."""
+        gains, zero q/k/v biases, and each kind's own parameters as its :meth:`Kind.init` draws them. Weights loaded
+        from the folder are left as they are."""
         def fill(p, how):
             if p is not None and not getattr(p, "_is_hf_initialized", False):
                 with torch.no_grad():
@@ -283,17 +392,7 @@ class DifftxPreTrainedModel(PreTrainedModel):
         elif isinstance(module, DifftxRMSNorm):
             fill(module.weight, lambda p: p.fill_(1.0))
         elif isinstance(module, DifftxAttention):
-            s = module.layout
-            if s.lambdas:
-                for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-                    fill(getattr(module, name), lambda p: p.normal_(0.0, LAMBDA_INIT_STD))
-                if s.kind in ("converted", "dex"):  # lambda exactly 0 at the start, with a gradient
-                    fill(module.lambda_q2, lambda p: p.copy_(module.lambda_q1))
-                    fill(module.lambda_k2, lambda p: p.copy_(module.lambda_k1))
-            if s.kind == "temperature":
-                fill(module.log_temperature, lambda p: p.zero_())
-            if s.kind == "dex":
-                fill(module.dex_map, lambda p: p.copy_(torch.eye(p.shape[0])))
+            module.kind.init(module, fill)
 
 
 def _output(cls, cache_obj, **fields):
