@@ -470,7 +470,7 @@ DISPATCHERS = ("auto", "sdpa")  # backends that hand each call to another (by de
 
 def concrete_backend(name: str, inputs: tuple, training: bool, depth: int = 0) -> str:
     """The backend a dispatcher runs for a call on ``inputs`` ``(q, k, v, lam)``: ``auto`` -> what it resolves
-    to (on CUDA the measured table's pick, :func:`difftx.attention.gpu_table.backend_for`), ``sdpa`` -> its form
+    to (on CUDA the measured table's pick, :func:`difftx.attention.kernels.cuda_choice`), ``sdpa`` -> its form
     ``sdpa_<form>``; any other name as it is (also when the dispatcher cannot say)."""
     if name not in DISPATCHERS or depth > 3:
         return name
@@ -480,16 +480,9 @@ def concrete_backend(name: str, inputs: tuple, training: bool, depth: int = 0) -
             fn = kernels.resolve_backend("auto", q.device, q_len=q.shape[1])
             named = backend_name(fn)
             if named is None:
-                from difftx.attention import gpu_table
-
-                named = gpu_table.backend_for(q, k, v, lam, AttentionMask())
-        elif hasattr(kernels, "SDPA_FORMS"):
-            if q.device.type == "cuda":
-                from difftx.attention import gpu_table
-
-                named = f"sdpa_{gpu_table.sdpa_form_for(q, k, v, lam)}"
-            else:
-                named = f"sdpa_{kernels.CPU_SDPA_FORM}"
+                named = kernels.cuda_choice(q, k, v, lam, AttentionMask())
+        elif hasattr(kernels, "sdpa_form"):
+            named = f"sdpa_{kernels.sdpa_form(q, k, v, lam)}"
         else:
             return name
     except Exception:  # noqa: BLE001  (a dispatcher of another version: its name stands)

@@ -180,7 +180,9 @@ def table(tmp_path, monkeypatch):
 
 
 def test_choose_by_card_dtype_d_and_T(table):
-    choose = gpu_table.choose
+    def choose(*a, **kw):  # among the registered backends unless told otherwise
+        return gpu_table.choose(*a, **{"eligible": kernels.BACKENDS.__contains__, **kw})
+
     assert gpu_table.model_token("NVIDIA H100 80GB HBM3") == "H100"
     assert gpu_table.model_token("NVIDIA A100-SXM4-80GB") == "A100"
     assert choose("NVIDIA A100 80GB PCIe", "bfloat16", 128, 4096, True) == "chunked"  # its own card first
@@ -248,7 +250,7 @@ def test_merge_replaces_and_adds(tmp_path, capsys):
 def test_auto_on_cuda_dispatches_by_the_table(table, monkeypatch):
     """resolve_backend('auto', cuda) is the dispatcher; on a (pretended) H200 it runs the table's backend for
     the call's dtype, d, T and training, memoised, and computes eager's result."""
-    assert kernels.resolve_backend("auto", torch.device("cuda")) is gpu_table.auto_cuda
+    assert kernels.resolve_backend("auto", torch.device("cuda")) is kernels.auto_cuda
     assert kernels.resolve_backend("auto", torch.device("cpu"), q_len=64) is kernels.chunked  # CPU unchanged
     monkeypatch.setattr(gpu_table, "card_name", lambda index: "NVIDIA H200")
     monkeypatch.delitem(kernels.BACKENDS, "flex", raising=False)  # as where it is not installed
@@ -259,22 +261,21 @@ def test_auto_on_cuda_dispatches_by_the_table(table, monkeypatch):
     gen = torch.Generator().manual_seed(4)
     # float64 (nothing measured): nearest d (64 -> the d-64 entry) for training
     q, k, v, lam = _inputs(1, 6, 6, 2, 2, 64, 128, gen)
-    _check(gpu_table.auto_cuda, q, k, v, lam, AttentionMask(), 0.125)
+    _check(kernels.auto_cuda, q, k, v, lam, AttentionMask(), 0.125)
     assert ran == ["sdpa_wide"]  # the table's pick (the oracle is called directly)
     # without gradients: the infer entry's flex is not registered -> its next candidate
     with torch.no_grad():
         ran.clear()
-        gpu_table.auto_cuda(q, k, v, lam, AttentionMask(), 0.125)
+        kernels.auto_cuda(q, k, v, lam, AttentionMask(), 0.125)
         assert ran == ["sdpa_wide"]
     assert sum(key[0] == "auto" for key in gpu_table._memo) == 2
     ran.clear()  # standard attention: sdpa's one call, no table
-    _check(gpu_table.auto_cuda, q, k[:, :, :2].contiguous(), v[..., :64].contiguous(), None, AttentionMask(), 0.125)
+    _check(kernels.auto_cuda, q, k[:, :, :2].contiguous(), v[..., :64].contiguous(), None, AttentionMask(), 0.125)
     assert ran == []
 
 
 def test_auto_runs_triton_only_where_it_takes_the_call(tmp_path, monkeypatch):
     """A fused kernel that would hand the call to sdpa is passed over for the table's next candidate."""
-    tk = pytest.importorskip("difftx.attention.triton_kernel")
     path = tmp_path / "t.json"
     path.write_text(json.dumps([_entry(backend="triton", triton=1.5, sdpa_halves=2.0)]))
     monkeypatch.setenv(gpu_table.ENV, str(path))
@@ -283,8 +284,8 @@ def test_auto_runs_triton_only_where_it_takes_the_call(tmp_path, monkeypatch):
     monkeypatch.setitem(kernels.BACKENDS, "triton", kernels.eager)
     q, k, v, lam = _inputs(1, 3, 3, 1, 1, 8, 16, torch.Generator().manual_seed(6))
     for reason, want in ((None, "triton"), ("a padding mask", "sdpa_halves")):
-        monkeypatch.setattr(tk, "unsupported_reason", lambda *a, _r=reason: _r)
-        assert gpu_table.backend_for(q, k, v, lam, AttentionMask()) == want
+        monkeypatch.setitem(kernels.DECLINES, "triton", lambda *a, _r=reason: _r)
+        assert kernels.cuda_choice(q, k, v, lam, AttentionMask()) == want
     gpu_table.reload()
 
 
@@ -293,13 +294,13 @@ def test_sdpa_form_on_cuda_by_the_table(table, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     q, k, v, lam = _inputs(1, 4, 4, 2, 2, 128, 256, gen)
     q.requires_grad_()
-    assert gpu_table.sdpa_form_for(q, k, v, lam) == "halves"  # the d-128 train entry's best sdpa form
+    assert gpu_table.sdpa_form_for(q, k, v, lam, kernels.SDPA_FORMS) == "halves"  # the d-128 train entry's best sdpa form
     q64 = q[..., :64].detach()
-    assert gpu_table.sdpa_form_for(q64, k, v, lam) == "wide"  # inference -> the infer entry's sdpa_wide
+    assert gpu_table.sdpa_form_for(q64, k, v, lam, kernels.SDPA_FORMS) == "wide"  # inference -> the infer entry's sdpa_wide
     monkeypatch.setenv(gpu_table.ENV, str(table.with_name("none.json")))
     table.with_name("none.json").write_text('{"choices": []}')
     gpu_table.reload()
-    assert gpu_table.sdpa_form_for(q, k, v, lam) == "pad"  # nothing measured
+    assert gpu_table.sdpa_form_for(q, k, v, lam, kernels.SDPA_FORMS) == "pad"  # nothing measured
 
 
 def test_new_backends_by_name():

@@ -35,14 +35,12 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from ..ops import records_grad
-from . import kernels
-from .masks import AttentionMask
 
 TABLE = Path(__file__).with_name("gpu_choices.json")
 ENV = "DIFFTX_GPU_CHOICES"
@@ -169,17 +167,14 @@ def reload() -> None:
     _memo.clear()
 
 
-def _registered(name: str) -> bool:
-    return name in kernels.BACKENDS
-
-
 def choose(card: str, dtype: Union[str, torch.dtype], d: int, T: int, training: bool,
            eligible: Optional[Callable[[str], bool]] = None, table: Optional[Sequence[Choice]] = None) -> str:
     """The backend for a call of ``T`` query rows of component width ``d`` in ``dtype`` on the card named
     ``card``, for training (forward and backward) or inference, by the table (see the module doc).
-    ``eligible(name)``: whether a backend can take the call (default: registered)."""
+    ``eligible(name)``: whether a backend can take the call (default: every name; the call-time dispatch of
+    :mod:`difftx.attention.kernels` passes the registered backends that take the call)."""
     entries = read() if table is None else table
-    eligible = eligible or _registered
+    eligible = eligible or (lambda name: True)
     mode = "train" if training else "infer"
     pool = [e for e in entries if e.mode == mode] or list(entries)
     tok, dt = model_token(card), dtype_name(dtype)
@@ -213,22 +208,15 @@ def card_name(index: int) -> str:
 
 
 @_constant
-def _picked(kind: str, index: int, dtype: str, d: int, T: int, train: bool, triton_ok: bool) -> str:
-    """The table's choice, memoised: for ``kind`` ``"sdpa"`` among the ``sdpa_*`` forms, for ``"auto"`` among
-    the registered backends (``triton`` and ``triton_split`` only where they take the call themselves)."""
-    key = (kind, index, dtype, d, T, train, triton_ok)
+def _picked(kind: str, index: int, dtype: str, d: int, T: int, train: bool, names: frozenset) -> str:
+    """The table's choice among the backends ``names``, memoised (``kind``: ``"sdpa"``, a form of ``sdpa``, or
+    ``"auto"``)."""
+    key = (kind, index, dtype, d, T, train, names)
     name = _memo.get(key)
     if name is None:
-        forms = {f"sdpa_{form}" for form in kernels.SDPA_FORMS}
-
-        def eligible(n: str) -> bool:
-            if kind == "sdpa":
-                return n in forms and _registered(n)
-            return _registered(n) and (not n.startswith("triton") or triton_ok)
-
         if len(_memo) >= _MEMO_MAX:
             _memo.clear()
-        name = _memo[key] = choose(card_name(index), dtype, d, T, train, eligible=eligible)
+        name = _memo[key] = choose(card_name(index), dtype, d, T, train, eligible=names.__contains__)
     return name
 
 
@@ -238,33 +226,19 @@ def _call_key(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> tuple:
     return index, dtype_name(q.dtype), int(q.shape[-1]), int(q.shape[1]), train
 
 
-def sdpa_form_for(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor]) -> str:
-    """The form of ``sdpa`` (a key of :data:`kernels.SDPA_FORMS`) for this call on its card: the table's best
-    ``sdpa_*`` backend for the card, dtype, ``d``, ``T`` and training; ``pad`` where none was measured."""
-    return _picked("sdpa", *_call_key(q, k, v, lam), False).removeprefix("sdpa_")
+def sdpa_form_for(q: Tensor, k: Tensor, v: Tensor, lam: Optional[Tensor], forms: Iterable[str]) -> str:
+    """The form of ``sdpa`` (one of ``forms``, :data:`difftx.attention.kernels.SDPA_FORMS`) for this call on its card:
+    the table's best ``sdpa_*`` backend for the card, dtype, ``d``, ``T`` and training; ``pad`` where none was
+    measured."""
+    names = frozenset(f"sdpa_{form}" for form in forms)
+    return _picked("sdpa", *_call_key(q, k, v, lam), names).removeprefix("sdpa_")
 
 
-def backend_for(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: AttentionMask) -> str:
-    """The backend ``auto`` runs for this differential-attention call on its CUDA card: the table's choice for
-    the card, dtype, ``d``, ``T`` and training. The fused kernels (``triton``, ``triton_split``) are eligible
-    only where they take the call themselves (they hand other calls to ``sdpa``: then the table's next candidate
-    runs)."""
-    triton_ok = False
-    if any(n.startswith("triton") for n in kernels.BACKENDS):
-        from .triton_kernel import unsupported_reason
-
-        triton_ok = unsupported_reason(q, k, v, lam, mask) is None
-    return _picked("auto", *_call_key(q, k, v, lam), triton_ok)
-
-
-def auto_cuda(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
-    """``auto`` on CUDA: the backend the measured table picks for the call (:func:`backend_for`); standard
-    attention (``lam is None``) is ``sdpa``'s one call."""
-    if return_maps:
-        raise ValueError("the 'auto' backend on CUDA does not return attention maps; use backend='eager'")
-    if lam is None:
-        return kernels.sdpa(q, k, v, None, mask, scale)
-    return kernels.BACKENDS[backend_for(q, k, v, lam, mask)](q, k, v, lam, mask, scale)
+def backend_for(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, names: Iterable[str]) -> str:
+    """The backend ``auto`` runs for this differential-attention call on its CUDA card: the table's choice, among
+    ``names`` (the backends that take the call: :func:`difftx.attention.kernels.cuda_choice`), for the card, dtype,
+    ``d``, ``T`` and training."""
+    return _picked("auto", *_call_key(q, k, v, lam), frozenset(names))
 
 
 # -- merging a suite run, and the command line ---------------------------------------------------------------------

@@ -527,13 +527,17 @@ def sdpa(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = Fa
         raise ValueError("the 'sdpa' backend does not return attention maps; use backend='eager'")
     if lam is None:
         return sdpa_pad(q, k, v, None, mask, scale)
-    if q.is_cuda:
-        from . import gpu_table
+    return SDPA_FORMS[sdpa_form(q, k, v, lam)](q, k, v, lam, mask, scale)
 
-        form = gpu_table.sdpa_form_for(q, k, v, lam)
-    else:
-        form = CPU_SDPA_FORM
-    return SDPA_FORMS[form](q, k, v, lam, mask, scale)
+
+def sdpa_form(q: Tensor, k: Tensor, v: Tensor, lam: Tensor) -> str:
+    """The form ``sdpa`` runs for this differential-attention call: on CUDA the measured table's
+    (:func:`difftx.attention.gpu_table.sdpa_form_for`), on CPU :data:`CPU_SDPA_FORM`."""
+    if not q.is_cuda:
+        return CPU_SDPA_FORM
+    from . import gpu_table
+
+    return gpu_table.sdpa_form_for(q, k, v, lam, SDPA_FORMS)
 
 
 Kernel = Callable[..., object]
@@ -544,9 +548,39 @@ if _flex.available():
     BACKENDS["flex"] = _flex.flex
 
 
-def register_backend(name: str, fn: Kernel) -> None:
-    """Add a kernel to the table (used by optional backends such as ``triton``)."""
+# Backends that take only some calls: name -> ``declines(q, k, v, lam, mask)``, the reason it would hand this call
+# to another kernel, or None where it takes it (the fused Triton kernels'); ``auto`` on CUDA passes over one that
+# declines.
+DECLINES: dict[str, Callable[..., Optional[str]]] = {}
+
+
+def register_backend(name: str, fn: Kernel, declines: Optional[Callable[..., Optional[str]]] = None) -> None:
+    """Add a kernel to the table (used by optional backends such as ``triton``); ``declines``: see
+    :data:`DECLINES`."""
     BACKENDS[name] = fn
+    if declines is not None:
+        DECLINES[name] = declines
+    else:
+        DECLINES.pop(name, None)
+
+
+def cuda_choice(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: AttentionMask) -> str:
+    """The backend ``auto`` runs for this differential-attention call on its CUDA card: the measured table's choice
+    (:func:`difftx.attention.gpu_table.backend_for`) among the registered backends that take the call."""
+    from . import gpu_table
+
+    names = [n for n in BACKENDS if n not in DECLINES or DECLINES[n](q, k, v, lam, mask) is None]
+    return gpu_table.backend_for(q, k, v, lam, names)
+
+
+def auto_cuda(q, k, v, lam, mask: AttentionMask, scale: float, return_maps: bool = False):
+    """``auto`` on CUDA: the backend the measured table picks for the call (:func:`cuda_choice`); standard
+    attention (``lam is None``) is ``sdpa``'s one call."""
+    if return_maps:
+        raise ValueError("the 'auto' backend on CUDA does not return attention maps; use backend='eager'")
+    if lam is None:
+        return sdpa(q, k, v, None, mask, scale)
+    return BACKENDS[cuda_choice(q, k, v, lam, mask)](q, k, v, lam, mask, scale)
 
 
 # Backends difftx knows by name even when their optional package is missing, so a config that
@@ -575,7 +609,7 @@ AUTO_EAGER_MAX_ROWS = 16
 
 def resolve_backend(name: str, device: torch.device, q_len: Optional[int] = None) -> Kernel:
     """The kernel for ``name``; ``auto`` picks the fastest measured for the device: on CUDA a dispatcher that
-    asks the measured table (:func:`difftx.attention.gpu_table.auto_cuda`) at call time; on CPU by the number
+    asks the measured table (:func:`auto_cuda`) at call time; on CPU by the number
     of query rows ``q_len`` of the call (:data:`AUTO_EAGER_MAX_ROWS`)."""
     check_backend_name(name)
     if name in BACKENDS:
@@ -585,7 +619,5 @@ def resolve_backend(name: str, device: torch.device, q_len: Optional[int] = None
         warnings.warn(f"attention backend {name!r} is unavailable ({OPTIONAL_BACKENDS[name]}); using 'auto'",
                       stacklevel=2)
     if device.type == "cuda":
-        from .gpu_table import auto_cuda
-
         return auto_cuda
     return eager if q_len is not None and q_len <= AUTO_EAGER_MAX_ROWS else chunked

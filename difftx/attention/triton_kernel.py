@@ -997,6 +997,6 @@ def register() -> None:
     """Add ``triton`` (default backward :data:`BWD`, autotuned on a GPU), ``triton_atomic_dv`` and
     ``triton_split`` (the other backward forms, fixed tiles) to the backend table
     (``resolve_backend('auto', cuda)`` prefers ``triton``)."""
-    kernels.register_backend("triton", triton_attention)
-    kernels.register_backend("triton_split", triton_split_attention)
-    kernels.register_backend("triton_atomic_dv", triton_atomic_dv_attention)
+    for name, fn in (("triton", triton_attention), ("triton_split", triton_split_attention),
+                     ("triton_atomic_dv", triton_atomic_dv_attention)):
+        kernels.register_backend(name, fn, declines=lambda *call: unsupported_reason(*call))
