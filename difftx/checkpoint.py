@@ -211,9 +211,64 @@ def load_model(folder: PathLike, device: str | torch.device = "cpu") -> Transfor
     (no ``config.json``, checkpoints inside) means its latest checkpoint, as on the command line."""
     folder = Path(folder)
     if folder.is_dir() and not (folder / CONFIG_NAME).is_file():
-        from .training.checkpointing import resolve_checkpoint  # lazy: training imports this module
-
         folder = resolve_checkpoint(folder)
     model = Transformer(load_config(folder))
     load_weights_into(model, load_state(folder), str(Path(folder) / WEIGHTS_NAME))
     return model.to(device)
+
+
+# -- a training run's checkpoints (the run folder's layout: difftx.training.checkpointing) --------------------------
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoints_dir(run_dir: PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def list_checkpoints(run_dir: PathLike) -> list[Path]:
+    """Complete checkpoint folders of a run, oldest first (temporary folders excluded)."""
+    root = checkpoints_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
+    """The folder named by ``checkpoints/latest`` (or the newest step folder if the pointer is
+    missing); ``None`` when the run has none. A dangling pointer is a :class:`CheckpointError`."""
+    root = checkpoints_dir(run_dir)
+    pointer = root / LATEST
+    if pointer.is_file():
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{pointer}: not a text file (it should hold a checkpoint folder's name)") from None
+        if not _STEP_RE.match(name):
+            raise CheckpointError(f"{pointer}: does not name a checkpoint folder (got {name[:80]!r})")
+        target = root / name
+        if not target.is_dir():
+            raise CheckpointError(f"{pointer}: points to {target}, which does not exist")
+        return target
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_checkpoint(path: PathLike) -> Path:
+    """A checkpoint folder from either itself or a run folder (whose latest checkpoint is used)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint or run folder")
+    if (path / CONFIG_NAME).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"{path}: neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder with "
+                              f"checkpoints")
+    return latest

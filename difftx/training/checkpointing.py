@@ -44,9 +44,10 @@ import numpy as np
 import torch
 
 from ..attention.registry import code_change
-from ..checkpoint import (
-    CONFIG_NAME, WEIGHTS_NAME, CheckpointError, check_weights_fit, file_sha256, load_config, load_state, save_model,
-    verify_digest,
+from ..checkpoint import (  # noqa: F401  (the run-folder lookups live with the checkpoint format, named here too)
+    _STEP_RE, CHECKPOINTS, CONFIG_NAME, LATEST, WEIGHTS_NAME, CheckpointError, check_weights_fit, checkpoints_dir,
+    file_sha256, latest_checkpoint, list_checkpoints, load_config, load_state, resolve_checkpoint, save_model,
+    step_dir_name, verify_digest,
 )
 from ..config import ModelConfig
 from ..io import (
@@ -61,70 +62,16 @@ from .config import (
 PathLike = Union[str, os.PathLike]
 FORMAT = "difftx-train"
 FORMAT_VERSION = 1
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
 STATE_NAME = "trainer_state.json"
 OPTIM_NAME = "optimizer.pt"
 DIGESTS = "digests"  # trainer_state.json: {file name: SHA-256} of the checkpoint's files that cannot hold their own
 TRAIN_CONFIG_NAME = "train_config.json"
 TOKENIZER_DIR = "tokenizer"
 LOCK_NAME = ".lock"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 
 # fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change);
 # batch_size may change with the number of processes as long as the global batch stays the same
 RESUME_MUST_MATCH = ("seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def checkpoints_dir(run_dir: PathLike) -> Path:
-    return Path(run_dir) / CHECKPOINTS
-
-
-def list_checkpoints(run_dir: PathLike) -> list[Path]:
-    """Complete checkpoint folders of a run, oldest first (temporary folders excluded)."""
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
-    """The folder named by ``checkpoints/latest`` (or the newest step folder if the pointer is
-    missing); ``None`` when the run has none. A dangling pointer is a :class:`CheckpointError`."""
-    root = checkpoints_dir(run_dir)
-    pointer = root / LATEST
-    if pointer.is_file():
-        try:
-            name = pointer.read_text(encoding="utf-8").strip()
-        except UnicodeDecodeError:
-            raise CheckpointError(f"{pointer}: not a text file (it should hold a checkpoint folder's name)") from None
-        if not _STEP_RE.match(name):
-            raise CheckpointError(f"{pointer}: does not name a checkpoint folder (got {name[:80]!r})")
-        target = root / name
-        if not target.is_dir():
-            raise CheckpointError(f"{pointer}: points to {target}, which does not exist")
-        return target
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1] if ckpts else None
-
-
-def resolve_checkpoint(path: PathLike) -> Path:
-    """A checkpoint folder from either itself or a run folder (whose latest checkpoint is used)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint or run folder")
-    if (path / CONFIG_NAME).is_file():
-        return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise CheckpointError(f"{path}: neither a checkpoint folder (no {CONFIG_NAME}) nor a run folder with "
-                              f"checkpoints")
-    return latest
 
 
 # -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
