@@ -155,25 +155,6 @@ def test_eval_lm_data_scores_every_token_of_the_file_once(text_model, seq_len, t
         assert "skipped: length extrapolation" in printed
 
 
-def test_compare_and_train_share_one_set_grammar():
-    from difftx.cli.compare import parse_overrides
-    from difftx.training.config import load_train_config
-
-    got = parse_overrides(["steps=5", "lr=1e-3", "threads=null", "tasks.needle.grid=1/1,2/2",
-                           "tasks.needle.depths=[0, 0.5]", "tasks.lm.windows=4"])
-    assert got == {"steps": 5, "lr": 1e-3, "threads": None,
-                   "tasks": {"needle": {"grid": "1/1,2/2", "depths": [0, 0.5]}, "lm": {"windows": 4}}}
-    cfg = load_train_config(None, ["steps=5", "warmup_steps=1", "lr=1e-3", "model_overrides.dim=64"])
-    assert (cfg.steps, cfg.lr, cfg.model_overrides["dim"]) == (5, 1e-3, 64)
-    with pytest.raises(ValueError, match="expected KEY=VALUE"):
-        parse_overrides(["steps"])
-    from difftx.compare import get_preset
-
-    p = get_preset("smoke", **parse_overrides(["tasks.needle.grid=1/1,2/2", "tasks.needle.depths=[0, 0.5]"]))
-    assert p.task_settings()["needle"].grid == ((1, 1), (2, 2)) and p.task_settings()["needle"].depths == (0, 0.5)
-    assert p.task_settings()["needle"].samples_per_cell == 2  # the smoke preset's other needle settings stay
-
-
 def test_gradient_spikes_count_steps_far_above_the_running_median():
     from difftx.tasks.training import grad_spikes
 

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..overrides import parse_overrides, parse_value, split_override
 from .args import check_not_input, output_dir, positive_int
 
 
@@ -81,27 +82,6 @@ def register(sub) -> None:
                         "on every head; default mirror)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
-
-
-def parse_overrides(items: list[str]) -> dict:
-    """``["steps=500", "tasks.needle.grid=1/1,2/2"]`` -> ``{"steps": 500, "tasks": {"needle": {"grid": "1/1,2/2"}}}``:
-    the grammar of ``difftx train --set`` (dotted keys; JSON / YAML scalars, else the string, which
-    a task setting then parses in its own text form)."""
-    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
-
-    out: dict = {}
-    for item in items:
-        key, value = split_override(item)
-        path = [x.strip() for x in key.split(".")]
-        if not all(path):
-            raise ValueError(f"--set {item!r}: empty name in {key!r}")
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {item!r}: {part!r} is given both a value and sub-fields")
-        node[path[-1]] = parse_value(value)
-    return out
 
 
 def take_workers(args: argparse.Namespace, overrides: dict) -> None:
@@ -237,7 +217,6 @@ def _stem(path: str) -> str:
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
     from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
-    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
     if field not in ComparePreset.field_defaults() or field in ("tasks", "name"):

@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..io import read_json
+from ..overrides import parse_value, split_override
 
 
 def register(sub) -> None:
@@ -94,7 +95,6 @@ def _load(spec: str):
 
 def _apply_overrides(cfg, overrides: list[str]):
     from ..config import ModelConfig  # lazy: torch; --help stays fast
-    from ..training.config import parse_value, split_override  # lazy: torch; --help stays fast
 
     known = {f.name for f in fields(ModelConfig)}
     changes = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..overrides import parse_overrides
 from .args import check_not_input, output_dir, positive_int
-from .compare import parse_arms, parse_overrides, take_workers
+from .compare import parse_arms, take_workers
 
 
 def register(sub) -> None:

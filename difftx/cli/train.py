@@ -258,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
 def tensorboard_asked(args: argparse.Namespace) -> bool:
     """Whether this command asks for TensorBoard itself (``--set tensorboard=...`` or the config file's
     ``tensorboard``), rather than taking the default (TensorBoard when it is installed)."""
-    from ..training.config import read_config_file, split_override  # lazy: torch; --help stays fast
+    from ..overrides import split_override
+    from ..training.config import read_config_file  # lazy: torch; --help stays fast
 
     if any(split_override(o)[0].strip() == "tensorboard" for o in args.overrides):
         return True

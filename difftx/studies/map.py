@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..overrides import dotted_items, value_text
+
 MAP_SCHEMA = "difftx.map"
 MAP_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +81,8 @@ class Cell:
         parts = ["difftx compare", f"--preset {self.preset}", f"--seeds {seeds or self.seeds}"]
         if tuple(self.arms) != tuple(get_preset(self.preset).arms):
             parts.append("--arms " + ",".join(self.arms))
-        parts += [f"--set {k}={_value_text(v)}" for k, v in _dotted({k: v for k, v in self.overrides.items()
-                                                                    if k != "arms"})]
+        parts += [f"--set {k}={value_text(v)}" for k, v in dotted_items({k: v for k, v in self.overrides.items()
+                                                                         if k != "arms"})]
         parts.append(f"--out {Path(out) / self.name}")
         return " ".join(parts)
 
@@ -92,22 +94,6 @@ class MapSpec:
     recorded: Optional[Path] = None
     path: Optional[Path] = None
     tasks: dict = field(default_factory=dict)
-
-
-def _dotted(d: dict, prefix: str = "") -> list[tuple[str, object]]:
-    """``{"tasks": {"recall": {"samples": 4}}}`` -> ``[("tasks.recall.samples", 4)]`` (compare's ``--set`` keys)."""
-    out = []
-    for k, v in d.items():
-        out += _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
-    return out
-
-
-def _value_text(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return json.dumps(list(v), separators=(",", ":"))
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 # -- the spec ---------------------------------------------------------------------------------------------------

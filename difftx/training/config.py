@@ -21,6 +21,7 @@ from typing import Any, Optional, Union
 from ..config import PRESETS as MODEL_PRESETS
 from ..config import ModelConfig, preset
 from ..data.tokenizer import load_tokenizer
+from ..overrides import parse_value, split_override
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -234,40 +235,9 @@ class TrainConfig:
         return TrainConfig.from_dict(data)
 
 
-def split_override(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise ValueError(f"override {text!r}: expected KEY=VALUE (e.g. lr=3e-4 or model_overrides.dim=128)")
-    key, value = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ValueError(f"override {text!r}: empty key")
-    return key, value
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value: JSON / YAML scalars (``3``, ``1e-3``, ``true``, ``null``, ``[1, 2]``), else the string."""
-    text = text.strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("null", "none", "~"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text
-
-
 def set_dotted(data: dict, key: str, value: Any) -> None:
-    """``set_dotted(d, "model_overrides.dim", 128)`` sets ``d["model_overrides"]["dim"]``."""
+    """``set_dotted(d, "model_overrides.dim", 128)`` sets ``d["model_overrides"]["dim"]``: where a dotted
+    ``--set`` key lands in a :class:`TrainConfig`'s fields (the grammar is :mod:`difftx.overrides`)."""
     parts = key.split(".")
     if len(parts) > 1 and parts[0] == "model" and isinstance(data.get("model"), str):
         parts = ["model_overrides", *parts[1:]]  # a preset name: its fields are changed through model_overrides
