@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from difftx import Transformer, preset
 from difftx.eval.icl import (
-    ICLTask,
+    ICLBlock,
     above_chance,
     classify,
     evaluate_icl_instances,
@@ -18,7 +18,7 @@ from difftx.eval.icl import (
     training_batch,
 )
 
-TASK = ICLTask(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
+TASK = ICLBlock(n_classes=4, n_features=24, features_per_class=4, input_len=3, n_labels=6, n_demos=8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,11 +69,11 @@ def test_orders_are_permutations():
 
 def test_task_validation():
     with pytest.raises(ValueError, match="n_demos"):
-        ICLTask(n_classes=3, n_demos=8)
+        ICLBlock(n_classes=3, n_demos=8)
     with pytest.raises(ValueError, match="n_features"):
-        ICLTask(n_classes=4, n_features=10, features_per_class=4)
-    shifted = ICLTask(first_id=100)
-    assert shifted.BOS == 101 and shifted.vocab_size == 100 + ICLTask().vocab_size
+        ICLBlock(n_classes=4, n_features=10, features_per_class=4)
+    shifted = ICLBlock(first_id=100)
+    assert shifted.BOS == 101 and shifted.vocab_size == 100 + ICLBlock().vocab_size
 
 
 def test_training_batch_masks_labels():
@@ -86,7 +86,7 @@ def test_training_batch_masks_labels():
 class NearestDemo(nn.Module):
     """Solves the task: the label of the demonstration sharing most features with the query."""
 
-    def __init__(self, task: ICLTask, wrong: bool = False):
+    def __init__(self, task: ICLBlock, wrong: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(1))
         self.t, self.wrong = task, wrong

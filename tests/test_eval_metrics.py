@@ -18,7 +18,7 @@ from difftx.eval.attention_noise import (
 )
 from difftx.eval.capture import AttentionCapture
 from difftx.eval.lm import evaluate_lm
-from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, NeedleTask, evaluate_needles, needle_samples
+from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, NeedleBlock, evaluate_needles, needle_samples
 from difftx.eval.outliers import MagnitudeStats, activation_outliers, magnitude_stats
 from difftx.eval.quant import absmax_quantize, quantization_sweep, quantized_kernel, register_quantized_backend
 
@@ -81,7 +81,7 @@ def test_attention_to_answer_keeps_no_whole_map(monkeypatch):
 
     from difftx.eval import attention_noise
 
-    task = NeedleTask(n_keys=16, n_filler=20, context_len=48)
+    task = NeedleBlock(n_keys=16, n_filler=20, context_len=48)
     torch.manual_seed(0)
     model = Transformer(preset("test", vocab_size=task.vocab_size)).eval()
     samples = needle_samples(task, 2, 1, 0.5, 4, seed=0)
@@ -105,7 +105,7 @@ def test_attention_to_answer_keeps_no_whole_map(monkeypatch):
 
 
 def test_attention_to_answer_on_tiny_model():
-    task = NeedleTask(n_keys=16, n_filler=20, context_len=48)
+    task = NeedleBlock(n_keys=16, n_filler=20, context_len=48)
     torch.manual_seed(0)
     model = Transformer(preset("test", vocab_size=task.vocab_size)).eval()
     samples = needle_samples(task, 2, 1, 0.5, 3, seed=0)
@@ -267,7 +267,7 @@ def test_quantized_backend_in_model_nll_and_needles():
     assert sweep["full"] == pytest.approx(full)
     assert set(sweep) == {"full", "row", "tensor"} and set(sweep["row"]) == {"16", "3"}
     assert abs(sweep["tensor"]["3"] - full) > 1e-3
-    task = NeedleTask(n_keys=16, n_filler=20, context_len=48)
+    task = NeedleBlock(n_keys=16, n_filler=20, context_len=48)
     m2 = Transformer(preset("test", vocab_size=task.vocab_size)).eval()
     res = evaluate_needles(m2, task, grid=((2, 1),), depths=(0.5,), samples_per_cell=2, backend=name,
                            use_cache=False)

@@ -14,8 +14,8 @@ from difftx.eval.needle import (
     ROLE_FILLER,
     ROLE_NEEDLE,
     ROLE_QUERY,
+    NeedleBlock,
     NeedleResult,
-    NeedleTask,
     classify_answer,
     evaluate_needles,
     make_needle_sample,
@@ -33,7 +33,7 @@ from difftx.eval.needle_text import (
 )
 
 
-TASK = NeedleTask(n_keys=16, n_filler=20, value_len=3, context_len=48, max_needles=6, max_query=2)
+TASK = NeedleBlock(n_keys=16, n_filler=20, value_len=3, context_len=48, max_needles=6, max_query=2)
 
 
 @pytest.mark.parametrize("n,r", [(1, 1), (2, 2), (4, 2), (6, 2)])
@@ -78,7 +78,7 @@ def test_generator_invariants(n, r, depth):
 
 def test_generator_validation_and_determinism():
     with pytest.raises(ValueError, match="context_len"):
-        NeedleTask(context_len=20, max_needles=6)
+        NeedleBlock(context_len=20, max_needles=6)
     with pytest.raises(ValueError, match="n_query"):
         make_needle_sample(TASK, 2, 3, 0.5, random.Random(0))
     with pytest.raises(ValueError, match="depth"):
@@ -127,7 +127,7 @@ def test_training_batch_masks_answers():
 class Oracle(nn.Module):
     """Reads the prompt and emits the right answer (or the value of another needle)."""
 
-    def __init__(self, task: NeedleTask, distract: bool = False):
+    def __init__(self, task: NeedleBlock, distract: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(1))
         self.t, self.distract = task, distract

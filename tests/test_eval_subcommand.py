@@ -17,14 +17,14 @@ from difftx.cli import main
 from difftx.config import ModelConfig, baseline_config
 from difftx.eval.attention_noise import attention_to_answer
 from difftx.eval.diagnostics import model_head_redundancy
-from difftx.eval.icl import ICLTask
-from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, ROLE_NEEDLE, ROLE_QUERY, NeedleTask, needle_samples
+from difftx.eval.icl import ICLBlock
+from difftx.eval.needle import ROLE_ANSWER, ROLE_FILLER, ROLE_NEEDLE, ROLE_QUERY, NeedleBlock, needle_samples
 from difftx.eval.needle_text import make_text_needle_sample, text_needle_roles
 from difftx.model import Transformer
 
-NEEDLE = NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)
-ICL = ICLTask(n_classes=2, n_features=8, features_per_class=2, input_len=2, n_labels=4, n_demos=4,
-              first_id=NEEDLE.vocab_size)
+NEEDLE = NeedleBlock(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)
+ICL = ICLBlock(n_classes=2, n_features=8, features_per_class=2, input_len=2, n_labels=4, n_demos=4,
+               first_id=NEEDLE.vocab_size)
 
 
 def _save(folder: Path, cfg: ModelConfig, icl: dict | None | str = "absent") -> Path:

@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from difftx.eval.icl import ICLTask
-from difftx.eval.needle import NeedleTask
+from difftx.eval.icl import ICLBlock
+from difftx.eval.needle import NeedleBlock
 from difftx.tasks.common import probe_cell
 from difftx.tasks.subject import TASK_FILE, TRAIN_RECORD, CompareTask, TaskSpace, TextBlock, TextData, TrainRecord
 
-NEEDLE = NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)
-ICL = ICLTask(n_classes=2, n_features=8, features_per_class=2, input_len=2, n_labels=4, n_demos=4,
-              first_id=NEEDLE.vocab_size + 300)
+NEEDLE = NeedleBlock(n_keys=16, n_filler=20, context_len=48, max_needles=4, max_query=2)
+ICL = ICLBlock(n_classes=2, n_features=8, features_per_class=2, input_len=2, n_labels=4, n_demos=4,
+               first_id=NEEDLE.vocab_size + 300)
 
 
 MIXED = TaskSpace({"needle": NEEDLE, "lm": TextBlock(NEEDLE.vocab_size, 300), "icl": ICL})
@@ -90,5 +90,5 @@ def test_the_probe_cell_is_clipped_to_what_the_needle_task_can_pose():
     assert probe_cell(compare_model, None) == (4, 2)
     assert probe_cell(compare_model, (3, 3)) == (3, 2)
     assert probe_cell(compare_model, (2, 1)) == (2, 1)
-    assert probe_cell(SimpleNamespace(needle=NeedleTask(n_keys=16, n_filler=20, context_len=48, max_needles=2,
-                                                        max_query=1)), None) == (2, 1)
+    assert probe_cell(SimpleNamespace(needle=NeedleBlock(n_keys=16, n_filler=20, context_len=48, max_needles=2,
+                                                         max_query=1)), None) == (2, 1)

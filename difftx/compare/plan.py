@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import ModelConfig, arm_config
-from ..eval.icl import ICLTask
-from ..eval.needle import NeedleTask
+from ..eval.icl import ICLBlock
+from ..eval.needle import NeedleBlock
 from ..eval.recall import RecallBlock
 from ..tasks import TASKS, settings_from_dict
 from ..tasks.subject import BYTE_VOCAB, TaskSpace, TextBlock, TextData, first_free
@@ -309,7 +309,7 @@ def check_recall(preset: Any, tasks: dict) -> Optional[RecallBlock]:
     return block
 
 
-def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
+def check(preset: Any) -> tuple[dict, NeedleBlock, Optional[ICLBlock]]:
     """Raise ``ValueError`` naming the fields when ``preset``'s fields do not fit together (each
     field alone was checked when it was made). Returns what the checks build: the task settings,
     the needle task and the ICL task (None without ICL batches; its ids from 0)."""
@@ -325,8 +325,8 @@ def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
         if not 1 <= r <= n <= ns.max_needles:
             raise preset_error("tasks.needle.grid", f"N/R = {n}/{r} needs 1 <= R <= N <= max_needles={ns.max_needles}")
     try:
-        needle = NeedleTask(n_keys=ns.n_keys, n_filler=ns.n_filler, context_len=ns.context_len,
-                            max_needles=ns.max_needles, max_query=max(r for _, r in grid))
+        needle = NeedleBlock(n_keys=ns.n_keys, n_filler=ns.n_filler, context_len=ns.context_len,
+                             max_needles=ns.max_needles, max_query=max(r for _, r in grid))
     except ValueError as e:
         raise preset_error("context_len", str(e)) from None
     if not ic.every:
@@ -337,9 +337,9 @@ def check(preset: Any) -> tuple[dict, NeedleTask, Optional[ICLTask]]:
         raise preset_error("icl_every", f"{ic.every} is a multiple of lm_every={lm.every}: every ICL step "
                                         "would be an LM step")
     try:
-        return tasks, needle, ICLTask(n_classes=ic.classes, features_per_class=ic.features_per_class,
-                                      n_features=max(4 * ic.classes * ic.features_per_class, 2 * ic.classes),
-                                      input_len=ic.input_len, n_labels=2 * ic.classes, n_demos=ic.demos)
+        return tasks, needle, ICLBlock(n_classes=ic.classes, features_per_class=ic.features_per_class,
+                                       n_features=max(4 * ic.classes * ic.features_per_class, 2 * ic.classes),
+                                       input_len=ic.input_len, n_labels=2 * ic.classes, n_demos=ic.demos)
     except ValueError as e:
         raise preset_error("icl_*", str(e)) from None
 
@@ -391,7 +391,7 @@ def resolve(preset: Any) -> ComparePlan:
         curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)
 
 
-def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleTask], icl: Optional[ICLTask],
+def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: Optional[ICLBlock],
                  recall: Optional[RecallBlock]) -> ComparePlan:
     """:func:`resolve` for a comparison from a pretrained source (``preset.source``, ``difftx compare --from``):
     the arms are the source and its conversion (:func:`difftx.compare.source.source_arms`; the preset's model

@@ -16,16 +16,16 @@ See ``docs/evaluation.md`` for definitions.
 from .attention_noise import attention_to_answer, layer_mass, role_mass
 from .capture import AttentionCapture, CapturedMaps, capture_attention, layer_lambdas
 from .diagnostics import head_redundancy, model_head_redundancy
-from .icl import ICLTask, evaluate_icl_instances
+from .icl import ICLBlock, evaluate_icl_instances
 from .lm import LMResult, ar_hit_mask, bits_per_byte, evaluate_lm, length_extrapolation, token_nll
-from .needle import NeedleResult, NeedleTask, evaluate_needles, make_needle_sample
+from .needle import NeedleBlock, NeedleResult, evaluate_needles, make_needle_sample
 from .needle_text import evaluate_needles_text
 from .outliers import MagnitudeStats, activation_outliers, magnitude_stats
 from .quant import absmax_quantize, quantization_sweep, quantized_kernel, register_quantized_backend
 from .stats import PairedEstimate, paired_estimate, verdict
 
 __all__ = [
-    "AttentionCapture", "CapturedMaps", "ICLTask", "LMResult", "MagnitudeStats", "NeedleResult", "NeedleTask",
+    "AttentionCapture", "CapturedMaps", "ICLBlock", "LMResult", "MagnitudeStats", "NeedleBlock", "NeedleResult",
     "PairedEstimate", "absmax_quantize", "activation_outliers", "ar_hit_mask", "attention_to_answer",
     "bits_per_byte", "capture_attention", "evaluate_icl_instances", "evaluate_lm", "evaluate_needles",
     "evaluate_needles_text", "head_redundancy", "layer_lambdas", "layer_mass", "length_extrapolation",

@@ -31,10 +31,10 @@ ORDER_KINDS = ("random", "class_sorted", "alternating")
 
 
 @dataclass(frozen=True)
-class ICLTask:
-    """Vocabulary and sizes. Local ids: ``PAD=0 BOS=1 ARROW=2 SEP=3``, then ``n_features``
-    feature tokens, then ``n_labels`` label tokens; every id is offset by ``first_id`` so the
-    task can share a vocabulary with another (for example after a :class:`NeedleTask`)."""
+class ICLBlock:
+    """The ICL task's block of token ids and its sizes. Local ids: ``PAD=0 BOS=1 ARROW=2 SEP=3``,
+    then ``n_features`` feature tokens, then ``n_labels`` label tokens; every id is offset by
+    ``first_id`` so the task can share a vocabulary with another (for example after a :class:`NeedleBlock`)."""
 
     n_classes: int = 4
     n_features: int = 48
@@ -48,19 +48,19 @@ class ICLTask:
         for name in ("n_classes", "n_features", "features_per_class", "input_len", "n_labels", "n_demos"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"ICLTask.{name}: must be a positive integer, got {v!r}")
+                raise ValueError(f"ICLBlock.{name}: must be a positive integer, got {v!r}")
         if self.n_classes < 2:
-            raise ValueError(f"ICLTask.n_classes: need at least 2 classes, got {self.n_classes}")
+            raise ValueError(f"ICLBlock.n_classes: need at least 2 classes, got {self.n_classes}")
         if self.n_classes * self.features_per_class > self.n_features:
-            raise ValueError(f"ICLTask.n_features: {self.n_features} cannot give {self.n_classes} classes "
+            raise ValueError(f"ICLBlock.n_features: {self.n_features} cannot give {self.n_classes} classes "
                              f"{self.features_per_class} disjoint features each")
         if self.n_labels < self.n_classes:
-            raise ValueError(f"ICLTask.n_labels: {self.n_labels} label tokens for {self.n_classes} classes")
+            raise ValueError(f"ICLBlock.n_labels: {self.n_labels} label tokens for {self.n_classes} classes")
         if self.n_demos % self.n_classes:
-            raise ValueError(f"ICLTask.n_demos: {self.n_demos} must be a multiple of n_classes={self.n_classes} "
+            raise ValueError(f"ICLBlock.n_demos: {self.n_demos} must be a multiple of n_classes={self.n_classes} "
                              "(balanced demonstrations)")
         if self.first_id < 0:
-            raise ValueError(f"ICLTask.first_id: must be >= 0, got {self.first_id}")
+            raise ValueError(f"ICLBlock.first_id: must be >= 0, got {self.first_id}")
 
     @property
     def PAD(self) -> int:
@@ -108,7 +108,7 @@ class Episode:
     query: list[int]
     query_class: int
 
-    def prompt(self, task: ICLTask, demos: Optional[Sequence[tuple[list[int], int]]] = None) -> list[int]:
+    def prompt(self, task: ICLBlock, demos: Optional[Sequence[tuple[list[int], int]]] = None) -> list[int]:
         toks = [task.BOS]
         for x, c in (self.demos if demos is None else demos):
             toks += [*x, task.ARROW, self.label_of_class[c], task.SEP]
@@ -119,18 +119,18 @@ class Episode:
         return self.label_of_class[self.query_class]
 
 
-def _classes_and_labels(task: ICLTask, rng: random.Random) -> tuple[list[list[int]], list[int]]:
+def _classes_and_labels(task: ICLBlock, rng: random.Random) -> tuple[list[list[int]], list[int]]:
     """Each class's feature tokens and label token: one problem's label map."""
     feats = rng.sample(range(task.first_feature, task.first_label), task.n_classes * task.features_per_class)
     sets = [feats[c * task.features_per_class:(c + 1) * task.features_per_class] for c in range(task.n_classes)]
     return sets, rng.sample(range(task.first_label, task.first_label + task.n_labels), task.n_classes)
 
 
-def _draw(task: ICLTask, sets: list[list[int]], c: int, rng: random.Random) -> list[int]:
+def _draw(task: ICLBlock, sets: list[list[int]], c: int, rng: random.Random) -> list[int]:
     return [rng.choice(sets[c]) for _ in range(task.input_len)]
 
 
-def make_episode(task: ICLTask, rng: random.Random) -> Episode:
+def make_episode(task: ICLBlock, rng: random.Random) -> Episode:
     sets, labels = _classes_and_labels(task, rng)
     demos = [(_draw(task, sets, c, rng), c) for c in range(task.n_classes)
              for _ in range(task.n_demos // task.n_classes)]
@@ -139,7 +139,7 @@ def make_episode(task: ICLTask, rng: random.Random) -> Episode:
     return Episode(labels, demos, _draw(task, sets, qc, rng), qc)
 
 
-def make_instance(task: ICLTask, rng: random.Random, n_queries: int) -> list[Episode]:
+def make_instance(task: ICLBlock, rng: random.Random, n_queries: int) -> list[Episode]:
     """One task instance: a fixed label map and demonstration set, and ``n_queries`` queries
     (classes balanced as far as they divide), each as an :class:`Episode` sharing the demos."""
     sets, labels = _classes_and_labels(task, rng)
@@ -174,7 +174,7 @@ def order_demos(demos: Sequence[tuple[list[int], int]], kind: str, rng: random.R
     return out
 
 
-def training_batch(task: ICLTask, batch_size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+def training_batch(task: ICLBlock, batch_size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
     """``tokens (B, prompt_len+1)`` (prompt + query label) and ``loss_mask (B, prompt_len)``
     aligned with ``tokens[:, 1:]``: True on every label token (demonstrations and query)."""
     L = task.prompt_len + 1
@@ -188,7 +188,7 @@ def training_batch(task: ICLTask, batch_size: int, rng: random.Random) -> tuple[
 
 
 @torch.no_grad()
-def classify(model: torch.nn.Module, task: ICLTask, prompts: Sequence[Sequence[int]],
+def classify(model: torch.nn.Module, task: ICLBlock, prompts: Sequence[Sequence[int]],
              candidates: Sequence[Sequence[int]], *, batch_size: int = 32, backend: Optional[str] = None) -> list[int]:
     """For each prompt, the candidate token with the largest next-token logit."""
     device = next(model.parameters()).device
@@ -203,7 +203,7 @@ def classify(model: torch.nn.Module, task: ICLTask, prompts: Sequence[Sequence[i
     return preds
 
 
-def evaluate_icl_instances(model: torch.nn.Module, task: ICLTask, *, n_instances: int = 50, n_queries: int = 20,
+def evaluate_icl_instances(model: torch.nn.Module, task: ICLBlock, *, n_instances: int = 50, n_queries: int = 20,
                            n_orders: int = 5, kinds: Sequence[str] = ORDER_KINDS, seed: int = 0, batch_size: int = 32,
                            backend: Optional[str] = None, progress: bool = False) -> dict:
     """Order robustness over ``n_instances`` task instances (see the module docstring).

@@ -58,8 +58,8 @@ def _contains(seq: Sequence, sub: Sequence) -> bool:
 # ==============================================================================================
 
 @dataclass(frozen=True)
-class NeedleTask:
-    """The synthetic task's vocabulary and sizes.
+class NeedleBlock:
+    """The synthetic task's block of token ids (from 0) and its sizes.
 
     Token ids: ``PAD=0 BOS=1 EOS=2 COLON=3 DOT=4 QUERY=5 ANSWER=6 SEP=7``, then 10 digits,
     ``n_keys`` keys and ``n_filler`` filler words (``vocab_size`` in all). ``context_len`` is
@@ -87,13 +87,13 @@ class NeedleTask:
         for name in ("n_keys", "n_filler", "value_len", "context_len", "max_needles", "max_query"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"NeedleTask.{name}: must be a positive integer, got {v!r}")
+                raise ValueError(f"NeedleBlock.{name}: must be a positive integer, got {v!r}")
         if self.max_query > self.max_needles:
-            raise ValueError(f"NeedleTask.max_query: {self.max_query} exceeds max_needles={self.max_needles}")
+            raise ValueError(f"NeedleBlock.max_query: {self.max_query} exceeds max_needles={self.max_needles}")
         if self.max_needles > self.n_keys:
-            raise ValueError(f"NeedleTask.n_keys: {self.n_keys} keys cannot give {self.max_needles} unique needles")
+            raise ValueError(f"NeedleBlock.n_keys: {self.n_keys} keys cannot give {self.max_needles} unique needles")
         if self.max_needles > 10 ** self.value_len:
-            raise ValueError(f"NeedleTask.value_len: {self.value_len} digits cannot give {self.max_needles} "
+            raise ValueError(f"NeedleBlock.value_len: {self.value_len} digits cannot give {self.max_needles} "
                              "unique values")
         self.haystack_len(self.max_needles, self.max_query, self.context_len)  # raises if it does not fit
 
@@ -126,7 +126,7 @@ class NeedleTask:
         """Filler tokens ``F`` of a prompt; raises when the needles do not fit."""
         fill = context_len - 1 - (n_query + 2) - n_needles * self.needle_len
         if fill < 1:
-            raise ValueError(f"NeedleTask.context_len: {context_len} tokens cannot hold {n_needles} needles of "
+            raise ValueError(f"NeedleBlock.context_len: {context_len} tokens cannot hold {n_needles} needles of "
                              f"{self.needle_len} tokens, BOS and a query of {n_query} keys")
         return fill
 
@@ -171,7 +171,7 @@ class NeedleSample:
         return len(self.query_keys)
 
 
-def make_needle_sample(task: NeedleTask, n_needles: int, n_query: int, depth: float, rng: random.Random,
+def make_needle_sample(task: NeedleBlock, n_needles: int, n_query: int, depth: float, rng: random.Random,
                        context_len: Optional[int] = None) -> NeedleSample:
     """A prompt of exactly ``context_len`` (default ``task.context_len``) tokens with
     ``n_needles`` unique keys and values; the first queried key's needle at ``depth``."""
@@ -225,7 +225,7 @@ def make_needle_sample(task: NeedleTask, n_needles: int, n_query: int, depth: fl
     return NeedleSample(prompt, answer, ctx_keys, ctx_values, qkeys, expected, depth, answer_start, roles)
 
 
-def parse_answer(task: NeedleTask, generated: Sequence[int], n_query: int) -> list[tuple[int, ...]]:
+def parse_answer(task: NeedleBlock, generated: Sequence[int], n_query: int) -> list[tuple[int, ...]]:
     """Split generated tokens (cut at EOS) on SEP into ``n_query`` groups (missing ones empty)."""
     toks = list(generated)
     if task.EOS in toks:
@@ -240,7 +240,7 @@ def parse_answer(task: NeedleTask, generated: Sequence[int], n_query: int) -> li
     return [tuple(g) for g in groups[:n_query]]
 
 
-def score_sample(task: NeedleTask, sample: NeedleSample, generated: Sequence[int]) -> list[str]:
+def score_sample(task: NeedleBlock, sample: NeedleSample, generated: Sequence[int]) -> list[str]:
     """Outcome (:data:`OUTCOMES`) per queried key of one generated answer."""
     preds = parse_answer(task, generated, sample.n_query)
     haystack = sample.prompt[: len(sample.prompt) - (sample.n_query + 2)]
@@ -251,7 +251,7 @@ def score_sample(task: NeedleTask, sample: NeedleSample, generated: Sequence[int
     return out
 
 
-def training_batch(task: NeedleTask, batch_size: int, rng: random.Random,
+def training_batch(task: NeedleBlock, batch_size: int, rng: random.Random,
                    seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A training batch over mixed N / R / depths (the training mode of SPEC section 5).
 
@@ -386,7 +386,7 @@ def _cell_seed(seed: int, n: int, r: int, length: int, depth: float) -> int:
     return random.Random(f"needle-cell:{seed}:{n}:{r}:{length}:{round(depth * 1000)}").getrandbits(31)
 
 
-def needle_samples(task: NeedleTask, n_needles: int, n_query: int, depth: float, n_samples: int, seed: int = 0,
+def needle_samples(task: NeedleBlock, n_needles: int, n_query: int, depth: float, n_samples: int, seed: int = 0,
                    context_len: Optional[int] = None) -> list[NeedleSample]:
     """The deterministic samples of one cell (the same for every model evaluated with ``seed``)."""
     L = task.context_len if context_len is None else context_len
@@ -394,7 +394,7 @@ def needle_samples(task: NeedleTask, n_needles: int, n_query: int, depth: float,
     return [make_needle_sample(task, n_needles, n_query, depth, rng, L) for _ in range(n_samples)]
 
 
-def evaluate_needles(model: torch.nn.Module, task: NeedleTask, *, grid: Sequence[tuple[int, int]] = DEFAULT_GRID,
+def evaluate_needles(model: torch.nn.Module, task: NeedleBlock, *, grid: Sequence[tuple[int, int]] = DEFAULT_GRID,
                      depths: Sequence[float] = DEFAULT_DEPTHS, lengths: Optional[Sequence[int]] = None,
                      samples_per_cell: int = 50, seed: int = 0, batch_size: int = 50, backend: Optional[str] = None,
                      use_cache: bool = True, max_examples: int = 5, progress: bool = False) -> NeedleResult:

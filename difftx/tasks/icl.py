@@ -115,9 +115,9 @@ def _write_block(block, space) -> dict:
 
 
 def _read_block(data: dict, before: dict):
-    from ..eval.icl import ICLTask as Classification
+    from ..eval.icl import ICLBlock
 
-    return Classification(**data["icl_task"]) if data.get("icl_task") else None
+    return ICLBlock(**data["icl_task"]) if data.get("icl_task") else None
 
 
 # the ICL training task's block (from its first_id) in compare_task.json

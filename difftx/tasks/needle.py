@@ -174,9 +174,9 @@ def _write_block(block, space) -> dict:
 
 
 def _read_block(data: dict, before: dict):
-    from ..eval.needle import NeedleTask as Needles
+    from ..eval.needle import NeedleBlock
 
-    return Needles(**data["needle_task"]) if data.get("needle_task") else None
+    return NeedleBlock(**data["needle_task"]) if data.get("needle_task") else None
 
 
 # the needle training task's block (ids from 0) in compare_task.json

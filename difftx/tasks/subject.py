@@ -34,8 +34,8 @@ from ..io import check_record, read_json, write_json
 if TYPE_CHECKING:  # torch is imported where a model is loaded: `difftx --help` stays light
     import torch
 
-    from ..eval.icl import ICLTask
-    from ..eval.needle import NeedleTask
+    from ..eval.icl import ICLBlock
+    from ..eval.needle import NeedleBlock
     from ..eval.recall import RecallBlock
 
 TASK_FILE = "compare_task.json"  # beside a compare model's config.json: its task vocabulary
@@ -356,12 +356,12 @@ class Subject:
         return rec is not None and bool((rec.request or {}).get("source"))
 
     @property
-    def needle(self) -> Optional[NeedleTask]:
+    def needle(self) -> Optional[NeedleBlock]:
         """The synthetic needle task of a compare model trained on needle batches."""
         return self.compare.space.block("needle") if self.compare is not None else None
 
     @property
-    def icl(self) -> Optional[ICLTask]:
+    def icl(self) -> Optional[ICLBlock]:
         """The synthetic ICL task of a compare model trained on ICL batches."""
         return self.compare.space.block("icl") if self.compare is not None else None
 

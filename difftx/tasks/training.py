@@ -105,7 +105,7 @@ def _per_stack(ctx: ReportContext, task: str) -> str:
             f"one measurement per stack, not a sample of seeds (no interval): {'; '.join(parts)}{ratio}.\n")
 
 
-class TrainingTask(Task):
+class TrainingRecordTask(Task):
     name = "training"
     title = "Training"
     help = "the training record of a compare model: losses, gradient norm, lambda, needle probes, time"
@@ -308,4 +308,4 @@ class TrainingTask(Task):
               f"max |attention logit| {fmt(sb['max_attention_logit'], 2)}")
 
 
-TASK = TrainingTask()
+TASK = TrainingRecordTask()

@@ -1,6 +1,6 @@
 """In-context classification (:func:`difftx.eval.icl.training_batch`: label maps drawn per sequence, loss on
 every label token): every ``icl_every``-th step that is not an LM step. Its ids follow the text's
-(a :class:`~difftx.eval.icl.ICLTask`, from its ``first_id``)."""
+(a :class:`~difftx.eval.icl.ICLBlock`, from its ``first_id``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The synthetic multi-needle task (:func:`difftx.eval.needle.training_batch`: mixed N/R/depths, loss on the
-answer tokens): every step no other task takes. Its block (a :class:`~difftx.eval.needle.NeedleTask`) has the
+answer tokens): every step no other task takes. Its block (a :class:`~difftx.eval.needle.NeedleBlock`) has the
 first ids of the task space."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .base import PROBE_SEED, TaskSettings, TrainingTask, setting
 @dataclass(frozen=True)
 class NeedleTrainingSettings(TaskSettings):
     """The needle task's prompts: ``context_len`` tokens, ``n_keys`` key ids, ``n_filler`` filler ids, at most
-    ``max_needles`` needles (:class:`difftx.eval.needle.NeedleTask`)."""
+    ``max_needles`` needles (:class:`difftx.eval.needle.NeedleBlock`)."""
 
     context_len: int = setting(128, "context_len", least=1)
     n_keys: int = setting(64, "n_keys", least=1)
