@@ -332,15 +332,6 @@ def adjusted_p_text(c: dict) -> str:
     return "-" if c.get("p_adjusted") is None else f"{c['p_adjusted']:.3g}"
 
 
-def verdict_line(c: dict, names: Optional[dict] = None) -> str:
-    """One verdict line: metric, ``A - B`` = difference [interval of what it names], Holm p, verdict."""
-    a, b = ((names or LABELS).get(x, x) for x in c["arms"])
-    if c.get("gated"):
-        return f"{c['label']}: {short_verdict(c, names)}"
-    return (f"{c['label']}: {a} - {b} = {difference_text(c)}, Holm p {adjusted_p_text(c)}: "
-            f"{short_verdict(c, names)}")
-
-
 def verdict_rows(comparisons: dict, pairs_: Optional[list] = None, names: Optional[dict] = None) -> list[list[str]]:
     """Rows ``[pair, metric, difference [95%], Holm p, verdict, mean]`` of a verdict table: every primary
     comparison of each pair (``comparisons``: ``{pair: {key: comparison}}``), then the exploratory

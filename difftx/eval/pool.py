@@ -147,12 +147,6 @@ def _arrays(y, v) -> tuple[np.ndarray, np.ndarray]:
     return y, v
 
 
-def weighted_mean(y, v, tau2=0.0) -> np.ndarray:
-    """``mu(tau^2)``: the mean of ``y`` weighted by ``1 / (v + tau^2)``."""
-    w = 1.0 / (np.asarray(v) + np.asarray(tau2)[..., None])
-    return (w * y).sum(-1) / w.sum(-1)
-
-
 def q_statistic(y, v, tau2=0.0) -> np.ndarray:
     """The generalised Q at ``tau^2`` (Cochran's Q at 0)."""
     w = 1.0 / (np.asarray(v) + np.asarray(tau2)[..., None])

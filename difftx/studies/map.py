@@ -37,7 +37,6 @@ DEFAULT_OUT = Path("runs/map")
 # the axes a map names: a cell's own, and those each arm carries (its config's)
 CELL_AXES = ("init", "depth", "width", "task")
 ARM_AXES = ("lambda_init", "output_scale", "head_norm")
-AXES = ("init", "depth", "width", "lambda_init", "output_scale", "head_norm", "task")
 AXIS_FIELDS = {"init": "init", "depth": "n_layers", "width": "dim"}  # the preset field each cell axis sets
 # per task: the compare metric a cell is read on
 METRICS = {"recall": ("recall_frontier", "frontier"), "lm": ("lm_nll", "held-out NLL")}

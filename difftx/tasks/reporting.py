@@ -13,7 +13,6 @@ SHORT = {"diff": "DIFF", "baseline": "baseline"}
 # what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
 # median seed difference with the interval of the median (an unbounded one: "median ... [...]")
 DIFFERENCE = "mean [95%], or mean; median [95%]"
-DIFF_HEADER = f"DIFF - baseline: {DIFFERENCE}, Holm p"
 
 
 def fmt(v: Optional[float], digits: int = 3) -> str:

@@ -21,7 +21,7 @@ model_config=...)``). Text data keeps its own path: ``train(config, data=prepare
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 import torch
 
@@ -59,14 +59,6 @@ class Batch:
     def target_tokens(self) -> torch.Tensor:
         """``(B, T)``: :attr:`targets`, else the next input tokens."""
         return self.tokens[:, 1:] if self.targets is None else self.targets
-
-
-class BatchLoader(Protocol):
-    def next_batch(self) -> Batch | tuple: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def as_batch(item: Any) -> Batch:

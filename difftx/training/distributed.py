@@ -148,11 +148,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def barrier() -> None:
-    if is_initialized():
-        dist.barrier()
-
-
 def on_main(fn, share: bool = False) -> Any:
     """Run ``fn()`` on rank 0 alone while the other ranks wait; an exception there is raised on
     every rank (rank 0: the original; others: a ``RuntimeError`` quoting it), so no rank is left
