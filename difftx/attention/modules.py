@@ -503,12 +503,9 @@ class GatedAttention(StandardAttention):
     def llama_refusal(cls, config) -> Optional[str]:
         return "each head is multiplied by sigmoid(x W_g), which depends on the input: no fixed weights compute it"
 
-    def gate_values(self, x: Tensor) -> Tensor:
-        """``sigmoid(x W_g)`` in float32 (float64 for float64 inputs): ``(B, T, H, d)`` elementwise,
-        ``(B, T, H, 1)`` head-wise."""
-        return self._gate(self.gate_proj(x))
-
     def _gate(self, logits: Tensor) -> Tensor:
+        """``sigmoid(x W_g)`` from ``x W_g``, in float32 (float64 for float64 inputs): ``(B, T, H, d)``
+        elementwise, ``(B, T, H, 1)`` head-wise."""
         return torch.sigmoid(logits.to(at_least_fp32(logits.dtype))).unflatten(-1, (self.n_heads, -1))
 
     def finish(self, out: Tensor, extra: Optional[Tensor]) -> Tensor:
