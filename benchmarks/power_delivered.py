@@ -6,8 +6,9 @@ rule (reject where ``max(t p-value, sign-flip p-value) x comparisons < 0.05``: t
 16 seeds, else from 20,000 random flips, as :func:`difftx.eval.stats.sign_flip_p`; checked against
 :func:`difftx.eval.stats.paired_estimate` on random rows first). Prints a Markdown table of two
 plans on the same pilots: before (modes only for a bounded metric: ``modes=bounded``, the plan of
-2026-11-28) and now (the default: modes for a bounded metric and wherever the seeds split,
-:func:`difftx.eval.stats.seeds_split`).
+2026-11-28), then (modes for a bounded metric and wherever the seeds split, :func:`difftx.eval.stats.seeds_split`:
+the plan of the morning of 2026-12-06) and now (the default: also for every pilot of fewer than
+:data:`difftx.eval.stats.MODES_BELOW` seeds).
 
     python benchmarks/power_delivered.py [--pilots 200] [--experiments 1000] [--comparisons 1]
                                          [--pilot-seeds 5,8] [--truths 0,4] [--plans 0,1]
@@ -31,7 +32,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from difftx.eval.stats import POWER_MAX_SEEDS, paired_estimate, power_plan, seeds_for_verdict, t_quantile
+from difftx.eval.stats import POWER_MAX_SEEDS, paired_estimate, power_plan, seeds_for_verdict, seeds_split, t_quantile
 
 ALPHA = 0.05
 TARGET = 0.8
@@ -62,9 +63,11 @@ TRUTHS: dict[str, Callable] = {"normal, 0.5 SD": _normal(0.5), "normal, 0.8 SD":
                                   _bounded(_lottery(p, 0.2)) for p in (0.7, 0.8)}}
 BOUNDS = (0.0, 1.0)  # the bounds a "bounded" truth is planned with (its differences lie in [-1, 1])
 # each plan: power_plan's keyword arguments, given whether the metric is bounded
-PLANS: dict[str, Callable[[bool], dict]] = {
-    "before: modes where bounded": lambda bounded: dict(modes=bounded, bounds=BOUNDS if bounded else None),
-    "now: modes where seeds split": lambda bounded: dict(bounds=BOUNDS if bounded else None)}
+PLANS: dict[str, Callable[[bool, np.ndarray], dict]] = {
+    "before: modes where bounded": lambda bounded, pilot: dict(modes=bounded, bounds=BOUNDS if bounded else None),
+    "then: where seeds split": lambda bounded, pilot: dict(modes=bounded or seeds_split(pilot),
+                                                           bounds=BOUNDS if bounded else None),
+    "now: and below 6 seeds": lambda bounded, pilot: dict(bounds=BOUNDS if bounded else None)}
 
 
 def verdicts(x: np.ndarray, comparisons: int, alpha: float = ALPHA, chunk: int = 100) -> np.ndarray:
@@ -186,7 +189,7 @@ def main() -> None:
                 answers = []
                 for p in pilots:
                     start = time.perf_counter()
-                    answers.append(power_plan(p, args.comparisons, **kwargs(truth.startswith("bounded"))).seeds)
+                    answers.append(power_plan(p, args.comparisons, **kwargs(truth.startswith("bounded"), p)).seeds)
                     took[name].append(time.perf_counter() - start)
                 cells.append(_cells(summarise(answers, truth, true_power)))
                 if "lottery" in truth:

@@ -470,6 +470,9 @@ POWER_MAX_SEEDS = 64
 POWER_CONFIDENCE = 0.85  # the confidence of the pessimistic effect a power plan is made for
 MODE_CONFIDENCE = 0.9  # the confidence of the share of seeds on the far side a plan with modes is made for
 SPLIT_GAP = 2.0  # a pilot splits where its two sides lie further apart than this many within-side SDs (simulated)
+# A pilot of fewer seeds cannot tell a lottery from a normal effect (its losing seeds may all be missing): power plans
+# from it always allow for modes (results log, 2026-12-06: 5-seed pilots of noisy lotteries got numbers at 0.62 power).
+MODES_BELOW = 6
 
 
 def seeds_split(d: Sequence[float], gap: float = SPLIT_GAP) -> bool:
@@ -687,8 +690,9 @@ def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, 
     3. The shape: the plan is the pilot's own differences, centred, stretched to the planned SD and
        moved to the planned mean, so the seeds' modes (a retrieval lottery) are kept; after the move
        some differences cross 0, as the truth's would.
-    4. Modes (``modes``; default: where ``bounds`` are given, a metric like an accuracy, and for any
-       metric whose seeds split, :func:`seeds_split`: an NLL where one arm learns a task in some seeds):
+    4. Modes (``modes``; default: where ``bounds`` are given, a metric like an accuracy, for any metric whose
+       seeds split, :func:`seeds_split`: an NLL where one arm learns a task in some seeds, and for any pilot of
+       fewer than :data:`MODES_BELOW` seeds, which cannot tell a lottery from a normal effect):
        the share of seeds on the far side of 0 is a binomial share the pilot saw ``k`` of ``n`` times,
        and can be far larger than ``k / n`` (a lottery whose losing seeds a pilot of 5 missed: 17% of
        pilots at 30% of them). A second plan gives the pilot's far side its upper ``mode_confidence``
@@ -709,7 +713,7 @@ def power_plan(d: Sequence[float], comparisons: float = 1, alpha: float = 0.05, 
     n0 = int(x.size)
     mean = float(x.mean()) if n0 else 0.0
     sd = float(x.std(ddof=1)) if n0 >= 2 else None
-    modes = (bounds is not None or seeds_split(x)) if modes is None else modes
+    modes = (bounds is not None or n0 < MODES_BELOW or seeds_split(x)) if modes is None else modes
     base = dict(power=power, confidence=confidence, pilot_n=n0, pilot_mean=mean, pilot_sd=sd, max_seeds=max_seeds,
                 estimand=estimand, mode_confidence=mode_confidence if modes else None)
     if n0 < 2:
