@@ -569,7 +569,10 @@ def cuda_choice(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: AttentionMas
     (:func:`difftx.attention.gpu_table.backend_for`) among the registered backends that take the call."""
     from . import gpu_table
 
-    names = [n for n in BACKENDS if n not in DECLINES or DECLINES[n](q, k, v, lam, mask) is None]
+    takes: dict = {}  # each check asked once per call (the fused kernels' three backends share one)
+    for check in {id(f): f for f in DECLINES.values()}.values():
+        takes[id(check)] = check(q, k, v, lam, mask) is None
+    names = [n for n in BACKENDS if n not in DECLINES or takes[id(DECLINES[n])]]
     return gpu_table.backend_for(q, k, v, lam, names)
 
 
