@@ -117,10 +117,10 @@ def all_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIM
                                 family_size=sizes[c["family"]], power_seeds=c.get("seeds_for_power"),
                                 power_checked=powered, power_plan=plan, mean_p=c.get("mean_p_adjusted"),
                                 mean_seeds=c.get("seeds_for_mean"), mean_plan=mean_plan, look=look))
-        c["better"] = (None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else
-                       (a if (est.mean < 0) == m.lower_is_better else b))
+        ahead = None if est is None else a if (est.mean < 0) == m.lower_is_better else b  # the side of the mean
+        c["better"] = None if c["gated"] or c["p_adjusted"] is None or c["p_adjusted"] >= ALPHA else ahead
         # the arm whose mean is better, where a valid test establishes the mean difference (bounded metrics only)
-        c["mean_better"] = (a if (est.mean < 0) == m.lower_is_better else b) if c.get("mean_established") else None
+        c["mean_better"] = ahead if c.get("mean_established") else None
     return out
 
 
