@@ -390,12 +390,12 @@ def _ratio_at_init(res, arm: str) -> Optional[list]:
 
 
 def _learned_steps(res, arm: str) -> tuple[Optional[int], Optional[list]]:
-    steps = []
-    for s in res.seeds:
-        learning = (res.run(s, arm).tasks.get("recall") or {}).get("learning")
-        if not learning:
-            return None, None
-        steps.append(learning.get("learned_step"))
+    """How many seeds learned recall, and the range of the steps at which they did (``None, None`` without probes)."""
+    from .scale_recall import learned_steps
+
+    steps = learned_steps(res, arm)
+    if steps is None:
+        return None, None
     got = [x for x in steps if x is not None]
     return len(got), ([min(got), max(got)] if got else None)
 

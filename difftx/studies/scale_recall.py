@@ -59,16 +59,22 @@ def _difference(c: dict) -> dict:
     return out
 
 
-def _learned(res: CompareResult, arm: str) -> Optional[list]:
-    """Per seed, whether the model learned recall by its last probe (``None`` without probes)."""
+def learned_steps(res: CompareResult, arm: str) -> Optional[list]:
+    """Per seed, the step at which the model learned recall (``None`` for a seed that did not by its last probe);
+    ``None`` without probes."""
     got = []
     for s in res.seeds:
-        task = res.run(s, arm).tasks.get("recall") or {}
-        learning = task.get("learning")
+        learning = (res.run(s, arm).tasks.get("recall") or {}).get("learning")
         if not learning:
             return None
-        got.append(learning.get("learned_step") is not None)
+        got.append(learning.get("learned_step"))
     return got
+
+
+def _learned(res: CompareResult, arm: str) -> Optional[list]:
+    """Per seed, whether the model learned recall by its last probe (``None`` without probes)."""
+    steps = learned_steps(res, arm)
+    return None if steps is None else [x is not None for x in steps]
 
 
 def recall_by_size(names: list, results: dict) -> dict:
