@@ -742,7 +742,7 @@ def write_map(out: Path, m: dict) -> None:
 def record_cells(m: dict, path: Path) -> list[str]:
     """Add the cells this map read from folders to the recorded map at ``path`` (created if missing), replacing a
     recorded cell of the same name: the folder's numbers, kept when the folder is not. Returns their names."""
-    from ..io import atomic_write
+    from ..io import atomic_write, dumps_strict
 
     data = {"schema": MAP_SCHEMA, "schema_version": MAP_VERSION, "title": m["title"], "cells": []}
     if Path(path).is_file():
@@ -759,7 +759,8 @@ def record_cells(m: dict, path: Path) -> list[str]:
         names.append(c["name"])
     order = {c["name"]: i for i, c in enumerate(m["cells"])}
     data["cells"].sort(key=lambda x: order.get(x.get("name"), len(order)))
-    atomic_write(path, lambda p: Path(p).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n"))
+    atomic_write(path, lambda p: Path(p).write_text(dumps_strict(data, indent=1, ensure_ascii=False) + "\n",
+                                                    encoding="utf-8"))
     return names
 
 
