@@ -285,3 +285,18 @@ def test_an_lm_cell_is_read_on_held_out_nll(tmp_path, monkeypatch):
     assert list(m["answer"]) == ["lm"] and m["answer"]["lm"]["diff"] == {cmap.NO_VERDICT: ["text"]}
     md = (tmp_path / "map.md").read_text()
     assert "**Language modelling (held-out NLL, nats; lower is better).**" in md and " nats: " in md
+
+
+def test_the_map_never_writes_over_its_spec(tmp_path, capsys):
+    """`--out` whose map.json would be the spec, or `--record` naming the spec: refused in one line, before any
+    training."""
+    from difftx.cli import main
+
+    spec = tmp_path / "map.json"
+    spec.write_text((cmap.DEFAULT_SPEC).read_text().replace('"../../docs/regime-map.json"',
+                                                            json.dumps(str(cmap.DEFAULT_SPEC.parents[2] / "docs" /
+                                                                           "regime-map.json"))))
+    assert main(["map", "--spec", str(spec), "--out", str(tmp_path), "--no-train"]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["map", "--spec", str(spec), "--out", str(tmp_path / "o"), "--no-train", "--record", str(spec)]) == 2
+    assert "--record" in capsys.readouterr().err

@@ -66,6 +66,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers: must be a positive integer, got {args.workers}")
     spec = load_spec(args.spec)
     out = Path(args.out) if args.out is not None else DEFAULT_OUT
+    if not (args.dry_run or args.table):  # what the map writes never lands on the spec or its recorded cells
+        from .args import check_not_input
+
+        inputs = {"the map spec": spec.path, "the recorded cells": spec.recorded}
+        for name in ("map.json", "map.md", "map.png"):
+            check_not_input(out / name, "--out", inputs)
+        check_not_input(args.record, "--record", {"the map spec": spec.path})
     recorded = {} if args.no_recorded else load_recorded(spec.recorded)
     if args.dry_run:
         print("\n".join(dry_run_lines(plan_map(spec, out, args.seeds, recorded), recorded)))
