@@ -59,15 +59,24 @@ def test_outputs_and_schema(smoke):
     text = (smoke / "results.json").read_text()
     res = json.loads(text, parse_constant=lambda c: pytest.fail(f"results.json holds {c}: not strict JSON"))
     validate_results(res)
-    assert res["seeds"] == [0, 1] and res["schema_version"] == 4
-    assert json.loads((smoke / "compare.json").read_text())["schema_version"] == 2  # the folder's version
+    assert res["seeds"] == [0, 1] and res["schema_version"] == 5
+    assert json.loads((smoke / "compare.json").read_text())["schema_version"] == 3  # the folder's version
+    assert res["preset"]["model"] == {"dim": 32, "n_layers": 1, "n_heads": 1, "init": "normal"}
+    assert res["preset"]["primary"] == ["diff", "baseline"]
     # the preset's description speaks of the preset as written: the setup says what --set changed
     assert "(the preset as written; set here: steps 6, preset 12;" in (smoke / "report.md").read_text()
     new = read_results(smoke / "results.json")
-    assert to_json(new) == {**res, "schema_version": 4}  # read and written back: the same file
+    assert to_json(new) == {**res, "schema_version": 5}  # read and written back: the same file
+    # a version 4 file (the model's fields flat in the preset, no primary pair) reads as the same results
+    old = json.loads(text)
+    old["schema_version"] = 4
+    old["preset"].pop("primary")
+    old["preset"].update(old["preset"].pop("model"))
+    (smoke.parent / "v4.json").write_text(json.dumps(old))
+    v4 = read_results(smoke.parent / "v4.json")
+    assert v4.preset == new.preset and to_json(v4) == to_json(new)
     # a version 3 file (DIFF vs baseline under "comparison" with flat per-arm fields, the other pairs under
     # "arm_comparisons", arms without labels) reads as the same results
-    old = json.loads(text)
     old["schema_version"] = 3
     pairs = old.pop("comparisons")
     first = pairs.pop("diff vs baseline")["metrics"]
@@ -91,7 +100,7 @@ def test_outputs_and_schema(smoke):
     assert read_results(smoke.parent / "v2.json").primary.key == "diff vs baseline"
     old["schema_version"] = 1
     (smoke.parent / "v1.json").write_text(json.dumps(old))
-    with pytest.raises(ValueError, match="results schema version 1; this difftx reads versions 2, 3, 4"):
+    with pytest.raises(ValueError, match="results schema version 1; this difftx reads versions 2, 3, 4, 5"):
         read_results(smoke.parent / "v1.json")
     # the smoke model has one head per layer: no pair of heads, so head redundancy is null with its reason
     diag = res["runs"]["0"]["baseline"]["tasks"]["diagnostics"]

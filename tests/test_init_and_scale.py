@@ -249,10 +249,10 @@ def test_a_folder_from_before_init_resumes_as_normal_and_refuses_torch(tmp_path)
     import json
 
     from difftx.compare.folder import COMPARE_FILE, _check_folder
-    from difftx.compare.schema import FOLDER_VERSION as SCHEMA_VERSION
-
-    old = {k: v for k, v in get_preset("smoke").to_dict().items() if k != "init"}
-    (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "preset": old}))
+    old = get_preset("smoke").to_dict()  # as compare.json version 2 wrote it: the model's fields flat, before init
+    old.pop("primary")
+    old.update({k: v for k, v in old.pop("model").items() if k != "init"})
+    (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": 2, "preset": old}))
     _check_folder(tmp_path, get_preset("smoke"))
-    with pytest.raises(ValueError, match=r"other settings \(differs in \['init'\]\)"):
+    with pytest.raises(ValueError, match=r"other settings \(differs in \['model.init'\]\)"):
         _check_folder(tmp_path, get_preset("smoke", init="torch"))

@@ -29,7 +29,9 @@ def register(sub) -> None:
                    help="processes side by side (default: the preset's); on a CPU each trains one arm's seeds as one "
                         "stacked model (--set stack=1: every model alone)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a preset field, e.g. --set steps=500, or a task setting, e.g. --set "
+                   help="override a preset field, e.g. --set steps=500, a field of the DIFF arm's model, e.g. "
+                        "--set model.lambda_init=0.3 (every arm derives from it; dim, n_layers, n_heads and init "
+                        "also without model.), or a task setting, e.g. --set "
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
                         "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
     p.add_argument("--arms", default=None, metavar="ARMS",
@@ -218,9 +220,13 @@ def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
     from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
 
+    from ..compare.presets import model_fields  # lazy: torch; --help stays fast
+
     field, text = split_override(args.sweep)
-    if field not in ComparePreset.field_defaults() or field in ("tasks", "name"):
-        raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept")
+    if field.startswith("model.") and field[len("model."):] not in model_fields() or not field.startswith(
+            "model.") and (field not in ComparePreset.field_defaults() or field in ("tasks", "name", "model")):
+        raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept (a preset "
+                         f"field such as lr, or model.FIELD for a field of the model: {', '.join(model_fields())})")
     values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]
     summary = run_sweep(args.preset, field, values, args.seeds, out, progress=not args.no_progress,
                         workers=args.workers, **overrides)

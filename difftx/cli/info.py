@@ -25,8 +25,9 @@ def register(sub) -> None:
                         "by difftx --kinds FILE; from a DIFF config (the presets), the model the compare arm of that "
                         "kind trains (standard: the baseline), heads of DIFF's query/key width")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a ModelConfig field (e.g. --set gate=headwise, --set head_norm=true, "
-                        "--set subtract=false); repeatable, applied after --attention")
+                   help="override a ModelConfig field (e.g. --set model.lambda_init=0.3, as compare, scale and "
+                        "train spell it, or --set gate=headwise, --set head_norm=true); repeatable, applied after "
+                        "--attention")
     p.add_argument("--arm", metavar="NAME",
                    help="show the arm NAME derived from the (DIFF) config, e.g. gated, gated_headwise, "
                         "no_subtraction, baseline_head_norm (--arms lists them all)")
@@ -100,6 +101,7 @@ def _apply_overrides(cfg, overrides: list[str]):
     changes = {}
     for text in overrides:
         key, value = split_override(text)
+        key = key[len("model."):] if key.startswith("model.") else key  # model.lambda_init: compare's spelling
         if key not in known:
             raise ValueError(f"--set {text}: unknown ModelConfig field {key!r}; known fields are {sorted(known)}")
         changes[key] = parse_value(value)

@@ -261,7 +261,9 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
             refused.append({"path": str(folder), "why": row})
             continue
         if by is not None and by.startswith("preset."):
-            row["provenance"][by] = result.preset.get(by[7:], "-")
+            name = by[len("preset."):]  # a preset field, or a model field (preset.dim, preset.model.lambda_init)
+            row["provenance"][by] = result.preset.get(name, result.preset["model"].get(name.removeprefix("model."),
+                                                                                       "-"))
         try:
             row["estimate"], row["se"], row["seeds"] = study_estimate(row.pop("differences"))
         except ValueError as e:
@@ -364,11 +366,11 @@ def _provenance(result, arm: str) -> dict:
     looks = result.looks or []
     lam = reg.get("lambda_init_mean")
     return {
-        "init": reg.get("init") or cfg.get("init") or result.preset.get("init") or "-",
+        "init": reg.get("init") or cfg.get("init") or result.preset["model"].get("init") or "-",
         "lambda_schedule": reg.get("lambda_schedule") or "-",
         "lambda_init": "-" if lam is None else round(float(lam), 2),
-        "n_layers": cfg.get("n_layers", result.preset.get("n_layers")),
-        "dim": cfg.get("dim", result.preset.get("dim")),
+        "n_layers": cfg.get("n_layers", result.preset["model"].get("n_layers")),
+        "dim": cfg.get("dim", result.preset["model"].get("dim")),
         "text": Path(str(text["source"])).name if text and text.get("source") else "bundled",
         "tokenizer": _tokenizer(result),
         "preset": result.preset.get("name") or "-",

@@ -10,11 +10,11 @@ from ..io import atomic_write, dumps_strict, read_json
 from ..tasks.subject import TRAIN_RECORD, TrainRecord
 from .plan import ComparePlan
 from .presets import ComparePreset
-from .schema import FOLDER_VERSION, check_version
+from .schema import FOLDER_VERSION, check_version, preset_record
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
-EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stack")
+EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stack", "primary")
 # what a resume may change besides: what is recorded along training (the held-out curve; models trained
 # before keep theirs), and the paths of your text, which is checked by its content instead (text_identity)
 RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")
@@ -22,8 +22,7 @@ RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldo
 REMOVED_FIELDS = {"extra": {}}
 # preset fields a newer difftx added, with the value that means what an older compare.json without them did
 ADDED_FIELDS = {"recall_every": 0, "recall_vocab": 256, "recall_len": 64, "recall_pairs": [4, 8, 16],
-                "lambda_warmup": 0, "source": None, "convert_method": "mirror", "convert_lambda_init": 0.0,
-                "init": "normal"}
+                "lambda_warmup": 0, "source": None, "convert_method": "mirror", "convert_lambda_init": 0.0}
 COMPARE_FILE = "compare.json"  # the preset and seeds of a comparison's folder
 
 
@@ -63,12 +62,20 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
         _check_text(meta, data.get("text"), text)
-        old = {**ADDED_FIELDS, **{k: v for k, v in old.items() if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}}
+        old = preset_record({**ADDED_FIELDS, **{k: v for k, v in old.items()
+                                                 if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}})
+        old, new = _model_dotted(old), _model_dotted(new)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
                          and k not in RECORDING_FIELDS)
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
+
+
+def _model_dotted(preset: dict) -> dict:
+    """``{"model": {"dim": 64}, ...}`` -> ``{"model.dim": 64, ...}``: a changed model field is named."""
+    return {**{k: v for k, v in preset.items() if k != "model"},
+            **{f"model.{k}": v for k, v in (preset.get("model") or {}).items()}}
 
 
 def _record_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:
@@ -163,6 +170,7 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                    **{f"config.{k}": (rec.config or {}).get(k) for k in cfg}}
             if rec.request is not None:
                 old, new = rec.request.get("preset") or {}, request["preset"]
+                old = preset_record(old) if old else old
                 got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"),
                            source=rec.request.get("source"))
                 asked.update({k: new[k] for k in old if k in new}, text=request["text"], source=request.get("source"))

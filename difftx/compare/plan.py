@@ -378,8 +378,7 @@ def resolve(preset: Any) -> ComparePlan:
     longest = max(needle.max_seq_len if needle else 0, mixture.settings["lm"].seq_len if lm else 0,
                   icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0,
                   *(mixture_task(mixture, name).seq_len(preset) for name in space.blocks if name not in blocks))
-    diff = ModelConfig(vocab_size=space.vocab_size, dim=preset.dim, n_layers=preset.n_layers, n_heads=preset.n_heads,
-                       attention="diff", max_seq_len=longest, init=preset.init)
+    diff = ModelConfig(vocab_size=space.vocab_size, attention="diff", max_seq_len=longest, **preset.model)
     return ComparePlan(
         name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
         schedule=check_schedule(preset),
@@ -388,7 +387,8 @@ def resolve(preset: Any) -> ComparePlan:
                       grid=grid),
         tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
                                                 stack=preset.stack),
-        curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text)
+        curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text,
+        primary=tuple(preset.primary))
 
 
 def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: Optional[ICLBlock],

@@ -11,12 +11,15 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ..config import INITS
 from .plan import ComparePlan, preset_error, resolve, task_settings
 from .training_tasks import TRAINING_TASKS
 
 MAX_STEPS = 10 ** 9  # a comparison's optimizer steps: far beyond any run this tool trains, small enough to plan for
 MAX_PROBES = 100_000  # probes (or held-out curve points) along one model's training
+# a preset's model where it gives none, each also spelled flat (``dim=64``, ``--set n_layers=4``) as ``model.dim``;
+# differential heads n_heads (the baseline: 2x as many standard heads of the same width d), init "normal" N(0, 0.02)
+MODEL_DEFAULTS = {"dim": 64, "n_layers": 2, "n_heads": 2, "init": "normal"}
+PLAN_MODEL_FIELDS = ("vocab_size", "max_seq_len", "attention")  # the plan's: the tasks' vocabulary and lengths, the arm
 
 
 def training_spelling() -> dict:
@@ -24,6 +27,34 @@ def training_spelling() -> dict:
     (:attr:`~difftx.compare.training_tasks.TrainingTask.Settings`): ``lm_every`` is the LM task's ``every``."""
     return {spelled: (task.name, name) for task in TRAINING_TASKS.values() if task.Settings is not None
             for spelled, name in task.Settings.spelling().items()}
+
+
+def model_fields() -> list[str]:
+    """The :class:`~difftx.config.ModelConfig` fields a preset's ``model`` may set (all but the plan's own)."""
+    from ..config import ModelConfig
+
+    return [f.name for f in dataclasses.fields(ModelConfig) if f.name not in PLAN_MODEL_FIELDS]
+
+
+def check_model(model: dict) -> dict:
+    """A preset's ``model`` validated once, by :class:`~difftx.config.ModelConfig` itself (on stand-ins for the
+    plan's fields), an error naming ``ComparePreset.model.FIELD``; a field :data:`MODEL_DEFAULTS` does not name is
+    kept only where it is not ModelConfig's default (equal presets are equal)."""
+    from ..config import ModelConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(str(k) for k in model if k not in fields)
+    if unknown:
+        raise preset_error("model", f"unknown ModelConfig field(s) {unknown}; known: {', '.join(model_fields())}")
+    owned = [k for k in PLAN_MODEL_FIELDS if k in model]
+    if owned:
+        raise preset_error(f"model.{owned[0]}", "is the comparison's own: vocab_size and max_seq_len come from its "
+                                                "tasks, each arm's attention from the arm (--arms)")
+    try:
+        ModelConfig(vocab_size=8, max_seq_len=8, attention="diff", **model)
+    except ValueError as e:
+        raise ValueError(str(e).replace("ModelConfig.", "ComparePreset.model.")) from None
+    return {k: v for k, v in model.items() if k in MODEL_DEFAULTS or v != fields[k]}
 
 
 @dataclass(frozen=True, init=False)
@@ -50,6 +81,10 @@ class ComparePreset:
     gives (``{task: {setting: value}}``), a preset takes and reads each by its spelling (``ComparePreset(lm_every=3)``,
     ``preset.lm_every``, ``--set lm_every=3`` or ``--set training.lm.every=3``), and :meth:`to_dict` writes them so.
 
+    ``model`` is the DIFF arm's model (:class:`~difftx.config.ModelConfig` fields, validated by ModelConfig; ``dim``,
+    ``n_layers``, ``n_heads`` and ``init`` also spelled flat: ``preset.dim``); every arm is derived from it.
+    ``primary`` is the pair a verdict answers first.
+
     Construction checks each field on its own; :func:`difftx.compare.plan.resolve` checks the rest
     (:func:`get_preset` and :meth:`with_overrides` return validated presets).
     """
@@ -59,10 +94,11 @@ class ComparePreset:
     # -- model (DIFF; the baseline is difftx.config.baseline_config of it) -------------------------
     # the arms trained for every seed (names of difftx.config.ARMS; baseline and diff always among them)
     arms: tuple = ("baseline", "diff")
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 2  # differential heads (the baseline: 2x as many standard heads of the same width d)
-    init: str = "normal"  # every arm's initialisation (ModelConfig.init): "normal" N(0, 0.02) or "torch" defaults
+    # the DIFF arm's model: ModelConfig fields ({"dim": 64, "lambda_init": 0.3, ...}; MODEL_DEFAULTS where not given,
+    # the plan gives vocab_size, max_seq_len and each arm's attention); every arm is derived from it (arm_config)
+    model: dict = field(default_factory=dict)
+    # the pair a verdict answers first: (DIFF, its parameter-matched baseline); both must be among the arms
+    primary: tuple = ("diff", "baseline")
     # -- the training tasks' settings given ({task name: {setting: value}}; the rest: their defaults) --
     training: dict = field(default_factory=dict)
     # -- training --------------------------------------------------------------------------------
@@ -111,6 +147,10 @@ class ComparePreset:
         for name in [k for k in given if k in spelled]:
             task, setting = spelled[name]
             training.setdefault(task, {})[setting] = given.pop(name)
+        model = given.pop("model", None) or {}
+        if not isinstance(model, dict):
+            raise preset_error("model", f"must be a mapping {{ModelConfig field: value}}, got {model!r}")
+        model = {**MODEL_DEFAULTS, **model, **{k: given.pop(k) for k in MODEL_DEFAULTS if k in given}}
         fields = {f.name: f for f in dataclasses.fields(self)}
         unknown = sorted(set(given) - set(fields))
         if unknown:
@@ -119,10 +159,14 @@ class ComparePreset:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             object.__setattr__(self, name, given.get(name, default))
         object.__setattr__(self, "training", training)
+        object.__setattr__(self, "model", model)
         self.__post_init__()
 
     def __getattr__(self, name: str):
-        # a training task's setting by its preset spelling (preset.lm_every); only called for names not found
+        # a model field by its flat spelling (preset.dim) and a training task's setting by its preset spelling
+        # (preset.lm_every); only called for names not found
+        if name in MODEL_DEFAULTS and "model" in self.__dict__:
+            return self.__dict__["model"][name]
         spelled = training_spelling()
         if name in spelled and "training" in self.__dict__:
             task, setting = spelled[name]
@@ -153,7 +197,8 @@ class ComparePreset:
             if given:
                 normal[name] = given
         object.__setattr__(self, "training", normal)
-        for name in ("dim", "n_layers", "n_heads", "steps", "batch_size", "log_every", "workers", "probe_samples",
+        object.__setattr__(self, "model", check_model(self.model))
+        for name in ("steps", "batch_size", "log_every", "workers", "probe_samples",
                      "curve_windows"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -174,9 +219,6 @@ class ComparePreset:
                                               f"{self.steps:,} steps, more than {MAX_PROBES:,}: raise probe_every")
         if self.curve_points > MAX_PROBES:
             raise preset_error("curve_points", f"{self.curve_points:,} is more than {MAX_PROBES:,}")
-        if self.init not in INITS:
-            raise preset_error("init", f"must be one of {INITS} (normal: N(0, 0.02) for every weight; torch: "
-                                       f"PyTorch's module defaults), got {self.init!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
             raise preset_error("threads", f"must be a positive integer or None, got {self.threads!r}")
         for name in ("data", "tokenizer", "heldout", "source"):
@@ -200,6 +242,12 @@ class ComparePreset:
             raise preset_error("arms", f"need distinct names of {arm_names()} including baseline and diff, got "
                                        f"{arms!r}")
         object.__setattr__(self, "arms", tuple(arms))
+        primary = self.primary
+        if isinstance(primary, str) or not isinstance(primary, (tuple, list)) or len(primary) != 2 or \
+                primary[0] == primary[1] or not set(primary) <= set(self.arms):
+            raise preset_error("primary", f"need two distinct arms of {list(self.arms)} (the pair a verdict answers "
+                                          f"first), got {primary!r}")
+        object.__setattr__(self, "primary", tuple(primary))
         if not isinstance(self.tasks, dict):
             raise preset_error("tasks", f"must be a mapping {{task: {{setting: value}}}}, got {self.tasks!r}")
 
@@ -227,11 +275,12 @@ class ComparePreset:
                for f in dataclasses.fields(cls) if f.name != "training"}
         settings = {spelled: getattr(TRAINING_TASKS[task].Settings, name)
                     for spelled, (task, name) in training_spelling().items()}
-        return {**own, **settings}
+        return {**own, **MODEL_DEFAULTS, **settings}
 
     def with_overrides(self, **overrides) -> ComparePreset:
         """This preset with field overrides; ``tasks`` and ``training`` overrides merge into the preset's per-task
-        settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings)."""
+        settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings), ``model``
+        overrides into its model (``model={"lambda_init": 0.3}``, or ``dim=128`` by its flat spelling)."""
         known = {*self.field_defaults(), "training"}
         unknown = sorted(set(overrides) - known)
         if unknown:
@@ -248,6 +297,10 @@ class ComparePreset:
                     raise preset_error(f"{part}.{name}", f"must be a mapping of settings, got {vals!r}")
                 merged.setdefault(name, {}).update(vals)
             overrides = {**overrides, part: merged}
+        model = overrides.pop("model", {})
+        if not isinstance(model, dict):
+            raise preset_error("model", f"must be a mapping {{ModelConfig field: value}}, got {model!r}")
+        overrides["model"] = {**self.model, **model, **{k: overrides.pop(k) for k in MODEL_DEFAULTS if k in overrides}}
         preset = self.replace(**overrides)
         resolve(preset)  # the rules that tie fields together
         return preset

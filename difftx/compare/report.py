@@ -231,11 +231,14 @@ def _as_set(p: dict) -> str:
     base = PRESETS.get(p.get("name"))
     if base is None or p.get("description") != base.description:
         return ""
-    ref = base.to_dict()
-    changed = [k for k in ref if k not in ("name", "description", "tasks") and k in p and p[k] != ref[k]]
+    def flat(d: dict) -> dict:  # the model's fields as --set spells them: model.lambda_init
+        return {**{k: v for k, v in d.items() if k != "model"}, **{f"model.{k}": v for k, v in d["model"].items()}}
+
+    ref, p = flat(base.to_dict()), flat(p)
+    changed = [k for k in {**ref, **p} if k not in ("name", "description", "tasks") and p.get(k) != ref.get(k)]
     if not changed:
         return ""
-    shown = "; ".join(f"{k} {p[k]}, preset {ref[k]}" for k in changed[:6]) + ("; ..." if len(changed) > 6 else "")
+    shown = "; ".join(f"{k} {p.get(k)}, preset {ref.get(k)}" for k in changed[:6]) + ("; ..." if len(changed) > 6 else "")
     return f" (the preset as written; set here: {shown})"
 
 

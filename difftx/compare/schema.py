@@ -14,10 +14,17 @@ from ..io import dumps_strict, read_json
 SCHEMA = "difftx.compare.results"
 # 4: every comparison keyed by its pair under ``comparisons`` (``{"arms", "primary", "metrics"}``), the arms with
 # their label and description; 3: two estimands (the verdict on exchangeability; the mean's betting test beside it)
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)  # results.json files this difftx reads (version 2: the verdict's p held the betting p)
+# 5: the preset's model fields in its "model" and its primary pair in "primary" (preset_record reads older presets)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)  # results.json files this difftx reads (version 2: the verdict's p held the betting p)
 SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 3  # scale.json (difftx scale)
-FOLDER_VERSION = 2  # compare.json: what the models and evaluations of a folder are (reused while it is the same)
+# compare.json: what the models and evaluations of a folder are (reused while it is the same); 3: the preset as
+# results.json 5 writes it
+FOLDER_VERSION = 3
+READABLE_FOLDER_VERSIONS = (2, 3)
+# the preset fields that compare.json before version 3 and results.json before 5 wrote flat, now in the preset's
+# "model"; a field given a value here meant it where the record lacks the field (records before "init")
+FLAT_MODEL_FIELDS = {"dim": None, "n_layers": None, "n_heads": None, "init": "normal"}
 
 TOP_LEVEL = {
     "schema": str, "schema_version": int, "created": str, "versions": dict, "preset": dict, "mixture": dict,
@@ -48,12 +55,23 @@ def _check(obj: dict, spec: dict, where: str) -> None:
 
 
 def check_version(data: dict, where: str) -> None:
-    """Refuse a comparison folder (``compare.json``) of another version with a clear message."""
+    """Refuse a comparison folder (``compare.json``) of a version this difftx does not read with a clear message."""
     found = data.get("schema_version", 1)
-    if found != FOLDER_VERSION:
+    if found not in READABLE_FOLDER_VERSIONS:
         raise ValueError(f"{where}: written by a difftx with comparison folder version {found}; this difftx reads "
-                         f"version {FOLDER_VERSION}. Its models and evaluations are not reused: compare into a new "
-                         "--out (the old folder stays as it is)")
+                         f"versions {', '.join(map(str, READABLE_FOLDER_VERSIONS))}. Its models and evaluations are "
+                         "not reused: compare into a new --out (the old folder stays as it is)")
+
+
+def preset_record(preset: dict) -> dict:
+    """A preset as any difftx wrote it (``compare.json``, ``results.json``, a model's training request) in today's
+    form: the model fields older ones wrote flat (:data:`FLAT_MODEL_FIELDS`) in ``model``, and the primary pair
+    they always had, ``["diff", "baseline"]``, where the record has none."""
+    if "model" in preset:
+        return preset
+    model = {k: preset.get(k, v) for k, v in FLAT_MODEL_FIELDS.items() if k in preset or v is not None}
+    out = {k: v for k, v in preset.items() if k not in FLAT_MODEL_FIELDS}
+    return {**out, "model": model, "primary": ["diff", "baseline"]}
 
 
 def read_results(path) -> "CompareResult":
@@ -295,7 +313,7 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
             pair = next(iter(comps.values()))["arms"] if comps else key.split(" vs ")
             comparisons[key] = Comparison(tuple(pair), comps, False)
     return CompareResult(
-        preset=data["preset"], seeds=list(data["seeds"]), arms=arms, tasks=data["tasks"], runs=runs,
+        preset=preset_record(data["preset"]), seeds=list(data["seeds"]), arms=arms, tasks=data["tasks"], runs=runs,
         comparisons=comparisons, mixture=data["mixture"], created=data["created"], versions=data["versions"],
         null_reasons=data["null_reasons"], wall_s=data["wall_s"], token_efficiency=data.get("token_efficiency") or {},
         look=int(data.get("look") or 1), looks=list(data.get("looks") or []),

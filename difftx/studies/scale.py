@@ -142,6 +142,9 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
         raise ValueError(f"--sizes: each size once, got {list(sizes)}")
     if tokens_per_param is not None and not (isinstance(tokens_per_param, (int, float)) and tokens_per_param > 0):
         raise ValueError(f"--tokens-per-param: must be a positive number, got {tokens_per_param!r}")
+    shaped = sorted({*overrides, *overrides.get("model", {})} & {"dim", "n_layers", "n_heads"})
+    if shaped:
+        raise ValueError(f"--set {shaped[0]}: each size sets the width, depth and heads (--sizes DIMxLAYERSxHEADS)")
     base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
     recall = recall_without_lm(base)
     if recall and tokens_per_param is not None:

@@ -28,7 +28,10 @@ from .tune_report import label
 
 
 def sweep_overrides(preset: str, field: str, value, overrides: dict) -> dict:
-    """The overrides of one point of the sweep (``lr`` brings ``min_lr`` along, in proportion)."""
+    """The overrides of one point of the sweep (``lr`` brings ``min_lr`` along, in proportion; ``model.FIELD`` sets
+    that field of the preset's model)."""
+    if field.startswith("model."):
+        return {**overrides, "model": {**overrides.get("model", {}), field[len("model."):]: value}}
     out = {**overrides, field: value}
     if field == "lr" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         raise ValueError(f"--sweep lr: every value must be a number, got {value!r}")
@@ -44,7 +47,7 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
 
     if not values or len(set(values)) != len(values):
         raise ValueError(f"--sweep {field}: need distinct values, got {list(values)}")
-    if field in overrides:
+    if field in overrides or field.startswith("model.") and field[len("model."):] in overrides.get("model", {}):
         raise ValueError(f"--sweep {field}: also given with --set; give it in one place")
     points = [(v, sweep_overrides(preset, field, v, overrides)) for v in values]
     for _, o in points:  # every point's preset is validated before the first is trained

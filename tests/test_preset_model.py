@@ -1,0 +1,126 @@
+"""A compare preset's model: ModelConfig fields in ``model`` (``dim``, ``n_layers``, ``n_heads`` and ``init`` also
+spelled flat), validated once by ModelConfig, set by one spelling (``--set model.lambda_init=0.3``) in compare,
+scale, train and info; the primary pair named by the preset; folders written before both still read and reused."""
+
+import json
+
+import pytest
+
+from difftx.compare import ComparePreset
+from difftx.compare.presets import MODEL_DEFAULTS, get_preset
+from difftx.compare.schema import preset_record
+
+
+def test_the_model_sets_the_diff_arm_and_every_arm_derives_from_it():
+    p = get_preset("recall-cpu", model={"lambda_init": 0.3})
+    assert p.model == {**MODEL_DEFAULTS, "lambda_init": 0.3} and p.dim == 64 and p.init == "normal"
+    arms = p.resolve().arms
+    assert arms["diff"].lambda_init == 0.3
+    assert arms["diff_lambda_0.8"].lambda_init == 0.8  # the arm's own override wins
+    assert arms["baseline"].attention == "standard" and arms["baseline"].lambda_init is None
+    assert get_preset("recall-cpu").resolve().arms["diff"].lambda_init is None  # the depth schedule
+
+
+def test_flat_spellings_and_model_are_one_field():
+    assert get_preset("smoke", dim=64) == get_preset("smoke", model={"dim": 64})
+    assert get_preset("smoke", init="torch").model["init"] == "torch"
+    assert get_preset("smoke", model={"dim": 64}).with_overrides(model={"n_heads": 2}).model["dim"] == 64  # merged
+    assert get_preset("smoke", model={"dim": 64}, dim=128).dim == 128  # the flat spelling wins, as training's do
+    # a field at ModelConfig's default is not kept: equal presets are equal
+    assert get_preset("smoke", model={"lambda_init": None, "rope": True}) == get_preset("smoke")
+    p = get_preset("smoke", model={"lambda_init": 0.3, "head_norm": False})
+    assert ComparePreset.from_dict(json.loads(json.dumps(p.to_dict()))).to_dict() == p.to_dict()
+
+
+@pytest.mark.parametrize("given, error", [
+    ({"model": {"vocab_size": 3}}, r"ComparePreset\.model\.vocab_size: is the comparison's own"),
+    ({"model": {"attention": "standard"}}, r"ComparePreset\.model\.attention: .*each arm's attention"),
+    ({"model": {"foo": 1}}, r"ComparePreset\.model: unknown ModelConfig field\(s\) \['foo'\]; known: dim"),
+    ({"dim": 65}, r"ComparePreset\.model\.dim: 65 must be divisible"),
+    ({"init": "xavier"}, r"ComparePreset\.model\.init: must be one of"),
+    ({"model": {"gate": "headwise"}}, r"ComparePreset\.model\.gate: applies only to attention='gated'"),
+    ({"model": {"lambda_init": "high"}}, r"ComparePreset\.model\.lambda_init"),
+    ({"model": [1]}, r"ComparePreset\.model: must be a mapping"),
+    ({"primary": ("diff", "gated")}, r"ComparePreset\.primary: need two distinct arms of \['baseline', 'diff'\]"),
+    ({"primary": ("diff", "diff")}, r"ComparePreset\.primary"),
+])
+def test_a_bad_model_or_primary_is_named(given, error):
+    with pytest.raises(ValueError, match=error):
+        get_preset("smoke", **given)
+
+
+def test_the_primary_pair_is_the_presets():
+    p = get_preset("recall-cpu", primary=["diff_lambda_0.8", "baseline"])
+    assert p.primary == ("diff_lambda_0.8", "baseline") and p.resolve().primary == ("diff_lambda_0.8", "baseline")
+    assert get_preset("smoke").resolve().primary == ("diff", "baseline")
+
+
+def test_older_records_read_in_todays_form():
+    new = get_preset("smoke", init="torch").to_dict()
+    old = {k: v for k, v in new.items() if k not in ("model", "primary")}
+    old.update(new["model"])
+    assert preset_record(old) == new and preset_record(new) is new
+    del old["init"]  # before init: N(0, 0.02)
+    assert preset_record(old)["model"]["init"] == "normal"
+    assert ComparePreset.from_dict(old).to_dict() == get_preset("smoke").to_dict()  # from_dict: the flat spellings
+
+
+def test_one_spelling_in_train_info_and_sweep(capsys):
+    from difftx.cli import main
+    from difftx.studies.sweep import sweep_overrides
+    from difftx.training.config import TrainConfig
+
+    t = TrainConfig(model="tiny").with_overrides(["model.lambda_init=0.3"])
+    assert t.model_config().lambda_init == 0.3
+    assert main(["info", "tiny", "--set", "model.lambda_init=0.3"]) == 0
+    assert "lambda_init=0.3" in capsys.readouterr().out
+    assert sweep_overrides("smoke", "model.lambda_init", 0.5, {"model": {"dim": 64}}) == \
+        {"model": {"dim": 64, "lambda_init": 0.5}}
+    assert main(["compare", "--preset", "smoke", "--sweep", "model.vocab_size=8,16", "--out", "unused"]) != 0
+    assert "'model.vocab_size' is not a preset field that can be swept" in capsys.readouterr().err
+
+
+def test_scale_takes_the_model_and_refuses_a_shape(tmp_path):
+    from difftx.studies.scale import plan_sizes
+
+    plans = plan_sizes("smoke", ["16x1x1", "32x1x1"], model={"lambda_init": 0.4})
+    assert all(p.preset.model["lambda_init"] == 0.4 and p.preset.resolve().arms["diff"].lambda_init == 0.4
+               for p in plans)
+    assert [p.preset.dim for p in plans] == [16, 32]
+    for given in ({"dim": 64}, {"model": {"n_layers": 3}}):
+        with pytest.raises(ValueError, match="each size sets the width, depth and heads"):
+            plan_sizes("smoke", ["16x1x1", "32x1x1"], **given)
+
+
+def test_compare_set_model_and_a_folder_of_version_2_is_reused(tmp_path, capsys):
+    """`compare --set model.lambda_init=...` trains the DIFF arm at it; a folder written before the model field
+    (compare.json version 2, flat model fields in it and in each model's training request) resumes with nothing
+    trained again, and a changed model field is named."""
+    from difftx.cli import main
+
+    out = tmp_path / "cmp"
+    args = ["compare", "--preset", "smoke", "--seeds", "1", "--no-progress", "--set", "steps=4", "--set",
+            "warmup_steps=1", "--set", "probe_every=2", "--out", str(out)]
+    assert main(args) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["arms"]["diff"]["config"]["lambda_init"] is None
+    meta = json.loads((out / "compare.json").read_text())
+    meta["schema_version"] = 2  # as version 2 wrote it
+    meta["preset"].pop("primary")
+    meta["preset"].update(meta["preset"].pop("model"))
+    (out / "compare.json").write_text(json.dumps(meta))
+    for arm in ("baseline", "diff"):
+        f = out / "seed0" / arm / "train.json"
+        rec = json.loads(f.read_text())
+        rec["request"]["preset"].update(rec["request"]["preset"].pop("model"))
+        f.write_text(json.dumps(rec))
+    capsys.readouterr()
+    assert main(args) == 0
+    ran = json.loads((out / "results.json").read_text())["this_run"]
+    assert not any(r["trained"] or r["evaluated"] for r in ran.values())
+    assert json.loads((out / "compare.json").read_text())["schema_version"] == 3
+    assert main(args + ["--set", "model.lambda_init=0.3"]) != 0
+    assert "differs in ['model.lambda_init']" in capsys.readouterr().err
+    assert main(args[:-1] + [str(tmp_path / "b"), "--set", "model.lambda_init=0.3"]) == 0
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert res["arms"]["diff"]["config"]["lambda_init"] == 0.3 and res["preset"]["model"]["lambda_init"] == 0.3
