@@ -124,3 +124,19 @@ def test_compare_set_model_and_a_folder_of_version_2_is_reused(tmp_path, capsys)
     assert main(args[:-1] + [str(tmp_path / "b"), "--set", "model.lambda_init=0.3"]) == 0
     res = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res["arms"]["diff"]["config"]["lambda_init"] == 0.3 and res["preset"]["model"]["lambda_init"] == 0.3
+
+
+def test_a_primary_pair_of_other_arms_runs_end_to_end(tmp_path):
+    """The report, its verdicts and results.json answer the preset's primary pair first; the paper's rows stand
+    beside the arms they are the paper's numbers of (DIFF, the baseline) only."""
+    from difftx.compare import run_compare
+
+    res = run_compare("smoke", 2, tmp_path / "p", progress=False, arms=("baseline", "diff", "diff_lambda_0.8"),
+                      primary=("diff_lambda_0.8", "baseline"), steps=4, warmup_steps=1, probe_every=2)
+    assert res.primary.arms == ("diff_lambda_0.8", "baseline")
+    data = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert data["preset"]["primary"] == ["diff_lambda_0.8", "baseline"]
+    assert [k for k, c in data["comparisons"].items() if c["primary"]] == ["diff_lambda_0.8 vs baseline"]
+    report = (tmp_path / "p" / "report.md").read_text()
+    assert "no primary metric separates diff_lambda_0.8 from the baseline" in report
+    assert ", paper (" in report and not any(line.startswith("| diff_lambda_0.8, paper") for line in report.splitlines())

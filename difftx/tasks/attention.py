@@ -138,7 +138,7 @@ class AttentionTask(Task):
                         + [fmt(c["summary"][v][p]) for v in VARIANTS_REPORTED for p in ("answer", "noise")]
                         + [fmt(co.get("absolute", {}).get(p)) for p in ("answer", "noise")])
         rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", "-", PAPER[a]["answer"], PAPER[a]["noise"], "-", "-",
-                  "-", "-"] for a in ctx.arms]
+                  "-", "-"] for a in ctx.arms if a in PAPER]  # the paper's DIFF and Transformer, where compared
         out.append(f"\nSeed {ctx.first}:\n")
         out.append(table(rows, ["model", "accuracy", "answer (abs)", "noise (abs)", "answer (signed)",
                                 "noise (signed)", "answer, correct only", "noise, correct only"]))

@@ -102,7 +102,7 @@ class NeedleTask(Task):
         b, a = (ctx.short(x) for x in ctx.arms)
         rows.append([f"{a} - {b} (paired)"] + [pair(c, 2) if c else "-" for c in cs])
         rows.append(["verdict"] + [call(c, ctx.short) if c else "-" for c in cs])
-        for a in ctx.arms:
+        for a in (a for a in ctx.arms if a in PAPER):  # the paper's DIFF and Transformer, where they are compared
             rows.append([f"{ctx.name(a)}, paper ({PAPER['scale']})"]
                         + [fmt(PAPER[a][PAPER["grid"].index(g)], 2) if g in PAPER["grid"] else "-" for g in grid])
         out.append(table(rows, ["model"] + [f"N={g.split('/')[0]}, R={g.split('/')[1]}" for g in grid]))

@@ -67,7 +67,7 @@ class OutlierTask(Task):
         rows = [[ctx.name(a), q.replace("_", " ")] + [fmt(ctx.result(self.name, a)[q][x], 2) for x in STATS]
                 for a in ctx.arms for q in QUANTITIES]
         rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
-                 for a in ctx.arms for q in QUANTITIES]
+                 for a in ctx.arms if a in PAPER for q in QUANTITIES]  # the paper's DIFF and Transformer, where compared
         return "\n".join([f"## {self.title}\n",
                           f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; "
                           f"{ctx.short(ctx.arms[-1])} logits include both softmax maps. "
