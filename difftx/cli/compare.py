@@ -35,8 +35,9 @@ def register(sub) -> None:
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
                         "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
     p.add_argument("--arms", default=None, metavar="ARMS",
-                   help="the arms trained for every seed: comma-separated names (baseline and diff always "
-                        "included) or a named set: default (baseline,diff), paper-ablations (paper Table 6), "
+                   help="the arms trained for every seed: comma-separated names (the primary pair always "
+                        "included: baseline and diff unless --set primary=...) or a named set: default "
+                        "(baseline,diff), paper-ablations (paper Table 6), "
                         "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), "
                         "recall-controls (diff_lambda_0.8, temperature, diff_nope, baseline_nope), all; see "
                         "`difftx info --arms`")
@@ -98,8 +99,10 @@ def take_workers(args: argparse.Namespace, overrides: dict) -> None:
     args.workers = workers
 
 
-def parse_arms(text: str) -> tuple[str, ...]:
-    """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, baseline and diff first."""
+def parse_arms(text: str, primary=None) -> tuple[str, ...]:
+    """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, the ``primary`` pair first (its second arm,
+    then its first; default: the presets' primary pair, baseline then diff)."""
+    from ..compare import ComparePreset  # lazy: torch; --help stays fast
     from ..config import ARM_SETS, arm_names  # lazy: torch; --help stays fast
 
     names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
@@ -107,7 +110,9 @@ def parse_arms(text: str) -> tuple[str, ...]:
     if unknown or not names:
         raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {arm_names()} or a set "
                          f"{list(ARM_SETS)} (your own attention kinds: difftx --kinds FILE)")
-    return tuple(dict.fromkeys(["baseline", "diff", *names]))
+    pair = ComparePreset.primary if primary is None else primary  # not a pair: the preset's check says so
+    lead = [a for a in reversed(pair) if isinstance(a, str)] if isinstance(pair, (tuple, list)) else []
+    return tuple(dict.fromkeys([*lead, *names]))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     if args.arms is not None:
         if "arms" in overrides:
             raise ValueError("--arms and --set arms=...: give the arms in one place")
-        overrides["arms"] = parse_arms(args.arms)
+        from ..compare.presets import PRESETS  # lazy: torch; --help stays fast
+
+        overrides["arms"] = parse_arms(args.arms, overrides.get("primary", PRESETS[args.preset].primary
+                                                               if args.preset in PRESETS else None))
     if args.source is not None:
         _from_source(args, overrides)
     elif args.method is not None:
@@ -201,7 +209,8 @@ def _from_source(args: argparse.Namespace, overrides: dict) -> None:
     if args.data is None:
         raise ValueError("--from SRC needs your text: --data TEXT (the source and its conversion are fine-tuned on it)")
     if args.arms is not None:
-        raise ValueError("--arms goes without --from (a comparison from a source has the arms baseline and diff)")
+        raise ValueError("--arms goes without --from (a comparison from a source has two arms of its own, the source "
+                         "and its conversion)")
     for name in ("source", "convert_method"):
         if name in overrides:
             raise ValueError(f"--set {name}=...: give it as --from / --method")
@@ -233,5 +242,8 @@ def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     print(f"\nwrote {out}/sweep.md and {out}/sweep.json ({len(values)} comparisons in {out}/{field}=...)")
     b = summary["best"]
     if b:
-        print(f"  best {field} by {b['label']}: baseline {b['value']['baseline']}, DIFF {b['value']['diff']}")
+        from ..compare.arms import LABELS  # lazy: torch; --help stays fast
+
+        print(f"  best {field} by {b['label']}: "  # the primary pair's arms, its second first
+              + ", ".join(f"{LABELS.get(a, a)} {v}" for a, v in b["value"].items()))
     return 0

@@ -125,8 +125,8 @@ class AttentionTask(Task):
                f"At the position emitting the first answer token of {r0['samples_per_depth']} {r0['form']} prompts per "
                f"depth ({', '.join(f'{round(d * 100)}%' for d in r0['depths'])}) in every needle cell; each head's row "
                "divided by its L1 norm; answer = the answer needle's value tokens, noise = filler tokens. "
-               f"{ctx.short(ctx.arms[-1])} rows are `A1 - lambda*A2` and may be negative (absolute and signed "
-               "variants). A cell is compared only where both models learned it.\n"]
+               + (f"{ctx.two_maps()} rows are `A1 - lambda*A2` and may be negative (absolute and signed variants). "
+                  if ctx.two_maps() else "") + "A cell is compared only where both models learned it.\n"]
         out.append(f"**Headline cell: N/R = {cell}**" + (" (the hardest cell both models learned)." if learned else
                                                       " (no cell was learned by both models: shown for reference, "
                                                       "not compared)."))

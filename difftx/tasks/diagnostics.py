@@ -57,11 +57,12 @@ class DiagnosticsTask(Task):
 
     def report(self, ctx: ReportContext) -> str:
         j = lambda xs: ", ".join(fmt(x) for x in xs)  # noqa: E731
+        base, arm = ctx.arms  # the primary pair: its lambda is the first arm's (the one measured against the second)
         rows = []
         for sd in ctx.seeds:
-            d, b = ctx.result(self.name, "diff", sd), ctx.result(self.name, "baseline", sd)
+            d, b = ctx.result(self.name, arm, sd), ctx.result(self.name, base, sd)
             rows.append([sd, j(d["lambda"]), j(d["lambda_init"]), j(d["head_redundancy"]), j(b["head_redundancy"])])
-        dn, bn = ctx.short("diff"), ctx.short("baseline")  # --from: converted, source
+        dn, bn = ctx.short(arm), ctx.short(base)
         return (f"## {self.title}\n\n" + table(rows, ["seed", f"{dn} lambda per layer (final)", "lambda_init",
                                                        f"{dn} head redundancy per layer",
                                                        f"{bn} head redundancy per layer"])
@@ -71,12 +72,15 @@ class DiagnosticsTask(Task):
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
 
-        lam = {f"seed {sd} final": ctx.result(self.name, "diff", sd)["lambda"] for sd in ctx.seeds}
-        hist = [r for r in ctx.train("diff").get("history", []) if r.get("lambda")]
+        arm = ctx.arms[-1]
+        lam = {f"seed {sd} final": ctx.result(self.name, arm, sd)["lambda"] for sd in ctx.seeds}
+        if all(v is None for vals in lam.values() for v in vals):  # an arm without a lambda (one map, gated, ...)
+            return {}
+        hist = [r for r in ctx.train(arm).get("history", []) if r.get("lambda")]
         for r in hist[:1] + hist[len(hist) // 2:len(hist) // 2 + 1]:
             lam[f"seed {ctx.first} step {r['step']}"] = r["lambda"]
         return {"lambda per layer": P.plot_lambda_per_layer(
-            lam, folder / "lambda_per_layer.png", lambda_init=ctx.result(self.name, "diff")["lambda_init"])}
+            lam, folder / "lambda_per_layer.png", lambda_init=ctx.result(self.name, arm)["lambda_init"])}
 
     def print(self, res: dict) -> None:
         on = res["head_redundancy_on"]

@@ -69,9 +69,9 @@ class OutlierTask(Task):
         rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
                  for a in ctx.arms if a in PAPER for q in QUANTITIES]  # the paper's DIFF and Transformer, where compared
         return "\n".join([f"## {self.title}\n",
-                          f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}; "
-                          f"{ctx.short(ctx.arms[-1])} logits include both softmax maps. "
-                          f"Seed {ctx.first}:\n",
+                          f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}"
+                          + (f"; {ctx.two_maps()} logits include both softmax maps. " if ctx.two_maps() else ". ")
+                          + f"Seed {ctx.first}:\n",
                           table(rows, ["model", "quantity", "top-1", "top-2", "top-3", "top-10", "top-100", "median",
                                        "top-1/median"]),
                           "Over seeds:\n", ctx.comparison_table(ctx.metric_keys(self.name), 2)])

@@ -274,7 +274,7 @@ class RecallTask(Task):
             return head + f"Not run: {ctx.skipped(self.name)}.\n"
         from ..eval.stats import paired_estimate
 
-        arms = ctx.all_arms
+        arms, ref = ctx.all_arms, ctx.arms[0]  # every arm against the primary pair's second arm
         r0 = ctx.result(self.name, arms[0])
         if r0.get("source") != "generated":
             return head + f"Accuracy on {r0['source']}.\n\n" + ctx.comparison_table(["recall_accuracy"])
@@ -284,17 +284,17 @@ class RecallTask(Task):
                f"{r0['spec']['vocab_size']}, chance {r0['chance']:.4f}); trained at length "
                f"{tr.get('seq_len', '-')} on {', '.join(map(str, tr.get('pairs', [])))} pairs; cells marked * lie "
                "beyond training. The frontier is the mean accuracy over the plain-MQAR cells. Mean over seeds per arm, "
-               "and each arm's paired difference from the baseline [95%, unadjusted; bounded-metric interval]:\n"]
-        others = [a for a in arms if a != "baseline"]
+               f"and each arm's paired difference from the {ref} [95%, unadjusted; bounded-metric interval]:\n"]
+        others = [a for a in arms if a != ref]
         rows = []
         for i, c in enumerate(r0["cells"]):
             vals = {a: [ctx.result(self.name, a, sd)["cells"][i]["accuracy"] for sd in ctx.seeds] for a in arms}
             row = [c["cell"] + (" *" if c.get("beyond") else "")] + [fmt(sum(v) / len(v)) for v in vals.values()]
             for a in others:
-                e = paired_estimate(vals[a], vals["baseline"], bounds=(0.0, 1.0))
+                e = paired_estimate(vals[a], vals[ref], bounds=(0.0, 1.0))
                 row.append(f"{e.mean:+.3f}" + ("" if e.low is None else f" [{e.low:+.3f}, {e.high:+.3f}]"))
             rows.append(row)
-        out.append(table(rows, ["cell"] + arms + [f"{a} - baseline" for a in others]))
+        out.append(table(rows, ["cell"] + arms + [f"{a} - {ref}" for a in others]))
         rows = []
         for a in arms:
             per = [ctx.result(self.name, a, sd) for sd in ctx.seeds]

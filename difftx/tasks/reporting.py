@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-REPORTED_ARMS = ("baseline", "diff")  # the two arms a report section compares, in the order it shows them
-NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}
-SHORT = {"diff": "DIFF", "baseline": "baseline"}
+REPORTED_ARMS = ("baseline", "diff")  # the built-in pair, in the order shown (a sweep's summary keys; a section: ctx.arms)
+NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}  # the built-in arms in words
+SHORT = {"diff": "DIFF", "baseline": "baseline"}  # and their labels
 # what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
 # median seed difference with the interval of the median (an unbounded one: "median ... [...]")
 DIFFERENCE = "mean [95%], or mean; median [95%]"
@@ -48,6 +48,10 @@ class ReportContext:
     def short(self, arm: str) -> str:
         return self.results.label(arm)
 
+    def two_maps(self) -> str:
+        """The labels of the primary pair's arms of attention kind ``diff`` (two softmax maps), joined by "and"."""
+        return " and ".join(self.short(a) for a in self.arms if self.results.arms[a].config.get("attention") == "diff")
+
     def settings(self, task: str) -> dict:
         return self.results.tasks[task]["settings"]
 
@@ -57,7 +61,7 @@ class ReportContext:
 
     def result(self, task: str, arm: Optional[str] = None, seed: Optional[str] = None) -> dict:
         """One model's result of ``task`` (``{"skipped": reason}`` when it did not run; ``arm``: the primary pair's
-        first, DIFF, unless given)."""
+        first unless given)."""
         return self.results.run(seed or self.first, arm or self.arms[-1]).tasks[task]
 
     def ran(self, task: str) -> bool:
@@ -71,7 +75,7 @@ class ReportContext:
         return self.results.run(seed or self.first, arm).train
 
     def comparison(self, key: str) -> Optional[dict]:
-        """The primary pair's comparison of metric ``key`` (DIFF vs baseline)."""
+        """The primary pair's comparison of metric ``key`` (its first arm vs its second)."""
         return self.results.primary.metrics.get(key)
 
     def comparisons(self, key: str) -> list[dict]:
@@ -79,8 +83,8 @@ class ReportContext:
         return [c.metrics[key] for c in self.results.comparisons.values() if key in c.metrics]
 
     def comparison_rows(self, keys: Sequence[str], digits: Optional[int] = None) -> list[list[str]]:
-        """``[label, baseline, DIFF, DIFF - baseline, verdict]`` for each compared metric (with the
-        metric's own digits unless ``digits`` is given)."""
+        """``[label, second arm, first arm, first - second, verdict]`` for each compared metric of the primary pair
+        (with the metric's own digits unless ``digits`` is given)."""
         b, a = self.arms
         rows = []
         for k in keys:
@@ -152,8 +156,8 @@ def decided_text(c: dict, first: str) -> Optional[str]:
 
 
 def pair(c: dict, digits: int = 3) -> str:
-    """DIFF - baseline with the unadjusted interval of what it covers (:func:`interval_text`), and the Holm-adjusted
-    p-value."""
+    """A comparison's first arm - its second with the unadjusted interval of what it covers (:func:`interval_text`),
+    and the Holm-adjusted p-value."""
     p = c["paired"]
     if p["mean"] is None:
         return "-"
@@ -187,5 +191,5 @@ def call(c: dict, short=None) -> str:
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
     a = c["arms"][0]
-    return decided_text(c, (short or SHORT.get)(a)) or "no detectable difference"
+    return decided_text(c, short(a) if short else SHORT.get(a, a)) or "no detectable difference"
 
