@@ -51,7 +51,7 @@ def source(tmp_path_factory) -> Path:
 
 
 def test_each_arm_starts_from_the_source_or_its_conversion_with_its_seed(source, tmp_path):
-    """With a learning rate of 1e-12 the fine-tuned models are their starting weights: the baseline is the source,
+    """With a learning rate of 1e-12 the fine-tuned models are their starting weights: the source arm is the source,
     and the converted arm of seed s is `difftx convert --seed s` of it (the lambda vectors differ by seed)."""
     preset = get_preset("from-cpu").with_overrides(source=str(source / "src"), data=str(source / "text.txt"),
                                                    lr=1e-12, min_lr=0.0, **_fields(SMALL + PROBES))
@@ -59,18 +59,18 @@ def test_each_arm_starts_from_the_source_or_its_conversion_with_its_seed(source,
     src = load_model(source / "src").state_dict()
     for seed in (0, 1):
         folder = tmp_path / "out" / f"seed{seed}"
-        base = load_model(folder / "baseline" / "model").state_dict()
+        base = load_model(folder / "source" / "model").state_dict()
         assert all(torch.allclose(base[k], src[k], atol=1e-6) for k in src)
         convert_model(source / "src", tmp_path / f"conv{seed}", seed=seed)
         want = load_model(tmp_path / f"conv{seed}").state_dict()
-        got = load_model(folder / "diff" / "model").state_dict()
+        got = load_model(folder / "converted" / "model").state_dict()
         assert want.keys() == got.keys() and all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
-        assert not (folder / "diff" / "init").exists() and not (folder / "baseline" / "init").exists()
-    lq = [load_model(tmp_path / "out" / f"seed{s}" / "diff" / "model").layers[0].attn.lambda_q1 for s in (0, 1)]
+        assert not (folder / "converted" / "init").exists() and not (folder / "source" / "init").exists()
+    lq = [load_model(tmp_path / "out" / f"seed{s}" / "converted" / "model").layers[0].attn.lambda_q1 for s in (0, 1)]
     assert not torch.equal(*lq)
-    assert res.arms["baseline"].config["attention"] == "standard" and res.arms["baseline"].label == "source"
-    assert res.arms["diff"].config["attention"] == "converted" and res.arms["diff"].label == "converted"
-    assert res.arms["diff"].source == str(source / "src")
+    assert res.arms["source"].config["attention"] == "standard" and res.arms["source"].label == "source"
+    assert res.arms["converted"].config["attention"] == "converted" and res.arms["converted"].label == "converted"
+    assert res.arms["converted"].source == str(source / "src") and res.primary.arms == ("converted", "source")
 
 
 def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "LM NLL (held-out)" in printed and "recall frontier" in printed
-    record = json.loads((out / "seed1" / "diff" / "train.json").read_text())
+    record = json.loads((out / "seed1" / "converted" / "train.json").read_text())
     assert [h["lambda_scale"] for h in record["history"]] == [0.5, 1.0]  # steps 2 and 4 of a 2-step warm-up
     assert record["config"]["lambda_init"] == 0.5 and record["request"]["preset"]["convert_method"] == "random"
     report = (out / "report.md").read_text()
@@ -98,12 +98,12 @@ def test_cli_compares_with_a_lambda_warmup_and_reports_the_costs(source, tmp_pat
     assert "| KV cache, bytes per token of context (float32) | 256 | 384 | +50.0% |" in section
     assert "`difftx convert --method random`" in section and "lambda_warmup = 2 steps" in section
     results = json.loads((out / "results.json").read_text())
-    first = results["comparisons"]["diff vs baseline"]
+    first = results["comparisons"]["converted vs source"]
     assert first["primary"] and {"lm_nll", "recall_frontier"} <= {k for k, c in first["metrics"].items()
                                                                    if c["primary"]}
     # the same command again reuses every model; a source trained again in place is not taken for the old one
     assert main(args) == 0
-    assert json.loads((out / "seed1" / "diff" / "train.json").read_text()) == record
+    assert json.loads((out / "seed1" / "converted" / "train.json").read_text()) == record
     capsys.readouterr()
     model = load_model(src)
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_the_dex_method_converts_every_head(source, tmp_path):
     preset = get_preset("from-cpu").with_overrides(source=str(source / "src"), data=str(source / "text.txt"),
                                                    convert_method="dex", **_fields(SMALL + PROBES))
     res = run_compare(preset, 1, tmp_path / "out", progress=False)
-    assert res.arms["diff"].config["attention"] == "dex" and not res.arms["diff"].config.get("options")
+    assert res.arms["converted"].config["attention"] == "dex" and not res.arms["converted"].config.get("options")
     assert "(`difftx convert --method dex` on every head, " in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -126,13 +126,13 @@ def test_each_arm_is_tuned_on_its_own_when_asked(source, tmp_path, capsys):
     assert main(["compare", "--from", str(source / "src"), "--data", str(source / "text.txt"), "--seeds", "2",
                  "--out", str(tmp_path / "out"), "--no-progress", "--tune", "lr=0.002", *SMALL]) == 0
     printed = capsys.readouterr().out
-    assert "tuned lr (validation loss, leave-one-seed-out)" in printed and "tuned, diff vs baseline: LM NLL" in printed
+    assert "tuned lr (validation loss, leave-one-seed-out)" in printed and "tuned, converted vs source: LM NLL" in printed
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     tune = results["tune"]
-    assert tune["field"] == "lr" and set(tune["chosen"]) >= {"baseline", "diff"}
+    assert tune["field"] == "lr" and set(tune["chosen"]) >= {"source", "converted"}
     # without --synthetic a comparison from a source fine-tunes on the text alone: no recall batches, no recall grid
     assert results["preset"]["recall_every"] == 0 and results["preset"]["lm_every"] == 1
-    assert not any(k.startswith("recall") for k in results["comparisons"]["diff vs baseline"]["metrics"])
+    assert not any(k.startswith("recall") for k in results["comparisons"]["converted vs source"]["metrics"])
     assert "recall frontier" not in printed
     assert "on your text alone: every step an LM batch" in (tmp_path / "out" / "report.md").read_text()
 
@@ -150,7 +150,7 @@ def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
     assert "has no tokenizer (a difftx tokenizer/ folder, or a transformers folder's tokenizer.json): give the one it " \
         "was trained with (--tokenizer DIR, or byte)" in capsys.readouterr().err
     assert main([*args, "--tokenizer", "byte"]) == 0
-    base = load_model(tmp_path / "out" / "seed0" / "baseline" / "model")
+    base = load_model(tmp_path / "out" / "seed0" / "source" / "model")
     assert base.config.attention == "standard" and base.config.n_kv_heads == 2
     # a folder with its tokenizer.json (as transformers saves it): read as `difftx convert` reads it
     from difftx.data.tokenizer import byte_tokenizer_json

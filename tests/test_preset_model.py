@@ -140,3 +140,30 @@ def test_a_primary_pair_of_other_arms_runs_end_to_end(tmp_path):
     report = (tmp_path / "p" / "report.md").read_text()
     assert "no primary metric separates diff_lambda_0.8 from the baseline" in report
     assert ", paper (" in report and not any(line.startswith("| diff_lambda_0.8, paper") for line in report.splitlines())
+
+
+def test_a_from_folder_of_version_2_is_refused_in_one_line(tmp_path):
+    """Before folder version 3 a comparison from a source named its arms baseline and diff; its models are not
+    reused under the names source and converted, and the message says so."""
+    from difftx.compare.folder import COMPARE_FILE, _check_folder
+
+    preset = ComparePreset(source="src", data="text.txt")
+    old = preset.to_dict()
+    old.pop("primary")
+    old.update(old.pop("model"))
+    (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": 2, "preset": old}))
+    with pytest.raises(ValueError, match=r"arms were named baseline and diff \(folder version 2\); this difftx names "
+                                         r"them source and converted"):
+        _check_folder(tmp_path, preset)
+    (tmp_path / COMPARE_FILE).write_text(json.dumps({"schema_version": 3, "preset": preset.to_dict()}))
+    _check_folder(tmp_path, preset)
+
+
+def test_the_arms_need_not_hold_the_built_in_pair_but_must_hold_the_primary():
+    p = get_preset("smoke", arms=("baseline", "diff_lambda_0.8"), primary=("diff_lambda_0.8", "baseline"))
+    assert set(p.resolve().arms) == {"baseline", "diff_lambda_0.8"}
+    with pytest.raises(ValueError, match=r"ComparePreset\.primary: need two distinct arms of \['baseline', "
+                                         r"'diff_lambda_0.8'\]"):
+        get_preset("smoke", arms=("baseline", "diff_lambda_0.8"))  # the default primary pair is not among them
+    with pytest.raises(ValueError, match=r"ComparePreset\.arms: need two or more distinct names"):
+        get_preset("smoke", arms=("diff",), primary=("diff", "diff"))

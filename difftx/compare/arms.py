@@ -12,7 +12,6 @@ from ..config import ARMS, ModelConfig
 
 PRIMARY = ("diff", "baseline")  # the primary pair of a comparison: DIFF against its parameter-matched baseline
 LABELS = {"diff": "DIFF", "baseline": "baseline"}  # what the report calls the built-in primary arms
-FROM_LABELS = {"diff": "converted", "baseline": "source"}  # and the arms of compare --from
 
 
 @dataclass(frozen=True)
@@ -35,11 +34,11 @@ class Arm:
         return cls(name, config, name, kind_description(name))
 
     @classmethod
-    def from_source(cls, name: str, config: ModelConfig, source: str, method: str) -> "Arm":
-        """An arm of ``compare --from``: the source as it is (``baseline``) or its conversion (``diff``)."""
-        what = (f"the source as it is ({config.attention} attention)" if name == "baseline" else
-                f"the source converted by `difftx convert --method {method}` ({config.attention} attention)")
-        return cls(name, config, FROM_LABELS[name], what, source)
+    def from_source(cls, name: str, config: ModelConfig, source: str, method: str, converted: bool) -> "Arm":
+        """An arm of ``compare --from``: the source as it is or (``converted``) its conversion."""
+        what = (f"the source converted by `difftx convert --method {method}` ({config.attention} attention)"
+                if converted else f"the source as it is ({config.attention} attention)")
+        return cls(name, config, name, what, source)
 
 
 def kind_description(name: str) -> str:

@@ -61,6 +61,11 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
         except (KeyError, TypeError) as e:
             raise ValueError(f"{meta}: unreadable ({e}); remove it or use another --out") from None
         check_version(data, str(meta))
+        if data.get("schema_version") == 2 and old.get("source") is not None:
+            raise ValueError(f"{meta}: a comparison from a source written when its arms were named baseline and diff "
+                             "(folder version 2); this difftx names them source and converted and does not reuse "
+                             "its models: compare into a new --out (the old folder stays as it is, and its "
+                             "results.json still reads)")
         _check_text(meta, data.get("text"), text)
         old = preset_record({**ADDED_FIELDS, **{k: v for k, v in old.items()
                                                  if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}})

@@ -191,12 +191,13 @@ class ComparePlan:
     curve: Curve = Curve((), 0)
     text: Optional[TextData] = None
     source: Optional["Source"] = None  # compare --from: the pretrained model both arms start from
-    primary: tuple = PRIMARY  # the pair a verdict answers first: (DIFF, baseline); --from: (converted, source)
+    primary: tuple = PRIMARY  # the pair a verdict answers first: the preset's; --from: (converted, source)
 
     def arm(self, name: str) -> Arm:
         """The arm ``name`` as one value (its config, label and description; its source under ``--from``)."""
         if self.source is not None:
-            return Arm.from_source(name, self.arms[name], self.source.path, self.source.method)
+            return Arm.from_source(name, self.arms[name], self.source.path, self.source.method,
+                                   converted=name == self.primary[0])
         return Arm.of(name, self.arms[name])
 
 
@@ -401,15 +402,15 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
     from pathlib import Path
 
     from ..data import load_tokenizer
-    from .source import Source, read_source_model, source_arms
+    from .source import FROM_PRIMARY, Source, read_source_model, source_arms
 
     p = preset
     mixture = mixture_of(p)
     if p.data is None:
         raise preset_error("source", "a comparison from a source trains on your text: give it (--data TEXT)")
-    if tuple(p.arms) != ("baseline", "diff"):
-        raise preset_error("arms", f"a comparison from a source has two arms, the source (baseline) and its "
-                                   f"conversion (diff); got {list(p.arms)}")
+    if tuple(p.arms) != type(p)().arms:
+        raise preset_error("arms", f"a comparison from a source has two arms of its own, the source and its "
+                                   f"conversion; got {list(p.arms)}")
     own = [t.name for t in mixture.tasks if t.name not in BUILTIN_TRAINING and t.every(mixture)]
     if own:  # registered tasks take ids after the built-in ones, which a source's vocabulary does not have
         raise preset_error("source", f"a comparison from a source trains on LM and recall batches only; the "
@@ -452,4 +453,5 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
         mixture=mixture, probes=Probes(every=p.probe_every if probed(mixture, space) else 0, samples=p.probe_samples,
                                        grid=tasks["needle"].grid),
         tasks=tasks, execution=Execution(threads=p.threads, workers=p.workers, device=p.device, stack=p.stack),
-        curve=Curve(curve_steps(p.steps, p.curve_points), p.curve_windows), text=text, source=source)
+        curve=Curve(curve_steps(p.steps, p.curve_points), p.curve_windows), text=text, source=source,
+        primary=FROM_PRIMARY)

@@ -237,10 +237,9 @@ class ComparePreset:
         from ..config import arm_names
 
         arms = self.arms
-        if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) != len(arms) or \
-                not {"baseline", "diff"} <= set(arms) or not set(arms) <= set(arm_names()):
-            raise preset_error("arms", f"need distinct names of {arm_names()} including baseline and diff, got "
-                                       f"{arms!r}")
+        if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) < 2 or \
+                len(set(arms)) != len(arms) or not set(arms) <= set(arm_names()):
+            raise preset_error("arms", f"need two or more distinct names of {arm_names()}, got {arms!r}")
         object.__setattr__(self, "arms", tuple(arms))
         primary = self.primary
         if isinstance(primary, str) or not isinstance(primary, (tuple, list)) or len(primary) != 2 or \

@@ -14,12 +14,14 @@ from ..io import dumps_strict, read_json
 SCHEMA = "difftx.compare.results"
 # 4: every comparison keyed by its pair under ``comparisons`` (``{"arms", "primary", "metrics"}``), the arms with
 # their label and description; 3: two estimands (the verdict on exchangeability; the mean's betting test beside it)
-# 5: the preset's model fields in its "model" and its primary pair in "primary" (preset_record reads older presets)
+# 5: the preset's model fields in its "model" and its primary pair in "primary" (preset_record reads older presets);
+# a comparison from a source has the arms source and converted (before: baseline and diff, as written in the file)
 SCHEMA_VERSION = 5
 READABLE_VERSIONS = (2, 3, 4, 5)  # results.json files this difftx reads (version 2: the verdict's p held the betting p)
 SCALE_SCHEMA, SCALE_VERSION = "difftx.compare.scale", 3  # scale.json (difftx scale)
 # compare.json: what the models and evaluations of a folder are (reused while it is the same); 3: the preset as
-# results.json 5 writes it
+# results.json 5 writes it, and a comparison from a source (--from) has the arms source and converted (2: baseline
+# and diff)
 FOLDER_VERSION = 3
 READABLE_FOLDER_VERSIONS = (2, 3)
 # the preset fields that compare.json before version 3 and results.json before 5 wrote flat, now in the preset's

@@ -1,10 +1,10 @@
-"""``difftx compare --from SRC``: a pretrained standard-attention model fine-tuned as it is (the ``baseline`` arm)
-against the same model converted to differential attention (the ``diff`` arm, :func:`difftx.interop.convert.
+"""``difftx compare --from SRC``: a pretrained standard-attention model fine-tuned as it is (the ``source`` arm)
+against the same model converted to differential attention (the ``converted`` arm, :func:`difftx.interop.convert.
 convert_model`), per seed on the same batches.
 
 The source is read once per comparison for its config and tokenizer (:func:`read_source_model`); each model's
 starting weights are written into its own folder when it is first trained (:func:`initial_weights`): the source
-as a difftx folder for the baseline (a transformers Llama folder is imported; a difftx model is used in place),
+as a difftx folder for the source arm (a transformers Llama folder is imported; a difftx model is used in place),
 and its conversion with the model's seed for the converted arm (the seed draws the lambda vectors and, with
 ``--method random``, the negative query/key rows). Both arms then train with the comparison's schedule and batches
 (:func:`difftx.compare.train.train_models`), so the pair differs only in the conversion.
@@ -82,30 +82,34 @@ def source_identity(source: Source) -> dict:
     return {"folder": str(folder), "sha256": h.hexdigest()}
 
 
+SOURCE_ARM, CONVERTED_ARM = "source", "converted"  # the arms of a comparison from a source, and their folders
+FROM_PRIMARY = (CONVERTED_ARM, SOURCE_ARM)  # its pair: the conversion against the source fine-tuned as it is
+
+
 def source_arms(config: ModelConfig, method: str, lambda_init: float) -> dict[str, ModelConfig]:
     """The two arms of a comparison from a source of ``config``: the source and its conversion by ``method`` (``dex``
     on every head: a selection measured per model would give each seed another config)."""
     from ..interop.convert import converted_config, dex_config
 
     conv = dex_config(config, None, lambda_init) if method == "dex" else converted_config(config, lambda_init)
-    return {"baseline": config, "diff": conv}
+    return {SOURCE_ARM: config, CONVERTED_ARM: conv}
 
 
 def initial_weights(source: Source, kind: str, seed: int, folder: Path) -> Path:
-    """The model folder the model of arm ``kind`` and ``seed`` starts from: for the baseline, the source itself
-    (a difftx folder) or its import into ``folder/init``; for ``diff``, the source converted with ``seed`` into
-    ``folder/init`` (``dex``: every head). Written once (complete or absent); :func:`drop_initial_weights`
+    """The model folder the model of arm ``kind`` and ``seed`` starts from: for the source, the source itself
+    (a difftx folder) or its import into ``folder/init``; for the conversion, the source converted with ``seed``
+    into ``folder/init`` (``dex``: every head). Written once (complete or absent); :func:`drop_initial_weights`
     removes it once the model is trained."""
     from ..checkpoint import CONFIG_NAME
     from ..interop.convert import convert_model
     from ..interop.hf import import_hf
 
-    if kind == "baseline" and source.kind.startswith("difftx:"):
+    if kind == SOURCE_ARM and source.kind.startswith("difftx:"):
         return Path(source.folder)
     init = Path(folder) / INIT_DIR
     if (init / CONFIG_NAME).is_file():  # written by an earlier call (atomically: complete)
         return init
-    if kind == "baseline":
+    if kind == SOURCE_ARM:
         import_hf(source.folder, init, overwrite=True)
     else:
         convert_model(source.folder, init, method=source.method, seed=seed, overwrite=True,
@@ -170,14 +174,13 @@ def render_source(result) -> str:
              f"lambda_init {lam} without a warm-up: it starts off the source's function")
     return "\n".join([
         "## The source and its conversion\n",
-        f"Both arms start from `{src}` ({p['source']}). `{src_arm}` (the source) is the source fine-tuned as it is; "
-        f"`{conv}` (converted) is the source converted to differential attention "
+        f"Both arms start from `{src}` ({p['source']}). `{src_arm}` is the source fine-tuned as it is; "
+        f"`{conv}` is the source converted to differential attention "
         f"(`difftx convert --method {p['convert_method']}`"
         + (" on every head" if p["convert_method"] == "dex" else "") + ", the model's seed drawing its lambda "
         "vectors"
         + (" and its negative query/key rows" if p["convert_method"] == "random" else "")
-        + f"), fine-tuned the same way: same steps, batches and learning rate. The converted model's {start}. "
-        "Everywhere in this report, the arms are named so: converted and source.\n",
-        table(rows, ["cost", f"source ({src_arm})", f"converted ({conv})", "converted / source - 1"]),
+        + f"), fine-tuned the same way: same steps, batches and learning rate. The converted model's {start}.\n",
+        table(rows, ["cost", src_arm, conv, f"{conv} / {src_arm} - 1"]),
         "\nParameters and the KV cache are exact. The throughput is each arm's own measurement while it trained; "
         "the arms trained side by side, so it is as comparable as the machine was quiet.\n"])

@@ -177,7 +177,7 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
     for v in order[1:]:
         run_compare(points[v], seed_list, own_folder(folder[v], below=out), progress=progress, workers=workers,
                     report=False)
-    arms = list(base.arms)
+    arms = list(results.arms)  # the comparison's (compare --from: the source and its conversion)
     grids = {arm: list(grid) for arm in arms}
     scores = {arm: {v: _scores(points[v], folder[v], seed_list, arm, progress) for v in grid} for arm in arms}
     extended: dict = {arm: [] for arm in arms}
