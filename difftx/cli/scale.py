@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compare.presets import text_overrides  # lazy: torch; --help stays fast
     from ..compare.report import gap_text  # lazy: torch; --help stays fast
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
-    from ..studies.scale import default_out, run_scale  # lazy: torch; --help stays fast
+    from ..studies.scale import default_out, primary_pair, run_scale  # lazy: torch; --help stays fast
     from ..studies.tune import parse_tune  # lazy: torch; --help stays fast
 
     shard = None if args.shard is None else parse_shard(args.shard)
@@ -111,25 +111,26 @@ def run(args: argparse.Namespace) -> int:
             shared = t["shared"]["gap"][arm]
             for sz, g, g0 in zip(res["sizes"], gaps, shared):
                 print(f"  {arm} at {sz['name']}: gap tuned {gap_text(g)} nats, at the preset's value {gap_text(g0)}")
+    ref = primary_pair(res)[1]  # the arm every other is measured against
     for arm, eff in res["efficiency"].items():
         if "skipped" in eff:
             print(f"  {arm}: {eff['skipped']}")
             continue
-        fit = _fit_text(eff) if eff["method"] == "floor" else "straight log-log line (2 sizes)"
+        fit = _fit_text(eff, ref) if eff["method"] == "floor" else "straight log-log line (2 sizes)"
         print(f"  {arm}: {fit}")
         for sz, r, g in zip(res["sizes"], eff["ratios"], res["gap"][arm]):
             value = "-" if r["value"] is None else f"{r['value']:.3f}"
             ci = "" if r["low"] is None else f" [{r['low']:.3f}, {r['high']:.3f}]"
             note = f" ({r['note']})" if r["note"] else ""
-            print(f"  {arm} at {sz['name']}: gap {gap_text(g)} nats; N_{arm} / N_baseline = {value}{ci}{note}")
+            print(f"  {arm} at {sz['name']}: gap {gap_text(g)} nats; N_{arm} / N_{ref} = {value}{ci}{note}")
     return 0
 
 
-def _fit_text(eff: dict) -> str:
+def _fit_text(eff: dict, ref: str) -> str:
     """The floor fit in one line: which model and each floor (parameters of the fit: their difference is not a
-    finding, and scale.md says why)."""
+    finding, and scale.md says why); ``ref``: the arm the fit is against."""
     f = eff["fit"]
     if f.get("model", "shared") == "shared":
-        return f"floor fit L = E + A N^-b, one floor E = {f['floor']:.4f} shared with the baseline"
-    return (f"floor fit L = E + A N^-b, a floor per arm: E = {f['floors']['arm']:.4f}, baseline's "
+        return f"floor fit L = E + A N^-b, one floor E = {f['floor']:.4f} shared with the {ref}"
+    return (f"floor fit L = E + A N^-b, a floor per arm: E = {f['floors']['arm']:.4f}, {ref}'s "
             f"{f['floors']['reference']:.4f} (fit parameters, not a finding: read the gap at the largest size)")

@@ -410,7 +410,7 @@ def read_cell(cell: Cell, folder: Path) -> dict:
     key, label = METRICS[cell.task]
     arms, vs = {}, {}
     for arm in res.arms:
-        c = None if arm == "baseline" else comparison(res, arm, key)
+        c = None if arm == "baseline" else comparison(res, arm, key, "baseline")
         vs_arm = None if c is None else _difference(c)
         if arm != "baseline":
             vs[arm] = vs_arm
@@ -419,7 +419,7 @@ def read_cell(cell: Cell, folder: Path) -> dict:
                      "learned": learned, "learned_of": None if learned is None else len(res.seeds),
                      "learned_steps": steps, "ratio_at_init": _ratio_at_init(res, arm)}
     for arm in (a for a in res.arms if a != "baseline"):  # each arm's reading from its comparison with the baseline
-        c = comparison(res, arm, key)
+        c = comparison(res, arm, key, "baseline")
         if c is not None:
             for x in (arm, "baseline"):
                 if arms[x]["metric"] is None:

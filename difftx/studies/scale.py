@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 
 from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
+from ..compare.arms import LABELS, PRIMARY, pairs
 from ..compare.presets import ComparePreset, get_preset
 from ..compare.regime import regime_table
 from ..compare.report import gap_text
@@ -151,6 +152,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
         raise ValueError("--tokens-per-param: counts LM tokens, and this comparison trains recall without LM batches "
                          "(give the steps with --set steps=N)")
     out: list[SizePlan] = []
+    ref = base.primary[1]  # the arm the others are measured against: its parameters give the budget and the order
     for name in sizes:
         dim, layers, heads = shape(name)
         try:
@@ -164,14 +166,27 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
         params = {arm: non_embedding_parameters(cfg) for arm, cfg in plan.arms.items()}
         if tokens_per_param is not None:
             per_step = p.batch_size * p.lm_seq_len
-            steps = max(1, math.ceil(tokens_per_param * params["baseline"] / per_step))
+            steps = max(1, math.ceil(tokens_per_param * params[ref] / per_step))
             p = p.with_overrides(steps=steps, warmup_steps=min(p.warmup_steps, max(steps // 20, 1)))
         out.append(SizePlan(name, dim, layers, heads, p, params, regimes(plan.arms, lm_tokens(plan.mixture, p.steps))))
     for a, b in zip(out, out[1:]):
-        if not recall and b.params["baseline"] <= a.params["baseline"]:
-            raise ValueError(f"--sizes: give them from small to large; {b.name} ({b.params['baseline']:,} "
-                             f"non-embedding parameters) is not larger than {a.name} ({a.params['baseline']:,})")
+        if not recall and b.params[ref] <= a.params[ref]:
+            raise ValueError(f"--sizes: give them from small to large; {b.name} ({b.params[ref]:,} "
+                             f"non-embedding parameters) is not larger than {a.name} ({a.params[ref]:,})")
     return out
+
+
+def against_reference(arms, primary: tuple) -> list[str]:
+    """The arms measured against the reference, the primary pair's second arm: every other arm, the primary's first
+    arm first (as :func:`difftx.compare.arms.pairs` pairs them)."""
+    return [a for a, b in pairs(arms, primary) if b == primary[1]]
+
+
+def primary_pair(s: dict) -> tuple[str, str]:
+    """The primary pair of a ``scale.json`` (``s``): the arms measured against the reference (``gap``, or per size
+    ``vs_baseline`` in a recall scale) are every arm but the reference, the primary's first arm first."""
+    measured = list(s["gap"]) if "gap" in s else list(next(iter(s["recall"]["sizes"].values()))["vs_baseline"])
+    return measured[0], next(a for a in s["arms"] if a not in measured)
 
 
 def default_out(preset: str | ComparePreset) -> Path:
@@ -277,17 +292,18 @@ def _heldout_nll(res: CompareResult, seed, arm: str) -> Optional[float]:
     return None if "skipped" in task else task.get("heldout", {}).get("nll")
 
 
-def heldout_gap(res: CompareResult, arm: str, seeds: list) -> Optional[dict]:
-    """The paired held-out NLL gap ``arm - baseline`` of one size's compare: the compare's own
-    estimate (:func:`difftx.eval.stats.paired_estimate`, with the evaluation windows' noise) where it
+def heldout_gap(res: CompareResult, arm: str, seeds: list, reference: str) -> Optional[dict]:
+    """The paired held-out NLL gap ``arm - reference`` of one size's compare (``reference``: the second arm of
+    its primary pair, the baseline by default): the compare's own estimate
+    (:func:`difftx.eval.stats.paired_estimate`, with the evaluation windows' noise) where it
     has one, else ``paired_estimate`` over the seeds' NLLs; ``values``: the seeds' differences.
     ``None`` when a model has no held-out NLL."""
     from ..eval.stats import paired_estimate
 
-    a, b = ([_heldout_nll(res, s, x) for s in seeds] for x in (arm, "baseline"))
+    a, b = ([_heldout_nll(res, s, x) for s in seeds] for x in (arm, reference))
     if None in a or None in b:
         return None
-    pair = res.pair(arm, "baseline")
+    pair = res.pair(arm, reference)
     comps = {} if pair is None else pair.metrics
     paired = comps["lm_nll"]["paired"] if "lm_nll" in comps else paired_estimate(a, b).to_dict()
     keys = ("mean", "low", "high", "p_value", "n", "n_examples", "method", "note", "interval_of", "median",
@@ -313,31 +329,42 @@ def sensitivity(eff: dict, i: int, arm_loss: float) -> dict:
     return {"fit": eff["method"], "at_params": at, "dloss_dlog_params": slope, "factor_per_0.01_nats": factor}
 
 
+def _first_regime(regime: dict, first: str) -> dict:
+    """The regime of the primary pair's first arm, else of the first DIFF arm that has one (``{}``: none)."""
+    return regime.get(first) or next(iter(regime.values()), {})
+
+
 def size_entries(plans: list[SizePlan]) -> list[dict]:
     """``scale.json``'s ``sizes``: each size's shape, steps, non-embedding parameters per arm, DIFF head width
-    (``head_width``; ``None`` without a DIFF arm's regime) and each DIFF arm's regime."""
+    (``head_width``, of the primary pair's first arm where it is a DIFF arm; ``None`` without a DIFF arm's regime)
+    and each DIFF arm's regime."""
     return [{"name": sp.name, "dim": sp.dim, "n_layers": sp.n_layers, "n_heads": sp.n_heads,
-             "head_width": (sp.regime.get("diff") or {}).get("head_width"), "steps": sp.preset.steps,
+             "head_width": _first_regime(sp.regime, sp.preset.primary[0]).get("head_width"), "steps": sp.preset.steps,
              "params": sp.params, "regime": sp.regime} for sp in plans]
 
 
 def summarise(plans: list[SizePlan], results: dict, seeds: list) -> dict:
     """``scale.json``: the sizes (each with its DIFF arms' regime, :mod:`difftx.compare.regime`),
-    every model's held-out NLL, each arm's paired gap to the baseline per size (``gap``), and its
-    parameter efficiency against the baseline with the ratio's sensitivity per size."""
+    every model's held-out NLL, each arm's paired gap to the reference (the primary pair's second arm, the
+    baseline by default) per size (``gap``: every arm but the reference, the primary's first arm first, so
+    :func:`primary_pair` reads the pair back), and its parameter efficiency against the reference with the
+    ratio's sensitivity per size."""
     from ..eval.floor_fit import parameter_efficiency
 
     arms = list(plans[0].params)
+    primary = plans[0].preset.primary
+    ref = primary[1]
     losses = {arm: [[_heldout_nll(results[sp.name], s, arm) for sp in plans] for s in seeds] for arm in arms}
     missing = sorted({arm for arm in arms for row in losses[arm] for v in row if v is None})
     efficiency = {}
-    gaps = {arm: [heldout_gap(results[sp.name], arm, seeds) for sp in plans] for arm in arms if arm != "baseline"}
+    gaps = {arm: [heldout_gap(results[sp.name], arm, seeds, ref) for sp in plans]
+            for arm in against_reference(arms, primary)}
     for arm in gaps:
         if missing:
             efficiency[arm] = {"skipped": f"no held-out LM loss for {', '.join(missing)} (LM batches needed)"}
             continue
         eff = parameter_efficiency([sp.params[arm] for sp in plans], losses[arm],
-                                   [sp.params["baseline"] for sp in plans], losses["baseline"]).to_dict()
+                                   [sp.params[ref] for sp in plans], losses[ref]).to_dict()
         eff["sensitivity"] = [sensitivity(eff, i, sum(row[i] for row in losses[arm]) / len(seeds))
                               for i in range(len(plans))]
         efficiency[arm] = eff
@@ -366,17 +393,19 @@ def tuned_summary(plans: list[SizePlan], results: dict[str, "Tuned"], seeds: lis
               for which in ("tuned", "shared")}}
     for arm, eff in out["tuned"]["efficiency"].items():
         if "ratios" in eff:
-            widen_for_the_choice(eff, plans, [tunes[sp.name] for sp in plans], arm, len(seeds))
+            widen_for_the_choice(eff, plans, [tunes[sp.name] for sp in plans], arm, len(seeds),
+                                 reference=plans[0].preset.primary[1])
     return out
 
 
 def widen_for_the_choice(eff: dict, plans: list[SizePlan], tunes: list[dict], arm: str, n: int,
-                         confidence: float = 0.95) -> None:
+                         confidence: float = 0.95, reference: str = PRIMARY[1]) -> None:
     """Make the tuned ratios' intervals allow for the choice: a jackknife over seeds of the whole
     procedure (each seed's value chosen again from the other remaining seeds at every size, then the
     fit), hulled with the fit's own interval, which treats the chosen models as given (its jackknife
     refits without a seed but keeps the choices that seed's losses made). Kept under ``selection``
-    (per size: the log ratio's jackknife standard error and the interval); needs 3 seeds."""
+    (per size: the log ratio's jackknife standard error and the interval); needs 3 seeds. ``reference``: the arm
+    the ratio is against (the primary pair's second arm)."""
     from ..eval.floor_fit import parameter_efficiency
     from ..eval.stats import t_quantile
     from .tune import choose
@@ -393,10 +422,10 @@ def widen_for_the_choice(eff: dict, plans: list[SizePlan], tunes: list[dict], ar
 
     def log_ratios(idx: list[int]) -> list[Optional[float]]:
         got = parameter_efficiency([sp.params[arm] for sp in plans], losses(arm, idx),
-                                   [sp.params["baseline"] for sp in plans], losses("baseline", idx))
+                                   [sp.params[reference] for sp in plans], losses(reference, idx))
         return [None if r.value is None else math.log(r.value) for r in got.ratios]
 
-    if n < 3 or any(None in row for t in tunes for who in (arm, "baseline")
+    if n < 3 or any(None in row for t in tunes for who in (arm, reference)
                     for row in t["heldout_nll"][who].values()):
         eff["selection"] = {"note": "no jackknife of the choice: it needs 3 seeds and every model's held-out NLL"}
         return
@@ -422,7 +451,7 @@ def render_tuned(s: dict) -> str:
     """``scale.md``'s first section: per size and arm, the chosen values and the gap and ratio, tuned
     and at the preset's value."""
     t = s["tuned"]
-    field = t["field"]
+    field, ref = t["field"], primary_pair(s)[1]
     out = [f"## Tuned `{field}` (primary)\n",
            f"Every size is a tuned comparison: each arm trained at every value of `{field}`, each seed's value chosen "
            "per arm from the other seeds' validation loss (leave-one-seed-out; "
@@ -439,7 +468,7 @@ def render_tuned(s: dict) -> str:
             picks = ", ".join(shown(v) for v in info["chosen"][arm].values())
             edge = info["at_edge"].get(arm)
             chosen = f"{picks} ({shown(info['best'][arm])}" + (f", at the {edge} edge" if edge else "") + ")"
-            if arm == "baseline":
+            if arm == ref:
                 rows.append(f"| {sz['name']} | {arm} | {chosen} | | | | |")
                 continue
             gaps = [gap_text((t[w]["gap"].get(arm) or [None] * len(s["sizes"]))[i]) for w in ("shared", "tuned")]
@@ -520,10 +549,11 @@ FLOORS_NOT_A_FINDING = (
     "what is measured is the gap at the largest size, {name}: {gap} nats")
 
 
-def _floor_fit_text(f: dict, arm: str, sizes: Optional[list] = None, gap: Optional[dict] = None) -> str:
+def _floor_fit_text(f: dict, arm: str, sizes: Optional[list] = None, gap: Optional[dict] = None,
+                    ref: str = PRIMARY[1]) -> str:
     """The floor fit's line in ``scale.md``: which floor model, each floor (with two, why their difference
     is not a finding, and the gap measured at the largest size of ``sizes``, ``gap``, in its place), the
-    exponents and the fit's notes."""
+    exponents and the fit's notes; ``ref``: the arm ``arm`` is measured against."""
 
     def without(r: Optional[list]) -> str:
         return f" ({r[0]:.4f} to {r[1]:.4f} with one seed left out)" if r else ""
@@ -531,26 +561,26 @@ def _floor_fit_text(f: dict, arm: str, sizes: Optional[list] = None, gap: Option
     if f.get("model", "shared") == "separate":
         floors, loo = f["floors"], f.get("floors_without_one_seed") or {}
         name = sizes[-1]["name"] if sizes else "the largest size"
-        head = (f"Floor fit, each arm its own floor: E = {floors['reference']:.4f} for the baseline"
+        head = (f"Floor fit, each arm its own floor: E = {floors['reference']:.4f} for the {ref}"
                 f"{without(loo.get('reference'))}, {floors['arm']:.4f} for {arm}{without(loo.get('arm'))}; "
                 + FLOORS_NOT_A_FINDING.format(k=len(sizes) if sizes else "a few", name=name, gap=gap_text(gap)))
     else:
         head = (f"Floor fit: E = {f['floor']:.4f} shared by both arms{without(f['floor_without_one_seed'])} "
                 f"(fewer than 4 sizes: the floor difference is assumed 0, not measured)")
-    return (head + f"; exponent b: baseline {f['reference'][1]:.3f}, {arm} {f['arm'][1]:.3f}"
+    return (head + f"; exponent b: {ref} {f['reference'][1]:.3f}, {arm} {f['arm'][1]:.3f}"
             + (f". {f['note'][0].upper()}{f['note'][1:]}" if f.get("note") else "") + ".\n")
 
 
 def render_scale(s: dict) -> str:
     """``scale.md``."""
-    n = len(s["seeds"])
-    out = ["# DIFF vs baseline across model sizes (parameter efficiency)\n", *scale_opening(s)]
+    n, (first, ref) = len(s["seeds"]), primary_pair(s)
+    out = [f"# {LABELS.get(first, first)} vs {ref} across model sizes (parameter efficiency)\n", *scale_opening(s)]
     out.append(render_tuned(s) if s.get("tuned") else scale_verdicts(s))
     out.append(f"Each size is a whole `difftx compare` (its folder `size=NAME/` has the full report, and says what "
                f"its LM interval is over), {n} paired seed(s). N: parameters without the vocabulary matrices. Held-out "
                "LM NLL (nats/token), mean over seeds.\n")
     for arm, eff in s["efficiency"].items():
-        out.append(f"## {arm} vs baseline" + (" at the preset's value\n" if s.get("tuned") else "\n"))
+        out.append(f"## {arm} vs {ref}" + (" at the preset's value\n" if s.get("tuned") else "\n"))
         if "skipped" in eff:
             out.append(f"Not measured: {eff['skipped']}.\n")
             continue
@@ -560,17 +590,17 @@ def render_scale(s: dict) -> str:
                    "Two sizes: a floor needs at least 3, so the ratios come from the straight line log L = a + b log N "
                    "per arm and seed, with a t interval over seeds; a ratio whose baseline size lies outside the "
                    "measured sizes is extrapolated.\n")
-        head = ["size", "N (arm)", "N (baseline)", "NLL baseline", "NLL arm",
-                "gap, nats: mean; median [95%] (per seed)", "matching baseline N"]
+        head = ["size", "N (arm)", f"N ({ref})", f"NLL {ref}", "NLL arm",
+                "gap, nats: mean; median [95%] (per seed)", f"matching {ref} N"]
         head += ["ratio, floor fit [95%]", "ratio, straight line [95%]"] if floor else ["ratio [95%]"]
-        head += ["baseline dL/dlog N at matching N", "0.01 nats ="]
+        head += [f"{ref} dL/dlog N at matching N", "0.01 nats ="]
         rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         sens = eff.get("sensitivity") or [None] * len(s["sizes"])
         for i, sz in enumerate(s["sizes"]):
-            nll = {a: [row[i] for row in s["heldout_nll"][a]] for a in ("baseline", arm)}
+            nll = {a: [row[i] for row in s["heldout_nll"][a]] for a in (ref, arm)}
             mb = eff["matched_params"][i]
             cells = [f"{sz['name']} ({sz['dim']}x{sz['n_layers']}x{sz['n_heads']})", f"{sz['params'][arm]:,}",
-                     f"{sz['params']['baseline']:,}", f"{sum(nll['baseline']) / n:.4f}", f"{sum(nll[arm]) / n:.4f}",
+                     f"{sz['params'][ref]:,}", f"{sum(nll[ref]) / n:.4f}", f"{sum(nll[arm]) / n:.4f}",
                      gap_text((s.get("gap") or {}).get(arm, [None] * len(s["sizes"]))[i]),
                      "-" if mb is None else f"{mb:,.0f}", _ratio(eff["ratios"][i])]
             if floor:
@@ -583,10 +613,10 @@ def render_scale(s: dict) -> str:
         out.append(_sensitivity_text(eff, s["sizes"]))
         if floor:
             f, lack = eff["fit"], eff["lack_of_fit"]
-            out.append(_floor_fit_text(f, arm, s["sizes"], ((s.get("gap") or {}).get(arm) or [None])[-1]))
+            out.append(_floor_fit_text(f, arm, s["sizes"], ((s.get("gap") or {}).get(arm) or [None])[-1], ref))
             out.append("Lack of fit of the straight log-log line: the curvature c of log L = a + b x + c x^2 "
                        "(x = log N; c > 0: the curve flattens, as toward a floor), per seed, with a t interval over "
-                       "seeds: baseline "
+                       f"seeds: {ref} "
                        f"{_curvature_text(lack['reference'])}; {arm} {_curvature_text(lack['arm'])}. RMS residual of "
                        f"the seeds' mean losses: straight line {lack['rms']['straight_line']:.4f}, floor fit "
                        f"{lack['rms']['floor']:.4f} nats.\n")
@@ -647,7 +677,8 @@ def _gap_along_training_table(s: dict) -> str:
 
 def _plot(path: Path, s: dict) -> Optional[str]:
     """``scale.png`` like the paper's Fig. 3a (``None`` without matplotlib or a fit)."""
-    eff = s["efficiency"].get("diff")
+    first, ref = primary_pair(s)
+    eff = s["efficiency"].get(first)
     if eff is None or "skipped" in eff:
         return None
     try:
@@ -658,15 +689,14 @@ def _plot(path: Path, s: dict) -> Optional[str]:
 
     try:
         fitted = {a: e for a, e in s["efficiency"].items() if "skipped" not in e}  # every arm with its line
-        names = {a: ("DIFF" if a == "diff" else a) for a in fitted}
-        points = {names[a]: ([sz["params"][a] for sz in s["sizes"]], s["heldout_nll"][a]) for a in fitted}
-        points["baseline"] = ([sz["params"]["baseline"] for sz in s["sizes"]], s["heldout_nll"]["baseline"])
+        names = {a: LABELS.get(a, a) for a in (*fitted, ref)}
+        points = {names[a]: ([sz["params"][a] for sz in s["sizes"]], s["heldout_nll"][a]) for a in (*fitted, ref)}
         lines = {names[a]: tuple(np.mean(e["loglog"]["fits"]["arm"], 0)) for a, e in fitted.items()}
-        lines["baseline"] = tuple(np.mean(eff["loglog"]["fits"]["reference"], 0))
+        lines[names[ref]] = tuple(np.mean(eff["loglog"]["fits"]["reference"], 0))
         if eff["method"] == "floor":  # each arm's floor curve (its own floor, or the one shared); the lines beside
             fits = {names[a]: ((e["fit"].get("floors") or {}).get("arm", e["fit"]["floor"]), *e["fit"]["arm"])
                     for a, e in fitted.items()}
-            fits["baseline"] = (eff["fit"]["floor"], *eff["fit"]["reference"])
+            fits[names[ref]] = (eff["fit"]["floor"], *eff["fit"]["reference"])
         else:
             fits, lines = lines, None
         plot_parameter_efficiency(points, fits, path, crossover=eff["crossover"]["params"],
@@ -680,13 +710,12 @@ def _plot(path: Path, s: dict) -> Optional[str]:
 
 
 def scale_opening(s: dict) -> list[str]:
-    """``scale.md``'s first three lines: the first arm against the baseline at the largest size (the
-    held-out gap in nats and the parameter ratio, tuned where tuned), how sure (seeds, at how many
-    sizes the gap's interval excludes 0) and the regime (sizes, tokens per parameter)."""
-    arms = [a for a in s["arms"] if a != "baseline"]
-    if not arms or not s["sizes"]:
+    """``scale.md``'s first three lines: the primary pair's first arm against its second (the baseline by
+    default) at the largest size (the held-out gap in nats and the parameter ratio, tuned where tuned), how sure
+    (seeds, at how many sizes the gap's interval excludes 0) and the regime (sizes, tokens per parameter)."""
+    if not s["sizes"] or len(s["arms"]) < 2:
         return []
-    arm, last, n = arms[0], len(s["sizes"]) - 1, len(s["seeds"])
+    (arm, ref), last, n = primary_pair(s), len(s["sizes"]) - 1, len(s["seeds"])
     source = s["tuned"]["tuned"] if s.get("tuned") else s
     gaps = (source.get("gap") or {}).get(arm) or [None] * len(s["sizes"])
     eff = (source.get("efficiency") or {}).get(arm) or {}
@@ -699,8 +728,8 @@ def scale_opening(s: dict) -> list[str]:
         gap = f"{g['mean']:+.3f} nats (no interval: {g.get('n', n)} seeds; < 0: {arm} lower)"
     else:
         gap = f"{gap_text(g)} nats (measured, not extrapolated; < 0: {arm} lower)"
-    answer = (f"**{arm} vs baseline at the largest size, {top['name']} (N {top['params'][arm]:,}):** held-out gap "
-              f"{gap}; parameter ratio {ratio.replace(' (extrapolated)', '')} (N_{arm} / N_baseline at equal loss"
+    answer = (f"**{arm} vs {ref} at the largest size, {top['name']} (N {top['params'][arm]:,}):** held-out gap "
+              f"{gap}; parameter ratio {ratio.replace(' (extrapolated)', '')} (N_{arm} / N_{ref} at equal loss"
               f"{', extrapolated' if far else ''}; < 1: {arm} needs fewer).")
     ends = [_printed_interval(g) for g in gaps if g]
     apart = [(lo, hi) for lo, hi in ends if lo is not None]
@@ -713,7 +742,7 @@ def scale_opening(s: dict) -> list[str]:
             + (f" ({none} with too few seeds for one)" if none else "")
             + ("; each arm's value chosen leave-one-seed-out, the ratios' intervals allowing for the choice"
                if s.get("tuned") else "") + ".")
-    per = [z["regime"].get("diff", {}).get("tokens_per_param") for z in s["sizes"] if z.get("regime")]
+    per = [_first_regime(z["regime"], arm).get("tokens_per_param") for z in s["sizes"] if z.get("regime")]
     per = [x for x in per if x]
     params = [z["params"][arm] for z in s["sizes"]]
     regime = (f"Regime: {len(s['sizes'])} sizes, N {min(params):,}-{max(params):,}"
@@ -735,8 +764,9 @@ def scale_verdicts(s: dict) -> str:
     p (the size's compare, paired over seeds) and the parameter ratio with its interval."""
     rows = ["| size | arm | gap, nats: mean; median [95%] (per seed) | p (unadjusted) | parameter ratio [95%] |",
             "|---|---|---|---|---|"]
+    measured = against_reference(s["arms"], primary_pair(s))
     for i, z in enumerate(s["sizes"]):
-        for arm in (a for a in s["arms"] if a != "baseline"):
+        for arm in measured:
             g = ((s.get("gap") or {}).get(arm) or [None] * len(s["sizes"]))[i]
             eff = (s.get("efficiency") or {}).get(arm) or {}
             p = "-" if not g or g.get("p_value") is None else f"{g['p_value']:.3g}"

@@ -16,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..compare.arms import LABELS
 from ..compare.schema import CompareResult
 from ..compare.summary import adjusted_p_text, difference_text, short_verdict
+from .scale import against_reference, primary_pair
 
 # (name in scale.json, the recall task's metric key, the column name in scale.md)
 READINGS = (("frontier", "recall_frontier", "frontier"),
@@ -36,10 +38,10 @@ MAP = ("The sizes are a map of depth and width, not a parameter-efficiency fit: 
        "need not grow in parameters.")
 
 
-def comparison(res: CompareResult, arm: str, key: str) -> Optional[dict]:
-    """The compare's comparison of metric ``key`` for ``arm`` against the baseline (``None`` when the compare
-    has none: a reading not measured for some model)."""
-    pair = res.pair(arm, "baseline")
+def comparison(res: CompareResult, arm: str, key: str, against: str) -> Optional[dict]:
+    """The compare's comparison of metric ``key`` for ``arm`` against the arm ``against`` (``None`` when the
+    compare has none: a reading not measured for some model, or no such pair)."""
+    pair = res.pair(arm, against)
     return None if pair is None else pair.metrics.get(key)
 
 
@@ -80,20 +82,23 @@ def _learned(res: CompareResult, arm: str) -> Optional[list]:
 def recall_by_size(names: list, results: dict) -> dict:
     """``{size: {"arms": {arm: {reading: {mean, low, high, values} | None}}, "vs_baseline": {arm: {reading:
     comparison | None}}, "learned": {arm: [bool per seed] | None}}}`` from each size's results
-    (``results[size]``: its results, a :class:`~.schema.CompareResult`)."""
+    (``results[size]``: its results, a :class:`~.schema.CompareResult`). ``vs_baseline``: every arm against the
+    reference, the second arm of the size's primary pair (the baseline by default), the primary's first arm
+    first (:func:`difftx.studies.scale.primary_pair` reads the pair back)."""
     out = {}
     for name in names:
         res = results[name]
         arms = list(res.arms)
+        ref = res.primary.arms[1]
         per_arm: dict = {a: {} for a in arms}
         vs: dict = {}
-        for a in (x for x in arms if x != "baseline"):
+        for a in against_reference(arms, res.primary.arms):
             vs[a] = {}
             for reading, key, _ in READINGS:
-                c = comparison(res, a, key)
+                c = comparison(res, a, key, ref)
                 vs[a][reading] = None if c is None else _difference(c)
                 if c is not None:
-                    for x in (a, "baseline"):
+                    for x in (a, ref):
                         per_arm[x].setdefault(reading, _arm_reading(c, x))
         out[name] = {"arms": {a: {r: per_arm[a].get(r) for r, _, _ in READINGS} for a in arms}, "vs_baseline": vs,
                      "learned": {a: _learned(res, a) for a in arms}}
@@ -134,11 +139,15 @@ def _join(items: list[str]) -> str:
 
 
 def recall_opening(s: dict) -> str:
-    """``scale.md``'s answer: per arm, at which sizes its frontier lies above or below the baseline's, with the
-    difference and the verdict of each size's compare."""
+    """``scale.md``'s answer: per arm, at which sizes its frontier lies above or below the reference's (the
+    primary pair's second arm, the baseline by default), with the difference and the verdict of each size's
+    compare."""
     parts = []
-    for arm in (a for a in s["arms"] if a != "baseline"):
-        where: dict = {"above the baseline's at": [], "below it at": [], "equal to it at": []}
+    primary = primary_pair(s)
+    ref = primary[1]
+    above = f"above the {ref}'s at"
+    for arm in against_reference(s["arms"], primary):
+        where: dict = {above: [], "below it at": [], "equal to it at": []}
         apart: dict = {}  # why not compared: [sizes]
         for z in s["sizes"]:
             d = s["recall"]["sizes"][z["name"]]["vs_baseline"][arm]["frontier"]
@@ -147,14 +156,14 @@ def recall_opening(s: dict) -> str:
                 why = "not measured" if d is None else short_verdict(d).removeprefix("not compared: ")
                 apart.setdefault(why, []).append(z["name"])
                 continue
-            side = "above the baseline's at" if mean > 0 else "below it at" if mean < 0 else "equal to it at"
+            side = above if mean > 0 else "below it at" if mean < 0 else "equal to it at"
             where[side].append(f"{z['name']} ({difference_text(d)}: {short_verdict(d)})")
         clauses = [f"{k} {_join(v)}" for k, v in where.items() if v]
         clauses += [f"not compared at {_join(v)} ({why})" for why, v in apart.items()]
         parts.append(f"{arm}'s frontier is " + "; ".join(clauses))
     n = len(s["seeds"])
-    return ("**Recall frontier against the baseline, by size:** " + "; ".join(parts) + ". "
-            f"Differences are the arm minus the baseline in mean accuracy over the plain-MQAR cells, paired over "
+    return (f"**Recall frontier against the {ref}, by size:** " + "; ".join(parts) + ". "
+            f"Differences are the arm minus the {ref} in mean accuracy over the plain-MQAR cells, paired over "
             f"{_count(n, 'seed')}, with unadjusted 95% intervals; verdicts are Holm-adjusted within each size's "
             "compare, not across sizes.\n")
 
@@ -168,8 +177,9 @@ def _arm_text(r: Optional[dict], digits: int) -> str:
 
 
 def size_table(s: dict, z: dict) -> str:
-    """One size's table: per reading and arm, the mean [95%] and the arm minus the baseline with its verdict."""
-    got = s["recall"]["sizes"][z["name"]]
+    """One size's table: per reading and arm, the mean [95%] and the arm minus the reference (the primary pair's
+    second arm) with its verdict."""
+    got, ref = s["recall"]["sizes"][z["name"]], primary_pair(s)[1]
     rows = []
     for reading, _, column in READINGS:
         digits = 0 if reading == "learned_step" else 3
@@ -178,15 +188,15 @@ def size_table(s: dict, z: dict) -> str:
             learned = got["learned"].get(arm)
             if reading == "learned_step" and learned is not None:
                 mean += f" (learned: {sum(learned)} of {len(learned)} seeds)"
-            d = None if arm == "baseline" else got["vs_baseline"][arm][reading]
-            if arm == "baseline":
+            d = None if arm == ref else got["vs_baseline"][arm][reading]
+            if arm == ref:
                 cells = ["", "", ""]
             elif d is None:
                 cells = ["-", "-", "not measured"]
             else:
                 cells = [difference_text(d), adjusted_p_text(d), short_verdict(d)]
             rows.append(f"| {column} | {arm} | {mean} | " + " | ".join(cells) + " |")
-    head = "| reading | arm | mean [95%] | arm - baseline [95%] | Holm p | verdict |\n|---|---|---|---|---|---|\n"
+    head = f"| reading | arm | mean [95%] | arm - {ref} [95%] | Holm p | verdict |\n|---|---|---|---|---|---|\n"
     params = ", ".join(f"{a} {n:,}" for a, n in z["params"].items())
     return (f"## {_size_title(z)}\n\nNon-embedding parameters: {params}; {z['steps']:,} training steps. "
             f"`size={z['name']}/report.md` has the whole compare (every cell of the recall grid).\n\n"
@@ -197,7 +207,8 @@ def render_recall_scale(s: dict) -> str:
     """``scale.md`` of a recall scale: the answer, a table per size, the regime, the plot."""
     from ..compare.regime import regime_table
 
-    out = ["# DIFF vs baseline on associative recall across depth and width\n", recall_opening(s),
+    first, ref = primary_pair(s)
+    out = [f"# {LABELS.get(first, first)} vs {ref} on associative recall across depth and width\n", recall_opening(s),
            f"Each size is a whole `difftx compare` of {len(s['seeds'])} paired seed(s). {MAP} {METHOD}\n"]
     out += [size_table(s, z) for z in s["sizes"]]
     # the regime without its LM tokens per parameter: a recall scale trains none
@@ -209,16 +220,17 @@ def render_recall_scale(s: dict) -> str:
 
 
 def recall_lines(s: dict) -> list[str]:
-    """What ``difftx scale`` prints of a recall scale: per size and arm, the frontier against the baseline's."""
-    lines = []
+    """What ``difftx scale`` prints of a recall scale: per size and arm, the frontier against the reference's (the
+    primary pair's second arm)."""
+    lines, ref = [], primary_pair(s)[1]
     for z in s["sizes"]:
         got = s["recall"]["sizes"][z["name"]]
-        base = _arm_text(got["arms"]["baseline"]["frontier"], 3)
+        base = _arm_text(got["arms"][ref]["frontier"], 3)
         for arm, per in got["vs_baseline"].items():
             d = per["frontier"]
             diff = "not measured" if d is None else f"{difference_text(d)}: {short_verdict(d)}"
-            lines.append(f"  {arm} at {z['name']}: frontier {_arm_text(got['arms'][arm]['frontier'], 3)} (baseline "
-                         f"{base}); {arm} - baseline {diff}")
+            lines.append(f"  {arm} at {z['name']}: frontier {_arm_text(got['arms'][arm]['frontier'], 3)} ({ref} "
+                         f"{base}); {arm} - {ref} {diff}")
     return lines
 
 

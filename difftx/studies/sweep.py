@@ -4,11 +4,11 @@ depends on that choice.
 
 ``run_sweep(preset, "lr", [1e-3, 3e-3, 6e-3], seeds, out)`` runs ``run_compare`` into
 ``out/lr=0.001`` etc. (each resumable on its own) and writes ``out/sweep.md`` and
-``out/sweep.json``: per value, each arm's primary metrics (mean over seeds with its interval) and
-the paired DIFF - baseline difference; then each arm at its own best value (by the first primary
-metric, held-out LM NLL where it exists) and the paired difference between those two. Choosing the
-best value on the same evaluation makes that last difference optimistic for both arms alike; it
-is a sensitivity check, not a tuned result.
+``out/sweep.json``: per value, the primary metrics of each arm of the primary pair (mean over seeds with its
+interval) and their paired difference (DIFF - baseline by default); then each of the two arms at its own best
+value (by the first primary metric, held-out LM NLL where it exists) and the paired difference between those
+two. Choosing the best value on the same evaluation makes that last difference optimistic for both arms alike;
+it is a sensitivity check, not a tuned result.
 
 Sweeping ``lr`` scales ``min_lr`` with it (the preset's ratio), so the schedule keeps its shape.
 """
@@ -22,7 +22,7 @@ from typing import Sequence
 from ..io import atomic_write, dumps_strict
 from ..provenance import machine
 from ..eval.stats import paired_estimate
-from ..tasks.reporting import REPORTED_ARMS
+from ..compare.arms import LABELS, PRIMARY
 from ..compare.presets import get_preset, lr_overrides
 from .tune_report import label
 
@@ -64,16 +64,18 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
 
 
 def summarise(field: str, results: dict) -> dict:
-    """``{field, points: [{value, metrics: {key: {label, lower_is_better, baseline, diff, paired}}}], best}``
+    """``{field, points: [{value, metrics: {key: {label, lower_is_better, gated, bounds, ARM: [mean, low, high]
+    per arm, paired, per_seed: {ARM: values}}}}], best}`` over the primary pair's two arms (``diff`` and
+    ``baseline`` by default), its second arm first (:func:`shown_arms`); ``paired``: the first minus the second
     (``results``: ``{value: CompareResult}``)."""
     points = []
     for v, res in results.items():
-        metrics = {}
+        metrics, shown = {}, res.primary.arms[::-1]
         for key, c in res.primary.metrics.items():
             if c["primary"]:
                 metrics[key] = {"label": c["label"], "lower_is_better": c["lower_is_better"], "gated": c["gated"],
-                                "bounds": c.get("bounds"), **{a: [c["means"][a], *c["cis"][a]] for a in REPORTED_ARMS},
-                                "paired": c["paired"], "per_seed": {a: c["values"][a] for a in REPORTED_ARMS}}
+                                "bounds": c.get("bounds"), **{a: [c["means"][a], *c["cis"][a]] for a in shown},
+                                "paired": c["paired"], "per_seed": {a: c["values"][a] for a in shown}}
         points.append({"value": v, "metrics": metrics})
     keys = [k for k in ("lm_nll", "needle_mean", "needle_learned_step")
             if all(k in p["metrics"] and not p["metrics"][k]["gated"] for p in points)]
@@ -81,13 +83,14 @@ def summarise(field: str, results: dict) -> dict:
     if keys:
         key = keys[0]
         sign = 1 if points[0]["metrics"][key]["lower_is_better"] else -1
-        pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in REPORTED_ARMS}
-        d, b = (pick[a]["metrics"][key]["per_seed"][a] for a in ("diff", "baseline"))
+        shown = list(points[0]["metrics"][key]["per_seed"])
+        pick = {a: min(points, key=lambda p: sign * p["metrics"][key][a][0]) for a in shown}
+        d, b = (pick[a]["metrics"][key]["per_seed"][a] for a in shown[::-1])
         bounds = points[0]["metrics"][key].get("bounds")
         est = paired_estimate(d, b, bounds=None if bounds is None else tuple(bounds)) if len(d) == len(b) else None
         best = {"metric": key, "label": points[0]["metrics"][key]["label"],
-                "value": {a: pick[a]["value"] for a in REPORTED_ARMS},
-                "mean": {a: pick[a]["metrics"][key][a][0] for a in REPORTED_ARMS},
+                "value": {a: pick[a]["value"] for a in shown},
+                "mean": {a: pick[a]["metrics"][key][a][0] for a in shown},
                 "paired": None if est is None else est.to_dict()}
     return {"field": field, "points": points, "best": best}
 
@@ -99,11 +102,21 @@ def _ci(triple) -> str:
     return f"{m:.3f}" if lo is None else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def shown_arms(s: dict) -> tuple[str, str]:
+    """The primary pair of a ``sweep.json`` (``s``) in the order it shows them, its second arm first (as each
+    metric's ``per_seed`` holds them); the default pair where the sweep has no primary metric."""
+    m = next((m for p in s["points"] for m in p["metrics"].values()), None)
+    return tuple(PRIMARY[::-1] if m is None else m["per_seed"])
+
+
 def render_sweep(s: dict) -> str:
     field = s["field"]
+    second, first = shown_arms(s)
+    names = {a: LABELS.get(a, a) for a in (second, first)}
+    pair = f"{names[first]} - {names[second]}"
     out = [f"# Sensitivity of the comparison to `{field}`\n",
            f"Each row is a whole `difftx compare` (its folder `{field}=VALUE/` has the full report). Means over "
-           "seeds with 95% intervals where the seeds support one; DIFF - baseline paired by seed, with its "
+           f"seeds with 95% intervals where the seeds support one; {pair} paired by seed, with its "
            "unadjusted 95% interval from 6 seeds on (`docs/compare.md`, Statistics).\n"]
     for key in dict.fromkeys(k for p in s["points"] for k in p["metrics"]):
         rows = []
@@ -114,18 +127,19 @@ def render_sweep(s: dict) -> str:
             pr = m["paired"]
             diff = ("not learned: not compared" if m["gated"] else
                     f"{pr['mean']:+.3f}" + ("" if pr["low"] is None else f" [{pr['low']:+.3f}, {pr['high']:+.3f}]"))
-            rows.append(f"| {p['value']:g} | {_ci(m['baseline'])} | {_ci(m['diff'])} | {diff} |"
+            rows.append(f"| {p['value']:g} | {_ci(m[second])} | {_ci(m[first])} | {diff} |"
                         if isinstance(p["value"], float) else
-                        f"| {p['value']} | {_ci(m['baseline'])} | {_ci(m['diff'])} | {diff} |")
+                        f"| {p['value']} | {_ci(m[second])} | {_ci(m[first])} | {diff} |")
         label = next(p["metrics"][key]["label"] for p in s["points"] if key in p["metrics"])
-        out += [f"## {label}\n", f"| {field} | baseline | DIFF | DIFF - baseline |", "|---|---|---|---|", *rows, ""]
+        out += [f"## {label}\n", f"| {field} | {names[second]} | {names[first]} | {pair} |", "|---|---|---|---|",
+                *rows, ""]
     b = s["best"]
     if b:
         pr = b["paired"]
         gap = "-" if pr is None else (f"{pr['mean']:+.3f}" + ("" if pr["low"] is None else
                                                              f" [{pr['low']:+.3f}, {pr['high']:+.3f}]"))
-        out.append(f"**Each arm at its own best `{field}`** (by {b['label']}): baseline at {b['value']['baseline']} "
-                   f"({b['mean']['baseline']:.3f}), DIFF at {b['value']['diff']} ({b['mean']['diff']:.3f}); "
-                   f"DIFF - baseline {gap} (paired by seed). The best value was chosen on the same evaluation, "
-                   "for both arms alike: a sensitivity check, not a tuned result.\n")
+        out.append(f"**Each arm at its own best `{field}`** (by {b['label']}): {names[second]} at "
+                   f"{b['value'][second]} ({b['mean'][second]:.3f}), {names[first]} at {b['value'][first]} "
+                   f"({b['mean'][first]:.3f}); {pair} {gap} (paired by seed). The best value was chosen on the same "
+                   "evaluation, for both arms alike: a sensitivity check, not a tuned result.\n")
     return "\n".join(out)
