@@ -346,11 +346,12 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
                           title: str = "held-out loss along training (paper Fig. 3b)",
                           overall: Optional[Mapping] = None) -> Path:
     """Loss against training tokens (log axis), every seed faint and the seed mean bold per arm
-    (``curves[name] = [(tokens, losses) per seed]``); each matched point ``(t_DIFF, t_baseline,
-    loss)`` drawn as a horizontal segment from DIFF's tokens to the baseline tokens of that loss
-    (``None``: not reached, no segment). ``overall`` (a ``Ratio.to_dict()``) adds the overall tokens
-    ratio and its interval to the title, or, where the curves cross (no overall value), the first and
-    last ratios from its note."""
+    (``curves[name] = [(tokens, losses) per seed]``, the arm first, then the arm it is measured against, e.g. DIFF
+    and the baseline); each matched point ``(t_arm, t_reference, loss)`` drawn as a horizontal segment from the
+    arm's tokens to the reference's tokens of that loss (``None``: not reached, no segment). ``overall`` (a
+    ``Ratio.to_dict()``) adds the overall tokens ratio and its interval to the title, or, where the curves cross
+    (no overall value), the first and last ratios from its note."""
+    arm, reference = list(curves)[0], list(curves)[-1]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (name, seeds) in enumerate(curves.items()):
@@ -363,13 +364,13 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
     for k, (td, tb, loss) in enumerate(matched):
         if tb is not None:
             ax.plot([td, tb], [loss, loss], color="black", linewidth=0.8, linestyle=":",
-                    label="same loss: DIFF tokens -> baseline tokens" if k == 0 else None)
+                    label=f"same loss: {arm} tokens -> {reference} tokens" if k == 0 else None)
             ax.plot([tb], [loss], marker="|", color="black", markersize=8)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens")
     ax.set_ylabel("held-out loss (nats/token)")
     if overall is not None and overall.get("value") is not None:
-        title += f"\nDIFF tokens / baseline tokens = {overall['value']:.3f}"
+        title += f"\n{arm} tokens / {reference} tokens = {overall['value']:.3f}"
         title += (f" [{overall['low']:.3f}, {overall['high']:.3f}] (95%)" if overall.get("low") is not None
                   else " (no interval)")
     elif overall is not None and "cross" in (overall.get("note") or ""):  # no overall ratio: say why
@@ -380,13 +381,14 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
     return _save(fig, path)
 
 
-def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLike, *,
-                            title: str = "held-out loss gap along training (arm - baseline)") -> Path:
+def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLike, *, reference: str = "baseline",
+                            title: Optional[str] = None) -> Path:
     """The paired held-out loss gap against training tokens (log axis), per arm: every seed's
     difference faint, the mean bold, and shaded where it has one the 95% interval of the median seed
     difference (a loss has no bounds, so no interval of its mean holds for every distribution of seeds; a
     file written before intervals named their estimand: its t and sign-flip hull) (``gaps[arm]``: the
-    points of :func:`difftx.compare.summary.gap_along_training`); 0 marked."""
+    points of :func:`difftx.compare.summary.gap_along_training`, each against ``reference``); 0 marked."""
+    title = title or f"held-out loss gap along training (arm - {reference})"
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (name, points) in enumerate(gaps.items()):
@@ -394,7 +396,7 @@ def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLik
         for s in range(len(points[0]["values"])):
             ax.plot(t, [g["values"][s] for g in points], color=color, alpha=0.25, linewidth=0.8)
         ax.plot(t, [g["mean"] for g in points], color=color, linewidth=2, marker="o", markersize=3,
-                label=f"{name} - baseline (mean of {len(points[0]['values'])} seeds)")
+                label=f"{name} - {reference} (mean of {len(points[0]['values'])} seeds)")
         median = all(g.get("interval_of") == "median" for g in points)
         ends = ("median_low", "median_high") if median else ("low", "high")
         ci = [(x, g[ends[0]], g[ends[1]]) for x, g in zip(t, points) if g.get(ends[0]) is not None]
