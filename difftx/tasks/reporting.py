@@ -7,7 +7,6 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-REPORTED_ARMS = ("baseline", "diff")  # the built-in pair, in the order shown (a sweep's summary keys; a section: ctx.arms)
 NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}  # the built-in arms in words
 SHORT = {"diff": "DIFF", "baseline": "baseline"}  # and their labels
 # what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
