@@ -526,7 +526,7 @@ def make_plots(out: Path, result: CompareResult, section: Optional[Section] = No
     if gaps:
         from ..eval.plots import plot_gap_along_training
 
-        path = plot_gap_along_training(gaps, plots / "gap_along_training.png")
+        path = plot_gap_along_training(gaps, plots / "gap_along_training.png", reference=b)
         made["held-out loss gap along training"] = str(path.relative_to(out))
     if section is not None:
         made.update({label: str(Path(path).relative_to(out)) for label, path in section.plot(out).items()})

@@ -38,10 +38,12 @@ TRAIN_KEYS = {"kind": str, "seed": int, "config": dict, "parameters": int, "step
 TASK_KEYS = {"title": str, "settings": dict, "metrics": list}
 COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool, "arms": list,
                    "values": dict, "means": dict, "paired": dict, "family": str, "verdict": str}
-# versions 2 and 3: DIFF vs baseline under "comparison", with flat per-arm fields
-OLD_COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool, "diff": list,
-                       "baseline": list, "diff_mean": float, "baseline_mean": float, "paired": dict, "family": str,
-                       "verdict": str}
+# the one pair that files before results.json 5 (and compare.json 3) compared first, always: versions 2 and 3 wrote
+# it under "comparison", with flat per-arm fields keyed by its arms' names
+OLD_PAIR = ("diff", "baseline")
+OLD_COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool,
+                       **{a: list for a in OLD_PAIR}, **{f"{a}_mean": float for a in OLD_PAIR}, "paired": dict,
+                       "family": str, "verdict": str}
 PAIRED_KEYS = ("mean", "low", "high", "p_value", "sign_flip_p", "n", "n_examples", "confidence", "method",
                "unadjusted_excludes_zero")
 VERSION_KEYS = ("difftx", "torch", "python", "platform")
@@ -68,12 +70,12 @@ def check_version(data: dict, where: str) -> None:
 def preset_record(preset: dict) -> dict:
     """A preset as any difftx wrote it (``compare.json``, ``results.json``, a model's training request) in today's
     form: the model fields older ones wrote flat (:data:`FLAT_MODEL_FIELDS`) in ``model``, and the primary pair
-    they always had, ``["diff", "baseline"]``, where the record has none."""
+    they always had (:data:`OLD_PAIR`), where the record has none."""
     if "model" in preset:
         return preset
     model = {k: preset.get(k, v) for k, v in FLAT_MODEL_FIELDS.items() if k in preset or v is not None}
     out = {k: v for k, v in preset.items() if k not in FLAT_MODEL_FIELDS}
-    return {**out, "model": model, "primary": ["diff", "baseline"]}
+    return {**out, "model": model, "primary": list(OLD_PAIR)}
 
 
 def read_results(path) -> "CompareResult":
@@ -141,8 +143,8 @@ def validate_results(results: dict, where: str = "results.json") -> None:
                 for k in PAIRED_KEYS:
                     if k not in c["paired"]:
                         raise ValueError(f"results.json: {where}.paired lacks {k!r}")
-            arms = c.get("arms", ["diff", "baseline"] if group == "comparison" else ())
-            values = c.get("values") or {a: c[a] for a in ("diff", "baseline")}
+            arms = c.get("arms", list(OLD_PAIR) if group == "comparison" else ())
+            values = c.get("values") or {a: c[a] for a in OLD_PAIR}
             if len(arms) != 2 or any(len(values.get(a, ())) != n for a in arms):
                 raise ValueError(f"results.json: {where} needs two arms and one value per seed and arm")
     json.dumps(results, allow_nan=False)  # strict: raises on NaN / Infinity
@@ -159,7 +161,7 @@ def results_json(result: "CompareResult") -> str:
 # -- the types a comparison's results are read as; only this module maps them to and from JSON --
 
 # the flat fields version 2 and 3 gave the DIFF-vs-baseline comparisons (the same numbers as values, means, cis)
-_FLAT = ("diff", "baseline", "diff_mean", "diff_ci", "baseline_mean", "baseline_ci")
+_FLAT = (*OLD_PAIR, *(f"{a}_{x}" for a in OLD_PAIR for x in ("mean", "ci")))
 
 
 def pair_key(a: str, b: str) -> str:
@@ -283,10 +285,10 @@ def _unflatten(c: dict) -> dict:
     """A version 2 or 3 DIFF-vs-baseline comparison without its flat fields (an older one: with the per-arm fields
     made of them)."""
     out = {f: v for f, v in c.items() if f not in _FLAT}
-    out.setdefault("arms", ["diff", "baseline"])
-    out.setdefault("values", {a: c[a] for a in ("diff", "baseline")})
-    out.setdefault("means", {a: c[f"{a}_mean"] for a in ("diff", "baseline")})
-    out.setdefault("cis", {a: c.get(f"{a}_ci", [None, None]) for a in ("diff", "baseline")})
+    out.setdefault("arms", list(OLD_PAIR))
+    out.setdefault("values", {a: c[a] for a in OLD_PAIR})
+    out.setdefault("means", {a: c[f"{a}_mean"] for a in OLD_PAIR})
+    out.setdefault("cis", {a: c.get(f"{a}_ci", [None, None]) for a in OLD_PAIR})
     return out
 
 
@@ -310,7 +312,7 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
                        for key, c in data["comparisons"].items()}
     else:  # versions 2 and 3
         first = {k: _unflatten(c) for k, c in data["comparison"].items()}
-        comparisons = {pair_key("diff", "baseline"): Comparison(("diff", "baseline"), first, True)}
+        comparisons = {pair_key(*OLD_PAIR): Comparison(OLD_PAIR, first, True)}
         for key, comps in (data.get("arm_comparisons") or {}).items():
             pair = next(iter(comps.values()))["arms"] if comps else key.split(" vs ")
             comparisons[key] = Comparison(tuple(pair), comps, False)
