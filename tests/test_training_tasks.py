@@ -77,13 +77,20 @@ def test_the_registry_holds_the_built_in_tasks_in_order_and_refuses_bad_registra
     assert tuple(TRAINING_TASKS) == BUILTIN
 
 
+def _blocks() -> list[str]:
+    """The page's Python blocks that register a task: the example, then its replacement of recall."""
+    return [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "register_training_task(" in b]
+
+
+def _example() -> str:
+    """The page's example task: its class and its registration."""
+    return _blocks()[0]
+
+
 @pytest.fixture
 def copy_task():
     """The docs' example task (run from the page), registered; removed afterwards."""
-    namespace: dict = {}
-    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
-        if "register_training_task(" in block:
-            exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the documentation's own code
+    exec(compile(_example(), str(DOC), "exec"), {})  # noqa: S102 - the documentation's own code
     assert "copy" in TRAINING_TASKS
     yield TRAINING_TASKS["copy"]
     unregister_training_task("copy")
@@ -154,8 +161,7 @@ def test_a_task_in_a_kinds_file_reaches_the_command_line_and_its_workers(tmp_pat
     import subprocess
     import sys
 
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "register_training_task(" in b]
-    (tmp_path / "copytask.py").write_text("\n".join(blocks))
+    (tmp_path / "copytask.py").write_text(_example())
     out = tmp_path / "cmp"
     proc = subprocess.run([sys.executable, "-m", "difftx", "--kinds", str(tmp_path / "copytask.py"), "compare",
                            "--preset", "smoke", "--seeds", "2", "--workers", "2", "--out", str(out),
@@ -207,3 +213,34 @@ def test_a_model_trained_on_a_registered_task_is_not_reused_once_the_task_change
     assert "this model was trained with training tasks copy: code" in err and "'length': '8'" in err, err
     monkeypatch.setattr(copy_task, "length", 8)
     assert main(argv) == 0  # the task as it was: reused
+
+
+def test_the_documented_task_replaces_recall_in_a_preset(copy_task, tmp_path, monkeypatch):
+    """The page's replacement, run as written (7 seeds and its folder traded for 2 seeds of 12 steps in tmp_path):
+    every step a copy step, the vocabulary the copy task's ids alone, each model's copy loss and probe recorded,
+    the evaluation tasks that need a built-in task's inputs skipped with a reason, diagnostics without inputs."""
+    import difftx.compare
+
+    real, runs = difftx.compare.run_compare, []
+
+    def small(preset, seeds, out, **kw):
+        runs.append(real(preset, 2, tmp_path / "cmp", progress=False, workers=1, stack=1, steps=12, warmup_steps=2,
+                         probe_every=6, **kw))
+        return runs[-1]
+
+    monkeypatch.setattr(difftx.compare, "run_compare", small)
+    namespace: dict = {"CopyTask": type(copy_task)}  # the class of the page's example, defined above it
+    exec(compile(_blocks()[1], str(DOC), "exec"), namespace)  # noqa: S102 - the documentation's own code
+    assert namespace["preset"].resolve().mixture.shares() == {"needle": 0.0, "lm": 0.0, "icl": 0.0, "recall": 0.0,
+                                                              "copy": 1.0}
+    assert list(namespace["preset"].resolve().space.blocks) == ["copy"]
+    res = runs[0]
+    for seed in res.seeds:
+        for arm in res.arms:
+            run = res.run(seed, arm)
+            assert all("copy_loss" in h for h in run.train["history"])
+            assert [p["step"] for p in run.train["probes"] if "copy_accuracy" in p] == [6, 12]
+            assert "skipped" in run.tasks["recall"] and "skipped" in run.tasks["needle"]
+            assert run.tasks["diagnostics"]["head_redundancy"] == [None, None]
+    assert (tmp_path / "cmp" / "plots" / "copy_loss.png").is_file()
+    register_training_task(copy_task, replace=True)  # the fixture's own instance again, for its teardown

@@ -44,10 +44,15 @@ class DiagnosticsTask(Task):
         elif subject.recall is not None and not subject.has_text:
             tokens, source = recall_prompts(subject, s.samples)
             on = {"source": source, "n_samples": len(tokens), "seq_len": int(tokens.shape[1])}
-        else:
+        elif subject.has_text:
             held = subject.heldout()
             tokens = spread_windows(held.tokens, held.train_len, s.samples)[0][:, :-1]  # (samples, seq_len)
             on = {"source": held.source, "n_samples": len(tokens), "seq_len": held.train_len}
+        else:  # trained on a task of your own alone: lambda, and no inputs to compare the heads' maps on
+            return {**lambda_summary(subject.model), "head_redundancy_on": None,
+                    "head_redundancy": [None] * len(subject.model.layers),
+                    "null_reasons": {"head_redundancy": "the model has no held-out text, needle task or recall task "
+                                                        "to take inputs from"}}
         redundancy = model_head_redundancy(subject.model, tokens, batch_size=s.batch_size)
         out = {**lambda_summary(subject.model), "head_redundancy_on": on,
                "head_redundancy": [None if math.isnan(v) else v for v in redundancy]}

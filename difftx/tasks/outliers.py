@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .base import Metric, Task, positive, setting
 from .common import probe_prompts, recall_prompts
@@ -31,6 +32,11 @@ class OutlierTask(Task):
     title = "Activation outliers"
     help = "largest attention-logit and hidden-state magnitudes over a token budget"
     Settings = OutlierSettings
+
+    def applies(self, subject, settings) -> Optional[str]:
+        if not subject.has_text and subject.needle is None and subject.recall is None:
+            return "the model has no held-out text, needle task or recall task to take its inputs from"
+        return None
 
     def run(self, subject, s: OutlierSettings, *, progress: bool = False) -> dict:
         import torch
