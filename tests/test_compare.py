@@ -255,10 +255,10 @@ def test_both_arms_of_a_seed_train_on_the_same_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(stream_mod.CompareLoader, "next_batch", recording)
     p = get_preset("smoke", **{**FAST, "probe_every": 0})
     runs = {}
-    for kind, seed in (("diff", 0), ("baseline", 0), ("diff", 1)):
+    for arm, seed in (("diff", 0), ("baseline", 0), ("diff", 1)):
         seen.clear()
-        train_model(kind, p.resolve(), seed, tmp_path / f"{kind}{seed}", progress=False)
-        runs[kind, seed] = list(seen)
+        train_model(arm, p.resolve(), seed, tmp_path / f"{arm}{seed}", progress=False)
+        runs[arm, seed] = list(seen)
     a, b, c = runs["diff", 0], runs["baseline", 0], runs["diff", 1]
     assert len(a) == len(b) == p.steps and [x[0] for x in a] == [x[0] for x in b]
     for x, y in zip(a, b):

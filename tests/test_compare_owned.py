@@ -96,7 +96,7 @@ def done(tmp_path_factory) -> Path:
 def test_reuse_checks_each_models_record(done, tmp_path, capsys):
     rec = json.loads((done / "seed0" / "diff" / "train.json").read_text())
     assert rec["request"]["preset"]["steps"] == FAST["steps"] and rec["request"]["text"] is None
-    assert rec["request"]["seed"] == 0 and rec["request"]["kind"] == "diff"
+    assert rec["request"]["seed"] == 0 and rec["request"]["arm"] == "diff"
     # compare.json edited to other steps: the models' own records still say 6
     out = tmp_path / "edited"
     shutil.copytree(done, out)

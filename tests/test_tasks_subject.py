@@ -52,7 +52,7 @@ def test_compare_task_reads_a_file_without_the_newer_keys(tmp_path):
 
 
 def _record(**kw) -> TrainRecord:
-    return TrainRecord(kind="diff", seed=0, config={"dim": 8}, parameters=100, steps=4,
+    return TrainRecord(arm="diff", seed=0, config={"dim": 8}, parameters=100, steps=4,
                        history=[{"step": 2, "lr": 1e-3, "needle_loss": 2.5}], wall_s=1.5, cpu_s=2.0, **kw)
 
 
@@ -70,7 +70,7 @@ def test_train_record_writes_its_optional_parts_only_when_set():
     assert "probes_skipped" not in d and "heldout_curve" not in d
     assert d["invocation"] is None and d["probes"] == []  # always written
     assert _record(probes_skipped="no needles").to_dict()["probes_skipped"] == "no needles"
-    assert list(d)[:6] == ["kind", "seed", "config", "parameters", "steps", "history"]
+    assert list(d)[:6] == ["arm", "seed", "config", "parameters", "steps", "history"]
 
 
 def test_train_record_refuses_what_is_not_one(tmp_path):

@@ -164,14 +164,14 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
     """Refuse (``ValueError`` naming the field) to reuse a finished model of ``jobs`` whose
     ``train.json`` says it was trained otherwise than asked: its arm, seed, steps or model config,
     and every field of :func:`training_request` (where the record has it: older ones do not)."""
-    for kind, seeds, folders in jobs:
+    for arm, seeds, folders in jobs:
         for seed, f in zip(seeds, folders):
             if not (Path(f) / TRAIN_RECORD).is_file():
                 continue
-            rec = TrainRecord.read(f)
-            cfg = plan.arms[kind].to_dict()
-            asked = {"kind": kind, "seed": seed, "steps": plan.schedule.steps, **{f"config.{k}": cfg[k] for k in cfg}}
-            got = {"kind": rec.kind, "seed": rec.seed, "steps": rec.steps,
+            rec = TrainRecord.read(f)  # an older record's "kind" is its arm
+            cfg = plan.arms[arm].to_dict()
+            asked = {"arm": arm, "seed": seed, "steps": plan.schedule.steps, **{f"config.{k}": cfg[k] for k in cfg}}
+            got = {"arm": rec.arm, "seed": rec.seed, "steps": rec.steps,
                    **{f"config.{k}": (rec.config or {}).get(k) for k in cfg}}
             if rec.request is not None:
                 old, new = rec.request.get("preset") or {}, request["preset"]
@@ -179,7 +179,7 @@ def check_reuse(plan: ComparePlan, jobs: list[tuple], request: dict) -> None:
                 got.update({k: old[k] for k in old if k in new}, text=rec.request.get("text"),
                            source=rec.request.get("source"))
                 asked.update({k: new[k] for k in old if k in new}, text=request["text"], source=request.get("source"))
-                attention = plan.arms[kind].attention
+                attention = plan.arms[arm].attention
                 was = (rec.request.get("kinds") or {}).get(attention)
                 if was is not None:  # a kind of your own: its file's content as it was when this model trained
                     now = (request.get("kinds") or {}).get(attention)

@@ -65,17 +65,17 @@ __all__ = [
 ]
 
 
-def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: bool, position: int,
+def _job(plan: ComparePlan, arm: str, seeds: tuple, folders: tuple, progress: bool, position: int,
          invocation: str | None = None, wait: bool = True, request: dict | None = None) -> dict[str, dict]:
-    """Train (unless finished) and evaluate (what is missing) the models of arm ``kind`` for
+    """Train (unless finished) and evaluate (what is missing) the models of ``arm`` for
     ``seeds`` (in ``folders``), each under its job lock (:func:`job_lock`); the unfinished ones are
     trained as one stack (:func:`difftx.compare.train.train_models`), first put back at their newest
     common checkpoint (:func:`align_stack`). ``request`` (:func:`training_request`) goes into each
-    record. Returns ``{"seed{S}/{kind}": what was done}``. Under torchrun (one seed per job) every
+    record. Returns ``{"seed{S}/{arm}": what was done}``. Under torchrun (one seed per job) every
     rank calls it: every rank trains, rank 0 alone evaluates."""
     from contextlib import ExitStack
 
-    names = [f"seed{s}/{kind}" for s in seeds]
+    names = [f"seed{s}/{arm}" for s in seeds]
     done: dict[str, dict] = {}
     with ExitStack() as locks:
         mine = [broadcast_object(locks.enter_context(job_lock(Path(f), wait))) for f in folders]
@@ -91,7 +91,7 @@ def _job(plan: ComparePlan, kind: str, seeds: tuple, folders: tuple, progress: b
         runs = [todo[i][1] / "train" for i in untrained]
         groups = on_main(lambda: align_stack(runs), share=True) if untrained else []
         for group in groups:
-            train_models(kind, plan, [todo[untrained[g]][0] for g in group], [todo[untrained[g]][1] for g in group],
+            train_models(arm, plan, [todo[untrained[g]][0] for g in group], [todo[untrained[g]][1] for g in group],
                          progress=progress, position=position, invocation=invocation, request=request)
         for i, (_, f, name) in enumerate(todo):
             done[name] = {"trained": i in untrained, "evaluated": _evaluate_missing(plan, f, progress, position)}
@@ -305,12 +305,12 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
                disable=not (progress and main), dynamic_ncols=True, unit="model")
     if n_workers == 1 or len(jobs) <= 1 or distributed:
         with _sigterm_stops(not distributed):
-            for kind, seeds_, folders in jobs:
-                done.update(_job(plan, kind, seeds_, folders, progress, 1, invocation, wait, request))
+            for arm, seeds_, folders in jobs:
+                done.update(_job(plan, arm, seeds_, folders, progress, 1, invocation, wait, request))
                 bar.update(len(seeds_))
     else:
-        calls = [(plan, kind, seeds_, folders, progress, 1 + i % n_workers, invocation, wait, request)
-                 for i, (kind, seeds_, folders) in enumerate(jobs)]
+        calls = [(plan, arm, seeds_, folders, progress, 1 + i % n_workers, invocation, wait, request)
+                 for i, (arm, seeds_, folders) in enumerate(jobs)]
         _run_pool(_job, calls, n_workers, done, bar)
     bar.close()
     if shard is not None:  # the report is assembled by an invocation without --shard

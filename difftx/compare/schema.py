@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..io import dumps_strict, read_json
+from ..tasks.subject import arm_record
 
 SCHEMA = "difftx.compare.results"
 # 4: every comparison keyed by its pair under ``comparisons`` (``{"arms", "primary", "metrics"}``), the arms with
@@ -33,7 +34,9 @@ TOP_LEVEL = {
     "seeds": list,
     "arms": dict, "tasks": dict, "runs": dict, "null_reasons": dict, "wall_s": float,
 }
-TRAIN_KEYS = {"kind": str, "seed": int, "config": dict, "parameters": int, "steps": int, "history": list,
+# a model's training record (difftx.tasks.subject.TrainRecord); files written before it was named "arm" call the
+# arm "kind" (read as "arm": arm_record)
+TRAIN_KEYS = {"arm": str, "seed": int, "config": dict, "parameters": int, "steps": int, "history": list,
               "wall_s": float, "cpu_s": float}
 TASK_KEYS = {"title": str, "settings": dict, "metrics": list}
 COMPARISON_KEYS = {"task": str, "label": str, "lower_is_better": bool, "unit": str, "primary": bool, "arms": list,
@@ -112,7 +115,7 @@ def validate_results(results: dict, where: str = "results.json") -> None:
         for arm in results["arms"]:
             if arm not in run:
                 raise ValueError(f"results.json: runs.{s} lacks {arm!r}")
-            _check(run[arm]["train"], TRAIN_KEYS, f"runs.{s}.{arm}.train")
+            _check(arm_record(run[arm]["train"]), TRAIN_KEYS, f"runs.{s}.{arm}.train")
             for name in results["tasks"]:
                 if name not in run[arm]["tasks"]:
                     raise ValueError(f"results.json: runs.{s}.{arm}.tasks lacks {name!r}")
@@ -304,7 +307,7 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
     arms = {name: ArmRecord(name, a["config"], a["parameters"], a.get("label") or LABELS.get(name, name),
                             a.get("description", ARMS.get(name, "")), a.get("source"))
             for name, a in data["arms"].items()}
-    runs = {(int(s), arm): RunRecord(r["train"], r["tasks"], r.get("machine"),
+    runs = {(int(s), arm): RunRecord(arm_record(r["train"]), r["tasks"], r.get("machine"),
                                      {k: v for k, v in r.items() if k not in ("train", "tasks", "machine")})
             for s, run in data["runs"].items() for arm, r in run.items() if arm in arms}
     if "comparisons" in data:

@@ -95,8 +95,8 @@ def source_arms(config: ModelConfig, method: str, lambda_init: float) -> dict[st
     return {SOURCE_ARM: config, CONVERTED_ARM: conv}
 
 
-def initial_weights(source: Source, kind: str, seed: int, folder: Path) -> Path:
-    """The model folder the model of arm ``kind`` and ``seed`` starts from: for the source, the source itself
+def initial_weights(source: Source, arm: str, seed: int, folder: Path) -> Path:
+    """The model folder the model of ``arm`` and ``seed`` starts from: for the source, the source itself
     (a difftx folder) or its import into ``folder/init``; for the conversion, the source converted with ``seed``
     into ``folder/init`` (``dex``: every head). Written once (complete or absent); :func:`drop_initial_weights`
     removes it once the model is trained."""
@@ -104,12 +104,12 @@ def initial_weights(source: Source, kind: str, seed: int, folder: Path) -> Path:
     from ..interop.convert import convert_model
     from ..interop.hf import import_hf
 
-    if kind == SOURCE_ARM and source.kind.startswith("difftx:"):
+    if arm == SOURCE_ARM and source.kind.startswith("difftx:"):
         return Path(source.folder)
     init = Path(folder) / INIT_DIR
     if (init / CONFIG_NAME).is_file():  # written by an earlier call (atomically: complete)
         return init
-    if kind == SOURCE_ARM:
+    if arm == SOURCE_ARM:
         import_hf(source.folder, init, overwrite=True)
     else:
         convert_model(source.folder, init, method=source.method, seed=seed, overwrite=True,

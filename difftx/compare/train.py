@@ -36,9 +36,9 @@ class TrainingInterrupted(RuntimeError):
     comparison continues it."""
 
 
-def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progress: bool = True,
+def train_model(arm: str, plan: ComparePlan, seed: int, folder: Path, *, progress: bool = True,
                 position: int = 0, invocation: str | None = None) -> dict:
-    """Train the model of arm ``kind`` (a key of ``plan.arms``) with :func:`difftx.training.train`
+    """Train the model of ``arm`` (a key of ``plan.arms``) with :func:`difftx.training.train`
     on ``plan``'s schedule, batch mixture and probes, and
     save it to ``folder/model`` (a difftx checkpoint, with its task vocabulary in
     ``compare_task.json``, :class:`~difftx.tasks.subject.CompareTask`); ``folder/train.json``
@@ -54,13 +54,13 @@ def train_model(kind: str, plan: ComparePlan, seed: int, folder: Path, *, progre
 
     Under torchrun every process calls this (each trains on its share of every batch); rank 0
     writes the files, and the function returns the record on every rank."""
-    return train_models(kind, plan, [seed], [folder], progress=progress, position=position,
+    return train_models(arm, plan, [seed], [folder], progress=progress, position=position,
                         invocation=invocation)[0]
 
 
-def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[Path], *, progress: bool = True,
+def train_models(arm: str, plan: ComparePlan, seeds: list[int], folders: list[Path], *, progress: bool = True,
                  position: int = 0, invocation: str | None = None, request: dict | None = None) -> list[dict]:
-    """:func:`train_model` for several seeds of arm ``kind`` (``folders[i]`` for ``seeds[i]``): more
+    """:func:`train_model` for several seeds of ``arm`` (``folders[i]`` for ``seeds[i]``): more
     than one are trained together as one stacked model (:func:`difftx.training.train_stacked`; one
     process, and all at the same checkpoint step), each with its own batches, probes, checkpoints and
     record, as separate training would make them to float32 rounding. A stacked model's ``wall_s`` /
@@ -69,18 +69,18 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
     from ..training.distributed import destroy_distributed, init_distributed, is_initialized, on_main
     from ..training.trainer import TrainingDivergedError, stop_hint
 
-    if kind not in plan.arms:
-        raise ValueError(f"kind: must be one of {tuple(plan.arms)}, got {kind!r}")
+    if arm not in plan.arms:
+        raise ValueError(f"arm: must be one of {tuple(plan.arms)}, got {arm!r}")
     if plan.execution.threads:
         torch.set_num_threads(plan.execution.threads)
-    cfg, device = plan.arms[kind], plan.execution.device
+    cfg, device = plan.arms[arm], plan.execution.device
     folders = [Path(f) for f in folders]
     owns_group = not is_initialized()
     dist = init_distributed(device)
     try:
         if len(seeds) > 1 and dist.distributed:
             raise ValueError("train_models: a stack of seeds trains in one process, not under torchrun")
-        setups = [_Setup.make(kind, plan, seed, folder, dist.world_size, progress)
+        setups = [_Setup.make(arm, plan, seed, folder, dist.world_size, progress)
                   for seed, folder in zip(seeds, folders)]
         resume = setups[0].has_checkpoints
         if any(s.has_checkpoints != resume for s in setups):
@@ -89,9 +89,9 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
             if not s.has_checkpoints:  # interrupted before its first checkpoint: compare owns the folder, so start over
                 on_main(lambda s=s: (s.run_dir / METRICS_NAME).unlink(missing_ok=True))
         t0, c0 = time.time(), time.process_time()
-        what = f"{kind} seed {seeds[0]}" if len(seeds) == 1 else f"{kind} seeds {', '.join(map(str, seeds))}"
+        what = f"{arm} seed {seeds[0]}" if len(seeds) == 1 else f"{arm} seeds {', '.join(map(str, seeds))}"
         bar = {"desc": f"train {what}", "position": position, "leave": False}
-        what = f"{kind} ({what[len(kind) + 1:]})"
+        what = f"{arm} ({what[len(arm) + 1:]})"
         try:  # a signal's line says what compare needs: its command again (it has no --resume)
             with stop_hint("run the same compare command again to continue"):
                 results = _train(setups, cfg, resume, bar, stacks(plan, dist.distributed))
@@ -105,7 +105,7 @@ def train_models(kind: str, plan: ComparePlan, seeds: list[int], folders: list[P
         share = {"wall_s": (time.time() - t0) / len(seeds), "cpu_s": (time.process_time() - c0) / len(seeds),
                  "device": str(dist.device), "threads": torch.get_num_threads(), "world_size": dist.world_size,
                  "invocation": invocation, "stacked": len(seeds) if len(seeds) > 1 else None}
-        return [on_main(lambda s=s, r=r: _finish(kind, plan, s, r, share, request), share=True)
+        return [on_main(lambda s=s, r=r: _finish(arm, plan, s, r, share, request), share=True)
                 for s, r in zip(setups, results)]
     finally:
         if owns_group:
@@ -138,29 +138,29 @@ class _Setup:
     has_checkpoints: bool
 
     @classmethod
-    def make(cls, kind: str, plan: ComparePlan, seed: int, folder: Path, world_size: int, progress: bool) -> "_Setup":
+    def make(cls, arm: str, plan: ComparePlan, seed: int, folder: Path, world_size: int, progress: bool) -> "_Setup":
         space, run_dir = plan.space, own_folder(folder / "train")
-        tc = plan.schedule.train_config(model=plan.arms[kind], batch_size=plan.mixture.batch_size, seed=seed,
+        tc = plan.schedule.train_config(model=plan.arms[arm], batch_size=plan.mixture.batch_size, seed=seed,
                                         out_dir=run_dir, device=plan.execution.device, world_size=world_size,
                                         progress=progress)
         if plan.source is not None:  # compare --from: the source, or its conversion with this seed
             from .source import initial_weights
 
-            tc = tc.replace(init_from=str(initial_weights(plan.source, kind, seed, folder)))
+            tc = tc.replace(init_from=str(initial_weights(plan.source, arm, seed, folder)))
         stream = CompareStream(plan.mixture, space, seed,
                                lm_streams(text=plan.text)[0] if plan.text is not None and space.block("lm") else None)
         return cls(seed, folder, run_dir, tc, stream, training_probes(plan, stream),
                    (run_dir / "checkpoints").is_dir())
 
 
-def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, request: dict | None = None) -> dict:
+def _finish(arm: str, plan: ComparePlan, setup: _Setup, result, share: dict, request: dict | None = None) -> dict:
     """Save the trained model with its task vocabulary, write ``train.json`` (last, atomically) and
     delete the checkpoints; returns the record."""
     from ..training.metrics import read_metrics
 
     space, folder, run_dir, seed = plan.space, setup.folder, setup.run_dir, setup.seed
     model = load_model(result.last_checkpoint)
-    save_model(model, own_folder(folder / "model"), {"seed": seed, "kind": kind, "preset": plan.name})
+    save_model(model, own_folder(folder / "model"), {"seed": seed, "arm": arm, "preset": plan.name})
     if plan.text is not None:  # your own text: its tokenizer saved beside the model
         load_tokenizer(plan.text.tokenizer).save(own_folder(folder / "model" / TOKENIZER_DIR))
     CompareTask(space, plan.mixture.settings["lm"].seq_len, plan.text).write(folder / "model")
@@ -184,13 +184,13 @@ def _finish(kind: str, plan: ComparePlan, setup: _Setup, result, share: dict, re
                      "tokens": [lm_tokens(plan.mixture, c[0]) for c in curve],
                      "loss": [c[1] for c in curve], "s": sum(c[2] for c in curve)} if plan.curve.steps else None
     record = TrainRecord(
-        kind=kind, seed=seed, config=plan.arms[kind].to_dict(), parameters=model.num_parameters(),
+        arm=arm, seed=seed, config=plan.arms[arm].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
         probes_skipped=None if space.block("needle") is not None else FROM_SOURCE.format(task="needle")
         if plan.source is not None else NO_NEEDLES_RECALL if space.block("recall") and not space.block("lm")
         else NO_NEEDLES,
         heldout_curve=heldout_curve,
-        request=None if request is None else {**request, "kind": kind, "seed": seed}, **share)
+        request=None if request is None else {**request, "arm": arm, "seed": seed}, **share)
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished
     record.write(folder)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the model is in folder/model now

@@ -242,6 +242,21 @@ class CompareTask:
         return task
 
 
+def arm_record(data: dict) -> dict:
+    """A training record (``train.json``, or ``runs.{seed}.{arm}.train`` of ``results.json``) as any difftx wrote
+    it, with today's keys: the arm it was trained as under ``arm``, also in its ``request``, where older records
+    wrote ``kind`` (the key's place in the record kept). Anything else is returned as it is."""
+    def renamed(d: dict) -> dict:
+        return {("arm" if k == "kind" and "arm" not in d else k): v for k, v in d.items()}
+
+    if not isinstance(data, dict):
+        return data
+    out = renamed(data)
+    if isinstance(out.get("request"), dict):
+        out["request"] = renamed(out["request"])
+    return out
+
+
 @dataclass
 class TrainRecord:
     """A compare model's training record, ``train.json`` (:data:`TRAIN_RECORD`) beside its model
@@ -250,9 +265,10 @@ class TrainRecord:
     ``log_every`` steps (step, lr, loss per batch kind, gradient norms, tokens, time, λ per layer),
     ``probes`` the needle probes taken during training; ``probes_skipped`` (why there are none),
     ``heldout_curve`` (the held-out loss along training), ``stacked`` and ``request`` are written
-    only when set."""
+    only when set. ``arm`` is the arm of the comparison the model was trained as (older records call it
+    ``kind``: :func:`arm_record` reads them)."""
 
-    kind: str
+    arm: str
     seed: int
     config: dict
     parameters: int
@@ -274,10 +290,10 @@ class TrainRecord:
     # difftx.compare.folder.training_request): a reuse must ask for the same
     request: Optional[dict] = None
 
-    REQUIRED = ("kind", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
+    REQUIRED = ("arm", "seed", "config", "parameters", "steps", "history", "wall_s", "cpu_s")
     WHEN_SET = ("probes_skipped", "heldout_curve", "stacked", "request")
     # the kinds its readers (the training task, the report) rely on (difftx.io.check_record)
-    FIELDS = {"kind": "str", "seed": "int", "config": "dict", "parameters": "int", "steps": "posint",
+    FIELDS = {"arm": "str", "seed": "int", "config": "dict", "parameters": "int", "steps": "posint",
               "history": "list", "history[].step": "int", "history[].lr": "number?", "history[].lm_loss": "number?",
               "history[].needle_loss": "number?", "history[].icl_loss": "number?", "history[].grad_norm": "number?",
               "history[].grad_norms": "list?", "history[].tokens": "int?", "history[].time_s": "number?",
@@ -296,6 +312,7 @@ class TrainRecord:
     def from_dict(cls, data: dict, where: str = "TrainRecord") -> TrainRecord:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: not a training record (not a JSON object)")
+        data = arm_record(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(set(data) - known), [k for k in cls.REQUIRED if k not in data]
         if unknown or missing:
