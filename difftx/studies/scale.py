@@ -38,11 +38,12 @@ from typing import Optional, Sequence
 
 from ..io import atomic_write, dumps_strict, own_folder
 from ..provenance import machine
-from ..compare.arms import LABELS, PRIMARY, pairs
+from ..compare.arms import LABELS, PRIMARY
 from ..compare.presets import ComparePreset, get_preset
 from ..compare.regime import regime_table
 from ..compare.report import gap_text
 from ..compare.schema import SCALE_SCHEMA, SCALE_VERSION, CompareResult
+from .scale_recall import against_reference, primary_pair
 from .tune_report import label, shown
 
 # 2: the floor fit; the line under "loglog". 3: "kind" ("lm": the fit; "recall": the recall map, under "recall")
@@ -174,19 +175,6 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
             raise ValueError(f"--sizes: give them from small to large; {b.name} ({b.params[ref]:,} "
                              f"non-embedding parameters) is not larger than {a.name} ({a.params[ref]:,})")
     return out
-
-
-def against_reference(arms, primary: tuple) -> list[str]:
-    """The arms measured against the reference, the primary pair's second arm: every other arm, the primary's first
-    arm first (as :func:`difftx.compare.arms.pairs` pairs them)."""
-    return [a for a, b in pairs(arms, primary) if b == primary[1]]
-
-
-def primary_pair(s: dict) -> tuple[str, str]:
-    """The primary pair of a ``scale.json`` (``s``): the arms measured against the reference (``gap``, or per size
-    ``vs_baseline`` in a recall scale) are every arm but the reference, the primary's first arm first."""
-    measured = list(s["gap"]) if "gap" in s else list(next(iter(s["recall"]["sizes"].values()))["vs_baseline"])
-    return measured[0], next(a for a in s["arms"] if a not in measured)
 
 
 def default_out(preset: str | ComparePreset) -> Path:

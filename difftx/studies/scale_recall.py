@@ -16,10 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..compare.arms import LABELS
+from ..compare.arms import LABELS, pairs
 from ..compare.schema import CompareResult
 from ..compare.summary import adjusted_p_text, difference_text, short_verdict
-from .scale import against_reference, primary_pair
 
 # (name in scale.json, the recall task's metric key, the column name in scale.md)
 READINGS = (("frontier", "recall_frontier", "frontier"),
@@ -36,6 +35,19 @@ METHOD = ("Each reading is the recall task's (`docs/compare.md`, \"Associative r
           "not across sizes).")
 MAP = ("The sizes are a map of depth and width, not a parameter-efficiency fit: no loss is fitted, and the sizes "
        "need not grow in parameters.")
+
+
+def against_reference(arms, primary: tuple) -> list[str]:
+    """The arms measured against the reference, the primary pair's second arm: every other arm, the primary's first
+    arm first (as :func:`difftx.compare.arms.pairs` pairs them)."""
+    return [a for a, b in pairs(arms, primary) if b == primary[1]]
+
+
+def primary_pair(s: dict) -> tuple[str, str]:
+    """The primary pair of a ``scale.json`` (``s``): the arms measured against the reference (``gap``, or per size
+    ``vs_baseline`` in a recall scale) are every arm but the reference, the primary's first arm first."""
+    measured = list(s["gap"]) if "gap" in s else list(next(iter(s["recall"]["sizes"].values()))["vs_baseline"])
+    return measured[0], next(a for a in s["arms"] if a not in measured)
 
 
 def comparison(res: CompareResult, arm: str, key: str, against: str) -> Optional[dict]:
