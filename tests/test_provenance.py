@@ -14,7 +14,8 @@ import torch
 from difftx import provenance
 from difftx.cli import main
 from difftx.compare.report import _not_compared, render_report
-from difftx.compare.schema import ArmRecord, CompareResult, RunRecord, from_json
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, RunRecord, from_json
 from difftx.compare.summary import DIFFERENT_RUNS, NOT_LEARNED, NOT_LEARNED_BY_BOTH
 from difftx.tasks.reporting import ReportContext
 
@@ -132,7 +133,7 @@ def test_scale_json_records_the_machine(tmp_path, monkeypatch):
         scale = 1.0 / (1 + preset.dim / 64)
         runs = {(s, arm): RunRecord({}, {"lm": {"heldout": {"nll": v * (1 + scale) + 0.01 * s}}})
                 for arm, v in nll.items() for s in seeds}
-        return CompareResult({}, list(seeds), {a: ArmRecord(a, {}, 0, a) for a in nll}, {}, runs)
+        return CompareResult({}, list(seeds), {a: Arm(a, {}, 0, a) for a in nll}, {}, runs)
 
     monkeypatch.setattr(run_mod, "run_compare", fake_compare)
     monkeypatch.setattr("difftx.studies.scale._plot", lambda path, summary: None)

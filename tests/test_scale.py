@@ -10,7 +10,8 @@ import pytest
 
 from difftx.cli import main
 from difftx.studies.scale import plan_sizes, sensitivity, shape
-from difftx.compare.schema import ArmRecord, CompareResult, RunRecord
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, RunRecord
 from test_compare import FAST, as_sets
 
 LM = {**FAST, "lm_every": 1, "icl_every": 0, "probe_every": 0}
@@ -170,7 +171,7 @@ def test_scale_on_your_own_text(tmp_path, capsys, no_size_plots):
 
 def _made_up(nll: dict) -> CompareResult:
     """A comparison's results as far as scale reads them: each model's held-out NLL (``{(seed, arm): nll}``)."""
-    arms = {a: ArmRecord(a, {}, 0, a) for _, a in nll}
+    arms = {a: Arm(a, {}, 0, a) for _, a in nll}
     return CompareResult({}, sorted({s for s, _ in nll}), arms, {},
                          {k: RunRecord({}, {"lm": {"heldout": {"nll": v}}}) for k, v in nll.items()})
 

@@ -10,7 +10,8 @@ import pytest
 
 from difftx.cli import main
 from difftx.studies.scale import SCALE_PRESETS, plan_sizes, recall_without_lm
-from difftx.compare.schema import ArmRecord, CompareResult, Comparison, RunRecord
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, Comparison, RunRecord
 from difftx.studies.scale_recall import READINGS, recall_by_size, recall_summary, render_recall_scale
 from test_compare_recall import RECALL, _sets
 from test_scale import no_size_plots  # noqa: F401  (a fixture: each size's compare without its PNGs)
@@ -82,7 +83,7 @@ def _results(frontier: dict, learned: dict) -> CompareResult:
     pairs = [Comparison(("diff", "baseline"), comps["diff"], True),
              Comparison(("diff_lambda_0.8", "baseline"), comps["diff_lambda_0.8"]),
              Comparison(("diff", "diff_lambda_0.8"), {})]
-    return CompareResult({}, [0, 1], {a: ArmRecord(a, {}, 0, a) for a in arms}, {}, runs, {c.key: c for c in pairs})
+    return CompareResult({}, [0, 1], {a: Arm(a, {}, 0, a) for a in arms}, {}, runs, {c.key: c for c in pairs})
 
 
 def test_the_recall_summary_reads_each_sizes_comparisons():

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from difftx.compare import summary
-from difftx.compare.schema import ArmRecord, CompareResult, RunRecord
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, RunRecord
 from difftx.eval.stats import rule_power, seeds_for_power
 from difftx.tasks.base import Metric
 
@@ -51,7 +52,7 @@ def _simulate(rng, n: int, p_diff: float, p_base: float, prompts: int, nll_shift
     for s in range(n):
         runs[(s, "diff")] = RunRecord({}, {"lottery": _model(rng, p_diff, prompts, windows, nll_shift)})
         runs[(s, "baseline")] = RunRecord({}, {"lottery": _model(rng, p_base, prompts, windows, 0.0)})
-    arms = {a: ArmRecord(a, {}, 0, a) for a in ("diff", "baseline")}
+    arms = {a: Arm(a, {}, 0, a) for a in ("diff", "baseline")}
     return CompareResult(preset={}, seeds=list(range(n)), arms=arms, tasks={}, runs=runs)
 
 

@@ -8,7 +8,8 @@ import json
 import math
 
 from difftx.cli import main
-from difftx.compare.schema import ArmRecord, CompareResult, Comparison, RunRecord
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, Comparison, RunRecord
 from difftx.studies.scale import against_reference, plan_sizes, primary_pair
 from difftx.studies.scale_recall import recall_by_size, render_recall_scale, recall_summary
 from test_compare import as_sets
@@ -73,7 +74,7 @@ def _results(primary: tuple) -> CompareResult:
         c = json.dumps(_comparison("@arm", "recall_frontier", va, [0.5, 0.6], sum(va) / 2 - 0.55, None, None))
         c = json.loads(c.replace('"baseline"', json.dumps(ref)).replace('"@arm"', json.dumps(arm)))  # arm vs ref
         pairs.append(Comparison((arm, ref), {"recall_frontier": c}, arm == first))
-    return CompareResult({}, [0, 1], {a: ArmRecord(a, {}, 0, a) for a in ARMS}, {}, runs, {c.key: c for c in pairs})
+    return CompareResult({}, [0, 1], {a: Arm(a, {}, 0, a) for a in ARMS}, {}, runs, {c.key: c for c in pairs})
 
 
 def test_the_recall_map_measures_against_the_primary_pairs_second_arm():

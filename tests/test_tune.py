@@ -13,7 +13,8 @@ import torch
 
 from difftx.cli import main
 from difftx.studies import tune as T
-from difftx.compare.schema import ArmRecord, CompareResult, Comparison
+from difftx.compare.arms import Arm
+from difftx.compare.schema import CompareResult, Comparison
 from difftx.eval.stats import look_factor
 from test_compare import FAST, as_sets
 
@@ -299,7 +300,7 @@ def test_selection_aware_hulls_the_interval_and_rewrites_the_verdict():
     x = {arm: [held[arm][picks[arm][s]][s] for s in range(6)] for arm in held}
     paired = paired_estimate(x["diff"], x["baseline"]).to_dict()
     c = {"key": "lm_nll", "primary": True, "gated": None, "arms": ["diff", "baseline"], "paired": dict(paired)}
-    results = CompareResult({}, list(range(6)), {a: ArmRecord(a, {}, 0, a) for a in ("diff", "baseline")}, {}, {},
+    results = CompareResult({}, list(range(6)), {a: Arm(a, {}, 0, a) for a in ("diff", "baseline")}, {}, {},
                             {"diff vs baseline": Comparison(("diff", "baseline"), {"lm_nll": c}, True)})
     tasks_at = {arm: {v: [{"lm": {"heldout": {"nll": y}}} for y in held[arm][v]] for v in (1, 2)} for arm in held}
     T.selection_aware(results, {"lm": LMSettings()}, tasks_at, val)

@@ -5,7 +5,7 @@ pairs a comparison compares (:func:`pairs`), the primary one first."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..config import ARMS, ModelConfig
@@ -16,12 +16,15 @@ LABELS = {"diff": "DIFF", "baseline": "baseline"}  # what the report calls the b
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: ``name`` (its folder ``seed{S}/{name}`` and key in ``results.json``), ``config``, ``label`` (what the
-    report calls it), ``description`` (what it is: the arm table's line, or a registered kind's docstring) and,
-    for ``--from``, ``source`` (the pretrained model it starts from, converted or not)."""
+    """One arm, the same value from the plan to ``results.json``: ``name`` (its folder ``seed{S}/{name}`` and key in
+    ``results.json``), ``config`` (its ModelConfig's fields, as written: :meth:`ModelConfig.to_dict`), ``parameters``
+    (its models' count, once trained; None before), ``label`` (what the report calls it), ``description`` (what it
+    is: the arm table's line, or a registered kind's docstring) and, for ``--from``, ``source`` (the pretrained model
+    it starts from, converted or not)."""
 
     name: str
-    config: ModelConfig
+    config: dict
+    parameters: Optional[int]
     label: str
     description: str = ""
     source: Optional[str] = None
@@ -30,15 +33,19 @@ class Arm:
     def of(cls, name: str, config: ModelConfig) -> "Arm":
         """The arm ``name`` of the arm table, or a registered kind of that name."""
         if name in ARMS:
-            return cls(name, config, LABELS.get(name, name), ARMS[name])
-        return cls(name, config, name, kind_description(name))
+            return cls(name, config.to_dict(), None, LABELS.get(name, name), ARMS[name])
+        return cls(name, config.to_dict(), None, name, kind_description(name))
 
     @classmethod
     def from_source(cls, name: str, config: ModelConfig, source: str, method: str, converted: bool) -> "Arm":
         """An arm of ``compare --from``: the source as it is or (``converted``) its conversion."""
         what = (f"the source converted by `difftx convert --method {method}` ({config.attention} attention)"
                 if converted else f"the source as it is ({config.attention} attention)")
-        return cls(name, config, name, what, source)
+        return cls(name, config.to_dict(), None, name, what, source)
+
+    def counted(self, parameters: int) -> "Arm":
+        """This arm with its models' parameter count."""
+        return replace(self, parameters=parameters)
 
 
 def kind_description(name: str) -> str:

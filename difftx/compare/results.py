@@ -18,7 +18,7 @@ from .folder import COMPARE_FILE
 from .plan import ComparePlan
 from .presets import ComparePreset
 from .arms import PRIMARY
-from .schema import ArmRecord, CompareResult, RunRecord
+from .schema import CompareResult, RunRecord
 
 
 def execution(device: str) -> dict:
@@ -64,11 +64,7 @@ def collect_results(out: Path, preset: ComparePreset, plan: ComparePlan, seeds: 
     }
     if plan.text is not None:  # your text: source, tokenizer, held-out text, token counts (from compare.json)
         extra["text"] = read_json(out / COMPARE_FILE, "the settings of a comparison").get("text")
-    arms = {}
-    for k in plan.arms:
-        arm = plan.arm(k)
-        arms[k] = ArmRecord(k, arm.config.to_dict(), runs[(int(seeds[0]), k)].train["parameters"], arm.label,
-                            arm.description, arm.source)
+    arms = {k: plan.arm(k).counted(runs[(int(seeds[0]), k)].train["parameters"]) for k in plan.arms}
     result = CompareResult(
         preset=preset.to_dict(), seeds=list(seeds), arms=arms,
         tasks={name: {"title": TASKS[name].title, "settings": settings_to_dict(st),

@@ -173,19 +173,6 @@ def pair_key(a: str, b: str) -> str:
 
 
 @dataclass
-class ArmRecord:
-    """An arm as recorded: its name, model config (a dict), parameter count, label (what the report calls it),
-    description (what it is) and, for ``--from``, the source it starts from (see :class:`.arms.Arm`)."""
-
-    name: str
-    config: dict
-    parameters: int
-    label: str
-    description: str = ""
-    source: Optional[str] = None
-
-
-@dataclass
 class RunRecord:
     """One model of a comparison (a seed and an arm): its training record, its task results and the machine that
     trained it (``None``: an older difftx recorded none)."""
@@ -218,7 +205,7 @@ class CompareResult:
 
     preset: dict
     seeds: list
-    arms: dict  # name -> ArmRecord, in the plan's order
+    arms: dict  # name -> Arm (difftx.compare.arms), in the plan's order
     tasks: dict
     runs: dict  # (seed, arm) -> RunRecord
     comparisons: dict = field(default_factory=dict)  # pair key -> Comparison
@@ -302,10 +289,10 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
     each, DIFF vs baseline the primary one, and the arms' labels and descriptions from the arm table."""
     validate_results(data, where)
     from ..config import ARMS
-    from .arms import LABELS  # the labels a version 2 or 3 file did not record
+    from .arms import LABELS, Arm  # the labels a version 2 or 3 file did not record
 
-    arms = {name: ArmRecord(name, a["config"], a["parameters"], a.get("label") or LABELS.get(name, name),
-                            a.get("description", ARMS.get(name, "")), a.get("source"))
+    arms = {name: Arm(name, a["config"], a["parameters"], a.get("label") or LABELS.get(name, name),
+                      a.get("description", ARMS.get(name, "")), a.get("source"))
             for name, a in data["arms"].items()}
     runs = {(int(s), arm): RunRecord(arm_record(r["train"]), r["tasks"], r.get("machine"),
                                      {k: v for k, v in r.items() if k not in ("train", "tasks", "machine")})
