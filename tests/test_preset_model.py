@@ -167,3 +167,50 @@ def test_the_arms_need_not_hold_the_built_in_pair_but_must_hold_the_primary():
         get_preset("smoke", arms=("baseline", "diff_lambda_0.8"))  # the default primary pair is not among them
     with pytest.raises(ValueError, match=r"ComparePreset\.arms: need two or more distinct names"):
         get_preset("smoke", arms=("diff",), primary=("diff", "diff"))
+
+
+def test_arms_of_your_own_are_data():
+    """own_arms: a name, the arm it derives from and ModelConfig changes; with_overrides trains the ones it is given."""
+    p = get_preset("recall-cpu", own_arms={"diff_l03": {"model": {"lambda_init": 0.3}},
+                                           "base_kv1": {"from": "baseline", "model": {"n_kv_heads": 1},
+                                                        "description": "the baseline with one kv head"}})
+    assert p.arms == ("baseline", "diff", "diff_lambda_0.8", "diff_l03", "base_kv1")
+    plan = p.resolve()
+    assert plan.arms["diff_l03"] == plan.arms["diff"].replace(lambda_init=0.3)
+    assert plan.arms["base_kv1"] == plan.arms["baseline"].replace(n_kv_heads=1)
+    assert plan.arm("diff_l03").description == "diff with lambda_init=0.3 (an arm of your own)"
+    assert plan.arm("base_kv1").description == "the baseline with one kv head"
+    assert ComparePreset.from_dict(json.loads(json.dumps(p.to_dict()))).to_dict() == p.to_dict()
+    # given the arms too, only those are trained
+    assert get_preset("smoke", own_arms={"x": {}}, arms=("baseline", "diff")).arms == ("baseline", "diff")
+
+
+@pytest.mark.parametrize("own, error", [
+    ({"diff": {}}, r"own_arms\.diff: 'diff' is a built-in arm or a registered kind"),
+    ({"a b": {}}, r"own_arms\.a b: a name of letters, digits"),
+    ({"x": {"from": "nope"}}, r"own_arms\.x\.from: must be an arm of \['baseline'"),
+    ({"x": {"model": {"attention": "standard"}}}, r"own_arms\.x\.model: must be a mapping of ModelConfig fields"),
+    ({"x": {"model": {"gate": "headwise"}}}, r"own_arms\.x\.model\.gate: applies only to attention='gated'"),
+    ({"x": {"color": 1}}, r"own_arms\.x: must be a mapping with from, model, description"),
+])
+def test_a_bad_arm_of_your_own_is_named(own, error):
+    with pytest.raises(ValueError, match=error):
+        get_preset("smoke", own_arms=own)
+
+
+def test_an_arm_of_your_own_from_the_command_line_trains_and_a_changed_one_is_not_reused(tmp_path, capsys):
+    from difftx.cli import main
+
+    out = tmp_path / "own"
+    args = ["compare", "--preset", "smoke", "--seeds", "1", "--no-progress", "--set", "steps=4", "--set",
+            "warmup_steps=1", "--set", "probe_every=2", "--arms", "diff_l03", "--out", str(out)]
+    assert main(args + ["--set", "own_arms.diff_l03.model.lambda_init=0.3"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["arms"]) == ["baseline", "diff", "diff_l03"] and res["arms"]["diff_l03"]["config"]["lambda_init"] == 0.3
+    assert res["arms"]["diff_l03"]["description"] == "diff with lambda_init=0.3 (an arm of your own)"
+    capsys.readouterr()
+    assert main(args + ["--set", "own_arms.diff_l03.model.lambda_init=0.4"]) != 0
+    err = capsys.readouterr().err
+    assert "diff_l03/train.json: this model was trained with config.lambda_init 0.3, not 0.4" in err
+    assert main(["compare", "--preset", "smoke", "--arms", "nope", "--out", str(tmp_path / "x")]) != 0
+    assert "an arm of your own (--set own_arms.NAME.model.FIELD=VALUE" in capsys.readouterr().err

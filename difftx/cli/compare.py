@@ -99,20 +99,36 @@ def take_workers(args: argparse.Namespace, overrides: dict) -> None:
     args.workers = workers
 
 
-def parse_arms(text: str, primary=None) -> tuple[str, ...]:
+def parse_arms(text: str, primary=None, own=()) -> tuple[str, ...]:
     """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, the ``primary`` pair first (its second arm,
-    then its first; default: the presets' primary pair, baseline then diff)."""
+    then its first; default: the presets' primary pair, baseline then diff); ``own``: the names of arms of your own
+    (``--set own_arms.NAME...``)."""
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
     from ..config import ARM_SETS, arm_names  # lazy: torch; --help stays fast
 
     names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a not in arm_names()]
+    unknown = [a for a in names if a not in arm_names() and a not in own]
     if unknown or not names:
-        raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {arm_names()} or a set "
-                         f"{list(ARM_SETS)} (your own attention kinds: difftx --kinds FILE)")
+        raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {arm_names()}, a set "
+                         f"{list(ARM_SETS)} or an arm of your own (--set own_arms.NAME.model.FIELD=VALUE; your own "
+                         f"attention kinds: difftx --kinds FILE)")
     pair = ComparePreset.primary if primary is None else primary  # not a pair: the preset's check says so
     lead = [a for a in reversed(pair) if isinstance(a, str)] if isinstance(pair, (tuple, list)) else []
     return tuple(dict.fromkeys([*lead, *names]))
+
+
+def take_arms(args: argparse.Namespace, overrides: dict) -> None:
+    """``--arms`` into ``overrides["arms"]`` (the primary pair first), arms of your own (``--set own_arms...``) among
+    the names it takes (without ``--arms`` they join the preset's arms: :meth:`ComparePreset.with_overrides`)."""
+    from ..compare.presets import PRESETS  # lazy: torch; --help stays fast
+
+    if args.arms is None:
+        return
+    if "arms" in overrides:
+        raise ValueError("--arms and --set arms=...: give the arms in one place")
+    base = PRESETS.get(args.preset)
+    own = overrides.get("own_arms") if isinstance(overrides.get("own_arms"), dict) else {}
+    overrides["arms"] = parse_arms(args.arms, overrides.get("primary", base.primary if base else None), own)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,13 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--set: unknown preset field(s) {bad}; known: {sorted(known)} (task settings: "
                          "tasks.TASK.SETTING, see `difftx eval TASK --help`)")
     take_workers(args, overrides)
-    if args.arms is not None:
-        if "arms" in overrides:
-            raise ValueError("--arms and --set arms=...: give the arms in one place")
-        from ..compare.presets import PRESETS  # lazy: torch; --help stays fast
-
-        overrides["arms"] = parse_arms(args.arms, overrides.get("primary", PRESETS[args.preset].primary
-                                                               if args.preset in PRESETS else None))
+    take_arms(args, overrides)
     if args.source is not None:
         _from_source(args, overrides)
     elif args.method is not None:

@@ -6,7 +6,7 @@ import argparse
 
 from ..overrides import parse_overrides
 from .args import check_not_input, output_dir, positive_int
-from .compare import parse_arms, take_workers
+from .compare import take_arms, take_workers
 
 
 def register(sub) -> None:
@@ -83,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)
     elif args.tokenizer is not None or args.heldout is not None:
         raise ValueError("--tokenizer and --heldout apply with --data")
-    if args.arms is not None:
-        overrides["arms"] = parse_arms(args.arms)
+    take_arms(args, overrides)
     tune = None if args.tune is None else parse_tune(args.tune)
     if tune is not None and tune[0] in overrides:
         raise ValueError(f"--tune {tune[0]}: also given with --set; give it in one place")

@@ -14,7 +14,7 @@ from .schema import FOLDER_VERSION, check_version, preset_record
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
-EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stack", "primary")
+EXECUTION_FIELDS = ("workers", "threads", "device", "description", "arms", "stack", "primary", "own_arms")
 # what a resume may change besides: what is recorded along training (the held-out curve; models trained
 # before keep theirs), and the paths of your text, which is checked by its content instead (text_identity)
 RECORDING_FIELDS = ("curve_points", "curve_windows", "data", "tokenizer", "heldout")

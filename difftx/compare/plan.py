@@ -192,13 +192,31 @@ class ComparePlan:
     text: Optional[TextData] = None
     source: Optional["Source"] = None  # compare --from: the pretrained model both arms start from
     primary: tuple = PRIMARY  # the pair a verdict answers first: the preset's; --from: (converted, source)
+    descriptions: dict = dataclasses.field(default_factory=dict)  # what each arm of your own is (own_arms)
 
     def arm(self, name: str) -> Arm:
         """The arm ``name`` as one value (its config, label and description; its source under ``--from``)."""
         if self.source is not None:
             return Arm.from_source(name, self.arms[name], self.source.path, self.source.method,
                                    converted=name == self.primary[0])
+        if name in self.descriptions:
+            return Arm(name, self.arms[name].to_dict(), None, name, self.descriptions[name])
         return Arm.of(name, self.arms[name])
+
+
+def own_arm_config(base, name: str, spec: dict):
+    """The config of the arm of your own ``name`` (``spec``: :func:`check_own_arms`'), from the DIFF config
+    ``base``: its ``from`` arm's config with its ``model`` fields, validated by ModelConfig."""
+    try:
+        return arm_config(base, spec["from"]).replace(**spec["model"])
+    except ValueError as e:
+        raise ValueError(str(e).replace("ModelConfig.", f"ComparePreset.own_arms.{name}.model.")) from None
+
+
+def own_arm_description(spec: dict) -> str:
+    """What an arm of your own is: its ``description``, else ``from`` and its changes."""
+    changes = ", ".join(f"{k}={v}" for k, v in spec["model"].items()) or "no changes"
+    return spec.get("description") or f"{spec['from']} with {changes} (an arm of your own)"
 
 
 def preset_error(name: str, rule: str) -> ValueError:
@@ -380,8 +398,11 @@ def resolve(preset: Any) -> ComparePlan:
                   icl.prompt_len + 1 if icl else 0, recall.seq_len if recall else 0,
                   *(mixture_task(mixture, name).seq_len(preset) for name in space.blocks if name not in blocks))
     diff = ModelConfig(vocab_size=space.vocab_size, attention="diff", max_seq_len=longest, **preset.model)
+    own = preset.own_arms
     return ComparePlan(
-        name=preset.name, space=space, arms={a: arm_config(diff, a) for a in preset.arms},
+        name=preset.name, space=space,
+        arms={a: own_arm_config(diff, a, own[a]) if a in own else arm_config(diff, a) for a in preset.arms},
+        descriptions={a: own_arm_description(own[a]) for a in preset.arms if a in own},
         schedule=check_schedule(preset),
         mixture=mixture,
         probes=Probes(every=preset.probe_every if probed(mixture, space) else 0, samples=preset.probe_samples,

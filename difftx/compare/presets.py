@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 from .plan import ComparePlan, preset_error, resolve, task_settings
@@ -57,6 +58,40 @@ def check_model(model: dict) -> dict:
     return {k: v for k, v in model.items() if k in MODEL_DEFAULTS or v != fields[k]}
 
 
+OWN_ARM_KEYS = ("from", "model", "description")  # what an arm of your own says (ComparePreset.own_arms)
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # an arm's name: its folder seed{S}/{name}
+
+
+def check_own_arms(own: dict) -> dict:
+    """A preset's ``own_arms`` checked on their own (the derived configs are checked by the plan): each a name of
+    its own that is a folder name and no built-in arm's or registered kind's, derived ``from`` an arm (default
+    ``diff``) with ``model`` changes (ModelConfig fields, not the plan's own) and an optional ``description``."""
+    from ..config import arm_names
+
+    if not isinstance(own, dict):
+        raise preset_error("own_arms", f"must be a mapping {{name: {{from, model, description}}}}, got {own!r}")
+    out = {}
+    for name, spec in own.items():
+        at = f"own_arms.{name}"
+        if not isinstance(name, str) or not ARM_NAME.fullmatch(name):
+            raise preset_error(at, "a name of letters, digits, '_', '.' and '-' (its folder seed{S}/NAME), up to 64")
+        if name in arm_names():
+            raise preset_error(at, f"{name!r} is a built-in arm or a registered kind: give yours another name")
+        if not isinstance(spec, dict) or set(spec) - set(OWN_ARM_KEYS):
+            raise preset_error(at, f"must be a mapping with {', '.join(OWN_ARM_KEYS)}, got {spec!r}")
+        base, model = spec.get("from", "diff"), spec.get("model") or {}
+        if base not in arm_names():
+            raise preset_error(f"{at}.from", f"must be an arm of {arm_names()}, got {base!r}")
+        if not isinstance(model, dict) or set(model) - set(model_fields()) or "attention" in model:
+            raise preset_error(f"{at}.model", f"must be a mapping of ModelConfig fields ({', '.join(model_fields())}), "
+                                              f"got {model!r}")
+        description = spec.get("description", "")
+        if not isinstance(description, str):
+            raise preset_error(f"{at}.description", f"must be text, got {description!r}")
+        out[name] = {"from": base, "model": dict(model), **({"description": description} if description else {})}
+    return out
+
+
 @dataclass(frozen=True, init=False)
 class ComparePreset:
     """Everything one comparison needs besides the seeds and the output folder.
@@ -99,6 +134,10 @@ class ComparePreset:
     model: dict = field(default_factory=dict)
     # the pair a verdict answers first: (DIFF, its parameter-matched baseline); both must be among the arms
     primary: tuple = ("diff", "baseline")
+    # arms of your own, as data: {name: {"from": an arm's name (default diff), "model": {ModelConfig field: value},
+    # "description": text}}; each is that arm's config with the model fields changed, trained where `arms` names it
+    # (with_overrides adds the ones it is given to the arms, unless it is given the arms too)
+    own_arms: dict = field(default_factory=dict)
     # -- the training tasks' settings given ({task name: {setting: value}}; the rest: their defaults) --
     training: dict = field(default_factory=dict)
     # -- training --------------------------------------------------------------------------------
@@ -236,10 +275,12 @@ class ComparePreset:
             raise preset_error("device", f"must be auto, cpu or cuda, got {self.device!r}")
         from ..config import arm_names
 
-        arms = self.arms
+        object.__setattr__(self, "own_arms", check_own_arms(self.own_arms))
+        arms, known = self.arms, [*arm_names(), *self.own_arms]
         if isinstance(arms, str) or not isinstance(arms, (tuple, list)) or len(set(arms)) < 2 or \
-                len(set(arms)) != len(arms) or not set(arms) <= set(arm_names()):
-            raise preset_error("arms", f"need two or more distinct names of {arm_names()}, got {arms!r}")
+                len(set(arms)) != len(arms) or not set(arms) <= set(known):
+            raise preset_error("arms", f"need two or more distinct names of {known} (own_arms: arms of your own), "
+                                       f"got {arms!r}")
         object.__setattr__(self, "arms", tuple(arms))
         primary = self.primary
         if isinstance(primary, str) or not isinstance(primary, (tuple, list)) or len(primary) != 2 or \
@@ -284,7 +325,7 @@ class ComparePreset:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"unknown compare preset field(s) {unknown}; known: {sorted(known)}")
-        for part in ("tasks", "training"):
+        for part in ("tasks", "training", "own_arms"):
             if part not in overrides:
                 continue
             given = overrides[part]
@@ -296,6 +337,8 @@ class ComparePreset:
                     raise preset_error(f"{part}.{name}", f"must be a mapping of settings, got {vals!r}")
                 merged.setdefault(name, {}).update(vals)
             overrides = {**overrides, part: merged}
+        if "own_arms" in overrides and "arms" not in overrides:  # arms of your own given here are trained too
+            overrides["arms"] = tuple(dict.fromkeys([*self.arms, *overrides["own_arms"]]))
         model = overrides.pop("model", {})
         if not isinstance(model, dict):
             raise preset_error("model", f"must be a mapping {{ModelConfig field: value}}, got {model!r}")
