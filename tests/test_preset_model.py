@@ -214,3 +214,12 @@ def test_an_arm_of_your_own_from_the_command_line_trains_and_a_changed_one_is_no
     assert "diff_l03/train.json: this model was trained with config.lambda_init 0.3, not 0.4" in err
     assert main(["compare", "--preset", "smoke", "--arms", "nope", "--out", str(tmp_path / "x")]) != 0
     assert "an arm of your own (--set own_arms.NAME.model.FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_scale_trains_arms_of_your_own_beside_its_lambda_arm(tmp_path):
+    from difftx.studies.scale import run_scale
+
+    s = run_scale("smoke", ["16x1x1", "32x1x1"], 2, tmp_path / "s", progress=False, steps=4, warmup_steps=1,
+                  probe_every=2, own_arms={"l03": {"model": {"lambda_init": 0.3}}})
+    assert s["arms"] == ["baseline", "diff", "l03", "diff_lambda_0.8"] and list(s["gap"]) == [
+        "diff", "l03", "diff_lambda_0.8"]

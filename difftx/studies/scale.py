@@ -226,7 +226,8 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     if scale is not None:
         preset, overrides = scale.compare, {**scale.overrides, **overrides}
     if lambda_arm:
-        arms = tuple(overrides.get("arms") or (get_preset(preset) if isinstance(preset, str) else preset).arms)
+        arms = tuple(overrides.get("arms") or dict.fromkeys([  # the preset's, and arms of your own given here
+            *(get_preset(preset) if isinstance(preset, str) else preset).arms, *overrides.get("own_arms", {})]))
         if LAMBDA_ARM not in arms:
             overrides = {**overrides, "arms": (*arms, LAMBDA_ARM)}
     plans = plan_sizes(preset, sizes, tokens_per_param=tokens_per_param, **overrides)
