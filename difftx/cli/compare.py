@@ -237,9 +237,8 @@ def _stem(path: str) -> str:
 
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
-    from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
-
     from ..compare.presets import model_fields  # lazy: torch; --help stays fast
+    from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
     if field.startswith("model.") and field[len("model."):] not in model_fields() or not field.startswith(
