@@ -119,7 +119,7 @@ def test_dry_run_lists_each_cell_its_status_and_command(tmp_path, capsys):
     assert lines[-1] == "2 cells: 0 present, 1 partial, 1 missing (0 of them recorded); 2 to train"
     assert not (tmp_path / "out" / "a").exists()  # nothing written
     table = cmap.map_table(cmap.build_map(cmap.parse_spec(SPEC, "s"), tmp_path / "out"))
-    assert "| `b` (torch, 1 x 32, recall) | baseline, diff | | | | | | | unfinished | |" in table
+    assert "| `b` (torch, 1 x 32, recall, 4 steps of 8) | baseline, diff | | | | | | | unfinished | |" in table
     assert "- `b`: unfinished (0 of 2 models trained, no results.json yet): `difftx compare " in table
     assert "- `a`: not measured: `difftx compare " in table
 
@@ -260,8 +260,8 @@ def test_the_answer_per_task_from_the_shipped_map():
                     r"verdict in .*; not measured in `torch-depth8` and `torch-width128`\.$", first)
     assert any(x.startswith("**Language modelling (held-out NLL") for x in lines)
     table = cmap.map_table(m)
-    assert "| `torch-depth8` (torch, 8 x 64, recall) | baseline, diff, diff_lambda_0.8 |" in table
-    assert "| `torch-depth4` (torch, 4 x 64, recall) | baseline | - | 1 | no | 1 of 7 (2,000) |" in table
+    assert "| `torch-depth8` (torch, 8 x 64, recall, 2,400 steps of 32) | baseline, diff, diff_lambda_0.8 |" in table
+    assert "| `torch-depth4` (torch, 4 x 64, recall, 2,400 steps of 32) | baseline | - | 1 | no | 1 of 7 (2,000) |" in table
     assert "- `normal-depth4`: recorded from the results log, 2026-11-28: The regime map in depth: " in table
 
 

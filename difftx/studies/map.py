@@ -454,8 +454,10 @@ def build_map(spec: MapSpec, out: Path, seeds: Optional[int] = None, recorded: O
         else:
             got = {"name": cell.name, "task": cell.task, "axes": dict(cell.axes), "source": None, "provenance": None,
                    "metric": None, "seeds": 0, "arms": {}, "vs_baseline": {}}
+        p = cell.compare_preset()
         got.update(status=status, status_detail=detail, folder=str(out / cell.name),
-                   command=cell.command(out, seeds), asked={"seeds": seeds or cell.seeds, "arms": list(cell.arms)})
+                   command=cell.command(out, seeds), asked={"seeds": seeds or cell.seeds, "arms": list(cell.arms),
+                                                            "steps": p.steps, "batch_size": p.batch_size})
         for c in (got.get("vs_baseline") or {}).values():
             if c is not None:  # in the words of this difftx, recorded cells too
                 c["short_verdict"] = _verdict(c)
@@ -598,15 +600,16 @@ def _learned_text(a: dict) -> str:
 
 
 def _cell_text(c: dict) -> str:
-    ax = c["axes"]
-    return f"`{c['name']}` ({ax['init']}, {ax['depth']} x {ax['width']}, {c['task']})"
+    ax, asked = c["axes"], c.get("asked") or {}
+    budget = f", {asked['steps']:,} steps of {asked['batch_size']}" if asked.get("steps") else ""
+    return f"`{c['name']}` ({ax['init']}, {ax['depth']} x {ax['width']}, {c['task']}{budget})"
 
 
 def map_table(m: dict) -> str:
     """One row per cell and arm: the arm's axes, its seeds that learned, its reading, its difference from the
     baseline with the compare's interval and verdict, its first layer's output/residual at initialisation; a cell
     without numbers is one row saying so. Then where each cell's numbers come from."""
-    rows = ["| cell (init, layers x width, task) | arm | λ_init | output scale | norm | learned (seeds) | "
+    rows = ["| cell (init, layers x width, task, budget) | arm | λ_init | output scale | norm | learned (seeds) | "
             "frontier or NLL [95%] | arm - baseline [95%] | verdict | output/residual at init, layer 0 |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in m["cells"]:
