@@ -328,13 +328,14 @@ class ComparePreset:
         for part in ("tasks", "training", "own_arms"):
             if part not in overrides:
                 continue
-            given = overrides[part]
+            given, shape = overrides[part], ("{name: {from, model, description}}" if part == "own_arms" else
+                                             "{task: {setting: value}}")
             if not isinstance(given, dict):
-                raise preset_error(part, f"must be a mapping {{task: {{setting: value}}}}, got {given!r}")
+                raise preset_error(part, f"must be a mapping {shape}, got {given!r}")
             merged = {k: dict(v) for k, v in getattr(self, part).items()}
             for name, vals in given.items():
                 if not isinstance(vals, dict):
-                    raise preset_error(f"{part}.{name}", f"must be a mapping of settings, got {vals!r}")
+                    raise preset_error(f"{part}.{name}", f"must be a mapping ({shape}), got {vals!r}")
                 merged.setdefault(name, {}).update(vals)
             overrides = {**overrides, part: merged}
         if "own_arms" in overrides and "arms" not in overrides:  # arms of your own given here are trained too
