@@ -40,7 +40,9 @@ def register(sub) -> None:
                         "(baseline,diff), paper-ablations (paper Table 6), "
                         "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), "
                         "recall-controls (diff_lambda_0.8, temperature, diff_nope, baseline_nope), all; see "
-                        "`difftx info --arms`")
+                        "`difftx info --arms`. Arms of your own: --set own_arms.NAME.model.FIELD=VALUE (an arm's "
+                        "config with ModelConfig changes; from diff unless own_arms.NAME.from=ARM), trained beside "
+                        "the preset's arms")
     p.add_argument("--sweep", default=None, metavar="FIELD=V1,V2,...",
                    help="a budget check: the whole comparison at each value of one preset field, e.g. --sweep "
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
