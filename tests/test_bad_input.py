@@ -169,11 +169,11 @@ def test_a_training_run_too_large_for_the_machine_is_refused_before_anything_is_
 
 
 def test_a_comparison_too_large_for_the_machine_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
-    from difftx.compare import run as run_mod
+    from difftx.compare import jobs as jobs_mod
+    from difftx.compare.jobs import check_fits, model_bytes
     from difftx.compare.presets import get_preset
-    from difftx.compare.run import _model_bytes, check_fits
 
-    monkeypatch.setattr(run_mod, "_memory_bytes", lambda: 24 << 30)  # this project's machines, on any machine
+    monkeypatch.setattr(jobs_mod, "memory_bytes", lambda: 24 << 30)  # this project's machines, on any machine
 
     out = tmp_path / "cmp"
     code = main(["compare", "--preset", "smoke", "--set", "recall_every=2", "--set", "recall_vocab=100000000",
@@ -182,9 +182,9 @@ def test_a_comparison_too_large_for_the_machine_is_refused_before_anything_is_wr
     assert code == 2 and "would need about 95.4 GiB to train" in err and "recall (recall_vocab) 100,000,000" in err
     assert not out.exists()
     plan = get_preset("smoke").resolve()
-    check_fits(plan, _model_bytes(plan))  # exactly what it needs: fine
+    check_fits(plan, model_bytes(plan))  # exactly what it needs: fine
     with pytest.raises(ValueError, match="more than this machine's"):
-        check_fits(plan, _model_bytes(plan) - 1)
+        check_fits(plan, model_bytes(plan) - 1)
     code = main(["scale", "--preset", "smoke", "--sizes", "32x1x1,64x1x1", "--set", "recall_every=2",
                  "--set", "recall_vocab=100000000", "--out", str(tmp_path / "sc"), "--no-progress"])
     assert code == 2 and "size 32x1x1 (32x1x1): one model of this comparison" in capsys.readouterr().err

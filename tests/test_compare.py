@@ -722,17 +722,17 @@ def test_stacked_seeds_give_the_results_of_separate_training(smoke, tmp_path):
 def test_stack_size_rule(monkeypatch):
     """Automatic stacks on a CPU: one per worker process for each arm, at most 16, at most what fits in a
     quarter of the memory per worker; ``stack=1`` none, ``stack=K`` K; none under torchrun or for one seed."""
-    from difftx.compare import run as run_mod
+    from difftx.compare import jobs as jobs_mod
 
     cpu = get_preset("cpu").resolve()
-    assert [run_mod.stack_size(cpu, 8, w, False) for w in (1, 2, 4, 8)] == [8, 8, 4, 2]
-    assert run_mod.stack_size(cpu, 40, 2, False) == run_mod.MAX_STACK == 16
-    assert run_mod.stack_size(cpu, 1, 2, False) == 1 and run_mod.stack_size(cpu, 8, 2, True) == 1
-    assert run_mod.stack_size(get_preset("cpu", stack=1).resolve(), 8, 2, False) == 1
-    assert run_mod.stack_size(get_preset("cpu", stack=3).resolve(), 8, 2, False) == 3
-    monkeypatch.setattr(run_mod, "_memory_bytes", lambda: 4 * 2 * 3 * run_mod._model_bytes(cpu))  # room for 3
-    assert run_mod.stack_size(cpu, 8, 2, False) == 3
-    jobs = run_mod.plan_jobs(cpu, [0, 1, 2, 3, 4], Path("out"), 2)
+    assert [jobs_mod.stack_size(cpu, 8, w, False) for w in (1, 2, 4, 8)] == [8, 8, 4, 2]
+    assert jobs_mod.stack_size(cpu, 40, 2, False) == jobs_mod.MAX_STACK == 16
+    assert jobs_mod.stack_size(cpu, 1, 2, False) == 1 and jobs_mod.stack_size(cpu, 8, 2, True) == 1
+    assert jobs_mod.stack_size(get_preset("cpu", stack=1).resolve(), 8, 2, False) == 1
+    assert jobs_mod.stack_size(get_preset("cpu", stack=3).resolve(), 8, 2, False) == 3
+    monkeypatch.setattr(jobs_mod, "memory_bytes", lambda: 4 * 2 * 3 * jobs_mod.model_bytes(cpu))  # room for 3
+    assert jobs_mod.stack_size(cpu, 8, 2, False) == 3
+    jobs = jobs_mod.plan_jobs(cpu, [0, 1, 2, 3, 4], Path("out"), 2)
     assert [(k, s) for k, s, _ in jobs] == [("baseline", (0, 1)), ("diff", (0, 1)), ("baseline", (2, 3)),
                                            ("diff", (2, 3)), ("baseline", (4,)), ("diff", (4,))]
 

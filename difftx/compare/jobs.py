@@ -1,5 +1,5 @@
-"""The models of one invocation: its shard, its stacks, the lock each model is done under, and a
-stack's common checkpoint."""
+"""The models of one invocation: its shard, its stacks (whether it stacks, how many seeds a stack holds, what
+one model needs in memory), the lock each model is done under, and a stack's common checkpoint."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 from ..io import atomic_write, open_lock_file
 from .plan import ComparePlan
@@ -153,3 +154,69 @@ def shard_jobs(jobs: list, shard: tuple[int, int] | None, offset: int = 0) -> li
         return jobs
     k, n = shard
     return [j for i, j in enumerate(jobs) if (offset + i) % n == k - 1]
+
+
+def stacks(plan: "ComparePlan", distributed: bool) -> bool:
+    """Whether the comparison trains its models as stacks (:func:`stack_size` says
+    how many together): in one process, when ``stack`` asks for K > 1, or by default (``stack=0``) on a
+    CPU. Then every model, a stack's only one included, trains through the stacked path: a model's
+    arithmetic does not depend on how many others share its stack, so shards that stack the models
+    otherwise give the same models as one invocation (``benchmarks/shard_equality.py``)."""
+    from ..training.distributed import resolve_device
+
+    asked = plan.execution.stack
+    return not distributed and (asked > 1 or asked == 0 and resolve_device(plan.execution.device).type == "cpu")
+
+
+MAX_STACK = 16  # the largest automatic stack (see stack_size)
+
+
+def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -> int:
+    """How many seeds of one arm train as one stacked model. ``plan.execution.stack``: 1 none, K at
+    most K, 0 automatic: on a CPU, each worker process holds one stack (an arm's seeds spread evenly
+    over ``workers // arms`` processes), at most :data:`MAX_STACK` (the benchmark gains no more past
+    5-10) and as many as fit in a quarter of the memory per worker (:func:`model_bytes`); on a GPU
+    none (its presets train in bfloat16, which a stack does not). Never under torchrun (data
+    parallel, one model at a time)."""
+    asked = plan.execution.stack
+    if not stacks(plan, distributed) or seeds <= 1:
+        return 1
+    if asked > 1:
+        return asked
+    per_arm = max(1, workers // len(plan.arms))
+    fits = max(1, int(memory_bytes() / 4 / workers // max(model_bytes(plan), 1)))  # a quarter of the memory
+    return max(1, min(MAX_STACK, -(-seeds // per_arm), fits))
+
+
+def model_bytes(plan: ComparePlan) -> int:
+    """A generous estimate of one model's training memory in a stack: weights, gradients and two AdamW
+    moments (16 bytes a parameter) and float32 activations (about 24 tensors of ``dim`` per token and
+    layer, 4 attention maps per head), for the largest arm."""
+    from ..training.memory import training_bytes
+
+    return max(training_bytes(cfg, plan.mixture.batch_size, cfg.max_seq_len) for cfg in plan.arms.values())
+
+
+def check_fits(plan: ComparePlan, memory: Optional[int] = None) -> None:
+    """Refuse (one line naming the sizes and the estimate) a comparison one of whose models alone would not fit in
+    ``memory`` bytes (None: this machine's, :func:`memory_bytes`) while it trains (:func:`model_bytes`, a generous estimate): it would be killed by the kernel
+    partway, with nothing said. Checked before anything is written."""
+    need, memory = model_bytes(plan), memory_bytes() if memory is None else memory
+    if need <= memory:
+        return
+    cfg = max(plan.arms.values(), key=lambda c: c.vocab_size * c.dim + c.n_layers * c.dim ** 2)
+    ids = plan.space
+    needle, recall = ids.block("needle"), ids.block("recall")
+    parts = [f"{name} {n:,}" for name, n in (("needle", needle.vocab_size if needle else 0),
+                                             ("recall (recall_vocab)", recall.vocab_size if recall else 0)) if n]
+    raise ValueError(f"one model of this comparison would need about {need / 2**30:,.1f} GiB to train (vocabulary "
+                     f"{cfg.vocab_size:,} ids{': ' + ', '.join(parts) if parts else ''}; dim {cfg.dim}, n_layers "
+                     f"{cfg.n_layers}, batch_size {plan.mixture.batch_size} x {cfg.max_seq_len} tokens), more than "
+                     f"this machine's {memory / 2**30:,.1f} GiB: give smaller values")
+
+
+def memory_bytes() -> int:
+    """This machine's memory in bytes (what :func:`check_fits` and :func:`stack_size` hold a comparison to)."""
+    from ..training.memory import physical_bytes
+
+    return physical_bytes()

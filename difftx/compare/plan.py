@@ -168,7 +168,7 @@ class Probes:
 class Execution:
     """How models are run: torch threads per process (None: as is), models trained side by side
     in separate processes, device, and the largest stack of one arm's seeds trained as one model
-    (0: chosen by :func:`difftx.compare.run.stack_size`; 1: none)."""
+    (0: chosen by :func:`difftx.compare.jobs.stack_size`; 1: none)."""
 
     threads: Optional[int]
     workers: int
@@ -240,18 +240,6 @@ def task_settings(tasks: dict) -> dict:
         except (TypeError, ValueError) as e:
             raise ValueError(str(e)) from None
     return out
-
-
-def stacks(plan: "ComparePlan", distributed: bool) -> bool:
-    """Whether the comparison trains its models as stacks (:func:`difftx.compare.run.stack_size` says
-    how many together): in one process, when ``stack`` asks for K > 1, or by default (``stack=0``) on a
-    CPU. Then every model, a stack's only one included, trains through the stacked path: a model's
-    arithmetic does not depend on how many others share its stack, so shards that stack the models
-    otherwise give the same models as one invocation (``benchmarks/shard_equality.py``)."""
-    from ..training.distributed import resolve_device
-
-    asked = plan.execution.stack
-    return not distributed and (asked > 1 or asked == 0 and resolve_device(plan.execution.device).type == "cpu")
 
 
 def check_schedule(preset: Any) -> Schedule:

@@ -48,8 +48,9 @@ from .evaluate import EVALS_DIR, evaluate_model, read_eval
 from .folder import (COMPARE_FILE, EXECUTION_FIELDS, NOT_TRAINING_FIELDS, RECORDING_FIELDS, REMOVED_FIELDS,
                      TRAIN_RUN_FILES, _check_folder, _record_folder, check_owned, check_reuse, kinds_code,
                      tasks_code, text_identity, training_request)
-from .jobs import _rank, align_stack, job_lock, parse_shard, plan_jobs, plan_models, shard_jobs
-from .plan import ComparePlan, resolve, stacks
+from .jobs import (MAX_STACK, _rank, align_stack, check_fits, job_lock, parse_shard, plan_jobs, plan_models, shard_jobs,
+                   stack_size)
+from .plan import ComparePlan, resolve
 from .presets import ComparePreset, get_preset
 from .results import add_comparisons, collect_results, earlier_looks, execution, versions
 from .schema import CompareResult
@@ -119,59 +120,6 @@ def _evaluate_missing(plan: ComparePlan, f: Path, progress: bool, position: int)
         on_main(lambda: evaluate_model(f, plan.tasks, device=plan.execution.device, progress=progress,
                                        only=tuple(missing), position=position))
     return missing
-
-
-MAX_STACK = 16  # the largest automatic stack (see stack_size)
-
-
-def stack_size(plan: ComparePlan, seeds: int, workers: int, distributed: bool) -> int:
-    """How many seeds of one arm train as one stacked model. ``plan.execution.stack``: 1 none, K at
-    most K, 0 automatic: on a CPU, each worker process holds one stack (an arm's seeds spread evenly
-    over ``workers // arms`` processes), at most :data:`MAX_STACK` (the benchmark gains no more past
-    5-10) and as many as fit in a quarter of the memory per worker (:func:`_model_bytes`); on a GPU
-    none (its presets train in bfloat16, which a stack does not). Never under torchrun (data
-    parallel, one model at a time)."""
-    asked = plan.execution.stack
-    if not stacks(plan, distributed) or seeds <= 1:
-        return 1
-    if asked > 1:
-        return asked
-    per_arm = max(1, workers // len(plan.arms))
-    fits = max(1, int(_memory_bytes() / 4 / workers // max(_model_bytes(plan), 1)))  # a quarter of the memory
-    return max(1, min(MAX_STACK, -(-seeds // per_arm), fits))
-
-
-def _model_bytes(plan: ComparePlan) -> int:
-    """A generous estimate of one model's training memory in a stack: weights, gradients and two AdamW
-    moments (16 bytes a parameter) and float32 activations (about 24 tensors of ``dim`` per token and
-    layer, 4 attention maps per head), for the largest arm."""
-    from ..training.memory import training_bytes
-
-    return max(training_bytes(cfg, plan.mixture.batch_size, cfg.max_seq_len) for cfg in plan.arms.values())
-
-
-def check_fits(plan: ComparePlan, memory: int) -> None:
-    """Refuse (one line naming the sizes and the estimate) a comparison one of whose models alone would not fit in
-    ``memory`` bytes while it trains (:func:`_model_bytes`, a generous estimate): it would be killed by the kernel
-    partway, with nothing said. Checked before anything is written."""
-    need = _model_bytes(plan)
-    if need <= memory:
-        return
-    cfg = max(plan.arms.values(), key=lambda c: c.vocab_size * c.dim + c.n_layers * c.dim ** 2)
-    ids = plan.space
-    needle, recall = ids.block("needle"), ids.block("recall")
-    parts = [f"{name} {n:,}" for name, n in (("needle", needle.vocab_size if needle else 0),
-                                             ("recall (recall_vocab)", recall.vocab_size if recall else 0)) if n]
-    raise ValueError(f"one model of this comparison would need about {need / 2**30:,.1f} GiB to train (vocabulary "
-                     f"{cfg.vocab_size:,} ids{': ' + ', '.join(parts) if parts else ''}; dim {cfg.dim}, n_layers "
-                     f"{cfg.n_layers}, batch_size {plan.mixture.batch_size} x {cfg.max_seq_len} tokens), more than "
-                     f"this machine's {memory / 2**30:,.1f} GiB: give smaller values")
-
-
-def _memory_bytes() -> int:
-    from ..training.memory import physical_bytes
-
-    return physical_bytes()
 
 
 def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int] = 1,
@@ -256,7 +204,7 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds: must be distinct, got {seed_list}")
     plan = resolve(p)  # once: every later step receives its part of the plan
-    check_fits(plan, _memory_bytes())
+    check_fits(plan)
     n_workers = plan.execution.workers if workers is None else workers
     if n_workers <= 0:
         raise ValueError(f"workers: must be positive, got {n_workers}")

@@ -27,7 +27,8 @@ from ..tasks.common import FROM_SOURCE, NO_NEEDLES, NO_NEEDLES_RECALL
 from ..tasks.subject import CompareTask, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
-from .plan import ComparePlan, Mixture, stacks
+from .jobs import stacks
+from .plan import ComparePlan, Mixture
 from .stream import CompareStream, lm_streams
 
 

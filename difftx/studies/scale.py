@@ -135,7 +135,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
     that trains recall without LM batches (:func:`recall_without_lm`) fits no loss: its sizes are a
     map of depth and width, taken in any order, and ``tokens_per_param`` (LM tokens) does not apply."""
     from ..compare.regime import non_embedding_parameters, regimes
-    from ..compare.run import _memory_bytes, check_fits
+    from ..compare.jobs import check_fits
     from ..compare.train import lm_tokens
 
     if len(sizes) < 2:
@@ -161,7 +161,7 @@ def plan_sizes(preset: str | ComparePreset, sizes: Sequence[str], *, tokens_per_
                                     description=f"size {name} of a scale sweep: dim {dim}, {layers} layers, {heads} "
                                                 f"DIFF heads; the {base.name} preset's other settings")
             plan = p.resolve()
-            check_fits(plan, _memory_bytes())  # every size before the first trains
+            check_fits(plan)  # every size before the first trains
         except ValueError as e:
             raise ValueError(f"size {name} ({dim}x{layers}x{heads}): {e}") from None
         params = {arm: non_embedding_parameters(cfg) for arm, cfg in plan.arms.items()}
