@@ -223,3 +223,10 @@ def test_scale_trains_arms_of_your_own_beside_its_lambda_arm(tmp_path):
                   probe_every=2, own_arms={"l03": {"model": {"lambda_init": 0.3}}})
     assert s["arms"] == ["baseline", "diff", "l03", "diff_lambda_0.8"] and list(s["gap"]) == [
         "diff", "l03", "diff_lambda_0.8"]
+
+
+@pytest.mark.parametrize("given", [{"primary": ("baseline", "diff")}, {"own_arms": {"x": {}}}])
+def test_a_comparison_from_a_source_refuses_a_pair_or_arms_of_its_own(tmp_path, given):
+    with pytest.raises(ValueError, match=r"a comparison from a source has two arms of its own, the source and its "
+                                         r"conversion \(its pair: converted vs source\)"):
+        get_preset("from-cpu", source=str(tmp_path / "src"), data=str(tmp_path / "t.txt"), **given)

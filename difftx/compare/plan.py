@@ -417,9 +417,10 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
     mixture = mixture_of(p)
     if p.data is None:
         raise preset_error("source", "a comparison from a source trains on your text: give it (--data TEXT)")
-    if tuple(p.arms) != type(p)().arms:
+    if tuple(p.arms) != type(p)().arms or tuple(p.primary) != type(p)().primary:
         raise preset_error("arms", f"a comparison from a source has two arms of its own, the source and its "
-                                   f"conversion; got {list(p.arms)}")
+                                   f"conversion (its pair: converted vs source); got arms {list(p.arms)}, primary "
+                                   f"{list(p.primary)}")
     own = [t.name for t in mixture.tasks if t.name not in BUILTIN_TRAINING and t.every(mixture)]
     if own:  # registered tasks take ids after the built-in ones, which a source's vocabulary does not have
         raise preset_error("source", f"a comparison from a source trains on LM and recall batches only; the "
