@@ -10,7 +10,7 @@ from ..io import atomic_write, dumps_strict, read_json
 from ..tasks.subject import TRAIN_RECORD, TrainRecord
 from .plan import ComparePlan
 from .presets import ComparePreset
-from .schema import FOLDER_VERSION, check_version, preset_record
+from .schema import FOLDER_VERSION, check_version, model_dotted, preset_record
 
 # preset fields a resume may change: how a comparison runs, not what it computes, and which arms it
 # trains (each arm's models live in their own folders)
@@ -69,18 +69,12 @@ def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) ->
         _check_text(meta, data.get("text"), text)
         old = preset_record({**ADDED_FIELDS, **{k: v for k, v in old.items()
                                                  if k not in REMOVED_FIELDS or v != REMOVED_FIELDS[k]}})
-        old, new = _model_dotted(old), _model_dotted(new)
+        old, new = model_dotted(old), model_dotted(new)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in EXECUTION_FIELDS
                          and k not in RECORDING_FIELDS)
         if changed:
             raise ValueError(f"{meta}: this folder holds a comparison with other settings (differs in {changed}); "
                              "use another --out to keep both")
-
-
-def _model_dotted(preset: dict) -> dict:
-    """``{"model": {"dim": 64}, ...}`` -> ``{"model.dim": 64, ...}``: a changed model field is named."""
-    return {**{k: v for k, v in preset.items() if k != "model"},
-            **{f"model.{k}": v for k, v in (preset.get("model") or {}).items()}}
 
 
 def _record_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:

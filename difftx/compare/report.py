@@ -15,7 +15,7 @@ from ..io import atomic_write, own_folder
 from ..tasks import TASKS
 from ..tasks.reporting import DIFFERENCE, ReportContext, decided_text, fmt, interval_text, table
 from .regime import regime_of, render_regime
-from .schema import CompareResult, results_json
+from .schema import CompareResult, model_dotted, results_json
 from .summary import NOT_MEASURED, adjusted_p_text, difference_text, short_verdict, verdict_rows
 
 
@@ -231,10 +231,7 @@ def _as_set(p: dict) -> str:
     base = PRESETS.get(p.get("name"))
     if base is None or p.get("description") != base.description:
         return ""
-    def flat(d: dict) -> dict:  # the model's fields as --set spells them: model.lambda_init
-        return {**{k: v for k, v in d.items() if k != "model"}, **{f"model.{k}": v for k, v in d["model"].items()}}
-
-    ref, p = flat(base.to_dict()), flat(p)
+    ref, p = model_dotted(base.to_dict()), model_dotted(p)  # model fields as --set spells them: model.dim
     changed = [k for k in {**ref, **p} if k not in ("name", "description", "tasks") and p.get(k) != ref.get(k)]
     if not changed:
         return ""

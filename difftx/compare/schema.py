@@ -81,6 +81,13 @@ def preset_record(preset: dict) -> dict:
     return {**out, "model": model, "primary": list(OLD_PAIR)}
 
 
+def model_dotted(preset: dict) -> dict:
+    """A preset record with its model's fields as ``--set`` spells them: ``{"model": {"dim": 64}}`` ->
+    ``{"model.dim": 64}`` (so that a changed model field is named)."""
+    return {**{k: v for k, v in preset.items() if k != "model"},
+            **{f"model.{k}": v for k, v in (preset.get("model") or {}).items()}}
+
+
 def read_results(path) -> "CompareResult":
     """A ``results.json`` of any version this difftx reads (:data:`READABLE_VERSIONS`), validated, as a
     :class:`CompareResult` (:func:`from_json`); a version 2 file's ``paired.p_value`` of a bounded metric is the
