@@ -29,7 +29,8 @@ def register(sub) -> None:
                    help="processes side by side (default: the preset's); on a CPU each trains one arm's seeds as one "
                         "stacked model (--set stack=1: every model alone)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a preset field, e.g. --set steps=500, a field of the DIFF arm's model, e.g. "
+                   help="override a preset field, e.g. --set steps=500 (a field of the schedule or the execution, "
+                        "also schedule.steps=500, execution.workers=2), a field of the DIFF arm's model, e.g. "
                         "--set model.lambda_init=0.3 (every arm derives from it; dim, n_layers, n_heads and init "
                         "also without model.), or a task setting, e.g. --set "
                         "tasks.needle.samples_per_cell=20 (repeatable; the grammar of `difftx train --set`: "
@@ -136,6 +137,7 @@ def take_arms(args: argparse.Namespace, overrides: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..compare import ComparePreset, run_compare  # lazy: torch; --help stays fast
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
+    from ..compare.presets import flat_parts  # lazy: torch; --help stays fast
     from ..studies.tune import parse_tune, run_tuned  # lazy: torch; --help stays fast
     from ..studies.tune_report import tune_summary  # lazy: torch; --help stays fast
 
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep and args.tune:
         raise ValueError("--sweep and --tune: choose one (--tune chooses each arm's value without selection bias)")
     tune = None if args.tune is None else parse_tune(args.tune)
-    overrides = parse_overrides(args.overrides)
+    overrides = flat_parts(parse_overrides(args.overrides))  # --set schedule.lr=... is --set lr=...
     known = {*ComparePreset.field_defaults(), "training"}
     bad = sorted(set(overrides) - known)
     if bad:
@@ -243,8 +245,11 @@ def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
+    part, _, name = field.partition(".")
+    field = name if part in ("schedule", "execution") and name else field  # schedule.lr is lr
     if field.startswith("model.") and field[len("model."):] not in model_fields() or not field.startswith(
-            "model.") and (field not in ComparePreset.field_defaults() or field in ("tasks", "name", "model")):
+            "model.") and (field not in ComparePreset.field_defaults() or field in ("tasks", "name", "model",
+                                                                                   "schedule", "execution")):
         raise ValueError(f"--sweep {args.sweep!r}: {field!r} is not a preset field that can be swept (a preset "
                          f"field such as lr, or model.FIELD for a field of the model: {', '.join(model_fields())})")
     values = [parse_value(v.strip()) for v in text.split(",") if v.strip()]

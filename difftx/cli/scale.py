@@ -70,14 +70,14 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare.presets import text_overrides  # lazy: torch; --help stays fast
+    from ..compare.presets import flat_parts, text_overrides  # lazy: torch; --help stays fast
     from ..compare.report import gap_text  # lazy: torch; --help stays fast
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
     from ..studies.scale import default_out, primary_pair, run_scale  # lazy: torch; --help stays fast
     from ..studies.tune import parse_tune  # lazy: torch; --help stays fast
 
     shard = None if args.shard is None else parse_shard(args.shard)
-    overrides = parse_overrides(args.overrides)
+    overrides = flat_parts(parse_overrides(args.overrides))  # --set schedule.lr=... is --set lr=...
     take_workers(args, overrides)
     if args.data is not None:  # LM on your text (text_overrides sets the mixture)
         overrides = text_overrides(overrides, args.data, args.tokenizer, args.heldout)

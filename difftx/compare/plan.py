@@ -50,6 +50,13 @@ class Curve:
     windows: int
 
 
+def curve_of(preset: Any, lm: bool = True) -> Curve:
+    """The held-out curve of ``preset`` (its schedule's ``curve_points`` and ``curve_windows``; no steps without
+    LM batches, ``lm`` false)."""
+    s = preset.schedule
+    return Curve(curve_steps(s["steps"], s["curve_points"]) if lm else (), s["curve_windows"])
+
+
 def curve_steps(total: int, points: int) -> tuple:
     """``points`` steps spaced geometrically from ~1% of ``total`` to ``total`` (rounded,
     duplicates dropped: fewer for a short run; ``()`` for ``points = 0``)."""
@@ -243,27 +250,38 @@ def task_settings(tasks: dict) -> dict:
 
 
 def check_schedule(preset: Any) -> Schedule:
-    """The optimisation schedule of ``preset``, checked by the trainer's own rules (a ``ValueError``
-    naming the field: ``lr=inf`` or ``weight_decay=-1`` is refused here, before anything is trained)."""
-    p = preset
-    if p.warmup_steps > p.steps:
-        raise preset_error("warmup_steps", f"{p.warmup_steps} must not exceed steps={p.steps}")
-    if not (p.lr > 0 and 0 <= p.min_lr <= p.lr):
-        raise preset_error("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {p.lr}, {p.min_lr}")
-    plan = Schedule(steps=p.steps, lr=p.lr, min_lr=p.min_lr, warmup_steps=p.warmup_steps,
-                    weight_decay=p.weight_decay, grad_clip=p.grad_clip, log_every=p.log_every,
-                    lambda_warmup=p.lambda_warmup)
+    """The optimisation schedule of ``preset`` (its ``schedule``), checked by the trainer's own rules (a
+    ``ValueError`` naming the field: ``lr=inf`` or ``weight_decay=-1`` is refused here, before anything is
+    trained)."""
+    s = preset.schedule
+    if s["warmup_steps"] > s["steps"]:
+        raise preset_error("warmup_steps", f"{s['warmup_steps']} must not exceed steps={s['steps']}")
+    if not (s["lr"] > 0 and 0 <= s["min_lr"] <= s["lr"]):
+        raise preset_error("lr/min_lr", f"need lr > 0 and 0 <= min_lr <= lr, got {s['lr']}, {s['min_lr']}")
+    plan = Schedule(**{f.name: s[f.name] for f in dataclasses.fields(Schedule)})
     try:  # every rule TrainConfig has for these fields (finite numbers, ...), on a stand-in model
         plan.train_config(model=ModelConfig(vocab_size=8, dim=8, n_layers=1, n_heads=1, max_seq_len=8),
-                          batch_size=p.batch_size, seed=0, out_dir="unused")
+                          batch_size=s["batch_size"], seed=0, out_dir="unused")
     except ValueError as e:
         raise ValueError(str(e).replace('TrainConfig.', 'ComparePreset.')) from None
     return plan
 
 
+def execution_of(preset: Any) -> Execution:
+    """How the models of ``preset`` are run (its ``execution``)."""
+    return Execution(**preset.execution)
+
+
+def probes_of(preset: Any, mixture: Mixture, space: TaskSpace, grid: tuple) -> Probes:
+    """The probes of ``preset`` along training (its schedule's ``probe_every`` and ``probe_samples``; none
+    where no task of ``mixture`` with batches in ``space`` probes)."""
+    s = preset.schedule
+    return Probes(every=s["probe_every"] if probed(mixture, space) else 0, samples=s["probe_samples"], grid=grid)
+
+
 def mixture_of(preset: Any) -> Mixture:
     """The batch mixture of ``preset``."""
-    return Mixture(batch_size=preset.batch_size, settings=preset.training_settings())
+    return Mixture(batch_size=preset.schedule["batch_size"], settings=preset.training_settings())
 
 
 def mixture_task(mixture: Mixture, name: str) -> TrainingTask:
@@ -392,13 +410,8 @@ def resolve(preset: Any) -> ComparePlan:
         arms={a: own_arm_config(diff, a, own[a]) if a in own else arm_config(diff, a) for a in preset.arms},
         descriptions={a: own_arm_description(own[a]) for a in preset.arms if a in own},
         schedule=check_schedule(preset),
-        mixture=mixture,
-        probes=Probes(every=preset.probe_every if probed(mixture, space) else 0, samples=preset.probe_samples,
-                      grid=grid),
-        tasks=tasks, execution=Execution(threads=preset.threads, workers=preset.workers, device=preset.device,
-                                                stack=preset.stack),
-        curve=Curve(curve_steps(preset.steps, preset.curve_points) if lm else (), preset.curve_windows), text=text,
-        primary=tuple(preset.primary))
+        mixture=mixture, probes=probes_of(preset, mixture, space, grid), tasks=tasks, execution=execution_of(preset),
+        curve=curve_of(preset, lm), text=text, primary=tuple(preset.primary))
 
 
 def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: Optional[ICLBlock],
@@ -460,8 +473,5 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
     return ComparePlan(
         name=p.name, space=space, arms=source_arms(config, p.convert_method, p.convert_lambda_init),
         schedule=check_schedule(p),
-        mixture=mixture, probes=Probes(every=p.probe_every if probed(mixture, space) else 0, samples=p.probe_samples,
-                                       grid=tasks["needle"].grid),
-        tasks=tasks, execution=Execution(threads=p.threads, workers=p.workers, device=p.device, stack=p.stack),
-        curve=Curve(curve_steps(p.steps, p.curve_points), p.curve_windows), text=text, source=source,
-        primary=FROM_PRIMARY)
+        mixture=mixture, probes=probes_of(p, mixture, space, tasks["needle"].grid), tasks=tasks,
+        execution=execution_of(p), curve=curve_of(p), text=text, source=source, primary=FROM_PRIMARY)

@@ -21,6 +21,27 @@ MAX_PROBES = 100_000  # probes (or held-out curve points) along one model's trai
 # differential heads n_heads (the baseline: 2x as many standard heads of the same width d), init "normal" N(0, 0.02)
 MODEL_DEFAULTS = {"dim": 64, "n_layers": 2, "n_heads": 2, "init": "normal"}
 PLAN_MODEL_FIELDS = ("vocab_size", "max_seq_len", "attention")  # the plan's: the tasks' vocabulary and lengths, the arm
+# a preset's schedule (how and when along training: optimizer, learning-rate schedule, log records, probes, held-out
+# curve) and its execution (how it runs, not what it computes), each field with its default and also spelled flat
+# (lr=1e-3, --set lr=1e-3, preset.lr) as schedule.lr; written flat (to_dict)
+SCHEDULE_DEFAULTS = {
+    "steps": 1500, "batch_size": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "lambda_warmup": 0,  # differential arms: lambda ramped linearly from 0 to the model's own over this many steps
+    "log_every": 25,
+    # retrieval during training: every probe_every steps (0: no probes), needle accuracy on probe_samples fixed
+    # prompts per grid cell (depth 50%) and recall accuracy on probe_samples fixed examples
+    "probe_every": 0, "probe_samples": 10,
+    # held-out loss along training: at curve_points log-spaced steps (0: no curve), on curve_windows fixed windows
+    "curve_points": 10, "curve_windows": 8}
+EXECUTION_DEFAULTS = {
+    "threads": None,  # torch threads per process (None: leave as is)
+    "workers": 1,  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
+    "stack": 0,  # seeds of one arm trained together as one stacked model in a process (0: auto, 1: never, K: at most K)
+    "device": "auto"}  # auto, cpu or cuda
+# the parts whose fields a preset also takes, reads and --set spells flat: {part: its flat-spelled fields}
+FLAT_PARTS = {"model": tuple(MODEL_DEFAULTS), "schedule": tuple(SCHEDULE_DEFAULTS),
+              "execution": tuple(EXECUTION_DEFAULTS)}
 
 
 def training_spelling() -> dict:
@@ -56,6 +77,77 @@ def check_model(model: dict) -> dict:
     except ValueError as e:
         raise ValueError(str(e).replace("ModelConfig.", "ComparePreset.model.")) from None
     return {k: v for k, v in model.items() if k in MODEL_DEFAULTS or v != fields[k]}
+
+
+def _unknown(part: str, given: dict, known) -> None:
+    """Refuse the keys of a preset's ``part`` that are not among ``known``, naming the known ones."""
+    if not isinstance(given, dict):
+        raise preset_error(part, f"must be a mapping {{field: value}} of {', '.join(known)}, got {given!r}")
+    unknown = sorted(str(k) for k in given if k not in known)
+    if unknown:
+        raise preset_error(part, f"unknown field(s) {unknown}; known: {', '.join(known)}")
+
+
+def _whole(name: str, v, low: int = 1) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise preset_error(name, f"must be a {'positive' if low else 'non-negative'} integer, got {v!r}")
+
+
+def check_schedule_fields(schedule: dict) -> dict:
+    """A preset's ``schedule`` (:data:`SCHEDULE_DEFAULTS` where not given), each field checked on its own, an error
+    naming it (``ComparePreset.lr``); the rules that tie them together are
+    :func:`difftx.compare.plan.check_schedule`'s. Every field is kept (equal presets are equal)."""
+    _unknown("schedule", schedule, SCHEDULE_DEFAULTS)
+    s = {**SCHEDULE_DEFAULTS, **schedule}
+    for name in ("steps", "batch_size", "log_every", "probe_samples", "curve_windows"):
+        _whole(name, s[name])
+    for name in ("warmup_steps", "probe_every", "curve_points", "lambda_warmup"):
+        _whole(name, s[name], 0)
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        v = s[name]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise preset_error(name, f"must be a finite number, got {v!r}")
+    # every structure built from a step count (probe schedules, curve points) is sized here, before it is built
+    if s["steps"] > MAX_STEPS:
+        raise preset_error("steps", f"{s['steps']:,} is more than a comparison can train (at most {MAX_STEPS:,})")
+    if s["probe_every"] and s["steps"] // s["probe_every"] > MAX_PROBES:
+        raise preset_error("probe_every", f"{s['probe_every']} probes {s['steps'] // s['probe_every']:,} times in "
+                                          f"{s['steps']:,} steps, more than {MAX_PROBES:,}: raise probe_every")
+    if s["curve_points"] > MAX_PROBES:
+        raise preset_error("curve_points", f"{s['curve_points']:,} is more than {MAX_PROBES:,}")
+    return s
+
+
+def check_execution(execution: dict) -> dict:
+    """A preset's ``execution`` (:data:`EXECUTION_DEFAULTS` where not given), each field checked, an error naming
+    it (``ComparePreset.workers``). Every field is kept (equal presets are equal)."""
+    _unknown("execution", execution, EXECUTION_DEFAULTS)
+    e = {**EXECUTION_DEFAULTS, **execution}
+    _whole("workers", e["workers"])
+    _whole("stack", e["stack"], 0)
+    if e["threads"] is not None and (not isinstance(e["threads"], int) or isinstance(e["threads"], bool)
+                                     or e["threads"] <= 0):
+        raise preset_error("threads", f"must be a positive integer or None, got {e['threads']!r}")
+    if e["device"] not in ("auto", "cpu", "cuda"):
+        raise preset_error("device", f"must be auto, cpu or cuda, got {e['device']!r}")
+    return e
+
+
+def flat_parts(overrides: dict) -> dict:
+    """``overrides`` with the fields given in ``schedule`` and ``execution`` (``--set schedule.lr=1e-3``) spelled
+    flat (``lr``), as the commands read them (``--set workers`` is ``--workers``, ``--sweep lr`` brings ``min_lr``
+    along); a field given both ways is refused."""
+    out = dict(overrides)
+    for part in ("schedule", "execution"):
+        if part not in out:
+            continue
+        given = out.pop(part)
+        _unknown(part, given, FLAT_PARTS[part])
+        both = sorted(set(given) & set(out))
+        if both:
+            raise ValueError(f"--set {part}.{both[0]} and --set {both[0]}: give it in one place")
+        out.update(given)
+    return out
 
 
 OWN_ARM_KEYS = ("from", "model", "description")  # what an arm of your own says (ComparePreset.own_arms)
@@ -118,6 +210,10 @@ class ComparePreset:
 
     ``model`` is the DIFF arm's model (:class:`~difftx.config.ModelConfig` fields, validated by ModelConfig; ``dim``,
     ``n_layers``, ``n_heads`` and ``init`` also spelled flat: ``preset.dim``); every arm is derived from it.
+    ``schedule`` says how and when along training (:data:`SCHEDULE_DEFAULTS`: steps, batch, learning-rate schedule,
+    log records, probes, held-out curve) and ``execution`` how it runs (:data:`EXECUTION_DEFAULTS`: threads, workers,
+    stack, device); each of their fields is also spelled flat (``ComparePreset(lr=1e-3)``, ``preset.lr``, ``--set
+    lr=1e-3`` or ``--set schedule.lr=1e-3``), and :meth:`to_dict` writes them flat.
     ``primary`` is the pair a verdict answers first.
 
     Construction checks each field on its own; :func:`difftx.compare.plan.resolve` checks the rest
@@ -140,27 +236,10 @@ class ComparePreset:
     own_arms: dict = field(default_factory=dict)
     # -- the training tasks' settings given ({task name: {setting: value}}; the rest: their defaults) --
     training: dict = field(default_factory=dict)
-    # -- training --------------------------------------------------------------------------------
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    # differential arms: lambda ramped linearly from 0 to the model's own over this many steps (0: none)
-    lambda_warmup: int = 0
-    log_every: int = 25
-    # retrieval during training: every probe_every steps, needle accuracy on probe_samples fixed prompts
-    # per grid cell (depth 50%) and recall accuracy on probe_samples fixed examples; shows when each model learns
-    # the task (0: no probes)
-    probe_every: int = 0
-    probe_samples: int = 10
-    threads: int | None = None  # torch threads per process (None: leave as is)
-    workers: int = 1  # models trained in parallel processes (2 on a 2-core CPU: one thread each)
-    # seeds of one arm trained together as one stacked model in a process (0: auto, 1: never, K: at most K)
-    stack: int = 0
-    device: str = "auto"
+    # -- how and when along training (SCHEDULE_DEFAULTS where not given; each field also spelled flat: lr=1e-3) --
+    schedule: dict = field(default_factory=dict)
+    # -- how it runs, not what it computes (EXECUTION_DEFAULTS where not given; also flat: workers=2) -------------
+    execution: dict = field(default_factory=dict)
     # -- your own text (difftx compare --data): LM batches of this corpus instead of Shakespeare bytes --
     data: str | None = None  # what `difftx train --data` takes: a text file, a folder, a JSONL file
     tokenizer: str | None = None  # "byte" (None: byte) or a tokenizer.json / folder
@@ -169,9 +248,6 @@ class ComparePreset:
     source: str | None = None  # a difftx 'standard' model / run folder or a transformers Llama folder
     convert_method: str = "mirror"  # the conversion's method (difftx convert --method)
     convert_lambda_init: float = 0.0  # the converted arm's lambda offset (difftx convert --lambda-init)
-    # -- held-out loss along training: at curve_points log-spaced steps, on curve_windows fixed windows --
-    curve_points: int = 10  # 0: no curve
-    curve_windows: int = 8
     # -- evaluation: per-task settings overrides ({task name: {field: value}}, see difftx.tasks) -----
     tasks: dict = field(default_factory=dict)
 
@@ -186,10 +262,13 @@ class ComparePreset:
         for name in [k for k in given if k in spelled]:
             task, setting = spelled[name]
             training.setdefault(task, {})[setting] = given.pop(name)
-        model = given.pop("model", None) or {}
-        if not isinstance(model, dict):
-            raise preset_error("model", f"must be a mapping {{ModelConfig field: value}}, got {model!r}")
-        model = {**MODEL_DEFAULTS, **model, **{k: given.pop(k) for k in MODEL_DEFAULTS if k in given}}
+        parts = {}  # model, schedule, execution: each given as a mapping and by its fields' flat spellings (these win)
+        for part, flat in FLAT_PARTS.items():
+            vals = given.pop(part, None) or {}
+            if not isinstance(vals, dict):
+                raise preset_error(part, f"must be a mapping {{field: value}}, got {vals!r}")
+            parts[part] = {**(MODEL_DEFAULTS if part == "model" else {}), **vals,
+                           **{k: given.pop(k) for k in flat if k in given}}
         fields = {f.name: f for f in dataclasses.fields(self)}
         unknown = sorted(set(given) - set(fields))
         if unknown:
@@ -198,14 +277,16 @@ class ComparePreset:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             object.__setattr__(self, name, given.get(name, default))
         object.__setattr__(self, "training", training)
-        object.__setattr__(self, "model", model)
+        for part, vals in parts.items():
+            object.__setattr__(self, part, vals)
         self.__post_init__()
 
     def __getattr__(self, name: str):
-        # a model field by its flat spelling (preset.dim) and a training task's setting by its preset spelling
-        # (preset.lm_every); only called for names not found
-        if name in MODEL_DEFAULTS and "model" in self.__dict__:
-            return self.__dict__["model"][name]
+        # a field of the model, the schedule or the execution by its flat spelling (preset.dim, preset.lr) and a
+        # training task's setting by its preset spelling (preset.lm_every); only called for names not found
+        for part, flat in FLAT_PARTS.items():
+            if name in flat and part in self.__dict__:
+                return self.__dict__[part][name]
         spelled = training_spelling()
         if name in spelled and "training" in self.__dict__:
             task, setting = spelled[name]
@@ -237,29 +318,8 @@ class ComparePreset:
                 normal[name] = given
         object.__setattr__(self, "training", normal)
         object.__setattr__(self, "model", check_model(self.model))
-        for name in ("steps", "batch_size", "log_every", "workers", "probe_samples",
-                     "curve_windows"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise preset_error(name, f"must be a positive integer, got {v!r}")
-        for name in ("warmup_steps", "probe_every", "curve_points", "stack", "lambda_warmup"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise preset_error(name, f"must be a non-negative integer, got {v!r}")
-        for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                raise preset_error(name, f"must be a finite number, got {v!r}")
-        # every structure built from a step count (probe schedules, curve points) is sized here, before it is built
-        if self.steps > MAX_STEPS:
-            raise preset_error("steps", f"{self.steps:,} is more than a comparison can train (at most {MAX_STEPS:,})")
-        if self.probe_every and self.steps // self.probe_every > MAX_PROBES:
-            raise preset_error("probe_every", f"{self.probe_every} probes {self.steps // self.probe_every:,} times in "
-                                              f"{self.steps:,} steps, more than {MAX_PROBES:,}: raise probe_every")
-        if self.curve_points > MAX_PROBES:
-            raise preset_error("curve_points", f"{self.curve_points:,} is more than {MAX_PROBES:,}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads <= 0):
-            raise preset_error("threads", f"must be a positive integer or None, got {self.threads!r}")
+        object.__setattr__(self, "schedule", check_schedule_fields(self.schedule))
+        object.__setattr__(self, "execution", check_execution(self.execution))
         for name in ("data", "tokenizer", "heldout", "source"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
@@ -309,18 +369,21 @@ class ComparePreset:
 
     @classmethod
     def field_defaults(cls) -> dict:
-        """``{field: default}`` of every field a preset is given and written with: its own (``training`` aside) and
-        each training task's setting by its spelling (``lm_every``)."""
+        """``{field: default}`` of every field a preset is given: its own (``training`` aside), the fields of its
+        model, schedule and execution by their flat spellings (``dim``, ``lr``, ``workers``) and each training task's
+        setting by its spelling (``lm_every``)."""
         own = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
                for f in dataclasses.fields(cls) if f.name != "training"}
         settings = {spelled: getattr(TRAINING_TASKS[task].Settings, name)
                     for spelled, (task, name) in training_spelling().items()}
-        return {**own, **MODEL_DEFAULTS, **settings}
+        return {**own, **MODEL_DEFAULTS, **SCHEDULE_DEFAULTS, **EXECUTION_DEFAULTS, **settings}
 
     def with_overrides(self, **overrides) -> ComparePreset:
         """This preset with field overrides; ``tasks`` and ``training`` overrides merge into the preset's per-task
-        settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings), ``model``
-        overrides into its model (``model={"lambda_init": 0.3}``, or ``dim=128`` by its flat spelling)."""
+        settings (``tasks={"needle": {"samples_per_cell": 20}}`` keeps the needle's other settings), ``model``,
+        ``schedule`` and ``execution`` overrides into its model, schedule and execution (``model={"lambda_init":
+        0.3}``, ``schedule={"lr": 1e-3}``, or ``dim=128``, ``lr=1e-3`` by their flat spellings), and an arm of your
+        own into the preset's arm of that name (its ``model`` changes merged)."""
         known = {*self.field_defaults(), "training"}
         unknown = sorted(set(overrides) - known)
         if unknown:
@@ -336,25 +399,33 @@ class ComparePreset:
             for name, vals in given.items():
                 if not isinstance(vals, dict):
                     raise preset_error(f"{part}.{name}", f"must be a mapping ({shape}), got {vals!r}")
-                merged.setdefault(name, {}).update(vals)
+                arm = merged.setdefault(name, {})
+                if part == "own_arms" and isinstance(vals.get("model"), dict):  # an arm's model changes merge too
+                    vals = {**vals, "model": {**(arm.get("model") or {}), **vals["model"]}}
+                arm.update(vals)
             overrides = {**overrides, part: merged}
         if "own_arms" in overrides and "arms" not in overrides:  # arms of your own given here are trained too
             overrides["arms"] = tuple(dict.fromkeys([*self.arms, *overrides["own_arms"]]))
-        model = overrides.pop("model", {})
-        if not isinstance(model, dict):
-            raise preset_error("model", f"must be a mapping {{ModelConfig field: value}}, got {model!r}")
-        overrides["model"] = {**self.model, **model, **{k: overrides.pop(k) for k in MODEL_DEFAULTS if k in overrides}}
+        for part, flat in FLAT_PARTS.items():
+            vals = overrides.pop(part, {})
+            if not isinstance(vals, dict):
+                raise preset_error(part, f"must be a mapping {{field: value}}, got {vals!r}")
+            overrides[part] = {**getattr(self, part), **vals, **{k: overrides.pop(k) for k in flat if k in overrides}}
         preset = self.replace(**overrides)
         resolve(preset)  # the rules that tie fields together
         return preset
 
     def to_dict(self) -> dict:
         """JSON-ready (tuples become lists), each training task's settings by their spellings in the place of
-        ``training``; :meth:`from_dict` reads it back."""
+        ``training``, and the schedule's and the execution's fields flat (``lr``, ``workers``);
+        :meth:`from_dict` reads it back."""
         import json
 
         out = {}
         for f in dataclasses.fields(self):
+            if f.name in ("schedule", "execution"):
+                out.update(getattr(self, f.name))
+                continue
             if f.name != "training":
                 out[f.name] = getattr(self, f.name)
                 continue
@@ -385,6 +456,7 @@ def text_overrides(overrides: dict, data: str, tokenizer: str | None = None, hel
     or of the corpus's validation split (``tasks.lm.windows = 0`` unless given). LM only (every
     step an LM batch: no needle or ICL batches, no needle probes), unless ``synthetic``: then the
     preset's mixture is kept (and may be overridden), the text in place of Shakespeare bytes."""
+    overrides = flat_parts(overrides)  # schedule={"probe_every": ...} is probe_every
     if not synthetic:
         given = sorted(set(MIXTURE_FIELDS) & set(overrides))
         if given:
