@@ -21,6 +21,9 @@ from typing import Optional, Sequence
 import torch
 
 from .attention import BACKENDS, DiffAttention, StandardAttention
+from .config import PRIMARY
+
+DIFF, BASELINE = PRIMARY  # the two models a row names: "baseline/sdpa", "diff/<backend>"
 
 
 @dataclass
@@ -108,8 +111,8 @@ def bench_attention(seq_lens: Sequence[int] = (256, 512, 1024), dim: int = 512, 
     torch.manual_seed(0)
     diff = DiffAttention(dim, n_heads, layer_idx, n_kv_heads).to(dev, dtype)
     base = StandardAttention(dim, 2 * n_heads, None if n_kv_heads is None else 2 * n_kv_heads).to(dev, dtype)
-    candidates = ([(f"baseline/{b}", base, b) for b in baselines]
-                  + [(f"diff/{b}", diff, b) for b in backends])
+    candidates = ([(f"{BASELINE}/{b}", base, b) for b in baselines]
+                  + [(f"{DIFF}/{b}", diff, b) for b in backends])
     rows: list[BenchRow] = []
     for T in seq_lens:
         x = torch.randn(batch, T, dim, device=dev, dtype=dtype, requires_grad=True)
@@ -167,7 +170,7 @@ def _runnable(calls: dict, quiet: bool = False) -> dict:
         try:
             call()
         except Exception as e:  # noqa: BLE001  (reported, then the candidate is left out)
-            if name.startswith("baseline"):
+            if name.startswith(BASELINE):
                 raise
             first = (str(e).strip().splitlines() or [""])[0][:200]
             if not quiet:
@@ -210,8 +213,8 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
     cfg = ModelConfig(vocab_size=256, dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       attention="diff", max_seq_len=max(seq_lens) + 1)
     torch.manual_seed(0)
-    models = {"diff": Transformer(cfg).to(dev, dtype).eval(),
-              "baseline": Transformer(baseline_config(cfg)).to(dev, dtype).eval()}
+    models = {DIFF: Transformer(cfg).to(dev, dtype).eval(),
+              BASELINE: Transformer(baseline_config(cfg)).to(dev, dtype).eval()}
 
     def static_ok(backend: str) -> bool:
         try:
@@ -223,7 +226,7 @@ def bench_decode(seq_lens: Sequence[int] = (256, 1024, 4096), dim: int = 512, n_
     candidates = []  # (name, kind, backend, step)
     for step_kind in steps:
         suffix = "" if step_kind == "dynamic" else f" {step_kind}"
-        for kind, names in (("baseline", baselines), ("diff", backends)):
+        for kind, names in ((BASELINE, baselines), (DIFF, backends)):
             for b in names:
                 if step_kind == "dynamic" or static_ok(b):
                     candidates.append((f"{kind}/{b}{suffix}", kind, b, step_kind))

@@ -287,6 +287,14 @@ def attention_parameter_delta(config: ModelConfig) -> list[tuple[str, int, str]]
 
 # -- arms: the configurations a paired comparison can hold ------------------------------------------------
 
+# the pair a comparison answers first unless its preset names another: DIFF against its parameter-matched baseline;
+# every study reads an arm against the second (the reference arm)
+PRIMARY = ("diff", "baseline")
+ARM_LABELS = {"diff": "DIFF", "baseline": "baseline"}  # what reports call the built-in primary arms
+ARM_WORDS = {"diff": "DIFF", "baseline": "Transformer (baseline)"}  # and in a sentence
+# the arms that are the paper's two models (its tables' numbers are keyed by these names: DIFF, Transformer)
+PAPER_MODELS = {"diff": "DIFF", "baseline": "Transformer"}
+
 ARMS: dict[str, str] = {
     "baseline": "standard attention, 2H heads of width d (baseline_config): the parameter-matched baseline",
     "diff": "DIFF V1 as configured (paper defaults: depth-schedule lambda_init, per-head norm)",

@@ -59,7 +59,8 @@ def _preset_model(spec: str):
         print(f"compare preset {spec!r} (difftx compare --preset {spec}): {c.description}")
         print(json.dumps(c.to_dict(), indent=2))
         try:
-            cfg = c.resolve().arms["diff"]
+            plan = c.resolve()
+            cfg = plan.arms[plan.primary[0]]
         except (ValueError, OSError) as e:  # a preset that needs its source (--from) or a text
             print(f"its models depend on what the command is given: {e}")
             return None
@@ -145,7 +146,7 @@ def _delta_text(c) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import (  # lazy: torch; --help stays fast
-        ARM_SETS, arm_config, arm_names, attention_parameter_delta, baseline_config,
+        ARM_SETS, PRIMARY, arm_config, arm_names, attention_parameter_delta, baseline_config,
     )
 
     cfg = _load(args.config)
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if args.attention:
         # from a DIFF config, a kind that is a compare arm is shown as that arm is built (its heads of DIFF's query/key
         # width: the baseline's count for a one-map kind), so `info --attention K` and the compare arm K agree
-        arm = "baseline" if args.attention == "standard" else args.attention
+        arm = PRIMARY[1] if args.attention == "standard" else args.attention  # standard: the baseline arm
         cfg = (arm_config(cfg, arm) if cfg.attention == "diff" and arm in arm_names() else
                cfg.replace(attention=args.attention))
     cfg = _apply_overrides(cfg, args.overrides)
@@ -167,13 +168,14 @@ def run(args: argparse.Namespace) -> int:
         cfg = arm_config(cfg, args.arm)
     base = baseline_config(cfg)
     print(cfg.to_json())
-    counts = {}
-    for name, c in (("model", cfg), ("baseline", base)):
-        n = counts[name] = parameter_count(c)
+    counts = []
+    for name, c in (("model", cfg), (PRIMARY[1], base)):  # the model and its parameter-matched baseline
+        n = parameter_count(c)
+        counts.append(n)
         opts = _options(c)
         print(f"{name:9s} attention={c.attention:8s} heads={c.n_heads} kv_groups={c.kv_groups} "
               f"head_dim={c.head_dim} parameters={n:,}{' ' + opts if opts else ''}")
-    delta = counts["model"] - counts["baseline"]
+    delta = counts[0] - counts[1]
     print(f"model - baseline = {delta:+,} = {cfg.n_layers} layers x ({_delta_text(cfg)})")
     for what, n, formula in attention_parameter_delta(cfg):
         print(f"  per layer: {what}: {formula} = {n:,}")

@@ -8,10 +8,8 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..config import ARMS, ModelConfig
-
-PRIMARY = ("diff", "baseline")  # the primary pair of a comparison: DIFF against its parameter-matched baseline
-LABELS = {"diff": "DIFF", "baseline": "baseline"}  # what the report calls the built-in primary arms
+from ..config import ARM_LABELS as LABELS  # what the report calls the built-in primary arms
+from ..config import ARMS, PRIMARY, ModelConfig  # PRIMARY: the primary pair unless a preset names another
 
 
 @dataclass(frozen=True)

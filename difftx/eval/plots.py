@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from ..config import PRIMARY
 from ..io import atomic_write
 
 PathLike = str | os.PathLike
-_COLORS = {"diff": "tab:red", "baseline": "tab:blue", "transformer": "tab:blue", "standard": "tab:blue"}
+_COLORS = {PRIMARY[0]: "tab:red", PRIMARY[1]: "tab:blue", "transformer": "tab:blue", "standard": "tab:blue"}
 _ROLE_COLORS = {"bos": "tab:gray", "filler": "tab:blue", "needle": "tab:orange", "answer": "tab:red",
                 "query": "tab:green"}
 
@@ -381,7 +382,7 @@ def plot_token_efficiency(curves: Mapping[str, Sequence[tuple[Sequence[float], S
     return _save(fig, path)
 
 
-def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLike, *, reference: str = "baseline",
+def plot_gap_along_training(gaps: Mapping[str, Sequence[Mapping]], path: PathLike, *, reference: str = PRIMARY[1],
                             title: Optional[str] = None) -> Path:
     """The paired held-out loss gap against training tokens (log axis), per arm: every seed's
     difference faint, the mean bold, and shaded where it has one the 95% interval of the median seed

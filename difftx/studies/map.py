@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config import PRIMARY
 from ..overrides import dotted_items, value_text
 
+REFERENCE = PRIMARY[1]  # the arm every cell's other arms are read against (the spec's arms always hold it)
 MAP_SCHEMA = "difftx.map"
 MAP_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +139,7 @@ def _arms(where: str, got) -> tuple:
     unknown = [a for a in names if a not in arm_names()]
     if unknown or not names:
         raise SpecError(f"{where}: unknown arm(s) {unknown}; see `difftx info --arms` (sets: {', '.join(ARM_SETS)})")
-    return tuple(dict.fromkeys(["baseline", "diff", *names]))
+    return tuple(dict.fromkeys([*PRIMARY[::-1], *names]))
 
 
 def parse_spec(data, where: str = "map spec", base: Optional[Path] = None) -> MapSpec:
@@ -410,18 +412,18 @@ def read_cell(cell: Cell, folder: Path) -> dict:
     key, label = METRICS[cell.task]
     arms, vs = {}, {}
     for arm in res.arms:
-        c = None if arm == "baseline" else comparison(res, arm, key, "baseline")
+        c = None if arm == REFERENCE else comparison(res, arm, key, REFERENCE)
         vs_arm = None if c is None else _difference(c)
-        if arm != "baseline":
+        if arm != REFERENCE:
             vs[arm] = vs_arm
         learned, steps = _learned_steps(res, arm) if cell.task == "recall" else (None, None)
         arms[arm] = {**arm_axes(ModelConfig.from_dict(res.arms[arm].config)), "metric": None,
                      "learned": learned, "learned_of": None if learned is None else len(res.seeds),
                      "learned_steps": steps, "ratio_at_init": _ratio_at_init(res, arm)}
-    for arm in (a for a in res.arms if a != "baseline"):  # each arm's reading from its comparison with the baseline
-        c = comparison(res, arm, key, "baseline")
+    for arm in (a for a in res.arms if a != REFERENCE):  # each arm's reading from its comparison with the baseline
+        c = comparison(res, arm, key, REFERENCE)
         if c is not None:
-            for x in (arm, "baseline"):
+            for x in (arm, REFERENCE):
                 if arms[x]["metric"] is None:
                     arms[x]["metric"] = _arm_reading(c, x)
     found = next((c for c in vs.values() if c), None)
@@ -500,10 +502,10 @@ def classify(cell: dict, arm: str) -> str:
     lie on that side; the mean not established), :data:`NEITHER` (neither model learned the task in any seed, or the
     comparison was gated on it), :data:`NO_VERDICT`, or :data:`NOT_MEASURED` (no numbers for this arm)."""
     arms = cell.get("arms") or {}
-    if arm not in arms or "baseline" not in arms:
+    if arm not in arms or REFERENCE not in arms:
         return NOT_MEASURED
     c = (cell.get("vs_baseline") or {}).get(arm)
-    learned = [arms[x].get("learned") for x in (arm, "baseline")]
+    learned = [arms[x].get("learned") for x in (arm, REFERENCE)]
     if learned == [0, 0] or (c is not None and str(c.get("gated") or "").startswith("not learned by either")):
         return NEITHER
     if c is None:
@@ -519,7 +521,7 @@ def answers(m: dict) -> dict:
     """``{task: {arm: {category: [cell names]}}}`` over every non-baseline arm the spec asks for (:func:`classify`)."""
     out: dict = {}
     for cell in m["cells"]:
-        for arm in (a for a in cell["asked"]["arms"] if a != "baseline"):
+        for arm in (a for a in cell["asked"]["arms"] if a != REFERENCE):
             out.setdefault(cell["task"], {}).setdefault(arm, {}).setdefault(classify(cell, arm), []).append(
                 cell["name"])
     return out
@@ -620,7 +622,7 @@ def map_table(m: dict) -> str:
         first = True
         for arm, a in c["arms"].items():
             d = (c.get("vs_baseline") or {}).get(arm)
-            diff = ["", ""] if arm == "baseline" else ["-", NOT_MEASURED] if d is None else \
+            diff = ["", ""] if arm == REFERENCE else ["-", NOT_MEASURED] if d is None else \
                 [_difference_text(d), d.get("short_verdict", "-")]
             ratio = a.get("ratio_at_init")
             rows.append(f"| {_cell_text(c) if first else ''} | {arm} | {_per_layer(a.get('lambda_init'))} | "
@@ -685,7 +687,7 @@ def plot_map(path: Path, m: dict) -> Optional[str]:
     from matplotlib.patches import Patch, Rectangle
 
     cells = m["cells"]
-    arms = list(dict.fromkeys(a for c in cells for a in c["asked"]["arms"] if a != "baseline"))
+    arms = list(dict.fromkeys(a for c in cells for a in c["asked"]["arms"] if a != REFERENCE))
     if not cells or not arms:
         return None
     fig, ax = plt.subplots(figsize=(max(6.0, 1.9 * len(arms) + 2.5), 0.8 * len(cells) + 1.6))

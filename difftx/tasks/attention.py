@@ -19,8 +19,8 @@ from .common import EVAL_SEED, check_context, fitting_cells, no_needle_task
 from .reporting import ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 3; ranges over needle depths)",
-         "baseline": {"answer": "0.03-0.09", "noise": "0.49-0.54"},
-         "diff": {"answer": "0.27-0.40", "noise": "0.01-0.02"}}
+         "Transformer": {"answer": "0.03-0.09", "noise": "0.49-0.54"},
+         "DIFF": {"answer": "0.27-0.40", "noise": "0.01-0.02"}}
 VARIANTS_REPORTED = ("absolute", "signed")
 
 
@@ -137,8 +137,8 @@ class AttentionTask(Task):
             rows.append([ctx.name(a), fmt(c.get("accuracy"), 2)]
                         + [fmt(c["summary"][v][p]) for v in VARIANTS_REPORTED for p in ("answer", "noise")]
                         + [fmt(co.get("absolute", {}).get(p)) for p in ("answer", "noise")])
-        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", "-", PAPER[a]["answer"], PAPER[a]["noise"], "-", "-",
-                  "-", "-"] for a in ctx.arms if a in PAPER]  # the paper's DIFF and Transformer, where compared
+        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", "-", paper["answer"], paper["noise"], "-", "-",
+                  "-", "-"] for a, paper in ctx.paper_arms(PAPER)]  # the paper's DIFF and Transformer, where compared
         out.append(f"\nSeed {ctx.first}:\n")
         out.append(table(rows, ["model", "accuracy", "answer (abs)", "noise (abs)", "answer (signed)",
                                 "noise (signed)", "answer, correct only", "noise, correct only"]))

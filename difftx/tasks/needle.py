@@ -16,7 +16,7 @@ from .reporting import ReportContext, call, ci, fmt, pair, table
 from .subject import BlockKind, register_block
 
 PAPER = {"scale": "3B parameters, 4K context (paper section 3.4)", "grid": ["1/1", "2/2", "4/2", "6/2"],
-         "baseline": [1.00, 0.85, 0.62, 0.55], "diff": [1.00, 0.92, 0.84, 0.85]}
+         "Transformer": [1.00, 0.85, 0.62, 0.55], "DIFF": [1.00, 0.92, 0.84, 0.85]}
 OUTCOME_KINDS = ("distraction", "hallucination", "malformed")
 
 
@@ -102,9 +102,9 @@ class NeedleTask(Task):
         b, a = (ctx.short(x) for x in ctx.arms)
         rows.append([f"{a} - {b} (paired)"] + [pair(c, 2) if c else "-" for c in cs])
         rows.append(["verdict"] + [call(c, ctx.short) if c else "-" for c in cs])
-        for a in (a for a in ctx.arms if a in PAPER):  # the paper's DIFF and Transformer, where they are compared
+        for a, paper in ctx.paper_arms(PAPER):  # the paper's DIFF and Transformer, where they are compared
             rows.append([f"{ctx.name(a)}, paper ({PAPER['scale']})"]
-                        + [fmt(PAPER[a][PAPER["grid"].index(g)], 2) if g in PAPER["grid"] else "-" for g in grid])
+                        + [fmt(paper[PAPER["grid"].index(g)], 2) if g in PAPER["grid"] else "-" for g in grid])
         out.append(table(rows, ["model"] + [f"N={g.split('/')[0]}, R={g.split('/')[1]}" for g in grid]))
         first = ctx.comparison(keys[0])
         if first is None or first["gated"]:

@@ -12,8 +12,8 @@ from .common import probe_prompts, recall_prompts
 from .reporting import ReportContext, fmt, table
 
 PAPER = {"scale": "3B parameters (paper Table 5)",
-         "baseline": {"attention_logits": 318.0, "hidden_states": 3608.6},
-         "diff": {"attention_logits": 38.8, "hidden_states": 1688.2}}
+         "Transformer": {"attention_logits": 318.0, "hidden_states": 3608.6},
+         "DIFF": {"attention_logits": 38.8, "hidden_states": 1688.2}}
 QUANTITIES = ("attention_logits", "hidden_states")
 STATS = ("top1", "top2", "top3", "top10", "top100", "median", "top1_over_median")
 
@@ -72,8 +72,8 @@ class OutlierTask(Task):
         o0 = ctx.result(self.name)
         rows = [[ctx.name(a), q.replace("_", " ")] + [fmt(ctx.result(self.name, a)[q][x], 2) for x in STATS]
                 for a in ctx.arms for q in QUANTITIES]
-        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(PAPER[a][q], 1)] + ["-"] * 6
-                 for a in ctx.arms if a in PAPER for q in QUANTITIES]  # the paper's DIFF and Transformer, where compared
+        rows += [[f"{ctx.name(a)}, paper ({PAPER['scale']})", q.replace("_", " "), fmt(paper[q], 1)] + ["-"] * 6
+                 for a, paper in ctx.paper_arms(PAPER) for q in QUANTITIES]  # the paper's DIFF and Transformer, where compared
         return "\n".join([f"## {self.title}\n",
                           f"Over {o0['tokens']} tokens of {str(o0['source']).removeprefix('all of ')}"
                           + (f"; {ctx.two_maps()} logits include both softmax maps. " if ctx.two_maps() else ". ")

@@ -7,8 +7,10 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-NAMES = {"diff": "DIFF", "baseline": "Transformer (baseline)"}  # the built-in arms in words
-SHORT = {"diff": "DIFF", "baseline": "baseline"}  # and their labels
+from ..config import ARM_LABELS as SHORT  # the built-in primary arms' labels
+from ..config import ARM_WORDS as NAMES  # and in words
+from ..config import PAPER_MODELS
+
 # what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
 # median seed difference with the interval of the median (an unbounded one: "median ... [...]")
 DIFFERENCE = "mean [95%], or mean; median [95%]"
@@ -46,6 +48,12 @@ class ReportContext:
 
     def short(self, arm: str) -> str:
         return self.results.label(arm)
+
+    def paper_arms(self, numbers: dict) -> list[tuple[str, object]]:
+        """``(arm, the paper's numbers for it)`` for each shown arm that is one of the paper's two models
+        (:data:`~difftx.config.PAPER_MODELS`), where ``numbers`` (a task's table of the paper's values, keyed
+        ``DIFF`` and ``Transformer``) has them."""
+        return [(a, numbers[PAPER_MODELS[a]]) for a in self.arms if PAPER_MODELS.get(a) in numbers]
 
     def two_maps(self) -> str:
         """The labels of the primary pair's arms of attention kind ``diff`` (two softmax maps), joined by "and"."""
