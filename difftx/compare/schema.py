@@ -83,7 +83,8 @@ def preset_record(preset: dict) -> dict:
 
 def model_dotted(preset: dict) -> dict:
     """A preset record with its model's fields as ``--set`` spells them: ``{"model": {"dim": 64}}`` ->
-    ``{"model.dim": 64}`` (so that a changed model field is named)."""
+    ``{"model.dim": 64}`` (so that a changed model field is named). The schedule's and the execution's fields are
+    written flat in every version (``lr``, ``workers``), and named so."""
     return {**{k: v for k, v in preset.items() if k != "model"},
             **{f"model.{k}": v for k, v in (preset.get("model") or {}).items()}}
 
