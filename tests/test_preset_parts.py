@@ -100,3 +100,14 @@ def test_an_arm_of_your_own_given_again_merges_its_model():
     assert q.with_overrides(own_arms={"mine": {"from": "diff"}}).own_arms["mine"]["from"] == "diff"
     arm = q.resolve().arms["mine"]
     assert arm.n_kv_heads == 1 and arm.norm_eps == 1e-6 and arm.attention == "standard"
+
+
+def test_scale_takes_the_parts_at_every_size(capsys):
+    from difftx.cli import main
+    from difftx.studies.scale import plan_sizes
+
+    plans = plan_sizes("smoke", ["16x1x1", "32x1x1"], schedule={"steps": 6}, execution={"stack": 1})
+    assert [(p.preset.steps, p.preset.stack, p.preset.warmup_steps) for p in plans] == [(6, 1, 2)] * 2
+    assert main(["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--no-progress",
+                 "--set", "schedule.bogus=1"]) != 0
+    assert "ComparePreset.schedule: unknown field(s) ['bogus']" in capsys.readouterr().err
