@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import torch
 
 from .attention import BACKENDS, DiffAttention, StandardAttention
-from .config import PRIMARY
+from .arm_table import PRIMARY
 
 DIFF, BASELINE = PRIMARY  # the two models a row names: "baseline/sdpa", "diff/<backend>"
 

@@ -1,5 +1,5 @@
-"""The built-in arms' names are written in one place: the arm table (difftx/config.py's arms section) and the
-compare presets. Elsewhere the code reads them from there (``PRIMARY``, ``ARM_LABELS``, ``PAPER_MODELS``, ...);
+"""The built-in arms' names are written in one place: the arm table (difftx/arm_table.py, with the derivation of
+each arm's config in difftx/config.py's arms section) and the compare presets. Elsewhere the code reads them from there (``PRIMARY``, ``ARM_LABELS``, ``PAPER_MODELS``, ...);
 what is left is listed below, each with its reason. The attention kind ``"diff"`` (the registry's name of DIFF V1,
 which the ``diff`` arm happens to share) is another thing and is not counted."""
 
@@ -12,18 +12,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "difftx"
 NAMES = ("diff", "baseline")
-PRESETS = "compare/presets.py"
+TABLES = ("arm_table.py", "compare/presets.py")
 # every arm-name literal left outside the arm table and the presets: (file, text on its line) -> why it stays
 ALLOWED = {
     ("compare/schema.py", "OLD_PAIR = "): "the pair every results.json before the named primary pair compared first",
     ("cli/train.py", 'getattr(args, "baseline"'): "train's --baseline flag (argparse's attribute), not an arm",
-    ("eval/stats.py", 'names: tuple[str, str] = ("DIFF", "baseline")'):
-        "the statistics module's default words for its two samples (it imports no arm table: numpy only)",
 }
 
 
 def arm_table_lines() -> range:
-    """The lines of difftx/config.py's arms section (its ``# -- arms`` heading to the next top-level section)."""
+    """The lines of difftx/config.py's arms section (its ``# -- arms`` heading to the next top-level section): how
+    each arm's config is derived."""
     lines = (ROOT / "config.py").read_text().splitlines()
     start = next(i for i, s in enumerate(lines, 1) if s.startswith("# -- arms"))
     end = next(i for i, s in enumerate(lines, 1) if i > start and s.startswith(("PRESETS", "# --")))
@@ -57,14 +56,14 @@ def names_kind(file: str, text: str) -> bool:
 def arm_literals() -> list[tuple[str, int, str]]:
     table = arm_table_lines()
     return [(f, n, t) for f, n, t in literal_lines()
-            if f != PRESETS and not (f == "config.py" and n in table) and not names_kind(f, t)]
+            if f not in TABLES and not (f == "config.py" and n in table) and not names_kind(f, t)]
 
 
 def test_arm_names_live_in_the_arm_table():
     left = arm_literals()
     unexplained = [f"{f}:{n}: {t.strip()}" for f, n, t in left
                    if not any(f == af and at in t for af, at in ALLOWED)]
-    assert not unexplained, "arm names written outside the arm table (read them from difftx.config):\n" + \
+    assert not unexplained, "arm names written outside the arm table (read them from difftx.arm_table):\n" + \
         "\n".join(unexplained)
     assert len(left) <= 5
 
@@ -77,8 +76,7 @@ def test_every_allowed_literal_is_still_there():
 
 def test_the_scan_finds_a_literal_and_the_arm_table():
     found = {(f, t.strip()) for f, _, t in literal_lines()}
-    assert ("config.py", 'PRIMARY = ("diff", "baseline")') in found  # the scan sees the table itself
+    assert ("arm_table.py", 'PRIMARY = ("diff", "baseline")') in found  # the scan sees the table itself
     table = arm_table_lines()
     text = (ROOT / "config.py").read_text().splitlines()
-    assert any(text[i - 1].startswith("PRIMARY = ") for i in table)
-    assert any(text[i - 1].startswith("ARMS: ") for i in table)
+    assert any(text[i - 1].startswith("def arm_config(") for i in table)

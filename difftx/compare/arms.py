@@ -1,5 +1,5 @@
 """An arm of a comparison as one value: :class:`Arm` (name, model config, label, description and, for ``--from``,
-its source), built from the arm table (:data:`difftx.config.ARMS`), a registered attention kind or a source; and the
+its source), built from the arm table (:data:`difftx.arm_table.ARMS`), a registered attention kind or a source; and the
 pairs a comparison compares (:func:`pairs`), the primary one first."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..config import ARM_LABELS as LABELS  # what the report calls the built-in primary arms
-from ..config import ARMS, PRIMARY, ModelConfig  # PRIMARY: the primary pair unless a preset names another
+from ..arm_table import ARM_LABELS as LABELS  # what the report calls the built-in primary arms
+from ..arm_table import ARMS, PRIMARY  # PRIMARY: the primary pair unless a preset names another
+from ..config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ it into a :class:`ComparePlan`, and each later step receives only its part:
 - ``space`` (:class:`~difftx.tasks.subject.TaskSpace`): the shared vocabulary of the needle, LM,
   ICL and recall tasks;
 - ``arms``: the model config of every arm (``{"baseline": ..., "diff": ..., ...}``, see
-  :data:`difftx.config.ARMS`);
+  :data:`difftx.arm_table.ARMS`);
 - ``schedule`` (:class:`Schedule`): optimizer and learning-rate schedule, read by the trainer;
 - ``mixture`` (:class:`Mixture`): which kind of batch each optimizer step draws, read by the
   batch source (:class:`difftx.compare.stream.CompareStream`);

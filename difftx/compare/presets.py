@@ -223,7 +223,7 @@ class ComparePreset:
     name: str = "custom"
     description: str = ""
     # -- model (DIFF; the baseline is difftx.config.baseline_config of it) -------------------------
-    # the arms trained for every seed (names of difftx.config.ARMS or registered kinds; the primary pair among them)
+    # the arms trained for every seed (names of difftx.arm_table.ARMS or registered kinds; the primary pair among them)
     arms: tuple = ("baseline", "diff")
     # the DIFF arm's model: ModelConfig fields ({"dim": 64, "lambda_init": 0.3, ...}; MODEL_DEFAULTS where not given,
     # the plan gives vocab_size, max_seq_len and each arm's attention); every arm is derived from it (arm_config)

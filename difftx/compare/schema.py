@@ -296,7 +296,7 @@ def from_json(data: dict, where: str = "results.json") -> CompareResult:
     ``values``, ``means`` and ``cis``) and every other pair under ``arm_comparisons``; they are read as one pair
     each, DIFF vs baseline the primary one, and the arms' labels and descriptions from the arm table."""
     validate_results(data, where)
-    from ..config import ARMS
+    from ..arm_table import ARMS
     from .arms import LABELS, Arm  # the labels a version 2 or 3 file did not record
 
     arms = {name: Arm(name, a["config"], a["parameters"], a.get("label") or LABELS.get(name, name),

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from ..config import PRIMARY
+from ..arm_table import PRIMARY
 from ..io import atomic_write
 
 PathLike = str | os.PathLike

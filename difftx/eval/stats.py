@@ -101,6 +101,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..arm_table import ARM_LABELS, PRIMARY
+
+DEFAULT_NAMES = tuple(ARM_LABELS[a] for a in PRIMARY)  # a verdict's two samples unless named: DIFF - baseline
+
 # -- the Student t distribution (no SciPy) -------------------------------------------------------
 
 
@@ -1023,7 +1027,7 @@ def mean_side(mean: float, lower_is_better: bool) -> str:
 
 
 def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted_p: Optional[float] = None,
-            alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = ("DIFF", "baseline"),
+            alpha: float = 0.05, unit: str = "", digits: int = 3, names: tuple[str, str] = DEFAULT_NAMES,
             family_size: Optional[int] = None, power_seeds: Optional[int] = None, power_checked: bool = False,
             power_plan: Optional[PowerPlan] = None, mean_p: Optional[float] = None,
             mean_seeds: Optional[int] = None, mean_plan: Optional[PowerPlan] = None,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import PRIMARY
+from ..arm_table import PRIMARY
 from ..overrides import dotted_items, value_text
 
 REFERENCE = PRIMARY[1]  # the arm every cell's other arms are read against (the spec's arms always hold it)

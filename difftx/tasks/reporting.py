@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-from ..config import ARM_LABELS as SHORT  # the built-in primary arms' labels
-from ..config import ARM_WORDS as NAMES  # and in words
-from ..config import PAPER_MODELS
+from ..arm_table import ARM_LABELS as SHORT  # the built-in primary arms' labels
+from ..arm_table import ARM_WORDS as NAMES  # and in words
+from ..arm_table import PAPER_MODELS
 
 # what a difference column holds: the mean with the 95% interval of the mean (a bounded metric), or the mean and the
 # median seed difference with the interval of the median (an unbounded one: "median ... [...]")

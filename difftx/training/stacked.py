@@ -42,7 +42,7 @@ Pieces, each equal to what the one-model trainer does:
   :func:`optimizer_state_of` / :func:`load_optimizer_states`: one model's weights and AdamW state in
   the trainer's checkpoint format (parameter names as keys), and back.
 
-Supported: every attention kind, every option of :data:`difftx.config.ARMS`, tied embeddings, packed-document
+Supported: every attention kind, every option of :data:`difftx.arm_table.ARMS`, tied embeddings, packed-document
 masks (``doc_ids``), grad accumulation, float32 and float64 weights. Not supported: autocast / float16 /
 bfloat16 (refused), DDP / FSDP (one process holds the whole stack), KV caches (training only;
 :meth:`StackedTransformer.model` gives an ordinary model for probes and evaluation). The attention kernel is
