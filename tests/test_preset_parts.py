@@ -111,3 +111,12 @@ def test_scale_takes_the_parts_at_every_size(capsys):
     assert main(["scale", "--preset", "smoke", "--sizes", "16x1x1,32x1x1", "--no-progress",
                  "--set", "schedule.bogus=1"]) != 0
     assert "ComparePreset.schedule: unknown field(s) ['bogus']" in capsys.readouterr().err
+
+
+def test_tune_takes_a_schedule_field_by_either_spelling():
+    from difftx.studies.tune import parse_tune
+
+    assert parse_tune("schedule.lr=0.001,0.003") == parse_tune("lr=0.001,0.003") == ("lr", [0.001, 0.003])
+    assert parse_tune("schedule.warmup_steps=10,20") == ("warmup_steps", [10, 20])
+    with pytest.raises(ValueError, match="expected FIELD=V1,V2"):
+        parse_tune("execution.workers=1,2")  # how it runs is not a training field

@@ -49,8 +49,8 @@ def register(sub) -> None:
                         "lr=0.001,0.003,0.006 (lr brings min_lr along in proportion), each in --out/FIELD=VALUE/, "
                         "and --out/sweep.md: every arm's primary metrics per value and at its own best value")
     p.add_argument("--tune", default=None, metavar="FIELD=V1,V2,...",
-                   help="each arm at its own value of one training field, e.g. --tune lr=0.0015,0.003,0.006 or "
-                        "--tune init=normal,torch (the "
+                   help="each arm at its own value of one training field, e.g. --tune lr=0.0015,0.003,0.006 (also "
+                        "schedule.lr=...) or --tune init=normal,torch (the "
                         "preset's value is always added; lr brings min_lr along): every arm trains at every value "
                         "(--out/tune/FIELD=VALUE/; --out itself is the comparison at the preset's value), each seed's "
                         "value is chosen per arm from the other seeds' validation loss (first half of the validation "
