@@ -110,7 +110,11 @@ def test_dry_run_lists_each_cell_its_status_and_command(tmp_path, capsys):
     (tmp_path / "out" / "b").mkdir(parents=True)
     (tmp_path / "out" / "b" / "compare.json").write_text("{}")  # a compare folder begun
     assert main(["map", "--spec", str(spec), "--out", str(tmp_path / "out"), "--dry-run", "--seeds", "2"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    every = capsys.readouterr().out.splitlines()
+    notes = [x for x in every if x.startswith("  note: ")]
+    assert notes == [f"  note: {c}: 2 seeds cannot give a verdict among its 1 comparisons (2 arms): 6 seeds needed "
+                     "(seeds added to a folder already read count as a later look, which needs more)" for c in "ab"]
+    lines = [x for x in every if x not in notes]
     assert lines[0] == "a: missing (no compare folder): to train"
     assert lines[1].startswith("  difftx compare --preset smoke --seeds 2 --set steps=4 ") and \
         "--set recall_pairs=[2,3] --set tasks.recall.samples=4 " in lines[1] and lines[1].endswith(f"--out {tmp_path}/out/a")
@@ -303,3 +307,20 @@ def test_the_map_never_writes_over_its_spec(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     assert main(["map", "--spec", str(spec), "--out", str(tmp_path / "o"), "--no-train", "--record", str(spec)]) == 2
     assert "--record" in capsys.readouterr().err
+
+
+def test_a_cell_knows_the_seeds_a_verdict_among_its_arms_needs():
+    """Every verdict is Holm-adjusted over the compare's family of comparisons, and the exact sign-flip test's
+    smallest p is 2 / 2^n: 3 arms (3 comparisons) need 7 seeds, 4 arms (5) need 8; the shipped LM cells ask 8,
+    but the one measured at 7 seeds before the map knew it."""
+    spec = cmap.parse_spec(_with(cells=[{"name": "three", "axes": {}, "arms": ["baseline", "diff", "diff_lambda_0.8"],
+                                         "seeds": 7},
+                                        {"name": "four", "axes": {}, "seeds": 7,
+                                         "arms": ["baseline", "diff", "diff_lambda_0.8", "diff_out_0.2"]}]), "s")
+    three, four = spec.cells
+    assert three.verdict_seeds() == (3, 7) and three.seeds_warning() == ""
+    assert four.verdict_seeds() == (5, 8) and four.seeds_warning(8) == ""
+    assert four.seeds_warning().startswith("four: 7 seeds cannot give a verdict among its 5 comparisons (4 arms): 8 "
+                                           "seeds needed")
+    shipped = {c.name: c for c in cmap.load_spec().cells}
+    assert [n for n, c in shipped.items() if c.task == "lm" and c.seeds_warning()] == ["lm-torch-xl"]

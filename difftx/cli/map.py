@@ -35,7 +35,8 @@ def register(sub) -> None:
                         "seed, arm)) and writes no map; run once more without --shard to finish and write the map")
     p.add_argument("--dry-run", action="store_true",
                    help="list each cell (present, partial, missing; recorded), where its numbers come from and its "
-                        "compare command; train nothing")
+                        "compare command, with a note where a cell to train has too few seeds for any verdict among its arms' "
+                        "comparisons; train nothing")
     p.add_argument("--no-train", action="store_true",
                    help="write the map from the finished folders and recorded cells alone; train nothing")
     p.add_argument("--no-recorded", action="store_true",
