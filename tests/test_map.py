@@ -112,8 +112,9 @@ def test_dry_run_lists_each_cell_its_status_and_command(tmp_path, capsys):
     assert main(["map", "--spec", str(spec), "--out", str(tmp_path / "out"), "--dry-run", "--seeds", "2"]) == 0
     every = capsys.readouterr().out.splitlines()
     notes = [x for x in every if x.startswith("  note: ")]
-    assert notes == [f"  note: {c}: 2 seeds cannot give a verdict among its 1 comparisons (2 arms): 6 seeds needed "
-                     "(seeds added to a folder already read count as a later look, which needs more)" for c in "ab"]
+    assert notes == [f"  note: {c}: 2 seeds cannot give a verdict when all 1 comparisons of its 2 arms are made (fewer "
+                     "where neither arm learns): 6 seeds needed (seeds added to a folder already read count as a later "
+                     "look, which needs more)" for c in "ab"]
     lines = [x for x in every if x not in notes]
     assert lines[0] == "a: missing (no compare folder): to train"
     assert lines[1].startswith("  difftx compare --preset smoke --seeds 2 --set steps=4 ") and \
@@ -320,7 +321,7 @@ def test_a_cell_knows_the_seeds_a_verdict_among_its_arms_needs():
     three, four = spec.cells
     assert three.verdict_seeds() == (3, 7) and three.seeds_warning() == ""
     assert four.verdict_seeds() == (5, 8) and four.seeds_warning(8) == ""
-    assert four.seeds_warning().startswith("four: 7 seeds cannot give a verdict among its 5 comparisons (4 arms): 8 "
-                                           "seeds needed")
+    assert four.seeds_warning().startswith("four: 7 seeds cannot give a verdict when all 5 comparisons of its 4 arms "
+                                           "are made (fewer where neither arm learns): 8 seeds needed")
     shipped = {c.name: c for c in cmap.load_spec().cells}
     assert [n for n, c in shipped.items() if c.task == "lm" and c.seeds_warning()] == ["lm-torch-xl"]

@@ -77,8 +77,9 @@ class Cell:
 
     def verdict_seeds(self) -> tuple[int, int]:
         """``(comparisons, seeds)``: the size of the family of comparisons this cell's compare makes among its arms
-        (every verdict is Holm-adjusted over it) and the fewest paired seeds at which any of them can reach a verdict
-        at the folder's first look (the exact sign-flip test's smallest p, ``2 / 2^n``): 7 for 3 arms, 8 for 4."""
+        (every verdict is Holm-adjusted over the ones it makes: a comparison gated because neither arm learned the
+        task leaves it) and the fewest paired seeds at which any of them can reach a verdict at the folder's first
+        look (the exact sign-flip test's smallest p, ``2 / 2^n``): 7 for 3 arms, 8 for 4."""
         from ..compare.arms import pairs
         from ..compare.summary import ALPHA
         from ..eval.stats import look_factor, seeds_for_verdict
@@ -92,8 +93,9 @@ class Cell:
         family, need = self.verdict_seeds()
         if n >= need:
             return ""
-        return (f"{self.name}: {n} seeds cannot give a verdict among its {family} comparisons ({len(self.arms)} arms): "
-                f"{need} seeds needed (seeds added to a folder already read count as a later look, which needs more)")
+        return (f"{self.name}: {n} seeds cannot give a verdict when all {family} comparisons of its {len(self.arms)} "
+                f"arms are made (fewer where neither arm learns): {need} seeds needed (seeds added to a folder already "
+                "read count as a later look, which needs more)")
 
     def command(self, out: Path | str, seeds: Optional[int] = None) -> str:
         """The ``difftx compare`` command that trains this cell into ``out/name``."""
