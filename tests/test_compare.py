@@ -624,6 +624,9 @@ def test_more_arms_in_one_paired_compare(tmp_path, capsys):
     again = main(["compare", "--preset", "smoke", "--seeds", "2", "--out", str(out), "--workers", "1",
                   "--no-progress", "--arms", "gated,baseline_head_norm", *as_sets(FAST)])
     assert again == 0
+    # said before it trains: 2 seeds cannot give a verdict among the 4 arms' 5 comparisons
+    assert "difftx compare: note: 2 seeds cannot give a verdict when all 5 comparisons of the 4 arms are made: " \
+        "8 seeds needed" in capsys.readouterr().err
     res = json.loads((out / "results.json").read_text())
     assert list(res["arms"]) == ["baseline", "diff", "gated", "baseline_head_norm"]
     assert sorted(k for k, d in res.get("this_run").items() if d["trained"]) == ["seed0/baseline_head_norm",

@@ -122,3 +122,26 @@ def test_seeds_that_all_differ_alike_get_their_test_and_no_interval_of_width_zer
     # a bounded metric keeps the betting interval of its mean, which has width
     bounded = paired_estimate(np.ones(7), np.zeros(7), bounds=(0.0, 1.0))
     assert bounded.low is not None and bounded.high - bounded.low > 0.1
+
+
+def test_compare_says_before_training_when_its_seeds_cannot_give_a_verdict(tmp_path):
+    """Every pair of the arms compared on a primary metric, Holm over the family, at the look this reading is: 4 arms
+    (5 comparisons) need 8 seeds at the first look; seeds added to a folder already read need 13 (look 2)."""
+    import json
+
+    from difftx.compare.results import seeds_note
+
+    four = ["baseline", "diff", "diff_lambda_0.8", "diff_out_0.2"]
+    assert seeds_note(tmp_path, range(7), four) == ("7 seeds cannot give a verdict when all 5 comparisons of the 4 "
+                                                    "arms are made: 8 seeds needed (seeds added after the folder is "
+                                                    "first read are a later look, which needs more)")
+    assert seeds_note(tmp_path, [0], four[:2]).startswith("1 seed cannot give a verdict when the 1 comparison of the "
+                                                          "2 arms is made: 6 seeds needed")
+    assert seeds_note(tmp_path, range(8), four) == ""
+    assert seeds_note(tmp_path, range(7), four[:3]) == ""  # 3 arms, 3 comparisons: 7 seeds do
+    (tmp_path / "results.json").write_text(json.dumps({"looks": [{"seeds": list(range(7)), "date": "d",
+                                                                  "commit": "c"}]}))
+    assert seeds_note(tmp_path, range(7), four[:3]) == ""  # the same seeds again: the same look
+    assert seeds_note(tmp_path, range(8), four) == ("8 seeds cannot give a verdict when all 5 comparisons of the 4 "
+                                                    "arms are made: 13 seeds needed at look 2 of this folder (its "
+                                                    "p-values x32.9)")

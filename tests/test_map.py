@@ -112,9 +112,9 @@ def test_dry_run_lists_each_cell_its_status_and_command(tmp_path, capsys):
     assert main(["map", "--spec", str(spec), "--out", str(tmp_path / "out"), "--dry-run", "--seeds", "2"]) == 0
     every = capsys.readouterr().out.splitlines()
     notes = [x for x in every if x.startswith("  note: ")]
-    assert notes == [f"  note: {c}: 2 seeds cannot give a verdict when all 1 comparisons of its 2 arms are made (fewer "
-                     "where neither arm learns): 6 seeds needed (seeds added to a folder already read count as a later "
-                     "look, which needs more)" for c in "ab"]
+    assert notes == [f"  note: {c}: 2 seeds cannot give a verdict when the 1 comparison of the 2 arms is made: 6 seeds "
+                     "needed (seeds added after the folder is first read are a later look, which needs more)"
+                     for c in "ab"]
     lines = [x for x in every if x not in notes]
     assert lines[0] == "a: missing (no compare folder): to train"
     assert lines[1].startswith("  difftx compare --preset smoke --seeds 2 --set steps=4 ") and \
@@ -310,7 +310,7 @@ def test_the_map_never_writes_over_its_spec(tmp_path, capsys):
     assert "--record" in capsys.readouterr().err
 
 
-def test_a_cell_knows_the_seeds_a_verdict_among_its_arms_needs():
+def test_a_cell_knows_the_seeds_a_verdict_among_its_arms_needs(tmp_path):
     """Every verdict is Holm-adjusted over the compare's family of comparisons, and the exact sign-flip test's
     smallest p is 2 / 2^n: 3 arms (3 comparisons) need 7 seeds, 4 arms (5) need 8; the shipped LM cells ask 8,
     but the one measured at 7 seeds before the map knew it."""
@@ -319,9 +319,8 @@ def test_a_cell_knows_the_seeds_a_verdict_among_its_arms_needs():
                                         {"name": "four", "axes": {}, "seeds": 7,
                                          "arms": ["baseline", "diff", "diff_lambda_0.8", "diff_out_0.2"]}]), "s")
     three, four = spec.cells
-    assert three.verdict_seeds() == (3, 7) and three.seeds_warning() == ""
-    assert four.verdict_seeds() == (5, 8) and four.seeds_warning(8) == ""
-    assert four.seeds_warning().startswith("four: 7 seeds cannot give a verdict when all 5 comparisons of its 4 arms "
-                                           "are made (fewer where neither arm learns): 8 seeds needed")
+    assert three.seeds_warning(tmp_path) == "" and four.seeds_warning(tmp_path, 8) == ""
+    assert four.seeds_warning(tmp_path).startswith("four: 7 seeds cannot give a verdict when all 5 comparisons of the "
+                                                   "4 arms are made: 8 seeds needed")
     shipped = {c.name: c for c in cmap.load_spec().cells}
-    assert [n for n, c in shipped.items() if c.task == "lm" and c.seeds_warning()] == ["lm-torch-xl"]
+    assert [n for n, c in shipped.items() if c.task == "lm" and c.seeds_warning(tmp_path)] == ["lm-torch-xl"]

@@ -101,6 +101,31 @@ def earlier_looks(out: Path) -> list[dict]:
                      f"looks at this comparison: restore it, or move it away to count looks afresh")
 
 
+def seeds_note(out: Path, seeds: Sequence[int], arms: Sequence[str], primary: tuple = PRIMARY) -> str:
+    """One line where ``seeds`` cannot give a verdict when every pair of ``arms`` (:func:`.arms.pairs`) is compared on
+    a primary metric, at the look of ``out`` this reading would be (:func:`record_looks`); "" where they can. Every
+    verdict is Holm-adjusted over its family and the exact sign-flip test's smallest p is ``2 / 2^n``
+    (:func:`difftx.eval.stats.seeds_for_verdict`): 3 arms need 7 seeds, 4 need 8. A comparison gated because
+    neither arm learned leaves the family, so fewer may do then; a task with several primary metrics needs more."""
+    from ..eval.stats import look_factor, seeds_for_verdict
+    from .arms import pairs
+    from .summary import ALPHA
+
+    looks = earlier_looks(out)
+    mine = sorted(int(s) for s in seeds)
+    look = next((i for i, x in enumerate(looks, start=1) if sorted(x["seeds"]) == mine), len(looks) + 1)
+    family = len(pairs(list(arms), primary))
+    need = seeds_for_verdict(family * look_factor(look), ALPHA)
+    if len(mine) >= need:
+        return ""
+    n, several = len(mine), family > 1
+    when = (f" at look {look} of this folder (its p-values x{look_factor(look):.3g})" if look > 1 else
+            " (seeds added after the folder is first read are a later look, which needs more)")
+    return (f"{n} seed{'s' if n > 1 else ''} cannot give a verdict when {'all' if several else 'the'} {family} "
+            f"comparison{'s' if several else ''} of the {len(arms)} arms {'are' if several else 'is'} made: {need} "
+            f"seeds needed{when}")
+
+
 def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict], int]:
     """Every reading of the folder's comparison with another set of seeds, :func:`earlier_looks` with this one
     added when its seeds are new; and which of them this one is (1-based). Reading the same seeds again is the same

@@ -52,7 +52,7 @@ from .jobs import (MAX_STACK, _rank, align_stack, check_fits, job_lock, parse_sh
                    stack_size)
 from .plan import ComparePlan, resolve
 from .presets import ComparePreset, get_preset
-from .results import add_comparisons, collect_results, earlier_looks, execution, versions
+from .results import add_comparisons, collect_results, earlier_looks, execution, seeds_note, versions
 from .schema import CompareResult
 from .train import train_models
 from .workers import JobStopped, _run_pool, _sigterm_stops
@@ -238,6 +238,10 @@ def _run_compare(p: ComparePreset, seeds: int | Sequence[int], out_dir: str | os
         from .stream import lm_streams
 
         on_main(lambda: lm_streams(text=plan.text))
+    if report and main and shard is None:  # every check passed: said before the hours of training, not only after
+        note = seeds_note(out, seed_list, list(plan.arms), plan.primary)
+        if note:
+            print(f"difftx compare: note: {note}", file=sys.stderr, flush=True)
     t0 = time.time()
     # the id of this invocation, kept with every model it trains (rank 0's is the one written)
     invocation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t0))}-{os.getpid()}"

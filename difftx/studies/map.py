@@ -75,27 +75,14 @@ class Cell:
 
         return get_preset(self.preset, **self.overrides)
 
-    def verdict_seeds(self) -> tuple[int, int]:
-        """``(comparisons, seeds)``: the size of the family of comparisons this cell's compare makes among its arms
-        (every verdict is Holm-adjusted over the ones it makes: a comparison gated because neither arm learned the
-        task leaves it) and the fewest paired seeds at which any of them can reach a verdict at the folder's first
-        look (the exact sign-flip test's smallest p, ``2 / 2^n``): 7 for 3 arms, 8 for 4."""
-        from ..compare.arms import pairs
-        from ..compare.summary import ALPHA
-        from ..eval.stats import look_factor, seeds_for_verdict
+    def seeds_warning(self, out: Path | str, seeds: Optional[int] = None) -> str:
+        """One line where ``seeds`` (default the cell's) cannot give a verdict among this cell's comparisons at the
+        look its folder ``out/name`` would be (:func:`difftx.compare.results.seeds_note`); "" where they can."""
+        from ..compare.results import seeds_note
 
-        family = len(pairs(self.arms, self.compare_preset().primary))
-        return family, seeds_for_verdict(family * look_factor(1), ALPHA)
-
-    def seeds_warning(self, seeds: Optional[int] = None) -> str:
-        """One line where ``seeds`` (default the cell's) are too few for any verdict among its comparisons; ""."""
-        n = seeds or self.seeds
-        family, need = self.verdict_seeds()
-        if n >= need:
-            return ""
-        return (f"{self.name}: {n} seeds cannot give a verdict when all {family} comparisons of its {len(self.arms)} "
-                f"arms are made (fewer where neither arm learns): {need} seeds needed (seeds added to a folder already "
-                "read count as a later look, which needs more)")
+        note = seeds_note(Path(out) / self.name, range(seeds or self.seeds), self.arms,
+                          self.compare_preset().primary)
+        return f"{self.name}: {note}" if note else ""
 
     def command(self, out: Path | str, seeds: Optional[int] = None) -> str:
         """The ``difftx compare`` command that trains this cell into ``out/name``."""
@@ -367,8 +354,9 @@ def dry_run_lines(plan: Plan, recorded: dict) -> list[str]:
                 "none": "not measured"}[use]
         lines.append(f"{cell.name}: {status} ({detail}): {what}")
         lines.append(f"  {cell.command(plan.out, plan.seeds)}")
-        if use == "train" and cell.seeds_warning(plan.seeds):
-            lines.append(f"  note: {cell.seeds_warning(plan.seeds)}")
+        note = cell.seeds_warning(plan.out, plan.seeds) if use == "train" else ""
+        if note:
+            lines.append(f"  note: {note}")
     counts = {s: sum(1 for r in plan.rows if r[1] == s) for s in (PRESENT, PARTIAL, MISSING)}
     todo = sum(1 for r in plan.rows if r[3] == "train")
     lines.append(f"{len(plan.rows)} cells: {counts[PRESENT]} present, {counts[PARTIAL]} partial, {counts[MISSING]} "
@@ -812,8 +800,6 @@ def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: O
         n = seeds or cell.seeds
         if use == "train":
             log(f"map: cell {cell.name} ({status}: {detail}): {cell.command(out, seeds)}")
-            if cell.seeds_warning(seeds):
-                log(f"map: note: {cell.seeds_warning(seeds)}")
             run_compare(cell.compare_preset(), n, out / cell.name, progress=progress, workers=workers, shard=shard,
                         shard_offset=offset)
         offset += n * len(cell.arms)
