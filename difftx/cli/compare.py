@@ -241,12 +241,11 @@ def _stem(path: str) -> str:
 
 def _sweep(args: argparse.Namespace, out: str, overrides: dict) -> int:
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
-    from ..compare.presets import model_fields  # lazy: torch; --help stays fast
+    from ..compare.presets import flat_field, model_fields  # lazy: torch; --help stays fast
     from ..studies.sweep import run_sweep  # lazy: torch; --help stays fast
 
     field, text = split_override(args.sweep)
-    part, _, name = field.partition(".")
-    field = name if part in ("schedule", "execution") and name else field  # schedule.lr is lr
+    field = flat_field(field)  # schedule.lr is lr
     if field.startswith("model.") and field[len("model."):] not in model_fields() or not field.startswith(
             "model.") and (field not in ComparePreset.field_defaults() or field in ("tasks", "name", "model",
                                                                                    "schedule", "execution")):

@@ -133,6 +133,13 @@ def check_execution(execution: dict) -> dict:
     return e
 
 
+def flat_field(name: str) -> str:
+    """A field of the schedule or the execution by its flat spelling: ``schedule.lr`` -> ``lr`` (any other name as
+    it is), as ``--sweep`` and ``--tune`` take it."""
+    part, dot, rest = name.partition(".")
+    return rest if dot and rest and part in ("schedule", "execution") else name
+
+
 def flat_parts(overrides: dict) -> dict:
     """``overrides`` with the fields given in ``schedule`` and ``execution`` (``--set schedule.lr=1e-3``) spelled
     flat (``lr``), as the commands read them (``--set workers`` is ``--workers``, ``--sweep lr`` brings ``min_lr``

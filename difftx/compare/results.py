@@ -111,9 +111,8 @@ def seeds_note(out: Path, seeds: Sequence[int], arms: Sequence[str], primary: tu
     from .arms import pairs
     from .summary import ALPHA
 
-    looks = earlier_looks(out)
     mine = sorted(int(s) for s in seeds)
-    look = next((i for i, x in enumerate(looks, start=1) if sorted(x["seeds"]) == mine), len(looks) + 1)
+    look = look_of(earlier_looks(out), mine)
     family = len(pairs(list(arms), primary))
     need = seeds_for_verdict(family * look_factor(look), ALPHA)
     if len(mine) >= need:
@@ -135,10 +134,17 @@ def record_looks(out: Path, seeds: Sequence[int], now: str) -> tuple[list[dict],
 
     looks = earlier_looks(out)
     mine = sorted(int(s) for s in seeds)
-    for i, x in enumerate(looks, start=1):
-        if sorted(x["seeds"]) == mine:
-            return looks, i
-    return looks + [{"seeds": mine, "date": now, "commit": difftx_commit()}], len(looks) + 1
+    look = look_of(looks, mine)
+    if look <= len(looks):
+        return looks, look
+    return looks + [{"seeds": mine, "date": now, "commit": difftx_commit()}], look
+
+
+def look_of(looks: list[dict], seeds: Sequence[int]) -> int:
+    """Which look (1-based) a reading of ``seeds`` is among ``looks``: an earlier one with the same seeds, else the
+    next."""
+    mine = sorted(int(s) for s in seeds)
+    return next((i for i, x in enumerate(looks, start=1) if sorted(x["seeds"]) == mine), len(looks) + 1)
 
 
 def add_comparisons(result: CompareResult, settings: dict, primary: tuple = PRIMARY) -> CompareResult:

@@ -49,7 +49,7 @@ from ..config import INITS
 from ..io import atomic_write, check_record, dumps_strict, own_folder
 from ..compare.evaluate import EVALS_DIR, read_eval, write_eval
 from ..compare.plan import check
-from ..compare.presets import ComparePreset, get_preset, lr_overrides
+from ..compare.presets import ComparePreset, flat_field, get_preset, lr_overrides
 from ..compare.schema import CompareResult, RunRecord
 from .tune_report import label, tune_section
 
@@ -62,16 +62,13 @@ MAX_EXTENSIONS = 2  # values added beyond an edge of an arm's grid, at most, per
 
 
 def parse_tune(text: str) -> tuple[str, list]:
-    """``"lr=1e-3,3e-3"`` (or ``schedule.lr=...``) -> ``("lr", [0.001, 0.003])``; the field must be a numeric training field of
-    :class:`ComparePreset` (whole numbers for an integer field) or one of :data:`CHOICE_FIELDS`
+    """``"lr=1e-3,3e-3"`` (or ``schedule.lr=...``) -> ``("lr", [0.001, 0.003])``; the field must be a numeric
+    training field of :class:`ComparePreset` (whole numbers for an integer field) or one of :data:`CHOICE_FIELDS`
     (``"init=normal,torch"``: names from its choices)."""
     from ..compare.folder import NOT_TRAINING_FIELDS
 
     field, sep, rest = str(text).partition("=")
-    field = field.strip()
-    part, dot, name = field.partition(".")
-    if dot and part == "schedule":  # --tune schedule.lr=... is --tune lr=...
-        field = name
+    field = flat_field(field.strip())  # --tune schedule.lr=... is --tune lr=...
     known = ComparePreset.field_defaults()
     numeric = sorted(n for n, v in known.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                      and n not in NOT_TRAINING_FIELDS)
