@@ -178,6 +178,24 @@ def test_shards_spread_every_cells_models_by_the_spec_alone(tmp_path, monkeypatc
     assert not (tmp_path / "map.json").exists()
 
 
+def test_cells_trains_only_the_cells_named(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr("difftx.compare.run.run_compare", lambda preset, seeds, out, **k: calls.append(Path(out).name))
+    spec = _write(tmp_path / "spec.json", _with(cells=[*SPEC["cells"], {"name": "c", "axes": {"depth": 2}}]))
+    argv = ["map", "--spec", str(spec), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--cells", "c,a", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "a: missing (no compare folder): to train"
+    assert "b: missing (no compare folder): not measured" in lines and lines[-1].endswith("; 2 to train")
+    assert main([*argv, "--cells", "b", "--no-progress"]) == 0
+    assert calls == ["b"] and "not measured: a, b, c" in capsys.readouterr().out  # b's compare was a stand-in
+    for bad in ("d", "a,", ""):
+        assert main([*argv, "--cells", bad, "--dry-run"]) == 2
+        assert "is not a cell of the spec; its cells: a, b, c" in capsys.readouterr().err
+    assert main([*argv, "--cells", "a", "--table"]) == 2
+    assert "--table" in capsys.readouterr().err
+
+
 # -- recorded cells -----------------------------------------------------------------------------------------------
 
 
@@ -218,6 +236,30 @@ def test_recorded_cells_stand_in_and_a_present_folder_wins(tiny_map, tmp_path, c
     md = (out / "map.md").read_text()
     assert "- `c`: recorded from the results log, 2026-12-06: a test entry; folder not kept; 1 seed." in md
     assert "- `d`: not measured: `difftx compare --preset smoke --seeds 5 " in md
+
+
+def test_recording_again_keeps_the_words_written_by_hand(tiny_map, tmp_path, capsys):
+    """--record --cells records those cells alone; a cell recorded from the same run (its folder's creation stamp)
+    keeps the provenance written into the recorded file by hand; another run's replaces it."""
+    recorded = tmp_path / "recorded.json"
+    argv = ["map", "--spec", str(tiny_map / "spec.json"), "--out", str(tiny_map / "out"), "--no-train",
+            "--no-progress", "--record", str(recorded)]
+    assert main([*argv, "--cells", "b"]) == 0
+    assert "recorded into " + str(recorded) + ": b" in capsys.readouterr().out
+    data = json.loads(recorded.read_text())
+    assert [c["name"] for c in data["cells"]] == ["b"]
+    data["cells"][0]["provenance"].update(results_log="2026-12-06: b's entry", folder="out/b (not kept)")
+    recorded.write_text(json.dumps(data))
+    assert main(argv) == 0
+    got = {c["name"]: c["provenance"] for c in json.loads(recorded.read_text())["cells"]}
+    assert got["b"]["results_log"] == "2026-12-06: b's entry" and got["b"]["folder"] == "out/b (not kept)"
+    assert "results_log" not in got["a"]
+    data = json.loads(recorded.read_text())
+    data["cells"][1]["provenance"]["created"] = "2026-01-01T00:00:00Z"  # b recorded from an older run
+    recorded.write_text(json.dumps(data))
+    assert main(argv) == 0
+    b = json.loads(recorded.read_text())["cells"][1]["provenance"]
+    assert "results_log" not in b and b["created"] != "2026-01-01T00:00:00Z"
 
 
 def test_a_recorded_cell_with_fewer_seeds_than_asked_is_trained(tmp_path):

@@ -47,17 +47,22 @@ def register(sub) -> None:
     p.add_argument("--record", default=None, metavar="FILE",
                    help="after writing the map, add the cells read from folders to this recorded map (e.g. "
                         "docs/regime-map.json), so their numbers outlive the folders")
+    p.add_argument("--cells", default=None, metavar="NAME[,NAME...]",
+                   help="train only these cells, and --record only these; the map still reads every cell "
+                        "(default: every cell)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..compare.jobs import parse_shard  # lazy: torch; --help stays fast
-    from ..studies.map import (DEFAULT_OUT, docs_map, dry_run_lines, load_recorded, load_spec, map_table,  # lazy
-                               plan_map, record_cells, run_map)
+    from ..studies.map import (DEFAULT_OUT, check_cells, docs_map, dry_run_lines, load_recorded, load_spec,  # lazy
+                               map_table, plan_map, record_cells, run_map)
 
     shard = None if args.shard is None else parse_shard(args.shard)
     looks = [f for f, on in (("--dry-run", args.dry_run), ("--table", args.table)) if on]
+    if args.table and args.cells is not None:
+        raise ValueError("--table prints the recorded cells alone: it goes without --cells")
     if len(looks) > 1 or looks and (shard is not None or args.record):
         raise ValueError(f"{looks[0]} trains and writes nothing: it goes without --shard, --record and "
                          + ("--table" if looks[0] == "--dry-run" else "--dry-run"))
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers: must be a positive integer, got {args.workers}")
     spec = load_spec(args.spec)
+    cells = check_cells(spec, args.cells)
     out = Path(args.out) if args.out is not None else DEFAULT_OUT
     if not (args.dry_run or args.table):  # what the map writes never lands on the spec or its recorded cells
         from .args import check_not_input
@@ -76,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
         check_not_input(args.record, "--record", {"the map spec": spec.path})
     recorded = {} if args.no_recorded else load_recorded(spec.recorded)
     if args.dry_run:
-        print("\n".join(dry_run_lines(plan_map(spec, out, args.seeds, recorded), recorded)))
+        print("\n".join(dry_run_lines(plan_map(spec, out, args.seeds, recorded, cells=cells), recorded)))
         return 0
     if args.table:
         print(map_table(docs_map(spec)), end="")
         return 0
     m = run_map(spec, out, seeds=args.seeds, workers=args.workers, shard=shard, use_recorded=not args.no_recorded,
-                train=not args.no_train, progress=not args.no_progress)
+                train=not args.no_train, progress=not args.no_progress, cells=cells)
     if m is None:
         print(f"\nshard {shard[0]}/{shard[1]} done; when every shard has finished, run the same command without "
               "--shard to finish the cells and write the map")
@@ -93,6 +99,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  recorded (folders not kept): {', '.join(sources['recorded']) or 'none'}")
     print(f"  not measured: {', '.join(sources[None]) or 'none'}")
     if args.record:
-        names = record_cells(m, Path(args.record))
+        names = record_cells(m, Path(args.record), cells)
         print(f"  recorded into {args.record}: {', '.join(names) or 'no cell read from a folder'}")
     return 0

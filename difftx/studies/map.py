@@ -321,19 +321,35 @@ class Plan:
     seeds: Optional[int]
 
 
+def check_cells(spec: MapSpec, names) -> Optional[frozenset]:
+    """``--cells``: the names given, each a cell of ``spec`` (None: every cell); an unknown one is refused with
+    the spec's names."""
+    if names is None:
+        return None
+    names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
+    known = [c.name for c in spec.cells]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names or "" in names:
+        raise SpecError(f"--cells: {', '.join(map(repr, unknown)) or 'an empty name'} is not a cell of the spec; "
+                        f"its cells: {', '.join(known)}")
+    return frozenset(names)
+
+
 def plan_map(spec: MapSpec, out: Path, seeds: Optional[int] = None, recorded: Optional[dict] = None,
-             train: bool = True) -> Plan:
-    """Each cell's status and what is done with it (see :class:`Plan`)."""
+             train: bool = True, cells: Optional[frozenset] = None) -> Plan:
+    """Each cell's status and what is done with it (see :class:`Plan`). With ``cells`` (:func:`check_cells`) only
+    those cells are trained; the others are read as with ``train=False``."""
     recorded = recorded or {}
     rows = []
     for cell in spec.cells:
+        train_it = train and (cells is None or cell.name in cells)
         status, detail = cell_status(cell, out / cell.name, seeds)
         rec = recorded.get(cell.name)
         if status == PRESENT:
             use = "folder"
         elif status == MISSING and rec is not None and _covers(rec, cell, seeds or cell.seeds):
             use = "recorded"
-        elif train:
+        elif train_it:
             use = "train"
         else:
             use = "recorded" if rec is not None else "none"
@@ -756,9 +772,12 @@ def write_map(out: Path, m: dict) -> None:
     atomic_write(out / "map.md", lambda p: Path(p).write_text(render_map(m)))
 
 
-def record_cells(m: dict, path: Path) -> list[str]:
-    """Add the cells this map read from folders to the recorded map at ``path`` (created if missing), replacing a
-    recorded cell of the same name: the folder's numbers, kept when the folder is not. Returns their names."""
+def record_cells(m: dict, path: Path, cells: Optional[frozenset] = None) -> list[str]:
+    """Add the cells this map read from folders (those in ``cells`` alone, when given) to the recorded map at
+    ``path`` (created if missing), replacing a recorded cell of the same name: the folder's numbers, kept when the
+    folder is not. A recorded cell of the same run (its provenance's ``created`` is the folder's) keeps its
+    provenance's words (results log entry, note, commit), so recording again loses nothing written by hand.
+    Returns their names."""
     from ..io import atomic_write, dumps_strict
 
     data = {"schema": MAP_SCHEMA, "schema_version": MAP_VERSION, "title": m["title"], "cells": []}
@@ -767,11 +786,15 @@ def record_cells(m: dict, path: Path) -> list[str]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     keep = ("name", "task", "axes", "source", "provenance", "metric", "seeds", "arms", "vs_baseline")
     names = []
+    before = {x.get("name"): x for x in data["cells"]}
     for c in m["cells"]:
-        if c.get("source") != "folder":
+        if c.get("source") != "folder" or cells is not None and c["name"] not in cells:
             continue
         new = {k: c[k] for k in keep}
         new["source"] = "recorded"
+        old = (before.get(c["name"]) or {}).get("provenance") or {}
+        if old.get("created") and old.get("created") == new["provenance"].get("created"):
+            new["provenance"] = {**new["provenance"], **old}
         data["cells"] = [x for x in data["cells"] if x.get("name") != c["name"]] + [new]
         names.append(c["name"])
     order = {c["name"]: i for i, c in enumerate(m["cells"])}
@@ -786,15 +809,16 @@ def record_cells(m: dict, path: Path) -> list[str]:
 
 def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: Optional[int] = None,
             shard: Optional[tuple[int, int]] = None, use_recorded: bool = True, train: bool = True,
-            progress: bool = True, log=print) -> Optional[dict]:
-    """Train the cells that need it (see :func:`plan_map`), then write and return the map (:func:`write_map`).
+            progress: bool = True, cells: Optional[frozenset] = None, log=print) -> Optional[dict]:
+    """Train the cells that need it (see :func:`plan_map`; only those in ``cells`` when given), then write and
+    return the map (:func:`write_map`).
     With ``shard`` (K, N) this invocation trains only its share of every cell's models (every N-th (cell, seed,
     arm) over the spec's cells in order, so the share depends on the spec alone) and writes no map: run once more
     without it to finish the cells' reports and write the map."""
     from ..compare.run import run_compare
 
     recorded = load_recorded(spec.recorded) if use_recorded else {}
-    plan = plan_map(spec, out, seeds, recorded, train=train)
+    plan = plan_map(spec, out, seeds, recorded, train=train, cells=cells)
     offset = 0
     for cell, status, detail, use in plan.rows:
         n = seeds or cell.seeds
