@@ -1152,11 +1152,15 @@ def section_decode(suite: Suite, deadline: float) -> dict:
             by_len.setdefault(r.seq_len, {})[(kind, rest.split(" ")[1] if " " in rest else "dynamic")] = r
         got = []
         for T, p in by_len.items():
+            missing = [f"{kind}/{step}" for kind in ("diff", "baseline") if (kind, step) not in p]
+            if missing:  # bench_decode leaves out a DIFF step whose first call failed (it says why on stdout)
+                got.append({"batch": batch, "T": T, "step": step, "status": f"error: {', '.join(missing)} did not run"})
+                continue
             d, b = p[("diff", step)], p[("baseline", step)]
             row = {"batch": batch, "T": T, "step": step, "status": "done", "diff_ms": d.ms, "baseline_ms": b.ms,
                    "ratio": d.ms / b.ms, "paired_ratio": d.paired, "paired_low": d.paired_low,
                    "paired_high": d.paired_high, "cache_mib": d.mem_mib}
-            if step != "dynamic" and ("diff", "dynamic") in p:
+            if step != "dynamic" and ("diff", "dynamic") in p and ("baseline", "dynamic") in p:
                 dd, db = p[("diff", "dynamic")], p[("baseline", "dynamic")]
                 row.update(dynamic_diff_ms=dd.ms, dynamic_baseline_ms=db.ms, dynamic_ratio=dd.ms / db.ms)
             got.append(row)
@@ -1169,7 +1173,11 @@ def section_decode(suite: Suite, deadline: float) -> dict:
             out["rows"].append({"batch": batch, "status": "skipped: budget"})
             status = "partial: budget"
         else:
-            out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common, **model), batch, "dynamic")
+            try:
+                out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common, **model), batch, "dynamic")
+            except Exception as e:  # noqa: BLE001  (recorded; the static rows still run)
+                out["rows"].append({"batch": batch, "status": "error", "error": f"{type(e).__name__}: {e}"[:500],
+                                    "traceback": traceback.format_exc()[-4000:]})
             suite.save()
         for T in lens:
             if time.monotonic() > deadline:
@@ -1191,6 +1199,8 @@ def section_decode(suite: Suite, deadline: float) -> dict:
                 r["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
             out["static_rows"] += got
             suite.save()
+    if any(r["status"].startswith("error") for r in out["rows"] + out["static_rows"]):
+        status = "partial"
     print_table("decode step (whole model; ratio = DIFF / baseline time, each step against its own baseline)",
                 ["batch", "T", "step", "layers", "DIFF ms", "baseline ms", "ratio", "paired [95%]",
                  "dynamic ratio (same model)"],

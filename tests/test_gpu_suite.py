@@ -119,6 +119,28 @@ def test_a_failing_training_run_is_recorded(tmp_path, monkeypatch):
     assert "a step that fails" in runs[0]["traceback"] and r["sections"]["training"]["status"] == "partial"
 
 
+def test_decode_steps_that_did_not_run_are_recorded(tmp_path, monkeypatch):
+    """A DIFF step that bench_decode leaves out (its first call failed: on a GPU, e.g. its compile) and an ordinary
+    step that raises (e.g. out of memory) are error rows; the other rows and the later batches still run."""
+    import difftx.bench as bench
+
+    real = bench.bench_decode
+
+    def flaky(**kw):
+        if kw["batch"] == 2 and "steps" not in kw:
+            raise RuntimeError("CUDA out of memory")
+        return [r for r in real(**kw) if r.name != "diff/auto static"]
+
+    monkeypatch.setattr(bench, "bench_decode", flaky)
+    r = _run(tmp_path, "--sections", "decode")
+    assert r["sections"]["decode"]["status"] == "partial"
+    rows = r["decode"]["rows"]
+    assert [(x["batch"], x["status"]) for x in rows] == [(1, "done"), (1, "done"), (2, "error")]
+    assert "CUDA out of memory" in rows[-1]["error"]
+    assert [(x["batch"], x["T"], x["status"]) for x in r["decode"]["static_rows"]] == \
+        [(b, T, "error: diff/static did not run") for b in (1, 2) for T in (16, 32)]
+
+
 def test_a_spent_budget_skips_and_says_so(tmp_path, monkeypatch):
     """A run whose time is spent (the clock says so from the start: no race with how fast the machine is)."""
     monkeypatch.setattr(suite.Budget, "left", lambda self: 0.0)
