@@ -94,6 +94,26 @@ def test_tiny_run_writes_every_section(tmp_path, monkeypatch):
     assert next(g for g in r["goals"] if g["goal"].startswith("correctness"))["verdict"] == "not met"
 
 
+def _grad_only(q, k, v, lam, mask, scale, return_maps=False):
+    """A DIFF 'backend' whose forward without gradients fails (on a GPU: another compile, autotuner key or graph)."""
+    if not torch.is_grad_enabled():
+        raise RuntimeError("no kernel for the forward alone")
+    return kernels.sdpa(q, k, v, lam, mask, scale)
+
+
+def test_a_candidate_whose_forward_alone_fails_is_excluded_before_the_timings(tmp_path, monkeypatch):
+    """Each arm's first calls run the forward without gradients too: what compiles or tunes there does so outside
+    the timed rounds, and a candidate that fails there is excluded instead of ending the shape in its fwd mode."""
+    monkeypatch.setitem(kernels.BACKENDS, "grad_only_for_test", _grad_only)
+    r = _run(tmp_path, "--sections", "attention", "--candidates", "sdpa_pad,grad_only_for_test", "--shapes", "goal")
+    assert r["correctness"]["passed"]["grad_only_for_test"] is True  # checked with gradients only
+    shape = r["attention"]["shapes"][0]
+    assert shape["status"] == "done", shape.get("error")
+    assert "no kernel for the forward alone" in shape["excluded"]["diff/grad_only_for_test"]
+    rows = {row["name"]: row for row in shape["rows"]}
+    assert "diff/grad_only_for_test" not in rows and set(rows["diff/sdpa_pad"]["modes"]) == set(suite.MODES)
+
+
 def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     def boom(s, deadline):
         raise RuntimeError("a section that fails")
