@@ -85,7 +85,8 @@ PRODUCTS = {"sdpa_pad": (4, 10), "sdpa_halves": (4, 10), "sdpa_wide": (3, 7), "f
             "triton_split": (3, 7), "sdpa": (4, 10)}  # sdpa: the pad form, where it has no forms
 
 # dense bf16 tensor-core peaks, TFLOP/s, by a substring of the card's name (first match wins)
-PEAK_BF16 = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
+PEAK_BF16 = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200 NVL", 835.0), ("H200", 989.0),
+             ("A100", 312.0))
 
 # forced SDPA backends of the baseline: label -> (SDPBackend member, a substring of the kernels it runs)
 SDPA_FORCED = {"cudnn": ("CUDNN_ATTENTION", ("cudnn",)), "flash": ("FLASH_ATTENTION", ("flash",)),

@@ -216,6 +216,7 @@ def test_flop_units_and_verdicts():
     assert suite._verdict(0.91, 0.90, 0.93, False) == "met"
     assert suite._verdict(None, 1.0, None, True) == "not measured"
     assert suite.peak_tflops("NVIDIA H100 80GB HBM3") == 989 and suite.peak_tflops("NVIDIA H100 PCIe") == 756
+    assert suite.peak_tflops("NVIDIA H200") == 989 and suite.peak_tflops("NVIDIA H200 NVL") == 835
     assert suite.peak_tflops("cpu") is None
 
 
