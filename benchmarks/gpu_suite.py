@@ -19,7 +19,8 @@ brings ``correctness`` with it, because only candidates that passed it are timed
   ``flash_attn`` when importable, and every DIFF candidate that passed; the kernels each row ran, from
   one profiled call; forward, backward and forward + backward: medians of ``--repeats`` CUDA-event
   timings after ``--warmup`` rounds, all arms alternating in one loop (ABBA); ratio to the fastest
-  baseline of that mode (named); TFLOP/s on executed and on useful FLOPs; peak memory.
+  baseline of that mode (named); TFLOP/s on executed and on useful FLOPs; peak memory; the tiles Triton's
+  autotuner chose for the fused kernel (``triton_autotune``).
 - ``training``: ``gpu-350m`` (d 64) and ``gpu-350m-d128`` (half the heads), eager and compiled, DIFF and
   baseline alternating; tokens/s, paired ratio, MFU, GPU time by category from one profiled step.
 - ``decode``: one decoding step of a whole model (gpu-350m's shape), batch 1 and 8, cache T 1k and 4k.
@@ -962,8 +963,19 @@ def section_attention(suite: Suite, deadline: float) -> dict:
             status = "partial"
         if suite.device.type == "cuda":
             torch.cuda.empty_cache()
+        out["triton_autotune"] = triton_tiles()
         suite.save()
     return {"status": status}
+
+
+def triton_tiles() -> Optional[list]:
+    """The tiles, warps and stages Triton's autotuner chose so far for the fused kernel, per kernel and key, with
+    every candidate's time (:func:`difftx.attention.triton_kernel.autotune_report`); None without Triton."""
+    try:
+        from difftx.attention import triton_kernel
+    except ImportError:
+        return None
+    return triton_kernel.autotune_report()
 
 
 # -- section: training --------------------------------------------------------------------------------------------

@@ -114,6 +114,15 @@ def test_a_candidate_whose_forward_alone_fails_is_excluded_before_the_timings(tm
     assert "diff/grad_only_for_test" not in rows and set(rows["diff/sdpa_pad"]["modes"]) == set(suite.MODES)
 
 
+def test_the_triton_autotuner_choices_are_recorded(tmp_path, monkeypatch):
+    tk = pytest.importorskip("difftx.attention.triton_kernel")
+    chosen = [{"kernel": "fwd", "key": ["128", "4096"], "config": {"BLOCK_M": 64, "num_warps": 8},
+               "timings_ms": {"a": 1.0}}]
+    monkeypatch.setattr(tk, "autotune_report", lambda: chosen)
+    r = _run(tmp_path, "--sections", "attention", "--candidates", "sdpa_pad", "--shapes", "goal")
+    assert r["attention"]["triton_autotune"] == chosen
+
+
 def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     def boom(s, deadline):
         raise RuntimeError("a section that fails")
