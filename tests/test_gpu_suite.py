@@ -123,6 +123,18 @@ def test_the_triton_autotuner_choices_are_recorded(tmp_path, monkeypatch):
     assert r["attention"]["triton_autotune"] == chosen
 
 
+def test_each_shape_and_case_compiles_its_own_graphs(tmp_path, monkeypatch):
+    """Dynamo's graphs are dropped before every attention shape and correctness case, so the compiled flex never
+    reaches the recompile limit (past it, flex would run and be timed in its unfused form)."""
+    seen = []
+    real = suite.run_shape
+    monkeypatch.setattr(suite, "fresh_graphs", lambda: seen.append("reset"))
+    monkeypatch.setattr(suite, "run_shape", lambda s_, shape, *a: (seen.append(shape.name), real(s_, shape, *a))[1])
+    r = _run(tmp_path, "--candidates", "sdpa", "--shapes", "goal,d64", "--sections", "correctness,attention")
+    cases = len(r["correctness"]["cases"])
+    assert seen == ["reset"] * cases + ["reset", "goal", "reset", "d64"]
+
+
 def test_failing_section_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     def boom(s, deadline):
         raise RuntimeError("a section that fails")
@@ -167,7 +179,7 @@ def test_decode_steps_that_did_not_run_are_recorded(tmp_path, monkeypatch):
     assert [(x["batch"], x["status"]) for x in rows] == [(1, "done"), (1, "done"), (2, "error")]
     assert "CUDA out of memory" in rows[-1]["error"]
     assert [(x["batch"], x["T"], x["status"]) for x in r["decode"]["static_rows"]] == \
-        [(b, T, "error: diff/static did not run") for b in (1, 2) for T in (16, 32)]
+        [(b, T, "error: diff/static did not run") for b in (1, 2) for T in (32, 16)]  # the longest first
 
 
 def test_a_spent_budget_skips_and_says_so(tmp_path, monkeypatch):
