@@ -228,6 +228,14 @@ def test_cuda_trace_attribution_and_step_breakdown():
     assert step["busy_ms"] == pytest.approx(0.055) and step["idle_fraction"] == pytest.approx(0.45)
 
 
+def test_the_reference_is_the_fastest_baseline_even_when_its_kernel_names_look_odd():
+    rows = {"baseline/sdpa": {"kind": "baseline"}, "baseline/cudnn": {"kind": "baseline", "fallback_suspected": True},
+            "diff/triton": {"kind": "diff"}}
+    assert suite.fastest_baseline(rows, {"baseline/sdpa": 2.0, "baseline/cudnn": 1.0, "diff/triton": 0.5}) == \
+        "baseline/cudnn"
+    assert suite.fastest_baseline(rows, {"diff/triton": 0.5}) is None
+
+
 def test_flop_units_and_verdicts():
     s = suite.Shape("x", 2, 8, 3, 3, 4)
     assert suite.unit_flops(s) == 2 * 2 * 6 * 32 * 4
