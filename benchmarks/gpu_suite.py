@@ -795,18 +795,19 @@ def mode_timing(arm: Arm, mode: str) -> Timing:
 
 
 def peak_mib(arm: Arm, mode: str, device: torch.device) -> Optional[float]:
-    """Peak memory of one call above what was allocated before it (CUDA only)."""
+    """Peak memory of one call of ``mode`` above what was allocated before it (CUDA only). The untimed part
+    (``bwd``'s forward) runs before the measurement: a backward's peak is above the forward's saved tensors."""
     if device.type != "cuda":
         return None
     from difftx.bench import peak_memory_mib
 
     t = mode_timing(arm, mode)
-
-    def once():
-        t.run(t.prepare())
+    prepared = t.prepare()
+    try:
+        return peak_memory_mib(lambda: t.run(prepared), device)
+    finally:
+        del prepared
         t.cleanup()
-
-    return peak_memory_mib(once, device)
 
 
 def run_shape(suite: Suite, s: Shape, deadline: float, res: dict) -> dict:

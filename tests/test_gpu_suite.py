@@ -236,6 +236,26 @@ def test_the_reference_is_the_fastest_baseline_even_when_its_kernel_names_look_o
     assert suite.fastest_baseline(rows, {"diff/triton": 0.5}) is None
 
 
+def test_a_backwards_peak_memory_leaves_its_forward_out(monkeypatch):
+    """bwd's peak is measured around the backward alone: its forward (the untimed part) runs before."""
+    calls = []
+    arm = suite.Arm("a", "diff", lambda x: (calls.append("forward"), x * 2)[1],
+                    (torch.ones(3, requires_grad=True),), torch.ones(3))
+
+    def measured(fn, device):
+        calls.append("measure")
+        fn()
+        return 1.0
+
+    monkeypatch.setattr("difftx.bench.peak_memory_mib", measured)
+    cuda = torch.device("cuda")  # the device object alone: nothing runs on it
+    assert suite.peak_mib(arm, "bwd", cuda) == 1.0 and calls == ["forward", "measure"]
+    assert arm.inputs[0].grad is None  # cleaned up
+    calls.clear()
+    assert suite.peak_mib(arm, "fwd+bwd", cuda) == 1.0 and calls == ["measure", "forward"]
+    assert suite.peak_mib(arm, "bwd", torch.device("cpu")) is None
+
+
 def test_flop_units_and_verdicts():
     s = suite.Shape("x", 2, 8, 3, 3, 4)
     assert suite.unit_flops(s) == 2 * 2 * 6 * 32 * 4
