@@ -289,7 +289,7 @@ def test_the_answer_per_task_from_the_shipped_map():
     m = cmap.docs_map()
     sources = {c["name"]: c["source"] for c in m["cells"]}
     assert sources["normal"] == sources["torch"] == sources["lm-torch-xl"] == "recorded"
-    assert sources["torch-depth4"] == "recorded" and sources["torch-depth8"] is None and sources["lm-torch-l"] is None
+    assert sources["torch-depth4"] == sources["lm-torch-l"] == "recorded" and sources["torch-depth8"] is None
     diff = m["answer"]["recall"]["diff"]
     # every seed below the baseline, the mean not established: behind in most seeds, never "worse"
     assert diff[cmap.BEHIND] == ["normal", "normal-width128"] and diff[cmap.NEITHER] == ["normal-depth8"]
@@ -297,7 +297,8 @@ def test_the_answer_per_task_from_the_shipped_map():
     assert diff[cmap.NOT_MEASURED] == ["torch-depth8"] and diff[cmap.AHEAD] == ["torch-depth4"]
     assert diff[cmap.NO_VERDICT][-1] == "torch-width128"
     assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.AHEAD] == ["normal", "torch-depth4"]
-    assert m["answer"]["lm"]["diff"][cmap.NO_VERDICT] == ["lm-normal-l", "lm-torch-xl"]
+    assert m["answer"]["lm"]["diff"][cmap.NO_VERDICT] == ["lm-normal-l", "lm-torch-l", "lm-torch-xl"]
+    assert m["answer"]["lm"]["diff_out_0.2"][cmap.BEHIND] == ["lm-torch-l"]
     assert m["answer"]["lm"]["diff"][cmap.BEHIND] == ["lm-normal-xl"]  # NLL above the baseline's in 8 of 8 seeds
     lines = cmap.answer_lines(m)
     assert lines[0] == "**Recall (the frontier, mean accuracy over the plain-MQAR cells).**\n"
