@@ -329,9 +329,9 @@ def check_cells(spec: MapSpec, names) -> Optional[frozenset]:
     names = [n.strip() for n in (names.split(",") if isinstance(names, str) else names)]
     known = [c.name for c in spec.cells]
     unknown = [n for n in names if n not in known]
-    if unknown or not names or "" in names:
-        raise SpecError(f"--cells: {', '.join(map(repr, unknown)) or 'an empty name'} is not a cell of the spec; "
-                        f"its cells: {', '.join(known)}")
+    if unknown:
+        what = ", ".join(repr(n) for n in unknown if n) or "an empty name"
+        raise SpecError(f"--cells: {what} is not a cell of the spec; its cells: {', '.join(known)}")
     return frozenset(names)
 
 
