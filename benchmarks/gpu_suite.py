@@ -27,7 +27,10 @@ brings ``correctness`` with it, because only candidates that passed it are timed
 - ``goals``: the issue's goals with the measured values.
 
 The JSON (``--out``) is rewritten (atomically) after every section and shape, so a run that is
-killed keeps what it measured. ``choices`` holds one entry per (shape, mode) for ``auto``'s table
+killed keeps what it measured. On CUDA each section runs in a process of its own (``--isolate``): a fault
+that ends a process or loses its CUDA context ends that section's process only, and the section restarts
+without the arm that made it (:func:`run_isolated`). ``--register FILE.py`` adds your own DIFF kernels as
+candidates. ``choices`` holds one entry per (shape, mode) for ``auto``'s table
 (``python -m difftx.attention.gpu_table merge suite.json``).
 
 FLOPs. Unit: one causal product of the baseline, ``2 B (2H) (T^2 / 2) d`` (``2H`` heads of width ``d``
@@ -282,6 +285,39 @@ def short_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}"
 
 
+# -- a process per section ----------------------------------------------------------------------------------------
+
+# errors after which a process's CUDA context is unusable (every later call fails the same way)
+CONTEXT_ERRORS = ("illegal memory access", "an illegal instruction", "misaligned address", "launch failure",
+                  "device-side assert", "hardware stack error", "illegal address", "launch timed out")
+EXIT_CONTEXT_LOST = 3  # a section's process that lost its CUDA context saves and exits with this
+MAX_RESTARTS = 4  # a section's process is restarted at most this often, each time without the arm that ended it
+GRACE_S = 45.0  # a section's process still running this long past its deadline is killed
+CHILD_FLAGS = ("--child", "--deadline")  # the internal flags of a section's process (not the user's command)
+
+
+class ContextLost(BaseException):
+    """A call left the CUDA context unusable. A BaseException, so that the handlers that record a failure and go
+    on let it through: the section's process saves and exits, and :func:`run_isolated` restarts the section in a
+    fresh one without the arm to blame."""
+
+
+def context_lost(e: BaseException, device: torch.device) -> bool:
+    """Whether ``e`` left ``device``'s context unusable: a CUDA error of :data:`CONTEXT_ERRORS` (also as the
+    message of an error raised on CPU, which is how the tests send one), or on CUDA a trivial call failing after
+    it."""
+    if any(key in str(e).lower() for key in CONTEXT_ERRORS):
+        return True
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception:  # noqa: BLE001  (any failure of the probe: the context is gone)
+        return True
+    return False
+
+
 # -- profiler -----------------------------------------------------------------------------------------------------
 
 
@@ -431,7 +467,14 @@ class Suite:
         self.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 5)
         self.results: dict = {"suite": "benchmarks/gpu_suite.py", "version": 1, "tolerance": TOLERANCE,
                               "sections": {}, "choices": []}
-        self.passed: Optional[dict] = None  # candidate -> passed every correctness check (None: none ran)
+
+    @property
+    def passed(self) -> Optional[dict]:
+        """Candidate -> passed every correctness check (None: not checked); None where correctness did not end."""
+        corr = self.results.get("correctness") or {}
+        if "passed" not in corr:
+            return None
+        return {n: None if n in corr["not_checked"] else ok for n, ok in corr["passed"].items()}
 
     def save(self) -> None:
         from pathlib import Path
@@ -440,6 +483,29 @@ class Suite:
 
         text = json.dumps(self.results, indent=1, default=str)
         atomic_write(self.args.out, lambda p: Path(p).write_text(text))
+
+    def load(self) -> None:
+        """The results so far, from ``out`` (a section's own process starts from what the run measured)."""
+        with open(self.args.out) as f:
+            self.results = json.load(f)
+
+    def running(self, section: str, arm: Optional[str] = None, **where) -> None:
+        """Say in the JSON, saved at once, what runs now: if the process ends here, the run reads it from the
+        file, restarts the section without ``arm`` (a baseline or ``diff/NAME``), and names where it ended."""
+        self.results["running"] = {"section": section, "arm": arm, **where}
+        self.save()
+
+    def crashed(self) -> dict:
+        """``{arm: why}``: the arms that ended a section's process or its CUDA context; left out from then on."""
+        return self.results.setdefault("crashed", {})
+
+    def check_lost(self, e: BaseException, arm: Optional[str] = None) -> None:
+        """Raise :class:`ContextLost` if ``e`` left the CUDA context unusable (every later call would fail): what
+        runs (``arm``; None where no single arm is to blame) and the error are saved for the run to read."""
+        if context_lost(e, self.device):
+            self.results["lost"] = {"arm": arm, "error": short_error(e)}
+            self.save()
+            raise ContextLost(short_error(e)) from e
 
     def card(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
@@ -533,7 +599,7 @@ def git_commit() -> Optional[str]:
 
 def section_env(suite: Suite, deadline: float) -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": [sys.executable, *sys.argv], "commit": suite.args.commit or git_commit(),
+           "command": [sys.executable, sys.argv[0], *user_argv(sys.argv[1:])], "commit": suite.args.commit or git_commit(),
            "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(suite.device),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -587,8 +653,9 @@ def upstream_grad(out_ref: torch.Tensor, g: torch.Generator, dtype: torch.dtype)
     return (scaled + _draw(ref.shape, g, ref.device, dtype)).to(dtype).float()
 
 
-def check_core(s: Shape, names: list[str], device: torch.device, dtype: torch.dtype) -> list[dict]:
+def check_core(suite: Suite, s: Shape, names: list[str]) -> list[dict]:
     """Each candidate's output, dq, dk, dv, dlambda against the float32 eager oracle."""
+    device, dtype = suite.device, suite.dtype
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k = _draw((s.B, s.T, 2 * s.H, s.d), g, device, dtype), _draw((s.B, s.T, 2 * s.Hkv, s.d), g, device, dtype)
     v, lam = _draw((s.B, s.T, s.Hkv, 2 * s.d), g, device, dtype), torch.tensor(0.4, device=device)
@@ -604,12 +671,13 @@ def check_core(s: Shape, names: list[str], device: torch.device, dtype: torch.dt
         return dict(zip(("out", "dq", "dk", "dv", "dlambda"), (out, *grads)))
 
     oracle = run(kernels.eager, torch.float32)
-    return [_compare(name, lambda name=name: run(diff_kernel(name), dtype), oracle) for name in names]
+    return [_compare(suite, s, name, lambda name=name: run(diff_kernel(name), dtype), oracle) for name in names]
 
 
-def check_layer(s: Shape, names: list[str], device: torch.device, dtype: torch.dtype) -> list[dict]:
+def check_layer(suite: Suite, s: Shape, names: list[str]) -> list[dict]:
     """The whole ``DiffAttention`` layer (float32 weights, ``dtype`` autocast, as in training) against itself
     in float32 with the eager kernel: output, dx and every parameter's gradient."""
+    device, dtype = suite.device, suite.dtype
     torch.manual_seed(0)
     layer = DiffAttention(2 * s.H * s.d, s.H, 3, s.Hkv).to(device)
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -628,14 +696,17 @@ def check_layer(s: Shape, names: list[str], device: torch.device, dtype: torch.d
         return dict(zip(["out", "dx", *(f"d{n}" for n in params)], (out, *grads)))
 
     oracle = run("eager", False)
-    return [_compare(name, lambda name=name: run(name, True), oracle) for name in names]
+    return [_compare(suite, s, name, lambda name=name: run(name, True), oracle) for name in names]
 
 
-def _compare(name: str, run: Callable[[], dict], oracle: dict) -> dict:
+def _compare(suite: Suite, s: Shape, name: str, run: Callable[[], dict], oracle: dict) -> dict:
     row = {"candidate": name, "passed": False, "errors": {}, "error": None}
+    suite.running("correctness", f"diff/{name}", case=s.name)
     try:
         got = run()
+        sync(suite.device)  # a fault of this candidate's kernels surfaces here, not in the next one's
     except Exception as e:  # noqa: BLE001  (a failing candidate is recorded and excluded, the others go on)
+        suite.check_lost(e, f"diff/{name}")
         row["error"] = short_error(e)
         row["traceback"] = traceback.format_exc()
         return row
@@ -648,8 +719,11 @@ def section_correctness(suite: Suite, deadline: float) -> dict:
     names = diff_candidates(suite.args.candidates)
     out = suite.results["correctness"] = {"tolerance": TOLERANCE, "dtype": str(suite.dtype).replace("torch.", ""),
                                           "oracle": "eager, float32", "candidates": names, "cases": []}
-    passed = {n: True for n in names}
-    checked = {n: False for n in names}
+    crashed = {n: suite.crashed()[f"diff/{n}"] for n in names if f"diff/{n}" in suite.crashed()}
+    if crashed:
+        out["crashed"] = crashed  # checked no more: failed
+    passed = {n: n not in crashed for n in names}
+    checked = {n: n in crashed for n in names}
     cases = [("core", c) for c in correctness_cases(suite.tiny)] + [("layer", c) for c in layer_cases(suite.tiny)]
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the oracle in true float32
@@ -660,7 +734,6 @@ def section_correctness(suite: Suite, deadline: float) -> dict:
     out["passed"] = {n: passed[n] and checked[n] for n in names}
     out["failed"] = [n for n in names if not out["passed"][n]]
     out["not_checked"] = [n for n in names if not checked[n]]
-    suite.passed = {n: (passed[n] if checked[n] else None) for n in names}
     print(f"\ncorrectness: passed {[n for n in names if out['passed'][n]]}, failed {out['failed']}", flush=True)
     return {"status": status}
 
@@ -676,9 +749,11 @@ def _run_cases(suite: Suite, cases: list, names: list[str], passed: dict, checke
         check = check_core if kind == "core" else check_layer
         left = [n for n in names if passed[n]]  # a candidate that failed once is not timed: no more checks
         fresh_graphs()
+        suite.running("correctness", case=case.name)
         try:
-            rows = check(case, left, suite.device, suite.dtype)
+            rows = check(suite, case, left)
         except Exception as e:  # noqa: BLE001  (the oracle itself failed: nothing to compare with)
+            suite.check_lost(e)
             out["cases"].append({"case": case.name, "kind": kind, "status": "error", "error": short_error(e),
                                  "traceback": traceback.format_exc()})
             continue
@@ -814,31 +889,43 @@ def run_shape(suite: Suite, s: Shape, deadline: float, res: dict) -> dict:
     """One shape: check that each arm runs, profile its kernels, time every mode, build the rows (in ``res``,
     which the results already hold, so that every save has what was measured)."""
     dev, dt = suite.device, suite.dtype
-    res.update(status="done", unavailable={}, excluded={}, reference={}, rows=[])
+    res.update(status="running", unavailable={}, excluded={}, reference={}, rows=[])  # "done" at the end
     names = diff_candidates(suite.args.candidates)
-    if suite.passed is not None:
+    crashed = suite.crashed()
+    for n in names:
+        if f"diff/{n}" in crashed:
+            res["excluded"][f"diff/{n}"] = f"ended its process: {crashed[f'diff/{n}']}"
+    names = [n for n in names if f"diff/{n}" not in crashed]
+    passed = suite.passed
+    if passed is not None:
         for n in names:
-            if suite.passed.get(n) is not True:
-                res["excluded"][f"diff/{n}"] = "failed correctness" if suite.passed.get(n) is False else \
+            if passed.get(n) is not True:
+                res["excluded"][f"diff/{n}"] = "failed correctness" if passed.get(n) is False else \
                     "correctness not checked (budget)"
-        names = [n for n in names if suite.passed.get(n) is True]
+        names = [n for n in names if passed.get(n) is True]
     else:
         res["correctness"] = "not checked"
     torch.manual_seed(0)
     bases, missing = baseline_arms(s, dev, dt)
     res["unavailable"].update(missing)
+    for arm in [a for a in bases if a.name in crashed]:
+        res["unavailable"][arm.name] = f"ended its process: {crashed[arm.name]}"
     arms = []
     # a first call each, with gradients and without (the forward alone is another compile, autotuner key, graph):
-    # compiles and tunes outside the timed rounds, and sorts out what cannot run
-    for arm in bases + diff_arms(s, names, dev, dt):
+    # compiles and tunes outside the timed rounds, and sorts out what cannot run; each synchronised, so that a
+    # fault shows at the arm that made it
+    for arm in [a for a in bases if a.name not in crashed] + diff_arms(s, names, dev, dt):
+        suite.running("attention", arm.name, shape=s.name)
         try:
             _fwd_bwd(arm)
             mode_timing(arm, "fwd").run(None)
+            sync(dev)
             arms.append(arm)
         except Exception as e:  # noqa: BLE001
+            suite.check_lost(e, arm.name)
             _clear(arm)
             res["unavailable" if arm.kind == "baseline" else "excluded"][arm.name] = short_error(e)
-    sync(dev)
+    suite.running("attention", shape=s.name)
     if not any(a.kind == "baseline" for a in arms):
         res["status"] = "error: no baseline ran"
         return res
@@ -883,6 +970,8 @@ def run_shape(suite: Suite, s: Shape, deadline: float, res: dict) -> dict:
                 "tflops_useful": mode_units(useful, mode) * unit / (m * 1e9) if m else None,
                 "peak_mib": peak_mib(a, mode, dev)}
         suite.save()
+    if res["status"] == "running":
+        res["status"] = "done"
     print_shape(s, res)
     return res
 
@@ -940,16 +1029,22 @@ def shape_weight(s: Shape, ref: Shape) -> float:
 
 
 def section_attention(suite: Suite, deadline: float) -> dict:
+    """Every shape in turn. In a section's process that was restarted (:func:`run_isolated`), the shapes its
+    earlier processes ended are kept as they are, and the shape it ended in runs again (without the arm to
+    blame) or, where no single arm was, stays recorded as an error."""
     shapes = select_shapes(attention_shapes(suite.tiny), suite.args.shapes)
+    prior = suite.results.get("attention") or {"shapes": []}
+    ended = {e["shape"]: e for e in prior["shapes"] if e.get("status") != "running"}
     out = suite.results["attention"] = {"dtype": str(suite.dtype).replace("torch.", ""),
-                                        "repeats": suite.repeats, "warmup": suite.warmup, "shapes": []}
-    weights = [shape_weight(s, shapes[0]) for s in shapes]
-    status = "done"
-    seen = set()
-    for i, s in enumerate(shapes):
+                                        "repeats": suite.repeats, "warmup": suite.warmup,
+                                        "shapes": [e for e in prior["shapes"] if e["shape"] in ended]}
+    out["triton_autotune"] = prior.get("triton_autotune")
+    todo = [s for s in shapes if s.name not in ended]
+    weights = [shape_weight(s, shapes[0]) for s in todo]
+    seen = {(c["d"], c["T"]) for c in suite.results["choices"]}
+    for i, s in enumerate(todo):
         if time.monotonic() > deadline:
             out["shapes"].append({"shape": s.name, **asdict(s), "status": "skipped: budget"})
-            status = "partial: budget"
             continue
         res = {"shape": s.name, **asdict(s), "status": "running"}
         out["shapes"].append(res)
@@ -957,17 +1052,21 @@ def section_attention(suite: Suite, deadline: float) -> dict:
         try:
             run_shape(suite, s, split_deadline(deadline, weights[i], sum(weights[i:])), res)
         except Exception as e:  # noqa: BLE001  (one shape failing does not end the section)
+            suite.check_lost(e)
             res.update(status="error", error=short_error(e), traceback=traceback.format_exc())
             print(f"shape {s.name} failed: {res['error']}", flush=True)
         if res.get("rows") and s.Hkv == s.H and (s.d, s.T) not in seen:  # one entry per (d, T): MHA shapes
             seen.add((s.d, s.T))
             suite.results["choices"] += shape_choices(suite, res)
-        if not str(res["status"]).startswith("done"):
-            status = "partial"
         if suite.device.type == "cuda":
             torch.cuda.empty_cache()
-        out["triton_autotune"] = triton_tiles()
+        tiles, known = triton_tiles(), out.get("triton_autotune") or []  # a restarted process's after the earlier's
+        out["triton_autotune"] = None if tiles is None and not known else \
+            known + [t for t in tiles or [] if t not in known]
         suite.save()
+    statuses = [str(e["status"]) for e in out["shapes"]]
+    status = "done" if all(x.startswith("done") for x in statuses) else \
+        "partial: budget" if all(x.startswith(("done", "skipped: budget")) for x in statuses) else "partial"
     return {"status": status}
 
 
@@ -1016,6 +1115,7 @@ def section_training(suite: Suite, deadline: float) -> dict:
         try:
             train_size(suite, name, cfg, batch, seq_len, deadline, state, out["runs"])
         except Exception as e:  # noqa: BLE001
+            suite.check_lost(e)
             running = [r for r in out["runs"] if r["size"] == name and r["status"] == "running"]
             err = {"status": "error", "error": short_error(e), "traceback": traceback.format_exc()}
             if running:
@@ -1056,7 +1156,7 @@ def train_size(suite: Suite, name: str, cfg, batch: int, seq_len: int, deadline:
         run = {"size": name, "mode": mode, "batch": batch, "seq_len": seq_len, "d": cfg.head_dim,
                "dtype": str(dtype).replace("torch.", ""), "status": "running"}
         runs.append(run)
-        suite.save()  # a run killed while compiling says so
+        suite.running("training", size=name, mode=mode)  # a run killed while compiling says so
         left = deadline - time.monotonic()
         need = 0.0 if mode == "eager" else 2 * state["compile_s"] + 2 * (suite.warmup + suite.args.train_steps) * (
             eager_step_s or 0.0)
@@ -1201,9 +1301,11 @@ def section_decode(suite: Suite, deadline: float) -> dict:
             out["rows"].append({"batch": batch, "status": "skipped: budget"})
             status = "partial: budget"
         else:
+            suite.running("decode", batch=batch, step="dynamic")
             try:
                 out["rows"] += pair_row(bench_decode(seq_lens=lens, batch=batch, **common, **model), batch, "dynamic")
             except Exception as e:  # noqa: BLE001  (recorded; the static rows still run)
+                suite.check_lost(e)
                 out["rows"].append({"batch": batch, "status": "error", "error": f"{type(e).__name__}: {e}"[:500],
                                     "traceback": traceback.format_exc()[-4000:]})
             suite.save()
@@ -1213,10 +1315,12 @@ def section_decode(suite: Suite, deadline: float) -> dict:
                 status = "partial: budget"
                 continue
             skips = counters["inductor"]["cudagraph_skips"]
+            suite.running("decode", batch=batch, T=T, step=static_step)
             try:  # the static step first: its baseline is the reference of the paired ratios
                 rows = bench_decode(seq_lens=(T,), batch=batch, steps=(static_step, "dynamic"), **common,
                                     **static_model)
             except Exception as e:  # noqa: BLE001  (recorded; the ordinary rows stand)
+                suite.check_lost(e)
                 out["static_rows"].append({"batch": batch, "T": T, "step": static_step, "status": "error",
                                            "error": f"{type(e).__name__}: {e}"[:500],
                                            "traceback": traceback.format_exc()[-4000:]})
@@ -1346,21 +1450,139 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", help="attention shapes: goal, d64, gqa2, gqa4, gqa, sweep, sweep-1k, ... (default all)")
     p.add_argument("--candidates", help="comma-separated DIFF backends to check and time (default: all registered "
                                         "but eager and chunked, plus auto)")
+    p.add_argument("--register", action="append", default=[], metavar="FILE.py|MODULE",
+                   help="import this first (a file or a module; repeatable): the DIFF kernels it registers with "
+                        "difftx.attention.kernels.register_backend are candidates like the built-in ones")
     p.add_argument("--repeats", type=int, help="timed rounds per attention mode (default 20; --tiny 3)")
     p.add_argument("--warmup", type=int, help="untimed rounds first (default 5; --tiny 1)")
     p.add_argument("--train-steps", type=int, default=None, help="timed training steps per arm (default 20; --tiny 3)")
     p.add_argument("--train-modes", default="eager,compiled", help="training modes: eager, compiled or both")
     p.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --tiny eager)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--isolate", default="auto", choices=["auto", "yes", "no"],
+                   help="each section in a process of its own, restarted without an arm that ended it "
+                        "(default auto: yes on CUDA, no on CPU)")
     p.add_argument("--commit", help="the commit to record where the tree is a copy without git (default: HEAD)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and few repeats (runs on CPU; the tests' form)")
+    p.add_argument("--child", choices=SECTIONS, help=argparse.SUPPRESS)  # a section's process (run_isolated)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # its deadline, on the machine's monotonic clock
     return p
 
 
+def register(specs: list[str]) -> None:
+    """Import each ``--register`` file or module (its import registers its kernels)."""
+    import importlib
+    import importlib.util
+
+    for spec in specs:
+        if spec.endswith(".py"):
+            if not os.path.isfile(spec):
+                raise ValueError(f"--register: no such file: {spec}")
+            name = "gpu_suite_registered_" + os.path.basename(spec)[:-3]
+            loader = importlib.util.spec_from_file_location(name, spec)
+            module = importlib.util.module_from_spec(loader)
+            sys.modules[name] = module
+            loader.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(spec)
+            except ImportError as e:
+                raise ValueError(f"--register: cannot import {spec}: {e}") from e
+
+
+def user_argv(argv: list[str]) -> list[str]:
+    """``argv`` without the internal flags of a section's process."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in CHILD_FLAGS:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in CHILD_FLAGS)):
+            out.append(a)
+    return out
+
+
+def run_section(suite: Suite, name: str, deadline: float) -> dict:
+    """One section in this process: its runner's summary, or the error that ended it (the run goes on).
+    :class:`ContextLost` passes through."""
+    try:
+        return RUNNERS[name](suite, deadline)
+    except Exception as e:  # noqa: BLE001  (recorded; the next section still runs)
+        info = {"status": "error", "error": short_error(e), "traceback": traceback.format_exc()}
+        print(f"section {name} failed: {info['error']}", flush=True)
+        return info
+
+
+def _end_running(obj, why: str) -> None:
+    """Every entry of a section's results still ``running`` when its process ended: an error, and why."""
+    if isinstance(obj, dict):
+        if obj.get("status") == "running":
+            obj.update(status="error", error=why)
+        for v in obj.values():
+            _end_running(v, why)
+    elif isinstance(obj, list):
+        for v in obj:
+            _end_running(v, why)
+
+
+def _where(running: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in running.items() if v is not None) or "before it said"
+
+
+def run_isolated(suite: Suite, name: str, deadline: float, argv: list[str]) -> dict:
+    """Section ``name`` in a process of its own (this script with ``--child``), which reads the results so far
+    from ``--out`` and writes its own there. A process that ends otherwise than normally (a signal, an exit, its
+    CUDA context lost, killed :data:`GRACE_S` past its deadline) is read from the file: the arm it was running
+    (``running``) is left out of every later call and the section restarts in a fresh process, at most
+    :data:`MAX_RESTARTS` times and while its time lasts; where no single arm is to blame, attention goes on from
+    its next shape and other sections end there. Each end is recorded in ``crashes``."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
+    cmd = [sys.executable, os.path.abspath(__file__), *user_argv(argv), "--child", name, f"--deadline={deadline!r}"]
+    restarts = 0
+    while True:
+        suite.results.pop("running", None)
+        suite.results.pop("lost", None)
+        suite.save()
+        killed = False
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=max(0.0, deadline - time.monotonic()) + GRACE_S).returncode
+        except subprocess.TimeoutExpired:
+            rc, killed = None, True
+        suite.load()
+        running = suite.results.pop("running", None) or {"section": name}
+        lost = suite.results.pop("lost", None)
+        if rc == 0:
+            return suite.results["sections"].get(name, {"status": "done"})
+        why = (f"its CUDA context was lost ({lost['error']})" if lost else
+               f"it was still running {GRACE_S:.0f} s past its deadline and was killed" if killed else
+               f"its process ended with exit code {rc}" + (f" (signal {-rc})" if rc < 0 else ""))
+        arm = running.get("arm")
+        crash = {"section": name, "exit": rc, "running": running, "why": why}
+        suite.results.setdefault("crashes", []).append(crash)
+        again = restarts < MAX_RESTARTS and time.monotonic() < deadline and not killed
+        if arm and arm not in suite.crashed() and again:
+            suite.crashed()[arm] = why
+            crash["left_out"] = arm
+            print(f"\n{name}: {why} in {_where(running)}; restarting the section without {arm}", flush=True)
+        else:
+            _end_running(suite.results.get(name), why)
+            if not (again and name == "attention" and running.get("shape")):
+                suite.save()
+                print(f"\n{name}: {why} in {_where(running)}", flush=True)
+                return {"status": "error", "error": f"{why} in {_where(running)}"}
+            print(f"\n{name}: {why} in {_where(running)}; going on from the next shape", flush=True)
+        restarts += 1
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
     args = p.parse_args(argv)
     try:
+        register(args.register)
         sections = parse_sections(args.sections)
         select_shapes(attention_shapes(args.tiny), args.shapes)
         args.candidates = None if not args.candidates else [c.strip() for c in args.candidates.split(",") if c.strip()]
@@ -1389,20 +1611,40 @@ def main(argv=None) -> int:
     args.train_steps = args.train_steps or (3 if args.tiny else 20)
     args.compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
     suite = Suite(args, torch.device("cuda" if cuda else "cpu"))
+    if args.child:  # a section's process: its part of the results, in the run's file
+        suite.load()
+        try:
+            info = run_section(suite, args.child, args.deadline)
+        except ContextLost as e:
+            print(f"section {args.child}: the CUDA context was lost ({e}); this process ends", flush=True)
+            return EXIT_CONTEXT_LOST
+        suite.results.pop("running", None)
+        suite.results["sections"][args.child] = info
+        suite.save()
+        return 0
+    isolate = args.isolate == "yes" or (args.isolate == "auto" and cuda)
     budget = Budget(args.budget_s, sections)
-    print(f"# gpu_suite: sections {', '.join(sections)}; budget {args.budget_s:.0f} s; JSON {args.out}", flush=True)
+    print(f"# gpu_suite: sections {', '.join(sections)}; budget {args.budget_s:.0f} s; JSON {args.out}"
+          + ("; a process per section" if isolate else ""), flush=True)
     for name in sections:
         deadline = budget.section(name)
         t0 = time.monotonic()
         print(f"\n## {name} ({max(0.0, deadline - t0):.0f} s)", flush=True)
-        try:
-            info = RUNNERS[name](suite, deadline)
-        except Exception as e:  # noqa: BLE001  (recorded; the next section still runs)
-            info = {"status": "error", "error": short_error(e), "traceback": traceback.format_exc()}
-            print(f"section {name} failed: {info['error']}", flush=True)
+        if isolate and name != "goals":  # goals only reads the results
+            info = run_isolated(suite, name, deadline, argv)
+        else:
+            try:
+                info = run_section(suite, name, deadline)
+            except ContextLost as e:  # in one process every later call would fail too: the sections still say so
+                info = {"status": "error", "error": f"the CUDA context was lost: {e}"}
+            suite.results.pop("running", None)
+            suite.results.pop("lost", None)
         info.update(elapsed_s=round(time.monotonic() - t0, 2), budget_s=round(max(0.0, deadline - t0), 2))
         suite.results["sections"][name] = info
         suite.save()
+    for c in suite.results.get("crashes", []):
+        print(f"# {c['section']}: {c['why']} in {_where(c['running'])}"
+              + (f"; restarted without {c['left_out']}" if c.get("left_out") else ""), flush=True)
     print(f"\n# gpu_suite: done; JSON {args.out}", flush=True)
     return 0
 

@@ -192,9 +192,89 @@ def test_a_spent_budget_skips_and_says_so(tmp_path, monkeypatch):
     assert all(row["status"] == "skipped: budget" for row in r["decode"]["rows"])
 
 
+FAULTS = """
+import os
+
+import torch
+
+from difftx.attention import kernels
+
+
+def dies(q, k, v, lam, mask, scale, return_maps=False):  # a process killed by its fault (a signal, an abort)
+    os._exit(70)
+
+
+def poisons(q, k, v, lam, mask, scale, return_maps=False):  # a fault that leaves the CUDA context unusable
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def dies_when_profiled(q, k, v, lam, mask, scale, return_maps=False):  # a fault after its first calls
+    if torch.autograd._profiler_enabled():
+        os._exit(71)
+    return kernels.sdpa(q, k, v, lam, mask, scale)
+
+
+kernels.register_backend("dies_for_test", dies)
+kernels.register_backend("poisons_for_test", poisons)
+kernels.register_backend("dies_when_profiled_for_test", dies_when_profiled)
+"""
+
+
+def _isolated(tmp_path, monkeypatch, *extra):
+    for name in ("dies_for_test", "poisons_for_test", "dies_when_profiled_for_test"):  # unregistered after the test
+        monkeypatch.setitem(kernels.BACKENDS, name, None)
+    faults = tmp_path / "faults.py"
+    faults.write_text(FAULTS)
+    return _run(tmp_path, "--isolate", "yes", "--register", str(faults), "--sections", "correctness,attention",
+                *extra)
+
+
+def test_a_section_whose_process_ends_restarts_without_the_arm_that_ended_it(tmp_path, monkeypatch):
+    """Each section in its own process: a candidate that kills its process, and one whose error leaves the CUDA
+    context unusable, are each left out and the section restarted; the rest is measured as in one process."""
+    r = _isolated(tmp_path, monkeypatch, "--candidates", "sdpa_pad,dies_for_test,poisons_for_test", "--shapes", "goal")
+    assert [(c["section"], c["exit"], c.get("left_out")) for c in r["crashes"]] == [
+        ("correctness", 70, "diff/dies_for_test"), ("correctness", suite.EXIT_CONTEXT_LOST, "diff/poisons_for_test")]
+    assert "illegal memory access" in r["crashes"][1]["why"] and r["crashes"][0]["running"]["case"] == "mha-33"
+    assert set(r["crashed"]) == {"diff/dies_for_test", "diff/poisons_for_test"}
+    assert "running" not in r and "lost" not in r
+    assert {k: v["status"] for k, v in r["sections"].items()} == {
+        "env": "done", "correctness": "done", "attention": "done", "goals": "done"}
+    corr = r["correctness"]
+    assert corr["passed"] == {"sdpa_pad": True, "dies_for_test": False, "poisons_for_test": False}
+    assert set(corr["crashed"]) == {"dies_for_test", "poisons_for_test"} and corr["not_checked"] == []
+    shape = r["attention"]["shapes"][0]
+    assert shape["status"] == "done" and {row["name"] for row in shape["rows"]} >= {"diff/sdpa_pad", "baseline/sdpa"}
+    for name in ("diff/dies_for_test", "diff/poisons_for_test"):
+        assert shape["excluded"][name].startswith("ended its process")
+    assert "--child" not in r["env"]["command"] and "--isolate" in r["env"]["command"]
+
+
+def test_a_process_that_ends_with_no_arm_to_blame_goes_on_from_the_next_shape(tmp_path, monkeypatch):
+    r = _isolated(tmp_path, monkeypatch, "--candidates", "dies_when_profiled_for_test", "--shapes", "goal,d64")
+    assert r["correctness"]["passed"] == {"dies_when_profiled_for_test": True}  # no profiler there
+    assert [(c["exit"], c["running"].get("shape"), c["running"].get("arm")) for c in r["crashes"]] == [
+        (71, "goal", None), (71, "d64", None)]
+    shapes = r["attention"]["shapes"]
+    assert [(x["shape"], x["status"]) for x in shapes] == [("goal", "error"), ("d64", "error")]
+    assert all("exit code 71" in x["error"] for x in shapes) and r["sections"]["attention"]["status"] == "partial"
+    assert r["crashed"] == {} and r["sections"]["goals"]["status"] == "done"
+
+
+def test_context_errors_and_the_user_command():
+    cpu = torch.device("cpu")
+    assert suite.context_lost(RuntimeError("CUDA error: unspecified launch failure"), cpu)
+    assert suite.context_lost(RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered"), cpu)
+    assert not suite.context_lost(RuntimeError("No available kernel. Aborting execution."), cpu)
+    assert not suite.context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), cpu)
+    assert suite.user_argv(["--tiny", "--child", "attention", "--deadline=-inf", "--out", "x"]) == \
+        ["--tiny", "--out", "x"]
+    assert suite.user_argv(["--deadline", "12.5", "--shapes", "goal"]) == ["--shapes", "goal"]
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     for args in (["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
-                 ["--budget-s", "0"],
+                 ["--budget-s", "0"], ["--register", str(tmp_path / "missing.py")], ["--register", "no_such_module_x"],
                  ["--train-modes", "jit"]):
         with pytest.raises(SystemExit) as e:
             suite.main(["--tiny", "--out", str(tmp_path / "x.json"), *args])
