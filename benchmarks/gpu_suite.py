@@ -1615,9 +1615,10 @@ def main(argv=None) -> int:
         suite.load()
         try:
             info = run_section(suite, args.child, args.deadline)
-        except ContextLost as e:
+        except ContextLost as e:  # saved; end at once: exit handlers that touch the lost context could hang
             print(f"section {args.child}: the CUDA context was lost ({e}); this process ends", flush=True)
-            return EXIT_CONTEXT_LOST
+            sys.stderr.flush()
+            os._exit(EXIT_CONTEXT_LOST)
         suite.results.pop("running", None)
         suite.results["sections"][args.child] = info
         suite.save()
