@@ -1534,9 +1534,9 @@ def run_isolated(suite: Suite, name: str, deadline: float, argv: list[str]) -> d
     """Section ``name`` in a process of its own (this script with ``--child``), which reads the results so far
     from ``--out`` and writes its own there. A process that ends otherwise than normally (a signal, an exit, its
     CUDA context lost, killed :data:`GRACE_S` past its deadline) is read from the file: the arm it was running
-    (``running``) is left out of every later call and the section restarts in a fresh process, at most
-    :data:`MAX_RESTARTS` times and while its time lasts; where no single arm is to blame, attention goes on from
-    its next shape and other sections end there. Each end is recorded in ``crashes``."""
+    (``running``) is left out of every later call, and the section restarts in a fresh process, at most
+    :data:`MAX_RESTARTS` times, while its time lasts and not after a kill; where no single arm is to blame,
+    attention goes on from its next shape and other sections end there. Each end is recorded in ``crashes``."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
@@ -1562,10 +1562,12 @@ def run_isolated(suite: Suite, name: str, deadline: float, argv: list[str]) -> d
         arm = running.get("arm")
         crash = {"section": name, "exit": rc, "running": running, "why": why}
         suite.results.setdefault("crashes", []).append(crash)
-        again = restarts < MAX_RESTARTS and time.monotonic() < deadline and not killed
-        if arm and arm not in suite.crashed() and again:
+        blamed = bool(arm) and arm not in suite.crashed()
+        if blamed:  # left out of every later call, restarted or not
             suite.crashed()[arm] = why
             crash["left_out"] = arm
+        again = restarts < MAX_RESTARTS and time.monotonic() < deadline and not killed
+        if blamed and again:
             print(f"\n{name}: {why} in {_where(running)}; restarting the section without {arm}", flush=True)
         else:
             _end_running(suite.results.get(name), why)

@@ -261,6 +261,36 @@ def test_a_process_that_ends_with_no_arm_to_blame_goes_on_from_the_next_shape(tm
     assert r["crashed"] == {} and r["sections"]["goals"]["status"] == "done"
 
 
+def test_a_section_killed_past_its_deadline_ends_and_its_arm_is_left_out_of_the_later_ones(tmp_path, monkeypatch):
+    """The parent's side of a hang, from a deterministic stand-in for the section's process: it says what runs,
+    then the wait for it runs out (subprocess.run kills the process and raises)."""
+    out = tmp_path / "suite.json"
+    seen = []
+
+    def fake_process(cmd, env, timeout):
+        section = cmd[cmd.index("--child") + 1]
+        seen.append((section, timeout))
+        r = json.loads(out.read_text())
+        if section == "correctness":
+            r["running"] = {"section": section, "arm": "diff/sdpa_pad", "case": "mha-33"}
+            out.write_text(json.dumps(r))
+            raise suite.subprocess.TimeoutExpired(cmd, timeout)
+        r["sections"][section] = {"status": "done"}
+        out.write_text(json.dumps(r))
+        return suite.subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(suite.subprocess, "run", fake_process)
+    r = _run(tmp_path, "--isolate", "yes", "--sections", "correctness,attention", "--candidates", "sdpa_pad")
+    assert [s for s, _ in seen] == ["env", "correctness", "attention"]  # killed: not restarted
+    assert all(t >= suite.GRACE_S for _, t in seen)
+    assert r["crashes"] == [{"section": "correctness", "exit": None, "left_out": "diff/sdpa_pad",
+                             "running": {"section": "correctness", "arm": "diff/sdpa_pad", "case": "mha-33"},
+                             "why": f"it was still running {suite.GRACE_S:.0f} s past its deadline and was killed"}]
+    assert r["crashed"] == {"diff/sdpa_pad": r["crashes"][0]["why"]}
+    assert r["sections"]["correctness"]["status"] == "error" and "case mha-33" in r["sections"]["correctness"]["error"]
+    assert r["sections"]["attention"]["status"] == "done" and "running" not in r
+
+
 def test_context_errors_and_the_user_command():
     cpu = torch.device("cpu")
     assert suite.context_lost(RuntimeError("CUDA error: unspecified launch failure"), cpu)
