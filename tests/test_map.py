@@ -290,14 +290,14 @@ def test_the_answer_per_task_from_the_shipped_map():
     m = cmap.docs_map()
     sources = {c["name"]: c["source"] for c in m["cells"]}
     assert sources["normal"] == sources["torch"] == sources["lm-torch-xl"] == "recorded"
-    assert sources["torch-depth4"] == sources["lm-torch-l"] == "recorded" and sources["torch-depth8"] is None
+    assert sources["torch-depth4"] == sources["torch-depth8"] == sources["lm-torch-l"] == "recorded"
     diff = m["answer"]["recall"]["diff"]
     # every seed below the baseline, the mean not established: behind in most seeds, never "worse"
     assert diff[cmap.BEHIND] == ["normal", "normal-width128"] and diff[cmap.NEITHER] == ["normal-depth8"]
     assert cmap.BETTER not in diff and cmap.WORSE not in diff
-    assert diff[cmap.NOT_MEASURED] == ["torch-depth8"] and diff[cmap.AHEAD] == ["torch-depth4"]
+    assert cmap.NOT_MEASURED not in diff and diff[cmap.AHEAD] == ["torch-depth4", "torch-depth8"]
     assert diff[cmap.NO_VERDICT][-1] == "torch-width128"
-    assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.AHEAD] == ["normal", "torch-depth4"]
+    assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.AHEAD] == ["normal", "torch-depth4", "torch-depth8"]
     assert m["answer"]["lm"]["diff"][cmap.NO_VERDICT] == ["lm-torch-l", "lm-torch-xl"]
     assert m["answer"]["lm"]["diff_out_0.2"][cmap.BEHIND] == ["lm-torch-l"]
     assert m["answer"]["lm"]["diff"][cmap.BEHIND] == ["lm-normal-l", "lm-normal-xl"]  # NLL above in 8 of 8 seeds
@@ -305,13 +305,14 @@ def test_the_answer_per_task_from_the_shipped_map():
     assert lines[0] == "**Recall (the frontier, mean accuracy over the plain-MQAR cells).**\n"
     first = next(x for x in lines if x.startswith("- `diff` "))
     assert re.match(r"- `diff` recalls better than the baseline on average in no cell; not interchangeable with the "
-                    r"baseline, ahead in most seeds, in `torch-depth4` \(\+0\.690 \[.*\]: .*\); not interchangeable "
+                    r"baseline, ahead in most seeds, in `torch-depth4` \(\+0\.690 \[.*\]: .*\) and `torch-depth8` "
+                    r"\(\+0\.797 \[.*\]: .*\); not interchangeable "
                     r"with the baseline, behind in most seeds, in `normal` \(-0\.588 \[.*\]: .*\) "
                     r"and `normal-width128` \(.*\); neither it nor the baseline learns in `normal-depth8` \(.*\); no "
-                    r"verdict in .*; not measured in `torch-depth8`\.$", first)
+                    r"verdict in .*\)\.$", first)
     assert any(x.startswith("**Language modelling (held-out NLL") for x in lines)
     table = cmap.map_table(m)
-    assert "| `torch-depth8` (torch, 8 x 64, recall, 2,400 steps of 32) | baseline, diff, diff_lambda_0.8 |" in table
+    assert "| `torch-depth8` (torch, 8 x 64, recall, 2,400 steps of 32) | baseline | - | 1 | no | 0 of 7 |" in table
     assert "| `torch-depth4` (torch, 4 x 64, recall, 2,400 steps of 32) | baseline | - | 1 | no | 1 of 7 (2,000) |" in table
     assert "- `normal-depth4`: recorded from the results log, 2026-11-28: The regime map in depth: " in table
 
