@@ -1482,7 +1482,10 @@ def register(specs: list[str]) -> None:
             loader = importlib.util.spec_from_file_location(name, spec)
             module = importlib.util.module_from_spec(loader)
             sys.modules[name] = module
-            loader.loader.exec_module(module)
+            try:
+                loader.loader.exec_module(module)
+            except Exception as e:  # noqa: BLE001  (any error of the user's file: one line, not a traceback)
+                raise ValueError(f"--register: {spec} failed to import: {short_error(e)}") from e
         else:
             try:
                 importlib.import_module(spec)

@@ -303,7 +303,8 @@ def test_context_errors_and_the_user_command():
 
 
 def test_bad_arguments_are_refused(tmp_path, capsys):
-    for args in (["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
+    (tmp_path / "broken.py").write_text("raise RuntimeError('a registered file that fails')\n")
+    for args in (["--register", str(tmp_path / "broken.py")], ["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
                  ["--budget-s", "0"], ["--register", str(tmp_path / "missing.py")], ["--register", "no_such_module_x"],
                  ["--train-modes", "jit"]):
         with pytest.raises(SystemExit) as e:
