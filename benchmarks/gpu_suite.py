@@ -1533,6 +1533,29 @@ def _where(running: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in running.items() if v is not None) or "before it said"
 
 
+def run_child(cmd: list[str], env: dict, timeout: float) -> Optional[int]:
+    """Run a section's process in a session of its own; its exit code, or None when it was still running after
+    ``timeout`` seconds and was killed with everything it started (compile workers included). Interrupted
+    (Ctrl-C), it is killed the same way before the interruption goes on."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill()
+        return None
+    except BaseException:
+        kill()
+        raise
+
+
 def run_isolated(suite: Suite, name: str, deadline: float, argv: list[str]) -> dict:
     """Section ``name`` in a process of its own (this script with ``--child``), which reads the results so far
     from ``--out`` and writes its own there. A process that ends otherwise than normally (a signal, an exit, its
@@ -1549,12 +1572,12 @@ def run_isolated(suite: Suite, name: str, deadline: float, argv: list[str]) -> d
         suite.results.pop("running", None)
         suite.results.pop("lost", None)
         suite.save()
-        killed = False
+        rc = run_child(cmd, env, max(0.0, deadline - time.monotonic()) + GRACE_S)
+        killed = rc is None
         try:
-            rc = subprocess.run(cmd, env=env, timeout=max(0.0, deadline - time.monotonic()) + GRACE_S).returncode
-        except subprocess.TimeoutExpired:
-            rc, killed = None, True
-        suite.load()
+            suite.load()
+        except (OSError, ValueError) as e:  # what it wrote is lost; what the run had stands
+            print(f"{name}: its results could not be read back ({short_error(e)})", flush=True)
         running = suite.results.pop("running", None) or {"section": name}
         lost = suite.results.pop("lost", None)
         if rc == 0:

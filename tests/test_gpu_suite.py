@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -274,12 +275,12 @@ def test_a_section_killed_past_its_deadline_ends_and_its_arm_is_left_out_of_the_
         if section == "correctness":
             r["running"] = {"section": section, "arm": "diff/sdpa_pad", "case": "mha-33"}
             out.write_text(json.dumps(r))
-            raise suite.subprocess.TimeoutExpired(cmd, timeout)
+            return None  # killed past its deadline
         r["sections"][section] = {"status": "done"}
         out.write_text(json.dumps(r))
-        return suite.subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(suite.subprocess, "run", fake_process)
+    monkeypatch.setattr(suite, "run_child", fake_process)
     r = _run(tmp_path, "--isolate", "yes", "--sections", "correctness,attention", "--candidates", "sdpa_pad")
     assert [s for s, _ in seen] == ["env", "correctness", "attention"]  # killed: not restarted
     assert all(t >= suite.GRACE_S for _, t in seen)
@@ -289,6 +290,30 @@ def test_a_section_killed_past_its_deadline_ends_and_its_arm_is_left_out_of_the_
     assert r["crashed"] == {"diff/sdpa_pad": r["crashes"][0]["why"]}
     assert r["sections"]["correctness"]["status"] == "error" and "case mha-33" in r["sections"]["correctness"]["error"]
     assert r["sections"]["attention"]["status"] == "done" and "running" not in r
+
+
+def test_a_section_process_still_running_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    """run_child kills the whole session of a process past its time: here a shell and the sleep it started. The
+    wait starts only once the shell has said (through a FIFO) that the sleep runs: no race with the machine."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    real_popen = suite.subprocess.Popen
+
+    def popen_when_ready(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        with open(fifo) as f:  # blocks until the shell has written its sleep's pid
+            popen_when_ready.pid = int(f.read())
+        return proc
+
+    monkeypatch.setattr(suite.subprocess, "Popen", popen_when_ready)
+    assert suite.run_child(["bash", "-c", f"sleep 300 & echo $! > {fifo}; wait"], dict(os.environ), 0.2) is None
+    stat = Path(f"/proc/{popen_when_ready.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.exists() and stat.read_text().split()[2] != "Z":  # killed; gone once reaped
+        assert time.monotonic() < deadline, "the process the section's process started is still running"
+        time.sleep(0.05)
+    monkeypatch.setattr(suite.subprocess, "Popen", real_popen)
+    assert suite.run_child([sys.executable, "-c", "import sys; sys.exit(5)"], dict(os.environ), 30.0) == 5
 
 
 def test_context_errors_and_the_user_command():
