@@ -1640,6 +1640,8 @@ def main(argv=None) -> int:
     args.compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
     suite = Suite(args, torch.device("cuda" if cuda else "cpu"))
     if args.child:  # a section's process: its part of the results, in the run's file
+        if args.deadline is None:
+            p.error("--child: internal, given with --deadline by the run itself")
         suite.load()
         try:
             info = run_section(suite, args.child, args.deadline)
@@ -1673,7 +1675,7 @@ def main(argv=None) -> int:
         suite.save()
     for c in suite.results.get("crashes", []):
         print(f"# {c['section']}: {c['why']} in {_where(c['running'])}"
-              + (f"; restarted without {c['left_out']}" if c.get("left_out") else ""), flush=True)
+              + (f"; {c['left_out']} left out from then on" if c.get("left_out") else ""), flush=True)
     print(f"\n# gpu_suite: done; JSON {args.out}", flush=True)
     return 0
 
