@@ -479,9 +479,9 @@ class Suite:
     def save(self) -> None:
         from pathlib import Path
 
-        from difftx.io import atomic_write
+        from difftx.io import atomic_write, dumps_strict
 
-        text = json.dumps(self.results, indent=1, default=str)
+        text = dumps_strict(self.results, indent=1, default=str)  # a NaN (a kernel's error) is null, with why
         atomic_write(self.args.out, lambda p: Path(p).write_text(text))
 
     def load(self) -> None:
@@ -599,7 +599,8 @@ def git_commit() -> Optional[str]:
 
 def section_env(suite: Suite, deadline: float) -> dict:
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": [sys.executable, sys.argv[0], *user_argv(sys.argv[1:])], "commit": suite.args.commit or git_commit(),
+           "command": [sys.executable, sys.argv[0], *user_argv(sys.argv[1:])],
+           "commit": suite.args.commit or git_commit(),
            "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(suite.device),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,

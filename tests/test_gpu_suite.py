@@ -221,6 +221,24 @@ kernels.register_backend("dies_when_profiled_for_test", dies_when_profiled)
 """
 
 
+def _nan(q, k, v, lam, mask, scale, return_maps=False):
+    return kernels.sdpa(q, k, v, lam, mask, scale) * float("nan")
+
+
+def test_a_candidate_that_gives_nan_fails_and_the_json_stays_strict(tmp_path, monkeypatch):
+    monkeypatch.setitem(kernels.BACKENDS, "nan_for_test", _nan)
+    out = tmp_path / "suite.json"
+    assert suite.main(["--tiny", "--device", "cpu", "--out", str(out), "--sections", "correctness",
+                       "--candidates", "sdpa_pad,nan_for_test"]) == 0
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in the JSON")
+
+    r = json.loads(out.read_text(), parse_constant=refuse)
+    assert r["correctness"]["passed"] == {"sdpa_pad": True, "nan_for_test": False}
+    assert r["correctness"]["cases"][0]["rows"][1]["errors"]["out"] is None and r["null_reasons"]
+
+
 def _isolated(tmp_path, monkeypatch, *extra):
     for name in ("dies_for_test", "poisons_for_test", "dies_when_profiled_for_test"):  # unregistered after the test
         monkeypatch.setitem(kernels.BACKENDS, name, None)
@@ -329,7 +347,8 @@ def test_context_errors_and_the_user_command():
 
 def test_bad_arguments_are_refused(tmp_path, capsys):
     (tmp_path / "broken.py").write_text("raise RuntimeError('a registered file that fails')\n")
-    for args in (["--register", str(tmp_path / "broken.py")], ["--sections", "nope"], ["--shapes", "nope"], ["--candidates", "nope"], ["--repeats", "0"],
+    for args in (["--register", str(tmp_path / "broken.py")], ["--sections", "nope"], ["--shapes", "nope"],
+                 ["--candidates", "nope"], ["--repeats", "0"],
                  ["--budget-s", "0"], ["--register", str(tmp_path / "missing.py")], ["--register", "no_such_module_x"],
                  ["--train-modes", "jit"]):
         with pytest.raises(SystemExit) as e:
