@@ -295,8 +295,8 @@ def test_the_answer_per_task_from_the_shipped_map():
     # every seed below the baseline, the mean not established: behind in most seeds, never "worse"
     assert diff[cmap.BEHIND] == ["normal", "normal-width128"] and diff[cmap.NEITHER] == ["normal-depth8"]
     assert cmap.BETTER not in diff and cmap.WORSE not in diff
-    assert diff[cmap.NOT_MEASURED] == ["torch-depth8-6000"]  # the budget the baseline needs at 4 layers, at 8
-    assert diff[cmap.AHEAD] == ["torch-depth4", "torch-depth8"]  # at 2,400 steps; at 6,000 the baseline learns too:
+    assert diff[cmap.NOT_MEASURED] == ["torch-depth8-6000"]  # the budget the baseline needed at 4 layers
+    assert diff[cmap.AHEAD] == ["torch-depth4", "torch-depth8"]  # at 2,400 steps; with 6,000 the baseline learns too
     assert diff[cmap.NO_VERDICT][-2:] == ["torch-width128", "torch-depth4-6000"]
     assert m["answer"]["recall"]["diff_lambda_0.8"][cmap.AHEAD] == ["normal", "torch-depth4", "torch-depth8"]
     assert m["answer"]["lm"]["diff"][cmap.NO_VERDICT] == ["lm-torch-l", "lm-torch-xl"]
