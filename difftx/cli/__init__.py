@@ -262,6 +262,8 @@ def classify_error(e: BaseException) -> tuple[int, str]:
                 }.get(e.errno, "check the disk and the path, then run again")
         return EXIT_FAILURE, f"{_os_message(e)} ({hint})"
     text = re.sub(r"\s*\n\s*", " ", str(e).strip())  # one line
+    if _is(e, "difftx.compare.workers", "WorkerLost"):  # says itself what to do (it names memory as one cause)
+        return EXIT_FAILURE, text
     if isinstance(e, MemoryError) or _is(e, "torch", "OutOfMemoryError") or _is(e, "torch.cuda", "OutOfMemoryError") \
             or isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text):
         return EXIT_FAILURE, f"out of memory: {text[:300] or type(e).__name__} (ask for less: a smaller batch, " \

@@ -55,7 +55,7 @@ from .presets import ComparePreset, get_preset
 from .results import add_comparisons, collect_results, earlier_looks, execution, seeds_note, versions
 from .schema import CompareResult
 from .train import train_models
-from .workers import JobStopped, _run_pool, _sigterm_stops
+from .workers import JobStopped, _run_pool, _sigterm_stops, refuse_in_worker_start
 
 # this module's names, and those that moved to the modules beside it, importable from here as before
 __all__ = [
@@ -147,6 +147,7 @@ def run_compare(preset: str | ComparePreset = "smoke", seeds: int | Sequence[int
 
     from ..training.distributed import destroy_distributed, init_distributed, is_initialized, under_torchrun
 
+    refuse_in_worker_start("run_compare")
     p = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
     if p.source is not None and under_torchrun():
         raise ValueError("compare --from runs in one process (each model's starting weights are written into its "

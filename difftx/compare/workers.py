@@ -34,8 +34,36 @@ def _sigterm_stops(active: bool) -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def refuse_in_worker_start(entry: str) -> None:
+    """Called first by every public entry that can start compare's worker processes (``entry``: its name).
+
+    A spawned worker runs the script that started the pool once more (as module ``__mp_main__``) before its
+    first job, so that what the script defines at its top level (a kind, a training task) exists there too.
+    A script that calls ``entry`` outside ``if __name__ == "__main__":`` would start the whole comparison again
+    in every worker, writing into the same folders. Called in that run, this ends the worker at once, before
+    anything is read or written, with one line on stderr that says what to change; the pool's parent then
+    says that a worker ended (:func:`_run_pool`). ``_inheriting`` is the flag the standard library itself
+    reads for this case (multiprocessing's ``_check_not_importing_main``): set while a spawned process is
+    being prepared, so a worker of your own pool that calls ``entry`` from a job is not refused."""
+    import multiprocessing as mp
+    import sys
+
+    if not getattr(mp.current_process(), "_inheriting", False):
+        return
+    script = getattr(sys.modules.get("__mp_main__"), "__file__", None) or "the script that started it"
+    print(f"difftx: {entry} was called while a worker process was starting: each worker runs {script} again, "
+          f"and the call in it would start the comparison again; put the call under "
+          f"`if __name__ == \"__main__\":` (definitions such as register_attention stay at the top level)",
+          file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
 class JobStopped(RuntimeError):
     """A worker process was asked to stop (SIGTERM) outside training; what it wrote is complete."""
+
+
+class WorkerLost(RuntimeError):
+    """A worker process of compare's pool ended without returning (killed, or failed while it started)."""
 
 
 _STOPPING: list[str] = []  # in a worker process: the signal that stopped it (it starts no further job)
@@ -187,6 +215,7 @@ def _run_pool(job: Callable[..., dict], calls: list[tuple], n_workers: int, done
     import signal
     import threading
     from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     from .train import TrainingInterrupted
 
@@ -203,6 +232,10 @@ def _run_pool(job: Callable[..., dict], calls: list[tuple], n_workers: int, done
             fut.cancel()
         for child in mp.active_children():
             os.kill(child.pid, signal.SIGTERM)
+
+    def tally() -> str:
+        unfinished = sorted({name for names in futs.values() for name in names} - set(done))
+        return f"{len(done)} model(s) done in this run, {len(unfinished)} not finished ({', '.join(unfinished)})"
 
     ctx = mp.get_context("spawn")
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -224,14 +257,21 @@ def _run_pool(job: Callable[..., dict], calls: list[tuple], n_workers: int, done
                     if not stopped:
                         raise
                     continue
+                except BrokenProcessPool as e:
+                    if stopped:
+                        continue
+                    raise WorkerLost(
+                        f"a worker process ended abruptly, so compare stopped: {tally()}. Either the system "
+                        "killed it (out of memory, for one: fewer workers or smaller stacks need less, `--workers "
+                        "N`, `--set stack=1`) or it failed while starting, and what it printed is above. Finished "
+                        "models are kept, and a model in training keeps its last checkpoint: run the same command "
+                        "again to continue") from e
                 bar.update(len(futs[fut]))
         finally:
             if main_thread:
                 for sig, h in old.items():
                     signal.signal(sig, h)
     if stopped:
-        unfinished = sorted({name for names in futs.values() for name in names} - set(done))
-        raise TrainingInterrupted(f"stopped by {stopped[0]}: {len(done)} model(s) done in this run, {len(unfinished)} "
-                                  f"not finished ({', '.join(unfinished)}); the models in training wrote a checkpoint; "
+        raise TrainingInterrupted(f"stopped by {stopped[0]}: {tally()}; the models in training wrote a checkpoint; "
                                   f"run the same command again to continue")
 

@@ -816,7 +816,9 @@ def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: O
     arm) over the spec's cells in order, so the share depends on the spec alone) and writes no map: run once more
     without it to finish the cells' reports and write the map."""
     from ..compare.run import run_compare
+    from ..compare.workers import refuse_in_worker_start
 
+    refuse_in_worker_start("run_map")
     recorded = load_recorded(spec.recorded) if use_recorded else {}
     plan = plan_map(spec, out, seeds, recorded, train=train, cells=cells)
     offset = 0

@@ -204,8 +204,10 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     fits nothing: the sizes are a map of depth and width, and the summary is the recall readings per size
     and arm (:func:`difftx.studies.scale_recall.recall_summary`); ``tune`` is refused there."""
     from ..compare.run import run_compare
+    from ..compare.workers import refuse_in_worker_start
     from .tune import run_tuned
 
+    refuse_in_worker_start("run_scale")
     scale = SCALE_PRESETS.get(preset) if isinstance(preset, str) else None
     if scale is None and isinstance(preset, str):
         from ..compare.presets import PRESETS

@@ -44,7 +44,9 @@ def run_sweep(preset: str, field: str, values: Sequence, seeds: int | Sequence[i
               progress: bool = True, workers: int | None = None, **overrides) -> dict:
     """Run the comparison at every value of ``field`` and summarise (see the module doc)."""
     from ..compare.run import run_compare
+    from ..compare.workers import refuse_in_worker_start
 
+    refuse_in_worker_start("run_sweep")
     if not values or len(set(values)) != len(values):
         raise ValueError(f"--sweep {field}: need distinct values, got {list(values)}")
     if field in overrides or field.startswith("model.") and field[len("model."):] in overrides.get("model", {}):

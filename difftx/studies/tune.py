@@ -157,7 +157,9 @@ def run_tuned(preset: str | ComparePreset, seeds: int | Sequence[int], out_dir: 
     as whole results (what :func:`difftx.studies.scale.summarise` reads); with ``shard``, only this invocation's
     share is trained: ``{"shard": [K, N], "models": how many models the grid has}``."""
     from ..compare.run import run_compare
+    from ..compare.workers import refuse_in_worker_start
 
+    refuse_in_worker_start("run_tuned")
     base = get_preset(preset, **overrides) if isinstance(preset, str) else preset.with_overrides(**overrides)
     field = tune[0]
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
