@@ -238,9 +238,11 @@ def test_export_keeps_its_folder_rules_for_remote_code(tmp_path, checked):
     assert sorted(p.name for p in src.iterdir()) == before
 
 
-def test_remote_lambda_is_kept_without_gradients_until_a_vector_changes(checked):
-    """The exported code keeps lambda while generating (no gradients) and recomputes it after an in-place update
-    of a lambda vector; with gradients it is computed afresh and differentiable."""
+def test_remote_lambda_is_kept_while_decoding_until_a_vector_changes(checked):
+    """The exported code keeps lambda while generating (no gradients, a decoding step) and recomputes it after an
+    in-place update of a lambda vector; a forward that is not a decoding step computes it; with gradients it is
+    computed afresh and differentiable. A write through ``.data`` (no version counter moves) is read by the next
+    forward and the next generation: before, a value kept from an earlier call outlived it."""
     import transformers
 
     folder = checked["cases"]["diff_forced"]["folder"]
@@ -248,11 +250,26 @@ def test_remote_lambda_is_kept_without_gradients_until_a_vector_changes(checked)
     attn = model.model.layers[0].attn
     with torch.no_grad():
         first = attn.lambda_value()
-        assert attn.lambda_value() is first  # kept
+        assert attn.lambda_value(reuse=True) is first  # kept
+        assert attn.lambda_value() is not first  # not a decoding step: computed
         attn.lambda_q1.add_(0.25)
-        second = attn.lambda_value()
+        second = attn.lambda_value(reuse=True)
     fresh = attn.lambda_value()
     assert fresh.requires_grad and torch.equal(second, fresh.detach()) and not torch.equal(first, second)
+
+    prompt = torch.tensor([checked["cases"]["diff_forced"]["prompt"]])
+    settings = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    model.generate(prompt, **settings)  # lambda kept by the last decoding step
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                getattr(layer.attn, name).data.mul_(1.7).add_(0.3)
+    again = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)
+    again.load_state_dict(model.state_dict())
+    assert model.generate(prompt, **settings).tolist() == again.generate(prompt, **settings).tolist()
+    with torch.no_grad():
+        no_grad = model(prompt).logits
+    torch.testing.assert_close(no_grad, model(prompt).logits.detach(), rtol=0, atol=1e-5)
 
 
 def test_export_decode_benchmark_runs(capsys):

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from difftx import KVCache, Transformer
 from difftx.attention import AttentionMask, DiffAttention, DiffAttentionV2, LayerKV, StandardAttention, kernels
+from difftx.attention import modules
 from difftx.ops import lambda_value, rms_norm
 from difftx.config import ModelConfig, baseline_config
 
@@ -213,20 +214,26 @@ def test_decode_breakdown_benchmark_runs_and_restores_the_library(capsys):
     assert bench.PROBE not in kernels.BACKENDS
 
 
-def test_inference_lambda_is_cached_until_a_parameter_changes():
+def test_inference_lambda_is_kept_with_a_cache_until_a_parameter_changes():
     m = DiffAttention(32, 2, 1)
-    with torch.no_grad():
-        first = m.lambda_full()
-        assert m.lambda_full() is first  # cached
-        m.lambda_q1.add_(0.5)  # in-place update (as an optimizer step does)
-        second = m.lambda_full()
-    assert second is not first
-    torch.testing.assert_close(second, m.lambda_full().detach())  # grad mode: computed afresh, same value
-    m.load_state_dict({k: v.clone() * 0.5 for k, v in m.state_dict().items()})
-    with torch.no_grad():
-        third = m.lambda_full()
-    torch.testing.assert_close(third, m.lambda_full().detach())
+    kept = modules._KEPT.set({})  # as a forward that writes into a KV cache sets it
+    try:
+        with torch.no_grad():
+            first = m.lambda_full()
+            assert m.lambda_full() is first  # kept
+            m.lambda_q1.add_(0.5)  # in-place update (as an optimizer step does)
+            second = m.lambda_full()
+            assert second is not first
+            with torch.enable_grad():  # grad mode: computed afresh, the same value
+                torch.testing.assert_close(second, m.lambda_full().detach())
+            m.load_state_dict({k: v.clone() * 0.5 for k, v in m.state_dict().items()})
+            third = m.lambda_full()
+    finally:
+        modules._KEPT.reset(kept)
     assert not torch.equal(third, second)
+    torch.testing.assert_close(third, m.lambda_full().detach())
+    with torch.no_grad():  # without a cache: computed at every call
+        assert m.lambda_full() is not m.lambda_full()
     assert m.lambda_full().requires_grad  # training still differentiates through lambda
 
 
@@ -253,17 +260,53 @@ def test_eager_without_gradients_equals_its_recorded_path(diff, values, mask_nam
         assert torch.equal(fast, recorded.detach())
 
 
-def test_inference_head_norm_gain_is_cached_until_a_parameter_changes():
+def test_inference_head_norm_gain_is_kept_with_a_cache_until_a_parameter_changes():
     m = _randomise(DiffAttention(32, 2, 1))
     o = torch.randn(2, 3, 2, 16)
-    with torch.no_grad():
-        first = m.head_norm(o)
-        gain = m.__dict__["_gain_cache"][1]
-        assert torch.equal(m.head_norm(o), first) and m.__dict__["_gain_cache"][1] is gain  # cached
-        m.subln.weight.mul_(2.0)  # in-place update (as an optimizer step does)
-        second = m.head_norm(o)
+    kept = {}
+    token = modules._KEPT.set(kept)
+    try:
+        with torch.no_grad():
+            first = m.head_norm(o)
+            gain = kept["_gain_cache"][1]
+            assert torch.equal(m.head_norm(o), first) and kept["_gain_cache"][1] is gain  # kept
+            m.subln.weight.mul_(2.0)  # in-place update (as an optimizer step does)
+            second = m.head_norm(o)
+    finally:
+        modules._KEPT.reset(token)
     torch.testing.assert_close(second, 2 * first)
     assert torch.equal(second, m.head_norm(o.requires_grad_()).detach())  # the recorded path: the same values
+
+
+@pytest.mark.parametrize("attention", ["diff", "diff_v2"])
+def test_a_write_through_data_is_read_by_the_next_forward_and_generation(attention):
+    """``p.data.fill_`` (EMA code, hand-made loaders) moves no version counter: lambda and the gain, once kept on the
+    module, outlived it in every later forward without gradients (1.15 apart on the logits) and in generate."""
+    from difftx.generation import generate
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq_len=32, attention=attention)
+    model = Transformer(cfg).eval()
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        model(x)
+    generate(model, [[1, 2, 3]], max_new_tokens=4, temperature=0)
+    for layer in model.layers:
+        for name, p in layer.attn.named_parameters():
+            if name.startswith("lambda_") or name == "subln.weight":
+                p.data.mul_(1.7).add_(0.3)
+    with torch.no_grad():
+        no_grad = model(x)
+    torch.testing.assert_close(no_grad, model(x).detach(), rtol=0, atol=1e-6)
+    fresh = Transformer(cfg).eval()
+    fresh.load_state_dict(model.state_dict())
+    assert generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=6, temperature=0) == \
+        generate(fresh, [[1, 2, 3], [4, 5]], max_new_tokens=6, temperature=0)
+    cache = KVCache(model, 1, 16)
+    with torch.no_grad():
+        steps = [model(x[:1, :4], cache=cache)[:, -1]]
+        steps += [model(x[:1, t:t + 1], cache=cache)[:, -1] for t in range(4, 8)]
+    torch.testing.assert_close(torch.stack(steps, 1), model(x[:1]).detach()[:, 3:], rtol=0, atol=1e-5)
 
 
 # --- issue 16, decode: DIFF V1's value cache kept as two contiguous d-wide halves per group on CPU ---

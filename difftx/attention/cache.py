@@ -42,6 +42,9 @@ class LayerKV:
     def __init__(self, k: Tensor, v: Tensor, v_parts: int = 1):
         self.k, self.v = k, v  # (B, heads, S_max, width); v: (B, heads * v_parts, S_max, width / v_parts)
         self.v_parts = v_parts
+        # values of the layer's parameters alone (lambda, the head norm's gain) that a decoding step reads, kept for
+        # this cache's life (difftx.attention.modules._inference_value)
+        self.kept: dict = {}
 
     @classmethod
     def empty(cls, batch: int, max_len: int, k_shape: tuple[int, int], v_shape: tuple[int, int], device=None,

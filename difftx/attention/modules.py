@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextvars import ContextVar
 from typing import Callable, Optional
 
 import torch
@@ -81,19 +82,31 @@ def _rms_head_norm(o: Tensor, weight: Optional[Tensor], scale: float, eps: float
     return out if out.dtype == o.dtype else out.to(o.dtype)
 
 
+# The values kept for the KV cache a forward writes into (its LayerKV.kept): set by AttentionKind.forward for the
+# duration of a call with a cache, None otherwise (see _inference_value).
+_KEPT: ContextVar[Optional[dict]] = ContextVar("difftx_kept_inference_values", default=None)
+
+
 def _inference_value(module: nn.Module, slot: str, params: tuple, extra, compute: Callable[[], Tensor]) -> Tensor:
-    """``compute()`` (a value of ``params`` and ``extra`` alone, without gradients), kept on ``module`` under ``slot``
-    until a parameter changes: in-place updates bump its version counter, ``.to()`` and loading give it new storage.
-    Decoding reads lambda and the head norm's gain once per weight update, not once per token. While torch.compile
-    traces, ``compute()`` itself: a compiled graph neither reads version counters and data pointers nor keeps a value
-    across calls."""
-    if torch.compiler.is_compiling():
+    """``compute()``, a value of ``params`` and ``extra`` alone, without gradients.
+
+    In a forward that writes into a KV cache the value is kept with that layer's cache (:attr:`LayerKV.kept`, under
+    ``slot``) while the parameters keep their version counters and storage (an in-place update bumps the counter,
+    ``.to()`` and loading give new storage): decoding computes lambda and the head norm's gain once per generation,
+    not once per token. Every other call computes it (a forward without a cache, one that fills a cache from its
+    first position, one on a new cache): a write through ``p.data`` (an EMA update, a hand-made loader) moves no
+    version counter, so a value kept on the module itself outlived it. While torch.compile traces, ``compute()``
+    too: a compiled graph neither reads version counters and data pointers nor keeps a value across calls."""
+    if torch.compiler.is_compiling():  # first: Dynamo cannot trace ContextVar.get
         return compute()
-    key = (extra, params[0].dtype, *((p._version, p.data_ptr()) for p in params))
-    hit = module.__dict__.get(slot)
+    kept = _KEPT.get()
+    if kept is None:
+        return compute()
+    key = (id(module), extra, params[0].dtype, *((p._version, p.data_ptr()) for p in params))
+    hit = kept.get(slot)
     if hit is None or hit[0] != key:
         with torch.no_grad():
-            hit = module.__dict__[slot] = (key, compute())
+            hit = kept[slot] = (key, compute())
     return hit[1]
 
 
@@ -249,7 +262,15 @@ class AttentionKind(nn.Module):
             kernel = resolve_backend(name, x.device, q_len=q.shape[1])
         if v.dim() == 5 and not getattr(kernel, "split_values", False):
             v = v.flatten(3)  # a cache's split value rows, joined (a copy) for kernels that need whole rows
-        return self._attend(x, q, k, v, mask, kernel, return_maps)
+        if cache is None or torch.compiler.is_compiling():
+            return self._attend(x, q, k, v, mask, kernel, return_maps)
+        if isinstance(mask.q_offset, int) and mask.q_offset == 0:  # the cache filled from its start: a new text
+            cache.kept.clear()
+        kept = _KEPT.set(cache.kept)  # lambda and the head norm's gain, kept for this cache (_inference_value)
+        try:
+            return self._attend(x, q, k, v, mask, kernel, return_maps)
+        finally:
+            _KEPT.reset(kept)
 
     @classmethod
     def from_config(cls, config, layer_idx: int) -> "AttentionKind":
@@ -717,9 +738,8 @@ class DiffAttention(AttentionKind):
     def lambda_full(self) -> Tensor:
         """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters).
 
-        Without gradients (decoding) the value is cached until a lambda parameter changes (in-place
-        updates bump its version counter; ``.to()`` and loading give it new storage). The
-        no-subtraction control (``subtract=False``) returns a constant zero that needs no gradient."""
+        Without gradients, in a forward that writes into a KV cache (decoding), the value is kept with that cache
+        until a lambda parameter changes (``_inference_value``). The no-subtraction control (``subtract=False``) returns a constant zero that needs no gradient."""
         if not self.subtract:
             w = self.q_proj.weight
             acc = at_least_fp32(w.dtype)
@@ -737,8 +757,8 @@ class DiffAttention(AttentionKind):
 
     def head_norm(self, o: Tensor) -> Tensor:
         """``out_scale * RMSNorm_2d(o)`` on ``o`` ``(..., H, 2d)``, computed in float32; ``out_scale`` is the
-        paper's ``1 - lambda_init`` unless the config decouples it. Without gradients (decoding) the gain with the
-        scale folded in is cached as lambda is: one call of PyTorch's ``rms_norm``, the same values."""
+        paper's ``1 - lambda_init`` unless the config decouples it. Without gradients the gain with the scale folded in
+        is one call of PyTorch's ``rms_norm`` (the same values), the gain kept with a KV cache as lambda is."""
         w = None if self.subln is None else self.subln.weight
         if w is None or w.dim() != 1 or o.dtype != w.dtype or o.dtype not in (torch.float32, torch.float64) \
                 or records_grad(o, w) or is_mapped(w) or torch.compiler.is_compiling():

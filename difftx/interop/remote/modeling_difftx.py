@@ -293,13 +293,16 @@ class DifftxAttention(nn.Module):
             self.subln = DifftxRMSNorm(s.norm_width, config.norm_eps)
         s.add_parameters(self, D)
 
-    def lambda_value(self) -> torch.Tensor:
-        """``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` in float32 (or wider). Without gradients (generation) the
-        value is kept until a lambda vector changes (its version counter or storage), not recomputed per token."""
+    def lambda_value(self, reuse: bool = False) -> torch.Tensor:
+        """``exp(lq1.lk1) - exp(lq2.lk2) + lambda_init`` in float32 (or wider). Without gradients the value is kept;
+        with ``reuse`` (a decoding step: a forward that extends a cached prefix) it is read back while the lambda
+        vectors keep their version counters and storage: once per generation, not per token. Other calls (the
+        prompt's forward among them) compute it, so a write through ``p.data``, which moves no version counter,
+        is read by the next generation."""
         params = (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2)
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
         key = None if grad else tuple((p._version, p.data_ptr(), p.dtype) for p in params)
-        if key is not None and key == self.__dict__.get("_lambda_key"):
+        if reuse and key is not None and key == self.__dict__.get("_lambda_key"):
             return self.__dict__["_lambda"]
         acc = _acc(self.lambda_q1.dtype)
         q1, k1, q2, k2 = (p.to(acc) for p in params)
@@ -319,6 +322,7 @@ class DifftxAttention(nn.Module):
             q, k = _rope(q, positions, self.rope_theta), _rope(k, positions, self.rope_theta)
         q = s.queries(self, q)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, width): the cache's layout
+        decoding = cache is not None and cache.get_seq_length(self.layer_idx) > 0  # a prefix is cached
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # the whole prefix: (B, heads, S, width)
         S, G, C = k.shape[2], s.groups, s.C
@@ -332,7 +336,7 @@ class DifftxAttention(nn.Module):
             logits.view(B, G, C, R, T, S).masked_fill_(~allowed[:, None, None, None], float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if C == 2 and s.lambdas:
-            eff = probs[:, :, 0] - self.lambda_value() * probs[:, :, 1]  # (B, G, R*T, S)
+            eff = probs[:, :, 0] - self.lambda_value(decoding) * probs[:, :, 1]  # (B, G, R*T, S)
         else:  # one map (or DIFF's no-subtraction control: lambda is 0)
             eff = probs[:, :, 0]
         out = torch.matmul(eff, v.to(acc)).view(B, G, R, T, -1)  # (B, G, R, T, dv)
