@@ -27,7 +27,10 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] =
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    # shifted by each row's largest logit first: the same distribution, and a tiny temperature gives the greedy
+    # token(s) (0 / t = 0, the rest -inf) rather than an overflow to inf and a NaN softmax; one below float32's
+    # smallest normal number would round to 0 in the division (0 / 0)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -156,14 +159,15 @@ def _append(out: list[list[int]], done: Tensor, nxt: Tensor, stops: set) -> bool
 
 
 @torch.no_grad()
-def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_tokens: int = 64, *,
+def generate(model: Transformer, prompts: Union[Sequence[Sequence[int]], Tensor], max_new_tokens: int = 64, *,
              temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-             stop_tokens: Iterable[int] = (), seed: Optional[int] = None, pad_id: int = 0,
+             stop_tokens: Union[Iterable[int], int] = (), seed: Optional[int] = None, pad_id: int = 0,
              backend: Optional[str] = None, use_cache: bool = True, static_cache: bool = False,
              compile: Union[bool, Mapping] = False) -> list[list[int]]:
     """Continue each prompt by up to ``max_new_tokens`` tokens; returns only the new tokens.
 
-    A row stops after emitting a token in ``stop_tokens`` (that token is kept). ``seed``
+    ``prompts``: lists of token ids, or a ``(B, T)`` tensor of them (one prompt a row).
+    A row stops after emitting a token in ``stop_tokens`` (one id or several; that token is kept). ``seed``
     makes sampling reproducible; ``temperature=0`` decodes greedily. ``use_cache=False``
     re-runs the whole sequence each step (prompts of equal length only; ``model`` may then be any
     module mapping tokens ``(B, T)`` to logits ``(B, T, V)``): a kernel whose result depends on the
@@ -179,6 +183,11 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     :data:`STATIC_LENGTH_MULTIPLE`, so that calls of similar lengths share one graph. Backends: ``auto`` (which
     is ``eager`` there), ``eager``, ``sdpa`` and its forms; kinds: those whose forward is AttentionKind's.
     """
+    if isinstance(prompts, Tensor):  # token ids (B, T): one prompt a row
+        if prompts.dim() != 2 or prompts.is_floating_point() or prompts.is_complex():
+            raise ValueError(f"prompts: a tensor of prompts must hold integer token ids (B, T), one prompt a row; "
+                             f"got {prompts.dtype} of shape {tuple(prompts.shape)}")
+        prompts = prompts.tolist()
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p)
@@ -205,18 +214,19 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]], max_new_token
     if seed is not None:
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
-    stops = set(int(t) for t in stop_tokens)
+    stops = {int(stop_tokens)} if isinstance(stop_tokens, numbers.Integral) else set(int(t) for t in stop_tokens)
     out: list[list[int]] = [[] for _ in range(B)]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     if not use_cache:
         with eval_mode(model):
-            logits = model(tokens, backend=backend)
+            run = (lambda t: model(t)) if backend is None else (lambda t: model(t, backend=backend))  # any module
+            logits = run(tokens)
             for step in range(max_new_tokens):
                 nxt = sample_next(logits[:, -1], temperature, top_k, top_p, gen)  # (B,)
                 if _append(out, done, nxt, stops) or step == max_new_tokens - 1:
                     break
                 tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-                logits = model(tokens, backend=backend)
+                logits = run(tokens)
         return out
     length = P + max_new_tokens
     if static_cache and compile is not False:

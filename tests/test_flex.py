@@ -47,6 +47,25 @@ def test_padding_and_document_masks_match_naive(kind):
             torch.testing.assert_close(out, NAIVE[kind](m, x, allowed=allowed), rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("kind", ["diff", "standard"])
+def test_one_row_masks_and_0_1_key_valid_match_eager(kind):
+    """A ``(1, S)`` key_valid or doc_ids serves every sequence (``AttentionMask.check`` allows it, every other
+    backend reads it so); a key_valid of 0/1 in another dtype reads as the other backends read it. flex indexed
+    the one row by batch (IndexError) and took only bool."""
+    m = _build(kind, 64, 4, 2, 2)
+    B, T = 3, 9
+    x = torch.randn(B, T, 64, dtype=torch.float64)
+    one_valid = torch.tensor([[False, True] + [True] * (T - 2)])
+    one_docs = torch.tensor([[0] * 4 + [1] * (T - 4)])
+    full_valid = torch.rand(B, T) > 0.3
+    with torch.no_grad():
+        for mask in (AttentionMask(key_valid=one_valid), AttentionMask(doc_ids=one_docs),
+                     AttentionMask(doc_ids=one_docs, key_valid=full_valid),
+                     AttentionMask(key_valid=full_valid.long()), AttentionMask(key_valid=one_valid.to(torch.uint8))):
+            torch.testing.assert_close(m(x, mask=mask, backend="flex"), m(x, mask=mask, backend="eager"),
+                                       rtol=1e-9, atol=1e-10)
+
+
 def test_batch_block_mask_is_rebuilt_for_a_new_mask():
     """Per-batch block masks are reused only for the same mask object (one forward's layers)."""
     doc_a = torch.tensor([[0, 0, 1, 1, 1]])

@@ -126,6 +126,42 @@ def test_sample_next_filters():
         sample_next(logits, top_p=0.0)
 
 
+def test_a_tiny_temperature_samples_the_largest_logit():
+    """``logits / 1e-40`` overflowed float32 to inf, and the softmax of inf is NaN: multinomial raised."""
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0], [3.0, -1.0, 0.5, 2.9999]])
+    for t in (1e-30, 1e-40, 1e-300, 5e-324):
+        assert sample_next(logits, temperature=t).tolist() == [2, 0]
+    torch.manual_seed(0)
+    wide = torch.randn(3, 50) * 4
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    shifted = torch.softmax((wide - wide.amax(-1, keepdim=True)) / 0.7, -1)
+    torch.testing.assert_close(shifted, torch.softmax(wide / 0.7, -1))  # the same distribution
+    assert torch.equal(sample_next(wide, temperature=0.7, generator=g1),
+                       torch.multinomial(shifted, 1, generator=g2).squeeze(-1))
+
+
+def test_generate_takes_a_tensor_of_prompts_one_stop_id_and_any_module_without_a_cache():
+    model = Transformer(_tiny()).eval()
+    rows = [[1, 2, 3], [4, 5, 6]]
+    want = generate(model, rows, 5, temperature=0)
+    assert generate(model, torch.tensor(rows), 5, temperature=0) == want
+    for bad in (torch.tensor([1, 2, 3]), torch.tensor([[1.0, 2.0]])):
+        with pytest.raises(ValueError, match=r"prompts: a tensor of prompts must hold integer token ids \(B, T\)"):
+            generate(model, bad, 2)
+    stop = want[0][1]
+    assert generate(model, rows[:1], 5, temperature=0, stop_tokens=stop)[0] == want[0][:want[0].index(stop) + 1]
+
+    class Logits(torch.nn.Module):  # "any module mapping tokens (B, T) to logits (B, T, V)"
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, tokens):
+            return self.inner(tokens)
+
+    assert generate(Logits(), rows, 5, temperature=0, use_cache=False) == want
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_tiny_model_overfits_one_batch(kind):
     torch.manual_seed(0)
@@ -216,3 +252,24 @@ def test_paired_initialisation(other):
     w = a["layers.0.mlp.up_proj.weight"]
     assert abs(float(w.std()) - cfg.init_std) < 0.1 * cfg.init_std and abs(float(w.mean())) < 0.1 * cfg.init_std
     assert abs(float(a["layers.0.attn.lambda_q1"].std()) - 0.1) < 0.05
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cache_in_another_dtype_than_the_model(kind):
+    """``KVCache(..., dtype=)`` takes any dtype: the kernels read the cached keys and values in the model's. Before,
+    every backend but flex raised "expected scalar type Float but found BFloat16"."""
+    torch.manual_seed(0)
+    model = Transformer(_tiny(kind)).eval()
+    x = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        full = model(x)
+
+        def decode(dtype):
+            cache = KVCache(model, 2, 12, dtype=dtype)
+            steps = [model(x[:, :5], cache=cache)[:, -1]]
+            return torch.stack(steps + [model(x[:, t:t + 1], cache=cache)[:, -1] for t in range(5, 9)], 1)
+
+        same = decode(None)
+        assert torch.equal(decode(torch.float64), same)  # float32 keys and values survive float64 exactly
+        torch.testing.assert_close(same, full[:, 4:], rtol=0, atol=1e-5)
+        torch.testing.assert_close(decode(torch.bfloat16), full[:, 4:], rtol=0, atol=0.05)

@@ -60,8 +60,13 @@ def _mask_mod(mask: AttentionMask):
     """The mask as flex's ``mask_mod(b, h, q_idx, kv_idx) -> bool``, same semantics as
     :meth:`AttentionMask.dense` (a query always keeps its own key)."""
     off, causal, docs, valid = mask.q_offset, mask.causal, mask.doc_ids, mask.key_valid
+    if valid is not None and valid.dtype != torch.bool:  # 0/1 in another dtype, as the other backends read it
+        valid = valid != 0
     per_key = docs if docs is not None else valid
     last = per_key.shape[1] - 1 if per_key is not None else 0  # last index of the per-key tensors
+    # a per-key tensor of one row serves every sequence (AttentionMask.check allows (1, S))
+    row_d = 0 if docs is not None and docs.shape[0] == 1 else None
+    row_v = 0 if valid is not None and valid.shape[0] == 1 else None
 
     def mod(b, h, q_idx, kv_idx):
         pos = q_idx + off
@@ -70,9 +75,10 @@ def _mask_mod(mask: AttentionMask):
             allowed = allowed & (kv_idx <= pos)
         # indices clamped for the lookups: flex may evaluate padding positions past the end
         if docs is not None:
-            allowed = allowed & (docs[b, pos.clamp(max=last)] == docs[b, kv_idx.clamp(max=last)])
+            r = b if row_d is None else row_d
+            allowed = allowed & (docs[r, pos.clamp(max=last)] == docs[r, kv_idx.clamp(max=last)])
         if valid is not None:
-            allowed = allowed & valid[b, kv_idx.clamp(max=last)]
+            allowed = allowed & valid[b if row_v is None else row_v, kv_idx.clamp(max=last)]
         return allowed | (kv_idx == pos)
 
     return mod

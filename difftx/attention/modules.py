@@ -251,6 +251,8 @@ class AttentionKind(nn.Module):
         if cache is None and (mask.is_static or mask.q_offset != 0):
             raise ValueError("mask.q_offset is only meaningful with a KV cache")
         q, k, v = self._qkv(x, positions, cache, mask.q_offset)
+        if k.dtype != q.dtype:  # a cache kept in another dtype than the model computes in: read in the model's
+            k, v = k.to(q.dtype), v.to(q.dtype)
         lead = q.shape[:-3]  # (B,), or (K, B) in a stack
         q, k, v = (t.flatten(0, len(lead) - 1) for t in (q, k, v))  # the kernel's batch: every sequence
         mask.check(q.shape[0], q.shape[1], k.shape[1])
