@@ -229,7 +229,8 @@ def test_the_documented_task_replaces_recall_in_a_preset(copy_task, tmp_path, mo
         return runs[-1]
 
     monkeypatch.setattr(difftx.compare, "run_compare", small)
-    namespace: dict = {"CopyTask": type(copy_task)}  # the class of the page's example, defined above it
+    # the class of the page's example, defined above it; run as a script runs (the call is under the __main__ guard)
+    namespace: dict = {"CopyTask": type(copy_task), "__name__": "__main__"}
     exec(compile(_blocks()[1], str(DOC), "exec"), namespace)  # noqa: S102 - the documentation's own code
     assert namespace["preset"].resolve().mixture.shares() == {"needle": 0.0, "lm": 0.0, "icl": 0.0, "recall": 0.0,
                                                               "copy": 1.0}
@@ -241,6 +242,12 @@ def test_the_documented_task_replaces_recall_in_a_preset(copy_task, tmp_path, mo
             assert all("copy_loss" in h for h in run.train["history"])
             assert [p["step"] for p in run.train["probes"] if "copy_accuracy" in p] == [6, 12]
             assert "skipped" in run.tasks["recall"] and "skipped" in run.tasks["needle"]
+            # the reasons name what it trained on: not "language modelling only", as they said
+            assert run.train["probes_skipped"] == "the model was trained without needle batches (on copy batches)"
+            assert run.tasks["needle"]["skipped"] == run.train["probes_skipped"]
             assert run.tasks["diagnostics"]["head_redundancy"] == [None, None]
     assert (tmp_path / "cmp" / "plots" / "copy_loss.png").is_file()
+    # the report's '-' gives the recorded reason, not "a layer with one head" (each has 2 or 4)
+    assert "'-': the model has no held-out text, needle task or recall task to take inputs from)" in \
+        (tmp_path / "cmp" / "report.md").read_text()
     register_training_task(copy_task, replace=True)  # the fixture's own instance again, for its teardown

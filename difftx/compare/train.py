@@ -23,7 +23,7 @@ from ..checkpoint import load_model, save_model
 from ..data import load_tokenizer
 from ..io import own_folder
 from ..provenance import write_machine
-from ..tasks.common import FROM_SOURCE, NO_NEEDLES, NO_NEEDLES_RECALL
+from ..tasks.common import FROM_SOURCE, no_needles
 from ..tasks.subject import CompareTask, TrainRecord
 from ..training.checkpointing import TOKENIZER_DIR
 from ..training.summary import METRICS_NAME
@@ -188,8 +188,7 @@ def _finish(arm: str, plan: ComparePlan, setup: _Setup, result, share: dict, req
         arm=arm, seed=seed, config=plan.arms[arm].to_dict(), parameters=model.num_parameters(),
         steps=plan.schedule.steps, history=history, probes=probes, probe_s=probe_s, resumed_from=result.resumed_from,
         probes_skipped=None if space.block("needle") is not None else FROM_SOURCE.format(task="needle")
-        if plan.source is not None else NO_NEEDLES_RECALL if space.block("recall") and not space.block("lm")
-        else NO_NEEDLES,
+        if plan.source is not None else no_needles(k for k, share in plan.mixture.shares().items() if share > 0),
         heldout_curve=heldout_curve,
         request=None if request is None else {**request, "arm": arm, "seed": seed}, **share)
     write_machine(folder, share.get("device"))  # before train.json, which marks the model finished

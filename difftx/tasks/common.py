@@ -16,6 +16,18 @@ PROBE_DEPTH = 0.5
 NO_NEEDLES = ("the model was trained without needle batches (language modelling only: lm_every = 1, as compare "
               "--data and difftx scale train; compare --data --synthetic adds the needle task)")
 NO_NEEDLES_RECALL = "the model was trained on associative recall alone (no needle batches)"
+
+
+def no_needles(kinds) -> str:
+    """Why a compare model trained on batches of ``kinds`` alone (task names, none of them the needle task) has no
+    needle probes or needle evaluations: the wording of an LM-only or a recall-only model, else the kinds named."""
+    kinds = list(kinds)
+    if set(kinds) <= {"lm"}:
+        return NO_NEEDLES
+    if kinds == ["recall"]:
+        return NO_NEEDLES_RECALL
+    return f"the model was trained without needle batches (on {', '.join(kinds)} batches)"
+
 FROM_SOURCE = ("a comparison from a source (--from) trains on LM batches and, with --synthetic, recall batches only: "
                "the {task} task needs token ids of its own, which the source's vocabulary does not have")
 MAX_EXTRAPOLATION = 8  # an evaluation's sequences: at most this many times the model's context (RoPE extrapolation)
@@ -94,7 +106,7 @@ def no_needle_task(subject) -> Optional[str]:
         return None
     if subject.from_source:
         return FROM_SOURCE.format(task="needle")
-    return NO_NEEDLES_RECALL if subject.recall is not None and not subject.has_text else NO_NEEDLES
+    return no_needles(name for name, block in subject.compare.space.blocks.items() if block is not None)
 
 
 def _most(subject) -> tuple[int, int]:

@@ -63,16 +63,21 @@ class DiagnosticsTask(Task):
     def report(self, ctx: ReportContext) -> str:
         j = lambda xs: ", ".join(fmt(x) for x in xs)  # noqa: E731
         base, arm = ctx.arms  # the primary pair: its lambda is the first arm's (the one measured against the second)
-        rows = []
+        rows, why = [], []
         for sd in ctx.seeds:
             d, b = ctx.result(self.name, arm, sd), ctx.result(self.name, base, sd)
             rows.append([sd, j(d["lambda"]), j(d["lambda_init"]), j(d["head_redundancy"]), j(b["head_redundancy"])])
+            for r in (d, b):
+                reason = r.get("null_reasons", {}).get("head_redundancy")
+                if reason is not None and reason not in why:
+                    why.append(reason)
         dn, bn = ctx.short(arm), ctx.short(base)
+        dash = f"; '-': {'; '.join(why)}" if why else ""  # the reasons the results record, not a guess
         return (f"## {self.title}\n\n" + table(rows, ["seed", f"{dn} lambda per layer (final)", "lambda_init",
                                                        f"{dn} head redundancy per layer",
                                                        f"{bn} head redundancy per layer"])
                 + "\nHead redundancy: mean pairwise cosine similarity of the heads' effective maps (1 = identical "
-                  "heads; '-' for a layer with one head).\n")
+                  f"heads{dash}).\n")
 
     def plots(self, ctx: ReportContext, folder: Path) -> dict[str, Path]:
         from ..eval import plots as P
