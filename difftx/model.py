@@ -280,6 +280,11 @@ class Transformer(nn.Module):
             raise ValueError(f"tokens are on {tokens.device} but the model is on {weight.device}; "
                              f"move one of them (tokens.to({str(weight.device)!r}))")
         _check_token_ids(tokens, self.config.vocab_size)
+        if positions is not None and (not isinstance(positions, Tensor) or positions.dim() != 2
+                                      or positions.shape[0] not in (1, B) or positions.shape[1] != T):
+            got = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be a tensor of shape ({B}, {T}) or (1, {T}) (the RoPE positions of the "
+                             f"new tokens), got {got}")
         if isinstance(cache, StaticKVCache):
             return self._static_step(tokens, positions, attention_mask, doc_ids, cache, backend, lead)
         offset = cache.length if cache is not None else 0

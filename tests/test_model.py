@@ -193,6 +193,10 @@ def test_forward_input_errors():
         model(torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 3))
     with pytest.raises(ValueError, match="KV cache is full"):
         model(torch.zeros(1, 9, dtype=torch.long), cache=KVCache(model, 1, 8))
+    for bad, got in ((torch.arange(4), r"\(4,\)"), (torch.zeros(3, 4, dtype=torch.long), r"\(3, 4\)"),
+                     ([[0, 1, 2, 3]], "list")):  # a bare IndexError deep in RoPE before
+        with pytest.raises(ValueError, match=rf"positions must be a tensor of shape \(2, 4\) or \(1, 4\) .*got {got}"):
+            model(torch.zeros(2, 4, dtype=torch.long), positions=bad)
     with pytest.raises(TypeError, match="ModelConfig"):
         Transformer({"dim": 3})
 
