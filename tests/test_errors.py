@@ -579,6 +579,22 @@ def test_export_overwrite_names_what_it_replaces_and_never_a_run(capsys, tmp_pat
     before = snapshot(run)
     code, err = run_cli(capsys, "export", model_dir, run, "--overwrite")
     assert code == 2 and "holds a training run" in err and snapshot(run) == before
+    # nor a folder above a run, a comparison or a study (they were deleted with everything in them)
+    hf = tmp_path / "hf"
+    assert main(["export", str(model_dir), str(hf)]) == 0
+    for holder, marker, what in (("runs", "a/train_config.json", "a training run"),
+                                 ("cmp", "seed0/diff/train.json", "a comparison's model"),
+                                 ("study", "size=64x1x2/compare.json", "a comparison"),
+                                 ("scale", "scale.json", "a scale study"), ("map", "map.json", "a regime map")):
+        folder = tmp_path / holder
+        (folder / marker).parent.mkdir(parents=True, exist_ok=True)
+        (folder / marker).write_text("{}")
+        (folder / "config.json").write_text("{}")
+        held = snapshot(folder)
+        for command in (("export", model_dir, folder), ("import", hf, folder), ("convert", hf, folder)):
+            code, err = run_cli(capsys, *command, "--overwrite")
+            assert code == 2 and f"holds {what} ({marker})" in err, (command, err)
+            assert snapshot(folder) == held
     old = tmp_path / "old_export"
     assert main(["export", str(model_dir), str(old)]) == 0
     capsys.readouterr()

@@ -46,7 +46,8 @@ def register(sub) -> None:
                         "(`difftx train --set lambda_warmup=N`); above 0 the model as loaded does not compute the "
                         "source's function, only the warm-up's first step does (default: 0, the source's function)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT when it is a non-empty folder (refused otherwise; never a run or a comparison)")
+                   help="replace OUT when it is a non-empty folder (refused otherwise; never a folder holding a run, a "
+                        "comparison or a study, at any depth)")
     p.set_defaults(func=run)
 
 
