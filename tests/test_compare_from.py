@@ -162,6 +162,19 @@ def test_a_transformers_llama_folder_is_a_source(source, tmp_path, capsys):
     assert text["tokenizer"].startswith("bpe-"), text  # its tokenizer.json, not the byte tokenizer
 
 
+def test_a_tokenizer_other_than_the_sources_is_refused(source, tmp_path, capsys):
+    from difftx.data.tokenizer import byte_tokenizer_json
+
+    other = tmp_path / "tokenizer.json"
+    other.write_text(byte_tokenizer_json())  # another tokenizer of the same size as the source's own (byte)
+    args = ["compare", "--from", str(source / "src"), "--data", str(source / "text.txt"), "--out",
+            str(tmp_path / "out"), "--no-progress", "--tokenizer", str(other), *SMALL]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "ComparePreset.tokenizer:" in err and "is not the tokenizer this model was trained with (byte" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     ([], "--from SRC needs your text: --data TEXT"),
     (["--data", "TEXT", "--arms", "baseline,diff"], "--arms goes without --from"),

@@ -161,3 +161,23 @@ def test_init_from_with_a_flag_that_changes_the_architecture_blames_the_flag(fla
     assert not out.exists()
     assert main(_args(src, tmp_path / "ok", "--init-from", str(src["model"]), "--set", "model_overrides.backend=eager",
                       steps=2)) == 0  # an override that keeps every parameter passes
+
+
+def test_init_from_refuses_a_tokenizer_other_than_the_checkpoints(src, tmp_path, capsys):
+    """generate and eval refused another tokenizer than the one saved with a model ("its text would be garbage");
+    a fine-tune took it silently and trained the model on ids that mean other text."""
+    import shutil
+
+    from difftx.data import load_tokenizer
+    from difftx.data.tokenizer import byte_tokenizer_json
+
+    model = tmp_path / "model"
+    shutil.copytree(src["model"], model)
+    load_tokenizer("byte").save(model / "tokenizer")
+    other = tmp_path / "tokenizer.json"
+    other.write_text(byte_tokenizer_json())  # another tokenizer of the same size
+    assert main(_args(src, tmp_path / "run", "--init-from", str(model), "--tokenizer", str(other))) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {other} (bpe-" in err and "is not the tokenizer this model was trained with (byte" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert main(_args(src, tmp_path / "run", "--init-from", str(model), "--tokenizer", "byte", steps=2)) == 0

@@ -424,6 +424,7 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
     from pathlib import Path
 
     from ..data import load_tokenizer
+    from ..data.tokenizer import not_the_models_tokenizer
     from .source import FROM_PRIMARY, Source, read_source_model, source_arms
 
     p = preset
@@ -455,6 +456,10 @@ def resolve_from(preset: Any, tasks: dict, needle: Optional[NeedleBlock], icl: O
                                         "DIR, or byte)")
     tok = tok if tok == "byte" else str(Path(tok).expanduser().resolve())
     lm_vocab = load_tokenizer(tok).vocab_size
+    if p.tokenizer is not None and src_tok is not None:
+        other = not_the_models_tokenizer(load_tokenizer(tok), p.tokenizer, src_tok, p.source)
+        if other is not None:
+            raise preset_error("tokenizer", other)
     if lm_vocab > config.vocab_size:
         raise preset_error("tokenizer", f"{tok} has {lm_vocab} tokens, more than the source's vocab_size "
                                         f"{config.vocab_size}")

@@ -308,6 +308,18 @@ def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = N
     raise FileNotFoundError(f"tokenizer {str(spec)!r} is not 'byte' and no such file or folder exists")
 
 
+def not_the_models_tokenizer(tok: Tokenizer, given: TokenizerSpec, saved: Union[str, os.PathLike],
+                             folder: Union[str, os.PathLike]) -> Optional[str]:
+    """Why ``tok`` (loaded from ``given``, ``--tokenizer``) cannot read or write the text of the model in ``folder``,
+    whose own tokenizer is saved in ``saved``: it is another tokenizer (its text would be garbage); None if the same."""
+    own = load_tokenizer(saved)
+    if own.name == tok.name:
+        return None
+    return (f"{folder}: --tokenizer {given} ({tok.name}, {tok.vocab_size} tokens) is not the tokenizer this model was "
+            f"trained with ({own.name}, {own.vocab_size} tokens, saved in {saved}); its text would be garbage: leave "
+            f"--tokenizer out (tokenizer=None) to use that one")
+
+
 def check_tokenizer_compatible(tok: Tokenizer, vocab_size: int, folder: Union[str, os.PathLike], *,
                                given: Optional[TokenizerSpec] = None,
                                saved: Union[None, str, os.PathLike] = None) -> None:
@@ -317,12 +329,9 @@ def check_tokenizer_compatible(tok: Tokenizer, vocab_size: int, folder: Union[st
     one line). A ``given`` one that no saved copy vouches for and whose size differs from the model's
     is a warning: unless it is the one the model was trained with, its text is garbage."""
     if given is not None and saved is not None:
-        own = load_tokenizer(saved)
-        if own.name != tok.name:
-            raise ValueError(f"{folder}: --tokenizer {given} ({tok.name}, {tok.vocab_size} tokens) is not the "
-                             f"tokenizer this model was trained with ({own.name}, {own.vocab_size} tokens, saved in "
-                             f"{saved}); its text would be garbage: leave --tokenizer out (tokenizer=None) to use "
-                             f"that one")
+        other = not_the_models_tokenizer(tok, given, saved, folder)
+        if other is not None:
+            raise ValueError(other)
     if tok.vocab_size > vocab_size:
         spec = given if isinstance(given, (str, os.PathLike)) else saved
         what = tok.name if spec is None or str(spec) == tok.name else f"{spec} ({tok.name})"

@@ -151,6 +151,10 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
         elif config.init_from:
             plan["init_dir"] = ckpt.resolve_checkpoint(config.init_from)
             plan["init_config"] = load_config(plan["init_dir"]).to_dict()
+            other = _other_tokenizer(config.tokenizer, plan["init_dir"])
+            if other is not None:
+                plan["error"] = ("value", other)
+                return plan
         src = plan["resume_dir"] or plan["init_dir"]
         if plan["tokenizer"] is None:
             has_tok = src is not None and (src / ckpt.TOKENIZER_DIR).exists()
@@ -158,6 +162,20 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     except CheckpointError as e:
         plan["error"] = ("checkpoint", str(e))
     return plan
+
+
+def _other_tokenizer(given: Optional[str], init_dir: Path) -> Optional[str]:
+    """Why the tokenizer ``given`` (``--tokenizer``; None: the checkpoint's own) is not the one the checkpoint in
+    ``init_dir`` was trained with (a fine-tune would train on garbage), or None."""
+    from ..data.tokenizer import load_tokenizer, not_the_models_tokenizer
+
+    saved = init_dir / ckpt.TOKENIZER_DIR
+    if given is None or not saved.exists():
+        return None
+    try:
+        return not_the_models_tokenizer(load_tokenizer(given), given, saved, init_dir)
+    except (OSError, ValueError) as e:
+        return f"--tokenizer {given}: {e}"
 
 
 class RunSetup:
