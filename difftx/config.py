@@ -25,6 +25,9 @@ INITS = ("normal", "torch")  # ModelConfig.init: how the weights are drawn (Tran
 OUT_SCALE_SCHEDULE = "schedule"  # ModelConfig.out_scale: 1 - the depth schedule's lambda_init at each layer
 
 
+MAX_WEIGHT = 2 ** 40  # elements of one weight matrix (4 TiB in float32): a larger config is a typo, not a model
+
+
 def _err(field: str, rule: str) -> ValueError:
     return ValueError(f"ModelConfig.{field}: {rule}")
 
@@ -126,6 +129,11 @@ class ModelConfig:
             raise _err("dim", f"{D} must be divisible by n_heads={H}")
         if self.head_dim % 2:
             raise _err("dim", f"the {self.attention} head width {self.head_dim} (see head_dim) must be even for RoPE")
+        largest = max(self.vocab_size * D, D * self.hidden_dim)  # the embedding / LM head, or an MLP weight
+        if largest > MAX_WEIGHT:  # PyTorch cannot even describe it: "Storage size calculation overflowed"
+            raise _err("dim" if D * self.hidden_dim >= self.vocab_size * D else "vocab_size",
+                       f"a weight of {largest:,} elements (dim={D}, vocab_size={self.vocab_size}, hidden "
+                       f"{self.hidden_dim}): more than {MAX_WEIGHT:,} (2**40); no such model can be built")
         self._check_options()
 
     def _check_options(self) -> None:

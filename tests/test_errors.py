@@ -806,3 +806,20 @@ def test_a_prompt_that_is_not_utf8_is_named(capsys, model_dir):
         generate_text(model_dir, "café\udcff", tokenizer="byte", max_new_tokens=1)
     assert run_cli(capsys, "generate", model_dir, "--tokenizer", "byte", "--prompt", "café", "--max-new-tokens",
                    "1")[0] == 0
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "--device", "tpu"], "--device tpu: not a device torch knows"),
+    (["bench", "--threads", "-1"], "argument --threads: must be a positive integer, got -1"),
+    (["bench", "--batch", "0"], "argument --batch: must be a positive integer, got 0"),
+    (["bench", "--batch", "-3"], "argument --batch: must be a positive integer, got -3"),
+    (["demo", "--pairs", "0"], "argument --pairs: must be a positive integer, got 0"),
+    (["demo", "--pairs", "-1"], "argument --pairs: must be a positive integer, got -1"),
+    (["generate", "x", "--seed", "99999999999999999999"], "argument --seed: must be an integer from -2**63"),
+    (["convert", "x", "y", "--seed", "-99999999999999999999"], "argument --seed: must be an integer from -2**63"),
+    (["info", "--set", "dim=1000000000"], "ModelConfig.dim: a weight of 2,666,666,688,000,000,000 elements"),
+])
+def test_numbers_out_of_range_are_usage_errors(capsys, argv, says):
+    """Each was "unexpected error: RuntimeError ..." (exit 1), or ran on an empty batch."""
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and says in err and "unexpected error" not in err, err

@@ -41,6 +41,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_int(text: str) -> int:
+    """A random seed: an integer torch.manual_seed takes (-2**63 to 2**64 - 1)."""
+    value = _int(text)
+    if not -2 ** 63 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"must be an integer from -2**63 to 2**64 - 1, got {value}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
     value = _int(text)
@@ -225,6 +233,10 @@ def check_device(device: str, flag: str = "--device") -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag} {device}: not a device torch knows (cpu, cuda, cuda:N, mps, ...)") from None
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"{flag} {device}: no CUDA device is available here (torch.cuda.is_available() is False); "
                          f"use {flag} cpu (or auto)")

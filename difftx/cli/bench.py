@@ -9,15 +9,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .args import check_not_input, check_not_owned, check_output_file
+from .args import check_device, check_not_input, check_not_owned, check_output_file, positive_int
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 512, 1024], help="sequence lengths")
-    p.add_argument("--dim", type=int, default=512, help="model width D (default 512)")
-    p.add_argument("--heads", type=int, default=4, help="differential heads H; the baseline gets 2H (default 4)")
-    p.add_argument("--kv-heads", type=int, default=None, help="kv groups Hkv (default: H)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq-lens", type=positive_int, nargs="+", default=[256, 512, 1024], help="sequence lengths")
+    p.add_argument("--dim", type=positive_int, default=512, help="model width D (default 512)")
+    p.add_argument("--heads", type=positive_int, default=4, help="differential heads H; the baseline gets 2H (default 4)")
+    p.add_argument("--kv-heads", type=positive_int, default=None, help="kv groups Hkv (default: H)")
+    p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--backends", nargs="+", default=None,
                    help="DIFF backends to time (default: all that run natively on the device; on CPU not "
                         "triton or flex)")
@@ -28,7 +28,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure each candidate's peak memory above the call's start (MiB; on CPU with "
                         "PyTorch's memory profiler, one extra untimed call each; always measured on CUDA)")
     p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
-    p.add_argument("--repeats", type=int, default=10,
+    p.add_argument("--repeats", type=positive_int, default=10,
                    help="timed rounds per length and mode, every candidate once per round (default 10); from 6 "
                         "on, each row also gives the median per-round ratio to the reference with its 95%% "
                         "interval (distribution-free)")
@@ -39,13 +39,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", action="store_true",
                    help="time one decoding step of a whole model whose KV cache holds T tokens (T = each "
                         "--seq-lens value), instead of attention layers")
-    p.add_argument("--layers", type=int, default=2, help="--decode: layers of the model (default 2)")
+    p.add_argument("--layers", type=positive_int, default=2, help="--decode: layers of the model (default 2)")
     p.add_argument("--steps", nargs="+", default=None, choices=["dynamic", "static", "compiled"],
                    help="--decode: which decoding steps to time, side by side (default dynamic): the ordinary "
                         "cached step, the static step (a preallocated cache written at a tensor position, "
                         "attention over the whole buffer; rows '<backend> static') and the static step under "
                         "torch.compile (on CUDA with CUDA graphs, mode reduce-overhead; rows '<backend> compiled')")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: PyTorch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: PyTorch's choice)")
     p.add_argument("--json", default=None, help="also write the rows and machine facts to this JSON file")
     p.add_argument("--plot", default=None, help="also plot time and ratio against T to this PNG (needs matplotlib)")
     p.add_argument("--overwrite", action="store_true",
@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import bench_attention, bench_decode, format_table, save_rows  # lazy: torch; --help stays fast
 
     dtype = getattr(torch, args.dtype)
-    if args.device is None:  # resolved here, not at parse time: `difftx --help` need not import torch
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    # resolved and checked here, not at parse time: `difftx --help` need not import torch
+    args.device = check_device("auto" if args.device is None else args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cpu" and dtype != torch.float32:

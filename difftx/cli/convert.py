@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .args import check_not_input
+from .args import check_not_input, seed_int
 
 METHODS = ("zero", "mirror", "random", "dex")  # difftx.interop.convert.METHODS (not imported here: it imports torch)
 
@@ -38,7 +38,7 @@ def register(sub) -> None:
                         "count N or a fraction F in (0, 1] of each layer's heads, those whose attention is the most "
                         "diffuse (highest mean entropy) on the bundled held-out text through the source's tokenizer, "
                         "or on random tokens when it has none difftx reads")
-    p.add_argument("--seed", type=int, default=0, metavar="N",
+    p.add_argument("--seed", type=seed_int, default=0, metavar="N",
                    help="seed of the random draws: the lambda vectors and, with --method random, the negative "
                         "rows (default: 0)")
     p.add_argument("--lambda-init", type=float, default=0.0, metavar="X",

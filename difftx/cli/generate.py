@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import check_device, non_negative_float, non_negative_int, positive_int, probability
+from .args import check_device, non_negative_float, non_negative_int, positive_int, probability, seed_int
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 decodes greedily")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--tokenizer", default=None,
                    help="the tokenizer, for a model folder without one saved ('byte' or a path); one other than "
                         "the tokenizer saved with the checkpoint is refused")
