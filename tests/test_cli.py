@@ -97,7 +97,9 @@ def test_bench_decode_writes_json_and_plot(tmp_path, capsys):
     assert "| 24 | decode | diff/eager |" in capsys.readouterr().out
     assert "| 24 | decode | baseline/sdpa | " in format_table([BenchRow(**r) for r in rows])
     assert "| 1.000 [1.000, 1.000] |" in format_table([BenchRow(**r) for r in rows])
-    assert main(["bench", "--decode", "--layers", "0", "--seq-lens", "8", "--dim", "32", "--heads", "2"]) == 2
+    with pytest.raises(SystemExit) as e:  # refused by the parser: "argument --layers: must be a positive integer"
+        main(["bench", "--decode", "--layers", "0", "--seq-lens", "8", "--dim", "32", "--heads", "2"])
+    assert e.value.code == 2
 
 
 def test_demo_smoke(capsys):

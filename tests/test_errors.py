@@ -613,8 +613,15 @@ def test_runs_plot_without_a_suffix_says_the_file_it_wrote(capsys, tmp_path, run
     pytest.importorskip("matplotlib")
     assert main(["runs", str(run_dir), "--plot", str(tmp_path / "curves")]) == 0
     assert f"wrote {tmp_path / 'curves.png'}" in capsys.readouterr().out and (tmp_path / "curves.png").is_file()
+    before = snapshot(run_dir)
     code, err = run_cli(capsys, "runs", run_dir, "--plot", run_dir / "train_config.json")
-    assert code == 2 and "belongs to the training run" in err
+    assert code == 2 and "train_config.json: not an image format matplotlib writes" in err
+    assert snapshot(run_dir) == before
+    # not an image: refused before the work (matplotlib refused .txt after it; bench wrote PNG bytes into it)
+    for argv in (("runs", run_dir), ("bench",)):
+        code, err = run_cli(capsys, *argv, "--plot", tmp_path / "curves.txt")
+        assert code == 2 and f"--plot {tmp_path / 'curves.txt'}: not an image format matplotlib writes" in err
+        assert not (tmp_path / "curves.txt").exists()
 
 
 def test_a_needle_cell_that_cannot_fit_the_context_is_refused(capsys, run_dir):

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .args import check_device, check_not_input, check_not_owned, check_output_file, positive_int
+from .args import check_device, check_not_input, check_not_owned, check_output_file, plot_file, positive_int
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +64,7 @@ def register(sub) -> None:
 def run_checked(args: argparse.Namespace) -> int:
     """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
     the timing, not after it)."""
+    args.plot = plot_file(getattr(args, "plot", None), "--plot")
     for flag in ("json", "plot"):
         check_output_file(getattr(args, flag, None), f"--{flag}")
         check_not_owned(getattr(args, flag, None), f"--{flag}", getattr(args, "overwrite", False))
@@ -87,8 +88,6 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.device == "cpu" and dtype != torch.float32:
         raise ValueError("--dtype: use float32 on CPU (bf16/fp16 have no fast CPU kernels here)")
-    if args.layers <= 0 or args.repeats <= 0 or any(T <= 0 for T in args.seq_lens):
-        raise ValueError("--layers, --repeats and --seq-lens must be positive")
     what = f"decode step, {args.layers}-layer model" if args.decode else "attention layer"
     print(f"difftx bench ({what}): D={args.dim} H={args.heads} (baseline {2 * args.heads} heads) batch={args.batch} "
           f"{args.dtype} on {args.device}, {args.clock} clock, torch {torch.__version__}, "
