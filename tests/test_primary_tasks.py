@@ -94,4 +94,8 @@ def test_arms_named_on_the_command_line_put_the_primary_pair_first():
 
     assert parse_arms("gated") == ("baseline", "diff", "gated")  # the presets' pair: DIFF and its baseline
     assert parse_arms("gated,diff", ("gated", "baseline")) == ("baseline", "gated", "diff")
+    # a set's name among names stands for its arms ("unknown arm(s) ['default']" before)
+    assert parse_arms("default,gated") == ("baseline", "diff", "gated")
+    assert parse_arms("gated,alternatives") == ("baseline", "diff", "gated", "diff_v2", "gated_matched",
+                                                "gated_headwise", "no_subtraction")
     assert parse_arms("recall-controls", ("diff_lambda_0.8", "temperature"))[:2] == ("temperature", "diff_lambda_0.8")

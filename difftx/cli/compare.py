@@ -37,7 +37,7 @@ def register(sub) -> None:
                         "dotted keys, JSON/YAML scalars, else text such as --set tasks.needle.grid=1/1,2/2)")
     p.add_argument("--arms", default=None, metavar="ARMS",
                    help="the arms trained for every seed: comma-separated names (the primary pair always "
-                        "included: baseline and diff unless --set primary=...) or a named set: default "
+                        "included: baseline and diff unless --set primary=...) and named sets: default "
                         "(baseline,diff), paper-ablations (paper Table 6), "
                         "alternatives (diff_v2, gated, gated_matched, gated_headwise, no_subtraction), "
                         "recall-controls (diff_lambda_0.8, temperature, diff_nope, baseline_nope), all; see "
@@ -103,13 +103,15 @@ def take_workers(args: argparse.Namespace, overrides: dict) -> None:
 
 
 def parse_arms(text: str, primary=None, own=()) -> tuple[str, ...]:
-    """``"paper-ablations"`` or ``"gated,no_subtraction"`` -> arm names, the ``primary`` pair first (its second arm,
+    """``"paper-ablations"``, ``"gated,no_subtraction"`` or ``"alternatives,diff_lambda_0.8"`` -> arm names (a set's
+    name stands for its arms), the ``primary`` pair first (its second arm,
     then its first; default: the presets' primary pair, baseline then diff); ``own``: the names of arms of your own
     (``--set own_arms.NAME...``)."""
     from ..compare import ComparePreset  # lazy: torch; --help stays fast
     from ..config import ARM_SETS, arm_names  # lazy: torch; --help stays fast
 
-    names = list(ARM_SETS[text]) if text in ARM_SETS else [a.strip() for a in text.split(",") if a.strip()]
+    names = [arm for item in (a.strip() for a in text.split(",")) if item  # a set's name stands for its arms
+             for arm in (ARM_SETS[item] if item in ARM_SETS else (item,))]
     unknown = [a for a in names if a not in arm_names() and a not in own]
     if unknown or not names:
         raise ValueError(f"--arms {text!r}: unknown arm(s) {unknown}; choose from {arm_names()}, a set "
