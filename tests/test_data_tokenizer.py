@@ -38,6 +38,8 @@ def test_byte_tokenizer_round_trip():
 def test_byte_tokenizer_save_and_load(tmp_path):
     ByteTokenizer().save(tmp_path / "tok")
     assert isinstance(load_tokenizer(tmp_path / "tok"), ByteTokenizer)
+    # the file itself, as a user copies it from the folder ("cannot be read as a tokenizers tokenizer.json" before)
+    assert isinstance(load_tokenizer(tmp_path / "tok" / "difftx_tokenizer.json"), ByteTokenizer)
 
 
 def test_bpe_train_save_load_round_trip(tmp_path):

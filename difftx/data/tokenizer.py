@@ -289,6 +289,8 @@ def load_tokenizer(spec: TokenizerSpec = "byte", *, eos_token: Optional[str] = N
     if isinstance(spec, str) and spec == "byte":
         return ByteTokenizer()
     path = Path(spec)
+    if path.name == META_FILE and path.is_file():  # the file ByteTokenizer.save writes, named itself: its folder
+        path = path.parent
     if path.is_dir():
         if (path / TOKENIZER_FILE).is_file():
             return BPETokenizer.from_file(path / TOKENIZER_FILE, eos_token=eos_token)
