@@ -830,3 +830,18 @@ def test_numbers_out_of_range_are_usage_errors(capsys, argv, says):
     """Each was "unexpected error: RuntimeError ..." (exit 1), or ran on an empty batch."""
     code, err = run_cli(capsys, *argv)
     assert code == 2 and says in err and "unexpected error" not in err, err
+
+
+def test_info_names_a_transformers_folder_and_refuses_arms_of_a_model_that_is_not_diff(capsys, tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({  # a Hub folder's config: a long unknown-field list
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "intermediate_size": 128, "vocab_size": 100}))
+    for path in (tmp_path / "hf", tmp_path / "hf" / "config.json"):
+        code, err = run_cli(capsys, "info", path)
+        assert code == 2 and "this looks like a Hugging Face transformers folder" in err
+        assert f"read it with `difftx import {tmp_path / 'hf'} OUT`" in err
+    assert main(["info", "tiny", "--attention", "standard", "--arms"]) == 2
+    out, err = capsys.readouterr()
+    assert "--arms: the arms derive from a DIFF V1 model (attention=diff), not attention=standard" in err
+    assert "arms derived from" not in out  # refused before the table's header

@@ -70,7 +70,7 @@ def _preset_model(spec: str):
 
 
 def _load(spec: str):
-    from ..checkpoint import CONFIG_NAME, CheckpointError  # lazy: torch; --help stays fast
+    from ..checkpoint import CONFIG_NAME, CheckpointError, load_config  # lazy: torch; --help stays fast
     from ..compare.presets import PRESETS as COMPARE_PRESETS  # lazy: torch; --help stays fast
     from ..config import PRESETS, ModelConfig, preset  # lazy: torch; --help stays fast
     from ..training.checkpointing import resolve_checkpoint  # lazy: torch; --help stays fast
@@ -88,6 +88,8 @@ def _load(spec: str):
                          f"nor a path")
     if path.is_dir():  # a model or checkpoint folder, or a run folder (its latest checkpoint)
         path = resolve_checkpoint(path) / CONFIG_NAME
+    if path.name == CONFIG_NAME:  # as every command reads a model's config: a transformers folder is named as one
+        return load_config(path.parent)
     data = read_json(path, "a model config", error=CheckpointError)
     try:
         return ModelConfig.from_dict(data)
@@ -162,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
     if args.arms is not None:
         if args.arms not in ARM_SETS:
             raise ValueError(f"--arms {args.arms}: unknown arm set; choose one of {sorted(ARM_SETS)}")
+        if cfg.attention != "diff":  # before the table's header: the arms derive from a DIFF V1 model
+            raise ValueError(f"--arms: the arms derive from a DIFF V1 model (attention=diff), not attention="
+                             f"{cfg.attention}: name a DIFF model or preset (without --attention)")
         # "all": every arm, and every attention kind registered beyond the built-in ones (--kinds)
         return _print_arms(cfg, arm_names() if args.arms == "all" else ARM_SETS[args.arms])
     if args.arm:
