@@ -304,6 +304,8 @@ def read_json(path: PathLike, what: str, *, error: type[Exception] = ValueError)
     checkpoint"). A missing file or one that is not JSON raises ``error`` (``ValueError`` unless
     given) naming the path and ``what``."""
     path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: a folder; expected a file with {what}")
     if not path.is_file():
         raise error(f"{path}: not found; expected {what} here")
     try:

@@ -845,3 +845,17 @@ def test_info_names_a_transformers_folder_and_refuses_arms_of_a_model_that_is_no
     out, err = capsys.readouterr()
     assert "--arms: the arms derive from a DIFF V1 model (attention=diff), not attention=standard" in err
     assert "arms derived from" not in out  # refused before the table's header
+
+
+def test_a_folder_where_a_file_is_asked_and_a_bad_record_file_are_said_before_the_work(capsys, tmp_path):
+    """--config DIR and --spec DIR said "not found" for a folder that exists; map --record BAD failed only after the
+    map was written (after any training)."""
+    code, err = run_cli(capsys, "train", "--config", tmp_path)
+    assert code == 2 and f"{tmp_path}: a folder, not a config file" in err
+    code, err = run_cli(capsys, "map", "--spec", tmp_path, "--no-train")
+    assert code == 2 and f"--spec {tmp_path}: a folder; give the map spec's JSON file" in err
+    bad = tmp_path / "recorded.json"
+    bad.write_text("garbage")
+    code, err = run_cli(capsys, "map", "--no-train", "--record", bad, "--out", tmp_path / "map")
+    assert code == 2 and f"recorded cells {bad}: not JSON" in err
+    assert not (tmp_path / "map").exists()  # nothing written

@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         for name in ("map.json", "map.md", "map.png"):
             check_not_input(out / name, "--out", inputs)
         check_not_input(args.record, "--record", {"the map spec": spec.path})
+        if args.record:  # before any training: a file it cannot write or read is said now, not after the hours
+            from .args import check_output_file
+
+            check_output_file(args.record, "--record")
+            if Path(args.record).is_file():
+                load_recorded(Path(args.record))
     recorded = {} if args.no_recorded else load_recorded(spec.recorded)
     if args.dry_run:
         print("\n".join(dry_run_lines(plan_map(spec, out, args.seeds, recorded, cells=cells), recorded)))

@@ -112,6 +112,9 @@ class MapSpec:
 def load_spec(path: Optional[Path | str] = None) -> MapSpec:
     """The map spec at ``path`` (default :data:`DEFAULT_SPEC`), validated (:func:`parse_spec`)."""
     path = Path(path) if path is not None else DEFAULT_SPEC
+    if path.is_dir():
+        raise SpecError(f"--spec {path}: a folder; give the map spec's JSON file (configs/maps/regime-map.json in a "
+                        f"checkout)")
     if not path.is_file():
         raise SpecError(f"--spec {path}: not found" + ("" if path != DEFAULT_SPEC else
                                                        " (the shipped map spec lives in a checkout's configs/; give "

@@ -260,6 +260,9 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
 def read_config_file(path: Union[str, Path]) -> dict:
     """A mapping from a ``.json``, ``.yaml`` or ``.yml`` file (YAML needs PyYAML)."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a config file (a JSON or YAML file); to continue a run in a folder, "
+                         f"use --out FOLDER --resume")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: config file not found")
     try:
