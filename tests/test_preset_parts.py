@@ -62,6 +62,10 @@ def test_the_commands_read_dotted_fields_flat(capsys):
         {"lr": 1e-3, "workers": 2, "steps": 4}
     with pytest.raises(ValueError, match="--set schedule.lr and --set lr: give it in one place"):
         flat_parts({"schedule": {"lr": 1e-3}, "lr": 1e-3})
+    # the model's fields too: --set model.dim=64 --set dim=32 kept 32 silently
+    with pytest.raises(ValueError, match="--set model.dim and --set dim: give it in one place"):
+        PRESETS["smoke"].with_overrides(model={"dim": 64}, dim=32)
+    assert PRESETS["smoke"].with_overrides(model={"dim": 64}, n_layers=1).model["dim"] == 64
     with pytest.raises(ValueError, match=r"ComparePreset.execution: unknown field\(s\) \['lr'\]"):
         flat_parts({"execution": {"lr": 1e-3}})
     with pytest.raises(ValueError, match="--set probe_every: --data trains on the text alone"):

@@ -417,6 +417,9 @@ class ComparePreset:
             vals = overrides.pop(part, {})
             if not isinstance(vals, dict):
                 raise preset_error(part, f"must be a mapping {{field: value}}, got {vals!r}")
+            both = sorted(k for k in vals if k in flat and k in overrides)
+            if both:  # the flat spelling silently won before
+                raise ValueError(f"--set {part}.{both[0]} and --set {both[0]}: give it in one place")
             overrides[part] = {**getattr(self, part), **vals, **{k: overrides.pop(k) for k in flat if k in overrides}}
         preset = self.replace(**overrides)
         resolve(preset)  # the rules that tie fields together
