@@ -32,6 +32,27 @@ from typing import Any, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
+# what marks difftx's work in a folder (a file or folder of this name), and what it marks
+RUN_MARKERS = {"train_config.json": "a training run", "checkpoints": "a training run", "metrics.jsonl": "a training run"}
+WORK_MARKERS = {**RUN_MARKERS, "compare.json": "a comparison", "results.json": "a comparison",
+                "train.json": "a comparison's model", "scale.json": "a scale study", "map.json": "a regime map"}
+MODEL_MARKERS = {"config.json": "a model", "model.safetensors": "a model"}
+
+
+def work_marker(folder: PathLike, markers: dict = WORK_MARKERS, below: bool = True) -> Optional[tuple[str, str]]:
+    """The first of ``markers`` in ``folder`` (and, with ``below``, at any depth under it): its path relative to
+    ``folder`` and what it marks; None where there is none (or no folder)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for root, dirs, files in os.walk(folder):
+        for name in sorted(dirs) + sorted(files):
+            if name in markers:
+                return str((Path(root) / name).relative_to(folder)), markers[name]
+        if not below:
+            break
+    return None
+
 
 def umask_mode(folder: bool = False) -> int:
     """The mode a plain ``open`` / ``mkdir`` would give under the process's umask (``0o666`` /

@@ -859,3 +859,38 @@ def test_a_folder_where_a_file_is_asked_and_a_bad_record_file_are_said_before_th
     code, err = run_cli(capsys, "map", "--no-train", "--record", bad, "--out", tmp_path / "map")
     assert code == 2 and f"recorded cells {bad}: not JSON" in err
     assert not (tmp_path / "map").exists()  # nothing written
+
+
+def test_train_scale_and_map_write_only_into_their_own_folders(capsys, tmp_path, model_dir, run_dir):
+    """train --out MODEL left the model's own config.json to be read as the model by every later command; scale and
+    map --out wrote into a run, a comparison or any folder (compare refused them); --json X/scale.json replaced it."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    (cmp / "compare.json").write_text("{}")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "scale.json").write_text("{}")
+    before = {p: snapshot(p) for p in (model, cmp, junk, study, run_dir)}
+    for out, held in ((model, "a model (config.json)"), (cmp, "a comparison (compare.json)")):
+        code, err = run_cli(capsys, "train", "--preset", "test", "--out", out, "--set", "steps=2", "--no-progress")
+        assert code == 2 and f"{out} holds {held}, not a training run" in err
+    scale = ("scale", "--preset", "smoke", "--seeds", "1", "--set", "steps=2", "--sizes", "32x1x2,64x1x2",
+             "--no-progress")
+    for out, says in ((run_dir, "holds a training run"), (model, "holds a model"), (cmp, "holds a comparison"),
+                      (junk, "not empty (notes.txt) and not the folder of a scale study (no scale.json)")):
+        code, err = run_cli(capsys, *scale, "--out", out)
+        assert code == 2 and f"--out {out}: {says}" in err, err
+    for out, says in ((study, "holds a scale study (scale.json), not a regime map"),
+                      (junk, "not empty (notes.txt) and not the folder of a regime map (no map.json)")):
+        code, err = run_cli(capsys, "map", "--no-train", "--out", out)
+        assert code == 2 and f"--out {out}: {says}" in err, err
+    code, err = run_cli(capsys, "bench", "--seq-lens", "8", "--json", study / "scale.json")
+    assert code == 2 and "belongs to the scale study" in err
+    assert {p: snapshot(p) for p in before} == before

@@ -100,7 +100,7 @@ def output_file(text: str) -> str:
 # files difftx keeps in its folders: a run, a checkpoint, a tokenizer, a comparison
 OWN_FILES = ("train_config.json", "metrics.jsonl", "model.safetensors", "config.json", "optimizer.pt",
              "trainer_state.json", "tokenizer.json", "results.json", "compare.json", TRAIN_RECORD, "report.md",
-             TASK_FILE)
+             TASK_FILE, "scale.json", "scale.md", "map.json", "map.md")
 
 
 def owner_of(path: Path) -> str | None:
@@ -111,7 +111,8 @@ def owner_of(path: Path) -> str | None:
     folder = path.absolute().parent
     for marker, what in (("train_config.json", "the training run"), ("checkpoints", "the training run"),
                          ("model.safetensors", "the checkpoint"), ("compare.json", "the comparison"),
-                         (TRAIN_RECORD, "the compare model"), ("tokenizer.json", "the tokenizer")):
+                         (TRAIN_RECORD, "the compare model"), ("tokenizer.json", "the tokenizer"),
+                         ("scale.json", "the scale study"), ("map.json", "the regime map")):
         if (folder / marker).exists():
             return f"{what} in {folder}"
     return f"a difftx folder ({path.name} is one of its files)" if path.name in OWN_FILES else None

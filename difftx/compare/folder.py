@@ -4,9 +4,10 @@ and the training request a finished model must match."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from ..io import atomic_write, dumps_strict, read_json
+from ..io import MODEL_MARKERS, WORK_MARKERS, atomic_write, dumps_strict, read_json, work_marker
 from ..tasks.subject import TRAIN_RECORD, TrainRecord
 from .plan import ComparePlan
 from .presets import ComparePreset
@@ -50,6 +51,26 @@ def check_owned(out: Path, plan: ComparePlan) -> None:
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
         raise ValueError(f"--out {out}: not empty ({shown}) and holds no comparison (no {COMPARE_FILE}); compare "
                          "writes only into a new or empty folder or its own, so choose another --out")
+
+
+def check_study_folder(out: Path, flag: str, marker: str, what: str, own_entry: Callable[[Path], bool]) -> None:
+    """Refuse, before anything is read or written, an ``out`` that a study (``what``: "a scale study") does not own:
+    a file; a folder that holds a training run, a model, a comparison or another study at its top level; any other
+    non-empty folder whose entries are not the study's own (``own_entry``) and that has no ``marker`` (scale.json,
+    map.json). Compare refused such folders; a study wrote into them."""
+    out = Path(out)
+    if not out.exists() and not out.is_symlink() or (out / marker).is_file():
+        return
+    if not out.is_dir():
+        raise ValueError(f"{flag} {out}: exists and is not a folder; choose a folder for {what}")
+    held = work_marker(out, {**WORK_MARKERS, **MODEL_MARKERS}, below=False)
+    if held is not None:
+        raise ValueError(f"{flag} {out}: holds {held[1]} ({held[0]}), not {what}; choose another {flag}")
+    strangers = sorted(e.name for e in out.iterdir() if not e.name.startswith(".") and not own_entry(e))
+    if strangers:
+        shown = ", ".join(strangers[:4]) + (", ..." if len(strangers) > 4 else "")
+        raise ValueError(f"{flag} {out}: not empty ({shown}) and not the folder of {what} (no {marker}); a study "
+                         f"writes only into a new or empty folder or its own, so choose another {flag}")
 
 
 def _check_folder(out: Path, preset: ComparePreset, text: dict | None = None) -> None:

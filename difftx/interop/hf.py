@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import (CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_config, load_state, save_weights,
                           verify_digest)
 from ..config import ModelConfig
-from ..io import atomic_folder, atomic_write, write_json
+from ..io import atomic_folder, atomic_write, work_marker, write_json
 from ..model import Transformer
 from ..training.checkpointing import resolve_checkpoint
 from . import remote
@@ -419,28 +419,12 @@ def _output_dir(out_dir: PathLike, sources: list[Path], overwrite: bool = False)
         raise ConversionError(f"{out}: not empty; refusing to write into it (its files would be replaced). Choose a "
                               f"new or empty folder, or pass --overwrite (overwrite=True) to replace the folder")
     if out.is_dir() and overwrite:
-        found = _work_below(out)
+        found = work_marker(out)
         if found is not None:
             marker, what = found
             raise ConversionError(f"{out}: holds {what} ({marker}); --overwrite replaces model folders only, "
                                   "never a run, a comparison or a study, nor a folder above one. Choose another folder")
     return out
-
-
-# what marks a folder that --overwrite must never replace, at any depth below the output folder
-_WORK_MARKERS = {"train_config.json": "a training run", "checkpoints": "a training run", "metrics.jsonl": "a training run",
-                 "compare.json": "a comparison", "results.json": "a comparison", "train.json": "a comparison's model",
-                 "scale.json": "a scale study", "map.json": "a regime map"}
-
-
-def _work_below(folder: Path) -> Optional[tuple[str, str]]:
-    """The first marker of a run, comparison or study in ``folder`` or below it (its path relative to ``folder``,
-    and what it marks), or None."""
-    for root, dirs, files in os.walk(folder):
-        for name in sorted(dirs) + sorted(files):
-            if name in _WORK_MARKERS:
-                return str((Path(root) / name).relative_to(folder)), _WORK_MARKERS[name]
-    return None
 
 
 def replaced(out: Path) -> str | None:

@@ -810,6 +810,14 @@ def record_cells(m: dict, path: Path, cells: Optional[frozenset] = None) -> list
 # -- the command --------------------------------------------------------------------------------------------------
 
 
+def _map_entry(entry: Path) -> bool:
+    """Whether ``entry`` of a map's folder is the map's own: its report or plot, or a cell (a compare folder, its
+    results alone, or an empty folder)."""
+    if entry.is_dir():
+        return any((entry / f).is_file() for f in ("compare.json", "results.json")) or not any(entry.iterdir())
+    return entry.name in ("map.md", "map.png")
+
+
 def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: Optional[int] = None,
             shard: Optional[tuple[int, int]] = None, use_recorded: bool = True, train: bool = True,
             progress: bool = True, cells: Optional[frozenset] = None, log=print) -> Optional[dict]:
@@ -818,10 +826,12 @@ def run_map(spec: MapSpec, out: Path, *, seeds: Optional[int] = None, workers: O
     With ``shard`` (K, N) this invocation trains only its share of every cell's models (every N-th (cell, seed,
     arm) over the spec's cells in order, so the share depends on the spec alone) and writes no map: run once more
     without it to finish the cells' reports and write the map."""
+    from ..compare.folder import check_study_folder
     from ..compare.run import run_compare
     from ..compare.workers import refuse_in_worker_start
 
     refuse_in_worker_start("run_map")
+    check_study_folder(out, "--out", "map.json", "a regime map", _map_entry)
     recorded = load_recorded(spec.recorded) if use_recorded else {}
     plan = plan_map(spec, out, seeds, recorded, train=train, cells=cells)
     offset = 0

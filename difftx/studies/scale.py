@@ -203,6 +203,7 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     A preset that trains recall without LM batches (:func:`recall_without_lm`, e.g. ``recall-scale-cpu``)
     fits nothing: the sizes are a map of depth and width, and the summary is the recall readings per size
     and arm (:func:`difftx.studies.scale_recall.recall_summary`); ``tune`` is refused there."""
+    from ..compare.folder import check_study_folder
     from ..compare.run import run_compare
     from ..compare.workers import refuse_in_worker_start
     from .tune import run_tuned
@@ -225,6 +226,8 @@ def run_scale(preset: str | ComparePreset = "scale-cpu", sizes: Optional[Sequenc
     if tokens_per_param is None and scale is not None:
         tokens_per_param = scale.tokens_per_param
     out = Path(out) if out is not None else default_out(preset)
+    check_study_folder(out, "--out", "scale.json", "a scale study",
+                       lambda e: e.name.startswith("size=") or e.name in ("scale.md", "scale.png"))
     if scale is not None:
         preset, overrides = scale.compare, {**scale.overrides, **overrides}
     if lambda_arm:

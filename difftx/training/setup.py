@@ -16,6 +16,7 @@ import torch
 
 from ..checkpoint import CheckpointError, load_config
 from ..config import ModelConfig
+from ..io import MODEL_MARKERS, RUN_MARKERS, WORK_MARKERS, work_marker
 from ..data import PackedLoader, prepare_data
 from ..model import Transformer
 from . import checkpointing as ckpt
@@ -122,6 +123,12 @@ def _plan_start(config: TrainConfig, out_dir: Path, resume: bool) -> dict:
     inside = _inside_data(config, out_dir)
     if inside is not None:  # before the lock: nothing is written there
         plan["error"] = ("value", inside)
+        return plan
+    held = None if work_marker(out_dir, RUN_MARKERS, below=False) else \
+        work_marker(out_dir, {**WORK_MARKERS, **MODEL_MARKERS}, below=False)
+    if held is not None:  # a model folder's own config.json would go on being read as the model, not this run
+        plan["error"] = ("value", f"TrainConfig.out_dir: {out_dir} holds {held[1]} ({held[0]}), not a training run; "
+                                  f"a run writes a folder of its own: choose another out_dir (--out)")
         return plan
     try:
         ckpt.lock_run(out_dir)  # until train() returns: a second run on this folder is refused
