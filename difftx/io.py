@@ -33,7 +33,8 @@ from typing import Any, Optional, Union
 PathLike = Union[str, os.PathLike]
 
 # what marks difftx's work in a folder (a file or folder of this name), and what it marks
-RUN_MARKERS = {"train_config.json": "a training run", "checkpoints": "a training run", "metrics.jsonl": "a training run"}
+RUN_MARKERS = {"train_config.json": "a training run", "checkpoints": "a training run",
+               "metrics.jsonl": "a training run"}
 WORK_MARKERS = {**RUN_MARKERS, "compare.json": "a comparison", "results.json": "a comparison",
                 "train.json": "a comparison's model", "scale.json": "a scale study", "map.json": "a regime map"}
 MODEL_MARKERS = {"config.json": "a model", "model.safetensors": "a model"}

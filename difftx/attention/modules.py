@@ -741,7 +741,8 @@ class DiffAttention(AttentionKind):
         """The re-parameterised lambda, a float32 scalar (float64 for float64 parameters).
 
         Without gradients, in a forward that writes into a KV cache (decoding), the value is kept with that cache
-        until a lambda parameter changes (``_inference_value``). The no-subtraction control (``subtract=False``) returns a constant zero that needs no gradient."""
+        until a lambda parameter changes (``_inference_value``). The no-subtraction control (``subtract=False``)
+        returns a constant zero that needs no gradient."""
         if not self.subtract:
             w = self.q_proj.weight
             acc = at_least_fp32(w.dtype)

@@ -15,7 +15,8 @@ from .args import check_device, check_not_input, check_not_owned, check_output_f
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-lens", type=positive_int, nargs="+", default=[256, 512, 1024], help="sequence lengths")
     p.add_argument("--dim", type=positive_int, default=512, help="model width D (default 512)")
-    p.add_argument("--heads", type=positive_int, default=4, help="differential heads H; the baseline gets 2H (default 4)")
+    p.add_argument("--heads", type=positive_int, default=4,
+                   help="differential heads H; the baseline gets 2H (default 4)")
     p.add_argument("--kv-heads", type=positive_int, default=None, help="kv groups Hkv (default: H)")
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--backends", nargs="+", default=None,

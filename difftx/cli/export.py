@@ -46,8 +46,8 @@ def register(sub) -> None:
                         "dex, converted at lambda 0, standard); refused in one line where the function would change "
                         "(default: no fold)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT_DIR when it is a non-empty folder (refused otherwise: nothing is overwritten; never a folder "
-                        "holding a run, a comparison or a study, at any depth)")
+                   help="replace OUT_DIR when it is a non-empty folder (refused otherwise: nothing is overwritten; "
+                        "never a folder holding a run, a comparison or a study, at any depth)")
     p.set_defaults(func=run)
 
 

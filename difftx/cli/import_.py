@@ -26,8 +26,8 @@ def register(sub) -> None:
     p.add_argument("out_checkpoint", help="output difftx model folder (created; an existing one must be empty, "
                                           "see --overwrite)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace OUT_CHECKPOINT when it is a non-empty folder (refused otherwise; never a folder holding a "
-                        "run, a comparison or a study, at any depth)")
+                   help="replace OUT_CHECKPOINT when it is a non-empty folder (refused otherwise; never a folder "
+                        "holding a run, a comparison or a study, at any depth)")
     p.set_defaults(func=run)
 
 

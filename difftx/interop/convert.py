@@ -390,8 +390,8 @@ def convert_model(src: PathLike, out: PathLike, *, method: str = "mirror", seed:
 
     The converted model's float32 logits are checked against the source's first; a relative difference above
     :data:`CHECK_TOLERANCE` is a :class:`ConversionError` and nothing is written. ``out`` follows
-    ``difftx import``'s rule: a non-empty folder is refused unless ``overwrite`` (never a folder holding a run, a comparison or a study);
-    the folder is assembled beside it and renamed into place.
+    ``difftx import``'s rule: a non-empty folder is refused unless ``overwrite`` (never a folder holding a run, a
+    comparison or a study); the folder is assembled beside it and renamed into place.
 
     ``lambda_init`` (in ``[0, 1)``) is a constant offset of lambda, reached during fine-tuning by a lambda warm-up
     (``TrainConfig.lambda_warmup``); above 0 the model as loaded does not compute the source's function, so the
