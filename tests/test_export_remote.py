@@ -272,6 +272,23 @@ def test_remote_lambda_is_kept_while_decoding_until_a_vector_changes(checked):
     torch.testing.assert_close(no_grad, model(prompt).logits.detach(), rtol=0, atol=1e-5)
 
 
+def test_remote_code_returns_hidden_states_and_refuses_attentions(checked):
+    """output_hidden_states was swallowed (None came back); output_attentions is refused in one line."""
+    import transformers
+
+    case, model = checked["cases"]["diff_forced"], checked["models"]["diff_forced"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(case["folder"], trust_remote_code=True,
+                                                           dtype=torch.float32)
+    x = torch.tensor([case["prompt"]])
+    with torch.no_grad():
+        out = hf(x, output_hidden_states=True)
+        assert len(out.hidden_states) == model.config.n_layers + 1 and hf(x).hidden_states is None
+        torch.testing.assert_close(out.hidden_states[0], model.tok_embeddings(x))
+        torch.testing.assert_close(out.hidden_states[-1], model.hidden(x), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="output_attentions: not returned by this model's code"):
+            hf(x, output_attentions=True)
+
+
 def test_export_decode_benchmark_runs(capsys):
     """benchmarks/export_decode.py end to end at a tiny size: every arm loads in transformers and gets a row."""
     import importlib.util

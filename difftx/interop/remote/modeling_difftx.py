@@ -440,11 +440,19 @@ class DifftxModel(DifftxPreTrainedModel):
         S = past + T
         if position_ids is None:
             position_ids = torch.arange(past, S, device=x.device)[None]
+        if kwargs.get("output_attentions", self.config.output_attentions):
+            raise ValueError("output_attentions: not returned by this model's code (a differential head has two "
+                             "maps); difftx.eval.capture.AttentionCapture reads them from the difftx model")
+        hidden = kwargs.get("output_hidden_states")
+        hidden = () if (self.config.output_hidden_states if hidden is None else hidden) else None
         allowed = self._allowed(attention_mask, B, T, S, past, x.device)
         positions = _Positions(position_ids)
         for block in self.layers:
+            hidden = None if hidden is None else (*hidden, x)  # the embeddings, then each block's input
             x = block(x, positions, allowed, cache if use_cache else None)
-        out = _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=self.norm(x))
+        x = self.norm(x)
+        hidden = None if hidden is None else (*hidden, x)  # and the last block's output, normed (as Llama's)
+        out = _output(BaseModelOutputWithPast, cache if use_cache else None, last_hidden_state=x, hidden_states=hidden)
         return out if return_dict is not False else out.to_tuple()
 
     @staticmethod
@@ -493,7 +501,8 @@ class DifftxForCausalLM(DifftxPreTrainedModel, GenerationMixin):
                 **kwargs):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         cache=cache if cache is not None else past_key_values)
+                         cache=cache if cache is not None else past_key_values,
+                         **{k: kwargs[k] for k in ("output_hidden_states", "output_attentions") if k in kwargs})
         h = out.last_hidden_state
         if isinstance(logits_to_keep, int):
             h = h[:, -logits_to_keep:] if logits_to_keep > 0 else h
@@ -504,5 +513,6 @@ class DifftxForCausalLM(DifftxPreTrainedModel, GenerationMixin):
         if labels is not None:  # next-token cross-entropy, labels aligned with input_ids (-100: ignored)
             loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten().to(logits.device),
                                    ignore_index=-100)
-        res = _output(CausalLMOutputWithPast, getattr(out, _CACHE_FIELD), loss=loss, logits=logits)
+        res = _output(CausalLMOutputWithPast, getattr(out, _CACHE_FIELD), loss=loss, logits=logits,
+                      hidden_states=out.hidden_states)
         return res if return_dict is not False else res.to_tuple()
