@@ -83,7 +83,13 @@ def _transformers_logits(folder: Path, x: torch.Tensor) -> dict[str, torch.Tenso
 def test_import_matches_transformers(name, mistrals, tmp_path):
     folder, theirs = mistrals[name]
     kw = MISTRALS[name]
-    ours_dir = import_hf(folder, tmp_path / "difftx")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        ours_dir = import_hf(folder, tmp_path / "difftx")
+    window = kw["sliding_window"]  # a window that covers the context: the model matches up to the window alone
+    assert [str(w.message).split(": ", 1)[1] for w in said] == ([] if window is None else [
+        f"sliding_window={window}: the model read computes Mistral's function on sequences of up to {window} tokens; "
+        f"on longer ones difftx attends to every key, Mistral to the last {window} only"])
     ours = load_model(ours_dir)
     c = ours.config
     assert c.attention == "standard" and c.n_heads == kw["num_attention_heads"]

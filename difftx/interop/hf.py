@@ -193,20 +193,23 @@ def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32) -> dict:
     return out
 
 
-def _check_window(window, context: int, source: str, model: str = "Mistral", where: str = "") -> None:
+def _check_window(window, context: int, source: str, model: str = "Mistral", where: str = "") -> Optional[str]:
     """Refuse a ``sliding_window`` that hides keys from a sequence of ``context`` tokens (null: none); ``where``
-    says which layers it applies to, when not all."""
+    says which layers it applies to, when not all. A window that covers the context: the note to give once the
+    folder is read (the model matches on sequences up to the window only)."""
     if window is None:
-        return
+        return None
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ConversionError(f"{source}: sliding_window must be null or an integer >= 1, got {window!r}")
     if window < context:
         raise ConversionError(f"{source}: sliding_window={window} is shorter than the context "
                               f"(max_position_embeddings={context}){where}: difftx attends to the whole context and "
                               f"cannot compute {model}'s windowed attention")
+    return (f"{source}: sliding_window={window}{where}: the model read computes {model}'s function on sequences of "
+            f"up to {window} tokens; on longer ones difftx attends to every key, {model} to the last {window} only")
 
 
-def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> None:
+def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> Optional[str]:
     """Refuse a Qwen2 config whose sliding window hides keys in some layer from a sequence of ``context`` tokens.
     As ``Qwen2Config`` reads it: no window unless ``use_sliding_window``; then ``sliding_window`` (null: none) in the
     layers ``layer_types`` names ``sliding_attention``, or without ``layer_types`` those from ``max_window_layers``
@@ -217,7 +220,7 @@ def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> Non
         raise ConversionError(f"{source}: use_sliding_window must be true or false, got {use!r}")
     window = hf.get("sliding_window", defaults["sliding_window"])
     if not use or window is None:
-        return
+        return None
     types = hf.get("layer_types")
     if types is None:
         first = hf.get("max_window_layers", defaults["max_window_layers"])
@@ -229,8 +232,9 @@ def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> Non
         if not isinstance(types, list) or len(types) != layers or any(t not in kinds for t in types):
             raise ConversionError(f"{source}: layer_types must list {layers} of {kinds}, got {types!r}")
         sliding, rule = [i for i, t in enumerate(types) if t == "sliding_attention"], "layer_types"
-    if sliding:
-        _check_window(window, context, source, "Qwen2", f" in layer(s) {sliding[:8]} ({rule}, use_sliding_window=true)")
+    if not sliding:
+        return None
+    return _check_window(window, context, source, "Qwen2", f" in layer(s) {sliding[:8]} ({rule}, use_sliding_window=true)")
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
@@ -270,10 +274,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
     head_dim = D // n_heads if hf.get("head_dim") is None else whole("head_dim", hf["head_dim"])
     context = whole("max_position_embeddings", hf.get("max_position_embeddings", defaults["max_position_embeddings"]))
     windowed = model_type in ("mistral", "qwen2")  # their window fields are read; any other type's is refused
-    if model_type == "mistral":
-        _check_window(hf.get("sliding_window", defaults["sliding_window"]), context, source)
-    elif model_type == "qwen2":
-        _check_qwen2_window(hf, L, context, source)
+    window_note = _check_window(hf.get("sliding_window", defaults["sliding_window"]), context, source) \
+        if model_type == "mistral" else _check_qwen2_window(hf, L, context, source) if model_type == "qwen2" else None
     for key in ("quantization_config",) if windowed else ("sliding_window", "quantization_config"):
         if hf.get(key):
             raise refuse(f"{key}={hf[key]!r}: difftx attends to the whole context with unquantised weights; "
@@ -317,6 +319,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
         raise refuse(f"no valid difftx config: {e}") from e
     if cfg.replace(ffn_hidden=None).hidden_dim == ffn:
         cfg = cfg.replace(ffn_hidden=None)  # the default SwiGLU width: keep the config minimal
+    if window_note is not None:  # once every check passed: a refused folder gets its error line alone
+        import warnings
+
+        warnings.warn(window_note, stacklevel=2)
     return cfg
 
 
