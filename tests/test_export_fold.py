@@ -214,3 +214,18 @@ def test_a_warm_up_in_progress_is_refused(tmp_path):
     with pytest.raises(ConversionError, match="must be one of"):
         export_hf(source(), tmp_path / "hf", fold="mistral")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("kind", ["temperature", "diff"])
+def test_a_fold_in_bf16_says_it_rounds(kind, tmp_path):
+    """"Exact folds" are exact in float32; bf16 weights round each folded product (logits about 1e-3 apart), which
+    was silent. Without a product to round (gains of one, float32) nothing is said."""
+    model = randomize(Transformer(ModelConfig(attention=kind, **BASE)), seed=12)
+    fold = "llama" if kind == "temperature" else None
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        export_hf(model, tmp_path / "f32", fold=fold)
+        assert not said
+        export_hf(model.to(torch.bfloat16), tmp_path / "bf16", fold=fold)
+    assert [str(w.message).split(":")[0] for w in said] == ["the weights are torch.bfloat16"]
+    assert "logits differ from this model's by about 1e-3 (relative); exact in float32" in str(said[0].message)

@@ -534,14 +534,27 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     else:  # a training checkpoint keeps its tokenizer in tokenizer/; a bare model folder beside the weights
         tok_src = src / TOKENIZER_SUBDIR if src is not None and (src / TOKENIZER_SUBDIR).is_dir() else src
     meta = {"format": "pt"}
+    low = state["tok_embeddings.weight"].dtype in (torch.bfloat16, torch.float16)
+    folded = None  # what a fold multiplied into the weights, said when they round it
     if fold is None:
         target = export_target(config, remote_code)
         _check_shapes(state, _expected_state(config), source)
+        if low and target == "exact" and _is_diff(config) and any(
+                not bool((v == 1).all()) for k, v in state.items() if k.endswith("attn.subln.weight")):
+            folded = "the head norm's gain into o_proj"
     else:  # a Llama's config and weights computing the same function, or a refusal
         meta["difftx_folded_from"] = config.attention
         config, state = to_llama(config, state, source=source, lambda_scales=scales)
         check_exportable(config)  # what a fold writes, a transformers class computes
         target = "exact"
+        if low and meta["difftx_folded_from"] in ("temperature", "dex"):  # folds that multiply weights
+            folded = f"{meta['difftx_folded_from']}'s parameters into the Llama's weights"
+    if folded is not None:
+        import warnings
+
+        warnings.warn(f"the weights are {state['tok_embeddings.weight'].dtype}: the fold of {folded} rounds each product "
+                      f"to it, so the exported model's logits differ from this model's by about 1e-3 (relative); "
+                      f"exact in float32 (export a float32 copy: model.float())", stacklevel=2)
     hf_state = to_hf_state(config, state) if target == "exact" else remote.remote_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
