@@ -64,8 +64,10 @@ def test_the_commands_read_dotted_fields_flat(capsys):
         flat_parts({"schedule": {"lr": 1e-3}, "lr": 1e-3})
     # the model's fields too: --set model.dim=64 --set dim=32 kept 32 silently
     with pytest.raises(ValueError, match="--set model.dim and --set dim: give it in one place"):
-        PRESETS["smoke"].with_overrides(model={"dim": 64}, dim=32)
-    assert PRESETS["smoke"].with_overrides(model={"dim": 64}, n_layers=1).model["dim"] == 64
+        flat_parts({"model": {"dim": 64}, "dim": 32})
+    assert flat_parts({"model": {"dim": 64}, "n_layers": 1}) == {"model": {"dim": 64}, "n_layers": 1}
+    assert main(["compare", "--preset", "smoke", "--set", "model.dim=64", "--set", "dim=32", "--out", "/nonexistent/x"]) == 2
+    assert "--set model.dim and --set dim: give it in one place" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"ComparePreset.execution: unknown field\(s\) \['lr'\]"):
         flat_parts({"execution": {"lr": 1e-3}})
     with pytest.raises(ValueError, match="--set probe_every: --data trains on the text alone"):

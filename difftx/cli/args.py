@@ -215,22 +215,24 @@ def check_output_file(path, flag: str) -> None:
             raise ValueError(f"{flag}: {e}") from None
 
 
-def plot_file(path, flag: str):
-    """The file a ``--plot`` value names (``None``: not given), checked before any work: without a suffix, ``.png`` is
-    added (what matplotlib writes for such a name); a suffix that is not an image format matplotlib writes is a
-    ValueError naming ``flag`` (matplotlib refused ``.txt`` only after the work, or wrote PNG bytes into it)."""
+def plot_file(path):
+    """The file a ``--plot`` value names (``None``: not given): without a suffix, with ``.png`` added (what matplotlib
+    writes for such a name), so that the checks and the message name the file written."""
+    return None if path is None else str(path) if Path(path).suffix else f"{path}.png"
+
+
+def check_plot_format(path, flag: str) -> None:
+    """Before any work, after the checks that a plot may not land on an input or a run's file: a suffix that is not
+    an image format matplotlib writes is a ValueError naming ``flag`` (matplotlib refused ``.txt`` only after the
+    work, or wrote PNG bytes into it)."""
     if path is None:
-        return None
-    if not Path(path).suffix:
-        path = f"{path}.png"
+        return
     from matplotlib.figure import Figure  # lazy; a missing matplotlib is said here, before the work
 
     formats = Figure().canvas.get_supported_filetypes()
     if Path(path).suffix[1:].lower() not in formats:
         raise ValueError(f"{flag} {path}: not an image format matplotlib writes; use one of "
                          f"{', '.join('.' + f for f in sorted(formats))}")
-    check_output_file(path, flag)
-    return str(path)
 
 
 def output_dir(text: str) -> str:

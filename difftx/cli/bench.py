@@ -9,7 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .args import check_device, check_not_input, check_not_owned, check_output_file, plot_file, positive_int
+from .args import (
+    check_device, check_not_input, check_not_owned, check_output_file, check_plot_format, plot_file, positive_int,
+)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +67,7 @@ def register(sub) -> None:
 def run_checked(args: argparse.Namespace) -> int:
     """:func:`run`, after refusing a ``--json`` / ``--plot`` path that cannot be written (before
     the timing, not after it)."""
-    args.plot = plot_file(getattr(args, "plot", None), "--plot")
+    args.plot = plot_file(getattr(args, "plot", None))
     for flag in ("json", "plot"):
         check_output_file(getattr(args, flag, None), f"--{flag}")
         check_not_owned(getattr(args, flag, None), f"--{flag}", getattr(args, "overwrite", False))
@@ -74,6 +76,7 @@ def run_checked(args: argparse.Namespace) -> int:
     if json_out is not None and plot is not None and Path(json_out).resolve() == Path(plot).resolve():
         raise ValueError(f"--json {json_out} and --plot {plot}: the same file; the plot would replace the rows: "
                          f"give two paths")
+    check_plot_format(plot, "--plot")
     return run(args)
 
 

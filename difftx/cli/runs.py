@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..tasks.lm import LMSettings, interval_about, nll_interval, scored_tokens
 from ..tasks.subject import TRAIN_RECORD
-from .args import check_not_input, check_not_owned, check_output_file, plot_file
+from .args import check_not_input, check_not_owned, check_output_file, check_plot_format, plot_file
 from .train import strict_unknown_flags
 
 
@@ -74,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_COLUMNS, LEGEND, comparability_notes, format_table, plot_runs, summarize_run,
     )
 
-    args.plot = plot_file(args.plot, "--plot")  # FILE.png for a name without a suffix: say so, and check that file
+    args.plot = plot_file(args.plot)  # FILE.png for a name without a suffix: say so, and check that file
+    check_output_file(args.plot, "--plot")
     check_not_owned(args.plot, "--plot")
     check_not_input(args.plot, "--plot", {"the run": list(args.runs), "--data": args.data})
+    check_plot_format(args.plot, "--plot")
     # ValueError naming a folder that is not a run; a compare model's model/ stands for its train/ run
     summaries = [summarize_run(_compare_run(Path(r)) or r) for r in args.runs]
     columns, notes = extra_columns(args, summaries)
@@ -191,7 +193,7 @@ def run_pool(args: argparse.Namespace) -> int:
     ``--json`` / ``--plot`` the analysis as JSON and the forest plot."""
     if args.nll or args.data or args.windows is not None:
         raise ValueError("--nll, --data and --windows do not apply with --pool")
-    args.plot = plot_file(args.plot, "--plot")
+    args.plot = plot_file(args.plot)
     for flag in ("--plot", "--json"):
         out = getattr(args, flag[2:])
         check_output_file(out, flag)
@@ -199,6 +201,7 @@ def run_pool(args: argparse.Namespace) -> int:
         check_not_input(out, flag, {"the compare folder": list(args.runs)}, folder=False)
     if args.plot and args.json and Path(args.plot).resolve() == Path(args.json).resolve():
         raise ValueError("--plot and --json: the same file")
+    check_plot_format(args.plot, "--plot")
     analysis = pool_folders(args.runs, metric=args.metric, pair=args.pair, by=args.by, method=args.tau_method or "pm",
                             floor=args.hksj != "plain")
     print(format_pool(analysis))

@@ -143,8 +143,12 @@ def flat_field(name: str) -> str:
 def flat_parts(overrides: dict) -> dict:
     """``overrides`` with the fields given in ``schedule`` and ``execution`` (``--set schedule.lr=1e-3``) spelled
     flat (``lr``), as the commands read them (``--set workers`` is ``--workers``, ``--sweep lr`` brings ``min_lr``
-    along); a field given both ways is refused."""
+    along); a field given both ways is refused, the model's too (``model.dim`` and ``dim``)."""
     out = dict(overrides)
+    model = out.get("model")
+    both = sorted(set(model) & set(out) & set(FLAT_PARTS["model"])) if isinstance(model, dict) else []
+    if both:  # the model's fields stay a mapping; given both ways the flat spelling would silently win
+        raise ValueError(f"--set model.{both[0]} and --set {both[0]}: give it in one place")
     for part in ("schedule", "execution"):
         if part not in out:
             continue
@@ -417,9 +421,6 @@ class ComparePreset:
             vals = overrides.pop(part, {})
             if not isinstance(vals, dict):
                 raise preset_error(part, f"must be a mapping {{field: value}}, got {vals!r}")
-            both = sorted(k for k in vals if k in flat and k in overrides)
-            if both:  # the flat spelling silently won before
-                raise ValueError(f"--set {part}.{both[0]} and --set {both[0]}: give it in one place")
             overrides[part] = {**getattr(self, part), **vals, **{k: overrides.pop(k) for k in flat if k in overrides}}
         preset = self.replace(**overrides)
         resolve(preset)  # the rules that tie fields together
