@@ -231,18 +231,24 @@ def checkpoints_dir(run_dir: PathLike) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
 
+def _step_of(folder: Path) -> int:
+    return int(_STEP_RE.match(folder.name).group(1))
+
+
 def list_checkpoints(run_dir: PathLike) -> list[Path]:
     """Complete checkpoint folders of a run, oldest first (temporary folders excluded)."""
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_RE.match(p.name))]
+    found = [(_step_of(p), p) for p in root.iterdir() if p.is_dir() and _STEP_RE.match(p.name)]
     return [p for _, p in sorted(found)]
 
 
 def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
-    """The folder named by ``checkpoints/latest`` (or the newest step folder if the pointer is
-    missing); ``None`` when the run has none. A dangling pointer is a :class:`CheckpointError`."""
+    """The folder named by ``checkpoints/latest``, or a newer step folder where there is one (a step folder is moved
+    into place whole before the pointer is rewritten, so a crash between the two left the pointer one checkpoint
+    behind, and the run could not go on: its next save found that step's folder there); the newest step folder if
+    the pointer is missing; ``None`` when the run has none. A dangling pointer is a :class:`CheckpointError`."""
     root = checkpoints_dir(run_dir)
     pointer = root / LATEST
     if pointer.is_file():
@@ -255,7 +261,8 @@ def latest_checkpoint(run_dir: PathLike) -> Optional[Path]:
         target = root / name
         if not target.is_dir():
             raise CheckpointError(f"{pointer}: points to {target}, which does not exist")
-        return target
+        newest = list_checkpoints(run_dir)[-1]
+        return newest if _step_of(newest) > _step_of(target) else target
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1] if ckpts else None
 

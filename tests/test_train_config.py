@@ -30,6 +30,7 @@ def test_presets_are_valid(name):
     ("batch_size", 0, "positive integer"),
     ("seq_len", 2.5, "positive integer"),
     ("steps", -1, "positive integer"),
+    ("seed", 2 ** 64, "below 2**64"),  # "Overflow when unpacking long long" in torch.manual_seed before
     ("lr", -1e-3, "positive"),
     ("lr", float("nan"), "positive"),
     ("min_lr", 1.0, "[0, lr"),

@@ -101,6 +101,47 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, corp
     assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
 
 
+def test_a_crash_between_the_checkpoint_and_its_pointer_resumes_from_the_checkpoint(tmp_path, corpus, monkeypatch):
+    """The step folder is moved into place whole, then ``latest`` is rewritten: a kill between the two left the
+    pointer a checkpoint behind, and every --resume retrained to that step and stopped ("a checkpoint for step 4
+    already exists")."""
+    data = corpus[2]
+    reference = train(_cfg(tmp_path / "ref", corpus, ckpt_interval=0), data=data)
+    real_write = ckpt.atomic_write
+
+    def killed(path, write):
+        if Path(path).name == ckpt.LATEST and (Path(path).parent / "step_00000004").is_dir():
+            raise KeyboardInterrupt  # the moment of the kill: step 4's folder is in place, its pointer is not
+        return real_write(path, write)
+
+    cfg = _cfg(tmp_path / "run", corpus)
+    monkeypatch.setattr(ckpt, "atomic_write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, data=data)
+    monkeypatch.setattr(ckpt, "atomic_write", real_write)
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / ckpt.LATEST).read_text().strip() == "step_00000002" and (root / "step_00000004").is_dir()
+    assert ckpt.latest_checkpoint(tmp_path / "run").name == "step_00000004"
+    resumed = train(cfg, data=data, resume=True)
+    assert resumed.resumed_from == 4 and sorted(resumed.losses) == [5, 6]
+    assert all(resumed.losses[s] == reference.losses[s] for s in resumed.losses)
+
+
+def test_writing_a_checkpoint_draws_nothing_from_the_global_rng(tmp_path):
+    """The meta-device shell built to save the weights drew from the global RNG after the checkpoint had recorded
+    its state: a batch source or a dropout reading that RNG went another way after every checkpoint, and its
+    resume was not exact."""
+    from difftx.config import ModelConfig
+    from difftx.model import Transformer
+
+    cfg = ModelConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, max_seq_len=16)
+    weights = Transformer(cfg).state_dict()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    ckpt._save_weights(weights, cfg, tmp_path / "w")
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_keep_last_and_latest_pointer(tmp_path, corpus):
     res = train(_cfg(tmp_path / "run", corpus, keep_last=2), data=corpus[2])
     names = [p.name for p in ckpt.list_checkpoints(tmp_path / "run")]

@@ -252,7 +252,9 @@ def clean_stale(run_dir: PathLike) -> None:
 def _save_weights(model_state: dict, config: ModelConfig, folder: Path) -> None:
     """Write ``model.safetensors`` + ``config.json`` through difftx.checkpoint.save_model, with a
     meta-device model holding the (already gathered) tensors, so the format stays the lead's."""
-    with torch.device("meta"):
+    # the shell's construction draws from the global RNG, whose state the checkpoint has already recorded: forked,
+    # so that writing a checkpoint leaves the run's draws (a batch source's, a dropout's) as they were
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         shell = Transformer(config)
     shell.load_state_dict(model_state, assign=True, strict=False)
     missing = set(shell.state_dict()) - set(model_state)

@@ -137,6 +137,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not _is_int(v) or v < 0:
                 raise _err(name, f"must be a non-negative integer, got {v!r}")
+        if self.seed >= 2 ** 64:  # what torch.manual_seed takes ("Overflow when unpacking long long" otherwise)
+            raise _err("seed", f"must be below 2**64, got {self.seed}")
         if self.steps > MAX_STEPS:
             raise _err("steps", f"{self.steps:,} is more optimizer steps than a run can take (at most {MAX_STEPS:,})")
         if self.lambda_warmup >= self.steps:
