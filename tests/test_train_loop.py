@@ -142,6 +142,17 @@ def test_writing_a_checkpoint_draws_nothing_from_the_global_rng(tmp_path):
     assert torch.equal(torch.get_rng_state(), before)
 
 
+@pytest.mark.parametrize("field, value", [("weight_decay", 0.5), ("beta1", 0.5), ("beta2", 0.5), ("eps", 1e-3)])
+def test_a_resume_refuses_another_optimizer_setting(tmp_path, corpus, field, value):
+    """The optimizer's saved state puts back its own settings: a resume through the Python API with another value
+    went on with the old one and recorded the new one as applied (the command line refused it)."""
+    data = corpus[2]
+    first = train(_cfg(tmp_path / "run", corpus), data=data, stop_at=2)
+    with pytest.raises(CheckpointError, match=rf"cannot resume exactly with a different \['{field}'\]"):
+        train(_cfg(tmp_path / "run", corpus, **{field: value}), data=data, resume=True)
+    assert ckpt.latest_checkpoint(tmp_path / "run") == first.last_checkpoint
+
+
 def test_keep_last_and_latest_pointer(tmp_path, corpus):
     res = train(_cfg(tmp_path / "run", corpus, keep_last=2), data=corpus[2])
     names = [p.name for p in ckpt.list_checkpoints(tmp_path / "run")]

@@ -70,8 +70,10 @@ TOKENIZER_DIR = "tokenizer"
 LOCK_NAME = ".lock"
 
 # fields of TrainConfig that must match for an exact resume (others, e.g. steps or lr, may change);
-# batch_size may change with the number of processes as long as the global batch stays the same
-RESUME_MUST_MATCH = ("seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed")
+# batch_size may change with the number of processes as long as the global batch stays the same. The optimizer's
+# settings too: its saved state puts back its own (a changed one was recorded as applied, and ignored)
+RESUME_MUST_MATCH = ("seq_len", "grad_accum", "data_source", "text_field", "doc_mask", "seed",
+                     "beta1", "beta2", "eps", "weight_decay")
 
 
 # -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
