@@ -181,3 +181,17 @@ def test_init_from_refuses_a_tokenizer_other_than_the_checkpoints(src, tmp_path,
     assert f"--tokenizer {other} (bpe-" in err and "is not the tokenizer this model was trained with (byte" in err
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert main(_args(src, tmp_path / "run", "--init-from", str(model), "--tokenizer", "byte", steps=2)) == 0
+
+
+def test_the_same_finetune_command_with_a_model_setting_resumes(src, tmp_path, capsys):
+    """`--set model.X` of a fine-tune lands in model_overrides; a re-run of the same command with --resume put X in
+    the saved source's mapping and was refused as a model change ("cannot change ['model']")."""
+    run = tmp_path / "run"
+    same = ("--init-from", str(src["model"]), "--set", "model.lambda_init=0.3")
+    assert main(_args(src, run, *same, steps=2)) == 0
+    assert _saved(run)["model_overrides"] == {"lambda_init": 0.3}
+    assert main(_args(src, run, *same, "--resume", steps=4)) == 0
+    assert "done: step 4/4" in capsys.readouterr().out
+    other = ("--init-from", str(src["model"]), "--set", "model.lambda_init=0.4")
+    assert main(_args(src, run, *other, "--resume", steps=6)) == 2  # a model change is still refused
+    assert "cannot change ['model_overrides']" in capsys.readouterr().err

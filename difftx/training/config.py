@@ -241,8 +241,11 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     """``set_dotted(d, "model_overrides.dim", 128)`` sets ``d["model_overrides"]["dim"]``: where a dotted
     ``--set`` key lands in a :class:`TrainConfig`'s fields (the grammar is :mod:`difftx.overrides`)."""
     parts = key.split(".")
-    if len(parts) > 1 and parts[0] == "model" and isinstance(data.get("model"), str):
-        parts = ["model_overrides", *parts[1:]]  # a preset name: its fields are changed through model_overrides
+    if len(parts) > 1 and parts[0] == "model" and (isinstance(data.get("model"), str) or data.get("init_from")):
+        # a preset name's fields are changed through model_overrides; so are a fine-tune's (init_from), whose saved
+        # model is the source's config: its resume, given the command's --set model.X again, lands where the first
+        # run put X, not in the source's mapping (refused as a model change before)
+        parts = ["model_overrides", *parts[1:]]
     node = data
     for i, part in enumerate(parts[:-1]):
         if i == 0 and part not in data:
