@@ -754,7 +754,7 @@ def two_checkpoints(tmp_path_factory, corpus) -> Path:
     return out
 
 
-@pytest.mark.parametrize("damage", ["weights cut", "optimizer cut", "trainer state", "pointer"])
+@pytest.mark.parametrize("damage", ["weights cut", "optimizer cut", "trainer state", "tokenizer", "pointer"])
 def test_a_damaged_latest_checkpoint_names_the_older_intact_one(capsys, tmp_path, corpus, two_checkpoints, damage):
     """Before: only the damaged file was named. Now the error also names the newest intact checkpoint
     and how to resume from it (move the damaged one aside, point `latest` at it); nothing is changed
@@ -773,6 +773,8 @@ def test_a_damaged_latest_checkpoint_names_the_older_intact_one(capsys, tmp_path
         (bad / "optimizer.pt").write_bytes(data[:len(data) // 2])
     elif damage == "trainer state":
         (bad / "trainer_state.json").write_text("{")
+    elif damage == "tokenizer":  # the older checkpoint went unnamed for a tokenizer that does not read
+        (bad / "tokenizer" / "difftx_tokenizer.json").write_text("")
     else:
         (root / "latest").write_text("step_00000009\n")
     before = snapshot(out)

@@ -79,9 +79,11 @@ RESUME_MUST_MATCH = ("seq_len", "grad_accum", "data_source", "text_field", "doc_
 # -- a damaged checkpoint and the intact ones beside it ----------------------------------------------
 def checkpoint_problem(folder: PathLike) -> Optional[str]:
     """Why ``folder`` is not a complete training checkpoint, from a look that parses no tensor
-    (``None`` when it looks complete): each file is there, the JSON files parse, the weights file
-    is as long as its header says, ``optimizer.pt`` is a whole zip archive, and both have the
-    SHA-256 recorded when they were written (where one was)."""
+    (``None`` when it looks complete): each file is there, the JSON files parse, the tokenizer saved with it
+    reads, the weights file is as long as its header says, ``optimizer.pt`` is a whole zip archive, and both have
+    the SHA-256 recorded when they were written (where one was)."""
+    from ..data.tokenizer import load_tokenizer
+
     folder = Path(folder)
     try:
         load_config(folder)
@@ -90,6 +92,11 @@ def checkpoint_problem(folder: PathLike) -> Optional[str]:
             read_train_config(folder / TRAIN_CONFIG_NAME)
     except CheckpointError as e:
         return str(e)
+    if (folder / TOKENIZER_DIR).is_dir():
+        try:
+            load_tokenizer(folder / TOKENIZER_DIR)
+        except (OSError, ValueError) as e:  # an emptied difftx_tokenizer.json had no hint to the older checkpoint
+            return f"{folder / TOKENIZER_DIR}: cannot be read ({e})"
     weights = folder / WEIGHTS_NAME
     try:
         with open(weights, "rb") as f:
