@@ -66,7 +66,8 @@ def test_the_commands_read_dotted_fields_flat(capsys):
     with pytest.raises(ValueError, match="--set model.dim and --set dim: give it in one place"):
         flat_parts({"model": {"dim": 64}, "dim": 32})
     assert flat_parts({"model": {"dim": 64}, "n_layers": 1}) == {"model": {"dim": 64}, "n_layers": 1}
-    assert main(["compare", "--preset", "smoke", "--set", "model.dim=64", "--set", "dim=32", "--out", "/nonexistent/x"]) == 2
+    argv = ["compare", "--preset", "smoke", "--set", "model.dim=64", "--set", "dim=32", "--out", "/nonexistent/x"]
+    assert main(argv) == 2
     assert "--set model.dim and --set dim: give it in one place" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"ComparePreset.execution: unknown field\(s\) \['lr'\]"):
         flat_parts({"execution": {"lr": 1e-3}})

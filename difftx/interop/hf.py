@@ -234,7 +234,8 @@ def _check_qwen2_window(hf: dict, layers: int, context: int, source: str) -> Opt
         sliding, rule = [i for i, t in enumerate(types) if t == "sliding_attention"], "layer_types"
     if not sliding:
         return None
-    return _check_window(window, context, source, "Qwen2", f" in layer(s) {sliding[:8]} ({rule}, use_sliding_window=true)")
+    where = f" in layer(s) {sliding[:8]} ({rule}, use_sliding_window=true)"
+    return _check_window(window, context, source, "Qwen2", where)
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> ModelConfig:
@@ -552,9 +553,9 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
     if folded is not None:
         import warnings
 
-        warnings.warn(f"the weights are {state['tok_embeddings.weight'].dtype}: the fold of {folded} rounds each product "
-                      f"to it, so the exported model's logits differ from this model's by about 1e-3 (relative); "
-                      f"exact in float32 (export a float32 copy: model.float())", stacklevel=2)
+        warnings.warn(f"the weights are {state['tok_embeddings.weight'].dtype}: the fold of {folded} rounds each "
+                      f"product to it, so the exported model's logits differ from this model's by about 1e-3 "
+                      f"(relative); exact in float32 (export a float32 copy: model.float())", stacklevel=2)
     hf_state = to_hf_state(config, state) if target == "exact" else remote.remote_state(config, state)
     out = _output_dir(out_dir, [src], overwrite)
     dtype = state["tok_embeddings.weight"].dtype
