@@ -97,6 +97,14 @@ def test_cache_reused_and_invalidated(tmp_path):
     os.utime(src, ns=(mtime + 10**9, mtime + 10**9))
     d4 = prepare_data(src, cache_dir=cache, progress=False)
     assert d4.path != d1.path and not d4.from_cache
+    # an edit of the same size with the mtime set back (cp -p, rsync -t, touch -r) reused the old tokens before
+    stamp = src.stat().st_mtime_ns
+    text = src.read_text()
+    write(src, text.replace(text[:20], text[:20][::-1], 1))
+    os.utime(src, ns=(stamp, stamp))
+    assert src.stat().st_size == len(text.encode()) and src.stat().st_mtime_ns == stamp
+    d5 = prepare_data(src, cache_dir=cache, progress=False)
+    assert not d5.from_cache and not np.array_equal(np.asarray(d4.train.tokens), np.asarray(d5.train.tokens))
     assert not any(p.name.startswith(".") for p in cache.iterdir())  # no temporary folders left behind
 
 

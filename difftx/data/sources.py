@@ -76,8 +76,11 @@ def _base_suffix(path: Path) -> tuple[str, Optional[str]]:
 
 
 def _file_fingerprint(path: Path) -> dict:
+    """What names a file's content for the cache: its path, size, mtime and change time. An edit that keeps the size
+    with the mtime set back (``cp -p``, ``rsync -t``, ``touch -r``, an archive's extraction) reused the old tokens;
+    the change time is the kernel's, which no tool sets back (a ``chmod`` moves it too: a new entry, never stale)."""
     st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
 
 
 def _is_dataset_dict(obj: Any) -> bool:
