@@ -376,3 +376,20 @@ def test_missing_source_and_bad_arguments(tmp_path, small_store):
         PackedLoader(small_store, batch_size=1, seq_len=8, rank=2, world_size=2)
     with pytest.raises(ValueError, match="batch_size"):
         PackedLoader(small_store, batch_size=0, seq_len=8)
+
+
+def test_a_data_folder_follows_linked_folders_and_names_links_to_nothing(tmp_path):
+    """Path.rglob does not enter a folder reached through a symbolic link, and a link to nothing failed is_file:
+    both were dropped without a word. A link back up (a loop) is not followed."""
+    from difftx.data.sources import resolve_sources
+
+    data, other = tmp_path / "data", tmp_path / "other"
+    write(data / "a.txt", words(50))
+    write(other / "b.txt", words(50, seed=1))
+    write(data / "sub" / "c.txt", words(50, seed=2))
+    (data / "more").symlink_to(other, target_is_directory=True)
+    (data / "gone.txt").symlink_to(tmp_path / "missing.txt")
+    (data / "sub" / "up").symlink_to(data, target_is_directory=True)
+    with pytest.warns(UserWarning, match=r"ignoring 1 link\(s\) to nothing: gone.txt"):
+        got = [s.path.relative_to(data) for s in resolve_sources(data)]
+    assert [str(p) for p in got] == ["a.txt", "more/b.txt", "sub/c.txt"]

@@ -103,25 +103,54 @@ def _is_saved_dataset(path: Path) -> bool:
         (path / "state.json").is_file() and (path / "dataset_info.json").is_file())
 
 
+def _walk(folder: Path) -> list[Path]:
+    """Every entry below ``folder``, in the order of ``sorted(folder.rglob("*"))``, into folders reached through a
+    symbolic link too (``rglob`` skipped them in silence), each real folder once; a link to ``folder`` itself or to a
+    folder above it (a loop) is not followed."""
+    out: list[Path] = []
+    root = folder.resolve()
+    seen: set[Path] = set()
+
+    def visit(d: Path) -> None:
+        real = d.resolve()
+        if real in seen or d != folder and (real == root or real in root.parents):
+            return
+        seen.add(real)
+        for p in sorted(d.iterdir()):
+            out.append(p)
+            if p.is_dir():  # a link to a folder too
+                visit(p)
+
+    visit(folder)
+    return sorted(out)
+
+
 def _folder_sources(folder: Path) -> list[Source]:
     if _is_saved_dataset(folder):
         return [Source(kind="hf", path=folder, fingerprint={"kind": "hf-disk", "files": [
             _file_fingerprint(p) for p in sorted(folder.rglob("*")) if p.is_file()]})]
     found: list[Source] = []
     ignored: list[Path] = []
-    for p in sorted(folder.rglob("*")):
+    broken: list[Path] = []
+    for p in _walk(folder):
         rel = p.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+        if any(part.startswith(".") for part in rel.parts):
             continue  # hidden files and folders (.git, .DS_Store) are never data
+        if not p.exists():  # a link to nothing
+            broken.append(rel)
+            continue
+        if not p.is_file():
+            continue
         base, _ = _base_suffix(p)
         if base in TEXT_SUFFIXES or base in JSONL_SUFFIXES:
             found.append(_file_source(p))
         else:
             ignored.append(rel)
-    if ignored:
-        shown = ", ".join(str(r) for r in ignored[:5]) + (" ..." if len(ignored) > 5 else "")
-        warnings.warn(f"data folder {folder}: ignoring {len(ignored)} file(s) without a text suffix "
-                      f"({'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}, optionally .gz/.xz): {shown}", stacklevel=3)
+    for what, paths in (("file(s) without a text suffix (" + "/".join(TEXT_SUFFIXES + JSONL_SUFFIXES)
+                         + ", optionally .gz/.xz)", ignored), ("link(s) to nothing", broken)):
+        if paths:
+            shown = ", ".join(str(r) for r in paths[:5]) + (" ..." if len(paths) > 5 else "")
+            warnings.warn(f"data folder {folder}: ignoring {len(paths)} {what}: {shown}", stacklevel=3)
     if not found:
         raise DataError(f"data folder {folder} holds no text files ({'/'.join(TEXT_SUFFIXES + JSONL_SUFFIXES)})")
     return found
