@@ -393,3 +393,25 @@ def test_a_data_folder_follows_linked_folders_and_names_links_to_nothing(tmp_pat
     with pytest.warns(UserWarning, match=r"ignoring 1 link\(s\) to nothing: gone.txt"):
         got = [s.path.relative_to(data) for s in resolve_sources(data)]
     assert [str(p) for p in got] == ["a.txt", "more/b.txt", "sub/c.txt"]
+
+
+def test_a_damaged_gzip_and_a_lone_surrogate_are_named_in_one_line(tmp_path):
+    """A damaged gzip stream raised zlib.error ("unexpected error", no file named); a JSON record with a lone
+    surrogate escape raised a bare UnicodeEncodeError from the tokenizer."""
+    import gzip
+
+    from difftx.data import DataError
+
+    plain = words(2000).encode()
+    damaged = bytearray(gzip.compress(plain))
+    damaged[20:28] = bytes(8)
+    (tmp_path / "bad.txt.gz").write_bytes(bytes(damaged))
+    with pytest.raises(DataError, match=r"bad\.txt\.gz: cannot be read: Error -3 while decompressing"):
+        prepare_data(tmp_path / "bad.txt.gz", cache_dir=tmp_path / "cache", progress=False)
+    (tmp_path / "bad.jsonl.gz").write_bytes(bytes(damaged))  # counted before it is read
+    with pytest.raises(DataError, match=r"bad\.jsonl\.gz: cannot be read"):
+        prepare_data(tmp_path / "bad.jsonl.gz", cache_dir=tmp_path / "cache", val_fraction=0.5, progress=False)
+    (tmp_path / "sur.jsonl").write_text('{"text": "fine text"}\n{"text": "bad \\ud800 lone"}\n')
+    with pytest.raises(DataError, match=r"sur\.jsonl line 2: field 'text' holds a lone surrogate \(\\ud800 at "
+                                        r"character 4\)"):
+        prepare_data(tmp_path / "sur.jsonl", cache_dir=tmp_path / "cache", progress=False)

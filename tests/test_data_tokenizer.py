@@ -205,4 +205,12 @@ def test_a_text_that_cannot_be_cut_is_refused_naming_the_file(tmp_path, capsys, 
     tok = train_bpe(texts=[corpus_text()], vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
     with pytest.raises(ValueError, match=r"cjk\.txt: a text has 1\d\d,\d\d\d characters"):
         prepare_data(tmp_path / "cjk.txt", tok, cache_dir=tmp_path / "cache", progress=False)
+    folder = tmp_path / "many"  # among other files, the one at fault alone is named (every file was, before)
+    for i in range(5):
+        (folder / f"d{i}.txt").parent.mkdir(exist_ok=True)
+        (folder / f"d{i}.txt").write_text(corpus_text()[:2000])
+    (folder / "zz.txt").write_text("漢字" * 100_000)
+    with pytest.raises(ValueError) as e:
+        prepare_data(folder, tok, cache_dir=tmp_path / "cache", progress=False)
+    assert str(e.value).startswith(f"{folder / 'zz.txt'}: a text has ") and "d0.txt" not in str(e.value)
     assert len(prepare_data(tmp_path / "cjk.txt", "byte", cache_dir=tmp_path / "cache", progress=False).train) > 0

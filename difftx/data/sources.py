@@ -17,7 +17,9 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -227,12 +229,17 @@ def _decode(data: bytes, where: str, base_offset: int = 0) -> str:
                         f"(byte 0x{data[e.start]:02x}); convert the file to UTF-8") from None
 
 
+# what reading a (compressed) file can raise: a damaged gzip stream is a zlib.error, which OSError does not cover
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \ud800 escapes decode to these, which no UTF-8 holds
+
+
 def read_text_file(path: Path) -> str:
     """The whole file as one document. Empty (or whitespace-only) and non-UTF-8 files raise."""
     try:
         with _open_binary(path) as f:
             data = f.read()
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except READ_ERRORS as e:
         raise DataError(f"{path}: cannot be read: {e}") from e
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not text
         data = data[3:]
@@ -269,9 +276,13 @@ def iter_jsonl(path: Path, text_field: str) -> Iterator[tuple[int, str]]:
                 if not isinstance(text, str):
                     raise DataError(f"{path} line {lineno}: field {text_field!r} is a {type(text).__name__}, "
                                     f"not a string")
+                lone = _SURROGATE.search(text)
+                if lone is not None:
+                    raise DataError(f"{path} line {lineno}: field {text_field!r} holds a lone surrogate "
+                                    f"(\\u{ord(lone.group()):04x} at character {lone.start()}), which is not text")
                 n += 1
                 yield lineno, text
-    except (OSError, EOFError, lzma.LZMAError) as e:
+    except READ_ERRORS as e:
         raise DataError(f"{path}: cannot be read: {e}") from e
     if n == 0:
         raise DataError(f"{path}: the file is empty (no JSONL records)")
@@ -361,8 +372,11 @@ def count_documents(sources: Sequence[Source], text_field: str = "text") -> int:
             n += 1
         elif src.kind in ("jsonl", "bundled"):
             assert src.path is not None
-            with _open_binary(src.path) as f:
-                n += sum(1 for raw in f if raw.strip())
+            try:
+                with _open_binary(src.path) as f:
+                    n += sum(1 for raw in f if raw.strip())
+            except READ_ERRORS as e:
+                raise DataError(f"{src.path}: cannot be read: {e}") from e
         else:
             ds = _load_hf(src)
             n += sum(len(part) for part in ds.values()) if _is_dataset_dict(ds) else len(ds)

@@ -42,6 +42,7 @@ from .sources import (
     iter_documents,
     resolve_sources,
 )
+from . import tokenizer as tokenizer_module
 from .tokenizer import Tokenizer, TokenizerSpec, UncuttableTextError, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -313,25 +314,25 @@ def _encode_many(tokenizer: Tokenizer, texts: list[str]) -> list:
     return [tokenizer.encode(t) for t in texts]
 
 
-def _routed(docs: Iterator[Document], rule: dict) -> Iterator[tuple[str, str]]:
-    """(split, text) pieces in stream order according to the split rule."""
+def _routed(docs: Iterator[Document], rule: dict) -> Iterator[tuple[str, str, str]]:
+    """(split, text, where it came from) pieces in stream order according to the split rule."""
     for i, doc in enumerate(docs):
         kind = rule["rule"]
         if kind == "fixed":
             if doc.split not in SPLITS:
                 raise DataError(f"{doc.origin}: document without a train/val split in a fixed-split source")
-            yield doc.split, doc.text
+            yield doc.split, doc.text, doc.origin
         elif kind == "none":
-            yield "train", doc.text
+            yield "train", doc.text, doc.origin
         elif kind == "every_kth_document":
-            yield ("val" if i % rule["every"] == rule["every"] - 1 else "train"), doc.text
+            yield ("val" if i % rule["every"] == rule["every"] - 1 else "train"), doc.text, doc.origin
         else:  # document_tails
             if len(doc.text) < 2:
-                yield "train", doc.text
+                yield "train", doc.text, doc.origin
                 continue
             cut = _cut_tail(doc.text, rule["val_fraction"])
-            yield "train", doc.text[:cut]
-            yield "val", doc.text[cut:]
+            yield "train", doc.text[:cut], doc.origin
+            yield "val", doc.text[cut:], doc.origin
 
 
 # ``False`` hides the tokenizing bar whatever ``progress=`` says: how ``difftx train --no-progress``
@@ -349,26 +350,28 @@ def _build(entry: Path, sources: Sequence[Source], tokenizer: Tokenizer, rule: d
     total = rule.get("documents") or count_documents(sources, text_field)
     bar = tqdm(total=total, unit="doc", desc="tokenizing", disable=not (progress and PROGRESS_BARS.get()),
                dynamic_ncols=True)
-    pending: list[tuple[str, str]] = []
+    pending: list[tuple[str, str, str]] = []  # (split, text, where it came from)
     pending_chars = 0
     n_tokens = 0
 
     def flush() -> None:
         nonlocal pending, pending_chars, n_tokens
         try:
-            encoded = _encode_many(tokenizer, [t for _, t in pending])
-        except UncuttableTextError as e:
-            raise DataError(f"{', '.join(str(s.path or 'datasets object') for s in sources)}: {e}") from None
-        for (split, _), ids in zip(pending, encoded, strict=True):
+            encoded = _encode_many(tokenizer, [t for _, t, _ in pending])
+        except UncuttableTextError as e:  # named by the texts long enough to hold such a stretch (every source before)
+            longest = tokenizer_module.MAX_UNCUT_CHARS
+            where = ", ".join(dict.fromkeys(o for _, t, o in pending if len(t) > longest)) or "a text"
+            raise DataError(f"{where}: {e}") from None
+        for (split, _, _), ids in zip(pending, encoded, strict=True):
             writers[split].add(ids)
             n_tokens += len(ids) + 1
-        bar.update(sum(1 for s, _ in pending if s == "train" or rule["rule"] != "document_tails"))
+        bar.update(sum(1 for s, _, _ in pending if s == "train" or rule["rule"] != "document_tails"))
         bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
         pending, pending_chars = [], 0
 
     try:
-        for split, text in _routed(iter_documents(sources, text_field=text_field), rule):
-            pending.append((split, text))
+        for split, text, origin in _routed(iter_documents(sources, text_field=text_field), rule):
+            pending.append((split, text, origin))
             pending_chars += len(text)
             if len(pending) >= _BATCH_DOCS or pending_chars >= _BATCH_CHARS:
                 flush()
