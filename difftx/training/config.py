@@ -122,8 +122,8 @@ class TrainConfig:
             raise _err("text_field", f"must be a non-empty string, got {self.text_field!r}")
         if not isinstance(self.out_dir, str) or not self.out_dir:
             raise _err("out_dir", f"must be a non-empty string, got {self.out_dir!r}")
-        if self.val_fraction is not None and not (_is_num(self.val_fraction) and 0 < self.val_fraction < 1):
-            raise _err("val_fraction", f"must be in (0, 1) or null, got {self.val_fraction!r}")
+        if self.val_fraction is not None and not (_is_num(self.val_fraction) and 0 <= self.val_fraction < 1):
+            raise _err("val_fraction", f"must be in [0, 1) (0: no validation) or null, got {self.val_fraction!r}")
         # booleans
         for name in ("doc_mask", "allow_new_data", "tensorboard", "progress", "compile"):
             if not isinstance(getattr(self, name), bool):
