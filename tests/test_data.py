@@ -304,6 +304,9 @@ def test_non_utf8_file_names_byte_offset(tmp_path):
     jl = write(tmp_path / "x.jsonl", b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(DataError, match=re.escape(str(jl)) + r" line 2: not valid UTF-8 at byte offset 28"):
         prepare_data(jl, cache_dir=tmp_path / "c", progress=False)
+    bom = write(tmp_path / "bom.txt", b"\xef\xbb\xbfabc\xffdef")  # the offset in the file, the mark counted (3 before)
+    with pytest.raises(DataError, match=re.escape(str(bom)) + r".*UTF-8 at byte offset 6 \(byte 0xff\)"):
+        prepare_data(bom, cache_dir=tmp_path / "c", progress=False)
 
 
 def test_bad_jsonl_lines_name_line_number(tmp_path):

@@ -241,9 +241,8 @@ def read_text_file(path: Path) -> str:
             data = f.read()
     except READ_ERRORS as e:
         raise DataError(f"{path}: cannot be read: {e}") from e
-    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not text
-        data = data[3:]
-    text = _decode(data, str(path))
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark is not text
+    text = _decode(data[bom:], str(path), bom)  # offsets in the file, the mark counted
     if not text.strip():
         raise DataError(f"{path}: the file is empty" + (" (whitespace only)" if data else ""))
     return text
