@@ -214,3 +214,19 @@ def test_a_text_that_cannot_be_cut_is_refused_naming_the_file(tmp_path, capsys, 
         prepare_data(folder, tok, cache_dir=tmp_path / "cache", progress=False)
     assert str(e.value).startswith(f"{folder / 'zz.txt'}: a text has ") and "d0.txt" not in str(e.value)
     assert len(prepare_data(tmp_path / "cjk.txt", "byte", cache_dir=tmp_path / "cache", progress=False).train) > 0
+
+
+def test_a_special_tokens_string_in_training_text_is_text(tmp_path):
+    """TinyStories holds the literal string <|endoftext|>: a BPE tokenizer turned it into the separator inside a
+    document, except where a chunk's cut fell inside it. It is now text, wherever it stands."""
+    tok = train_bpe(texts=[corpus_text()], vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
+    eos = tok.eos_id
+    for lead in (200, 13_106):  # the string whole in a piece, and across a chunk's cut (the audit's case)
+        text = "word " * lead + "<|endoftext|>" + " more text\n" * 10
+        (tmp_path / "one.txt").write_text(text)
+        data = prepare_data(tmp_path / "one.txt", tok, cache_dir=tmp_path / f"cache{lead}", val_fraction=0,
+                            progress=False)
+        ids = np.asarray(data.train.tokens)
+        assert int((ids == eos).sum()) == 1 and ids[0] == eos  # the separator before the document alone
+        assert tok.decode(ids[1:].tolist()) == text
+    assert eos in tok.encode("a<|endoftext|>b")  # a prompt's special token still parses, as in transformers

@@ -298,7 +298,10 @@ def _cache_key(sources: Sequence[Source], tokenizer: Tokenizer, val_fraction: Op
                text_field: str) -> str:
     blob = json.dumps({"format": FORMAT_VERSION, "sources": [s.fingerprint for s in sources],
                        "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id,
-                       "val_fraction": val_fraction, "text_field": text_field}, sort_keys=True)
+                       "val_fraction": val_fraction, "text_field": text_field,
+                       # a special token's string in the text is text (entries built before parsed it: see
+                       # BPETokenizer.encode_arrays), so those entries are not reused
+                       "special_tokens": "literal"}, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:20]
 
 

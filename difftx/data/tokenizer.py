@@ -193,7 +193,12 @@ class BPETokenizer:
         ``CHUNK_CHARS`` are cut at safe points first (byte-level tokenizers only), which also spreads
         one long document over all cores (the ids are the same), and the library is given at most
         about ``ENCODE_CHARS`` characters per call (it keeps several objects per token: all of a
-        31 MB text at once took 3 GB)."""
+        31 MB text at once took 3 GB).
+
+        The texts are read literally: a special token's string in them (``<|endoftext|>`` in TinyStories) is encoded
+        as the characters it is, never as the document separator. Parsed, it split a document in two where it stood
+        whole in a piece, and not where a cut fell inside it (:meth:`encode`, for prompts, parses them as
+        transformers does)."""
         import numpy as np
 
         texts = list(texts)
@@ -203,7 +208,13 @@ class BPETokenizer:
         owner: list[int] = []
 
         def flush() -> None:
-            for i, enc in zip(owner, self._tok.encode_batch(group, add_special_tokens=False), strict=True):
+            before = self._tok.encode_special_tokens
+            self._tok.encode_special_tokens = True  # special tokens' strings are text here
+            try:
+                batch = self._tok.encode_batch(group, add_special_tokens=False)
+            finally:
+                self._tok.encode_special_tokens = before
+            for i, enc in zip(owner, batch, strict=True):
                 parts[i].append(np.asarray(enc.ids, dtype=np.int32))
             group.clear()
             owner.clear()
