@@ -145,3 +145,17 @@ def test_compare_says_before_training_when_its_seeds_cannot_give_a_verdict(tmp_p
     assert seeds_note(tmp_path, range(8), four) == ("8 seeds cannot give a verdict when all 5 comparisons of the 4 "
                                                     "arms are made: 13 seeds needed at look 2 of this folder (its "
                                                     "p-values x32.9)")
+
+
+def test_a_task_section_says_too_few_seeds_where_its_family_needs_more():
+    """At 6 seeds in a family of 19 (10 needed) every exploratory row of the task sections said "no detectable
+    difference" while results.json's sentence said a verdict needs 10 seeds; the summary's words said so already."""
+    from difftx.compare.summary import short_verdict
+    from difftx.tasks.reporting import call
+
+    est = paired_estimate(np.array([0.1, -0.2, 0.3, 0.05, -0.1, 0.2]), np.zeros(6))
+    assert est.low is not None
+    c = {"arms": ["diff", "baseline"], "paired": est.to_dict(), "p_adjusted": 0.625, "better": None, "gated": None,
+         "seeds_for_verdict": 10}
+    assert call(c) == "too few seeds for a verdict (6 of 10)" and short_verdict(c) == "too few seeds: 6 of 10"
+    assert call({**c, "seeds_for_verdict": 6}) == "no detectable difference"

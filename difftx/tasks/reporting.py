@@ -198,5 +198,11 @@ def call(c: dict, short=None) -> str:
         return "no interval (1 seed)" if c["paired"]["n"] == 1 else \
             f"too few seeds for a verdict (needs {c.get('seeds_for_verdict', 6)})"
     a = c["arms"][0]
-    return decided_text(c, short(a) if short else SHORT.get(a, a)) or "no detectable difference"
+    decided = decided_text(c, short(a) if short else SHORT.get(a, a))
+    if decided:
+        return decided
+    n, need = c["paired"]["n"], c.get("seeds_for_verdict")
+    if need and n is not None and n < need:  # an interval, but too few seeds for a verdict in the family
+        return f"too few seeds for a verdict ({n} of {need})"  # it said "no detectable difference"
+    return "no detectable difference"
 
