@@ -465,3 +465,15 @@ def test_seeds_for_mean_is_the_betting_test_at_each_length():
     x = rng.random(25)
     got = _capital_by_length(x, np.arange(1, 26), 0.5, 0.05)
     assert np.array_equal(got, [betting_capital(x[:k], [0.5], 0.05)[0] for k in range(1, 26)])
+
+
+def test_a_printed_p_value_is_never_below_the_tests_floor():
+    """':.3g' printed the sign-flip floor at 6 seeds, 2/64 = 0.03125, as 0.0312 and ':.2g' a Holm p of 0.625 as
+    0.62: below what the test can give. Printed p-values round up, as stored ones do (round_p)."""
+    from difftx.eval.stats import p_text
+
+    assert p_text(2 / 64) == "0.0313" and p_text(0.625, 2) == "0.63" and p_text(2 / 2 ** 8) == "0.00782"
+    assert p_text(0.0494) == "0.0494" and p_text(1.0) == "1" and p_text(0.05, 2) == "0.05"
+    for p in (2 / 2 ** k for k in range(3, 15)):
+        for digits in (2, 3):
+            assert float(p_text(p, digits)) >= p

@@ -208,6 +208,16 @@ def round_p(p: Optional[float]) -> Optional[float]:
     return up if up >= p else math.nextafter(up, math.inf)
 
 
+def p_text(p: float, digits: int = 3) -> str:
+    """A p-value as printed: ``digits`` significant digits, rounded up like :func:`round_p`, so that no printed p is
+    below the test's floor (``:.3g`` printed 2/64 = 0.03125 as 0.0312, and ``:.2g`` 0.625 as 0.62)."""
+    if p is None or not p > 0 or not math.isfinite(p) or p >= 1:
+        return f"{p:.{digits}g}" if p is not None else "-"
+    e = math.floor(math.log10(p)) - (digits - 1)
+    up = Decimal(repr(p)).scaleb(-e).to_integral_value(rounding=ROUND_CEILING).scaleb(e)
+    return f"{float(up):.{digits}g}"
+
+
 @dataclass
 class PairedEstimate:
     """DIFF - baseline: ``mean`` with its two-sided, unadjusted interval ``[low, high]`` at
@@ -1058,7 +1068,7 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     adjusted = adjusted_p is not None
     p = est.p_value if not adjusted else adjusted_p
     over = f"{est.n} paired seeds{'' if est.n_examples == 1 else f' x {est.n_examples} examples'}"
-    holm_p = f"; Holm-adjusted p = {adjusted_p:.3g}" + (f" over {family_size} comparisons" if family_size else "") \
+    holm_p = f"; Holm-adjusted p = {p_text(adjusted_p)}" + (f" over {family_size} comparisons" if family_size else "") \
         + (f", x{look_factor(look):.3g} at look {look} of this folder" if look else "") if adjusted else ""
     needed = seeds_for_verdict((family_size or 1) * (look_factor(look) if look else 1), alpha)
     power = ""
@@ -1077,16 +1087,16 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     lo, hi = est.printed_interval()
     pct = round(100 * est.confidence)
     if flat:
-        ci = f" ({est.note}; over {over}; p = {est.p_value:.3g}{holm_p})"
+        ci = f" ({est.note}; over {over}; p = {p_text(est.p_value)}{holm_p})"
     elif median and lo is None:  # order statistics need more seeds than the t and sign-flip hull at this confidence
         ci = (f" (the mean over {over}; median seed difference {f.format(est.median)}{u}, too few seeds for an "
-              f"interval of the median at {pct}%; p = {est.p_value:.3g}{holm_p})")
+              f"interval of the median at {pct}%; p = {p_text(est.p_value)}{holm_p})")
     elif median:
         ci = (f" (the mean over {over}; median seed difference {f.format(est.median)}{u}, unadjusted {pct}% interval "
-              f"of the median [{f.format(lo)}, {f.format(hi)}]; p = {est.p_value:.3g}{holm_p})")
+              f"of the median [{f.format(lo)}, {f.format(hi)}]; p = {p_text(est.p_value)}{holm_p})")
     else:
         ci = (f" (unadjusted {pct}% interval of the mean difference [{f.format(lo)}, {f.format(hi)}] over {over}; "
-              f"p = {est.p_value:.3g}{holm_p})")
+              f"p = {p_text(est.p_value)}{holm_p})")
     mean = _mean_words(est, alpha, mean_p, mean_seeds, lower_is_better, names[0]) + (
         "" if mean_plan is None else "; " + mean_plan.describe(digits, unit))
     if p < alpha:
@@ -1107,7 +1117,7 @@ def verdict(est: PairedEstimate, metric: str, *, lower_is_better: bool, adjusted
     else:
         what = "median seed difference" if median else "mean difference"
         why = (f"the sign-flip test of {est.n} equal differences does not reject" if flat else
-               f"the tests do not reject (p = {est.p_value:.3g})" if lo is None else
+               f"the tests do not reject (p = {p_text(est.p_value)})" if lo is None else
                f"the interval of the {what} allows anything from {f.format(lo)} to {f.format(hi)}{u}")
     return head + ci + f": no detectable difference at this scale and budget; {why}{mean}" + power
 

@@ -503,9 +503,11 @@ def _crossover_text(c: dict, what: str) -> str:
 
 
 def _curvature_text(c: dict) -> str:
+    from ..eval.stats import p_text
+
     if c["low"] is None:
         return f"{c['value']:+.4f} ({c['note']})"
-    return f"{c['value']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], p = {c['p']:.3g}"
+    return f"{c['value']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}], p = {p_text(c['p'])}"
 
 
 FLOOR_METHOD = ("Across the sizes, the seeds' mean held-out loss of both arms is fitted as L = E + A N^-b, with one "
@@ -756,6 +758,8 @@ def _printed_interval(g: dict) -> tuple[Optional[float], Optional[float]]:
 def scale_verdicts(s: dict) -> str:
     """``scale.md``'s verdict table: per size and arm, the held-out gap with its interval and unadjusted
     p (the size's compare, paired over seeds) and the parameter ratio with its interval."""
+    from ..eval.stats import p_text
+
     rows = ["| size | arm | gap, nats: mean; median [95%] (per seed) | p (unadjusted) | parameter ratio [95%] |",
             "|---|---|---|---|---|"]
     measured = against_reference(s["arms"], primary_pair(s))
@@ -763,7 +767,7 @@ def scale_verdicts(s: dict) -> str:
         for arm in measured:
             g = ((s.get("gap") or {}).get(arm) or [None] * len(s["sizes"]))[i]
             eff = (s.get("efficiency") or {}).get(arm) or {}
-            p = "-" if not g or g.get("p_value") is None else f"{g['p_value']:.3g}"
+            p = "-" if not g or g.get("p_value") is None else p_text(g["p_value"])
             rows.append(f"| {z['name']} | {arm} | {gap_text(g)} | {p} | "
                         f"{_ratio(eff['ratios'][i]) if 'ratios' in eff else '-'} |")
     return "## Answer by size\n\n" + "\n".join(rows) + "\n"

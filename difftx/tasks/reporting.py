@@ -165,10 +165,12 @@ def decided_text(c: dict, first: str) -> Optional[str]:
 def pair(c: dict, digits: int = 3) -> str:
     """A comparison's first arm - its second with the unadjusted interval of what it covers (:func:`interval_text`),
     and the Holm-adjusted p-value."""
+    from ..eval.stats import p_text  # here: the command line's parser imports this module, not torch
+
     p = c["paired"]
     if p["mean"] is None:
         return "-"
-    adj = "" if c.get("p_adjusted") is None else f", p_adj {c['p_adjusted']:.2g}"
+    adj = "" if c.get("p_adjusted") is None else f", p_adj {p_text(c['p_adjusted'], 2)}"
     if p["low"] is None:
         if "per stack" in (c.get("gated") or ""):  # one shared measurement: no interval to speak of
             return f"{p['mean']:+.{digits}f} (one measurement per stack)"

@@ -189,6 +189,8 @@ class TrainingRecordTask(Task):
 
     def _learning_speed(self, ctx: ReportContext) -> str:
         """Who learned first, seed by seed, and the paired steps-until-learned (a primary metric)."""
+        from ..eval.stats import p_text  # here: the command line's parser imports this module, not torch
+
         c = ctx.comparison("needle_learned_step")
         if c is None:
             return ""
@@ -203,7 +205,7 @@ class TrainingRecordTask(Task):
                 f"Steps until learned, {ctx.short(x)} - {ctx.short(y)} (paired; a model that did not learn counts as "
                 f"its last probe step, which "
                 f"moves that seed's difference toward 0 but can move the mean either way): {pair(c, 0)}, sign-flip "
-                f"p = {c['paired']['sign_flip_p']:.2g}; "
+                f"p = {p_text(c['paired']['sign_flip_p'], 2)}; "
                 f"{call(c, ctx.short)}.\n")
 
     def _cost_and_stability(self, ctx: ReportContext) -> str:
