@@ -58,3 +58,22 @@ def test_runs_says_when_runs_were_trained_on_different_data(tmp_path, capsys):
     assert comparability_notes([a, a]) == []
     notes = comparability_notes([a, b])
     assert len(notes) == 1 and "differ in data" in notes[0]
+
+
+def test_a_compare_models_run_gives_its_rate_and_parameters(tmp_path):
+    """A compare model keeps no checkpoint: runs printed the mean of the logged rates (6,752 where the report said
+    31,226 tokens/s) and 'n/a' parameters. Now tokens seen / the training time the log records, and the count of
+    the model beside the run."""
+    import difftx
+    from difftx.checkpoint import save_model
+    from difftx.training.summary import summarize_run
+
+    run = _fake_run(tmp_path)
+    records = [{"step": 4, "loss": 5.0, "tokens": 1000, "tokens_per_s": 11163.0, "time_s": 0.05},
+               {"step": 8, "loss": 4.0, "tokens": 2000, "tokens_per_s": 4796.0, "time_s": 0.1},
+               {"step": 12, "loss": 3.0, "tokens": 4272, "tokens_per_s": 4297.0, "time_s": 0.1368}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    model = difftx.Transformer(difftx.preset("tiny"))
+    save_model(model, tmp_path / "model")  # seedS/ARM/model beside seedS/ARM/train
+    s = summarize_run(run)
+    assert abs(s.tokens_per_s - 4272 / 0.1368) < 1e-6 and s.params == model.num_parameters()

@@ -119,6 +119,13 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
             s.attention, s.params = model_cfg.attention, _count_params(model_cfg)
         if (latest / ckpt.TOKENIZER_DIR).is_dir() and s.tokenizer is None:
             s.tokenizer = state.get("tokenizer")
+    model_dir = path.parent / "model"  # a compare model's run (seedS/ARM/train): its model beside it, no checkpoint
+    if s.params is None and latest is None and (model_dir / CONFIG_NAME).is_file():
+        try:
+            model_cfg = load_config(model_dir)
+            s.attention, s.params = model_cfg.attention, _count_params(model_cfg)
+        except CheckpointError:
+            pass
     if s.attention is None and train_cfg:
         try:
             s.attention = TrainConfig.from_dict(train_cfg).model_config().attention
@@ -144,7 +151,9 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
     s.tokens_seen = int(state.get("tokens_seen", 0)) or max((int(r["tokens"]) for r in records
                                                               if isinstance(r.get("tokens"), int)), default=0)
     t = state.get("train_time_s")
-    if _finite(t) and t > 0:
+    if not (_finite(t) and t > 0):  # no checkpoint (a compare model's run): the time the log records last
+        t = next((r["time_s"] for r in reversed(records) if _finite(r.get("time_s"))), None)
+    if _finite(t) and t > 0:  # tokens seen / time in training steps, as the table's footnote says
         s.train_time_s = float(t)
         s.tokens_per_s = s.tokens_seen / s.train_time_s
     else:  # a checkpoint from before train_time_s was recorded: the mean of the logged rates
