@@ -187,3 +187,17 @@ def test_a_single_value_of_a_list_setting_is_a_list_of_one():
     assert settings_from_dict(TASKS["needle"].Settings, {"depths": 0.5}, "needle").depths == (0.5,)
     assert settings_from_dict(TASKS["quant"].Settings, {"bits": 8}, "quant").bits == (8,)
     assert settings_from_dict(TASKS["quant"].Settings, {"bits": "8,4"}, "quant").bits == (8, 4)
+
+
+def test_a_text_models_needle_task_decodes_in_the_batches_asked(monkeypatch):
+    """--batch-size (tasks.needle.batch_size) reached the synthetic form only: text models decoded 8 at a time."""
+    from types import SimpleNamespace
+
+    from difftx.eval import needle_text
+    from difftx.tasks.common import run_needles
+
+    seen = {}
+    monkeypatch.setattr(needle_text, "evaluate_needles_text", lambda *a, **k: seen.update(k) or "result")
+    tok = SimpleNamespace(encode=None, decode=None, eos_id=0)
+    subject = SimpleNamespace(needle=None, tokenizer=tok, model=None)
+    assert run_needles(subject, [(1, 1)], [0.0], 3, batch_size=1) == "result" and seen["batch_size"] == 1

@@ -166,7 +166,8 @@ def run_needles(subject, grid, depths, samples: int, *, lengths=None, context_le
     tok = subject.tokenizer
     return evaluate_needles_text(subject.model, tok.encode, tok.decode, context_len=context_len, grid=grid,
                                  depths=depths, lengths=lengths, samples_per_cell=samples, seed=EVAL_SEED,
-                                 stop_tokens=[tok.eos_id], backend=backend, progress=progress)
+                                 stop_tokens=[tok.eos_id], backend=backend, batch_size=batch_size,  # it was 8
+                                 progress=progress)
 
 
 def window_nll(model, windows: torch.Tensor, batch_size: int, progress: bool,
