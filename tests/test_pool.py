@@ -269,6 +269,14 @@ def test_runs_pool_subgroups_choices_and_plot(tmp_path, capsys):
     assert json.loads(out.read_text())["pooled"]["interval"] == "HKSJ"
     assert main(["runs", "--pool", str(tmp_path / "damaged")]) == 2
     assert "no folder left to pool" in capsys.readouterr().err
+    from difftx.eval import pool as pool_mod  # every folder refused: the metric pooled by default is named
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pool_mod, "study_estimate", lambda d: (_ for _ in ()).throw(ValueError("no spread")))
+        assert main(["runs", "--pool", *folders]) == 2
+    err = capsys.readouterr().err
+    assert "no folder left to pool lm_nll of diff vs baseline (the first folder's first primary metric; --metric " \
+           "KEY pools another)" in err, err
     pytest.importorskip("matplotlib")
     assert main(["runs", "--pool", *folders, "--by", "init", "--plot", str(tmp_path / "forest.png")]) == 0
     assert (tmp_path / "forest.png").stat().st_size > 1000

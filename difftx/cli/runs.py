@@ -274,7 +274,9 @@ def pool_folders(folders: list, metric: "str | None" = None, pair: "str | None" 
         rows.append(row)
     if not rows:
         why = "; ".join(f"{r['path']}: {r['why']}" for r in refused)
-        raise ValueError(f"--pool: no folder left to pool ({why})")
+        what = "" if ref is None else f" {ref['metric']} of {ref['pair']}" + (
+            " (the first folder's first primary metric; --metric KEY pools another)" if metric is None else "")
+        raise ValueError(f"--pool: no folder left to pool{what} ({why})")
     pooled = pool([r["estimate"] for r in rows], [r["se"] for r in rows], method, floor=floor)
     for r, w in zip(rows, pooled.weights):
         r["weight"] = w
