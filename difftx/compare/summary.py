@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..eval.stats import (NO_SPREAD, holm, look_adjusted, look_factor, mean_interval, p_text, paired_estimate, power_plan,
-                          seeds_for_mean, seeds_for_verdict, t_mean_interval, verdict)
+from ..eval.stats import (NO_SPREAD, holm, look_adjusted, look_factor, mean_interval, p_text, paired_estimate,
+                          power_plan, seeds_for_mean, seeds_for_verdict, t_mean_interval, verdict)
 from ..tasks import TASKS
 from ..tasks.reporting import decided_text, interval_text
 from .arms import LABELS, PRIMARY, pairs
