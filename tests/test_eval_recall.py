@@ -234,3 +234,19 @@ def test_attention_mass_splits_each_query_row():
             assert 0 < layer["answer_mean"]["absolute"] < 1
     with pytest.raises(ValueError, match="needs generated examples"):
         attention_mass(model, RecallExamples(ex.inputs, ex.labels))
+
+
+def test_the_printed_pairs_at_half_says_when_it_is_censored(capsys):
+    """'pairs at 50% 8.0' at accuracy 0 read as a measured crossing; it is the grid's end."""
+    from difftx.tasks.recall import TASK
+
+    cells = [{"cell": f"mqar {n}", "variant": "mqar", "n_pairs": n, "seq_len": 64, "accuracy": a}
+             for n, a in ((8, 0.0), (16, 0.0))]
+    base = {"accuracy": 0.0, "scored": 10, "examples": 2, "source": "x", "frontier": 0.0, "cells": cells}
+    TASK.print({**base, "pairs_at_half": 8.0})
+    assert "pairs at 50% 8.0 (at or below the grid's fewest: censored)" in capsys.readouterr().out
+    TASK.print({**base, "pairs_at_half": 16.0})
+    assert "pairs at 50% 16.0 (at or above the grid's most: censored)" in capsys.readouterr().out
+    TASK.print({**base, "pairs_at_half": 11.3})
+    out = capsys.readouterr().out
+    assert "pairs at 50% 11.3\n" in out

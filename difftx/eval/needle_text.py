@@ -160,7 +160,7 @@ def check_text_context(count_tokens: Callable[[str], int], n_needles: int, conte
 
 def warn_long_context(model: torch.nn.Module, context_len: int, n_prompts: int, batch_size: int) -> None:
     """Warn, with an estimate of the cost, when prompts of ``context_len`` tokens are longer than
-    the model's ``max_seq_len`` (its training length)."""
+    the model's ``max_seq_len`` (the context its RoPE was sized for; a run may train on shorter windows)."""
     cfg = getattr(model, "config", None)
     if cfg is None or context_len <= cfg.max_seq_len:
         return
@@ -169,8 +169,8 @@ def warn_long_context(model: torch.nn.Module, context_len: int, n_prompts: int, 
     params = sum(p.numel() for p in model.parameters())
     flops = n_prompts * (2 * params * context_len + 2 * cfg.n_layers * cfg.dim * context_len ** 2)
     cache = kv_cache_bytes(model, min(batch_size, n_prompts), context_len)
-    warnings.warn(f"context_len {context_len} is beyond the model's max_seq_len {cfg.max_seq_len} (its training "
-                  f"length): {n_prompts} prompts of about {context_len} tokens, roughly {flops / 1e12:.2g} TFLOP and "
+    warnings.warn(f"context_len {context_len} is beyond the model's max_seq_len {cfg.max_seq_len} (its longest "
+                  f"context): {n_prompts} prompts of about {context_len} tokens, roughly {flops / 1e12:.2g} TFLOP and "
                   f"{_fmt_bytes(cache)} of KV cache per batch of {min(batch_size, n_prompts)}; this may take long",
                   stacklevel=3)
 

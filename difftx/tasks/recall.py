@@ -326,8 +326,11 @@ class RecallTask(Task):
             line += f"; chance {result['chance']:.4f}"
         print(line)
         if result.get("frontier") is not None:
+            half, ends = result.get("pairs_at_half"), pairs_range(result)
+            edge = "" if half is None or ends is None else " (at or below the grid's fewest: censored)" \
+                if half <= ends[0] else " (at or above the grid's most: censored)" if half >= ends[1] else ""
             print(f"  frontier (mean over the plain-MQAR cells) {result['frontier']:.4f}; pairs at 50% "
-                  f"{fmt(result.get('pairs_at_half'), 1)}")
+                  f"{fmt(half, 1)}{edge}")
         if result.get("learning"):
             g = result["learning"]
             print(f"  learned during training (probe accuracy >= {g['learned_at']} at {g['cell']}): "
