@@ -208,3 +208,11 @@ def test_head_redundancy_does_not_depend_on_the_batch_size():
     model = Transformer(ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2)).eval()
     tokens = torch.randint(0, 64, (5, 12))
     assert model_head_redundancy(model, tokens, batch_size=2) == pytest.approx(model_head_redundancy(model, tokens))
+
+
+def test_a_bad_setting_names_its_own_flag(models, tmp_path, capsys):
+    """The error listed every flag given ('flags: --samples, --cells, --batch-size'), not the one at fault."""
+    rc, _ = _eval("attention", models["diff"], tmp_path, "--cells", "1/1", "--samples", "0")
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "AttentionSettings.samples: " in err and err.rstrip().endswith("(flag --samples)"), err

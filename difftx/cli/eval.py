@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from pathlib import Path
 
 from ..io import atomic_write, dumps_strict
@@ -65,6 +66,9 @@ def settings_from_args(name: str, args: argparse.Namespace):
     try:
         return settings_from_dict(task.Settings, given, name)
     except ValueError as e:
+        field = re.match(rf"{task.Settings.__name__}\.(\w+)", str(e))  # the setting the error names, when it names one
+        if field is not None and field.group(1) in given:
+            raise ValueError(f"{e} (flag {_flag(field.group(1))})") from None
         raise ValueError(f"{e} (flags: {', '.join(_flag(k) for k in given) or 'none'})") from None
 
 
