@@ -68,7 +68,7 @@ def test_a_compare_models_run_gives_its_rate_and_parameters(tmp_path):
     from difftx.checkpoint import save_model
     from difftx.training.summary import summarize_run
 
-    run = _fake_run(tmp_path)
+    run = _fake_run(tmp_path).rename(tmp_path / "train")  # seedS/ARM/train
     records = [{"step": 4, "loss": 5.0, "tokens": 1000, "tokens_per_s": 11163.0, "time_s": 0.05},
                {"step": 8, "loss": 4.0, "tokens": 2000, "tokens_per_s": 4796.0, "time_s": 0.1},
                {"step": 12, "loss": 3.0, "tokens": 4272, "tokens_per_s": 4297.0, "time_s": 0.1368}]

@@ -121,6 +121,8 @@ class DexAttention(ConvertedAttention):
                 "selected heads' outputs; the map is linear and folds into o_proj: export --as llama writes that "
                 "Llama (the same function, lambda and W forgotten), and without --no-remote-code difftx's own code")
 
+    llama_fold_multiplies = True  # (I - lambda W) into o_proj's columns
+
     @classmethod
     def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """A selected head outputs ``A V (I - lambda W)``, and ``out_proj`` follows. So the map goes into

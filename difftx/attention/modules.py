@@ -165,11 +165,14 @@ class AttentionKind(nn.Module):
     # its exact fold into a plain Llama (export --as llama): a classmethod (config, state dict) -> the tensors that
     # the Llama (config.plain(attention="standard")) holds otherwise (see llama_refusal); None: no fold
     llama_fold = None
+    # whether that fold multiplies weights (temperature, dex): exact in float32, rounded in bf16/fp16 (export warns)
+    llama_fold_multiplies = False
 
     # what a kind asserts about itself alone: its parameters beyond its baseline, how it is exported. A kind built
     # on another (a subclass) does not inherit these from its parent: unless it defines them, it starts from
     # AttentionKind's defaults (parameters counted from the modules; no export, no fold), whatever it is built on
-    OWN_RULES = ("parameter_delta", "hf_refusal", "hf_model_type", "remote_kind", "llama_refusal", "llama_fold")
+    OWN_RULES = ("parameter_delta", "hf_refusal", "hf_model_type", "remote_kind", "llama_refusal", "llama_fold",
+                 "llama_fold_multiplies")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -567,6 +570,8 @@ class TemperatureAttention(StandardAttention):
         return ("attention='temperature' cannot be exported as such: Llama scales every head's logits by 1/sqrt(d); "
                 "export --as llama folds each head's learned temperature into q_proj (the same function, the "
                 "temperature forgotten), and without --no-remote-code difftx's own code keeps it")
+
+    llama_fold_multiplies = True  # exp(t_h) into q_proj's rows
 
     @classmethod
     def llama_fold(cls, config, state: dict[str, Tensor]) -> dict[str, Tensor]:

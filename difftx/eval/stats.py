@@ -198,12 +198,12 @@ def _normal_quantile(p: float) -> float:
 NO_SPREAD = "no spread, so no interval"
 
 
-def round_p(p: Optional[float]) -> Optional[float]:
-    """A p-value kept to 4 significant digits (a p-value is not known to 16), rounded up, so that a stored p is
-    never below the test's (a sign-flip p of 2 / 2^8 = 0.0078125 is kept as 0.007813, not 0.007812) and never 0."""
+def round_p(p: Optional[float], digits: int = 4) -> Optional[float]:
+    """A p-value kept to ``digits`` significant digits (a p-value is not known to 16), rounded up, so that a stored p
+    is never below the test's (a sign-flip p of 2 / 2^8 = 0.0078125 is kept as 0.007813, not 0.007812) and never 0."""
     if p is None or not p > 0 or not math.isfinite(p):
         return p
-    e = math.floor(math.log10(p)) - 3
+    e = math.floor(math.log10(p)) - (digits - 1)
     up = float((Decimal(repr(p)).scaleb(-e).to_integral_value(rounding=ROUND_CEILING)).scaleb(e))
     return up if up >= p else math.nextafter(up, math.inf)
 
@@ -211,11 +211,7 @@ def round_p(p: Optional[float]) -> Optional[float]:
 def p_text(p: float, digits: int = 3) -> str:
     """A p-value as printed: ``digits`` significant digits, rounded up like :func:`round_p`, so that no printed p is
     below the test's floor (``:.3g`` printed 2/64 = 0.03125 as 0.0312, and ``:.2g`` 0.625 as 0.62)."""
-    if p is None or not p > 0 or not math.isfinite(p) or p >= 1:
-        return f"{p:.{digits}g}" if p is not None else "-"
-    e = math.floor(math.log10(p)) - (digits - 1)
-    up = Decimal(repr(p)).scaleb(-e).to_integral_value(rounding=ROUND_CEILING).scaleb(e)
-    return f"{float(up):.{digits}g}"
+    return "-" if p is None else f"{round_p(p, digits) if p < 1 else p:.{digits}g}"
 
 
 @dataclass

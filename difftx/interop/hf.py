@@ -545,11 +545,11 @@ def export_hf(model_or_folder: Union[Transformer, PathLike], out_dir: PathLike, 
             folded = "the head norm's gain into o_proj"
     else:  # a Llama's config and weights computing the same function, or a refusal
         meta["difftx_folded_from"] = config.attention
+        if low and config.kind_class.llama_fold_multiplies:
+            folded = f"{config.attention}'s parameters into the Llama's weights"
         config, state = to_llama(config, state, source=source, lambda_scales=scales)
         check_exportable(config)  # what a fold writes, a transformers class computes
         target = "exact"
-        if low and meta["difftx_folded_from"] in ("temperature", "dex"):  # folds that multiply weights
-            folded = f"{meta['difftx_folded_from']}'s parameters into the Llama's weights"
     if folded is not None:
         import warnings
 

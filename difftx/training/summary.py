@@ -120,7 +120,7 @@ def summarize_run(run_dir: PathLike) -> RunSummary:
         if (latest / ckpt.TOKENIZER_DIR).is_dir() and s.tokenizer is None:
             s.tokenizer = state.get("tokenizer")
     model_dir = path.parent / "model"  # a compare model's run (seedS/ARM/train): its model beside it, no checkpoint
-    if s.params is None and latest is None and (model_dir / CONFIG_NAME).is_file():
+    if s.params is None and latest is None and path.name == "train" and (model_dir / CONFIG_NAME).is_file():
         try:
             model_cfg = load_config(model_dir)
             s.attention, s.params = model_cfg.attention, _count_params(model_cfg)
